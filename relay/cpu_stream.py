@@ -1,0 +1,178 @@
+"""A CPU "stream": torch work run in order on a worker thread, with CUDA-like events.
+
+On a GPU the host enqueues kernels and moves on; the scheduler's Python overlaps the
+device. On the CPU, torch ops run synchronously in the calling thread, so the
+reference engine submits each forward as a task to a ``ThreadStream`` and the
+scheduler thread keeps going. ``CpuEvent`` gives that stream the semantics the
+relay relies on (see Note [Host order of CPU records]).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+__all__ = ["CpuEvent", "ThreadStream", "current_cpu_stream", "use_cpu_stream"]
+
+_local = threading.local()
+
+
+def current_cpu_stream() -> ThreadStream | None:
+    """The stream the calling thread's work belongs to, or ``None`` (synchronous)."""
+    stream: ThreadStream | None = getattr(_local, "stream", None)
+    return stream
+
+
+@contextmanager
+def use_cpu_stream(stream: ThreadStream | None) -> Iterator[None]:
+    """Make ``stream`` the calling thread's current CPU stream inside the block."""
+    previous = current_cpu_stream()
+    _local.stream = stream
+    try:
+        yield
+    finally:
+        _local.stream = previous
+
+
+# Note [Host order of CPU records]
+# On CUDA an event is recorded when the host *enqueues* the record, so a host wait
+# issued after launching forward N always refers to N's record, even if the device
+# has not reached it yet. Here the record is made by the worker while it runs task N,
+# which may be after the scheduler already asked to wait. So every record carries
+# the ticket of the task that made it, and a host wait issued when the stream's
+# newest task is K blocks until a record from task K has completed or task K has
+# finished (then the newest record precedes the wait in host order and is done).
+# This over-waits only when task K records nothing, and never under-waits.
+
+
+class ThreadStream:
+    """Runs submitted callables in order on one daemon worker thread."""
+
+    def __init__(self, name: str = "relay-forward") -> None:
+        self.name = name
+        self._tasks: queue.SimpleQueue[tuple[int, Callable[[], None]] | None] = queue.SimpleQueue()
+        self._cond = threading.Condition()
+        self._submitted = 0
+        self._finished = 0
+        self._running_ticket = 0
+        self._error: BaseException | None = None
+        self._busy_seconds = 0.0
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    # -- host side -------------------------------------------------------------
+    def submit(self, fn: Callable[[], None]) -> int:
+        """Queue ``fn`` behind everything submitted before; returns its ticket."""
+        self.raise_pending()
+        with self._cond:
+            self._submitted += 1
+            ticket = self._submitted
+        self._tasks.put((ticket, fn))
+        return ticket
+
+    @property
+    def submitted(self) -> int:
+        """Ticket of the newest submitted task (0 before any)."""
+        with self._cond:
+            return self._submitted
+
+    def synchronize(self) -> None:
+        """Block until every submitted task has finished; re-raise a task's error."""
+        with self._cond:
+            target = self._submitted
+            self._cond.wait_for(lambda: self._finished >= target or self._error is not None)
+        self.raise_pending()
+
+    def wait_ticket(self, ticket: int, done: Callable[[], bool]) -> None:
+        """Block until ``done()`` holds or task ``ticket`` has finished."""
+        with self._cond:
+            self._cond.wait_for(
+                lambda: done() or self._finished >= ticket or self._error is not None
+            )
+        self.raise_pending()
+
+    def raise_pending(self) -> None:
+        """Re-raise, on the host, an exception a task raised on the worker."""
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise RuntimeError(f"a task on CPU stream {self.name!r} failed") from error
+
+    @property
+    def busy_seconds(self) -> float:
+        """Wall time the worker has spent running tasks (forward occupancy)."""
+        with self._cond:
+            return self._busy_seconds
+
+    def close(self) -> None:
+        """Finish queued work and stop the worker."""
+        self._tasks.put(None)
+        self._thread.join()
+
+    # -- worker side -----------------------------------------------------------
+    @property
+    def running_ticket(self) -> int:
+        """Ticket of the task running now (valid on the worker thread)."""
+        return self._running_ticket
+
+    def notify(self) -> None:
+        """Wake host waiters (a record completed)."""
+        with self._cond:
+            self._cond.notify_all()
+
+    def _run(self) -> None:
+        _local.stream = self
+        while True:
+            item = self._tasks.get()
+            if item is None:
+                return
+            ticket, fn = item
+            self._running_ticket = ticket
+            start = time.perf_counter()
+            try:
+                if self._error is None:
+                    fn()
+            except BaseException as error:  # surfaced on the host by raise_pending
+                self._error = error
+            finally:
+                elapsed = time.perf_counter() - start
+                with self._cond:
+                    self._busy_seconds += elapsed
+                    self._finished = ticket
+                    self._cond.notify_all()
+
+
+class CpuEvent:
+    """An event for CPU work: synchronous code or a ``ThreadStream``.
+
+    ``record`` marks the point reached by the calling thread's stream; ``wait`` and
+    ``synchronize`` block until the newest record in host order has completed.
+    """
+
+    def __init__(self) -> None:
+        self._stream: ThreadStream | None = None
+        self._ticket = 0
+
+    def record(self) -> None:
+        """Record on the calling thread's stream. CPU ops are synchronous, so the work
+        before this point has already run: the record completes at once."""
+        stream = current_cpu_stream()
+        self._stream = stream
+        self._ticket = stream.running_ticket if stream is not None else 0
+        if stream is not None:
+            stream.notify()
+
+    def synchronize(self) -> None:
+        """Block the calling thread until the newest record has completed."""
+        stream = self._stream
+        if stream is None or stream is current_cpu_stream():
+            return  # synchronous, or already in stream order
+        # See Note [Host order of CPU records].
+        newest = stream.submitted
+        stream.wait_ticket(newest, lambda: self._stream is stream and self._ticket >= newest)
+
+    def wait(self) -> None:
+        """Order the calling thread's stream after the newest record."""
+        self.synchronize()

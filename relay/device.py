@@ -1,0 +1,257 @@
+"""Device policies: how fences, stream waits and host copies work per device type.
+
+Generated maps never name ``torch.cuda``; they hold a ``Fence`` and ``HostMirror``s
+from this module, which pick a policy by device type:
+
+- ``cuda``: device-side wait; host copies go through a private copy stream into a
+  pinned mirror so the scheduler blocks on that copy only, not the whole forward.
+- ``cuda`` on a ROCm build (HIP): the host blocks on the event instead of a
+  device-side wait, which hurt latency there.
+- ``cpu``: synchronous, or a ``ThreadStream`` worker (see ``relay.cpu_stream``).
+- anything else ``torch.get_device_module`` knows (``xpu``, ``mps``, ...): its own
+  ``current_stream()`` and ``Event``.
+
+``register_policy`` lets an engine install its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import torch
+
+from relay.cpu_stream import CpuEvent, current_cpu_stream
+from relay.errors import RelayDebugError
+
+__all__ = [
+    "CpuPolicy",
+    "CudaPolicy",
+    "DevicePolicy",
+    "Fence",
+    "GenericPolicy",
+    "HipPolicy",
+    "HostMirror",
+    "policy_for",
+    "register_policy",
+]
+
+
+class DevicePolicy(Protocol):
+    """What a ``Fence`` and a ``HostMirror`` need from a device type."""
+
+    def current_stream(self) -> Any:
+        """The stream the calling code enqueues on (``None`` where there is none)."""
+
+    def new_event(self) -> Any:
+        """A fresh reusable event."""
+
+    def record(self, event: Any, stream: Any) -> None:
+        """Record ``event`` on ``stream``."""
+
+    def stream_wait(self, stream: Any, event: Any) -> None:
+        """Order ``stream`` after the newest record of ``event``."""
+
+    def wait(self, event: Any) -> None:
+        """Order the reader (the scheduler's current stream, or the host) after ``event``."""
+
+    def to_host(self, src: torch.Tensor, mirror: HostMirror) -> torch.Tensor:
+        """A host tensor with the values of ``src``, owned by the caller."""
+
+
+class CpuPolicy:
+    """CPU: ops are synchronous; a ``ThreadStream`` makes the forward asynchronous."""
+
+    def current_stream(self) -> Any:
+        return current_cpu_stream()
+
+    def new_event(self) -> Any:
+        return CpuEvent()
+
+    def record(self, event: Any, stream: Any) -> None:
+        event.record()
+
+    def stream_wait(self, stream: Any, event: Any) -> None:
+        event.wait()
+
+    def wait(self, event: Any) -> None:
+        event.synchronize()
+
+    def to_host(self, src: torch.Tensor, mirror: HostMirror) -> torch.Tensor:
+        # A copy: the host mirror must not alias the device target.
+        return src.clone()
+
+
+class GenericPolicy:
+    """Any device module with ``current_stream()`` and ``Event`` (xpu, mps, ...)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.module: Any = torch.get_device_module(device.type)
+
+    def current_stream(self) -> Any:
+        return self.module.current_stream()
+
+    def new_event(self) -> Any:
+        return self.module.Event()
+
+    def record(self, event: Any, stream: Any) -> None:
+        event.record(stream)
+
+    def stream_wait(self, stream: Any, event: Any) -> None:
+        stream.wait_event(event)
+
+    def wait(self, event: Any) -> None:
+        self.current_stream().wait_event(event)
+
+    def to_host(self, src: torch.Tensor, mirror: HostMirror) -> torch.Tensor:
+        return src.to("cpu")
+
+
+class CudaPolicy(GenericPolicy):
+    """CUDA: device-side waits, and host copies through a private copy stream."""
+
+    def __init__(self, device: torch.device) -> None:
+        super().__init__(device)
+        self._copy_stream: Any = None
+
+    def to_host(self, src: torch.Tensor, mirror: HostMirror) -> torch.Tensor:
+        if self._copy_stream is None:
+            self._copy_stream = torch.cuda.Stream(self.device)
+        copy_stream = self._copy_stream
+        pinned = mirror.pinned_rows(src)
+        copy_stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(copy_stream):
+            pinned.copy_(src, non_blocking=True)
+            # ``src`` may be freed by the caller before the copy stream reads it.
+            src.record_stream(copy_stream)
+            mirror.copy_done.record(copy_stream)
+        mirror.copy_done.synchronize()
+        # The pinned rows are reused by the next copy: hand out a private tensor.
+        return pinned.clone()
+
+
+class HipPolicy(CudaPolicy):
+    """ROCm: block the host on the event; a device-side wait hurt latency there."""
+
+    def wait(self, event: Any) -> None:
+        event.synchronize()
+
+
+_FACTORIES: dict[str, Callable[[torch.device], DevicePolicy]] = {}
+_POLICIES: dict[torch.device, DevicePolicy] = {}
+
+
+def register_policy(device_type: str, factory: Callable[[torch.device], DevicePolicy]) -> None:
+    """Use ``factory(device)`` for every map on ``device_type`` created from now on."""
+    _FACTORIES[device_type] = factory
+    for device in [d for d in _POLICIES if d.type == device_type]:
+        del _POLICIES[device]
+
+
+def _default_policy(device: torch.device) -> DevicePolicy:
+    if device.type == "cpu":
+        return CpuPolicy()
+    if device.type == "cuda":
+        return HipPolicy(device) if torch.version.hip is not None else CudaPolicy(device)
+    return GenericPolicy(device)
+
+
+def policy_for(device: torch.device) -> DevicePolicy:
+    """The policy of ``device``, created on first use."""
+    policy = _POLICIES.get(device)
+    if policy is None:
+        factory = _FACTORIES.get(device.type, _default_policy)
+        policy = _POLICIES[device] = factory(device)
+    return policy
+
+
+class HostMirror:
+    """Per-field host-copy state: a pinned buffer (CUDA) reused across resolves."""
+
+    def __init__(self, device: torch.device, pool_size: int) -> None:
+        self.device = device
+        self.pool_size = pool_size
+        self._pinned: torch.Tensor | None = None
+        self._copy_done: Any = None
+
+    def pinned_rows(self, like: torch.Tensor) -> torch.Tensor:
+        """Pinned host rows shaped like ``like`` (allocated on first use; needs CUDA)."""
+        pinned = self._pinned
+        if pinned is None or pinned.dtype != like.dtype or pinned.shape[1:] != like.shape[1:]:
+            pinned = torch.empty(
+                (self.pool_size, *like.shape[1:]), dtype=like.dtype, pin_memory=True
+            )
+            self._pinned = pinned
+        return pinned[: like.shape[0]]
+
+    @property
+    def copy_done(self) -> Any:
+        """The event the host waits on for the copy alone."""
+        if self._copy_done is None:
+            self._copy_done = policy_for(self.device).new_event()
+        return self._copy_done
+
+    def copy(self, src: torch.Tensor) -> torch.Tensor:
+        """``src`` on the host, in a tensor the caller owns."""
+        return policy_for(self.device).to_host(src, self)
+
+
+# Note [Fence chaining]
+# One event is reused for every publish. If a second stream records it while an
+# earlier record is still in flight, the event forgets the earlier point and a
+# reader waiting on it no longer waits for the first publisher's writes. So before
+# recording, a stream other than the previous recorder first waits on the previous
+# record: the new record then covers both.
+
+
+class Fence:
+    """The schedule lane's ``publish_ready`` event: created lazily, records chained.
+
+    ``consumers`` names the schedule-side resolves; with ``debug`` each must follow a
+    fresh record (a wait with no publish before it reads stale rows).
+    """
+
+    def __init__(
+        self, device: torch.device, *, owner: str, consumers: tuple[str, ...], debug: bool = False
+    ) -> None:
+        self.device = device
+        self.owner = owner
+        self.debug = debug
+        self._consumers = consumers
+        self._fresh: set[str] = set()
+        self._event: Any = None
+        self._stream: Any = None
+        self._recorded = False
+
+    @property
+    def created(self) -> bool:
+        """Whether the event exists yet (it is made on the first publish)."""
+        return self._event is not None
+
+    def record(self) -> None:
+        """Mark the point the current stream has reached (end of a publish)."""
+        policy = policy_for(self.device)
+        stream = policy.current_stream()
+        if self._event is None:
+            self._event = policy.new_event()
+        elif self._recorded and stream != self._stream:
+            # Note [Fence chaining]
+            policy.stream_wait(stream, self._event)
+        policy.record(self._event, stream)
+        self._stream = stream
+        self._recorded = True
+        self._fresh = set(self._consumers)
+
+    def wait(self, consumer: str) -> None:
+        """Order the reader after the newest publish, per the device policy."""
+        if self.debug:
+            if consumer not in self._fresh:
+                raise RelayDebugError(
+                    f"{self.owner}.{consumer}: fence waited on with no publish since the "
+                    "last wait; the rows it would read are stale. Call publish(...) for "
+                    "this step before resolving."
+                )
+            self._fresh.discard(consumer)
+        if self._event is not None:
+            policy_for(self.device).wait(self._event)

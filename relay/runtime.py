@@ -1,0 +1,134 @@
+"""Helpers the generated maps call. Small, typed, and free when debug mode is off.
+
+Generated modules import this module as ``_rt`` and nothing else from relay, so the
+names here are part of the contract between the generator and the runtime.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from relay.device import Fence, HostMirror
+from relay.errors import RelayError
+
+__all__ = [
+    "Fence",
+    "HostMirror",
+    "check_dim",
+    "check_slots",
+    "consume",
+    "guard_non_negative",
+    "guard_positive",
+    "lazy_buffer",
+    "new_buffer",
+    "never_stashed",
+]
+
+
+def _poison(dtype: torch.dtype) -> float | int | None:
+    """The value unconsumed rows hold in debug mode: -1 for ints, NaN for floats."""
+    if dtype.is_floating_point or dtype.is_complex:
+        return float("nan")
+    if dtype == torch.bool:
+        return None  # no spare value to poison with
+    return -1
+
+
+def check_dim(owner: str, name: str, value: int) -> int:
+    """A symbolic dim given to a constructor must be a positive int."""
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(
+            f"{owner}: dim {name!r} must be a positive int (got {value!r} that is a "
+            f"{type(value).__name__})"
+        )
+    return value
+
+
+def new_buffer(
+    shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, debug: bool
+) -> torch.Tensor:
+    """A relay buffer: zeros, or poison in debug mode so an unwritten row is caught."""
+    poison = _poison(dtype) if debug else None
+    if poison is None:
+        return torch.zeros(shape, dtype=dtype, device=device)
+    return torch.full(shape, poison, dtype=dtype, device=device)
+
+
+def lazy_buffer(
+    owner: str,
+    field: str,
+    pool_size: int,
+    declared_row: tuple[int | None, ...],
+    dtype: torch.dtype | None,
+    first: torch.Tensor,
+    debug: bool,
+) -> torch.Tensor:
+    """Allocate a lazy field from its first non-empty payload ``first``.
+
+    ``declared_row`` holds the fixed dims of the row shape and ``None`` for symbolic
+    ones; ``dtype`` is ``None`` when the schema takes it from the payload.
+    """
+    row = tuple(first.shape[1:])
+    if len(row) != len(declared_row) or any(
+        want is not None and want != got for want, got in zip(declared_row, row)
+    ):
+        expected = tuple("?" if d is None else d for d in declared_row)
+        raise RelayError(
+            f"{owner}.{field}: the first payload has rows of shape {row}, but the schema "
+            f"declares rows of shape {expected} ('?' is taken from the payload); "
+            f"pass a tensor of shape (n, {', '.join(map(str, expected))})"
+        )
+    return new_buffer((pool_size, *row), dtype or first.dtype, first.device, debug)
+
+
+def never_stashed(owner: str, field: str) -> RelayError:
+    """The error for resolving a required lazy field before its first stash."""
+    return RelayError(
+        f"{owner}.{field}: resolved before any stash allocated its buffer; "
+        "stash a payload carrying it (the forward that produced the rows) first"
+    )
+
+
+def guard_non_negative(value: torch.Tensor, what: str) -> None:
+    """Assert ``value >= 0`` on the device, without a host sync."""
+    torch._assert_async((value >= 0).all(), f"{what}: guard failed, values must be >= 0")
+
+
+def guard_positive(value: torch.Tensor, what: str) -> None:
+    """Assert ``value > 0`` on the device, without a host sync."""
+    torch._assert_async((value > 0).all(), f"{what}: guard failed, values must be > 0")
+
+
+def check_slots(indices: torch.Tensor, what: str) -> None:
+    """Debug: placeholders are ``-slot``; slot 0 is scratch and would read as token 0."""
+    torch._assert_async(
+        (indices >= 1).all(), f"{what}: slots must be >= 1 (row 0 is the scratch row)"
+    )
+
+
+def consume(
+    buf: torch.Tensor,
+    rows: torch.Tensor,
+    values: torch.Tensor,
+    taken: torch.Tensor | None,
+    what: str,
+) -> None:
+    """Debug: check the gathered ``values`` were written since their last read, then
+    poison ``rows`` again so each value is consumed exactly once.
+
+    ``taken`` masks which of ``rows`` were really read (placeholder resolves read row
+    0 for the positions that hold real values); ``None`` means all of them.
+    """
+    poison = _poison(buf.dtype)
+    if poison is None:
+        return
+    fresh = ~torch.isnan(values) if isinstance(poison, float) else values != poison
+    fresh = fresh.reshape(values.shape[0], -1).all(dim=1)
+    if taken is not None:
+        fresh = fresh | ~taken.reshape(-1)
+    torch._assert_async(
+        fresh.all(),
+        f"{what}: read a row that was not written since it was last consumed "
+        "(a stash or publish is missing, or the slot was read twice)",
+    )
+    buf.index_fill_(0, rows.reshape(-1), poison)

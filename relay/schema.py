@@ -1,0 +1,185 @@
+"""The schema vocabulary: one ``Field`` declaration per relay field, grouped in a ``Schema``.
+
+Declarations are plain attrs objects that accept what they are given and remember
+where they were written. Nothing is checked here: ``codegen`` validates a whole
+schema at once so that a user sees every mistake in one run, each naming the file
+and line below.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import sys
+from collections.abc import Sequence
+from typing import Union
+
+import attrs
+import torch
+
+__all__ = [
+    "FROM_PAYLOAD",
+    "Alloc",
+    "Dim",
+    "Field",
+    "FromPayload",
+    "Guard",
+    "Lane",
+    "Resolve",
+    "Schema",
+    "SourceLocation",
+]
+
+
+class Lane(enum.Enum):
+    """Who reads a field, and so how its hand-over is ordered."""
+
+    #: Stashed at the end of forward N, read at the start of forward N+1 on the same
+    #: stream. Stream order is the only ordering; there is no fence.
+    FORWARD = "forward"
+    #: Published from the forward stream and read by the scheduler behind a fence,
+    #: optionally mirrored to the host.
+    SCHEDULE = "schedule"
+
+
+class Alloc(enum.Enum):
+    """When a field's buffer is allocated."""
+
+    #: At construction; symbolic dims become constructor keywords.
+    EAGER = "eager"
+    #: On the first non-empty stash or publish that carries the field, with the row
+    #: shape (and, for ``FROM_PAYLOAD``, the dtype) of that payload.
+    LAZY = "lazy"
+
+
+class Resolve(enum.Enum):
+    """How a field's value reaches the batch."""
+
+    #: ``target = buf[batch.<indices>]``.
+    GATHER = "gather"
+    #: The sentinel protocol: ``invalidate`` writes ``-slot`` into the target and the
+    #: resolve replaces every negative ``x`` there by ``buf[-x]``, leaving the rest.
+    PLACEHOLDER = "placeholder"
+
+
+class Guard(enum.Enum):
+    """A value check applied with ``torch._assert_async`` (no host sync) on every write."""
+
+    NONE = "none"
+    NON_NEGATIVE = "non_negative"
+    POSITIVE = "positive"
+
+
+class FromPayload(enum.Enum):
+    """Marker type of ``FROM_PAYLOAD``: the dtype is taken from the first payload."""
+
+    FROM_PAYLOAD = "from_payload"
+
+    def __repr__(self) -> str:
+        return "FROM_PAYLOAD"
+
+
+FROM_PAYLOAD = FromPayload.FROM_PAYLOAD
+
+#: One entry of a row shape: a fixed size or a symbolic name such as ``"topk"``.
+Dim = Union[int, str]
+
+
+@attrs.frozen
+class SourceLocation:
+    """Where a declaration was written."""
+
+    file: str
+    line: int
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}"
+
+
+_THIS_FILE = os.path.normcase(os.path.abspath(__file__))
+
+
+def _declaration_site() -> SourceLocation:
+    """The first frame outside this module and attrs' generated ``__init__``."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not filename.startswith("<attrs generated") and (
+            os.path.normcase(os.path.abspath(filename)) != _THIS_FILE
+        ):
+            return SourceLocation(filename, frame.f_lineno)
+        frame = frame.f_back  # type: ignore[assignment]
+    return SourceLocation("<unknown>", 0)
+
+
+def _to_shape(value: Sequence[Dim]) -> tuple[Dim, ...]:
+    # A bare string would otherwise become one dim per character.
+    if isinstance(value, (str, int)):
+        return (value,)
+    return tuple(value)
+
+
+@attrs.frozen
+class Field:
+    """One relay field: a device buffer of ``pool_size`` rows and how it is handed over.
+
+    Only ``name``, ``lane`` and ``dtype`` are required; see ``docs/schema.md`` for
+    every option with an example.
+    """
+
+    #: Identifier of the field; the buffer is ``<name>_buf``.
+    name: str
+    #: ``Lane.FORWARD`` or ``Lane.SCHEDULE``.
+    lane: Lane
+    #: A ``torch.dtype``, or ``FROM_PAYLOAD`` (lazy fields only).
+    dtype: torch.dtype | FromPayload
+    #: Shape of one row: ints and symbolic dims. ``()`` is one scalar per slot.
+    shape: tuple[Dim, ...] = attrs.field(default=(), converter=_to_shape)
+    #: ``Alloc.EAGER`` or ``Alloc.LAZY``.
+    alloc: Alloc = Alloc.EAGER
+    #: The payload may omit the field (``None``); its buffer is allocated when it appears.
+    optional: bool = False
+    #: Attribute of the stash payload (or keyword of ``publish``) holding the value;
+    #: defaults to ``name``.
+    source: str | None = None
+    #: Dotted attribute path on the batch the value resolves to, e.g. ``spec_info.topk_p``.
+    target: str | None = None
+    #: ``Resolve.GATHER`` or ``Resolve.PLACEHOLDER``.
+    resolve: Resolve = Resolve.GATHER
+    #: Schedule lane: batch attribute that receives a host copy (``seq_lens_cpu``).
+    host_mirror: str | None = None
+    #: Schedule lane: batch attribute that receives the host sum as an int (``seq_lens_sum``).
+    host_sum: str | None = None
+    #: Value check on every stash or publish.
+    guard: Guard = Guard.NONE
+    #: Doc string carried into the generated code.
+    doc: str = ""
+    declared_at: SourceLocation = attrs.field(
+        factory=_declaration_site, kw_only=True, eq=False, repr=False
+    )
+
+    @property
+    def payload_name(self) -> str:
+        """The payload attribute (or publish keyword) the value comes from."""
+        return self.source if self.source is not None else self.name
+
+
+def _to_fields(value: Sequence[Field]) -> tuple[Field, ...]:
+    return tuple(value)
+
+
+@attrs.frozen
+class Schema:
+    """A relay: the generated class name, its doc string and its fields in order."""
+
+    #: Name of the generated FutureMap class, e.g. ``"DecodeFutureMap"``.
+    name: str
+    #: Fields in declaration order; the generated code follows this order.
+    fields: tuple[Field, ...] = attrs.field(converter=_to_fields)
+    #: Doc string of the generated class.
+    doc: str = ""
+    #: Batch attribute holding the request-pool slots for gather resolves.
+    indices: str = "req_pool_indices"
+    declared_at: SourceLocation = attrs.field(
+        factory=_declaration_site, kw_only=True, eq=False, repr=False
+    )
