@@ -117,7 +117,7 @@ class CudaPolicy(GenericPolicy):
 
     def to_host(self, src: torch.Tensor, mirror: HostMirror) -> torch.Tensor:
         if self._copy_stream is None:
-            self._copy_stream = torch.cuda.Stream(self.device)
+            self._copy_stream = self.module.Stream(device=self.device)
         copy_stream = self._copy_stream
         pinned = mirror.pinned_rows(src)
         copy_stream.wait_stream(torch.cuda.current_stream(self.device))

@@ -12,6 +12,7 @@ import enum
 import os
 import sys
 from collections.abc import Sequence
+from types import FrameType
 from typing import Union
 
 import attrs
@@ -101,14 +102,14 @@ _THIS_FILE = os.path.normcase(os.path.abspath(__file__))
 
 def _declaration_site() -> SourceLocation:
     """The first frame outside this module and attrs' generated ``__init__``."""
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         filename = frame.f_code.co_filename
         if not filename.startswith("<attrs generated") and (
             os.path.normcase(os.path.abspath(filename)) != _THIS_FILE
         ):
             return SourceLocation(filename, frame.f_lineno)
-        frame = frame.f_back  # type: ignore[assignment]
+        frame = frame.f_back
     return SourceLocation("<unknown>", 0)
 
 
