@@ -87,6 +87,10 @@ class MapView:
     fence_consumers: tuple[str, ...]
 
     @property
+    def fence_consumers_literal(self) -> str:
+        return naming.shape_literal(tuple(f'"{c}"' for c in self.fence_consumers))
+
+    @property
     def exports(self) -> list[str]:
         names = [self.cls, self.batch_cls]
         if self.forward:
