@@ -1,0 +1,31 @@
+"""Shared pytest options and markers for relay's tests."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--update-golden",
+        action="store_true",
+        default=False,
+        help="rewrite tests/golden/ from the generator instead of comparing (never in CI)",
+    )
+
+
+@pytest.fixture
+def update_golden(request: pytest.FixtureRequest) -> bool:
+    """Whether golden files are being rewritten (``pytest --update-golden``)."""
+    return bool(request.config.getoption("--update-golden"))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # GPU tests are skipped, visibly, where there is no CUDA device; never passed silently.
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (marker: gpu)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
