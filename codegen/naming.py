@@ -19,6 +19,7 @@ RESERVED = frozenset(
     {
         "self", "batch", "indices", "payload", "torch", "attrs", "annotations", "Protocol",
         "device", "pool_size", "debug", "stash", "publish", "invalidate", "resolve_future",
+        "release",
     }
 )
 

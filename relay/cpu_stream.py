@@ -63,6 +63,9 @@ class ThreadStream:
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
+    def __repr__(self) -> str:
+        return f"ThreadStream({self.name!r})"
+
     # -- host side -------------------------------------------------------------
     def submit(self, fn: Callable[[], None]) -> int:
         """Queue ``fn`` behind everything submitted before; returns its ticket."""

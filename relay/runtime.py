@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import torch
 
-from relay.device import Fence, HostMirror
-from relay.errors import RelayError
+from typing import Any
+
+from relay.device import Fence, HostMirror, policy_for
+from relay.errors import RelayDebugError, RelayError
 
 __all__ = [
+    "DebugChecks",
     "Fence",
     "HostMirror",
     "check_dim",
@@ -132,3 +135,66 @@ def consume(
         "(a stash or publish is missing, or the slot was read twice)",
     )
     buf.index_fill_(0, rows.reshape(-1), poison)
+
+
+def _stream_name(stream: Any) -> str:
+    return "the host (no stream)" if stream is None else f"stream {stream!r}"
+
+
+class DebugChecks:
+    """Debug-mode bookkeeping of one map: slot generation stamps and stream order.
+
+    Allocates nothing until debug mode uses it, so a map built with ``debug=False``
+    pays one attribute and no memory.
+
+    - Generation stamps: ``release`` bumps a slot's generation when its request
+      ends; a resolve must see the generation its stash (or publish) saw, so a
+      slot reused between stash and resolve is reported.
+    - Stream order: the forward lane has no fence, so ``resolve_future`` must run on
+      the stream that stashed; any other stream is reported.
+    """
+
+    def __init__(self, device: torch.device, pool_size: int, owner: str) -> None:
+        self.device = device
+        self.pool_size = pool_size
+        self.owner = owner
+        self._generation: torch.Tensor | None = None
+        self._stamps: dict[str, torch.Tensor] = {}
+        self._writer: dict[str, Any] = {}
+
+    def _generations(self) -> torch.Tensor:
+        if self._generation is None:
+            self._generation = torch.zeros(self.pool_size, dtype=torch.int64, device=self.device)
+        return self._generation
+
+    def wrote(self, lane: str, indices: torch.Tensor) -> None:
+        """Rows ``indices`` of ``lane`` were written now, on the current stream."""
+        stamps = self._stamps.get(lane)
+        if stamps is None:
+            stamps = self._stamps[lane] = torch.zeros_like(self._generations())
+        stamps[indices] = self._generations()[indices]
+        self._writer[lane] = policy_for(self.device).current_stream()
+
+    def read(self, lane: str, indices: torch.Tensor, op: str, *, same_stream: bool) -> None:
+        """Rows ``indices`` of ``lane`` are read now by ``op``."""
+        if same_stream and lane in self._writer:
+            reader = policy_for(self.device).current_stream()
+            if reader != self._writer[lane]:
+                raise RelayDebugError(
+                    f"{self.owner}.{op}: reads the {lane} lane on {_stream_name(reader)}, but "
+                    f"it was written on {_stream_name(self._writer[lane])}; the {lane} lane is "
+                    "ordered by the stream alone, so call it on the stream that stashed"
+                )
+        stamps = self._stamps.get(lane)
+        if stamps is None:
+            return
+        torch._assert_async(
+            (stamps[indices] == self._generations()[indices]).all(),
+            f"{self.owner}.{op}: a slot was released and reused between its write and this "
+            "read; the value belongs to the slot's previous request",
+        )
+
+    def release(self, indices: torch.Tensor) -> None:
+        """The requests in slots ``indices`` ended: their unread values are stale."""
+        generation = self._generations()
+        generation.index_add_(0, indices, torch.ones_like(indices, dtype=torch.int64))

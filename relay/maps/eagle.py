@@ -123,6 +123,7 @@ class EagleFutureMap:
             debug=debug,
         )
         self._new_seq_lens_host = _rt.HostMirror(self.device, pool_size)
+        self._debug = _rt.DebugChecks(self.device, pool_size, "EagleFutureMap")
 
     def stash(self, indices: torch.Tensor, payload: EaglePayload) -> None:
         """Forward lane: write ``payload`` into rows ``indices`` at the end of a forward.
@@ -133,6 +134,8 @@ class EagleFutureMap:
         """
         if indices.numel() == 0:
             return
+        if self.debug:
+            self._debug.wrote("forward", indices)
         output_tokens = payload.bonus_tokens.to(torch.int64)
         _rt.guard_non_negative(output_tokens, "EagleFutureMap.output_tokens")
         self.output_tokens_buf[indices] = output_tokens
@@ -166,6 +169,8 @@ class EagleFutureMap:
         """
         if indices.numel() == 0:
             return
+        if self.debug:
+            self._debug.wrote("schedule", indices)
         new_seq_lens = new_seq_lens.to(torch.int64)
         _rt.guard_positive(new_seq_lens, "EagleFutureMap.new_seq_lens")
         self.new_seq_lens_buf[indices] = new_seq_lens
@@ -185,6 +190,16 @@ class EagleFutureMap:
             _rt.check_slots(indices, "EagleFutureMap.invalidate")
         batch.input_ids = indices.neg()
 
+
+    def release(self, indices: torch.Tensor) -> None:
+        """The requests in slots ``indices`` ended and the slots may be reused.
+
+        Nothing to do normally. In debug mode it bumps the slots' generation, so a
+        resolve that reads a value stashed for the slot's previous request is caught.
+        """
+        if self.debug and indices.numel() > 0:
+            self._debug.release(indices)
+
     def resolve_future(self, batch: EagleBatch) -> None:
         """Forward lane: hand the previous forward's stash to ``batch``, on the forward stream.
 
@@ -201,6 +216,8 @@ class EagleFutureMap:
         indices = batch.req_pool_indices
         if indices.numel() == 0:
             return
+        if self.debug:
+            self._debug.read("forward", indices, "resolve_future", same_stream=True)
         output_tokens_at = batch.input_ids
         output_tokens_pending = output_tokens_at < 0
         output_tokens_rows = output_tokens_at.neg().clamp(min=0)
@@ -244,6 +261,8 @@ class EagleFutureMap:
         if indices.numel() == 0:
             return
         self._fence.wait("resolve_seq_lens_cpu")
+        if self.debug:
+            self._debug.read("schedule", indices, "resolve_seq_lens_cpu", same_stream=False)
         new_seq_lens = self.new_seq_lens_buf[indices]
         if self.debug:
             _rt.consume(self.new_seq_lens_buf, indices, new_seq_lens, None, "EagleFutureMap.new_seq_lens")

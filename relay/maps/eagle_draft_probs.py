@@ -130,6 +130,7 @@ class EagleDraftProbsFutureMap:
             debug=debug,
         )
         self._new_seq_lens_host = _rt.HostMirror(self.device, pool_size)
+        self._debug = _rt.DebugChecks(self.device, pool_size, "EagleDraftProbsFutureMap")
 
     def stash(self, indices: torch.Tensor, payload: EagleDraftProbsPayload) -> None:
         """Forward lane: write ``payload`` into rows ``indices`` at the end of a forward.
@@ -140,6 +141,8 @@ class EagleDraftProbsFutureMap:
         """
         if indices.numel() == 0:
             return
+        if self.debug:
+            self._debug.wrote("forward", indices)
         output_tokens = payload.bonus_tokens.to(torch.int64)
         _rt.guard_non_negative(output_tokens, "EagleDraftProbsFutureMap.output_tokens")
         self.output_tokens_buf[indices] = output_tokens
@@ -182,6 +185,8 @@ class EagleDraftProbsFutureMap:
         """
         if indices.numel() == 0:
             return
+        if self.debug:
+            self._debug.wrote("schedule", indices)
         new_seq_lens = new_seq_lens.to(torch.int64)
         _rt.guard_positive(new_seq_lens, "EagleDraftProbsFutureMap.new_seq_lens")
         self.new_seq_lens_buf[indices] = new_seq_lens
@@ -201,6 +206,16 @@ class EagleDraftProbsFutureMap:
             _rt.check_slots(indices, "EagleDraftProbsFutureMap.invalidate")
         batch.input_ids = indices.neg()
 
+
+    def release(self, indices: torch.Tensor) -> None:
+        """The requests in slots ``indices`` ended and the slots may be reused.
+
+        Nothing to do normally. In debug mode it bumps the slots' generation, so a
+        resolve that reads a value stashed for the slot's previous request is caught.
+        """
+        if self.debug and indices.numel() > 0:
+            self._debug.release(indices)
+
     def resolve_future(self, batch: EagleDraftProbsBatch) -> None:
         """Forward lane: hand the previous forward's stash to ``batch``, on the forward stream.
 
@@ -218,6 +233,8 @@ class EagleDraftProbsFutureMap:
         indices = batch.req_pool_indices
         if indices.numel() == 0:
             return
+        if self.debug:
+            self._debug.read("forward", indices, "resolve_future", same_stream=True)
         output_tokens_at = batch.input_ids
         output_tokens_pending = output_tokens_at < 0
         output_tokens_rows = output_tokens_at.neg().clamp(min=0)
@@ -267,6 +284,8 @@ class EagleDraftProbsFutureMap:
         if indices.numel() == 0:
             return
         self._fence.wait("resolve_seq_lens_cpu")
+        if self.debug:
+            self._debug.read("schedule", indices, "resolve_seq_lens_cpu", same_stream=False)
         new_seq_lens = self.new_seq_lens_buf[indices]
         if self.debug:
             _rt.consume(self.new_seq_lens_buf, indices, new_seq_lens, None, "EagleDraftProbsFutureMap.new_seq_lens")
