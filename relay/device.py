@@ -82,27 +82,49 @@ class CpuPolicy:
         return src.clone()
 
 
+class _SynchronizingEvent:
+    """For device modules without streams and events: a record synchronizes the device,
+    so everything before it is complete and waits have nothing left to do."""
+
+    def __init__(self, module: Any) -> None:
+        self.module = module
+
+    def record(self, stream: Any = None) -> None:
+        self.module.synchronize()
+
+    def wait(self, stream: Any = None) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+
 class GenericPolicy:
-    """Any device module with ``current_stream()`` and ``Event`` (xpu, mps, ...)."""
+    """Any other device module (xpu, mps, ...): its ``current_stream()`` and ``Event``,
+    or a device synchronize where the module has no streams."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.module: Any = torch.get_device_module(device.type)
+        self._streams = hasattr(self.module, "current_stream") and hasattr(self.module, "Event")
 
     def current_stream(self) -> Any:
-        return self.module.current_stream()
+        return self.module.current_stream() if self._streams else None
 
     def new_event(self) -> Any:
-        return self.module.Event()
+        return self.module.Event() if self._streams else _SynchronizingEvent(self.module)
 
     def record(self, event: Any, stream: Any) -> None:
         event.record(stream)
 
     def stream_wait(self, stream: Any, event: Any) -> None:
-        stream.wait_event(event)
+        if stream is None:
+            event.synchronize()
+        else:
+            stream.wait_event(event)
 
     def wait(self, event: Any) -> None:
-        self.current_stream().wait_event(event)
+        self.stream_wait(self.current_stream(), event)
 
     def to_host(self, src: torch.Tensor, mirror: HostMirror) -> torch.Tensor:
         return src.to("cpu")
