@@ -85,6 +85,14 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _shown(path: Path) -> str:
+    """``path`` relative to the working folder when it is inside it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
 def _generate(args: argparse.Namespace) -> int:
     from codegen import check_job, configured_job, explicit_job, run_job
 
@@ -115,9 +123,9 @@ def _generate(args: argparse.Namespace) -> int:
                 print(f"  {drift}", file=sys.stderr)
             return EXIT_DRIFT
         start = time.perf_counter()
-        result = run_job(job, progress=None if args.quiet else (lambda s: say(f"  {s}")))
+        result = run_job(job)
         for path in result.written:
-            say(f"wrote {path}")
+            say(f"wrote {_shown(path)}")
         say(f"relay: {len(result.written)} written, {len(result.unchanged)} unchanged "
             f"({time.perf_counter() - start:.2f}s)")
         return EXIT_OK

@@ -135,7 +135,6 @@ class DecodeFutureMap:
             _rt.check_slots(indices, "DecodeFutureMap.invalidate")
         batch.input_ids = indices.neg()
 
-
     def release(self, indices: torch.Tensor) -> None:
         """The requests in slots ``indices`` ended and the slots may be reused.
 

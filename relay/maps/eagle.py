@@ -190,7 +190,6 @@ class EagleFutureMap:
             _rt.check_slots(indices, "EagleFutureMap.invalidate")
         batch.input_ids = indices.neg()
 
-
     def release(self, indices: torch.Tensor) -> None:
         """The requests in slots ``indices`` ended and the slots may be reused.
 

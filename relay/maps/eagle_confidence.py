@@ -204,7 +204,6 @@ class EagleConfidenceFutureMap:
             _rt.check_slots(indices, "EagleConfidenceFutureMap.invalidate")
         batch.input_ids = indices.neg()
 
-
     def release(self, indices: torch.Tensor) -> None:
         """The requests in slots ``indices`` ended and the slots may be reused.
 

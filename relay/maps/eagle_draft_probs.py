@@ -206,7 +206,6 @@ class EagleDraftProbsFutureMap:
             _rt.check_slots(indices, "EagleDraftProbsFutureMap.invalidate")
         batch.input_ids = indices.neg()
 
-
     def release(self, indices: torch.Tensor) -> None:
         """The requests in slots ``indices`` ended and the slots may be reused.
 

@@ -208,7 +208,6 @@ class EagleDsaFutureMap:
             _rt.check_slots(indices, "EagleDsaFutureMap.invalidate")
         batch.input_ids = indices.neg()
 
-
     def release(self, indices: torch.Tensor) -> None:
         """The requests in slots ``indices`` ended and the slots may be reused.
 

@@ -172,7 +172,6 @@ class EagleMultiLayerFutureMap:
             _rt.check_slots(indices, "EagleMultiLayerFutureMap.invalidate")
         batch.input_ids = indices.neg()
 
-
     def release(self, indices: torch.Tensor) -> None:
         """The requests in slots ``indices`` ended and the slots may be reused.
 
