@@ -1,0 +1,102 @@
+"""Misuse of the generated maps: each bad line carries ``# E: <mypy error code>``.
+
+Checked by ``tests/typing/test_typing.py``: mypy must report exactly the marked
+(line, code) pairs. Never imported by pytest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from relay.maps.decode import DecodeFutureMap, DecodePayload
+from relay.maps.eagle import EagleFutureMap, EaglePayload
+from relay.maps.eagle_confidence import EagleConfidenceFutureMap
+
+
+@dataclass
+class SpecInfo:
+    topk_p: torch.Tensor
+    topk_index: torch.Tensor
+    hidden_states: torch.Tensor | None
+
+
+@dataclass
+class Batch:
+    req_pool_indices: torch.Tensor
+    input_ids: torch.Tensor
+    seq_lens: torch.Tensor
+    seq_lens_cpu: torch.Tensor
+    seq_lens_sum: int
+    spec_info: SpecInfo
+
+
+@dataclass
+class NoHostMirrorBatch:
+    """Lacks ``seq_lens_cpu``, which ``resolve_seq_lens_cpu`` writes."""
+
+    req_pool_indices: torch.Tensor
+    input_ids: torch.Tensor
+    seq_lens: torch.Tensor
+    seq_lens_sum: int
+
+
+@dataclass
+class FloatSumBatch:
+    """``seq_lens_sum`` has the wrong type: the map writes an int."""
+
+    req_pool_indices: torch.Tensor
+    input_ids: torch.Tensor
+    seq_lens: torch.Tensor
+    seq_lens_cpu: torch.Tensor
+    seq_lens_sum: str
+
+
+@dataclass
+class StrictHiddenSpecInfo:
+    """``hidden_states`` may not be None here, but the map's attribute may be."""
+
+    topk_p: torch.Tensor
+    topk_index: torch.Tensor
+    hidden_states: torch.Tensor
+
+
+@dataclass
+class StrictHiddenBatch:
+    req_pool_indices: torch.Tensor
+    input_ids: torch.Tensor
+    seq_lens: torch.Tensor
+    seq_lens_cpu: torch.Tensor
+    seq_lens_sum: int
+    spec_info: StrictHiddenSpecInfo
+
+
+def misuse(batch: Batch, tokens: torch.Tensor) -> None:
+    decode = DecodeFutureMap("cpu", 9)
+    eagle = EagleFutureMap("cpu", 9, topk=4)
+    EagleFutureMap("cpu", 9)  # E: call-arg
+    EagleFutureMap("cpu", 9, topk="4")  # E: arg-type
+    EagleConfidenceFutureMap("cpu", 9, topk=4)  # E: call-arg
+
+    DecodePayload(next_tokens_ids=tokens)  # E: call-arg
+    EaglePayload(bonus_tokens=tokens, topk_p=tokens)  # E: call-arg
+    EaglePayload(bonus_tokens=tokens, topk_p=tokens, topk_index=tokens, hidden=tokens)  # E: call-arg
+    EaglePayload(bonus_tokens=[1, 2], topk_p=tokens, topk_index=tokens)  # E: arg-type
+
+    payload = EaglePayload(bonus_tokens=tokens, topk_p=tokens, topk_index=tokens)
+    payload.topk_p = tokens  # E: misc
+    eagle.stash(batch.req_pool_indices, DecodePayload(next_token_ids=tokens))  # E: arg-type
+    decode.stash([1, 2], DecodePayload(next_token_ids=tokens))  # E: arg-type
+    decode.publish(batch.req_pool_indices, new_seq_len=tokens)  # E: call-arg
+    decode.publish(batch.req_pool_indices, 5)  # E: arg-type
+
+    decode.resolve_seq_lens_cpu(NoHostMirrorBatch(tokens, tokens, tokens, 0))  # E: arg-type
+    decode.resolve_seq_lens_cpu(FloatSumBatch(tokens, tokens, tokens, tokens, ""))  # E: arg-type
+    eagle.resolve_future(StrictHiddenBatch(tokens, tokens, tokens, tokens, 0, StrictHiddenSpecInfo(tokens, tokens, tokens)))  # E: arg-type
+    eagle.resolve_future(decode)  # E: arg-type
+
+    hidden_rows: int = eagle.hidden_states_buf.shape[0]  # E: union-attr
+    eagle.resolve_seq_lens(batch)  # E: attr-defined
+    total: str = batch.seq_lens_sum  # E: assignment
+    del hidden_rows, total

@@ -1,0 +1,142 @@
+"""Typed use of the generated maps from an engine's own batch types: must pass ``mypy --strict``.
+
+Checked by ``tests/typing/test_typing.py``; never imported by pytest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from relay.maps.decode import DecodeBatch, DecodeFutureMap, DecodePayload
+from relay.maps.eagle import EagleBatch, EagleFutureMap, EaglePayload
+from relay.maps.eagle_confidence import EagleConfidenceFutureMap, EagleConfidencePayload
+from relay.maps.eagle_dsa import EagleDsaFutureMap, EagleDsaPayload
+from relay.maps.eagle_multilayer import EagleMultiLayerFutureMap, EagleMultiLayerPayload
+
+
+def _empty() -> torch.Tensor:
+    return torch.empty(0, dtype=torch.int64)
+
+
+@dataclass
+class SpecInfo:
+    """The engine's own speculative-decoding state: the attributes the EAGLE maps touch."""
+
+    topk_p: torch.Tensor = field(default_factory=_empty)
+    topk_index: torch.Tensor = field(default_factory=_empty)
+    hidden_states: torch.Tensor | None = None
+    dsa_topk_indices: torch.Tensor | None = None
+    draft_confidence: torch.Tensor = field(default_factory=_empty)
+
+
+@dataclass
+class ScheduleBatch:
+    """The engine's own batch: no inheritance from relay, matched structurally."""
+
+    req_pool_indices: torch.Tensor
+    input_ids: torch.Tensor = field(default_factory=_empty)
+    seq_lens: torch.Tensor = field(default_factory=_empty)
+    seq_lens_cpu: torch.Tensor = field(default_factory=_empty)
+    seq_lens_sum: int = 0
+    draft_confidence_cpu: torch.Tensor = field(default_factory=_empty)
+    spec_info: SpecInfo = field(default_factory=SpecInfo)
+
+
+class FrozenIndicesBatch:
+    """A batch whose slots are a read-only property: the maps only read them."""
+
+    def __init__(self, indices: torch.Tensor) -> None:
+        self._indices = indices
+        self.input_ids = _empty()
+        self.seq_lens = _empty()
+        self.seq_lens_cpu = _empty()
+        self.seq_lens_sum = 0
+
+    @property
+    def req_pool_indices(self) -> torch.Tensor:
+        return self._indices
+
+
+def decode_step(relay: DecodeFutureMap, batch: ScheduleBatch, tokens: torch.Tensor) -> int:
+    indices = batch.req_pool_indices
+    relay.invalidate(batch, indices)
+    relay.resolve_future(batch)
+    relay.stash(indices, DecodePayload(next_token_ids=tokens))
+    relay.publish(indices, tokens + 1)
+    relay.publish(indices, new_seq_lens=tokens + 1)
+    relay.resolve_seq_lens_cpu(batch)
+    relay.release(indices)
+    return batch.seq_lens_sum
+
+
+def eagle_step(relay: EagleFutureMap, batch: ScheduleBatch) -> torch.Tensor | None:
+    indices = batch.req_pool_indices
+    n = int(indices.numel())
+    payload = EaglePayload(
+        bonus_tokens=torch.zeros(n, dtype=torch.int64),
+        topk_p=torch.rand(n, 4),
+        topk_index=torch.zeros(n, 4, dtype=torch.int64),
+    )
+    with_hidden = EaglePayload(
+        bonus_tokens=payload.bonus_tokens,
+        topk_p=payload.topk_p,
+        topk_index=payload.topk_index,
+        hidden_states=torch.zeros(n, 8, dtype=torch.bfloat16),
+    )
+    relay.stash(indices, payload)
+    relay.stash(indices, with_hidden)
+    relay.resolve_future(batch)
+    relay.publish(indices, torch.ones(n, dtype=torch.int64))
+    relay.resolve_seq_lens_cpu(batch)
+    hidden: torch.Tensor | None = relay.hidden_states_buf
+    if hidden is not None:
+        _rows: int = hidden.shape[0]
+    topk: torch.Tensor = relay.topk_p_buf
+    del topk
+    return batch.spec_info.hidden_states
+
+
+def protocols(batch: ScheduleBatch, frozen: FrozenIndicesBatch) -> None:
+    decode_batch: DecodeBatch = batch
+    eagle_batch: EagleBatch = batch
+    read_only: DecodeBatch = frozen
+    del decode_batch, eagle_batch, read_only
+
+
+def other_maps(batch: ScheduleBatch) -> float:
+    indices = batch.req_pool_indices
+    n = int(indices.numel())
+    confidence = EagleConfidenceFutureMap("cpu", 9, topk=1, draft_tokens=3, debug=True)
+    confidence.stash(
+        indices,
+        EagleConfidencePayload(
+            bonus_tokens=torch.zeros(n), topk_p=torch.rand(n, 1), topk_index=torch.zeros(n, 1)
+        ),
+    )
+    confidence.publish(indices, torch.ones(n), torch.rand(n, 3))
+    confidence.resolve_seq_lens_cpu(batch)
+    confidence.resolve_draft_confidence_cpu(batch)
+
+    dsa = EagleDsaFutureMap(torch.device("cpu"), 9, topk=1)
+    dsa.stash(
+        indices,
+        EagleDsaPayload(
+            bonus_tokens=torch.zeros(n),
+            topk_p=torch.rand(n, 1),
+            topk_index=torch.zeros(n, 1),
+            dsa_topk_indices=torch.zeros(n, 2, dtype=torch.int32),
+        ),
+    )
+    dsa.resolve_future(batch)
+
+    multilayer = EagleMultiLayerFutureMap("cpu", 9, topk=1)
+    multilayer.stash(
+        indices,
+        EagleMultiLayerPayload(
+            bonus_tokens=torch.zeros(n), topk_p=torch.rand(n, 1), topk_index=torch.zeros(n, 1)
+        ),
+    )
+    multilayer.resolve_future(batch)
+    return float(batch.draft_confidence_cpu.sum())
