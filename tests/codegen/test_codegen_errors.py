@@ -1,0 +1,466 @@
+"""Bad schemas: every mistake is reported with its file, line, schema, field, expectation and fix."""
+
+from __future__ import annotations
+
+import ast
+import sys
+import types
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from codegen_support import Project, Run, line_of
+
+from codegen import explicit_job, plan
+from relay.errors import SchemaError, SchemaImportError
+
+SRC = "schemas/bad.py"
+
+
+def schema_error(project: Project) -> SchemaError:
+    """Plan ``schemas/bad.py`` of ``project`` through the API and return its SchemaError."""
+    job = explicit_job([project.schemas / "bad.py"], project.maps)
+    with pytest.raises(SchemaError) as excinfo:
+        plan(job)
+    return excinfo.value
+
+
+def one_issue(project: Project) -> str:
+    """The text of the only issue of ``schemas/bad.py``, checked against the error's summary."""
+    error = schema_error(project)
+    messages = [str(issue) for issue in error.issues]
+    assert len(messages) == 1, messages
+    assert str(error) == "invalid schema (1 problem):\n" + messages[0]
+    return messages[0]
+
+
+def import_error(project: Project, stem: str) -> str:
+    job = explicit_job([project.schemas / f"{stem}.py"], project.maps)
+    with pytest.raises(SchemaImportError) as excinfo:
+        plan(job)
+    return str(excinfo.value)
+
+
+GOOD = 'Field("tokens", lane=Lane.FORWARD, dtype=torch.int64, target="input_ids"),'
+
+
+def test_duplicate_field_name(project: Project) -> None:
+    """A field declared twice is reported at the repeat, pointing at the first declaration."""
+    path = project.schema_module("bad", [
+        GOOD,
+        'Field("tokens", lane=Lane.SCHEDULE, dtype=torch.int64, target="seq_lens"),',
+    ])
+    first = line_of(path, "input_ids")
+    second = line_of(path, "seq_lens")
+    assert one_issue(project) == (
+        f"{SRC}:{second}: BadFutureMap.tokens: duplicate field name 'tokens'; it is first "
+        f"declared at {SRC}:{first}\n"
+        "    fix: rename one of them, or delete the repeated declaration"
+    )
+
+
+def test_field_name_not_an_identifier(project: Project) -> None:
+    """A field name that is not a Python identifier is refused with an example of a good one."""
+    path = project.schema_module("bad", ['Field("2x", lane=Lane.FORWARD, dtype=torch.int64),'])
+    line = line_of(path, '"2x"')
+    assert one_issue(project) == (
+        f"{SRC}:{line}: BadFutureMap.2x: field name must be a Python identifier "
+        "(got '2x' that is a str)\n"
+        '    fix: use letters, digits and underscores, not starting with a digit, e.g. "topk_p"'
+    )
+
+
+def test_field_name_is_a_keyword(project: Project) -> None:
+    """A field named after a Python keyword is refused with a rename suggestion."""
+    path = project.schema_module("bad", ['Field("class", lane=Lane.FORWARD, dtype=torch.int64),'])
+    line = line_of(path, '"class"')
+    assert one_issue(project) == (
+        f"{SRC}:{line}: BadFutureMap.class: field name 'class' is a Python keyword\n"
+        '    fix: rename it, e.g. "class_"'
+    )
+
+
+@pytest.mark.parametrize("name", [
+    "stash", "publish", "invalidate", "release", "resolve_future", "resolve_seq_lens_cpu",
+    "device", "pool_size", "debug", "indices", "batch", "payload",
+])
+def test_field_name_clashes_with_generated_name(project: Project, name: str) -> None:
+    """A field named like a generated method, attribute or local is refused, not miscompiled."""
+    path = project.schema_module("bad", [f'Field("{name}", lane=Lane.FORWARD, dtype=torch.int64),'])
+    line = line_of(path, f'"{name}"')
+    assert one_issue(project) == (
+        f"{SRC}:{line}: BadFutureMap.{name}: field name {name!r} clashes with a name the "
+        "generated map defines or uses\n"
+        f'    fix: rename the field, e.g. "{name}_value"'
+    )
+
+
+def test_unknown_lane(project: Project) -> None:
+    """A lane given as a string is refused, naming both lanes and what they mean."""
+    path = project.schema_module("bad", ['Field("tokens", lane="forward", dtype=torch.int64),'])
+    line = line_of(path, '"tokens"')
+    assert one_issue(project) == (
+        f"{SRC}:{line}: BadFutureMap.tokens: lane must be Lane.FORWARD or Lane.SCHEDULE "
+        "(got 'forward' that is a str)\n"
+        "    fix: write lane=Lane.FORWARD (stashed for the next forward) or "
+        "lane=Lane.SCHEDULE (published for the scheduler)"
+    )
+
+
+@pytest.mark.parametrize(("spelled", "got"), [
+    ('"fp8"', "'fp8' that is a str"),
+    ("float", "<class 'float'> that is a type"),
+])
+def test_dtype_not_a_torch_dtype(project: Project, spelled: str, got: str) -> None:
+    """A dtype that is not a torch.dtype is refused, showing the value and its type."""
+    path = project.schema_module("bad", [f'Field("probs", lane=Lane.FORWARD, dtype={spelled}),'])
+    line = line_of(path, '"probs"')
+    assert one_issue(project) == (
+        f"{SRC}:{line}: BadFutureMap.probs: dtype must be a torch.dtype such as torch.int64, "
+        f"torch.float32, torch.bfloat16, or FROM_PAYLOAD (got {got})\n"
+        "    fix: write dtype=torch.<name>, e.g. dtype=torch.int64"
+    )
+
+
+@pytest.mark.parametrize("dim", [0, -3])
+def test_non_positive_dim(project: Project, dim: int) -> None:
+    """A zero or negative row dim is refused with the size rule and the symbolic alternative."""
+    path = project.schema_module(
+        "bad", [f'Field("probs", lane=Lane.FORWARD, dtype=torch.float32, shape=({dim},)),'])
+    line = line_of(path, '"probs"')
+    assert one_issue(project) == (
+        f"{SRC}:{line}: BadFutureMap.probs: shape dims must be positive (got {dim})\n"
+        '    fix: use a size >= 1, or a symbolic name such as "topk" given at construction'
+    )
+
+
+@pytest.mark.parametrize(("spelled", "got"), [
+    ("2.5", "2.5 that is a float"),
+    ("True", "True that is a bool"),
+    ("None", "None that is a NoneType"),
+])
+def test_non_integer_dim(project: Project, spelled: str, got: str) -> None:
+    """A row dim that is neither an int nor a symbolic name is refused, bools included."""
+    path = project.schema_module(
+        "bad", [f'Field("probs", lane=Lane.FORWARD, dtype=torch.float32, shape=({spelled},)),'])
+    line = line_of(path, '"probs"')
+    assert one_issue(project) == (
+        f"{SRC}:{line}: BadFutureMap.probs: shape dims must be positive ints or symbolic names "
+        f"(got {got})\n"
+        '    fix: write shape=("topk",) or shape=(8,)'
+    )
+
+
+def test_symbolic_dim_not_an_identifier(project: Project) -> None:
+    """A symbolic dim must be usable as a constructor keyword."""
+    path = project.schema_module(
+        "bad", ['Field("probs", lane=Lane.FORWARD, dtype=torch.float32, shape=("top k",)),'])
+    line = line_of(path, '"probs"')
+    assert one_issue(project) == (
+        f"{SRC}:{line}: BadFutureMap.probs: symbolic dim must be an identifier that is not "
+        "reserved (got 'top k')\n"
+        '    fix: name the dim like a keyword argument, e.g. "topk" or "hidden"'
+    )
+
+
+def test_from_payload_dtype_on_eager_field(project: Project) -> None:
+    """FROM_PAYLOAD on an eagerly allocated field is refused: there is no payload yet."""
+    path = project.schema_module(
+        "bad", ['Field("hidden", lane=Lane.FORWARD, dtype=FROM_PAYLOAD, shape=("h",)),'])
+    line = line_of(path, '"hidden"')
+    assert one_issue(project) == (
+        f"{SRC}:{line}: BadFutureMap.hidden: dtype=FROM_PAYLOAD needs a lazily allocated "
+        "field, but alloc is Alloc.EAGER\n"
+        "    fix: add alloc=Alloc.LAZY, or give a fixed dtype such as torch.bfloat16"
+    )
+
+
+def test_schedule_field_without_target(project: Project) -> None:
+    """A schedule field must say which batch attribute it resolves into."""
+    path = project.schema_module("bad", ['Field("lens", lane=Lane.SCHEDULE, dtype=torch.int64),'])
+    line = line_of(path, '"lens"')
+    assert one_issue(project) == (
+        f"{SRC}:{line}: BadFutureMap.lens: a schedule field needs a target on the batch to "
+        "resolve into (got target=None)\n"
+        '    fix: add target="<batch attribute>", e.g. target="seq_lens"'
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "bool"])
+def test_placeholder_on_non_integer_dtype(project: Project, dtype: str) -> None:
+    """Placeholder resolution needs an integer dtype, since placeholders are negative slots."""
+    path = project.schema_module("bad", [
+        f'Field("tok", lane=Lane.FORWARD, dtype=torch.{dtype}, target="input_ids", '
+        "resolve=Resolve.PLACEHOLDER),",
+    ])
+    line = line_of(path, '"tok"')
+    assert one_issue(project) == (
+        f"{SRC}:{line}: BadFutureMap.tok: resolve=Resolve.PLACEHOLDER needs an integer dtype, "
+        f"since placeholders are negative slots (got torch.{dtype})\n"
+        "    fix: use resolve=Resolve.GATHER for this field"
+    )
+
+
+@pytest.mark.parametrize("target", ["spec_info..topk_p", "spec_info.0x", "seq lens", ".seq_lens",
+                                    "spec_info.class"])
+def test_malformed_target_path(project: Project, target: str) -> None:
+    """A target that is not identifiers joined by dots is refused with an example path."""
+    path = project.schema_module(
+        "bad", [f'Field("topk_p", lane=Lane.FORWARD, dtype=torch.float32, target={target!r}),'])
+    line = line_of(path, '"topk_p"')
+    assert one_issue(project) == (
+        f"{SRC}:{line}: BadFutureMap.topk_p: target must be a dotted attribute path such as "
+        f"'spec_info.topk_p' (got {target!r} that is a str)\n"
+        '    fix: write target="seq_lens" or target="spec_info.topk_p": identifiers joined by dots'
+    )
+
+
+def test_two_fields_resolve_into_one_target(project: Project) -> None:
+    """Two fields writing the same batch attribute are refused at the second one."""
+    path = project.schema_module("bad", [
+        GOOD,
+        'Field("draft", lane=Lane.FORWARD, dtype=torch.int64, target="input_ids"),',
+    ])
+    first = line_of(path, '"tokens"')
+    second = line_of(path, '"draft"')
+    assert one_issue(project) == (
+        f"{SRC}:{second}: BadFutureMap.draft: target 'input_ids' is also the target of field "
+        f"'tokens' ({SRC}:{first}); two fields cannot resolve into one attribute\n"
+        "    fix: give field 'draft' another target"
+    )
+
+
+def test_schema_with_no_fields(project: Project) -> None:
+    """A schema without fields is reported at the Schema(...) declaration."""
+    path = project.schema_module("bad", [])
+    line = line_of(path, "SCHEMA = Schema(")
+    assert one_issue(project) == (
+        f"{SRC}:{line}: BadFutureMap: a schema needs at least one field (got none)\n"
+        "    fix: add a Field(...) to fields=[...], or delete the schema module"
+    )
+
+
+SCHEMA_TEXT_MULTILINE = """\
+    import torch
+
+    from relay.schema import Field, Lane, Schema
+
+    SCHEMA = Schema(
+        name="BadFutureMap",
+        fields=[
+            Field(
+                "probs",
+                lane=Lane.FORWARD,
+                dtype="fp8",
+            ),
+        ],
+    )
+"""
+
+
+def test_multi_line_declaration_reported_at_its_first_line(project: Project) -> None:
+    """An error in a multi-line Field(...) points at the line that opens the declaration."""
+    path = project.write_schema("bad", SCHEMA_TEXT_MULTILINE)
+    line = line_of(path, "Field(")
+    assert one_issue(project).startswith(f"{SRC}:{line}: BadFutureMap.probs: dtype must be")
+
+
+
+def test_schema_module_that_fails_to_import(project: Project) -> None:
+    """A module raising on import shows its own error briefly, at the failing line, and the fix."""
+    path = project.write_schema("boom", """\
+        import torch
+
+        TABLE = {"topk": 8}
+        TOPK = TABLE["top_k"]
+    """)
+    line = line_of(path, "TOPK =")
+    assert import_error(project, "boom") == (
+        f"schemas/boom.py:{line}: the schema module failed to import: KeyError: 'top_k'\n"
+        "    fix: run `python schemas/boom.py` to see the full traceback, and mend the module"
+    )
+
+
+def test_schema_module_with_syntax_error(project: Project) -> None:
+    """A syntax error is reported at its line, with Python's own description."""
+    project.write_schema("syntax", """\
+        import torch
+
+        SCHEMA = (
+    """)
+    assert import_error(project, "syntax") == (
+        "schemas/syntax.py:3: the schema module failed to import: SyntaxError: '(' was never "
+        "closed (syntax.py, line 3)\n"
+        "    fix: run `python schemas/syntax.py` to see the full traceback, and mend the module"
+    )
+
+
+def test_schema_module_without_schema(project: Project) -> None:
+    """A module that defines no SCHEMA says so and how to declare it."""
+    project.write_schema("noschema", """\
+        import torch
+
+        DECODE = None
+    """)
+    assert import_error(project, "noschema") == (
+        "schemas/noschema.py: a schema module must define SCHEMA = Schema(...) (got nothing)\n"
+        "    fix: assign the schema declaration to a module-level name SCHEMA"
+    )
+
+
+def test_schema_module_with_non_schema_value(project: Project) -> None:
+    """A SCHEMA that is not a Schema is refused, naming what it is."""
+    project.write_schema("notschema", 'SCHEMA = {"name": "DecodeFutureMap"}\n')
+    assert import_error(project, "notschema") == (
+        "schemas/notschema.py: a schema module must define SCHEMA = Schema(...) (got a dict)\n"
+        "    fix: assign the schema declaration to a module-level name SCHEMA"
+    )
+
+
+def test_missing_schema_module(project: Project) -> None:
+    """A schema path that does not exist is named, with where to look."""
+    assert import_error(project, "absent") == (
+        "schemas/absent.py: no such schema module\n"
+        "    fix: check the path, or the 'schemas' list under [tool.relay] in pyproject.toml"
+    )
+
+
+THREE_MISTAKES = [
+    'Field("tokens", lane="forward", dtype=torch.int64),',
+    'Field("probs", lane=Lane.FORWARD, dtype="fp8"),',
+    'Field("rows", lane=Lane.FORWARD, dtype=torch.int64, shape=(0,)),',
+]
+
+
+def test_cli_lists_every_error_and_exits_3(project: Project, relay_cli: Callable[..., Run]
+                                           ) -> None:
+    """`relay generate` on a schema with three mistakes lists all three, writes nothing, exits 3."""
+    path = project.schema_module("bad", THREE_MISTAKES)
+    lines = [line_of(path, needle) for needle in ('"tokens"', '"probs"', '"rows"')]
+    run = relay_cli("generate", "schemas/bad.py", "--out", "maps", cwd=project.root)
+    assert run.code == 3
+    assert run.err == (
+        "relay: invalid schema (3 problems):\n"
+        f"{SRC}:{lines[0]}: BadFutureMap.tokens: lane must be Lane.FORWARD or Lane.SCHEDULE "
+        "(got 'forward' that is a str)\n"
+        "    fix: write lane=Lane.FORWARD (stashed for the next forward) or "
+        "lane=Lane.SCHEDULE (published for the scheduler)\n"
+        f"{SRC}:{lines[1]}: BadFutureMap.probs: dtype must be a torch.dtype such as "
+        "torch.int64, torch.float32, torch.bfloat16, or FROM_PAYLOAD (got 'fp8' that is a str)\n"
+        "    fix: write dtype=torch.<name>, e.g. dtype=torch.int64\n"
+        f"{SRC}:{lines[2]}: BadFutureMap.rows: shape dims must be positive (got 0)\n"
+        '    fix: use a size >= 1, or a symbolic name such as "topk" given at construction\n'
+    )
+    assert not project.maps.exists()
+
+
+def test_cli_lists_errors_of_every_schema(project: Project, relay_cli: Callable[..., Run]
+                                          ) -> None:
+    """Mistakes in several schema modules are all listed in one configured run."""
+    project.schema_module("bad", THREE_MISTAKES[:2])
+    project.schema_module("worse", [THREE_MISTAKES[2]], name="WorseFutureMap")
+    run = relay_cli("generate", cwd=project.root)
+    assert run.code == 3
+    assert run.err.startswith("relay: invalid schema (3 problems):\n")
+    assert [line.split(": ")[1] for line in run.err.splitlines()[1::2]] == [
+        "BadFutureMap.tokens", "BadFutureMap.probs", "WorseFutureMap.rows"]
+    assert not project.maps.exists()
+
+
+@pytest.mark.xfail(strict=True, reason="bug: plan() raises SchemaImportError before reporting "
+                   "the validation issues of modules that did import")
+def test_cli_lists_import_and_validation_errors_together(
+        project: Project, relay_cli: Callable[..., Run]) -> None:
+    """One run shows both a module that fails to import and another module's invalid field."""
+    project.write_schema("boom", 'raise RuntimeError("schema table missing")\n')
+    project.schema_module("bad", [THREE_MISTAKES[1]])
+    run = relay_cli("generate", cwd=project.root)
+    assert run.code == 3
+    assert "schemas/boom.py:1: the schema module failed to import" in run.err
+    assert "BadFutureMap.probs: dtype must be a torch.dtype" in run.err
+
+
+# --- accepted schemas that must not produce broken modules -------------------------------
+
+
+def _duplicate_definitions(source: str) -> list[str]:
+    """Names defined twice at module level or twice inside one class of ``source``."""
+    tree = ast.parse(source)
+    dupes = []
+    scopes: list[list[ast.stmt]] = [tree.body]
+    scopes += [node.body for node in tree.body if isinstance(node, ast.ClassDef)]
+    for body in scopes:
+        seen: set[str] = set()
+        for node in body:
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef)):
+                if node.name in seen:
+                    dupes.append(node.name)
+                seen.add(node.name)
+    return dupes
+
+
+def _refused_or_well_formed(project: Project, field_name: str) -> None:
+    """Either validation names ``field_name``, or the module defines every name once."""
+    job = explicit_job([project.schemas / "bad.py"], project.maps)
+    try:
+        planned = plan(job)
+    except SchemaError as error:
+        assert [issue.field for issue in error.issues] == [field_name]
+        return
+    assert _duplicate_definitions(planned[0].content) == []
+
+
+@pytest.mark.xfail(strict=True, reason="bug: a schedule field whose target leaf is 'future' "
+                   "gets a resolve_future() that silently replaces the forward lane's")
+def test_schedule_resolve_named_like_resolve_future(project: Project) -> None:
+    """A schedule target named `future` cannot make the map define resolve_future twice."""
+    project.schema_module("bad", [
+        GOOD,
+        'Field("ready", lane=Lane.SCHEDULE, dtype=torch.int64, target="future"),',
+    ])
+    _refused_or_well_formed(project, "ready")
+
+
+@pytest.mark.xfail(strict=True, reason="bug: a target under 'batch.', 'payload.' or "
+                   "'future_map.' names a nested Protocol like the batch protocol, the payload "
+                   "class or the map class, redefining it")
+@pytest.mark.parametrize("owner", ["batch", "payload", "future_map"])
+def test_nested_target_protocol_name_clash(project: Project, owner: str) -> None:
+    """A nested target's Protocol never takes the name of another generated class."""
+    project.schema_module("bad", [
+        GOOD,
+        f'Field("extra", lane=Lane.FORWARD, dtype=torch.int64, target="{owner}.extra"),',
+    ])
+    _refused_or_well_formed(project, "extra")
+
+
+@pytest.mark.xfail(strict=True, reason="bug: a field named 'int' shadows the builtin int() that "
+                   "the generated host_sum line calls")
+def test_field_named_like_a_builtin_the_map_calls(project: Project) -> None:
+    """A schedule field named `int` with a host sum is refused, or its resolve works."""
+    project.schema_module("bad", [
+        'Field("int", lane=Lane.SCHEDULE, dtype=torch.int64, target="seq_lens", '
+        'host_sum="seq_lens_sum"),',
+    ])
+    job = explicit_job([project.schemas / "bad.py"], project.maps)
+    try:
+        planned = plan(job)
+    except SchemaError as error:
+        assert [issue.field for issue in error.issues] == ["int"]
+        return
+    module = types.ModuleType("_relay_test_int_map")
+    exec(compile(planned[0].content, "bad_map.py", "exec"), module.__dict__)
+    relay_map = module.BadFutureMap("cpu", 4)
+    indices = torch.tensor([1, 2])
+    relay_map.publish(indices, torch.tensor([5, 7]))
+    batch = types.SimpleNamespace(req_pool_indices=indices)
+    relay_map.resolve_seq_lens(batch)
+    assert batch.seq_lens_sum == 12
+
+
+def test_loading_schemas_leaves_no_module_behind(project: Project) -> None:
+    """Loading a schema module (good or bad) does not leave it registered in sys.modules."""
+    project.schema_module("bad", [THREE_MISTAKES[0]])
+    schema_error(project)
+    assert [name for name in sys.modules if name.startswith("_relay_schema_")] == []
