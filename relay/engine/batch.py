@@ -1,0 +1,126 @@
+"""Requests and the batches the scheduler hands to the forward.
+
+``ForwardBatch`` fits the generated ``DecodeBatch`` and ``EagleBatch`` protocols
+structurally; mypy checks that where the engine passes it to a map.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import attrs
+import torch
+
+from relay.engine.workload import RequestSpec
+
+__all__ = ["ForwardBatch", "ForwardMode", "Request", "RequestState", "SpecInfo", "StepOutput"]
+
+
+class RequestState(enum.Enum):
+    """Where a request is in its life."""
+
+    WAITING = "waiting"
+    RUNNING = "running"
+    #: At its output limit: no longer scheduled, finished when its last results arrive.
+    CAPPED = "capped"
+    FINISHED = "finished"
+
+
+@attrs.define(eq=False)
+class Request:
+    """A request's scheduler-side state."""
+
+    spec: RequestSpec
+    slot: int = 0
+    state: RequestState = RequestState.WAITING
+    output: list[int] = attrs.field(factory=list)
+    text: list[str] = attrs.field(factory=list)
+    #: Sequence length after the newest processed step (host).
+    seq_len: int = 0
+    finish_reason: str | None = None
+    #: KV pages reserved at admission and pages allocated so far.
+    reserved_pages: int = 0
+    pages: list[int] = attrs.field(factory=list)
+
+    @property
+    def active(self) -> bool:
+        """Still to be scheduled."""
+        return self.state is RequestState.RUNNING
+
+
+class ForwardMode(enum.Enum):
+    """What a forward does."""
+
+    PREFILL = "prefill"
+    DECODE = "decode"
+    #: A data-parallel rank with no requests this step: empty operations only.
+    IDLE = "idle"
+
+
+@attrs.define(eq=False)
+class SpecInfo:
+    """Speculative-decoding inputs of a batch, filled by the relay on the forward stream."""
+
+    topk_p: torch.Tensor
+    topk_index: torch.Tensor
+    hidden_states: torch.Tensor | None = None
+
+
+def _empty(device: torch.device, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    return torch.empty(0, dtype=dtype, device=device)
+
+
+@attrs.define(eq=False)
+class ForwardBatch:
+    """One forward's inputs. The scheduler builds it; after launch only the forward touches it."""
+
+    mode: ForwardMode
+    reqs: list[Request]
+    #: (n,) int64 device slots, >= 1.
+    req_pool_indices: torch.Tensor
+    #: Prefill: right-padded prompts (n, L). Decode: (n,) input tokens, or placeholders.
+    input_ids: torch.Tensor
+    #: Prefill: prompt lengths. Decode: lengths including the input token.
+    seq_lens: torch.Tensor
+    seq_lens_cpu: torch.Tensor
+    seq_lens_sum: int
+    spec_info: SpecInfo
+    #: Host copies of per-request limits, for the length check after the fence.
+    prompt_lens_cpu: torch.Tensor
+    max_new_cpu: torch.Tensor
+    #: Host maximum of ``seq_lens``: the attention width.
+    max_seq_len: int = 0
+
+    @classmethod
+    def idle(cls, device: torch.device) -> ForwardBatch:
+        """A batch with no requests: every relay operation on it is a no-op."""
+        empty = _empty(device)
+        host = _empty(torch.device("cpu"))
+        spec = SpecInfo(_empty(device, torch.float32), _empty(device))
+        return cls(ForwardMode.IDLE, [], empty, empty, empty, host, 0, spec, host, host)
+
+    def __len__(self) -> int:
+        return len(self.reqs)
+
+    def select(self, keep: torch.Tensor) -> None:
+        """Keep the rows where the host bool mask ``keep`` holds (after the fence)."""
+        rows_cpu = keep.nonzero().squeeze(1)
+        rows = rows_cpu.to(self.req_pool_indices.device)
+        self.reqs = [self.reqs[i] for i in rows_cpu.tolist()]
+        self.req_pool_indices = self.req_pool_indices[rows]
+        self.seq_lens = self.seq_lens[rows]
+        self.seq_lens_cpu = self.seq_lens_cpu[rows_cpu]
+        self.seq_lens_sum = int(self.seq_lens_cpu.sum())
+        self.prompt_lens_cpu = self.prompt_lens_cpu[rows_cpu]
+        self.max_new_cpu = self.max_new_cpu[rows_cpu]
+
+
+@attrs.define(eq=False)
+class StepOutput:
+    """What a forward leaves for the scheduler, on the host, valid once the step is done."""
+
+    #: (n, width) tokens; row i's first ``counts[i]`` are its new output tokens.
+    tokens: torch.Tensor | None = None
+    counts: torch.Tensor | None = None
+    #: (n,) sequence lengths after the step.
+    new_seq_lens: torch.Tensor | None = None

@@ -1,0 +1,228 @@
+"""The engine loop, in its two modes, and ``run_workload``: the API the demo and benchmarks use.
+
+One loop serves both modes (Note [One schedule for both modes])::
+
+    build batch N+1 (pre-fence: admit, filter and merge, pick rows)
+    resolve lengths of N+1            overlap: waits for N's publish only
+    launch N+1                        overlap: queued behind N; sync: runs now
+    wait N, process N's results       overlap: N+1 keeps the forward busy
+
+In overlap mode nothing in the scheduler reads a value forward N produced except
+through the map (lengths, behind its fence) and N's host copy once N is done.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Protocol
+
+import attrs
+import torch
+
+from relay.engine.batch import ForwardBatch, ForwardMode, StepOutput
+from relay.engine.lanes import Lane, ThreadLane, make_lane
+from relay.engine.model import KVCache, ModelConfig, TargetModel
+from relay.engine.runner import ModelRunner, SpecConfig
+from relay.engine.scheduler import Scheduler, SchedulerConfig, Vocabulary
+from relay.engine.workload import RequestSpec, WorkloadConfig, make_workload
+
+if TYPE_CHECKING:
+    from relay.engine.relays import Relay
+
+__all__ = ["EngineConfig", "RunResult", "StepAgreement", "run_workload"]
+
+#: ``progress(finished, total)`` after each processed step.
+Progress = Callable[[int, int], None]
+
+
+@attrs.frozen(kw_only=True)
+class EngineConfig:
+    """Everything a run depends on."""
+
+    model: ModelConfig = ModelConfig()
+    workload: WorkloadConfig = WorkloadConfig()
+    scheduler: SchedulerConfig = SchedulerConfig()
+    #: ``None``: plain decoding with the ``decode`` map; else EAGLE with the ``eagle`` map.
+    spec: SpecConfig | None = None
+    overlap: bool = True
+    device: str = "cpu"
+    #: Generated maps in debug mode (poisoned buffers, consume-once and fence checks).
+    debug: bool = False
+    #: torch intra-op threads on the CPU (``None`` leaves torch's setting). One core
+    #: plays the device, the rest run the scheduler; both modes use the same setting.
+    cpu_threads: int | None = 1
+    #: ``sys.setswitchinterval`` during a CPU run: the forward thread gets the GIL back
+    #: soon after each op, instead of up to 5 ms later while the scheduler runs Python.
+    switch_interval: float | None = 2e-5
+
+    @property
+    def mode_name(self) -> str:
+        """``decode`` or ``eagle``."""
+        return "decode" if self.spec is None else "eagle"
+
+
+@attrs.frozen(kw_only=True)
+class RunResult:
+    """What one run produced and how fast."""
+
+    outputs: dict[int, tuple[int, ...]]
+    finish_reasons: dict[str, int]
+    generated_tokens: int
+    wall_seconds: float
+    forward_busy_seconds: float
+    steps: int
+    #: Speculative decoding: rows of verify steps and the tokens they emitted.
+    decode_rows: int
+    decode_tokens: int
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Output tokens per second of wall time."""
+        return self.generated_tokens / self.wall_seconds if self.wall_seconds else 0.0
+
+    @property
+    def occupancy(self) -> float:
+        """Share of wall time the forward lane was busy."""
+        return self.forward_busy_seconds / self.wall_seconds if self.wall_seconds else 0.0
+
+    @property
+    def accept_length(self) -> float:
+        """Tokens emitted per request per decode step (accepted drafts + the bonus)."""
+        return self.decode_tokens / self.decode_rows if self.decode_rows else 0.0
+
+
+class StepAgreement(Protocol):
+    """How ranks share a step: each says whether it has a batch and more work."""
+
+    def agree(self, active: bool, more: bool) -> tuple[bool, bool]:
+        """(any rank has a batch now, any rank has work left)."""
+
+
+class _SingleRank:
+    def agree(self, active: bool, more: bool) -> tuple[bool, bool]:
+        return active, more
+
+
+def _make_relay(config: EngineConfig, pool_size: int, device: torch.device, lane: Lane) -> Relay:
+    # Imported here: the demo regenerates the maps before the first import.
+    from relay.engine.relays import DirectRelay, MapRelay
+    from relay.maps.decode import DecodeFutureMap
+    from relay.maps.eagle import EagleFutureMap
+
+    if not config.overlap:
+        return DirectRelay(pool_size, device)
+    stream = lane.stream if isinstance(lane, ThreadLane) else None
+    if config.spec is None:
+        return MapRelay(DecodeFutureMap(device, pool_size, debug=config.debug), stream)
+    future_map = EagleFutureMap(device, pool_size, topk=config.spec.topk, debug=config.debug)
+    return MapRelay(future_map, stream)
+
+
+def run_workload(
+    config: EngineConfig,
+    specs: Sequence[RequestSpec] | None = None,
+    *,
+    progress: Progress | None = None,
+    agreement: StepAgreement | None = None,
+    step_sync: Callable[[int], None] | None = None,
+) -> RunResult:
+    """Run ``specs`` (default: ``config.workload``) to completion and measure it.
+
+    ``agreement`` and ``step_sync`` make this one data-parallel rank
+    (``relay.engine.parallel``).
+    """
+    device = torch.device(config.device)
+    if specs is None:
+        specs = make_workload(config.workload, config.model.vocab_size, config.model.eos_token_id)
+    saved_threads = torch.get_num_threads()
+    saved_interval = sys.getswitchinterval()
+    if device.type == "cpu":
+        if config.cpu_threads is not None:
+            torch.set_num_threads(config.cpu_threads)
+        if config.switch_interval is not None:
+            sys.setswitchinterval(config.switch_interval)
+    try:
+        pool_size = config.scheduler.max_running + 1  # row 0 is the scratch row
+        model = TargetModel(config.model, device)
+        lane = make_lane(device, overlap=config.overlap)
+        relay = _make_relay(config, pool_size, device, lane)
+        runner = ModelRunner(
+            model, KVCache(config.model, pool_size, device), relay,
+            spec=config.spec, step_sync=step_sync,
+        )
+        lookahead = 1 if config.spec is None else config.spec.steps + 1
+        scheduler = Scheduler(
+            specs, config.scheduler, device=device,
+            vocab=Vocabulary(config.model.vocab_size, config.model.seed),
+            eos_token_id=config.model.eos_token_id, max_context=config.model.max_context,
+            lookahead=lookahead, spec_topk=config.spec.topk if config.spec else 1,
+        )
+        try:
+            return _loop(scheduler, relay, runner, lane, device, agreement or _SingleRank(),
+                         progress, len(specs))
+        finally:
+            lane.close()
+    finally:
+        torch.set_num_threads(saved_threads)
+        sys.setswitchinterval(saved_interval)
+
+
+def _loop(
+    scheduler: Scheduler,
+    relay: Relay,
+    runner: ModelRunner,
+    lane: Lane,
+    device: torch.device,
+    agreement: StepAgreement,
+    progress: Progress | None,
+    total: int,
+) -> RunResult:
+    in_flight: tuple[ForwardBatch, StepOutput, object] | None = None
+    steps = 0
+    start = time.perf_counter()
+    while True:
+        batch = scheduler.next_batch()
+        if batch is not None and batch.mode is ForwardMode.DECODE:
+            relay.resolve_lengths(batch)
+            if scheduler.cap_lengths(batch):
+                relay.prepare_inputs(batch)
+            else:
+                batch = None
+        more = batch is not None or in_flight is not None or scheduler.has_work()
+        any_active, any_more = agreement.agree(batch is not None, more)
+        if not any_more:
+            break
+        launched = None
+        if any_active:
+            if batch is None:
+                batch = ForwardBatch.idle(device)  # another rank has work: join its step
+            out = StepOutput()
+            handle = lane.launch(functools.partial(runner.forward, batch, out))
+            launched = (batch, out, handle)
+            steps += 1
+        if in_flight is not None:
+            done_batch, done_out, done_handle = in_flight
+            lane.wait(done_handle)
+            scheduler.process(done_batch, done_out)
+            if progress is not None:
+                progress(scheduler.finished, total)
+        in_flight = launched
+        scheduler.tick()
+    busy = lane.busy_seconds()
+    wall = time.perf_counter() - start
+    outputs = scheduler.outputs()
+    reasons = Counter(r.finish_reason or "unfinished" for r in scheduler.requests.values())
+    return RunResult(
+        outputs=outputs,
+        finish_reasons=dict(sorted(reasons.items())),
+        generated_tokens=sum(len(o) for o in outputs.values()),
+        wall_seconds=wall,
+        forward_busy_seconds=busy,
+        steps=steps,
+        decode_rows=scheduler.decode_rows,
+        decode_tokens=scheduler.decode_tokens,
+    )

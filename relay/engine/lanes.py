@@ -1,0 +1,124 @@
+"""Forward lanes: where a step's forward runs, how the host waits for it, busy time.
+
+- ``InlineLane``: CPU, synchronous: the forward runs in the scheduler's thread.
+- ``ThreadLane``: CPU, overlap: forwards run in order on a ``ThreadStream`` worker,
+  so the scheduler's Python really runs while the forward's torch ops do.
+- ``CudaLane``: a private CUDA forward stream; synchronous mode waits after each
+  launch, overlap mode does not.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import torch
+
+from relay.cpu_stream import ThreadStream
+
+__all__ = ["CudaLane", "InlineLane", "Lane", "ThreadLane", "make_lane"]
+
+
+class Lane(Protocol):
+    """Runs forwards in launch order."""
+
+    def launch(self, fn: Callable[[], None]) -> Any:
+        """Start ``fn`` behind every earlier launch; returns a handle for ``wait``."""
+
+    def wait(self, handle: Any) -> None:
+        """Block the host until the launch ``handle`` has finished (its host copies too)."""
+
+    def busy_seconds(self) -> float:
+        """Time the lane spent running forwards so far (waits for in-flight ones)."""
+
+    def close(self) -> None:
+        """Finish queued work and release threads or streams."""
+
+
+class InlineLane:
+    """Synchronous CPU: ``launch`` runs the forward before it returns."""
+
+    def __init__(self) -> None:
+        self._busy = 0.0
+
+    def launch(self, fn: Callable[[], None]) -> Any:
+        start = time.perf_counter()
+        fn()
+        self._busy += time.perf_counter() - start
+        return None
+
+    def wait(self, handle: Any) -> None:
+        pass
+
+    def busy_seconds(self) -> float:
+        return self._busy
+
+    def close(self) -> None:
+        pass
+
+
+class ThreadLane:
+    """Overlap on the CPU: forwards run on a ``ThreadStream`` worker thread."""
+
+    def __init__(self) -> None:
+        self.stream = ThreadStream("relay-forward")
+
+    def launch(self, fn: Callable[[], None]) -> Any:
+        return self.stream.submit(fn)
+
+    def wait(self, handle: Any) -> None:
+        # Not a CpuEvent: an event wait also covers every later launch (Note [Host
+        # order of CPU records]), and the next step is already queued behind this one.
+        self.stream.wait_ticket(int(handle), lambda: False)
+
+    def busy_seconds(self) -> float:
+        self.stream.synchronize()
+        return self.stream.busy_seconds
+
+    def close(self) -> None:
+        self.stream.synchronize()
+        self.stream.close()
+
+
+class CudaLane:
+    """A private CUDA forward stream; ``sync`` waits for each forward at launch."""
+
+    def __init__(self, device: torch.device, *, sync: bool) -> None:
+        self.device = device
+        self.sync = sync
+        self.stream = torch.cuda.Stream(device)
+        self._timings: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+
+    def launch(self, fn: Callable[[], None]) -> Any:
+        # The batch's tensors were made on the scheduler's stream.
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        start = torch.cuda.Event(enable_timing=True)
+        done = torch.cuda.Event(enable_timing=True)
+        with torch.cuda.stream(self.stream):
+            start.record()
+            fn()
+            done.record()
+        self._timings.append((start, done))
+        if self.sync:
+            done.synchronize()
+        return done
+
+    def wait(self, handle: Any) -> None:
+        handle.synchronize()
+
+    def busy_seconds(self) -> float:
+        self.stream.synchronize()
+        return sum(s.elapsed_time(e) for s, e in self._timings) / 1000.0
+
+    def close(self) -> None:
+        self.stream.synchronize()
+
+
+def make_lane(device: torch.device, *, overlap: bool) -> Lane:
+    """The lane for ``device`` and loop mode."""
+    if device.type == "cuda":
+        return CudaLane(device, sync=not overlap)
+    if device.type != "cpu":
+        raise ValueError(f"the reference engine runs on cpu or cuda, not {device.type!r}")
+    return ThreadLane() if overlap else InlineLane()

@@ -1,0 +1,163 @@
+"""How step N's outputs reach step N+1: through a generated map, or directly.
+
+``MapRelay`` is the overlap path: the scheduler writes placeholders and resolves
+lengths behind the map's fence; the forward resolves the placeholders on its own
+stream. ``DirectRelay`` is the synchronous baseline: the previous step has
+finished, so the scheduler reads its outputs from plain per-slot tensors. The
+synchronous run checks the overlap run, so the two share no hand-over code.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from relay.cpu_stream import ThreadStream
+from relay.engine.batch import ForwardBatch
+from relay.maps.decode import DecodeFutureMap, DecodePayload
+from relay.maps.eagle import EagleFutureMap, EaglePayload
+
+__all__ = ["DirectRelay", "DraftOutput", "MapRelay", "Relay"]
+
+#: topk_p, topk_index and hidden states of a draft extension.
+DraftOutput = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+class Relay(Protocol):
+    """The hand-over between steps, as the scheduler and the forward see it."""
+
+    # Scheduler side, for a decode batch.
+    def resolve_lengths(self, batch: ForwardBatch) -> None:
+        """Set ``seq_lens``, ``seq_lens_cpu`` and ``seq_lens_sum`` of the batch."""
+
+    def prepare_inputs(self, batch: ForwardBatch) -> None:
+        """Set ``input_ids`` (values or placeholders) once the rows are final."""
+
+    # Forward side.
+    def resolve_future(self, batch: ForwardBatch) -> None:
+        """At the start of a decode forward: fill what ``prepare_inputs`` left pending."""
+
+    def publish(self, slots: torch.Tensor, new_seq_lens: torch.Tensor) -> None:
+        """Hand the new lengths to the scheduler (mid-forward)."""
+
+    def stash(self, slots: torch.Tensor, tokens: torch.Tensor, draft: DraftOutput | None) -> None:
+        """Hand this step's tokens (and draft state) to the next forward."""
+
+
+# Note [Publish watch on a CPU stream]
+# The map's fence covers the CPU stream once it exists, but it is created by the
+# first publish, which the worker makes when it gets there: a resolve asked for
+# before that does not wait at all and reads unwritten rows. In debug mode the fence
+# also checks "a publish happened since the last resolve" before it waits, which on
+# a worker thread is not yet true. So on a ThreadStream the relay first waits until
+# the newest forward has published (or finished), as the fence would; the map's own
+# wait then returns at once.
+
+
+class _PublishWatch:
+    """Host wait for the newest task's publish on a ``ThreadStream``."""
+
+    def __init__(self, stream: ThreadStream) -> None:
+        self.stream = stream
+        self.ticket = 0
+
+    def published(self) -> None:
+        """On the worker, right after a publish."""
+        self.ticket = self.stream.running_ticket
+        self.stream.notify()
+
+    def wait(self) -> None:
+        """On the host: until the newest submitted task has published or finished."""
+        newest = self.stream.submitted
+        self.stream.wait_ticket(newest, lambda: self.ticket >= newest)
+
+
+class MapRelay:
+    """The overlap hand-over, through a generated ``DecodeFutureMap`` or ``EagleFutureMap``.
+
+    ``stream`` is the CPU forward stream, if any (Note [Publish watch on a CPU stream]).
+    """
+
+    def __init__(
+        self, future_map: DecodeFutureMap | EagleFutureMap, stream: ThreadStream | None = None
+    ) -> None:
+        self.map = future_map
+        self._watch = _PublishWatch(stream) if stream is not None else None
+
+    def resolve_lengths(self, batch: ForwardBatch) -> None:
+        if self._watch is not None:
+            self._watch.wait()
+        # Blocks until the newest forward has published (not until it has finished).
+        self.map.resolve_seq_lens_cpu(batch)
+
+    def prepare_inputs(self, batch: ForwardBatch) -> None:
+        self.map.invalidate(batch, batch.req_pool_indices)
+
+    def resolve_future(self, batch: ForwardBatch) -> None:
+        self.map.resolve_future(batch)
+
+    def publish(self, slots: torch.Tensor, new_seq_lens: torch.Tensor) -> None:
+        self.map.publish(slots, new_seq_lens)
+        if self._watch is not None and slots.numel():
+            self._watch.published()
+
+    def stash(self, slots: torch.Tensor, tokens: torch.Tensor, draft: DraftOutput | None) -> None:
+        if isinstance(self.map, EagleFutureMap):
+            assert draft is not None, "speculative decoding stashes a draft"
+            topk_p, topk_index, hidden = draft
+            self.map.stash(
+                slots,
+                EaglePayload(
+                    bonus_tokens=tokens, topk_p=topk_p, topk_index=topk_index, hidden_states=hidden
+                ),
+            )
+        else:
+            self.map.stash(slots, DecodePayload(next_token_ids=tokens))
+
+
+class DirectRelay:
+    """The synchronous hand-over: per-slot tensors read after the previous step finished."""
+
+    def __init__(self, pool_size: int, device: torch.device) -> None:
+        self.tokens = torch.zeros(pool_size, dtype=torch.int64, device=device)
+        self.seq_lens = torch.zeros(pool_size, dtype=torch.int64, device=device)
+        self.draft: DraftOutput | None = None  # per-slot rows, allocated on the first stash
+        self.pool_size = pool_size
+
+    def resolve_lengths(self, batch: ForwardBatch) -> None:
+        batch.seq_lens = self.seq_lens[batch.req_pool_indices]
+        batch.seq_lens_cpu = batch.seq_lens.cpu()
+        batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
+
+    def prepare_inputs(self, batch: ForwardBatch) -> None:
+        slots = batch.req_pool_indices
+        batch.input_ids = self.tokens[slots]
+        if self.draft is not None:
+            topk_p, topk_index, hidden = self.draft
+            batch.spec_info.topk_p = topk_p[slots]
+            batch.spec_info.topk_index = topk_index[slots]
+            batch.spec_info.hidden_states = hidden[slots]
+
+    def resolve_future(self, batch: ForwardBatch) -> None:
+        pass  # inputs are real values already
+
+    def publish(self, slots: torch.Tensor, new_seq_lens: torch.Tensor) -> None:
+        self.seq_lens[slots] = new_seq_lens
+
+    def stash(self, slots: torch.Tensor, tokens: torch.Tensor, draft: DraftOutput | None) -> None:
+        if slots.numel() == 0:
+            return
+        self.tokens[slots] = tokens
+        if draft is not None:
+            if self.draft is None:
+                self.draft = (_rows_like(draft[0], self.pool_size),
+                              _rows_like(draft[1], self.pool_size),
+                              _rows_like(draft[2], self.pool_size))
+            for store, value in zip(self.draft, draft):
+                store[slots] = value
+
+
+def _rows_like(value: torch.Tensor, pool_size: int) -> torch.Tensor:
+    """A per-slot store for rows shaped like ``value``'s."""
+    return torch.zeros((pool_size, *value.shape[1:]), dtype=value.dtype, device=value.device)

@@ -1,0 +1,147 @@
+"""The forward of one step, as it runs on the forward lane.
+
+Every forward starts by resolving the relay (decode batches), publishes the new
+lengths as soon as they exist, and ends by stashing what the next forward needs
+and copying its results to the host for the scheduler.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import attrs
+import torch
+
+from relay.engine.batch import ForwardBatch, ForwardMode, StepOutput
+from relay.engine.model import DraftHead, KVCache, TargetModel
+from relay.engine.relays import DraftOutput, Relay
+
+__all__ = ["ModelRunner", "SpecConfig"]
+
+
+@attrs.frozen(kw_only=True)
+class SpecConfig:
+    """EAGLE-style speculative decoding: ``topk`` draft branches of ``steps`` tokens."""
+
+    steps: int = 3
+    topk: int = 2
+
+
+def _to_host(t: torch.Tensor) -> torch.Tensor:
+    """A host copy the scheduler reads once the step is done."""
+    if t.device.type == "cpu":
+        return t.clone()
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    return host.copy_(t, non_blocking=True)
+
+
+class ModelRunner:
+    """Runs prefill, decode and verify-and-draft forwards against one relay.
+
+    ``step_sync(n)`` is called by every forward, idle ones included, with the
+    number of tokens this rank runs: the data-parallel collective of a shared step.
+    """
+
+    def __init__(
+        self,
+        model: TargetModel,
+        kv: KVCache,
+        relay: Relay,
+        *,
+        spec: SpecConfig | None = None,
+        step_sync: Callable[[int], None] | None = None,
+    ) -> None:
+        self.model = model
+        self.kv = kv
+        self.relay = relay
+        self.spec = spec
+        self.draft = DraftHead(model) if spec is not None else None
+        self.step_sync = step_sync
+
+    def forward(self, batch: ForwardBatch, out: StepOutput) -> None:
+        """Run ``batch`` and fill ``out`` with host copies of its results."""
+        if batch.mode is ForwardMode.IDLE:
+            self._idle(batch)
+        elif batch.mode is ForwardMode.PREFILL:
+            self._prefill(batch, out)
+        elif self.spec is None:
+            self._decode(batch, out)
+        else:
+            self._verify_and_draft(batch, out, self.spec)
+
+    def _sync(self, tokens: int) -> None:
+        if self.step_sync is not None:
+            self.step_sync(tokens)
+
+    def _draft_extend(self, hidden: torch.Tensor, tokens: torch.Tensor) -> DraftOutput | None:
+        if self.draft is None or self.spec is None:
+            return None
+        return self.draft.extend(hidden, tokens, self.spec.topk)
+
+    def _idle(self, batch: ForwardBatch) -> None:
+        # Empty operations, as a rank with requests would issue them: each is a no-op
+        # on zero indices and allocates nothing.
+        empty = batch.req_pool_indices
+        self.relay.resolve_future(batch)
+        self.relay.publish(empty, empty)
+        self._sync(0)
+        draft = None
+        if self.spec is not None:
+            h = self.model.config.hidden
+            draft = (
+                torch.empty(0, self.spec.topk, dtype=torch.float32, device=empty.device),
+                torch.empty(0, self.spec.topk, dtype=torch.int64, device=empty.device),
+                torch.empty(0, h, dtype=self.model.config.dtype, device=empty.device),
+            )
+        self.relay.stash(empty, empty, draft)
+
+    def _prefill(self, batch: ForwardBatch, out: StepOutput) -> None:
+        slots = batch.req_pool_indices
+        new_seq_lens = batch.seq_lens + 1
+        # Known before the model runs: publish first so the scheduler waits least.
+        self.relay.publish(slots, new_seq_lens)
+        self._sync(int(batch.seq_lens_sum))
+        hidden = self.model.prefill(batch.input_ids, batch.seq_lens, slots, self.kv)
+        tokens = self.model.logits(hidden).argmax(-1)
+        self.relay.stash(slots, tokens, self._draft_extend(hidden, tokens))
+        out.tokens = _to_host(tokens[:, None])
+        out.counts = _to_host(torch.ones_like(tokens))
+        out.new_seq_lens = _to_host(new_seq_lens)
+
+    def _decode(self, batch: ForwardBatch, out: StepOutput) -> None:
+        slots = batch.req_pool_indices
+        self.relay.resolve_future(batch)
+        new_seq_lens = batch.seq_lens + 1
+        self.relay.publish(slots, new_seq_lens)  # as in _prefill: known up front
+        self._sync(len(batch))
+        hidden = self.model.decode(batch.input_ids, batch.seq_lens, batch.max_seq_len, slots, self.kv)
+        tokens = self.model.logits(hidden).argmax(-1)
+        self.relay.stash(slots, tokens, None)
+        out.tokens = _to_host(tokens[:, None])
+        out.counts = _to_host(torch.ones_like(tokens))
+        out.new_seq_lens = _to_host(new_seq_lens)
+
+    def _verify_and_draft(self, batch: ForwardBatch, out: StepOutput, spec: SpecConfig) -> None:
+        assert self.draft is not None
+        slots = batch.req_pool_indices
+        self.relay.resolve_future(batch)
+        info = batch.spec_info
+        assert info.hidden_states is not None, "speculative decode before any prefill stashed"
+        self._sync(len(batch) * spec.topk * (spec.steps + 1))
+        drafts = self.draft.draft(info.hidden_states, info.topk_index, spec.steps)
+        result = self.model.verify(
+            batch.input_ids, drafts, batch.seq_lens, batch.max_seq_len, slots, self.kv
+        )
+        new_seq_lens = batch.seq_lens + result.accept_lens + 1
+        # on_publish: mid-forward, before the cache commit and the draft extension,
+        # which overlap the scheduler's wait-free part of the next batch.
+        self.on_publish(slots, new_seq_lens)
+        self.model.commit(result, batch.seq_lens, slots, self.kv)
+        self.relay.stash(slots, result.bonus, self._draft_extend(result.hidden, result.bonus))
+        out.tokens = _to_host(result.tokens)
+        out.counts = _to_host(result.accept_lens + 1)
+        out.new_seq_lens = _to_host(new_seq_lens)
+
+    def on_publish(self, slots: torch.Tensor, new_seq_lens: torch.Tensor) -> None:
+        """The verify step's publish callback: hand the accepted lengths to the scheduler."""
+        self.relay.publish(slots, new_seq_lens)
