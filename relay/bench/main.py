@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import gc
+import importlib
 import json
 import math
 import os
@@ -31,17 +32,30 @@ from relay.maps.eagle import EagleFutureMap, EaglePayload
 __all__ = [
     "MAPS",
     "OPS",
+    "SIZES",
+    "Batch",
     "Config",
     "ConfigResult",
+    "CudaTimer",
+    "HostTimer",
     "OpResult",
     "Report",
+    "Series",
+    "SpecInfo",
+    "Timer",
     "Workload",
     "add_arguments",
     "bench",
+    "bench_config",
     "build_sides",
     "compare_values",
     "configs_for",
+    "device_bytes",
+    "engine_section",
+    "format_report",
     "run",
+    "time_interleaved",
+    "timer_for",
 ]
 
 #: The relays benchmarked, named as their schemas are.
@@ -506,7 +520,8 @@ def time_interleaved(
     for _, fn in fns:
         for _ in range(warmup):
             fn()
-    probe = min(timer.measure(fns[0][1], 1) for _ in range(3))
+    # Median of a few single calls: one descheduled probe must not set inner to 1.
+    probe = int(statistics.median(timer.measure(fns[0][1], 1) for _ in range(5)))
     inner = max(1, min(10_000, target_ns // max(probe, 1)))
     series = [Series(name) for name, _ in fns]
     order = list(range(len(fns)))
@@ -528,7 +543,9 @@ class OpResult:
     """One timed operation: per-call medians and ratios against the baseline.
 
     ``ratio`` is the median over repeats of generated/baseline within a repeat;
-    ``ratio_p25`` and ``ratio_p75`` show its spread.
+    ``ratio_p25`` and ``ratio_p75`` show its spread. ``control_ratio`` is the same
+    statistic for a second baseline instance against the first (an A/A test): how
+    far from 1.00x pure noise moves a ratio on this machine, in this run.
     """
 
     op: str
@@ -539,6 +556,7 @@ class OpResult:
     ratio_p75: float
     inner: int
     repeat: int
+    control_ratio: float | None = None
     debug_ns: float | None = None
     debug_ratio: float | None = None
 
@@ -569,23 +587,38 @@ class Report:
     engine: dict[str, Any] | None = None
 
     def summary(self) -> dict[str, dict[str, float]]:
-        """Per op: geometric mean, min and max of the ratios over configurations."""
-        out: dict[str, dict[str, float]] = {}
+        """Per row (each op, ``step+debug``, ``memory``): geometric mean, min and max
+        of the ratios over configurations, and for ops the A/A control's min and max."""
         columns: dict[str, list[float]] = {}
+        controls: dict[str, list[float]] = {}
         for result in self.results:
             for op, r in result.ops.items():
                 columns.setdefault(op, []).append(r.ratio)
-                if r.debug_ratio is not None:
-                    columns.setdefault(f"{op}+debug", []).append(r.debug_ratio)
+                if r.control_ratio is not None:
+                    controls.setdefault(op, []).append(r.control_ratio)
+            step = result.ops.get("step")
+            if step is not None and step.debug_ratio is not None:
+                columns.setdefault("step+debug", []).append(step.debug_ratio)
+        for result in self.results:
             columns.setdefault("memory", []).append(result.memory_ratio)
+        out: dict[str, dict[str, float]] = {}
         for name, values in columns.items():
-            out[name] = {
+            row = {
                 "geomean": math.exp(statistics.fmean(math.log(v) for v in values)),
                 "min": min(values),
                 "max": max(values),
                 "n": len(values),
             }
+            if name in controls:
+                row["control_min"] = min(controls[name])
+                row["control_max"] = max(controls[name])
+            out[name] = row
         return out
+
+    def noise(self, result: ConfigResult) -> float | None:
+        """The widest A/A deviation from 1.00x among ``result``'s ops, or None."""
+        devs = [abs(r.control_ratio - 1) for r in result.ops.values() if r.control_ratio]
+        return max(devs) if devs else None
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict: meta, one entry per configuration, summary, engine."""
@@ -621,32 +654,42 @@ def bench_config(
     warmup: int = 3,
     target_ns: int = 1_000_000,
     debug: bool = True,
+    control: bool = True,
     seed: int = 0,
 ) -> ConfigResult:
     """Check the values agree, measure memory, then time each op for ``config``.
 
-    With ``debug``, ``step`` also times the generated map built with
-    ``debug=True`` (its own ratio against the baseline); single ops are not
-    timed in debug mode, since repeating one resolve would read consumed rows.
+    With ``control``, a second baseline instance runs alongside (the A/A
+    noise floor). With ``debug``, ``step`` also times the generated map built with
+    ``debug=True`` (its own ratio against the baseline); single ops are not timed
+    in debug mode, since repeating one resolve would read consumed rows.
     """
     start = time.perf_counter()
     problems = compare_values(config, device, seed=seed)
     problems += compare_values(config, device, seed=seed, debug=True)
     work = Workload.random(config, device, torch.Generator().manual_seed(seed))
     base, gen = build_sides(config, device, work)
+    twin, _ = build_sides(config, device, work)
     baseline_bytes = device_bytes(base.map, device)
     generated_bytes = device_bytes(gen.map, device)
     timer = timer_for(device)
     results: dict[str, OpResult] = {}
     for op in ops:
         fns = [(base.name, base.ops[op]), (gen.name, gen.ops[op])]
+        if control:
+            fns.append(("baseline (A/A)", twin.ops[op]))
         if op == "step" and debug:
             _, dbg = build_sides(config, device, work, debug=True)
             fns.append((dbg.name, dbg.ops[op]))
         series, inner = time_interleaved(
             fns, timer, repeat=repeat, warmup=warmup, target_ns=target_ns
         )
-        b, g = series[0], series[1]
+        by_name = {s.name: s for s in series}
+        b, g = by_name[base.name], by_name[gen.name]
+
+        def ratio_to_base(other: Series) -> float:
+            return statistics.median(o / r for o, r in zip(other.samples, b.samples))
+
         ratios = [gs / bs for gs, bs in zip(g.samples, b.samples)]
         result = OpResult(
             op=op,
@@ -658,12 +701,11 @@ def bench_config(
             inner=inner,
             repeat=repeat,
         )
-        if len(series) == 3:
-            d = series[2]
-            result.debug_ns = d.median
-            result.debug_ratio = statistics.median(
-                ds / bs for ds, bs in zip(d.samples, b.samples)
-            )
+        if "baseline (A/A)" in by_name:
+            result.control_ratio = ratio_to_base(by_name["baseline (A/A)"])
+        if "generated+debug" in by_name:
+            result.debug_ns = by_name["generated+debug"].median
+            result.debug_ratio = ratio_to_base(by_name["generated+debug"])
         results[op] = result
     return ConfigResult(
         config=config,
@@ -685,6 +727,7 @@ def bench(
     warmup: int = 3,
     target_ns: int = 1_000_000,
     debug: bool = True,
+    control: bool = True,
     seed: int = 0,
     progress: Callable[[str], None] | None = None,
     meta: dict[str, Any] | None = None,
@@ -696,7 +739,7 @@ def bench(
     for n, config in enumerate(configs, 1):
         result = bench_config(
             config, device, ops=ops, repeat=repeat, warmup=warmup,
-            target_ns=target_ns, debug=debug, seed=seed,
+            target_ns=target_ns, debug=debug, control=control, seed=seed,
         )
         results.append(result)
         if progress is not None:
@@ -750,6 +793,9 @@ def format_report(report: Report) -> str:
         header.append("step us")
     if debug:
         header.append("debug")
+    control = any(report.noise(r) is not None for r in report.results)
+    if control:
+        header.append("A/A")
     header += ["mem", "same"]
     rows: list[list[str]] = []
     for r in report.results:
@@ -763,22 +809,30 @@ def format_report(report: Report) -> str:
         if debug:
             dr = r.ops["step"].debug_ratio if "step" in r.ops else None
             row.append("" if dr is None else f"{dr:.2f}x")
+        if control:
+            noise = report.noise(r)
+            row.append("" if noise is None else f"±{noise:.0%}")
         row.append(f"{r.memory_ratio:.2f}x")
         row.append("yes" if r.identical else "NO")
         rows.append(row)
     lines = [
-        "generated / baseline, median of per-repeat ratios "
-        "(1.00x = same cost; step us = baseline time of one step, for scale)",
+        "generated / baseline, median of per-repeat ratios (1.00x = same cost)",
+        "step us: baseline time of one step, for scale; debug: generated with debug=True "
+        "/ baseline, step only;",
+        "A/A: widest deviation of baseline against a second baseline over the ops (noise)",
         "",
         *_table(header, rows, right_from=1),
     ]
     summary = report.summary()
     srows = [
-        [name, f"{s['geomean']:.2f}x", f"{s['min']:.2f}x", f"{s['max']:.2f}x", str(int(s["n"]))]
+        [name, f"{s['geomean']:.2f}x", f"{s['min']:.2f}x", f"{s['max']:.2f}x",
+         f"{s['control_min']:.2f}x..{s['control_max']:.2f}x" if "control_min" in s else "",
+         str(int(s["n"]))]
         for name, s in summary.items()
     ]
-    lines += ["", "summary over configurations", "",
-              *_table(["ratio", "geomean", "min", "max", "n"], srows, right_from=1)]
+    lines += ["", "summary over configurations (A/A: baseline against itself, the noise floor)",
+              "", *_table(["ratio", "geomean", "min", "max", "A/A range", "n"], srows,
+                          right_from=1)]
     mem = [r for r in report.results if r.baseline_bytes != r.generated_bytes]
     lines.append("")
     lines.append(
@@ -803,59 +857,61 @@ def _engine_lines(engine: dict[str, Any]) -> list[str]:
     if not engine.get("available"):
         return [f"engine: {engine.get('reason', 'unavailable')}"]
     rows = [
-        [str(row["mode"]), f"{row['ratio']:.2f}x", f"{row['occupancy']:.1%}",
-         f"{row['sync_tokens_per_s']:.0f}", f"{row['overlap_tokens_per_s']:.0f}"]
+        [str(row["mode"]), f"{row['ratio']:.2f}x", f"{row['sync_occupancy']:.1%}",
+         f"{row['overlap_occupancy']:.1%}", f"{row['sync_tokens_per_s']:.0f}",
+         f"{row['overlap_tokens_per_s']:.0f}", f"{row['accept_length']:.2f}",
+         "yes" if row["outputs_identical"] else "NO"]
         for row in engine["rows"]
     ]
-    return ["end to end: reference engine, overlap / sync throughput", "",
-            *_table(["mode", "overlap/sync", "occupancy", "sync tok/s", "overlap tok/s"],
-                    rows, right_from=1)]
+    header = ["mode", "overlap/sync", "occ. sync", "occ. overlap", "sync tok/s",
+              "overlap tok/s", "accept", "same"]
+    return [f"end to end: reference engine, {engine['requests']} requests per run, "
+            "throughput ratio overlap / sync and forward occupancy", "",
+            *_table(header, rows, right_from=1)]
 
 
-def engine_section(device: torch.device, quick: bool) -> dict[str, Any]:
-    """Sync against overlap throughput from ``relay.engine``'s workload API, or a
-    record saying why it is unavailable (the engine is built separately)."""
+def engine_section(
+    device: torch.device, *, requests: int, progress: Callable[[str], None] | None = None
+) -> dict[str, Any]:
+    """Sync against overlap throughput from ``relay.engine.run_workload``, or a
+    record saying why it is unavailable (the engine is built separately and may
+    be missing or changed; the bench reports that instead of failing)."""
     try:
-        import relay.engine as engine_pkg
-    except ImportError as error:
-        return {"available": False, "reason": f"relay.engine is not importable ({error})"}
-    api: Any = None
-    for module_name in ("relay.engine", "relay.engine.workload", "relay.engine.bench"):
-        try:
-            module = __import__(module_name, fromlist=["_"])
-        except ImportError:
-            continue
-        api = getattr(module, "run_workload", None)
-        if api is not None:
-            break
-    if api is None:
-        return {
-            "available": False,
-            "reason": "relay.engine has no workload API yet (looked for run_workload in "
-            "relay.engine, relay.engine.workload, relay.engine.bench); "
-            f"skipped ({getattr(engine_pkg, '__file__', '?')})",
-        }
-    return _run_engine(api, device, quick)
-
-
-def _run_engine(api: Any, device: torch.device, quick: bool) -> dict[str, Any]:
-    # Bound to the engine's API once it exists; kept defensive so a change there
-    # degrades to a message instead of failing the whole bench.
+        # Imported by name: the engine is optional here and typed on its own.
+        engine: Any = importlib.import_module("relay.engine")
+        run_workload = engine.run_workload
+        EngineConfig, SpecConfig, WorkloadConfig = (
+            engine.EngineConfig, engine.SpecConfig, engine.WorkloadConfig
+        )
+    except (ImportError, AttributeError) as error:
+        return {"available": False,
+                "reason": f"relay.engine has no usable workload API (run_workload, "
+                f"EngineConfig, SpecConfig, WorkloadConfig): {error}; skipped"}
     rows: list[dict[str, Any]] = []
     try:
-        for mode in ("decode", "eagle"):
-            sync = api(mode=mode, overlap=False, device=device, quick=quick)
-            overlap = api(mode=mode, overlap=True, device=device, quick=quick)
+        for mode, spec in (("decode", None), ("eagle", SpecConfig())):
+            runs: dict[bool, Any] = {}
+            for overlap in (False, True):
+                config = EngineConfig(spec=spec, overlap=overlap, device=str(device),
+                                      workload=WorkloadConfig(requests=requests))
+                runs[overlap] = run_workload(config)
+                if progress is not None:
+                    progress(f"  engine {mode} {'overlap' if overlap else 'sync'}: "
+                             f"{runs[overlap].tokens_per_second:.0f} tok/s")
+            sync, over = runs[False], runs[True]
             rows.append({
                 "mode": mode,
-                "sync_tokens_per_s": float(sync.tokens_per_s),
-                "overlap_tokens_per_s": float(overlap.tokens_per_s),
-                "ratio": float(overlap.tokens_per_s) / float(sync.tokens_per_s),
-                "occupancy": float(overlap.forward_occupancy),
+                "sync_tokens_per_s": float(sync.tokens_per_second),
+                "overlap_tokens_per_s": float(over.tokens_per_second),
+                "ratio": float(over.tokens_per_second) / float(sync.tokens_per_second),
+                "sync_occupancy": float(sync.occupancy),
+                "overlap_occupancy": float(over.occupancy),
+                "accept_length": float(over.accept_length),
+                "outputs_identical": sync.outputs == over.outputs,
             })
-    except Exception as error:  # noqa: BLE001 - reported, not raised
-        return {"available": False, "reason": f"relay.engine workload API failed: {error!r}"}
-    return {"available": True, "rows": rows}
+    except Exception as error:  # reported, not raised: the engine is not ours
+        return {"available": False, "reason": f"relay.engine.run_workload failed: {error!r}"}
+    return {"available": True, "requests": requests, "rows": rows}
 
 
 # ---------------------------------------------------------------------------
@@ -910,15 +966,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=3, metavar="N",
                         help="untimed calls before timing (default 3)")
     parser.add_argument("--sample-ms", type=float, default=None, metavar="MS",
-                        help="target length of one sample (default 0.8, 0.4 with --quick)")
+                        help="target length of one sample (default 1.0, 0.4 with --quick)")
     parser.add_argument("--no-debug", action="store_true",
                         help="skip timing the generated map with debug=True")
+    parser.add_argument("--no-control", action="store_true",
+                        help="skip the A/A control (a second baseline timed like the first)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random workloads")
     parser.add_argument("--json", type=Path, metavar="PATH",
                         help="also write machine-readable results to PATH")
     parser.add_argument("--engine", action="store_true",
                         help="also run the reference engine: overlap / sync throughput and "
                         "forward occupancy (needs relay.engine's workload API)")
+    parser.add_argument("--engine-requests", type=int, default=None, metavar="N",
+                        help="requests per engine run (default 48, 16 with --quick)")
 
 
 def _meta(args: argparse.Namespace, device: torch.device, repeat: int, sample_ms: float,
@@ -960,7 +1020,7 @@ def run(args: argparse.Namespace) -> int:
     sizes = args.sizes or ("quick" if args.quick else "default")
     preset = SIZES[sizes]
     repeat = args.repeat if args.repeat is not None else (7 if args.quick else 15)
-    sample_ms = args.sample_ms if args.sample_ms is not None else (0.4 if args.quick else 0.8)
+    sample_ms = args.sample_ms if args.sample_ms is not None else (0.4 if args.quick else 1.0)
     if repeat < 1 or sample_ms <= 0 or args.warmup < 0:
         print("relay bench: --repeat must be >= 1, --sample-ms > 0, --warmup >= 0",
               file=sys.stderr)
@@ -990,12 +1050,16 @@ def run(args: argparse.Namespace) -> int:
              f"{repeat} repeats of ~{sample_ms} ms per implementation and op")
     report = bench(
         configs, device, ops=args.op, repeat=repeat, warmup=args.warmup,
-        target_ns=int(sample_ms * 1e6), debug=not args.no_debug, seed=args.seed,
+        target_ns=int(sample_ms * 1e6), debug=not args.no_debug,
+        control=not args.no_control, seed=args.seed,
         progress=progress, meta=_meta(args, device, repeat, sample_ms, sizes),
     )
     if args.engine:
         progress("relay bench: running the reference engine (sync, then overlap)")
-        report.engine = engine_section(device, args.quick)
+        report.engine = engine_section(
+            device, requests=args.engine_requests or (16 if args.quick else 48),
+            progress=progress,
+        )
     report.meta["seconds"] = round(time.perf_counter() - start, 2)
     print(format_report(report))
     print(f"\n{len(configs)} configuration(s) in {report.meta['seconds']:.1f}s")
