@@ -41,6 +41,7 @@ __all__ = [
     "OpResult",
     "Report",
     "Series",
+    "SyncedHostTimer",
     "SpecInfo",
     "Timer",
     "Workload",
@@ -413,7 +414,10 @@ def device_bytes(relay_map: object, device: torch.device) -> int:
     def visit(value: object) -> None:
         nonlocal total
         if isinstance(value, torch.Tensor):
-            if value.device != device or value.untyped_storage().data_ptr() in seen:
+            on_device = value.device.type == device.type and (
+                device.index is None or value.device.index == device.index
+            )  # "cuda" means any CUDA device; host mirrors (pinned CPU) never count
+            if not on_device or value.untyped_storage().data_ptr() in seen:
                 return
             seen.add(value.untyped_storage().data_ptr())
             total += value.untyped_storage().nbytes()
@@ -472,11 +476,29 @@ class CudaTimer:
         return int(self.start.elapsed_time(self.end) * 1e6)
 
 
+class SyncedHostTimer:
+    """Other accelerators (xpu, mps, ...): host clocks around a device synchronize,
+    so queued work is inside the sample."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.module: Any = torch.get_device_module(device.type)
+
+    def measure(self, fn: Callable[[], None], inner: int) -> int:
+        self.module.synchronize()
+        start = time.perf_counter_ns()
+        for _ in range(inner):
+            fn()
+        self.module.synchronize()
+        return time.perf_counter_ns() - start
+
+
 def timer_for(device: torch.device) -> Timer:
     """The timer for ``device``: CUDA events on CUDA, host clocks elsewhere."""
     if device.type == "cuda":
         return CudaTimer(device)
-    return HostTimer()
+    if device.type == "cpu":
+        return HostTimer()
+    return SyncedHostTimer(device)
 
 
 @dataclass
