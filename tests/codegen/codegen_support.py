@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import os
 import shutil
 import subprocess
@@ -11,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import attrs
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 RELAY_EXE = Path(sys.executable).with_name("relay")
@@ -81,3 +83,36 @@ def run_relay_process(*args: str, cwd: Path, hash_seed: str = "0",
     proc = subprocess.run([str(RELAY_EXE), *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=120)
     return Run(proc.returncode, proc.stdout, proc.stderr)
+
+
+GOLDEN = REPO / "tests" / "golden"
+
+
+def golden_path(stem: str) -> Path:
+    """``tests/golden/<stem>.py.txt``: not .py, so neither pytest nor mypy picks it up."""
+    return GOLDEN / f"{stem}.py.txt"
+
+
+def compare_golden(path: Path, fresh: str, update: bool) -> None:
+    """Compare ``fresh`` with the golden file; rewrite it instead when ``update`` is set.
+
+    Without ``update`` a difference fails the test with a unified diff and the command
+    that accepts it, and the golden file is left as it is.
+    """
+    shown = path.relative_to(REPO).as_posix() if path.is_relative_to(REPO) else str(path)
+    if update:
+        if not path.exists() or path.read_text(encoding="utf-8") != fresh:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(fresh.encode("utf-8"))
+        return
+    if not path.exists():
+        pytest.fail(f"{shown} does not exist; review the generated module, then run "
+                    "`pytest --update-golden` to create it", pytrace=False)
+    golden = path.read_text(encoding="utf-8")
+    if golden != fresh:
+        diff = "".join(difflib.unified_diff(
+            golden.splitlines(keepends=True), fresh.splitlines(keepends=True),
+            fromfile=f"{shown} (golden)", tofile=f"{shown} (generated now)"))
+        pytest.fail(f"generated code differs from {shown}:\n{diff}\nIf the change is intended, "
+                    "review the diff, then run `pytest --update-golden` and commit "
+                    f"{shown}", pytrace=False)
