@@ -75,6 +75,8 @@ class RunResult:
     wall_seconds: float
     forward_busy_seconds: float
     steps: int
+    #: Steps this rank ran with no requests, joining other ranks' steps.
+    idle_steps: int
     #: Speculative decoding: rows of verify steps and the tokens they emitted.
     decode_rows: int
     decode_tokens: int
@@ -148,7 +150,7 @@ def run_workload(
     try:
         pool_size = config.scheduler.max_running + 1  # row 0 is the scratch row
         model = TargetModel(config.model, device)
-        lane = make_lane(device, overlap=config.overlap)
+        lane = make_lane(device, overlap=config.overlap, cpu_threads=config.cpu_threads)
         relay = _make_relay(config, pool_size, device, lane)
         runner = ModelRunner(
             model, KVCache(config.model, pool_size, device), relay,
@@ -182,7 +184,7 @@ def _loop(
     total: int,
 ) -> RunResult:
     in_flight: tuple[ForwardBatch, StepOutput, object] | None = None
-    steps = 0
+    steps = idle_steps = 0
     start = time.perf_counter()
     while True:
         batch = scheduler.next_batch()
@@ -200,6 +202,7 @@ def _loop(
         if any_active:
             if batch is None:
                 batch = ForwardBatch.idle(device)  # another rank has work: join its step
+                idle_steps += 1
             out = StepOutput()
             handle = lane.launch(functools.partial(runner.forward, batch, out))
             launched = (batch, out, handle)
@@ -223,6 +226,7 @@ def _loop(
         wall_seconds=wall,
         forward_busy_seconds=busy,
         steps=steps,
+        idle_steps=idle_steps,
         decode_rows=scheduler.decode_rows,
         decode_tokens=scheduler.decode_tokens,
     )

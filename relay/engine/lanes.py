@@ -61,8 +61,12 @@ class InlineLane:
 class ThreadLane:
     """Overlap on the CPU: forwards run on a ``ThreadStream`` worker thread."""
 
-    def __init__(self) -> None:
+    def __init__(self, threads: int | None = None) -> None:
         self.stream = ThreadStream("relay-forward")
+        if threads is not None:
+            # OpenMP's thread count is per calling thread: set it on the worker too,
+            # or the forward would use more cores than in the synchronous run.
+            self.stream.submit(lambda: torch.set_num_threads(threads))
 
     def launch(self, fn: Callable[[], None]) -> Any:
         return self.stream.submit(fn)
@@ -115,10 +119,10 @@ class CudaLane:
         self.stream.synchronize()
 
 
-def make_lane(device: torch.device, *, overlap: bool) -> Lane:
-    """The lane for ``device`` and loop mode."""
+def make_lane(device: torch.device, *, overlap: bool, cpu_threads: int | None = None) -> Lane:
+    """The lane for ``device`` and loop mode; ``cpu_threads`` for the CPU worker."""
     if device.type == "cuda":
         return CudaLane(device, sync=not overlap)
     if device.type != "cpu":
         raise ValueError(f"the reference engine runs on cpu or cuda, not {device.type!r}")
-    return ThreadLane() if overlap else InlineLane()
+    return ThreadLane(cpu_threads) if overlap else InlineLane()

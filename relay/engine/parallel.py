@@ -1,0 +1,124 @@
+"""Data-parallel ranks: one process each, with its own scheduler, maps and forward lane.
+
+Requests are dealt round-robin to ranks. Ranks share every step, as data-parallel
+attention does: each step the schedulers agree (on a gloo group, host tensors)
+whether any rank has a batch and whether any has work left, and every forward,
+an idle rank's included, joins one collective on the forward's own group (gloo on
+the CPU, nccl on GPUs). A rank with no requests runs an idle forward: relay
+operations on zero indices, which allocate nothing, and the collective.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import attrs
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from relay.engine.engine import EngineConfig, RunResult, run_workload
+from relay.engine.workload import make_workload
+
+__all__ = ["merge_results", "run_data_parallel"]
+
+
+class _GroupAgreement:
+    """The schedulers' per-step agreement, on a host (gloo) group."""
+
+    def __init__(self, group: dist.ProcessGroup) -> None:
+        self.group = group
+
+    def agree(self, active: bool, more: bool) -> tuple[bool, bool]:
+        flags = torch.tensor([int(active), int(more)], dtype=torch.int64)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group)
+        return bool(flags[0]), bool(flags[1])
+
+
+def _step_sync(group: dist.ProcessGroup, device: torch.device) -> Callable[[int], None]:
+    """The forward's collective: every rank learns the step's global token count, as
+    data-parallel attention does to pad its shared layers."""
+
+    def sync(tokens: int) -> None:
+        count = torch.tensor([tokens], dtype=torch.int64, device=device)
+        dist.all_reduce(count, group=group)
+
+    return sync
+
+
+def _rank_main(rank: int, world: int, config: EngineConfig, shared: str) -> None:
+    cuda = config.device.startswith("cuda")
+    backend = "nccl" if cuda else "gloo"
+    device = torch.device(f"cuda:{rank}" if cuda else "cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group(
+        backend, init_method=f"file://{shared}/init", rank=rank, world_size=world
+    )
+    try:
+        host_group = dist.new_group(backend="gloo")
+        forward_group = dist.new_group(backend=backend)
+        model = config.model
+        specs = [
+            s for s in make_workload(config.workload, model.vocab_size, model.eos_token_id)
+            if s.rid % world == rank
+        ]
+        result = run_workload(
+            attrs.evolve(config, device=str(device)),
+            specs,
+            agreement=_GroupAgreement(host_group),
+            step_sync=_step_sync(forward_group, device),
+        )
+        Path(shared, f"rank{rank}.pkl").write_bytes(pickle.dumps(result))
+    finally:
+        dist.destroy_process_group()
+
+
+def merge_results(results: list[RunResult]) -> RunResult:
+    """One result for all ranks: outputs together, the slowest rank's wall time, and
+    the mean busy time (so ``occupancy`` is the ranks' mean)."""
+    outputs: dict[int, tuple[int, ...]] = {}
+    reasons: dict[str, int] = {}
+    for r in results:
+        outputs.update(r.outputs)
+        for k, v in r.finish_reasons.items():
+            reasons[k] = reasons.get(k, 0) + v
+    return RunResult(
+        outputs=dict(sorted(outputs.items())),
+        finish_reasons=dict(sorted(reasons.items())),
+        generated_tokens=sum(r.generated_tokens for r in results),
+        wall_seconds=max(r.wall_seconds for r in results),
+        forward_busy_seconds=sum(r.forward_busy_seconds for r in results) / len(results),
+        steps=max(r.steps for r in results),
+        idle_steps=sum(r.idle_steps for r in results),
+        decode_rows=sum(r.decode_rows for r in results),
+        decode_tokens=sum(r.decode_tokens for r in results),
+    )
+
+
+def run_data_parallel(config: EngineConfig, ranks: int) -> tuple[RunResult, list[RunResult]]:
+    """Run ``config.workload`` on ``ranks`` spawned processes; (merged, per rank).
+
+    On CUDA each rank takes the GPU of its rank number.
+    """
+    if ranks < 1:
+        raise ValueError(f"ranks must be >= 1 (got {ranks})")
+    if config.device.startswith("cuda") and torch.cuda.device_count() < ranks:
+        raise ValueError(f"{ranks} ranks need {ranks} GPUs; {torch.cuda.device_count()} found")
+    with tempfile.TemporaryDirectory(prefix="relay-dp-") as shared:
+        env_before = os.environ.get("OMP_NUM_THREADS")
+        os.environ.setdefault("OMP_NUM_THREADS", "1")  # ranks share the host's cores
+        try:
+            mp.start_processes(
+                _rank_main, args=(ranks, config, shared), nprocs=ranks, join=True,
+                start_method="spawn",
+            )
+        finally:
+            if env_before is None:
+                os.environ.pop("OMP_NUM_THREADS", None)
+        per_rank = [pickle.loads(Path(shared, f"rank{r}.pkl").read_bytes()) for r in range(ranks)]
+    return merge_results(per_rank), per_rank
