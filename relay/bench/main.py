@@ -984,15 +984,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu",
                         help="torch device to run on, e.g. cpu or cuda:0 (default: cpu)")
     parser.add_argument("--repeat", type=int, default=None, metavar="N",
-                        help="samples per implementation and op (default 15, 7 with --quick)")
+                        help="samples per implementation and op (default 31, 11 with --quick)")
     parser.add_argument("--warmup", type=int, default=3, metavar="N",
                         help="untimed calls before timing (default 3)")
     parser.add_argument("--sample-ms", type=float, default=None, metavar="MS",
-                        help="target length of one sample (default 1.0, 0.4 with --quick)")
+                        help="target length of one sample (default 0.25, 0.2 with --quick); short "
+                        "samples keep a context switch inside one sample, which the median drops")
     parser.add_argument("--no-debug", action="store_true",
                         help="skip timing the generated map with debug=True")
     parser.add_argument("--no-control", action="store_true",
                         help="skip the A/A control (a second baseline timed like the first)")
+    parser.add_argument("--threads", type=int, default=1, metavar="N",
+                        help="torch intra-op threads while timing (default 1: the ops are "
+                        "tiny, and on a shared machine extra threads add only noise; 0 keeps "
+                        "torch's setting)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random workloads")
     parser.add_argument("--json", type=Path, metavar="PATH",
                         help="also write machine-readable results to PATH")
@@ -1041,8 +1046,8 @@ def run(args: argparse.Namespace) -> int:
         device = torch.device("cuda", torch.cuda.current_device())
     sizes = args.sizes or ("quick" if args.quick else "default")
     preset = SIZES[sizes]
-    repeat = args.repeat if args.repeat is not None else (7 if args.quick else 15)
-    sample_ms = args.sample_ms if args.sample_ms is not None else (0.4 if args.quick else 1.0)
+    repeat = args.repeat if args.repeat is not None else (11 if args.quick else 31)
+    sample_ms = args.sample_ms if args.sample_ms is not None else (0.2 if args.quick else 0.25)
     if repeat < 1 or sample_ms <= 0 or args.warmup < 0:
         print("relay bench: --repeat must be >= 1, --sample-ms > 0, --warmup >= 0",
               file=sys.stderr)
@@ -1067,6 +1072,24 @@ def run(args: argparse.Namespace) -> int:
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
+    saved_threads = torch.get_num_threads()
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    try:
+        return _run(args, device, configs, repeat, sample_ms, sizes, progress)
+    finally:
+        torch.set_num_threads(saved_threads)
+
+
+def _run(
+    args: argparse.Namespace,
+    device: torch.device,
+    configs: Sequence[Config],
+    repeat: int,
+    sample_ms: float,
+    sizes: str,
+    progress: Callable[[str], None],
+) -> int:
     start = time.perf_counter()
     progress(f"relay bench: {len(configs)} configuration(s) on {device}, "
              f"{repeat} repeats of ~{sample_ms} ms per implementation and op")
