@@ -19,6 +19,9 @@ from relay.cpu_stream import ThreadStream
 
 __all__ = ["CudaLane", "InlineLane", "Lane", "ThreadLane", "make_lane"]
 
+#: ``torch.cuda``'s stream and event constructors are untyped; reach them through Any.
+_cuda: Any = torch.cuda
+
 
 class Lane(Protocol):
     """Runs forwards in launch order."""
@@ -91,14 +94,14 @@ class CudaLane:
     def __init__(self, device: torch.device, *, sync: bool) -> None:
         self.device = device
         self.sync = sync
-        self.stream = torch.cuda.Stream(device)
-        self._timings: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self.stream = _cuda.Stream(device)
+        self._timings: list[tuple[Any, Any]] = []
 
     def launch(self, fn: Callable[[], None]) -> Any:
         # The batch's tensors were made on the scheduler's stream.
         self.stream.wait_stream(torch.cuda.current_stream(self.device))
-        start = torch.cuda.Event(enable_timing=True)
-        done = torch.cuda.Event(enable_timing=True)
+        start = _cuda.Event(enable_timing=True)
+        done = _cuda.Event(enable_timing=True)
         with torch.cuda.stream(self.stream):
             start.record()
             fn()
@@ -113,7 +116,7 @@ class CudaLane:
 
     def busy_seconds(self) -> float:
         self.stream.synchronize()
-        return sum(s.elapsed_time(e) for s, e in self._timings) / 1000.0
+        return float(sum(s.elapsed_time(e) for s, e in self._timings)) / 1000.0
 
     def close(self) -> None:
         self.stream.synchronize()

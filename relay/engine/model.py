@@ -154,7 +154,7 @@ class TargetModel:
         """q, k, v of ``x`` (..., hidden), each (..., heads, head_dim)."""
         c = self.config
         qkv = _rms_norm(x) @ layer.wqkv
-        return tuple(t.unflatten(-1, (c.heads, c.head_dim)) for t in qkv.chunk(3, dim=-1))
+        return tuple(t.reshape(*t.shape[:-1], c.heads, c.head_dim) for t in qkv.chunk(3, dim=-1))
 
     def _mlp(self, layer: _Layer, x: torch.Tensor) -> torch.Tensor:
         gate, up = (_rms_norm(x) @ layer.w_up).chunk(2, dim=-1)

@@ -10,6 +10,7 @@ operations on zero indices, which allocate nothing, and the collective.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import pickle
 import tempfile
@@ -19,7 +20,6 @@ from pathlib import Path
 import attrs
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from relay.engine.engine import EngineConfig, RunResult, run_workload
 from relay.engine.workload import make_workload
@@ -113,10 +113,19 @@ def run_data_parallel(config: EngineConfig, ranks: int) -> tuple[RunResult, list
         env_before = os.environ.get("OMP_NUM_THREADS")
         os.environ.setdefault("OMP_NUM_THREADS", "1")  # ranks share the host's cores
         try:
-            mp.start_processes(
-                _rank_main, args=(ranks, config, shared), nprocs=ranks, join=True,
-                start_method="spawn",
-            )
+            context = multiprocessing.get_context("spawn")  # no forked torch or CUDA state
+            procs = [
+                context.Process(target=_rank_main, args=(rank, ranks, config, shared),
+                                name=f"relay-rank{rank}")
+                for rank in range(ranks)
+            ]
+            for proc in procs:
+                proc.start()
+            for proc in procs:
+                proc.join()
+            failed = [p.name for p in procs if p.exitcode != 0]
+            if failed:
+                raise RuntimeError(f"data-parallel ranks failed: {', '.join(failed)} (see above)")
         finally:
             if env_before is None:
                 os.environ.pop("OMP_NUM_THREADS", None)

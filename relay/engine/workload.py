@@ -43,7 +43,7 @@ def make_workload(config: WorkloadConfig, vocab_size: int, eos_token_id: int) ->
     for rid in range(config.requests):
         clock += rng.expovariate(config.arrival_rate)
         length = rng.randint(config.min_prompt, config.max_prompt)
-        prompt = []
+        prompt: list[int] = []
         while len(prompt) < length:
             token = rng.randrange(3, vocab_size)
             if token != eos_token_id:

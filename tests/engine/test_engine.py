@@ -1,0 +1,185 @@
+"""The reference overlap engine: overlap runs match synchronous runs token for token."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import attrs
+import pytest
+import torch
+
+from relay.cpu_stream import CpuEvent, ThreadStream, use_cpu_stream
+from relay.engine import (
+    EngineConfig,
+    ModelConfig,
+    RunResult,
+    SchedulerConfig,
+    SpecConfig,
+    WorkloadConfig,
+    run_workload,
+)
+from relay.engine.batch import ForwardBatch, StepOutput
+from relay.engine.model import KVCache, TargetModel
+from relay.engine.relays import MapRelay
+from relay.engine.runner import ModelRunner
+from relay.maps.decode import DecodeFutureMap
+from relay.maps.eagle import EagleFutureMap
+
+TINY = ModelConfig(vocab_size=1024, hidden=64, layers=1, heads=2, ffn=128, max_context=128)
+# More requests than slots, arriving over time: slots are freed and reused.
+SMALL = EngineConfig(
+    model=TINY,
+    workload=WorkloadConfig(requests=40, min_prompt=4, max_prompt=24, min_output=2,
+                            max_output=24, arrival_rate=1.5),
+    scheduler=SchedulerConfig(max_running=6, max_prefill_tokens=64, kv_pages=64, page_size=8),
+    debug=True,
+)
+EAGLE = SpecConfig(steps=3, topk=2)
+
+
+def _pair(config: EngineConfig) -> tuple[RunResult, RunResult]:
+    sync = run_workload(attrs.evolve(config, overlap=False))
+    overlap = run_workload(attrs.evolve(config, overlap=True))
+    return sync, overlap
+
+
+def _check_workload_shape(result: RunResult, config: EngineConfig) -> None:
+    assert len(result.outputs) == config.workload.requests
+    # Both ways of finishing occur, so the one-step-late EOS path is exercised.
+    assert result.finish_reasons.get("eos", 0) > 0
+    assert result.finish_reasons.get("length", 0) > 0
+
+
+def test_overlap_matches_sync_decode() -> None:
+    """Plain decoding: the overlap loop over the decode map yields the sync loop's tokens."""
+    sync, overlap = _pair(SMALL)
+    _check_workload_shape(sync, SMALL)
+    assert overlap.outputs == sync.outputs
+    assert overlap.steps == sync.steps
+
+
+def test_overlap_matches_sync_eagle() -> None:
+    """EAGLE decoding: the overlap loop over the eagle map yields the sync loop's tokens."""
+    config = attrs.evolve(SMALL, spec=EAGLE)
+    sync, overlap = _pair(config)
+    _check_workload_shape(sync, config)
+    assert overlap.outputs == sync.outputs
+    assert overlap.accept_length == sync.accept_length > 1.0
+
+
+def test_eagle_reproduces_greedy_decoding() -> None:
+    """Greedy verification makes speculative decoding emit plain greedy decoding's tokens."""
+    plain = run_workload(attrs.evolve(SMALL, overlap=True))
+    spec = run_workload(attrs.evolve(SMALL, overlap=True, spec=SpecConfig(steps=2, topk=1)))
+    assert spec.outputs == plain.outputs
+    assert spec.steps < plain.steps
+
+
+def test_thread_stream_events() -> None:
+    """A host wait issued before a queued task records blocks until that task's record."""
+    stream = ThreadStream("test")
+    event = CpuEvent()
+    gate = threading.Event()
+    log: list[str] = []
+
+    def task() -> None:
+        gate.wait()
+        log.append("before record")
+        event.record()
+        time.sleep(0.05)
+        log.append("after record")
+
+    try:
+        with use_cpu_stream(None):
+            stream.submit(event.record)  # an earlier record, already complete
+            stream.synchronize()
+            stream.submit(task)
+            threading.Timer(0.05, gate.set).start()
+            event.synchronize()  # the newest task has not recorded yet: wait for it
+            log.append("host resumed")
+            stream.synchronize()
+        # The host resumed at the record, not at the end of the task.
+        assert log.index("before record") < log.index("host resumed")
+        assert stream.busy_seconds >= 0.1
+    finally:
+        stream.close()
+
+
+def test_thread_stream_runs_in_order_and_reraises() -> None:
+    """Tasks run in submission order; a task's error surfaces on the host."""
+    stream = ThreadStream("test")
+    seen: list[int] = []
+    try:
+        for i in range(5):
+            stream.submit(lambda i=i: seen.append(i))
+        stream.synchronize()
+        assert seen == list(range(5))
+        stream.submit(lambda: 1 / 0)  # type: ignore[func-returns-value]
+        with pytest.raises(RuntimeError, match="failed"):
+            stream.synchronize()
+    finally:
+        stream.close()
+
+
+@pytest.mark.parametrize("spec", [None, EAGLE], ids=["decode", "eagle"])
+def test_idle_forward_is_a_no_op(spec: SpecConfig | None) -> None:
+    """An idle rank's forward issues every relay operation on zero indices: nothing changes."""
+    device = torch.device("cpu")
+    pool = 5
+    future_map: DecodeFutureMap | EagleFutureMap
+    if spec is None:
+        future_map = DecodeFutureMap(device, pool, debug=True)
+    else:
+        future_map = EagleFutureMap(device, pool, topk=spec.topk, debug=True)
+    before = {k: v.clone() for k, v in vars(future_map).items() if isinstance(v, torch.Tensor)}
+    calls: list[int] = []
+    model = TargetModel(TINY, device)
+    runner = ModelRunner(model, KVCache(TINY, pool, device), MapRelay(future_map), spec=spec,
+                         step_sync=calls.append)
+    batch = ForwardBatch.idle(device)
+    runner.forward(batch, StepOutput())
+    future_map.resolve_seq_lens_cpu(batch)  # zero indices: no fence wait, no debug check
+    assert calls == [0]
+    for name, value in before.items():
+        torch.testing.assert_close(getattr(future_map, name), value, rtol=0, atol=0,
+                                   equal_nan=True, msg=name)
+    if isinstance(future_map, EagleFutureMap):
+        assert future_map.hidden_states_buf is None  # lazy field untouched
+
+
+def test_data_parallel_two_ranks_match_one() -> None:
+    """Two gloo ranks, each with its own scheduler and maps, match the single-rank run."""
+    from relay.engine.parallel import run_data_parallel
+
+    config = attrs.evolve(
+        SMALL, spec=EAGLE, overlap=True,
+        workload=attrs.evolve(SMALL.workload, requests=16, max_output=12),
+    )
+    single = run_workload(config)
+    merged, per_rank = run_data_parallel(config, 2)
+    assert merged.outputs == single.outputs
+    assert sum(r.idle_steps for r in per_rank) > 0  # some steps ran with an idle rank
+    assert per_rank[0].steps == per_rank[1].steps  # one shared step sequence
+
+
+def test_demo_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
+    """``relay demo`` on a tiny model runs all four loops and reports identical outputs."""
+    from relay.engine.demo import main
+
+    code = main(["--model", "tiny", "--requests", "12", "--no-generate", "--debug"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "all outputs identical" in out
+    for column in ("speedup", "occupancy overlap", "accept len"):
+        assert column in out
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("spec", [None, EAGLE], ids=["decode", "eagle"])
+def test_overlap_matches_sync_cuda(spec: SpecConfig | None) -> None:
+    """On CUDA streams and events, overlap matches sync for both maps."""
+    config = attrs.evolve(SMALL, device="cuda", spec=spec)
+    sync, overlap = _pair(config)
+    assert overlap.outputs == sync.outputs
