@@ -1107,7 +1107,9 @@ def _run(
         )
     report.meta["seconds"] = round(time.perf_counter() - start, 2)
     print(format_report(report))
-    print(f"\n{len(configs)} configuration(s) in {report.meta['seconds']:.1f}s")
+    print(f"\n{len(configs)} configuration(s)"
+          f"{' and the engine' if report.engine is not None else ''}"
+          f" in {report.meta['seconds']:.1f}s")
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report.to_json(), indent=2) + "\n")
