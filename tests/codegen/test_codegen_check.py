@@ -56,7 +56,8 @@ def test_stale_file(generated: Project, relay_cli: Callable[..., Run]) -> None:
     assert run.out.startswith("--- maps/decode.py (on disk)\n+++ maps/decode.py (generated)\n")
     removed = [line for line in run.out.splitlines() if line.startswith("-") and
                not line.startswith("---")]
-    assert removed[-1] == '-        _rt.guard_non_negative(output_tokens, "DecodeFutureMap.output_tokens")'
+    assert removed[-1] == (
+        '-        _rt.guard_non_negative(output_tokens, "DecodeFutureMap.output_tokens")')
     assert removed[0].startswith("-# schema-hash: sha256:")
 
 

@@ -1,4 +1,4 @@
-"""The `relay` command line: help, usage errors, configuration errors; and a light runtime import."""
+"""The `relay` command line: help, usage and configuration errors; a light runtime import."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Bad schemas: every mistake is reported with its file, line, schema, field, expectation and fix."""
+"""Bad schemas: each mistake is reported with file, line, schema, field, expectation and fix."""
 
 from __future__ import annotations
 

@@ -36,7 +36,7 @@ def test_no_golden_file_without_schema(update_golden: bool) -> None:
 
 
 def test_mismatch_fails_with_diff_and_leaves_golden(tmp_path: Path) -> None:
-    """Without --update-golden a difference fails, shows the diff, says what to run, writes nothing."""
+    """Without --update-golden a difference fails with the diff and the fix; nothing is written."""
     path = tmp_path / "decode.py.txt"
     path.write_text("a\nb\n")
     with pytest.raises(pytest.fail.Exception) as excinfo:
@@ -56,7 +56,7 @@ def test_missing_golden_fails_without_update(tmp_path: Path) -> None:
 
 
 def test_update_rewrites_golden(tmp_path: Path) -> None:
-    """With --update-golden the golden file is rewritten with the fresh bytes and the test passes."""
+    """With --update-golden the golden file gets the fresh bytes and the test passes."""
     path = tmp_path / "decode.py.txt"
     path.write_text("old\n")
     compare_golden(path, "new\n", update=True)

@@ -89,7 +89,8 @@ def test_new_forward_field_round_trips(generated: Generated) -> None:
     eagle = generated.modules["eagle"]
     relay_map = eagle.EagleFutureMap("cpu", 8, topk=2)
     indices = torch.tensor([2, 5])
-    batch = types.SimpleNamespace(req_pool_indices=indices, input_ids=torch.zeros(2, dtype=torch.int64),
+    batch = types.SimpleNamespace(req_pool_indices=indices,
+                                  input_ids=torch.zeros(2, dtype=torch.int64),
                                   spec_info=types.SimpleNamespace())
     relay_map.invalidate(batch, indices)
     relay_map.stash(indices, eagle.EaglePayload(
