@@ -6,6 +6,7 @@ between steps differs (``relay.engine.relays``).
 
 from __future__ import annotations
 
+import json
 import random
 from collections import deque
 from collections.abc import Sequence
@@ -123,6 +124,18 @@ class _RunningBatch:
         self.max_new = torch.cat([self.max_new, other.max_new_cpu])
 
 
+def _hits_stop(text: list[str], stops: tuple[str, ...]) -> bool:
+    """Whether the output text ends in one of ``stops`` (the newest piece completes it)."""
+    longest = max(len(s) for s in stops)
+    tail = ""
+    for piece in reversed(text):
+        tail = piece + tail
+        if len(tail) >= longest + len(text[-1]):
+            break
+    newest = len(text[-1])
+    return any(s in tail and tail.rfind(s) + len(s) > len(tail) - newest for s in stops)
+
+
 class Scheduler:
     """Admits arrivals, builds one batch per step and processes each step's results.
 
@@ -164,6 +177,7 @@ class Scheduler:
         # Speculative decoding statistics: rows of decode steps and tokens they emitted.
         self.decode_rows = 0
         self.decode_tokens = 0
+        self.streamed_bytes = 0
         for spec in specs:
             if len(spec.prompt) + lookahead + 1 > max_context:
                 raise ValueError(f"request {spec.rid}: a prompt of {len(spec.prompt)} tokens does "
@@ -310,21 +324,52 @@ class Scheduler:
                 continue  # ended on EOS one step ago: this row was the extra step
             req.seq_len = seq_len
             limit = self._output_limit(req.spec)
+            first = len(req.output)
             reason = None
             for token in row[:count]:
                 req.output.append(token)
                 req.text.append(pieces[token])
                 if token == eos:
                     reason = "eos"
-                    break
-                if len(req.output) >= limit:
+                elif len(req.output) >= limit:
                     reason = "length"
+                elif req.spec.stop and _hits_stop(req.text, req.spec.stop):
+                    reason = "stop"
+                if reason is not None:
                     break
+            self._stream_chunk(req, first, reason)
             if reason is not None:
                 self._finish(req, reason)
             else:
                 assert req.state is not RequestState.CAPPED, "capped request did not reach its limit"
                 self.budget.grow(req, seq_len + grow_by)
+
+    def _stream_chunk(self, req: Request, first: int, reason: str | None) -> None:
+        """Detokenize a request's new tokens and serialize the chunk a server streams.
+
+        Incremental detokenization re-decodes a short window before the new tokens
+        (as servers do, since a piece's text can depend on its neighbours) and sends
+        the text past what was already sent.
+        """
+        window = max(0, first - 4)
+        before = "".join(req.text[window:first])
+        delta = "".join(req.text[window:])[len(before):]
+        chunk = {
+            "id": f"cmpl-{req.spec.rid}",
+            "object": "text_completion.chunk",
+            "model": "relay-reference",
+            "choices": [{
+                "index": 0,
+                "text": delta,
+                "token_ids": req.output[first:],
+                "finish_reason": reason,
+            }],
+            "usage": {
+                "prompt_tokens": len(req.spec.prompt),
+                "completion_tokens": len(req.output),
+            },
+        }
+        self.streamed_bytes += len(f"data: {json.dumps(chunk)}\n\n".encode())
 
     def _finish(self, req: Request, reason: str) -> None:
         # The slot may still be in an in-flight step; stream order keeps its next

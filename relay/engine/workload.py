@@ -19,6 +19,8 @@ class RequestSpec:
     #: Scheduler step at which the request arrives. Steps, not seconds, so every
     #: mode and every run sees the same arrivals (see Note [One schedule for both modes]).
     arrival_step: int
+    #: Stop strings: the output ends after the token that completes one.
+    stop: tuple[str, ...] = ()
 
 
 @attrs.frozen(kw_only=True)
@@ -33,6 +35,10 @@ class WorkloadConfig:
     #: Mean number of arrivals per scheduler step.
     arrival_rate: float = 2.0
     seed: int = 0
+
+
+def _word(rng: random.Random) -> str:
+    return "".join(rng.choice("etaoinshrd") for _ in range(rng.randint(3, 5)))
 
 
 def make_workload(config: WorkloadConfig, vocab_size: int, eos_token_id: int) -> list[RequestSpec]:
@@ -54,6 +60,7 @@ def make_workload(config: WorkloadConfig, vocab_size: int, eos_token_id: int) ->
                 prompt=tuple(prompt),
                 max_new_tokens=rng.randint(config.min_output, config.max_output),
                 arrival_step=int(clock),
+                stop=tuple(_word(rng) for _ in range(rng.randint(0, 2))),
             )
         )
     return specs
