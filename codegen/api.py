@@ -107,10 +107,10 @@ def plan(job: Job, progress: Progress | None = None) -> list[Planned]:
                 f"{where(schema.declared_at)}: {type(error).__name__}: {error}"
             ) from error
         planned.append(Planned(out_path, content, source, schema_hash(schema)))
+    if issues:
+        raise SchemaError(issues, import_errors)
     if import_errors:
         raise SchemaImportError("\n".join(import_errors))
-    if issues:
-        raise SchemaError(issues)
     return planned
 
 

@@ -20,8 +20,13 @@ RESERVED = frozenset(
         "self", "batch", "indices", "payload", "torch", "attrs", "annotations", "Protocol",
         "device", "pool_size", "debug", "stash", "publish", "invalidate", "resolve_future",
         "release",
+        # builtins the generated code calls
+        "int",
     }
 )
+
+#: Methods every generated map may define besides the schedule resolves.
+METHODS = frozenset({"stash", "publish", "invalidate", "release", "resolve_future"})
 
 _MAP_SUFFIX = "FutureMap"
 

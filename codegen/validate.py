@@ -197,7 +197,10 @@ def _check_unique(c: _Collector, fields: list[Field]) -> None:
                 first_source[key] = f
         if f.lane is Lane.SCHEDULE and _valid_path(f.host_mirror or f.target or ""):
             method = naming.resolve_method(f)
-            if method in first_method:
+            if method in naming.METHODS:
+                c.add(f, f"its schedule resolve would be named {method}(), which every map "
+                      "defines for another purpose", "give it another target or host_mirror")
+            elif method in first_method:
                 other = first_method[method]
                 c.add(f, f"its schedule resolve would be named {method}(), like that of "
                       f"field {other.name!r} ({c.where(other.declared_at)})",
@@ -217,7 +220,16 @@ def _check_unique(c: _Collector, fields: list[Field]) -> None:
             first_path[path] = (f, role)
     # A path cannot be both an attribute and the owner of nested attributes, and the
     # indices attribute is read, never written.
+    taken = {naming.payload_class(c.schema), naming.batch_protocol(c.schema), c.schema.name}
     for path, (f, role) in first_path.items():
+        parts = tuple(path.split("."))
+        for depth in range(1, len(parts)):
+            protocol = naming.nested_protocol(c.schema, parts[:depth])
+            if protocol in taken:
+                c.add(f, f"{role} {path!r} goes through {'.'.join(parts[:depth])!r}, whose "
+                      f"generated Protocol would be named {protocol}, a name the module "
+                      "already defines", f"rename the attribute {parts[depth - 1]!r} on the batch")
+                break
         for other_path in first_path:
             if other_path.startswith(path + "."):
                 c.add(f, f"{role} {path!r} is written as a tensor but also holds "

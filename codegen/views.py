@@ -19,8 +19,11 @@ _GUARDS = {Guard.POSITIVE: "guard_positive", Guard.NON_NEGATIVE: "guard_non_nega
 
 def doc_text(text: str) -> str:
     """A doc string body safe inside triple quotes, with normalized indentation."""
-    cleaned = inspect.cleandoc(text).replace("\\", "\\\\").replace('"""', '\\"\\"\\"')
-    return cleaned.rstrip()
+    lines = [line.rstrip() for line in inspect.cleandoc(text).splitlines()]
+    cleaned = "\n".join(lines).rstrip().replace("\\", "\\\\").replace('"""', '\\"\\"\\"')
+    if cleaned.endswith('"'):
+        cleaned = cleaned[:-1] + '\\"'  # else it would merge with the closing quotes
+    return cleaned
 
 
 @attrs.frozen

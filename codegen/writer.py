@@ -39,6 +39,12 @@ class Drift:
         return f"{self.display}: {self.kind}\n    fix: {self.fix}"
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def write_atomic(path: Path, content: str) -> bool:
     """Write ``content`` if it differs from the file; True when written.
 
@@ -52,8 +58,13 @@ def write_atomic(path: Path, content: str) -> bool:
     except FileNotFoundError:
         pass
     path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        mode = path.stat().st_mode & 0o777  # a rewrite keeps the file's mode
+    except FileNotFoundError:
+        mode = 0o666 & ~_umask()  # a new file gets the mode any other new file would
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, mode)  # mkstemp creates 0600
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
         os.replace(tmp, path)
@@ -110,7 +121,8 @@ def check(planned: list[Planned], display: dict[Path, str], orphans: list[Path],
         drifts.append(Drift(kind, item.path, shown, _diff(on_disk, item.content, shown), fix))
     for path in orphans:
         shown = display.get(path, str(path))
-        drifts.append(Drift("orphaned", path, shown, "",
+        on_disk = path.read_text(encoding="utf-8")
+        drifts.append(Drift("orphaned", path, shown, _diff(on_disk, "", shown),
                             f"no configured schema generates it: delete {shown}, or add its "
                             "schema back"))
     return drifts

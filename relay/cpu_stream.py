@@ -12,12 +12,15 @@ from __future__ import annotations
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 __all__ = ["CpuEvent", "ThreadStream", "current_cpu_stream", "use_cpu_stream"]
 
 _local = threading.local()
+#: Streams whose queued work a host wait must consider (Note [Host order of CPU records]).
+_live_streams: weakref.WeakSet[ThreadStream] = weakref.WeakSet()
 
 
 def current_cpu_stream() -> ThreadStream | None:
@@ -41,11 +44,13 @@ def use_cpu_stream(stream: ThreadStream | None) -> Iterator[None]:
 # On CUDA an event is recorded when the host *enqueues* the record, so a host wait
 # issued after launching forward N always refers to N's record, even if the device
 # has not reached it yet. Here the record is made by the worker while it runs task N,
-# which may be after the scheduler already asked to wait. So every record carries
-# the ticket of the task that made it, and a host wait issued when the stream's
-# newest task is K blocks until a record from task K has completed or task K has
-# finished (then the newest record precedes the wait in host order and is done).
-# This over-waits only when task K records nothing, and never under-waits.
+# which may be after the scheduler already asked to wait (even before the very first
+# record, when the event has never been recorded at all). So every record notes the
+# ticket of the task that made it, and a host wait looks at every live stream with
+# work queued: for each, it blocks until a record from that stream's newest task has
+# completed, or that task has finished (then any record it made precedes the wait in
+# host order and is done). This over-waits only for queued tasks that record
+# nothing, and never under-waits.
 
 
 class ThreadStream:
@@ -62,6 +67,7 @@ class ThreadStream:
         self._busy_seconds = 0.0
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
+        _live_streams.add(self)
 
     def __repr__(self) -> str:
         return f"ThreadStream({self.name!r})"
@@ -113,6 +119,7 @@ class ThreadStream:
         """Finish queued work and stop the worker."""
         self._tasks.put(None)
         self._thread.join()
+        _live_streams.discard(self)
 
     # -- worker side -----------------------------------------------------------
     @property
@@ -148,33 +155,35 @@ class ThreadStream:
 
 
 class CpuEvent:
-    """An event for CPU work: synchronous code or a ``ThreadStream``.
+    """An event for CPU work: synchronous code or ``ThreadStream``s.
 
     ``record`` marks the point reached by the calling thread's stream; ``wait`` and
     ``synchronize`` block until the newest record in host order has completed.
     """
 
     def __init__(self) -> None:
-        self._stream: ThreadStream | None = None
-        self._ticket = 0
+        # Per stream, the ticket of the newest task that recorded this event.
+        self._records: dict[ThreadStream, int] = {}
 
     def record(self) -> None:
         """Record on the calling thread's stream. CPU ops are synchronous, so the work
         before this point has already run: the record completes at once."""
         stream = current_cpu_stream()
-        self._stream = stream
-        self._ticket = stream.running_ticket if stream is not None else 0
         if stream is not None:
+            self._records[stream] = stream.running_ticket
             stream.notify()
 
     def synchronize(self) -> None:
         """Block the calling thread until the newest record has completed."""
-        stream = self._stream
-        if stream is None or stream is current_cpu_stream():
-            return  # synchronous, or already in stream order
+        current = current_cpu_stream()
         # See Note [Host order of CPU records].
-        newest = stream.submitted
-        stream.wait_ticket(newest, lambda: self._stream is stream and self._ticket >= newest)
+        for stream in list(_live_streams):
+            if stream is current:
+                continue  # already in stream order
+            newest = stream.submitted
+            if newest:
+                # Called at once, inside this iteration: the closure sees this stream.
+                stream.wait_ticket(newest, lambda: self._records.get(stream, 0) >= newest)
 
     def wait(self) -> None:
         """Order the calling thread's stream after the newest record."""

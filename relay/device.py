@@ -16,6 +16,7 @@ from this module, which pick a policy by device type:
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -194,6 +195,7 @@ class HostMirror:
     def __init__(self, device: torch.device, pool_size: int) -> None:
         self.device = device
         self.pool_size = pool_size
+        self._policy = policy_for(device)
         self._pinned: torch.Tensor | None = None
         self._copy_done: Any = None
 
@@ -211,12 +213,12 @@ class HostMirror:
     def copy_done(self) -> Any:
         """The event the host waits on for the copy alone."""
         if self._copy_done is None:
-            self._copy_done = policy_for(self.device).new_event()
+            self._copy_done = self._policy.new_event()
         return self._copy_done
 
     def copy(self, src: torch.Tensor) -> torch.Tensor:
         """``src`` on the host, in a tensor the caller owns."""
-        return policy_for(self.device).to_host(src, self)
+        return self._policy.to_host(src, self)
 
 
 # Note [Fence chaining]
@@ -240,33 +242,47 @@ class Fence:
         self.device = device
         self.owner = owner
         self.debug = debug
+        self._policy = policy_for(device)
         self._consumers = consumers
         self._fresh: set[str] = set()
         self._event: Any = None
         self._stream: Any = None
         self._recorded = False
+        # The first publish may run on a worker while the scheduler's first wait
+        # creates the event: one of them must create it, once.
+        self._create = threading.Lock()
 
     @property
     def created(self) -> bool:
-        """Whether the event exists yet (it is made on the first publish)."""
+        """Whether the event exists yet (it is made on the first publish or wait)."""
         return self._event is not None
+
+    def _get_event(self) -> Any:
+        if self._event is None:
+            with self._create:
+                if self._event is None:
+                    self._event = self._policy.new_event()
+        return self._event
 
     def record(self) -> None:
         """Mark the point the current stream has reached (end of a publish)."""
-        policy = policy_for(self.device)
+        policy = self._policy
         stream = policy.current_stream()
-        if self._event is None:
-            self._event = policy.new_event()
-        elif self._recorded and stream != self._stream:
+        event = self._get_event()
+        if self._recorded and stream != self._stream:
             # Note [Fence chaining]
-            policy.stream_wait(stream, self._event)
-        policy.record(self._event, stream)
+            policy.stream_wait(stream, event)
+        policy.record(event, stream)
         self._stream = stream
         self._recorded = True
-        self._fresh = set(self._consumers)
+        if self.debug:
+            self._fresh = set(self._consumers)
 
     def wait(self, consumer: str) -> None:
         """Order the reader after the newest publish, per the device policy."""
+        # Wait first: on a CPU worker stream the publish this wait refers to may not
+        # have run yet (Note [Host order of CPU records]).
+        self._policy.wait(self._get_event())
         if self.debug:
             if consumer not in self._fresh:
                 raise RelayDebugError(
@@ -275,5 +291,3 @@ class Fence:
                     "this step before resolving."
                 )
             self._fresh.discard(consumer)
-        if self._event is not None:
-            policy_for(self.device).wait(self._event)

@@ -39,12 +39,18 @@ class SchemaIssue:
 
 
 class SchemaError(RelayError):
-    """A schema is invalid; ``issues`` lists every problem found."""
+    """A schema is invalid; ``issues`` lists every problem found.
 
-    def __init__(self, issues: list[SchemaIssue]) -> None:
+    ``import_failures`` holds the messages of schema modules of the same run that
+    failed to import, so one run reports everything.
+    """
+
+    def __init__(self, issues: list[SchemaIssue], import_failures: list[str] | None = None) -> None:
         self.issues = issues
+        self.import_failures = import_failures or []
         count = f"{len(issues)} problem" + ("s" if len(issues) != 1 else "")
-        super().__init__(f"invalid schema ({count}):\n" + "\n".join(str(i) for i in issues))
+        lines = [*self.import_failures, *(str(i) for i in issues)]
+        super().__init__(f"invalid schema ({count}):\n" + "\n".join(lines))
 
 
 class SchemaImportError(RelayError):

@@ -123,7 +123,7 @@ def consume(
     0 for the positions that hold real values); ``None`` means all of them.
     """
     poison = _poison(buf.dtype)
-    if poison is None:
+    if poison is None or values.numel() == 0:
         return
     fresh = ~torch.isnan(values) if isinstance(poison, float) else values != poison
     fresh = fresh.reshape(values.shape[0], -1).all(dim=1)
