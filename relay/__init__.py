@@ -5,7 +5,6 @@ import the generated maps (``relay.maps.<schema>`` or their own ``--out`` folder
 """
 
 from relay.errors import (
-    DriftError,
     RelayDebugError,
     RelayError,
     SchemaError,
@@ -31,7 +30,6 @@ __all__ = [
     "FROM_PAYLOAD",
     "Alloc",
     "Dim",
-    "DriftError",
     "Field",
     "FromPayload",
     "Guard",

@@ -202,12 +202,18 @@ class HostMirror:
     def pinned_rows(self, like: torch.Tensor) -> torch.Tensor:
         """Pinned host rows shaped like ``like`` (allocated on first use; needs CUDA)."""
         pinned = self._pinned
-        if pinned is None or pinned.dtype != like.dtype or pinned.shape[1:] != like.shape[1:]:
+        rows = like.shape[0]
+        if (
+            pinned is None
+            or pinned.dtype != like.dtype
+            or pinned.shape[1:] != like.shape[1:]
+            or pinned.shape[0] < rows  # padded batches may hold more rows than slots
+        ):
             pinned = torch.empty(
-                (self.pool_size, *like.shape[1:]), dtype=like.dtype, pin_memory=True
+                (max(self.pool_size, rows), *like.shape[1:]), dtype=like.dtype, pin_memory=True
             )
             self._pinned = pinned
-        return pinned[: like.shape[0]]
+        return pinned[:rows]
 
     @property
     def copy_done(self) -> Any:

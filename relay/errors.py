@@ -10,7 +10,6 @@ from __future__ import annotations
 import attrs
 
 __all__ = [
-    "DriftError",
     "RelayDebugError",
     "RelayError",
     "SchemaError",
@@ -55,10 +54,6 @@ class SchemaError(RelayError):
 
 class SchemaImportError(RelayError):
     """A schema module could not be imported or holds no ``SCHEMA``."""
-
-
-class DriftError(RelayError):
-    """Generated files differ from what the schemas and the generator produce."""
 
 
 class RelayDebugError(RelayError):
