@@ -110,8 +110,6 @@ def test_orphaned_file(generated: Project, relay_cli: Callable[..., Run]) -> Non
     )
 
 
-@pytest.mark.xfail(strict=True, reason="bug: an orphaned file is reported with no diff "
-                   "(Drift.diff is empty), so --check prints nothing to stdout for it")
 def test_orphaned_file_shows_deletion_diff(generated: Project, relay_cli: Callable[..., Run]
                                            ) -> None:
     """The orphan's drift, like every other kind, comes with a unified diff: its deletion."""

@@ -224,9 +224,6 @@ def _umask() -> int:
     return mask
 
 
-@pytest.mark.xfail(strict=True, reason="bug: write_atomic's mkstemp temp file is mode 0600 and "
-                   "os.replace keeps it, so generated modules ignore the umask (and a rewrite "
-                   "drops an existing file's mode)")
 def test_generated_files_get_ordinary_permissions(project: Project,
                                                   relay_cli: Callable[..., Run]) -> None:
     """Generated modules are created with the umask's mode (0644 usually), like any other file."""
@@ -256,8 +253,6 @@ def test_doc_with_backslash_and_triple_quotes_is_kept_verbatim(project: Project)
     assert doc in docs
 
 
-@pytest.mark.xfail(strict=True, reason='bug: a doc string ending in " is emitted as """...""""'
-                   " (views.doc_text escapes only triple quotes), a SyntaxError in the module")
 def test_doc_ending_in_a_quote_generates_valid_python(project: Project) -> None:
     """A doc string that ends with a double quote still yields a module that parses."""
     doc = 'The token the sampler calls "bonus"'
@@ -266,8 +261,6 @@ def test_doc_ending_in_a_quote_generates_valid_python(project: Project) -> None:
     ast.parse(content)
 
 
-@pytest.mark.xfail(strict=True, reason="bug: trailing spaces inside schema and field doc strings "
-                   "are copied into the generated module")
 def test_doc_trailing_spaces_do_not_reach_generated_code(project: Project) -> None:
     """Trailing spaces in a schema's doc strings do not become trailing whitespace in the module."""
     content = _render_one(project, [

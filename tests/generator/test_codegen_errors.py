@@ -266,7 +266,6 @@ def test_multi_line_declaration_reported_at_its_first_line(project: Project) -> 
     assert one_issue(project).startswith(f"{SRC}:{line}: BadFutureMap.probs: dtype must be")
 
 
-
 def test_schema_module_that_fails_to_import(project: Project) -> None:
     """A module raising on import shows its own error briefly, at the failing line, and the fix."""
     path = project.write_schema("boom", """\
@@ -368,8 +367,6 @@ def test_cli_lists_errors_of_every_schema(project: Project, relay_cli: Callable[
     assert not project.maps.exists()
 
 
-@pytest.mark.xfail(strict=True, reason="bug: plan() raises SchemaImportError before reporting "
-                   "the validation issues of modules that did import")
 def test_cli_lists_import_and_validation_errors_together(
         project: Project, relay_cli: Callable[..., Run]) -> None:
     """One run shows both a module that fails to import and another module's invalid field."""
@@ -411,8 +408,6 @@ def _refused_or_well_formed(project: Project, field_name: str) -> None:
     assert _duplicate_definitions(planned[0].content) == []
 
 
-@pytest.mark.xfail(strict=True, reason="bug: a schedule field whose target leaf is 'future' "
-                   "gets a resolve_future() that silently replaces the forward lane's")
 def test_schedule_resolve_named_like_resolve_future(project: Project) -> None:
     """A schedule target named `future` cannot make the map define resolve_future twice."""
     project.schema_module("bad", [
@@ -422,9 +417,6 @@ def test_schedule_resolve_named_like_resolve_future(project: Project) -> None:
     _refused_or_well_formed(project, "ready")
 
 
-@pytest.mark.xfail(strict=True, reason="bug: a target under 'batch.', 'payload.' or "
-                   "'future_map.' names a nested Protocol like the batch protocol, the payload "
-                   "class or the map class, redefining it")
 @pytest.mark.parametrize("owner", ["batch", "payload", "future_map"])
 def test_nested_target_protocol_name_clash(project: Project, owner: str) -> None:
     """A nested target's Protocol never takes the name of another generated class."""
@@ -435,8 +427,6 @@ def test_nested_target_protocol_name_clash(project: Project, owner: str) -> None
     _refused_or_well_formed(project, "extra")
 
 
-@pytest.mark.xfail(strict=True, reason="bug: a field named 'int' shadows the builtin int() that "
-                   "the generated host_sum line calls")
 def test_field_named_like_a_builtin_the_map_calls(project: Project) -> None:
     """A schedule field named `int` with a host sum is refused, or its resolve works."""
     project.schema_module("bad", [

@@ -2,37 +2,15 @@
 
 from __future__ import annotations
 
-import importlib
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 
-def _import_the_generator() -> None:
-    # pytest puts tests/ on sys.path (tests/conftest.py has no package), where this
-    # folder would be found first, as a namespace package named "codegen", and shadow
-    # the generator that the editable install provides through a meta-path finder.
-    # Importing the real package once, with tests/ hidden, makes every later
-    # `import codegen` (tests, and relay's CLI run in-process) get the generator.
-    if getattr(sys.modules.get("codegen"), "__file__", None) is not None:
-        return
-    sys.modules.pop("codegen", None)
-    tests = Path(__file__).resolve().parent.parent
-    saved = sys.path[:]
-    sys.path[:] = [p for p in saved if Path(p or ".").resolve() != tests]
-    try:
-        importlib.import_module("codegen")
-    finally:
-        sys.path[:] = saved
+from codegen_support import Project, Run, run_relay_process
 
-
-_import_the_generator()
-
-from codegen_support import Project, Run, run_relay_process  # noqa: E402
-
-from relay import cli  # noqa: E402
+from relay import cli
 
 
 @pytest.fixture
