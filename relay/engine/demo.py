@@ -184,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
     _import_maps(_generate(args.no_generate))
     w, m = base.workload, base.model
     print(f"3. run the engine on {base.device}: {w.requests} requests (prompts {w.min_prompt}-"
-          f"{w.max_prompt}, outputs up to {w.min_output}-{w.max_output} tokens, "
+          f"{w.max_prompt} tokens, output limits {w.min_output}-{w.max_output}, "
           f"{w.arrival_rate:g} arrivals/step), model {args.model} (hidden {m.hidden}, "
           f"{m.layers} layers, vocab {m.vocab_size}), {base.scheduler.max_running} slots"
           + (", debug maps" if base.debug else ""), flush=True)

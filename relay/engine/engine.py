@@ -56,8 +56,9 @@ class EngineConfig:
     #: plays the device, the rest run the scheduler; both modes use the same setting.
     cpu_threads: int | None = 1
     #: ``sys.setswitchinterval`` during a CPU run: the forward thread gets the GIL back
-    #: soon after each op, instead of up to 5 ms later while the scheduler runs Python.
-    switch_interval: float | None = 2e-5
+    #: within 1 ms of an op instead of up to 5 ms while the scheduler runs Python
+    #: (shorter intervals measured slower: the threads thrash).
+    switch_interval: float | None = 1e-3
 
     @property
     def mode_name(self) -> str:

@@ -42,13 +42,13 @@ __all__ = ["DraftHead", "KVCache", "ModelConfig", "TargetModel", "VerifyResult"]
 class ModelConfig:
     """Sizes and seed of the target model and its draft head."""
 
-    vocab_size: int = 4096
-    hidden: int = 256
-    layers: int = 2
-    heads: int = 4
-    ffn: int = 512
+    vocab_size: int = 2048
+    hidden: int = 128
+    layers: int = 1
+    heads: int = 2
+    ffn: int = 256
     #: Longest sequence (prompt, output and speculative look-ahead) a slot can hold.
-    max_context: int = 256
+    max_context: int = 192
     seed: int = 0
     #: See Note [A model with a predictable core].
     residual_scale: float = 0.35
@@ -96,6 +96,15 @@ class KVCache:
         shape = (config.layers, pool_size, config.heads, config.max_context, config.head_dim)
         self.k = torch.zeros(shape, dtype=config.dtype, device=device)
         self.v = torch.zeros(shape, dtype=config.dtype, device=device)
+
+    @staticmethod
+    def rows(cache: torch.Tensor, layer: int, slots: torch.Tensor, length: int) -> torch.Tensor:
+        """The first ``length`` positions of ``slots`` in one layer: (n, heads, length, hd).
+
+        Copies only those positions (``index_select`` of whole rows then a slice
+        moves up to ``max_context / length`` times more memory).
+        """
+        return cache[layer, slots, :, :length]
 
 
 @attrs.frozen
@@ -202,8 +211,8 @@ class TargetModel:
             q, k, v = self._qkv(layer, x)  # (n, heads, head_dim)
             kv.k[i, slots, :, positions] = k
             kv.v[i, slots, :, positions] = v
-            keys = kv.k[i, slots, :, :max_seq_len]  # (n, heads, L, head_dim)
-            values = kv.v[i, slots, :, :max_seq_len]
+            keys = kv.rows(kv.k, i, slots, max_seq_len)  # (n, heads, L, head_dim)
+            values = kv.rows(kv.v, i, slots, max_seq_len)
             o = F.scaled_dot_product_attention(q[:, :, None, :], keys, values, attn_mask=mask)
             x = x + o.flatten(1) @ layer.wo
             x = x + self._mlp(layer, x)
@@ -248,8 +257,8 @@ class TargetModel:
             q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
             branch_k.append(k)
             branch_v.append(v)
-            cached_k = kv.k[i, slots, :, :prefix_width].repeat_interleave(topk, dim=0)
-            cached_v = kv.v[i, slots, :, :prefix_width].repeat_interleave(topk, dim=0)
+            cached_k = kv.rows(kv.k, i, slots, prefix_width).repeat_interleave(topk, dim=0)
+            cached_v = kv.rows(kv.v, i, slots, prefix_width).repeat_interleave(topk, dim=0)
             keys = torch.cat([cached_k, k], dim=2)
             values = torch.cat([cached_v, v], dim=2)
             o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
