@@ -33,8 +33,14 @@ class Job:
     schemas: tuple[Path, ...]
     out: Path
     root: Path  # paths in headers and messages are relative to this folder
-    command: str  # the command that regenerates, written into headers
+    command: str  # the command that regenerates the whole job
     configured: bool  # from [tool.relay]: then every other generated file is an orphan
+
+    def command_for(self, source: str) -> str:
+        """The command that regenerates one module, written into its header."""
+        if self.configured:
+            return self.command
+        return f"relay generate {source} --out {_display(self.out, self.root)}"
 
 
 @attrs.frozen
@@ -100,7 +106,7 @@ def plan(job: Job, progress: Progress | None = None) -> list[Planned]:
         if progress is not None:
             progress(f"rendering {source} -> {_display(out_path, job.root)}")
         try:
-            content = render(schema, source=source, command=job.command)
+            content = render(schema, source=source, command=job.command_for(source))
         except Exception as error:  # a generator bug: say what was being generated
             raise RelayError(
                 f"while generating {_display(out_path, job.root)} from "

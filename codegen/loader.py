@@ -48,7 +48,8 @@ def load_schema(path: Path, display: str) -> Schema:
         sys.modules.pop(name, None)
     schema = getattr(module, "SCHEMA", None)
     if not isinstance(schema, Schema):
-        got = "nothing" if schema is None else f"a {type(schema).__name__}"
+        kind = type(schema).__name__
+        got = "nothing" if schema is None else f"{'an' if kind[0] in 'aeiouAEIOU' else 'a'} {kind}"
         raise SchemaImportError(
             f"{display}: a schema module must define SCHEMA = Schema(...) (got {got})\n"
             "    fix: assign the schema declaration to a module-level name SCHEMA"

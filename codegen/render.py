@@ -51,10 +51,29 @@ def schema_hash(schema: Schema) -> str:
     return "sha256:" + hashlib.sha256(blob).hexdigest()
 
 
+def body_hash(body: str) -> str:
+    """sha256 of a module's text below its header: what ``--check`` uses to tell a
+    hand-edited file from one an older generator wrote."""
+    return "sha256:" + hashlib.sha256(body.encode("utf-8")).hexdigest()
+
+
+def split_header(text: str) -> tuple[str, str]:
+    """``(header, body)``: the leading ``#`` comment lines, and the rest."""
+    lines = text.splitlines(keepends=True)
+    count = 0
+    while count < len(lines) and lines[count].startswith("#"):
+        count += 1
+    return "".join(lines[:count]), "".join(lines[count:])
+
+
 def render_view(view: MapView) -> str:
-    """The module text of ``view``: LF line ends and exactly one trailing newline."""
-    text = _ENV.get_template("map.py.jinja").render(m=view)
-    return text.rstrip("\n") + "\n"
+    """The module text of ``view``: LF line ends and exactly one trailing newline.
+
+    The header's last line is the hash of the body, known only once it is rendered.
+    """
+    text = _ENV.get_template("map.py.jinja").render(m=view).rstrip("\n") + "\n"
+    header, body = split_header(text)
+    return f"{header}# body-hash: {body_hash(body)}\n{body}"
 
 
 def render(schema: Schema, *, source: str, command: str) -> str:

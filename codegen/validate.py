@@ -184,8 +184,8 @@ def _check_unique(c: _Collector, fields: list[Field]) -> None:
             c.add(f, f"duplicate field name {f.name!r}; it is first declared at "
                   f"{c.where(other.declared_at)}",
                   "rename one of them, or delete the repeated declaration")
-        else:
-            first_name[f.name] = f
+            continue  # one mistake, one message: its source and targets repeat too
+        first_name[f.name] = f
         if isinstance(f.lane, Lane) and naming.is_identifier(f.payload_name):
             key = (f.lane, f.payload_name)
             if key in first_source and first_source[key] is not f:
