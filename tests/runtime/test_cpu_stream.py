@@ -208,12 +208,6 @@ def test_host_wait_does_not_hang_when_the_recording_task_fails() -> None:
         assert isinstance(errors[0].__cause__, ValueError)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: CpuEvent.synchronize returns at once when the event has no record yet (or "
-    "its newest record is on another stream or the host), even though a task already "
-    "submitted to a ThreadStream will record it (relay/cpu_stream.py)",
-)
 def test_host_wait_on_a_fresh_event_blocks_until_the_submitted_record() -> None:
     """A host wait issued right after submitting a task that records a fresh event blocks."""
     with thread_streams("fwd") as (stream,):
@@ -234,5 +228,30 @@ def test_host_wait_on_a_fresh_event_blocks_until_the_submitted_record() -> None:
             gate.set()
             assert returned.wait(GUARD_S)
             assert saw_record == [True], "the host wait returned before the record"
+        finally:
+            gate.set()
+
+
+def test_host_wait_covers_a_record_queued_on_another_stream() -> None:
+    """After a record on stream A, a host wait also covers a record queued on stream B."""
+    with thread_streams("A", "B") as (a, b):
+        event = _recorded_on(a)
+        gate, about_to_record = threading.Event(), threading.Event()
+
+        def on_b() -> None:
+            assert gate.wait(GUARD_S)
+            about_to_record.set()
+            event.record()
+
+        b.submit(on_b)
+        saw_record: list[bool] = []
+        _, returned, errors = _in_thread(
+            lambda: (event.synchronize(), saw_record.append(about_to_record.is_set())))
+        try:
+            returned.wait(_WINDOW_S)
+            gate.set()
+            assert returned.wait(GUARD_S)
+            assert not errors
+            assert saw_record == [True], "the host wait ignored the record queued on B"
         finally:
             gate.set()

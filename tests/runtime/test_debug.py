@@ -229,12 +229,6 @@ def test_debug_off_allocates_no_debug_state() -> None:
     assert relay._debug._generation is None and relay._debug._stamps == {}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: relay/runtime.py consume() reshapes with (values.shape[0], -1), which "
-    "fails for zero-element values: a debug resolve_future whose placeholder target is "
-    "empty crashes with a torch reshape error although debug=False resolves it",
-)
 def test_debug_resolve_future_with_an_empty_placeholder_target() -> None:
     """Debug mode resolves a batch whose placeholder target holds nothing, like debug off."""
     relay = EagleFutureMap("cpu", POOL, topk=TOPK, debug=True)
@@ -244,3 +238,24 @@ def test_debug_resolve_future_with_an_empty_placeholder_target() -> None:
     relay.resolve_future(batch)
     assert batch.input_ids.numel() == 0
     assert batch.spec_info.topk_index.tolist() == [[1, 2]]
+
+
+def test_forward_lane_read_on_the_stashing_stream_is_allowed() -> None:
+    """Stash and resolve_future on the same ThreadStream pass the stream-order check."""
+    relay = DecodeFutureMap("cpu", POOL, debug=True)
+    batch = batch_of(1)
+    with thread_streams("fwd") as (stream,):
+        stream.submit(lambda: relay.stash(slots(1), DecodePayload(next_token_ids=torch.tensor([2]))))
+        relay.invalidate(batch, batch.req_pool_indices)
+        stream.submit(lambda: relay.resolve_future(batch))
+        stream.synchronize()
+    assert batch.input_ids.tolist() == [2]
+
+
+def test_slot_released_between_publish_and_schedule_resolve_is_caught() -> None:
+    """The generation check covers the schedule lane too: a released slot's length is stale."""
+    relay = DecodeFutureMap("cpu", POOL, debug=True)
+    relay.publish(slots(2), torch.tensor([6]))
+    relay.release(slots(2))
+    with pytest.raises(RuntimeError, match="released and reused"):
+        relay.resolve_seq_lens_cpu(batch_of(2))

@@ -167,6 +167,7 @@ def test_resolve_future_substitutes_every_placeholder_from_its_slot() -> None:
     relay.invalidate(batch, batch.req_pool_indices)
     relay.resolve_future(batch)
     assert batch.input_ids.tolist() == [70, 20, 60]
+    assert batch.req_pool_indices.tolist() == [7, 2, 6], "the slots are not overwritten"
 
 
 def test_resolve_future_leaves_real_tokens_including_token_zero() -> None:
