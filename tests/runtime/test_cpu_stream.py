@@ -255,3 +255,74 @@ def test_host_wait_covers_a_record_queued_on_another_stream() -> None:
             assert saw_record == [True], "the host wait ignored the record queued on B"
         finally:
             gate.set()
+
+
+# A short guard for the two cases below: in the failing state each costs this long.
+_DEADLOCK_GUARD_S = 5.0
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="bug: CpuEvent.synchronize waits on the newest task of every live ThreadStream, "
+    "so two streams waiting at once (even on completed, unrelated events) wait on each "
+    "other's waiting task forever (relay/cpu_stream.py)",
+)
+def test_two_streams_waiting_on_completed_events_do_not_deadlock() -> None:
+    """Streams A and B each waiting on an already-completed event both go on."""
+    a, b = ThreadStream("A"), ThreadStream("B")
+    first, second = CpuEvent(), CpuEvent()
+    a.submit(first.record)
+    b.submit(second.record)
+    a.synchronize()
+    b.synchronize()
+    both_waiting = threading.Barrier(2)
+    done: list[str] = []
+    all_done = threading.Event()
+
+    def waits_on(event: CpuEvent, name: str) -> Callable[[], None]:
+        def task() -> None:
+            both_waiting.wait(GUARD_S)
+            event.wait()
+            done.append(name)
+            if len(done) == 2:
+                all_done.set()
+        return task
+
+    a.submit(waits_on(first, "A"))
+    b.submit(waits_on(second, "B"))
+    try:
+        assert all_done.wait(_DEADLOCK_GUARD_S), f"deadlocked; finished: {done}"
+    finally:
+        # Unblock a deadlocked pair so the workers (and later tests' waits) can end.
+        for stream in (a, b):
+            for event in (first, second):
+                event._records[stream] = 1 << 62
+            stream.notify()
+        a.close()
+        b.close()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="bug: a host wait on an event recorded on stream C also waits for unrelated "
+    "work on stream D, so a D task that waits for the host deadlocks the pair "
+    "(relay/cpu_stream.py CpuEvent.synchronize)",
+)
+def test_host_wait_is_not_held_up_by_unrelated_stream_work() -> None:
+    """A host wait on an event recorded on C returns without waiting for stream D's task."""
+    with thread_streams("C", "D") as (c, d):
+        event = _recorded_on(c)
+        host_went_on = threading.Event()
+        answered: list[bool] = []
+        d_waiting = threading.Event()
+
+        def on_d() -> None:
+            d_waiting.set()
+            answered.append(host_went_on.wait(_DEADLOCK_GUARD_S))
+
+        d.submit(on_d)
+        assert d_waiting.wait(GUARD_S)
+        event.synchronize()
+        host_went_on.set()
+        d.synchronize()
+        assert answered == [True], "the host wait blocked until D's task gave up"
