@@ -9,6 +9,8 @@ relay relies on (see Note [Host order of CPU records]).
 
 from __future__ import annotations
 
+import collections
+import itertools
 import queue
 import threading
 import time
@@ -21,6 +23,9 @@ __all__ = ["CpuEvent", "ThreadStream", "current_cpu_stream", "use_cpu_stream"]
 _local = threading.local()
 #: Streams whose queued work a host wait must consider (Note [Host order of CPU records]).
 _live_streams: weakref.WeakSet[ThreadStream] = weakref.WeakSet()
+#: Global submission numbers, across streams: the host order of tasks.
+_submission_order = itertools.count(1)
+_submission_lock = threading.Lock()
 
 
 def current_cpu_stream() -> ThreadStream | None:
@@ -46,11 +51,15 @@ def use_cpu_stream(stream: ThreadStream | None) -> Iterator[None]:
 # has not reached it yet. Here the record is made by the worker while it runs task N,
 # which may be after the scheduler already asked to wait (even before the very first
 # record, when the event has never been recorded at all). So every record notes the
-# ticket of the task that made it, and a host wait looks at every live stream with
-# work queued: for each, it blocks until a record from that stream's newest task has
-# completed, or that task has finished (then any record it made precedes the wait in
-# host order and is done). This over-waits only for queued tasks that record
-# nothing, and never under-waits.
+# ticket of the task that made it, and every task gets a global submission number. A
+# wait looks at every live stream, since any of them may be about to record, and on
+# each at the newest task submitted before the wait (before the waiting task, when
+# a task waits): it blocks until a record from that task has completed, or the task
+# has finished (then any record it made precedes the wait in host order and is
+# done). Tasks submitted after a wait are never waited on, so waits between streams
+# cannot form a cycle. A wait never under-waits; it over-waits for queued tasks that
+# record nothing, so a queued task must not itself block on the host (by a lock or
+# threading primitive outside these events), or the two wait for each other.
 
 
 class ThreadStream:
@@ -63,6 +72,9 @@ class ThreadStream:
         self._submitted = 0
         self._finished = 0
         self._running_ticket = 0
+        self._running_order = 0
+        # (submission number, ticket) of tasks not finished yet, oldest first.
+        self._pending: collections.deque[tuple[int, int]] = collections.deque()
         self._error: BaseException | None = None
         self._busy_seconds = 0.0
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -76,11 +88,23 @@ class ThreadStream:
     def submit(self, fn: Callable[[], None]) -> int:
         """Queue ``fn`` behind everything submitted before; returns its ticket."""
         self.raise_pending()
-        with self._cond:
+        with _submission_lock, self._cond:
             self._submitted += 1
             ticket = self._submitted
+            self._pending.append((next(_submission_order), ticket))
         self._tasks.put((ticket, fn))
         return ticket
+
+    def newest_before(self, order: int | None) -> int:
+        """Ticket of the newest unfinished task submitted before submission number
+        ``order`` (``None``: before now); 0 when there is none."""
+        with self._cond:
+            newest = 0
+            for submitted, ticket in self._pending:
+                if order is not None and submitted >= order:
+                    break
+                newest = ticket
+            return newest
 
     @property
     def submitted(self) -> int:
@@ -127,6 +151,11 @@ class ThreadStream:
         """Ticket of the task running now (valid on the worker thread)."""
         return self._running_ticket
 
+    @property
+    def running_order(self) -> int:
+        """Submission number of the task running now (valid on the worker thread)."""
+        return self._running_order
+
     def notify(self) -> None:
         """Wake host waiters (a record completed)."""
         with self._cond:
@@ -140,6 +169,8 @@ class ThreadStream:
                 return
             ticket, fn = item
             self._running_ticket = ticket
+            with self._cond:
+                self._running_order = self._pending[0][0]
             start = time.perf_counter()
             try:
                 if self._error is None:
@@ -151,6 +182,7 @@ class ThreadStream:
                 with self._cond:
                     self._busy_seconds += elapsed
                     self._finished = ticket
+                    self._pending.popleft()
                     self._cond.notify_all()
 
 
@@ -177,10 +209,11 @@ class CpuEvent:
         """Block the calling thread until the newest record has completed."""
         current = current_cpu_stream()
         # See Note [Host order of CPU records].
+        before = current.running_order if current is not None else None
         for stream in list(_live_streams):
             if stream is current:
                 continue  # already in stream order
-            newest = stream.submitted
+            newest = stream.newest_before(before)
             if newest:
                 # Called at once, inside this iteration: the closure sees this stream.
                 stream.wait_ticket(newest, lambda: self._records.get(stream, 0) >= newest)

