@@ -214,6 +214,7 @@ class CpuEvent:
             if stream is current:
                 continue  # already in stream order
             newest = stream.newest_before(before)
+            stream.raise_pending()  # a failed task surfaces at the next wait, as on CUDA
             if newest:
                 # Called at once, inside this iteration: the closure sees this stream.
                 stream.wait_ticket(newest, lambda: self._records.get(stream, 0) >= newest)
