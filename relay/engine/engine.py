@@ -24,7 +24,7 @@ import attrs
 import torch
 
 from relay.engine.batch import ForwardBatch, ForwardMode, StepOutput
-from relay.engine.lanes import Lane, ThreadLane, make_lane
+from relay.engine.lanes import Lane, make_lane
 from relay.engine.model import KVCache, ModelConfig, TargetModel
 from relay.engine.runner import ModelRunner, SpecConfig
 from relay.engine.scheduler import Scheduler, SchedulerConfig, Vocabulary
@@ -110,7 +110,7 @@ class _SingleRank:
         return active, more
 
 
-def _make_relay(config: EngineConfig, pool_size: int, device: torch.device, lane: Lane) -> Relay:
+def _make_relay(config: EngineConfig, pool_size: int, device: torch.device) -> Relay:
     # Imported here: the demo regenerates the maps before the first import.
     from relay.engine.relays import DirectRelay, MapRelay
     from relay.maps.decode import DecodeFutureMap
@@ -118,11 +118,9 @@ def _make_relay(config: EngineConfig, pool_size: int, device: torch.device, lane
 
     if not config.overlap:
         return DirectRelay(pool_size, device)
-    stream = lane.stream if isinstance(lane, ThreadLane) else None
     if config.spec is None:
-        return MapRelay(DecodeFutureMap(device, pool_size, debug=config.debug), stream)
-    future_map = EagleFutureMap(device, pool_size, topk=config.spec.topk, debug=config.debug)
-    return MapRelay(future_map, stream)
+        return MapRelay(DecodeFutureMap(device, pool_size, debug=config.debug))
+    return MapRelay(EagleFutureMap(device, pool_size, topk=config.spec.topk, debug=config.debug))
 
 
 def run_workload(
@@ -152,7 +150,7 @@ def run_workload(
         pool_size = config.scheduler.max_running + 1  # row 0 is the scratch row
         model = TargetModel(config.model, device)
         lane = make_lane(device, overlap=config.overlap, cpu_threads=config.cpu_threads)
-        relay = _make_relay(config, pool_size, device, lane)
+        relay = _make_relay(config, pool_size, device)
         runner = ModelRunner(
             model, KVCache(config.model, pool_size, device), relay,
             spec=config.spec, step_sync=step_sync,

@@ -13,7 +13,6 @@ from typing import Protocol
 
 import torch
 
-from relay.cpu_stream import ThreadStream
 from relay.engine.batch import ForwardBatch
 from relay.maps.decode import DecodeFutureMap, DecodePayload
 from relay.maps.eagle import EagleFutureMap, EaglePayload
@@ -45,50 +44,15 @@ class Relay(Protocol):
         """Hand this step's tokens (and draft state) to the next forward."""
 
 
-# Note [Publish watch on a CPU stream]
-# The map's fence covers the CPU stream once it exists, but it is created by the
-# first publish, which the worker makes when it gets there: a resolve asked for
-# before that does not wait at all and reads unwritten rows. In debug mode the fence
-# also checks "a publish happened since the last resolve" before it waits, which on
-# a worker thread is not yet true. So on a ThreadStream the relay first waits until
-# the newest forward has published (or finished), as the fence would; the map's own
-# wait then returns at once.
-
-
-class _PublishWatch:
-    """Host wait for the newest task's publish on a ``ThreadStream``."""
-
-    def __init__(self, stream: ThreadStream) -> None:
-        self.stream = stream
-        self.ticket = 0
-
-    def published(self) -> None:
-        """On the worker, right after a publish."""
-        self.ticket = self.stream.running_ticket
-        self.stream.notify()
-
-    def wait(self) -> None:
-        """On the host: until the newest submitted task has published or finished."""
-        newest = self.stream.submitted
-        self.stream.wait_ticket(newest, lambda: self.ticket >= newest)
-
-
 class MapRelay:
-    """The overlap hand-over, through a generated ``DecodeFutureMap`` or ``EagleFutureMap``.
+    """The overlap hand-over, through a generated ``DecodeFutureMap`` or ``EagleFutureMap``."""
 
-    ``stream`` is the CPU forward stream, if any (Note [Publish watch on a CPU stream]).
-    """
-
-    def __init__(
-        self, future_map: DecodeFutureMap | EagleFutureMap, stream: ThreadStream | None = None
-    ) -> None:
+    def __init__(self, future_map: DecodeFutureMap | EagleFutureMap) -> None:
         self.map = future_map
-        self._watch = _PublishWatch(stream) if stream is not None else None
 
     def resolve_lengths(self, batch: ForwardBatch) -> None:
-        if self._watch is not None:
-            self._watch.wait()
-        # Blocks until the newest forward has published (not until it has finished).
+        # Blocks until the newest forward has published (not until it has finished),
+        # also on a CPU worker stream (Note [Host order of CPU records]).
         self.map.resolve_seq_lens_cpu(batch)
 
     def prepare_inputs(self, batch: ForwardBatch) -> None:
@@ -99,8 +63,6 @@ class MapRelay:
 
     def publish(self, slots: torch.Tensor, new_seq_lens: torch.Tensor) -> None:
         self.map.publish(slots, new_seq_lens)
-        if self._watch is not None and slots.numel():
-            self._watch.published()
 
     def stash(self, slots: torch.Tensor, tokens: torch.Tensor, draft: DraftOutput | None) -> None:
         if isinstance(self.map, EagleFutureMap):
