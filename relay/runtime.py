@@ -15,6 +15,7 @@ from relay.errors import RelayDebugError, RelayError
 
 __all__ = [
     "DebugChecks",
+    "check_rows",
     "Fence",
     "HostMirror",
     "check_dim",
@@ -82,6 +83,20 @@ def lazy_buffer(
             f"pass a tensor of shape (n, {', '.join(map(str, expected))})"
         )
     return new_buffer((pool_size, *row), dtype or first.dtype, first.device, debug)
+
+
+def check_rows(what: str, value: torch.Tensor, indices: torch.Tensor, buf: torch.Tensor) -> None:
+    """A payload must hold one row per index, shaped like the buffer's rows.
+
+    Shapes only, no values: free of device work. Without it, indexing assignment
+    would broadcast a (n, 1) tensor into (n, topk) rows without a word.
+    """
+    expected = (indices.shape[0], *buf.shape[1:])
+    if tuple(value.shape) != expected:
+        raise RelayError(
+            f"{what}: got a tensor of shape {tuple(value.shape)} for {indices.shape[0]} "
+            f"slot(s); expected {expected} (one row per index, rows like the buffer's)"
+        )
 
 
 def never_stashed(owner: str, field: str) -> RelayError:

@@ -346,6 +346,26 @@ def test_lazy_row_rank_mismatch_raises_a_clear_relay_error() -> None:
     assert relay.hidden_states_buf is None
 
 
+def test_narrow_rows_are_refused_instead_of_broadcast() -> None:
+    """A (n, 1) topk_p for topk=4 raises, naming the field, instead of filling every column."""
+    relay = EagleFutureMap("cpu", POOL, topk=TOPK)
+    payload = eagle_payload(2, TOPK)
+    narrow = EaglePayload(bonus_tokens=payload.bonus_tokens, topk_p=torch.ones(2, 1),
+                          topk_index=payload.topk_index)
+    with pytest.raises(RelayError, match=r"EagleFutureMap\.topk_p: got a tensor of shape "
+                       r"\(2, 1\) for 2 slot\(s\); expected \(2, 4\)"):
+        relay.stash(slots(1, 2), narrow)
+
+
+def test_one_token_for_three_slots_is_refused() -> None:
+    """A single token stashed for three slots raises instead of being copied to all three."""
+    relay = DecodeFutureMap("cpu", POOL)
+    with pytest.raises(RelayError, match=r"DecodeFutureMap\.output_tokens: got a tensor of "
+                       r"shape \(1,\) for 3 slot\(s\)"):
+        relay.stash(slots(1, 2, 3), DecodePayload(next_token_ids=torch.tensor([7])))
+    assert relay.output_tokens_buf.tolist() == [0] * POOL
+
+
 _CUSTOM = Schema(
     name="ProbeFutureMap",
     doc="A probe relay with a required lazy field of fixed width.",
