@@ -85,17 +85,32 @@ def lazy_buffer(
     return new_buffer((pool_size, *row), dtype or first.dtype, first.device, debug)
 
 
-def check_rows(what: str, value: torch.Tensor, indices: torch.Tensor, buf: torch.Tensor) -> None:
-    """A payload must hold one row per index, shaped like the buffer's rows.
+def check_rows(
+    what: str,
+    value: torch.Tensor,
+    indices: torch.Tensor,
+    buf: torch.Tensor | None,
+    declared_row: tuple[int | None, ...] = (),
+) -> None:
+    """A payload must hold one row per index, shaped like the buffer's rows (while a
+    lazy buffer does not exist yet: like ``declared_row``, ``None`` matching any size).
 
     Shapes only, no values: free of device work. Without it, indexing assignment
     would broadcast a (n, 1) tensor into (n, topk) rows without a word.
     """
-    expected = (indices.shape[0], *buf.shape[1:])
-    if tuple(value.shape) != expected:
+    got = tuple(value.shape)
+    if buf is not None:
+        expected: tuple[int | str, ...] = (indices.shape[0], *buf.shape[1:])
+        ok = got == expected
+    else:
+        expected = (indices.shape[0], *("?" if d is None else d for d in declared_row))
+        ok = len(got) == len(expected) and got[0] == expected[0] and all(
+            want is None or want == size for want, size in zip(declared_row, got[1:])
+        )
+    if not ok:
         raise RelayError(
-            f"{what}: got a tensor of shape {tuple(value.shape)} for {indices.shape[0]} "
-            f"slot(s); expected {expected} (one row per index, rows like the buffer's)"
+            f"{what}: got a tensor of shape {got} for {indices.shape[0]} slot(s); expected "
+            f"{expected} (one row per index, rows as declared; '?' is any size)"
         )
 
 

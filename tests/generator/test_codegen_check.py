@@ -60,7 +60,7 @@ def test_stale_file(generated: Project, relay_cli: Callable[..., Run]) -> None:
     removed = [line for line in run.out.splitlines() if line.startswith("-") and
                not line.startswith("---")]
     assert removed[-1] == (
-        '-        _rt.guard_non_negative(output_tokens, "DecodeFutureMap.output_tokens")')
+        '-        _rt.guard_non_negative(payload.next_token_ids, "DecodeFutureMap.output_tokens")')
     assert removed[0].startswith("-# schema-hash: sha256:")
 
 
