@@ -358,6 +358,17 @@ def test_narrow_rows_are_refused_instead_of_broadcast() -> None:
         relay.stash(slots(1, 2), narrow)
 
 
+def test_a_refused_stash_writes_no_field() -> None:
+    """When one field of a payload is refused, the fields before it are not written either."""
+    relay = EagleFutureMap("cpu", POOL, topk=TOPK)
+    payload = eagle_payload(2, TOPK, base=5)
+    bad = EaglePayload(bonus_tokens=payload.bonus_tokens, topk_p=payload.topk_p,
+                       topk_index=torch.zeros(2, TOPK + 1, dtype=torch.int64))
+    with pytest.raises(RelayError, match=r"EagleFutureMap\.topk_index"):
+        relay.stash(slots(1, 2), bad)
+    assert not relay.output_tokens_buf.any() and not relay.topk_p_buf.any()
+
+
 def test_one_token_for_three_slots_is_refused() -> None:
     """A single token stashed for three slots raises instead of being copied to all three."""
     relay = DecodeFutureMap("cpu", POOL)
