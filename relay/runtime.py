@@ -98,6 +98,13 @@ def check_rows(
     Shapes only, no values: free of device work. Without it, indexing assignment
     would broadcast a (n, 1) tensor into (n, topk) rows without a word.
     """
+    if (
+        buf is not None
+        and value.dim() > 0
+        and value.shape[0] == indices.shape[0]
+        and value.shape[1:] == buf.shape[1:]
+    ):
+        return  # the common case, kept cheap: it runs on every stash and publish
     got = tuple(value.shape)
     if buf is not None:
         expected: tuple[int | str, ...] = (indices.shape[0], *buf.shape[1:])
