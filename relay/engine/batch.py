@@ -90,6 +90,9 @@ class ForwardBatch:
     max_new_cpu: torch.Tensor
     #: Host maximum of ``seq_lens``: the attention width.
     max_seq_len: int = 0
+    #: Slots whose requests ended since the previous launch, released on the forward
+    #: stream before this batch runs (after every forward that could still read them).
+    released: torch.Tensor | None = None
 
     @classmethod
     def idle(cls, device: torch.device) -> ForwardBatch:

@@ -202,6 +202,7 @@ def _loop(
             if batch is None:
                 batch = ForwardBatch.idle(device)  # another rank has work: join its step
                 idle_steps += 1
+            batch.released = scheduler.take_released()
             out = StepOutput()
             handle = lane.launch(functools.partial(runner.forward, batch, out))
             launched = (batch, out, handle)

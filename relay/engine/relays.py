@@ -43,6 +43,9 @@ class Relay(Protocol):
     def stash(self, slots: torch.Tensor, tokens: torch.Tensor, draft: DraftOutput | None) -> None:
         """Hand this step's tokens (and draft state) to the next forward."""
 
+    def release(self, slots: torch.Tensor) -> None:
+        """The requests of ``slots`` ended (debug maps catch a later stale read)."""
+
 
 class MapRelay:
     """The overlap hand-over, through a generated ``DecodeFutureMap`` or ``EagleFutureMap``."""
@@ -63,6 +66,9 @@ class MapRelay:
 
     def publish(self, slots: torch.Tensor, new_seq_lens: torch.Tensor) -> None:
         self.map.publish(slots, new_seq_lens)
+
+    def release(self, slots: torch.Tensor) -> None:
+        self.map.release(slots)
 
     def stash(self, slots: torch.Tensor, tokens: torch.Tensor, draft: DraftOutput | None) -> None:
         if isinstance(self.map, EagleFutureMap):
@@ -106,6 +112,9 @@ class DirectRelay:
 
     def publish(self, slots: torch.Tensor, new_seq_lens: torch.Tensor) -> None:
         self.seq_lens[slots] = new_seq_lens
+
+    def release(self, slots: torch.Tensor) -> None:
+        pass  # plain tensors: nothing tracks a slot's owner
 
     def stash(self, slots: torch.Tensor, tokens: torch.Tensor, draft: DraftOutput | None) -> None:
         if slots.numel() == 0:

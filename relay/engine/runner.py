@@ -60,6 +60,9 @@ class ModelRunner:
 
     def forward(self, batch: ForwardBatch, out: StepOutput) -> None:
         """Run ``batch`` and fill ``out`` with host copies of its results."""
+        if batch.released is not None:
+            # On the forward stream: after every forward that could still read them.
+            self.relay.release(batch.released)
         if batch.mode is ForwardMode.IDLE:
             self._idle(batch)
         elif batch.mode is ForwardMode.PREFILL:

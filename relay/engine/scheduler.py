@@ -167,6 +167,7 @@ class Scheduler:
         self.finished = 0
         self.clock = 0
         self._free_slots = list(range(config.max_running, 0, -1))  # pop() reuses freed slots first
+        self._released: list[int] = []  # freed, not yet released to the relay
         self.budget = PageBudget(config.kv_pages, config.page_size)
         self._running = _RunningBatch(
             [], torch.empty(0, dtype=torch.int64, device=device),
@@ -377,8 +378,15 @@ class Scheduler:
         req.state = RequestState.FINISHED
         req.finish_reason = reason
         self._free_slots.append(req.slot)
+        self._released.append(req.slot)
         self.budget.release(req)
         self.finished += 1
+
+    def take_released(self) -> torch.Tensor:
+        """Slots freed since the last call, as a device tensor, for the next launch."""
+        released = torch.tensor(self._released, dtype=torch.int64, device=self.device)
+        self._released.clear()
+        return released
 
     def outputs(self) -> dict[int, tuple[int, ...]]:
         """Every request's output tokens, by request id."""

@@ -68,6 +68,37 @@ def test_overlap_matches_sync_eagle() -> None:
     assert overlap.accept_length == sync.accept_length > 1.0
 
 
+def test_freed_slots_are_released_on_the_forward_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Finished requests' slots reach the debug map's release, in the forward after them."""
+    released: list[int] = []
+    original = MapRelay.release
+
+    def spy(self: MapRelay, slots: torch.Tensor) -> None:
+        released.extend(slots.tolist())
+        original(self, slots)
+
+    monkeypatch.setattr(MapRelay, "release", spy)
+    result = run_workload(attrs.evolve(SMALL, overlap=True))
+    # Slots are reused (40 requests, 6 slots), each reuse released first; only the
+    # last requests end after the last launch.
+    assert len(released) >= SMALL.workload.requests - SMALL.scheduler.max_running
+    assert set(released) <= set(range(1, SMALL.scheduler.max_running + 1))
+    assert len(result.outputs) == SMALL.workload.requests
+
+
+def test_a_slot_released_too_early_is_caught_in_debug_mode() -> None:
+    """Releasing on the host, before the in-flight forward that reads the slot, is reported."""
+    relay = MapRelay(DecodeFutureMap("cpu", 4, debug=True))
+    slot = torch.tensor([2])
+    relay.stash(slot, torch.tensor([7]), None)
+    relay.release(slot)  # wrong: the next forward still reads the slot's token
+    batch = ForwardBatch.idle(torch.device("cpu"))
+    batch.req_pool_indices = slot
+    batch.input_ids = -slot
+    with pytest.raises(RuntimeError, match="released and reused"):
+        relay.resolve_future(batch)
+
+
 def test_eagle_reproduces_greedy_decoding() -> None:
     """Greedy verification makes speculative decoding emit plain greedy decoding's tokens."""
     plain = run_workload(attrs.evolve(SMALL, overlap=True))
