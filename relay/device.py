@@ -274,7 +274,7 @@ class Fence:
         """Mark the point the current stream has reached (end of a publish)."""
         policy = self._policy
         stream = policy.current_stream()
-        event = self._get_event()
+        event = self._event if self._event is not None else self._get_event()
         if self._recorded and stream != self._stream:
             # Note [Fence chaining]
             policy.stream_wait(stream, event)
@@ -288,7 +288,7 @@ class Fence:
         """Order the reader after the newest publish, per the device policy."""
         # Wait first: on a CPU worker stream the publish this wait refers to may not
         # have run yet (Note [Host order of CPU records]).
-        self._policy.wait(self._get_event())
+        self._policy.wait(self._event if self._event is not None else self._get_event())
         if self.debug:
             if consumer not in self._fresh:
                 raise RelayDebugError(
