@@ -152,7 +152,6 @@ def _source_exists(path: Path, root: Path) -> bool:
     return (root / source).is_file()
 
 
-def generate_configured(quiet: bool = False) -> GenerateResult:
+def generate_configured() -> GenerateResult:
     """Regenerate what ``[tool.relay]`` names (the bundled maps in this repository)."""
-    progress = None if quiet else (lambda line: print(f"  {line}", flush=True))
-    return run_job(configured_job(), progress)
+    return run_job(configured_job())

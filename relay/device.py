@@ -278,11 +278,12 @@ class Fence:
         if self._recorded and stream != self._stream:
             # Note [Fence chaining]
             policy.stream_wait(stream, event)
+        if self.debug:
+            # Before the record: the record may wake a waiter that checks freshness.
+            self._fresh = set(self._consumers)
         policy.record(event, stream)
         self._stream = stream
         self._recorded = True
-        if self.debug:
-            self._fresh = set(self._consumers)
 
     def wait(self, consumer: str) -> None:
         """Order the reader after the newest publish, per the device policy."""

@@ -47,8 +47,8 @@ class SchemaError(RelayError):
     def __init__(self, issues: list[SchemaIssue], import_failures: list[str] | None = None) -> None:
         self.issues = issues
         self.import_failures = import_failures or []
-        count = f"{len(issues)} problem" + ("s" if len(issues) != 1 else "")
         lines = [*self.import_failures, *(str(i) for i in issues)]
+        count = f"{len(lines)} problem" + ("s" if len(lines) != 1 else "")
         super().__init__(f"invalid schema ({count}):\n" + "\n".join(lines))
 
 

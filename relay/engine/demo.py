@@ -97,7 +97,7 @@ def _generate(skip: bool) -> list[Path]:
         print("   codegen is not installed; using the packaged maps")
         return []
     try:
-        result = generate_configured(quiet=True)
+        result = generate_configured()
     except RelayError as error:
         print(f"   {error}\n   using the packaged maps")
         return []
