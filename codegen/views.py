@@ -132,7 +132,8 @@ def _summary(f: Field) -> str:
         parts.append("optional")
     line = f"``{f.name}``: " + ", ".join(parts)
     if f.target is not None:
-        line += f"; -> ``batch.{f.target}`` ({f.resolve.value})"
+        # Continued on its own line of the class doc string (see the template).
+        line += f";\n      -> ``batch.{f.target}`` ({f.resolve.value})"
     return line
 
 
@@ -204,8 +205,7 @@ def _protocols(schema: Schema) -> tuple[ProtocolView, ...]:
     views.append(
         ProtocolView(
             name=naming.batch_protocol(schema),
-            doc=f"The batch attributes {schema.name} reads and writes; any class that "
-            "has them fits.",
+            doc=f"What {schema.name} reads and writes on a batch; any class with these fits.",
             attributes=tuple(members[()].values()),
         )
     )
