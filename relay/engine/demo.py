@@ -186,7 +186,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"3. run the engine on {base.device}: {w.requests} requests (prompts {w.min_prompt}-"
           f"{w.max_prompt} tokens, output limits {w.min_output}-{w.max_output}, "
           f"{w.arrival_rate:g} arrivals/step), model {args.model} (hidden {m.hidden}, "
-          f"{m.layers} layers, vocab {m.vocab_size}), {base.scheduler.max_running} slots"
+          f"{m.layers} layer{'s' if m.layers != 1 else ''}, vocab {m.vocab_size}), {base.scheduler.max_running} slots"
           + (", debug maps" if base.debug else ""), flush=True)
     modes = ["decode", "eagle"] if args.mode == "both" else [args.mode]
     rows = []
