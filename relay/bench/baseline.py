@@ -98,7 +98,11 @@ class _PublishReady:
 
     def wait(self) -> None:
         if self.event is None:
-            return
+            if not self.is_cpu:
+                return  # nothing was ever enqueued to wait for
+            # On a CPU worker stream the first publish may still be queued: a fresh
+            # event's wait covers it (Note [Host order of CPU records]).
+            self.event = CpuEvent()
         if self.host_wait:
             self.event.synchronize()
         else:
