@@ -7,7 +7,7 @@ render (``views``, ``render``) -> write or check (``writer``).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import attrs
@@ -22,9 +22,6 @@ from relay.schema import SourceLocation
 
 __all__ = ["GenerateResult", "Job", "check_job", "configured_job", "explicit_job",
            "generate_configured", "plan", "run_job"]
-
-Progress = Callable[[str], None]
-
 
 @attrs.frozen
 class Job:
@@ -73,7 +70,7 @@ def explicit_job(schemas: Sequence[Path], out: Path) -> Job:
     return Job(tuple(Path(s) for s in schemas), out, root, command, configured=False)
 
 
-def plan(job: Job, progress: Progress | None = None) -> list[Planned]:
+def plan(job: Job) -> list[Planned]:
     """Load, validate and render every schema of ``job``.
 
     Raises ``SchemaError`` with the issues of all schemas together, or
@@ -103,8 +100,6 @@ def plan(job: Job, progress: Progress | None = None) -> list[Planned]:
         if found:
             issues.extend(found)
             continue
-        if progress is not None:
-            progress(f"rendering {source} -> {_display(out_path, job.root)}")
         try:
             content = render(schema, source=source, command=job.command_for(source))
         except Exception as error:  # a generator bug: say what was being generated
@@ -120,9 +115,9 @@ def plan(job: Job, progress: Progress | None = None) -> list[Planned]:
     return planned
 
 
-def run_job(job: Job, progress: Progress | None = None) -> GenerateResult:
+def run_job(job: Job) -> GenerateResult:
     """Generate ``job``, writing only the files whose bytes changed."""
-    planned = plan(job, progress)
+    planned = plan(job)
     written: list[Path] = []
     unchanged: list[Path] = []
     for item in planned:

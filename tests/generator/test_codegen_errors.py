@@ -6,7 +6,6 @@ import ast
 import sys
 import types
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 import torch

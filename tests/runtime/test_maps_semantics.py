@@ -12,7 +12,7 @@ from relay_runtime_support import Batch, batch_of, eagle_payload, load_generated
 from relay import RelayError
 from relay.maps.decode import DecodeFutureMap, DecodePayload
 from relay.maps.eagle import EagleFutureMap, EaglePayload
-from relay.maps.eagle_confidence import EagleConfidenceFutureMap, EagleConfidencePayload
+from relay.maps.eagle_confidence import EagleConfidenceFutureMap
 from relay.maps.eagle_draft_probs import EagleDraftProbsFutureMap, EagleDraftProbsPayload
 from relay.maps.eagle_dsa import EagleDsaFutureMap, EagleDsaPayload
 from relay.maps.eagle_multilayer import EagleMultiLayerFutureMap
