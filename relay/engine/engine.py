@@ -153,7 +153,7 @@ def run_workload(
         relay = _make_relay(config, pool_size, device)
         runner = ModelRunner(
             model, KVCache(config.model, pool_size, device), relay,
-            spec=config.spec, step_sync=step_sync,
+            spec=config.spec, step_sync=step_sync, kernels_started=lane.kernels_started,
         )
         lookahead = 1 if config.spec is None else config.spec.steps + 1
         scheduler = Scheduler(

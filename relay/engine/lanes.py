@@ -19,6 +19,19 @@ from relay.cpu_stream import ThreadStream
 
 __all__ = ["CudaLane", "InlineLane", "Lane", "ThreadLane", "make_lane"]
 
+
+# Note [Host turns on the CPU lane]
+# A CPU forward has a host-side part, in Python (relay resolve and publish, the
+# collective, the host copies), and its kernels, which run without the GIL (Note
+# [Forwards without the GIL] in relay/engine/model.py). While both threads run
+# Python, each torch op of the forward waits up to a switch interval for the GIL.
+# The moment that collides is the start of step N+1, which the worker begins as
+# soon as N ends, just when the scheduler wakes to process N. So ``wait(N)`` also
+# waits until N+1 has called ``kernels_started`` (or finished): the forward's
+# prologue gets the host alone, and the scheduler's Python runs beside its kernels,
+# as a GPU's kernels run beside the host. On CUDA launches are asynchronous and
+# there is nothing to wait for.
+
 #: ``torch.cuda``'s stream and event constructors are untyped; reach them through Any.
 _cuda: Any = torch.cuda
 
@@ -31,6 +44,10 @@ class Lane(Protocol):
 
     def wait(self, handle: Any) -> None:
         """Block the host until the launch ``handle`` has finished (its host copies too)."""
+
+    def kernels_started(self) -> None:
+        """Called by a forward, on the lane, when the host-side work before its kernels
+        is done (Note [Host turns on the CPU lane])."""
 
     def busy_seconds(self) -> float:
         """Time the lane spent running forwards so far (waits for in-flight ones)."""
@@ -54,6 +71,9 @@ class InlineLane:
     def wait(self, handle: Any) -> None:
         pass
 
+    def kernels_started(self) -> None:
+        pass
+
     def busy_seconds(self) -> float:
         return self._busy
 
@@ -66,6 +86,7 @@ class ThreadLane:
 
     def __init__(self, threads: int | None = None) -> None:
         self.stream = ThreadStream("relay-forward")
+        self._started = 0  # ticket of the newest forward whose kernels started
         if threads is not None:
             # OpenMP's thread count is per calling thread: set it on the worker too,
             # or the forward would use more cores than in the synchronous run.
@@ -77,7 +98,15 @@ class ThreadLane:
     def wait(self, handle: Any) -> None:
         # Not a CpuEvent: an event wait also covers every later launch (Note [Host
         # order of CPU records]), and the next step is already queued behind this one.
-        self.stream.wait_ticket(int(handle), lambda: False)
+        ticket = int(handle)
+        self.stream.wait_ticket(ticket, lambda: False)
+        following = ticket + 1  # Note [Host turns on the CPU lane]
+        if self.stream.submitted >= following:
+            self.stream.wait_ticket(following, lambda: self._started >= following)
+
+    def kernels_started(self) -> None:
+        self._started = self.stream.running_ticket
+        self.stream.notify()
 
     def busy_seconds(self) -> float:
         self.stream.synchronize()
@@ -113,6 +142,9 @@ class CudaLane:
 
     def wait(self, handle: Any) -> None:
         handle.synchronize()
+
+    def kernels_started(self) -> None:
+        pass
 
     def busy_seconds(self) -> float:
         self.stream.synchronize()

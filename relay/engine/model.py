@@ -2,15 +2,20 @@
 
 Weights are drawn from a seeded generator, so every process and every run builds
 the same model. Nothing is trained; see Note [A model with a predictable core].
+Each forward is one call of a TorchScript function (Note [Forwards without the GIL]).
 """
 
 from __future__ import annotations
 
 import math
+import warnings
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import attrs
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 __all__ = ["DraftHead", "KVCache", "ModelConfig", "TargetModel", "VerifyResult"]
 
@@ -36,6 +41,35 @@ __all__ = ["DraftHead", "KVCache", "ModelConfig", "TargetModel", "VerifyResult"]
 # the same in practice. Overlap and sync also run the very same batches (see Note
 # [One schedule for both modes] in relay/engine/scheduler.py), so they match exactly
 # in any dtype.
+
+
+# Note [Forwards without the GIL]
+# On the CPU the "device" is a worker thread. In eager mode every torch op returns
+# to Python and must take the GIL back; while the scheduler thread runs Python, each
+# such hand-back waits for the interpreter's switch interval, so a forward of ~50
+# small ops crawls exactly when it should overlap (measured: a 4 ms forward took
+# 20 ms beside a busy Python thread). The model's forwards are therefore written as
+# TorchScript functions: one call runs all of a forward's ops in the TorchScript
+# interpreter, which holds no GIL, like a GPU running a launched graph. TorchScript
+# is deprecated in recent torch; where it is missing or fails, the same functions run
+# eagerly, with the same results and only the contention back.
+
+
+_Fn = TypeVar("_Fn", bound=Callable[..., Any])
+
+
+def _script(fn: _Fn) -> _Fn:
+    """``fn`` compiled by TorchScript, or ``fn`` itself where TorchScript is unavailable."""
+    script = getattr(torch.jit, "script", None)
+    if script is None:
+        return fn
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # TorchScript's deprecation notice
+            compiled: _Fn = script(fn)
+    except Exception:  # noqa: BLE001 - any compiler failure: run eagerly instead
+        return fn
+    return compiled
 
 
 @attrs.frozen(kw_only=True)
@@ -71,16 +105,185 @@ class ModelConfig:
             raise ValueError(f"eos_token_id {self.eos_token_id} is outside the vocabulary")
 
 
-def _rms_norm(x: torch.Tensor) -> torch.Tensor:
+# -- the forwards, as TorchScript-compatible functions -----------------------------
+# Weights of all layers are stacked on a leading layer dimension: wqkv (layers,
+# hidden, 3 * hidden), wo (layers, hidden, hidden), w_up (layers, hidden, 2 * ffn)
+# holding gate and up (SwiGLU), w_down (layers, ffn, hidden). KV caches are
+# (layers, pool_size, heads, max_context, head_dim).
+
+
+def _rms_norm(x: Tensor) -> Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
 
 
-@attrs.define
-class _Layer:
-    wqkv: torch.Tensor  # (hidden, 3 * hidden)
-    wo: torch.Tensor  # (hidden, hidden)
-    w_up: torch.Tensor  # (hidden, 2 * ffn): gate and up, SwiGLU
-    w_down: torch.Tensor  # (ffn, hidden)
+def _mlp(x: Tensor, w_up: Tensor, w_down: Tensor) -> Tensor:
+    gate, up = (_rms_norm(x) @ w_up).chunk(2, dim=-1)
+    return (F.silu(gate) * up) @ w_down
+
+
+def _qkv(x: Tensor, wqkv: Tensor, heads: int) -> tuple[Tensor, Tensor, Tensor]:
+    """q, k, v of ``x`` (..., hidden), each (..., heads, head_dim)."""
+    qkv = (_rms_norm(x) @ wqkv).unflatten(-1, [3, heads, -1])  # type: ignore[no-untyped-call]
+    q, k, v = qkv.unbind(-3)
+    return q, k, v
+
+
+def _greedy(hidden: Tensor, lm_head_t: Tensor) -> Tensor:
+    return (_rms_norm(hidden) @ lm_head_t).argmax(-1)
+
+
+def _prefill(
+    tokens: Tensor, prompt_lens: Tensor, slots: Tensor, embed: Tensor, pos_embed: Tensor,
+    wqkv: Tensor, wo: Tensor, w_up: Tensor, w_down: Tensor, lm_head_t: Tensor,
+    k_cache: Tensor, v_cache: Tensor,
+) -> tuple[Tensor, Tensor]:
+    m, length = tokens.shape[0], tokens.shape[1]
+    heads = k_cache.shape[2]
+    x = embed[tokens] + pos_embed[:length]
+    for i in range(wqkv.shape[0]):
+        q, k, v = _qkv(x, wqkv[i], heads)  # (m, L, heads, head_dim)
+        k, v = k.transpose(1, 2), v.transpose(1, 2)
+        k_cache[i, slots, :, :length] = k
+        v_cache[i, slots, :, :length] = v
+        # Right padding: causal masking alone keeps real queries off padded keys.
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, is_causal=True)
+        x = x + o.transpose(1, 2).flatten(-2) @ wo[i]
+        x = x + _mlp(x, w_up[i], w_down[i])
+    hidden = x[torch.arange(m, device=x.device), prompt_lens - 1]
+    return hidden, _greedy(hidden, lm_head_t)
+
+
+def _decode(
+    tokens: Tensor, seq_lens: Tensor, max_seq_len: int, slots: Tensor, embed: Tensor,
+    pos_embed: Tensor, wqkv: Tensor, wo: Tensor, w_up: Tensor, w_down: Tensor,
+    lm_head_t: Tensor, k_cache: Tensor, v_cache: Tensor,
+) -> tuple[Tensor, Tensor]:
+    heads = k_cache.shape[2]
+    positions = seq_lens - 1
+    x = embed.index_select(0, tokens) + pos_embed.index_select(0, positions)
+    valid = torch.arange(max_seq_len, device=x.device) < seq_lens[:, None]
+    mask = valid[:, None, None, :]  # (n, 1, 1, L)
+    for i in range(wqkv.shape[0]):
+        q, k, v = _qkv(x, wqkv[i], heads)  # (n, heads, head_dim)
+        k_cache[i, slots, :, positions] = k
+        v_cache[i, slots, :, positions] = v
+        # index_select of a sliced view: a few times faster than advanced indexing.
+        keys = k_cache[i, :, :, :max_seq_len].index_select(0, slots)  # (n, heads, L, hd)
+        values = v_cache[i, :, :, :max_seq_len].index_select(0, slots)
+        o = F.scaled_dot_product_attention(q[:, :, None, :], keys, values, attn_mask=mask)
+        x = x + o.flatten(1) @ wo[i]
+        x = x + _mlp(x, w_up[i], w_down[i])
+    return x, _greedy(x, lm_head_t)
+
+
+def _draft_and_verify(
+    bonus: Tensor, draft_hidden: Tensor, first: Tensor, steps: int, seq_lens: Tensor,
+    max_seq_len: int, slots: Tensor, embed: Tensor, pos_embed: Tensor, draft_w: Tensor,
+    wqkv: Tensor, wo: Tensor, w_up: Tensor, w_down: Tensor, lm_head_t: Tensor,
+    k_cache: Tensor, v_cache: Tensor,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    # The draft: extend each first candidate greedily to ``steps`` tokens.
+    n, topk = first.shape[0], first.shape[1]
+    chain = [first]
+    h = draft_hidden[:, None, :].expand(n, topk, draft_hidden.shape[-1])
+    for _ in range(steps - 1):
+        h = embed[chain[-1]] + _rms_norm(h) @ draft_w
+        chain.append(_greedy(h, lm_head_t))
+    drafts = torch.stack(chain, dim=2)  # (n, topk, steps)
+
+    # Verification: every branch is its own row over the shared cached prefix.
+    heads = k_cache.shape[2]
+    width = steps + 1
+    rows = n * topk
+    prefix = seq_lens - 1  # cached tokens
+    prefix_width = max_seq_len - 1
+    tree = torch.cat([bonus[:, None, None].expand(n, topk, 1), drafts], dim=2)
+    positions = prefix[:, None] + torch.arange(width, device=bonus.device)  # (n, width)
+    x = (embed[tree] + pos_embed[positions][:, None]).reshape(rows, width, -1)
+    prefix_ok = torch.arange(prefix_width, device=x.device) < prefix[:, None]  # (n, P)
+    prefix_ok = prefix_ok.repeat_interleave(topk, dim=0)[:, None, None, :]  # (rows, 1, 1, P)
+    slots_rows = slots.repeat_interleave(topk)  # each branch reads its request's cache
+    causal = torch.ones(width, width, dtype=torch.bool, device=x.device).tril()
+    mask = torch.cat(
+        [prefix_ok.expand(rows, 1, width, prefix_width), causal.expand(rows, 1, width, width)],
+        dim=-1,
+    )
+    branch_k: list[Tensor] = []
+    branch_v: list[Tensor] = []
+    for i in range(wqkv.shape[0]):
+        q, k, v = _qkv(x, wqkv[i], heads)  # (rows, width, heads, head_dim)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        branch_k.append(k)
+        branch_v.append(v)
+        cached_k = k_cache[i, :, :, :prefix_width].index_select(0, slots_rows)
+        cached_v = v_cache[i, :, :, :prefix_width].index_select(0, slots_rows)
+        keys = torch.cat([cached_k, k], dim=2)
+        values = torch.cat([cached_v, v], dim=2)
+        o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+        x = x + o.transpose(1, 2).flatten(-2) @ wo[i]
+        x = x + _mlp(x, w_up[i], w_down[i])
+
+    greedy = _greedy(x, lm_head_t).view(n, topk, width)
+    matched = (drafts == greedy[:, :, :steps]).long().cumprod(dim=2).sum(dim=2)  # (n, topk)
+    best = matched.argmax(dim=1)  # first maximum: deterministic tie-break
+    accept = matched.gather(1, best[:, None]).squeeze(1)
+    rows_best = torch.arange(n, device=x.device) * topk + best
+    tokens = greedy.view(rows, width)[rows_best]
+    hidden = x[rows_best, accept]
+    bonus_next = tokens.gather(1, accept[:, None]).squeeze(1)
+    stacked_k = torch.stack(branch_k)[:, rows_best]  # (layers, n, heads, width, head_dim)
+    stacked_v = torch.stack(branch_v)[:, rows_best]
+    return tokens, accept, bonus_next, hidden, stacked_k, stacked_v
+
+
+def _commit_and_extend(
+    branch_k: Tensor, branch_v: Tensor, seq_lens: Tensor, slots: Tensor, hidden: Tensor,
+    bonus: Tensor, topk: int, embed: Tensor, draft_w: Tensor, lm_head_t: Tensor,
+    k_cache: Tensor, v_cache: Tensor,
+) -> tuple[Tensor, Tensor, Tensor]:
+    # Commit: all ``steps + 1`` positions of the chosen branch; those past the
+    # accepted ones are beyond the new length, masked and later overwritten.
+    width = branch_k.shape[3]
+    positions = (seq_lens - 1)[:, None] + torch.arange(width, device=seq_lens.device)
+    rows = slots[:, None]
+    for i in range(branch_k.shape[0]):
+        # Advanced indices split by a slice: the indexed dims come first.
+        k_cache[i, rows, :, positions] = branch_k[i].transpose(1, 2)
+        v_cache[i, rows, :, positions] = branch_v[i].transpose(1, 2)
+    return _extend(hidden, bonus, topk, embed, draft_w, lm_head_t)
+
+
+def _extend(
+    hidden: Tensor, tokens: Tensor, topk: int, embed: Tensor, draft_w: Tensor, lm_head_t: Tensor,
+) -> tuple[Tensor, Tensor, Tensor]:
+    h = embed[tokens] + _rms_norm(hidden) @ draft_w
+    probs = torch.softmax((_rms_norm(h) @ lm_head_t).float(), dim=-1)
+    topk_p, topk_index = probs.topk(topk, dim=-1)
+    return topk_p, topk_index, h
+
+
+
+@attrs.frozen
+class _Kernels:
+    prefill: Callable[..., tuple[Tensor, Tensor]]
+    decode: Callable[..., tuple[Tensor, Tensor]]
+    draft_and_verify: Callable[..., tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]]
+    commit_and_extend: Callable[..., tuple[Tensor, Tensor, Tensor]]
+    extend: Callable[..., tuple[Tensor, Tensor, Tensor]]
+
+
+_compiled: _Kernels | None = None
+
+
+def _kernels() -> _Kernels:
+    """The forwards, compiled on first use (about a second) and shared by every model."""
+    global _compiled
+    if _compiled is None:
+        _compiled = _Kernels(
+            _script(_prefill), _script(_decode), _script(_draft_and_verify),
+            _script(_commit_and_extend), _script(_extend),
+        )
+    return _compiled
 
 
 class KVCache:
@@ -97,15 +300,6 @@ class KVCache:
         self.k = torch.zeros(shape, dtype=config.dtype, device=device)
         self.v = torch.zeros(shape, dtype=config.dtype, device=device)
 
-    @staticmethod
-    def rows(cache: torch.Tensor, layer: int, slots: torch.Tensor, length: int) -> torch.Tensor:
-        """The first ``length`` positions of ``slots`` in one layer: (n, heads, length, hd).
-
-        Copies only those positions (``index_select`` of whole rows then a slice
-        moves up to ``max_context / length`` times more memory).
-        """
-        return cache[layer, slots, :, :length]
-
 
 @attrs.frozen
 class VerifyResult:
@@ -113,16 +307,16 @@ class VerifyResult:
 
     #: (n, steps + 1): the target's greedy tokens along the chosen branch. The first
     #: ``accept_lens + 1`` of them are this step's output (accepted drafts, then the bonus).
-    tokens: torch.Tensor
+    tokens: Tensor
     #: (n,): drafts accepted, 0..steps.
-    accept_lens: torch.Tensor
+    accept_lens: Tensor
     #: (n,): the bonus token, the next step's input.
-    bonus: torch.Tensor
+    bonus: Tensor
     #: (n, hidden): the target's last hidden state at the last accepted position.
-    hidden: torch.Tensor
+    hidden: Tensor
     #: (layers, n, heads, steps + 1, head_dim) keys and values of the chosen branch.
-    branch_k: torch.Tensor
-    branch_v: torch.Tensor
+    branch_k: Tensor
+    branch_v: Tensor
 
 
 class TargetModel:
@@ -131,173 +325,67 @@ class TargetModel:
     def __init__(self, config: ModelConfig, device: torch.device) -> None:
         config.check()
         self.config = config
+        self.kernels = _kernels()
         gen = torch.Generator().manual_seed(config.seed)
         h, f, v = config.hidden, config.ffn, config.vocab_size
 
-        def normal(*shape: int, std: float) -> torch.Tensor:
-            w = torch.randn(*shape, generator=gen, dtype=torch.float64) * std
-            return w.to(device=device, dtype=config.dtype)
+        def normal(*shape: int, std: float) -> Tensor:
+            return torch.randn(*shape, generator=gen, dtype=torch.float64) * std
 
-        self.embed = normal(v, h, std=1.0)
-        self.pos_embed = normal(config.max_context, h, std=0.1)
-        self.layers = [
-            _Layer(
-                wqkv=normal(h, 3 * h, std=1 / math.sqrt(h)),
-                wo=normal(h, h, std=config.residual_scale / math.sqrt(h)),
-                w_up=normal(h, 2 * f, std=1 / math.sqrt(h)),
-                w_down=normal(f, h, std=config.residual_scale / math.sqrt(f)),
+        def place(w: Tensor) -> Tensor:
+            return w.to(device=device, dtype=config.dtype).contiguous()
+
+        self.embed = place(normal(v, h, std=1.0))
+        self.pos_embed = place(normal(config.max_context, h, std=0.1))
+        layers = [
+            (
+                normal(h, 3 * h, std=1 / math.sqrt(h)),
+                normal(h, h, std=config.residual_scale / math.sqrt(h)),
+                normal(h, 2 * f, std=1 / math.sqrt(h)),
+                normal(f, h, std=config.residual_scale / math.sqrt(f)),
             )
             for _ in range(config.layers)
         ]
+        # Stacked on a leading layer dimension (see the forwards above).
+        self.wqkv, self.wo, self.w_up, self.w_down = (
+            place(torch.stack(ws)) for ws in zip(*layers)
+        )
         lm_head = normal(v, h, std=1.0)
         lm_head[config.eos_token_id] *= config.eos_boost
-        self.lm_head_t = lm_head.t().contiguous()  # (hidden, vocab)
+        self.lm_head_t = place(lm_head.t())  # (hidden, vocab)
         self.device = device
 
-    # -- pieces ------------------------------------------------------------------
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Output-head logits of final hidden states (any leading shape)."""
-        return _rms_norm(hidden) @ self.lm_head_t
-
-    def _qkv(self, layer: _Layer, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """q, k, v of ``x`` (..., hidden), each (..., heads, head_dim)."""
-        c = self.config
-        qkv = _rms_norm(x) @ layer.wqkv
-        return tuple(t.reshape(*t.shape[:-1], c.heads, c.head_dim) for t in qkv.chunk(3, dim=-1))
-
-    def _mlp(self, layer: _Layer, x: torch.Tensor) -> torch.Tensor:
-        gate, up = (_rms_norm(x) @ layer.w_up).chunk(2, dim=-1)
-        return (F.silu(gate) * up) @ layer.w_down
-
-    # -- forwards ----------------------------------------------------------------
-    def prefill(
-        self, tokens: torch.Tensor, prompt_lens: torch.Tensor, slots: torch.Tensor, kv: KVCache
-    ) -> torch.Tensor:
+    def prefill(self, tokens: Tensor, prompt_lens: Tensor, slots: Tensor, kv: KVCache
+                ) -> tuple[Tensor, Tensor]:
         """Run right-padded prompts ``tokens`` (m, L), fill their KV rows from position 0.
 
-        Returns the final hidden state at each prompt's last position, (m, hidden).
-        Padded positions write stale KV entries that later steps overwrite or mask.
+        Returns the final hidden state at each prompt's last position (m, hidden) and
+        the greedy next token (m,). Padded positions write stale KV entries that later
+        steps overwrite or mask.
         """
-        m, length = tokens.shape
-        x = self.embed[tokens] + self.pos_embed[:length]
-        for i, layer in enumerate(self.layers):
-            q, k, v = self._qkv(layer, x)  # (m, L, heads, head_dim)
-            k, v = k.transpose(1, 2), v.transpose(1, 2)
-            kv.k[i, slots, :, :length] = k
-            kv.v[i, slots, :, :length] = v
-            # Right padding: causal masking alone keeps real queries off padded keys.
-            o = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, is_causal=True)
-            x = x + o.transpose(1, 2).flatten(-2) @ layer.wo
-            x = x + self._mlp(layer, x)
-        return x[torch.arange(m, device=x.device), prompt_lens - 1]
+        return self.kernels.prefill(
+            tokens, prompt_lens, slots, self.embed, self.pos_embed, self.wqkv, self.wo,
+            self.w_up, self.w_down, self.lm_head_t, kv.k, kv.v,
+        )
 
-    def decode(
-        self,
-        tokens: torch.Tensor,
-        seq_lens: torch.Tensor,
-        max_seq_len: int,
-        slots: torch.Tensor,
-        kv: KVCache,
-    ) -> torch.Tensor:
-        """One token per request at position ``seq_lens - 1``; returns hidden (n, hidden).
+    def decode(self, tokens: Tensor, seq_lens: Tensor, max_seq_len: int, slots: Tensor,
+               kv: KVCache) -> tuple[Tensor, Tensor]:
+        """One token per request at position ``seq_lens - 1``: hidden (n, hidden), next (n,).
 
         ``max_seq_len`` is the host-side maximum of ``seq_lens`` (the attention width).
         """
-        positions = seq_lens - 1
-        x = self.embed[tokens] + self.pos_embed[positions]
-        valid = torch.arange(max_seq_len, device=x.device) < seq_lens[:, None]
-        mask = valid[:, None, None, :]  # (n, 1, 1, L)
-        for i, layer in enumerate(self.layers):
-            q, k, v = self._qkv(layer, x)  # (n, heads, head_dim)
-            kv.k[i, slots, :, positions] = k
-            kv.v[i, slots, :, positions] = v
-            keys = kv.rows(kv.k, i, slots, max_seq_len)  # (n, heads, L, head_dim)
-            values = kv.rows(kv.v, i, slots, max_seq_len)
-            o = F.scaled_dot_product_attention(q[:, :, None, :], keys, values, attn_mask=mask)
-            x = x + o.flatten(1) @ layer.wo
-            x = x + self._mlp(layer, x)
-        return x
-
-    def verify(
-        self,
-        bonus: torch.Tensor,
-        drafts: torch.Tensor,
-        seq_lens: torch.Tensor,
-        max_seq_len: int,
-        slots: torch.Tensor,
-        kv: KVCache,
-    ) -> VerifyResult:
-        """Greedy verification of ``topk`` draft branches per request.
-
-        ``bonus`` (n,) is the last verified token, at position ``seq_lens - 1`` and not
-        yet in the cache; ``drafts`` (n, topk, steps) follow it. Every branch is scored
-        as its own row over the shared cached prefix. The branch with the longest
-        accepted prefix wins (the first on a tie). Nothing is written to the cache:
-        the caller writes the chosen branch with ``commit``.
-        """
-        n, topk, steps = drafts.shape
-        width = steps + 1
-        rows = n * topk
-        prefix = seq_lens - 1  # cached tokens
-        prefix_width = max_seq_len - 1
-        chain = torch.cat([bonus[:, None, None].expand(n, topk, 1), drafts], dim=2)
-        positions = prefix[:, None] + torch.arange(width, device=bonus.device)  # (n, width)
-        x = (self.embed[chain] + self.pos_embed[positions][:, None]).reshape(rows, width, -1)
-
-        prefix_ok = torch.arange(prefix_width, device=x.device) < prefix[:, None]  # (n, P)
-        prefix_ok = prefix_ok.repeat_interleave(topk, dim=0)[:, None, None, :]  # (rows,1,1,P)
-        causal = torch.ones(width, width, dtype=torch.bool, device=x.device).tril()
-        mask = torch.cat(
-            [prefix_ok.expand(rows, 1, width, prefix_width), causal.expand(rows, 1, width, width)],
-            dim=-1,
+        return self.kernels.decode(
+            tokens, seq_lens, max_seq_len, slots, self.embed, self.pos_embed, self.wqkv,
+            self.wo, self.w_up, self.w_down, self.lm_head_t, kv.k, kv.v,
         )
-        branch_k, branch_v = [], []
-        for i, layer in enumerate(self.layers):
-            q, k, v = self._qkv(layer, x)  # (rows, width, heads, head_dim)
-            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-            branch_k.append(k)
-            branch_v.append(v)
-            cached_k = kv.rows(kv.k, i, slots, prefix_width).repeat_interleave(topk, dim=0)
-            cached_v = kv.rows(kv.v, i, slots, prefix_width).repeat_interleave(topk, dim=0)
-            keys = torch.cat([cached_k, k], dim=2)
-            values = torch.cat([cached_v, v], dim=2)
-            o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
-            x = x + o.transpose(1, 2).flatten(-2) @ layer.wo
-            x = x + self._mlp(layer, x)
-
-        greedy = self.logits(x).argmax(-1).view(n, topk, width)
-        matched = (drafts == greedy[:, :, :steps]).long().cumprod(dim=2).sum(dim=2)  # (n, topk)
-        best = matched.argmax(dim=1)  # first maximum: deterministic tie-break
-        accept = matched.gather(1, best[:, None]).squeeze(1)
-        rows_best = torch.arange(n, device=x.device) * topk + best
-        tokens = greedy.view(rows, width)[rows_best]
-        hidden = x[rows_best, accept]
-        bonus_next = tokens.gather(1, accept[:, None]).squeeze(1)
-        stacked_k = torch.stack(branch_k)[:, rows_best]  # (layers, n, heads, width, hd)
-        stacked_v = torch.stack(branch_v)[:, rows_best]
-        return VerifyResult(tokens, accept, bonus_next, hidden, stacked_k, stacked_v)
-
-    def commit(self, result: VerifyResult, seq_lens: torch.Tensor, slots: torch.Tensor, kv: KVCache) -> None:
-        """Write the chosen branches' keys and values from position ``seq_lens - 1``.
-
-        All ``steps + 1`` positions are written; those past the accepted ones are
-        beyond the new length, so attention masks them and the next step overwrites.
-        """
-        width = result.tokens.shape[1]
-        positions = (seq_lens - 1)[:, None] + torch.arange(width, device=seq_lens.device)
-        rows = slots[:, None]
-        for i in range(self.config.layers):
-            # Advanced indices split by a slice: the indexed dims come first.
-            kv.k[i, rows, :, positions] = result.branch_k[i].transpose(1, 2)
-            kv.v[i, rows, :, positions] = result.branch_v[i].transpose(1, 2)
 
 
 class DraftHead:
     """An EAGLE-style draft head: next hidden from (previous hidden, current token).
 
-    ``step(hidden, token)`` reads the target's hidden state (or its own, further down
-    a draft chain) and the embedding of the token after it, and predicts the hidden
-    state one position on; the target's output head turns it into logits.
+    A draft step reads the target's hidden state (or its own, further down a draft
+    chain) and the embedding of the token after it, and predicts the hidden state one
+    position on; the target's output head turns it into logits.
     """
 
     def __init__(self, target: TargetModel) -> None:
@@ -307,34 +395,39 @@ class DraftHead:
         self.w = (w * (c.draft_scale / math.sqrt(c.hidden))).to(target.device, c.dtype)
         self.target = target
 
-    def step(self, hidden: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        """The draft's hidden state for the position of ``tokens``."""
-        return self.target.embed[tokens] + _rms_norm(hidden) @ self.w
+    def draft_and_verify(
+        self, bonus: Tensor, draft_hidden: Tensor, first: Tensor, steps: int, seq_lens: Tensor,
+        max_seq_len: int, slots: Tensor, kv: KVCache,
+    ) -> VerifyResult:
+        """Draft ``topk`` branches of ``steps`` tokens, then verify them greedily.
 
-    def draft(
-        self, hidden: torch.Tensor, first: torch.Tensor, steps: int
-    ) -> torch.Tensor:
-        """Extend each of the ``topk`` first candidates (n, topk) greedily to ``steps`` tokens.
-
-        ``hidden`` (n, hidden) is the draft state the candidates were drawn from.
-        Returns (n, topk, steps).
+        ``first`` (n, topk) are the branches' first tokens, drawn from the draft state
+        ``draft_hidden`` (n, hidden). ``bonus`` (n,) is the last verified token, at
+        position ``seq_lens - 1`` and not yet in the cache. Every branch is scored as its
+        own row over the shared cached prefix; the one with the longest accepted prefix
+        wins (the first on a tie). Nothing is written to the cache: see
+        ``commit_and_extend``.
         """
-        n, topk = first.shape
-        chain = [first]
-        h = hidden[:, None, :].expand(n, topk, hidden.shape[-1])
-        for _ in range(steps - 1):
-            h = self.step(h, chain[-1])
-            chain.append(self.target.logits(h).argmax(-1))
-        return torch.stack(chain, dim=2)
+        t = self.target
+        return VerifyResult(*t.kernels.draft_and_verify(
+            bonus, draft_hidden, first, steps, seq_lens, max_seq_len, slots, t.embed,
+            t.pos_embed, self.w, t.wqkv, t.wo, t.w_up, t.w_down, t.lm_head_t, kv.k, kv.v,
+        ))
 
-    def extend(
-        self, hidden: torch.Tensor, tokens: torch.Tensor, topk: int
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Draft extension after verification: the next step's first top-k.
+    def commit_and_extend(
+        self, result: VerifyResult, seq_lens: Tensor, slots: Tensor, kv: KVCache, topk: int
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Write the chosen branches to the cache, then draft the next step's top-k.
 
-        Returns ``(topk_p, topk_index, draft_hidden)`` for the positions of ``tokens``.
+        Returns ``(topk_p, topk_index, draft_hidden)`` after each bonus token.
         """
-        h = self.step(hidden, tokens)
-        probs = torch.softmax(self.target.logits(h).float(), dim=-1)
-        topk_p, topk_index = probs.topk(topk, dim=-1)
-        return topk_p, topk_index, h
+        t = self.target
+        return t.kernels.commit_and_extend(
+            result.branch_k, result.branch_v, seq_lens, slots, result.hidden, result.bonus,
+            topk, t.embed, self.w, t.lm_head_t, kv.k, kv.v,
+        )
+
+    def extend(self, hidden: Tensor, tokens: Tensor, topk: int) -> tuple[Tensor, Tensor, Tensor]:
+        """The first draft after a prefill: ``(topk_p, topk_index, draft_hidden)``."""
+        t = self.target
+        return t.kernels.extend(hidden, tokens, topk, t.embed, self.w, t.lm_head_t)

@@ -40,6 +40,8 @@ class ModelRunner:
 
     ``step_sync(n)`` is called by every forward, idle ones included, with the
     number of tokens this rank runs: the data-parallel collective of a shared step.
+    ``kernels_started()`` follows it, when the forward's kernels are about to run
+    (Note [Host turns on the CPU lane] in relay/engine/lanes.py).
     """
 
     def __init__(
@@ -50,6 +52,7 @@ class ModelRunner:
         *,
         spec: SpecConfig | None = None,
         step_sync: Callable[[int], None] | None = None,
+        kernels_started: Callable[[], None] | None = None,
     ) -> None:
         self.model = model
         self.kv = kv
@@ -57,6 +60,7 @@ class ModelRunner:
         self.spec = spec
         self.draft = DraftHead(model) if spec is not None else None
         self.step_sync = step_sync
+        self.kernels_started = kernels_started
 
     def forward(self, batch: ForwardBatch, out: StepOutput) -> None:
         """Run ``batch`` and fill ``out`` with host copies of its results."""
@@ -72,9 +76,12 @@ class ModelRunner:
         else:
             self._verify_and_draft(batch, out, self.spec)
 
-    def _sync(self, tokens: int) -> None:
+    def _start_kernels(self, tokens: int) -> None:
+        """The end of a forward's host-side prologue: the collective, then the kernels."""
         if self.step_sync is not None:
             self.step_sync(tokens)
+        if self.kernels_started is not None:
+            self.kernels_started()
 
     def _draft_extend(self, hidden: torch.Tensor, tokens: torch.Tensor) -> DraftOutput | None:
         if self.draft is None or self.spec is None:
@@ -87,7 +94,7 @@ class ModelRunner:
         empty = batch.req_pool_indices
         self.relay.resolve_future(batch)
         self.relay.publish(empty, empty)
-        self._sync(0)
+        self._start_kernels(0)
         draft = None
         if self.spec is not None:
             h = self.model.config.hidden
@@ -103,9 +110,8 @@ class ModelRunner:
         new_seq_lens = batch.seq_lens + 1
         # Known before the model runs: publish first so the scheduler waits least.
         self.relay.publish(slots, new_seq_lens)
-        self._sync(int(batch.seq_lens_sum))
-        hidden = self.model.prefill(batch.input_ids, batch.seq_lens, slots, self.kv)
-        tokens = self.model.logits(hidden).argmax(-1)
+        self._start_kernels(int(batch.seq_lens_sum))
+        hidden, tokens = self.model.prefill(batch.input_ids, batch.seq_lens, slots, self.kv)
         self.relay.stash(slots, tokens, self._draft_extend(hidden, tokens))
         out.tokens = _to_host(tokens[:, None])
         out.counts = _to_host(torch.ones_like(tokens))
@@ -116,9 +122,10 @@ class ModelRunner:
         self.relay.resolve_future(batch)
         new_seq_lens = batch.seq_lens + 1
         self.relay.publish(slots, new_seq_lens)  # as in _prefill: known up front
-        self._sync(len(batch))
-        hidden = self.model.decode(batch.input_ids, batch.seq_lens, batch.max_seq_len, slots, self.kv)
-        tokens = self.model.logits(hidden).argmax(-1)
+        self._start_kernels(len(batch))
+        _, tokens = self.model.decode(
+            batch.input_ids, batch.seq_lens, batch.max_seq_len, slots, self.kv
+        )
         self.relay.stash(slots, tokens, None)
         out.tokens = _to_host(tokens[:, None])
         out.counts = _to_host(torch.ones_like(tokens))
@@ -130,17 +137,17 @@ class ModelRunner:
         self.relay.resolve_future(batch)
         info = batch.spec_info
         assert info.hidden_states is not None, "speculative decode before any prefill stashed"
-        self._sync(len(batch) * spec.topk * (spec.steps + 1))
-        drafts = self.draft.draft(info.hidden_states, info.topk_index, spec.steps)
-        result = self.model.verify(
-            batch.input_ids, drafts, batch.seq_lens, batch.max_seq_len, slots, self.kv
+        self._start_kernels(len(batch) * spec.topk * (spec.steps + 1))
+        result = self.draft.draft_and_verify(
+            batch.input_ids, info.hidden_states, info.topk_index, spec.steps, batch.seq_lens,
+            batch.max_seq_len, slots, self.kv,
         )
         new_seq_lens = batch.seq_lens + result.accept_lens + 1
         # on_publish: mid-forward, before the cache commit and the draft extension,
         # which overlap the scheduler's wait-free part of the next batch.
         self.on_publish(slots, new_seq_lens)
-        self.model.commit(result, batch.seq_lens, slots, self.kv)
-        self.relay.stash(slots, result.bonus, self._draft_extend(result.hidden, result.bonus))
+        draft = self.draft.commit_and_extend(result, batch.seq_lens, slots, self.kv, spec.topk)
+        self.relay.stash(slots, result.bonus, draft)
         out.tokens = _to_host(result.tokens)
         out.counts = _to_host(result.accept_lens + 1)
         out.new_seq_lens = _to_host(new_seq_lens)
