@@ -155,6 +155,7 @@ def run_workload(
             model, KVCache(config.model, pool_size, device), relay,
             spec=config.spec, step_sync=step_sync, kernels_started=lane.kernels_started,
         )
+        runner.warm_up()
         lookahead = 1 if config.spec is None else config.spec.steps + 1
         scheduler = Scheduler(
             specs, config.scheduler, device=device,

@@ -123,3 +123,26 @@ def test_wait_does_not_hang_on_a_forward_without_kernels() -> None:
         lane.wait(last)  # nothing queued behind it: returns at once
     finally:
         lane.close()
+
+
+@pytest.mark.parametrize("speculative", [False, True], ids=["decode", "eagle"])
+def test_warm_up_touches_only_the_scratch_slot(speculative: bool) -> None:
+    """Warming the forwards up writes slot 0's cache rows and nothing a request owns."""
+    from relay.engine.relays import MapRelay
+    from relay.engine.runner import ModelRunner, SpecConfig
+    from relay.maps.eagle import EagleFutureMap
+
+    cpu = torch.device("cpu")
+    spec = SpecConfig(steps=3, topk=2) if speculative else None
+    kv = KVCache(CONFIG, POOL, cpu)
+    kv.k.fill_(7.0)
+    kv.v.fill_(7.0)
+    future_map = EagleFutureMap(cpu, POOL, topk=2, debug=True)
+    before = {k: v.clone() for k, v in vars(future_map).items() if isinstance(v, torch.Tensor)}
+    runner = ModelRunner(TargetModel(CONFIG, cpu), kv, MapRelay(future_map), spec=spec)
+    runner.warm_up()
+    assert bool((kv.k[:, 1:] == 7.0).all()) and bool((kv.v[:, 1:] == 7.0).all())
+    assert not bool((kv.k[:, 0] == 7.0).all())  # the scratch rows were used
+    for name, value in before.items():
+        torch.testing.assert_close(getattr(future_map, name), value, rtol=0, atol=0,
+                                   equal_nan=True, msg=name)
