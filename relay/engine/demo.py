@@ -29,6 +29,10 @@ __all__ = ["MODEL_PRESETS", "add_arguments", "config_from_args", "run"]
 
 #: Model sizes by name. ``small`` is the default and is sized for a 2-core CPU.
 MODEL_PRESETS: dict[str, ModelConfig] = {
+    # A forward so light that the scheduler is a large share of a step, as for a small
+    # model on a GPU: with many slots it shows what overlap hides (docs/engine.md).
+    "micro": ModelConfig(vocab_size=1024, hidden=32, layers=1, heads=2, ffn=64, max_context=160,
+                         eos_boost=1.4),
     "tiny": ModelConfig(vocab_size=1024, hidden=64, layers=1, heads=2, ffn=128, max_context=128),
     "small": ModelConfig(),
     "base": ModelConfig(vocab_size=16384, hidden=1024, layers=4, heads=8, ffn=2816,
@@ -49,7 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--requests", type=int, default=WorkloadConfig().requests,
                         help="number of requests (default: %(default)s)")
     parser.add_argument("--max-running", type=int, default=SchedulerConfig().max_running,
-                        help="request-pool slots (default: %(default)s)")
+                        help="request-pool slots; the KV budget grows to hold a full context "
+                             "in each (default: %(default)s)")
     parser.add_argument("--arrival-rate", type=float, default=WorkloadConfig().arrival_rate,
                         help="mean arrivals per scheduler step (default: %(default)s)")
     parser.add_argument("--spec-steps", type=int, default=SpecConfig().steps,
@@ -78,11 +83,19 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         model=model,
         workload=attrs.evolve(WorkloadConfig(), requests=args.requests,
                               arrival_rate=args.arrival_rate, seed=args.seed),
-        scheduler=attrs.evolve(SchedulerConfig(), max_running=args.max_running),
+        scheduler=_scheduler_for(args.max_running, model.max_context),
         device=device,
         debug=args.debug,
         cpu_threads=args.threads,
     )
+
+
+def _scheduler_for(max_running: int, max_context: int) -> SchedulerConfig:
+    """The default scheduler with ``max_running`` slots and a KV budget that holds them."""
+    default = SchedulerConfig()
+    pages_per_slot = -(-max_context // default.page_size)
+    return attrs.evolve(default, max_running=max_running,
+                        kv_pages=max(default.kv_pages, max_running * pages_per_slot))
 
 
 def _generate(skip: bool) -> list[Path]:

@@ -2,22 +2,21 @@
 
 Weights are drawn from a seeded generator, so every process and every run builds
 the same model. Nothing is trained; see Note [A model with a predictable core].
-Each forward is one call of a TorchScript function (Note [Forwards without the GIL]).
+Each forward is one call into a TorchScript module (Note [Forwards without the GIL]).
 """
 
 from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import attrs
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["DraftHead", "KVCache", "ModelConfig", "TargetModel", "VerifyResult"]
+__all__ = ["DraftHead", "Forwards", "KVCache", "ModelConfig", "TargetModel", "VerifyResult"]
 
 
 # Note [A model with a predictable core]
@@ -47,28 +46,38 @@ __all__ = ["DraftHead", "KVCache", "ModelConfig", "TargetModel", "VerifyResult"]
 # On the CPU the "device" is a worker thread. In eager mode every torch op returns
 # to Python and must take the GIL back; while the scheduler thread runs Python, each
 # such hand-back waits for the interpreter's switch interval, so a forward of ~50
-# small ops crawls exactly when it should overlap (measured: a 4 ms forward took
-# 20 ms beside a busy Python thread). The model's forwards are therefore written as
-# TorchScript functions: one call runs all of a forward's ops in the TorchScript
-# interpreter, which holds no GIL, like a GPU running a launched graph. TorchScript
-# is deprecated in recent torch; where it is missing or fails, the same functions run
-# eagerly, with the same results and only the contention back.
+# small ops crawls exactly when it should overlap (measured: a 40-op, 6 ms forward
+# took 590 ms beside a busy Python thread at Python's default 5 ms interval, and
+# 21 ms compiled). The forwards are therefore methods of one
+# TorchScript module: a call runs all of a forward's ops in the TorchScript
+# interpreter, which holds no GIL, like a GPU running a launched graph.
+#
+# One more detail keeps the interpreter off the GIL. A tensor that Python can see
+# takes the GIL whenever C++ drops its second-to-last reference to it (its Python
+# object changes owner). A tensor passed as an argument is dropped mid-call, after
+# its last use, so each argument cost one GIL hand-over (measured: 10 for 10 tensor
+# arguments, against 1 when they sit in a module attribute). So the module holds the
+# weights and caches as attributes, and each call's own tensors go in through the
+# ``args`` attribute, which ``Forwards`` clears only after the call returns.
+#
+# TorchScript is deprecated in recent torch; where it is missing or fails, the same
+# module runs eagerly, with the same results and only the contention back.
 
 
-_Fn = TypeVar("_Fn", bound=Callable[..., Any])
+_Module = TypeVar("_Module", bound=torch.nn.Module)
 
 
-def _script(fn: _Fn) -> _Fn:
-    """``fn`` compiled by TorchScript, or ``fn`` itself where TorchScript is unavailable."""
+def _script(module: _Module) -> _Module:
+    """``module`` compiled by TorchScript, or ``module`` itself where TorchScript is unavailable."""
     script = getattr(torch.jit, "script", None)
     if script is None:
-        return fn
+        return module
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # TorchScript's deprecation notice
-            compiled: _Fn = script(fn)
+            compiled: _Module = script(module)
     except Exception:  # noqa: BLE001 - any compiler failure: run eagerly instead
-        return fn
+        return module
     return compiled
 
 
@@ -105,7 +114,7 @@ class ModelConfig:
             raise ValueError(f"eos_token_id {self.eos_token_id} is outside the vocabulary")
 
 
-# -- the forwards, as TorchScript-compatible functions -----------------------------
+# -- the forwards, in TorchScript's subset of Python ---------------------------------
 # Weights of all layers are stacked on a leading layer dimension: wqkv (layers,
 # hidden, 3 * hidden), wo (layers, hidden, hidden), w_up (layers, hidden, 2 * ffn)
 # holding gate and up (SwiGLU), w_down (layers, ffn, hidden). KV caches are
@@ -128,162 +137,191 @@ def _qkv(x: Tensor, wqkv: Tensor, heads: int) -> tuple[Tensor, Tensor, Tensor]:
     return q, k, v
 
 
-def _greedy(hidden: Tensor, lm_head_t: Tensor) -> Tensor:
-    return (_rms_norm(hidden) @ lm_head_t).argmax(-1)
+# Note [Verifying over a shared prefix]
+# The ``topk`` branches of a request share its cached prefix. Attending each branch
+# as its own row would copy the prefix's keys and values once per branch (and once
+# more to append the branch's own); instead the scores against the prefix are taken
+# for all of a request's branch tokens at once, from one gathered copy, and joined
+# with each branch's scores against its own tokens in a single softmax. It is the
+# same attention, in float64 equal to the per-branch form to rounding.
 
 
-def _prefill(
-    tokens: Tensor, prompt_lens: Tensor, slots: Tensor, embed: Tensor, pos_embed: Tensor,
-    wqkv: Tensor, wo: Tensor, w_up: Tensor, w_down: Tensor, lm_head_t: Tensor,
-    k_cache: Tensor, v_cache: Tensor,
-) -> tuple[Tensor, Tensor]:
-    m, length = tokens.shape[0], tokens.shape[1]
-    heads = k_cache.shape[2]
-    x = embed[tokens] + pos_embed[:length]
-    for i in range(wqkv.shape[0]):
-        q, k, v = _qkv(x, wqkv[i], heads)  # (m, L, heads, head_dim)
-        k, v = k.transpose(1, 2), v.transpose(1, 2)
-        k_cache[i, slots, :, :length] = k
-        v_cache[i, slots, :, :length] = v
-        # Right padding: causal masking alone keeps real queries off padded keys.
-        o = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, is_causal=True)
-        x = x + o.transpose(1, 2).flatten(-2) @ wo[i]
-        x = x + _mlp(x, w_up[i], w_down[i])
-    hidden = x[torch.arange(m, device=x.device), prompt_lens - 1]
-    return hidden, _greedy(hidden, lm_head_t)
+def _tree_attention(
+    q: Tensor, k: Tensor, v: Tensor, prefix_k: Tensor, prefix_v: Tensor,
+    prefix_ok: Tensor, causal: Tensor,
+) -> Tensor:
+    """Attention of branch tokens over their request's prefix and their own branch.
+
+    ``q`` (rows, width, heads, hd) with rows = n * topk; ``k``, ``v`` (rows, heads,
+    width, hd); ``prefix_k``, ``prefix_v`` (n, heads, P, hd); ``prefix_ok`` (n, P);
+    ``causal`` (width, width). Returns (rows, width, heads * hd).
+    """
+    rows, width, heads, hd = q.shape[0], q.shape[1], q.shape[2], q.shape[3]
+    n = prefix_k.shape[0]
+    topk = rows // n
+    scale = 1.0 / math.sqrt(hd)
+    # (n, heads, topk * width, hd): every branch token of a request, against its prefix.
+    q_req = q.view(n, topk, width, heads, hd).permute(0, 3, 1, 2, 4).reshape(n, heads, -1, hd)
+    s_prefix = (q_req @ prefix_k.transpose(-1, -2)) * scale  # (n, heads, topk*width, P)
+    s_prefix = s_prefix.masked_fill(~prefix_ok[:, None, None, :], float("-inf"))
+    q_row = q.transpose(1, 2)  # (rows, heads, width, hd)
+    s_branch = (q_row @ k.transpose(-1, -2)) * scale  # (rows, heads, width, width)
+    s_branch = s_branch.masked_fill(~causal, float("-inf"))
+    # One softmax over [prefix | branch] per query, in the per-request layout.
+    s_branch = s_branch.view(n, topk, heads, width, width).transpose(1, 2)
+    s_branch = s_branch.reshape(n, heads, topk * width, width)
+    p = torch.softmax(torch.cat([s_prefix, s_branch], dim=-1), dim=-1)
+    prefix_width = prefix_k.shape[2]
+    p_prefix, p_branch = p[..., :prefix_width], p[..., prefix_width:]
+    out = p_prefix @ prefix_v  # (n, heads, topk * width, hd)
+    p_branch = p_branch.view(n, heads, topk, width, width).transpose(1, 2)
+    out_branch = p_branch.reshape(rows, heads, width, width) @ v  # (rows, heads, width, hd)
+    out = out.view(n, heads, topk, width, hd).transpose(1, 2).reshape(rows, heads, width, hd)
+    joined: Tensor = (out + out_branch).transpose(1, 2).reshape(rows, width, heads * hd)
+    return joined
 
 
-def _decode(
-    tokens: Tensor, seq_lens: Tensor, max_seq_len: int, slots: Tensor, embed: Tensor,
-    pos_embed: Tensor, wqkv: Tensor, wo: Tensor, w_up: Tensor, w_down: Tensor,
-    lm_head_t: Tensor, k_cache: Tensor, v_cache: Tensor,
-) -> tuple[Tensor, Tensor]:
-    heads = k_cache.shape[2]
-    positions = seq_lens - 1
-    x = embed.index_select(0, tokens) + pos_embed.index_select(0, positions)
-    valid = torch.arange(max_seq_len, device=x.device) < seq_lens[:, None]
-    mask = valid[:, None, None, :]  # (n, 1, 1, L)
-    for i in range(wqkv.shape[0]):
-        q, k, v = _qkv(x, wqkv[i], heads)  # (n, heads, head_dim)
-        k_cache[i, slots, :, positions] = k
-        v_cache[i, slots, :, positions] = v
-        # index_select of a sliced view: a few times faster than advanced indexing.
-        keys = k_cache[i, :, :, :max_seq_len].index_select(0, slots)  # (n, heads, L, hd)
-        values = v_cache[i, :, :, :max_seq_len].index_select(0, slots)
-        o = F.scaled_dot_product_attention(q[:, :, None, :], keys, values, attn_mask=mask)
-        x = x + o.flatten(1) @ wo[i]
-        x = x + _mlp(x, w_up[i], w_down[i])
-    return x, _greedy(x, lm_head_t)
+class _Program(torch.nn.Module):
+    """The forwards over one model's weights, draft head and KV cache.
 
+    Each method reads its tensors from ``args`` (Note [Forwards without the GIL]).
+    """
 
-def _draft_and_verify(
-    bonus: Tensor, draft_hidden: Tensor, first: Tensor, steps: int, seq_lens: Tensor,
-    max_seq_len: int, slots: Tensor, embed: Tensor, pos_embed: Tensor, draft_w: Tensor,
-    wqkv: Tensor, wo: Tensor, w_up: Tensor, w_down: Tensor, lm_head_t: Tensor,
-    k_cache: Tensor, v_cache: Tensor,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    # The draft: extend each first candidate greedily to ``steps`` tokens.
-    n, topk = first.shape[0], first.shape[1]
-    chain = [first]
-    h = draft_hidden[:, None, :].expand(n, topk, draft_hidden.shape[-1])
-    for _ in range(steps - 1):
-        h = embed[chain[-1]] + _rms_norm(h) @ draft_w
-        chain.append(_greedy(h, lm_head_t))
-    drafts = torch.stack(chain, dim=2)  # (n, topk, steps)
+    def __init__(self, target: TargetModel, kv: KVCache, draft_w: Tensor) -> None:
+        super().__init__()
+        self.embed = target.embed
+        self.pos_embed = target.pos_embed
+        self.wqkv = target.wqkv
+        self.wo = target.wo
+        self.w_up = target.w_up
+        self.w_down = target.w_down
+        self.lm_head_t = target.lm_head_t
+        self.draft_w = draft_w
+        self.k_cache = kv.k
+        self.v_cache = kv.v
+        self.heads = target.config.heads
+        # Not empty: TorchScript infers the attribute's type, List[Tensor], from it.
+        self.args: list[Tensor] = [self.embed]
 
-    # Verification: every branch is its own row over the shared cached prefix.
-    heads = k_cache.shape[2]
-    width = steps + 1
-    rows = n * topk
-    prefix = seq_lens - 1  # cached tokens
-    prefix_width = max_seq_len - 1
-    tree = torch.cat([bonus[:, None, None].expand(n, topk, 1), drafts], dim=2)
-    positions = prefix[:, None] + torch.arange(width, device=bonus.device)  # (n, width)
-    x = (embed[tree] + pos_embed[positions][:, None]).reshape(rows, width, -1)
-    prefix_ok = torch.arange(prefix_width, device=x.device) < prefix[:, None]  # (n, P)
-    prefix_ok = prefix_ok.repeat_interleave(topk, dim=0)[:, None, None, :]  # (rows, 1, 1, P)
-    slots_rows = slots.repeat_interleave(topk)  # each branch reads its request's cache
-    causal = torch.ones(width, width, dtype=torch.bool, device=x.device).tril()
-    mask = torch.cat(
-        [prefix_ok.expand(rows, 1, width, prefix_width), causal.expand(rows, 1, width, width)],
-        dim=-1,
-    )
-    branch_k: list[Tensor] = []
-    branch_v: list[Tensor] = []
-    for i in range(wqkv.shape[0]):
-        q, k, v = _qkv(x, wqkv[i], heads)  # (rows, width, heads, head_dim)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        branch_k.append(k)
-        branch_v.append(v)
-        cached_k = k_cache[i, :, :, :prefix_width].index_select(0, slots_rows)
-        cached_v = v_cache[i, :, :, :prefix_width].index_select(0, slots_rows)
-        keys = torch.cat([cached_k, k], dim=2)
-        values = torch.cat([cached_v, v], dim=2)
-        o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
-        x = x + o.transpose(1, 2).flatten(-2) @ wo[i]
-        x = x + _mlp(x, w_up[i], w_down[i])
+    def _greedy(self, hidden: Tensor) -> Tensor:
+        return (_rms_norm(hidden) @ self.lm_head_t).argmax(-1)
 
-    greedy = _greedy(x, lm_head_t).view(n, topk, width)
-    matched = (drafts == greedy[:, :, :steps]).long().cumprod(dim=2).sum(dim=2)  # (n, topk)
-    best = matched.argmax(dim=1)  # first maximum: deterministic tie-break
-    accept = matched.gather(1, best[:, None]).squeeze(1)
-    rows_best = torch.arange(n, device=x.device) * topk + best
-    tokens = greedy.view(rows, width)[rows_best]
-    hidden = x[rows_best, accept]
-    bonus_next = tokens.gather(1, accept[:, None]).squeeze(1)
-    stacked_k = torch.stack(branch_k)[:, rows_best]  # (layers, n, heads, width, head_dim)
-    stacked_v = torch.stack(branch_v)[:, rows_best]
-    return tokens, accept, bonus_next, hidden, stacked_k, stacked_v
+    def _draft_step(self, hidden: Tensor, tokens: Tensor) -> Tensor:
+        """The draft head's hidden state for the positions of ``tokens``."""
+        return self.embed[tokens] + _rms_norm(hidden) @ self.draft_w
 
+    @torch.jit.export
+    def prefill(self) -> tuple[Tensor, Tensor]:
+        tokens, prompt_lens, slots = self.args[0], self.args[1], self.args[2]
+        m, length = tokens.shape[0], tokens.shape[1]
+        x = self.embed[tokens] + self.pos_embed[:length]
+        for i in range(self.wqkv.shape[0]):
+            q, k, v = _qkv(x, self.wqkv[i], self.heads)  # (m, L, heads, head_dim)
+            k, v = k.transpose(1, 2), v.transpose(1, 2)
+            self.k_cache[i, slots, :, :length] = k
+            self.v_cache[i, slots, :, :length] = v
+            # Right padding: causal masking alone keeps real queries off padded keys.
+            o = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, is_causal=True)
+            x = x + o.transpose(1, 2).flatten(-2) @ self.wo[i]
+            x = x + _mlp(x, self.w_up[i], self.w_down[i])
+        hidden = x[torch.arange(m, device=x.device), prompt_lens - 1]
+        return hidden, self._greedy(hidden)
 
-def _commit_and_extend(
-    branch_k: Tensor, branch_v: Tensor, seq_lens: Tensor, slots: Tensor, hidden: Tensor,
-    bonus: Tensor, topk: int, embed: Tensor, draft_w: Tensor, lm_head_t: Tensor,
-    k_cache: Tensor, v_cache: Tensor,
-) -> tuple[Tensor, Tensor, Tensor]:
-    # Commit: all ``steps + 1`` positions of the chosen branch; those past the
-    # accepted ones are beyond the new length, masked and later overwritten.
-    width = branch_k.shape[3]
-    positions = (seq_lens - 1)[:, None] + torch.arange(width, device=seq_lens.device)
-    rows = slots[:, None]
-    for i in range(branch_k.shape[0]):
-        # Advanced indices split by a slice: the indexed dims come first.
-        k_cache[i, rows, :, positions] = branch_k[i].transpose(1, 2)
-        v_cache[i, rows, :, positions] = branch_v[i].transpose(1, 2)
-    return _extend(hidden, bonus, topk, embed, draft_w, lm_head_t)
+    @torch.jit.export
+    def decode(self, max_seq_len: int) -> tuple[Tensor, Tensor]:
+        tokens, seq_lens, slots = self.args[0], self.args[1], self.args[2]
+        positions = seq_lens - 1
+        x = self.embed.index_select(0, tokens) + self.pos_embed.index_select(0, positions)
+        valid = torch.arange(max_seq_len, device=x.device) < seq_lens[:, None]
+        mask = valid[:, None, None, :]  # (n, 1, 1, L)
+        for i in range(self.wqkv.shape[0]):
+            q, k, v = _qkv(x, self.wqkv[i], self.heads)  # (n, heads, head_dim)
+            self.k_cache[i, slots, :, positions] = k
+            self.v_cache[i, slots, :, positions] = v
+            # index_select of a sliced view: a few times faster than advanced indexing.
+            keys = self.k_cache[i, :, :, :max_seq_len].index_select(0, slots)  # (n, heads, L, hd)
+            values = self.v_cache[i, :, :, :max_seq_len].index_select(0, slots)
+            o = F.scaled_dot_product_attention(q[:, :, None, :], keys, values, attn_mask=mask)
+            x = x + o.flatten(1) @ self.wo[i]
+            x = x + _mlp(x, self.w_up[i], self.w_down[i])
+        return x, self._greedy(x)
 
+    @torch.jit.export
+    def draft_and_verify(
+        self, steps: int, max_seq_len: int
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+        bonus, draft_hidden, first = self.args[0], self.args[1], self.args[2]
+        seq_lens, slots = self.args[3], self.args[4]
+        # The draft: extend each first candidate greedily to ``steps`` tokens.
+        n, topk = first.shape[0], first.shape[1]
+        chain = [first]
+        h = draft_hidden[:, None, :].expand(n, topk, draft_hidden.shape[-1])
+        for _ in range(steps - 1):
+            h = self._draft_step(h, chain[-1])
+            chain.append(self._greedy(h))
+        drafts = torch.stack(chain, dim=2)  # (n, topk, steps)
 
-def _extend(
-    hidden: Tensor, tokens: Tensor, topk: int, embed: Tensor, draft_w: Tensor, lm_head_t: Tensor,
-) -> tuple[Tensor, Tensor, Tensor]:
-    h = embed[tokens] + _rms_norm(hidden) @ draft_w
-    probs = torch.softmax((_rms_norm(h) @ lm_head_t).float(), dim=-1)
-    topk_p, topk_index = probs.topk(topk, dim=-1)
-    return topk_p, topk_index, h
+        # Verification: each branch is a row of ``width`` tokens after the request's
+        # cached prefix, which all its branches share (Note [Verifying over a shared prefix]).
+        width = steps + 1
+        rows = n * topk
+        prefix = seq_lens - 1  # cached tokens
+        prefix_width = max_seq_len - 1
+        tree = torch.cat([bonus[:, None, None].expand(n, topk, 1), drafts], dim=2)
+        positions = prefix[:, None] + torch.arange(width, device=bonus.device)  # (n, width)
+        x = (self.embed[tree] + self.pos_embed[positions][:, None]).reshape(rows, width, -1)
+        prefix_ok = torch.arange(prefix_width, device=x.device) < prefix[:, None]  # (n, P)
+        causal = torch.ones(width, width, dtype=torch.bool, device=x.device).tril()
+        branch_k: list[Tensor] = []
+        branch_v: list[Tensor] = []
+        for i in range(self.wqkv.shape[0]):
+            q, k, v = _qkv(x, self.wqkv[i], self.heads)  # (rows, width, heads, head_dim)
+            k, v = k.transpose(1, 2), v.transpose(1, 2)  # (rows, heads, width, head_dim)
+            branch_k.append(k)
+            branch_v.append(v)
+            o = _tree_attention(
+                q, k, v, self.k_cache[i, :, :, :prefix_width].index_select(0, slots),
+                self.v_cache[i, :, :, :prefix_width].index_select(0, slots), prefix_ok, causal,
+            )
+            x = x + o @ self.wo[i]
+            x = x + _mlp(x, self.w_up[i], self.w_down[i])
 
+        greedy = self._greedy(x).view(n, topk, width)
+        matched = (drafts == greedy[:, :, :steps]).long().cumprod(dim=2).sum(dim=2)  # (n, topk)
+        best = matched.argmax(dim=1)  # first maximum: deterministic tie-break
+        accept = matched.gather(1, best[:, None]).squeeze(1)
+        rows_best = torch.arange(n, device=x.device) * topk + best
+        tokens = greedy.view(rows, width)[rows_best]
+        hidden = x[rows_best, accept]
+        bonus_next = tokens.gather(1, accept[:, None]).squeeze(1)
+        stacked_k = torch.stack(branch_k)[:, rows_best]  # (layers, n, heads, width, head_dim)
+        stacked_v = torch.stack(branch_v)[:, rows_best]
+        return tokens, accept, bonus_next, hidden, stacked_k, stacked_v
 
+    @torch.jit.export
+    def commit_and_extend(self, topk: int) -> tuple[Tensor, Tensor, Tensor]:
+        branch_k, branch_v, seq_lens = self.args[0], self.args[1], self.args[2]
+        slots, hidden, bonus = self.args[3], self.args[4], self.args[5]
+        # Commit: all ``steps + 1`` positions of the chosen branch; those past the
+        # accepted ones are beyond the new length, masked and later overwritten.
+        width = branch_k.shape[3]
+        positions = (seq_lens - 1)[:, None] + torch.arange(width, device=seq_lens.device)
+        rows = slots[:, None]
+        for i in range(branch_k.shape[0]):
+            # Advanced indices split by a slice: the indexed dims come first.
+            self.k_cache[i, rows, :, positions] = branch_k[i].transpose(1, 2)
+            self.v_cache[i, rows, :, positions] = branch_v[i].transpose(1, 2)
+        return self._extend(hidden, bonus, topk)
 
-@attrs.frozen
-class _Kernels:
-    prefill: Callable[..., tuple[Tensor, Tensor]]
-    decode: Callable[..., tuple[Tensor, Tensor]]
-    draft_and_verify: Callable[..., tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]]
-    commit_and_extend: Callable[..., tuple[Tensor, Tensor, Tensor]]
-    extend: Callable[..., tuple[Tensor, Tensor, Tensor]]
+    @torch.jit.export
+    def extend(self, topk: int) -> tuple[Tensor, Tensor, Tensor]:
+        return self._extend(self.args[0], self.args[1], topk)
 
-
-_compiled: _Kernels | None = None
-
-
-def _kernels() -> _Kernels:
-    """The forwards, compiled on first use (about a second) and shared by every model."""
-    global _compiled
-    if _compiled is None:
-        _compiled = _Kernels(
-            _script(_prefill), _script(_decode), _script(_draft_and_verify),
-            _script(_commit_and_extend), _script(_extend),
-        )
-    return _compiled
+    def _extend(self, hidden: Tensor, tokens: Tensor, topk: int) -> tuple[Tensor, Tensor, Tensor]:
+        h = self._draft_step(hidden, tokens)
+        probs = torch.softmax((_rms_norm(h) @ self.lm_head_t).float(), dim=-1)
+        topk_p, topk_index = probs.topk(topk, dim=-1)
+        return topk_p, topk_index, h
 
 
 class KVCache:
@@ -320,12 +358,11 @@ class VerifyResult:
 
 
 class TargetModel:
-    """The target model: embeddings, pre-norm attention + SwiGLU layers, output head."""
+    """The target model's weights: embeddings, pre-norm attention + SwiGLU layers, output head."""
 
     def __init__(self, config: ModelConfig, device: torch.device) -> None:
         config.check()
         self.config = config
-        self.kernels = _kernels()
         gen = torch.Generator().manual_seed(config.seed)
         h, f, v = config.hidden, config.ffn, config.vocab_size
 
@@ -355,30 +392,6 @@ class TargetModel:
         self.lm_head_t = place(lm_head.t())  # (hidden, vocab)
         self.device = device
 
-    def prefill(self, tokens: Tensor, prompt_lens: Tensor, slots: Tensor, kv: KVCache
-                ) -> tuple[Tensor, Tensor]:
-        """Run right-padded prompts ``tokens`` (m, L), fill their KV rows from position 0.
-
-        Returns the final hidden state at each prompt's last position (m, hidden) and
-        the greedy next token (m,). Padded positions write stale KV entries that later
-        steps overwrite or mask.
-        """
-        return self.kernels.prefill(
-            tokens, prompt_lens, slots, self.embed, self.pos_embed, self.wqkv, self.wo,
-            self.w_up, self.w_down, self.lm_head_t, kv.k, kv.v,
-        )
-
-    def decode(self, tokens: Tensor, seq_lens: Tensor, max_seq_len: int, slots: Tensor,
-               kv: KVCache) -> tuple[Tensor, Tensor]:
-        """One token per request at position ``seq_lens - 1``: hidden (n, hidden), next (n,).
-
-        ``max_seq_len`` is the host-side maximum of ``seq_lens`` (the attention width).
-        """
-        return self.kernels.decode(
-            tokens, seq_lens, max_seq_len, slots, self.embed, self.pos_embed, self.wqkv,
-            self.wo, self.w_up, self.w_down, self.lm_head_t, kv.k, kv.v,
-        )
-
 
 class DraftHead:
     """An EAGLE-style draft head: next hidden from (previous hidden, current token).
@@ -393,11 +406,53 @@ class DraftHead:
         gen = torch.Generator().manual_seed(c.seed + 1)
         w = torch.randn(c.hidden, c.hidden, generator=gen, dtype=torch.float64)
         self.w = (w * (c.draft_scale / math.sqrt(c.hidden))).to(target.device, c.dtype)
-        self.target = target
+
+
+class Forwards:
+    """The forwards of a target model (and draft head) over one KV cache.
+
+    ``compiled=False`` runs them eagerly, as where TorchScript is unavailable.
+    """
+
+    def __init__(
+        self, target: TargetModel, kv: KVCache, draft: DraftHead | None = None,
+        *, compiled: bool = True,
+    ) -> None:
+        draft_w = draft.w if draft is not None else target.embed.new_empty(0)
+        program = _Program(target, kv, draft_w)
+        self.program = _script(program) if compiled else program
+        self.program.args = []
+        #: Whether the forwards run in TorchScript (without the GIL).
+        self.compiled = self.program is not program
+
+    def prefill(self, tokens: Tensor, prompt_lens: Tensor, slots: Tensor) -> tuple[Tensor, Tensor]:
+        """Run right-padded prompts ``tokens`` (m, L), fill their KV rows from position 0.
+
+        Returns the final hidden state at each prompt's last position (m, hidden) and
+        the greedy next token (m,). Padded positions write stale KV entries that later
+        steps overwrite or mask.
+        """
+        self.program.args = [tokens, prompt_lens, slots]
+        try:
+            return self.program.prefill()
+        finally:
+            self.program.args = []
+
+    def decode(self, tokens: Tensor, seq_lens: Tensor, max_seq_len: int, slots: Tensor
+               ) -> tuple[Tensor, Tensor]:
+        """One token per request at position ``seq_lens - 1``: hidden (n, hidden), next (n,).
+
+        ``max_seq_len`` is the host-side maximum of ``seq_lens`` (the attention width).
+        """
+        self.program.args = [tokens, seq_lens, slots]
+        try:
+            return self.program.decode(max_seq_len)
+        finally:
+            self.program.args = []
 
     def draft_and_verify(
         self, bonus: Tensor, draft_hidden: Tensor, first: Tensor, steps: int, seq_lens: Tensor,
-        max_seq_len: int, slots: Tensor, kv: KVCache,
+        max_seq_len: int, slots: Tensor,
     ) -> VerifyResult:
         """Draft ``topk`` branches of ``steps`` tokens, then verify them greedily.
 
@@ -408,26 +463,29 @@ class DraftHead:
         wins (the first on a tie). Nothing is written to the cache: see
         ``commit_and_extend``.
         """
-        t = self.target
-        return VerifyResult(*t.kernels.draft_and_verify(
-            bonus, draft_hidden, first, steps, seq_lens, max_seq_len, slots, t.embed,
-            t.pos_embed, self.w, t.wqkv, t.wo, t.w_up, t.w_down, t.lm_head_t, kv.k, kv.v,
-        ))
+        self.program.args = [bonus, draft_hidden, first, seq_lens, slots]
+        try:
+            return VerifyResult(*self.program.draft_and_verify(steps, max_seq_len))
+        finally:
+            self.program.args = []
 
-    def commit_and_extend(
-        self, result: VerifyResult, seq_lens: Tensor, slots: Tensor, kv: KVCache, topk: int
-    ) -> tuple[Tensor, Tensor, Tensor]:
+    def commit_and_extend(self, result: VerifyResult, seq_lens: Tensor, slots: Tensor, topk: int
+                          ) -> tuple[Tensor, Tensor, Tensor]:
         """Write the chosen branches to the cache, then draft the next step's top-k.
 
         Returns ``(topk_p, topk_index, draft_hidden)`` after each bonus token.
         """
-        t = self.target
-        return t.kernels.commit_and_extend(
-            result.branch_k, result.branch_v, seq_lens, slots, result.hidden, result.bonus,
-            topk, t.embed, self.w, t.lm_head_t, kv.k, kv.v,
-        )
+        r = result
+        self.program.args = [r.branch_k, r.branch_v, seq_lens, slots, r.hidden, r.bonus]
+        try:
+            return self.program.commit_and_extend(topk)
+        finally:
+            self.program.args = []
 
     def extend(self, hidden: Tensor, tokens: Tensor, topk: int) -> tuple[Tensor, Tensor, Tensor]:
         """The first draft after a prefill: ``(topk_p, topk_index, draft_hidden)``."""
-        t = self.target
-        return t.kernels.extend(hidden, tokens, topk, t.embed, self.w, t.lm_head_t)
+        self.program.args = [hidden, tokens]
+        try:
+            return self.program.extend(topk)
+        finally:
+            self.program.args = []

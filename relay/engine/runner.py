@@ -13,7 +13,7 @@ import attrs
 import torch
 
 from relay.engine.batch import ForwardBatch, ForwardMode, StepOutput
-from relay.engine.model import DraftHead, KVCache, TargetModel
+from relay.engine.model import DraftHead, Forwards, KVCache, TargetModel
 from relay.engine.relays import DraftOutput, Relay
 
 __all__ = ["ModelRunner", "SpecConfig"]
@@ -58,7 +58,7 @@ class ModelRunner:
         self.kv = kv
         self.relay = relay
         self.spec = spec
-        self.draft = DraftHead(model) if spec is not None else None
+        self.forwards = Forwards(model, kv, DraftHead(model) if spec is not None else None)
         self.step_sync = step_sync
         self.kernels_started = kernels_started
 
@@ -75,15 +75,16 @@ class ModelRunner:
         prompt_len = torch.full((1,), 2, dtype=torch.int64, device=device)
         seq_lens = prompt_len + 1
         for _ in range(2):
-            hidden, _ = self.model.prefill(token[:, None].expand(1, 2), prompt_len, slot, self.kv)
-            self.model.decode(token, seq_lens, 3, slot, self.kv)
-            if self.draft is not None and self.spec is not None:
+            fw = self.forwards
+            hidden, _ = fw.prefill(token[:, None].expand(1, 2), prompt_len, slot)
+            fw.decode(token, seq_lens, 3, slot)
+            if self.spec is not None:
                 topk = self.spec.topk
-                _, first, draft_hidden = self.draft.extend(hidden, token, topk)
-                result = self.draft.draft_and_verify(
-                    token, draft_hidden, first, self.spec.steps, seq_lens, 3, slot, self.kv
+                _, first, draft_hidden = fw.extend(hidden, token, topk)
+                result = fw.draft_and_verify(
+                    token, draft_hidden, first, self.spec.steps, seq_lens, 3, slot
                 )
-                self.draft.commit_and_extend(result, seq_lens, slot, self.kv, topk)
+                fw.commit_and_extend(result, seq_lens, slot, topk)
 
     def forward(self, batch: ForwardBatch, out: StepOutput) -> None:
         """Run ``batch`` and fill ``out`` with host copies of its results."""
@@ -107,9 +108,9 @@ class ModelRunner:
             self.kernels_started()
 
     def _draft_extend(self, hidden: torch.Tensor, tokens: torch.Tensor) -> DraftOutput | None:
-        if self.draft is None or self.spec is None:
+        if self.spec is None:
             return None
-        return self.draft.extend(hidden, tokens, self.spec.topk)
+        return self.forwards.extend(hidden, tokens, self.spec.topk)
 
     def _idle(self, batch: ForwardBatch) -> None:
         # Empty operations, as a rank with requests would issue them: each is a no-op
@@ -134,7 +135,7 @@ class ModelRunner:
         # Known before the model runs: publish first so the scheduler waits least.
         self.relay.publish(slots, new_seq_lens)
         self._start_kernels(int(batch.seq_lens_sum))
-        hidden, tokens = self.model.prefill(batch.input_ids, batch.seq_lens, slots, self.kv)
+        hidden, tokens = self.forwards.prefill(batch.input_ids, batch.seq_lens, slots)
         self.relay.stash(slots, tokens, self._draft_extend(hidden, tokens))
         out.tokens = _to_host(tokens[:, None])
         out.counts = _to_host(torch.ones_like(tokens))
@@ -146,8 +147,8 @@ class ModelRunner:
         new_seq_lens = batch.seq_lens + 1
         self.relay.publish(slots, new_seq_lens)  # as in _prefill: known up front
         self._start_kernels(len(batch))
-        _, tokens = self.model.decode(
-            batch.input_ids, batch.seq_lens, batch.max_seq_len, slots, self.kv
+        _, tokens = self.forwards.decode(
+            batch.input_ids, batch.seq_lens, batch.max_seq_len, slots
         )
         self.relay.stash(slots, tokens, None)
         out.tokens = _to_host(tokens[:, None])
@@ -155,21 +156,20 @@ class ModelRunner:
         out.new_seq_lens = _to_host(new_seq_lens)
 
     def _verify_and_draft(self, batch: ForwardBatch, out: StepOutput, spec: SpecConfig) -> None:
-        assert self.draft is not None
         slots = batch.req_pool_indices
         self.relay.resolve_future(batch)
         info = batch.spec_info
         assert info.hidden_states is not None, "speculative decode before any prefill stashed"
         self._start_kernels(len(batch) * spec.topk * (spec.steps + 1))
-        result = self.draft.draft_and_verify(
+        result = self.forwards.draft_and_verify(
             batch.input_ids, info.hidden_states, info.topk_index, spec.steps, batch.seq_lens,
-            batch.max_seq_len, slots, self.kv,
+            batch.max_seq_len, slots,
         )
         new_seq_lens = batch.seq_lens + result.accept_lens + 1
         # on_publish: mid-forward, before the cache commit and the draft extension,
         # which overlap the scheduler's wait-free part of the next batch.
         self.on_publish(slots, new_seq_lens)
-        draft = self.draft.commit_and_extend(result, batch.seq_lens, slots, self.kv, spec.topk)
+        draft = self.forwards.commit_and_extend(result, batch.seq_lens, slots, spec.topk)
         self.relay.stash(slots, result.bonus, draft)
         out.tokens = _to_host(result.tokens)
         out.counts = _to_host(result.accept_lens + 1)

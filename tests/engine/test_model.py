@@ -7,70 +7,67 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import attrs
 import pytest
 import torch
 
 from relay.engine import ModelConfig
-from relay.engine import model as model_module
 from relay.engine.lanes import ThreadLane
-from relay.engine.model import DraftHead, KVCache, TargetModel
+from relay.engine.model import DraftHead, Forwards, KVCache, TargetModel
 
 CONFIG = ModelConfig(vocab_size=128, hidden=32, layers=2, heads=2, ffn=48, max_context=32)
 POOL = 6
 
 
-def _compiled_or_skip() -> Any:
-    kernels = model_module._kernels()
-    if not isinstance(kernels.decode, torch.jit.ScriptFunction):
-        pytest.skip("TorchScript is unavailable here: the forwards run eagerly")
-    return kernels
+def _forwards(compiled: bool, spec: bool = True) -> tuple[Forwards, KVCache]:
+    cpu = torch.device("cpu")
+    target = TargetModel(CONFIG, cpu)
+    kv = KVCache(CONFIG, POOL, cpu)
+    kv.k.normal_(generator=torch.Generator().manual_seed(5))
+    kv.v.normal_(generator=torch.Generator().manual_seed(6))
+    return Forwards(target, kv, DraftHead(target) if spec else None, compiled=compiled), kv
 
 
-def _agree(compiled: Callable[..., Any], eager: Callable[..., Any], *args: Any) -> None:
-    """Run both on copies of ``args`` (the caches are written in place): same results."""
-    copies = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
-    want = eager(*copies)
-    got = compiled(*args)
-    for g, w in zip(got, want):
-        torch.testing.assert_close(g, w, rtol=0, atol=0)
-    for a, c in zip(args, copies):
-        if isinstance(a, torch.Tensor):
-            torch.testing.assert_close(a, c, rtol=0, atol=0)  # the same cache writes
+def _same(got: Any, want: Any) -> None:
+    if isinstance(want, torch.Tensor):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    else:
+        for g, w in zip(got, want, strict=True):
+            _same(g, w)
 
 
 def test_compiled_forwards_match_eager() -> None:
-    """The TorchScript forwards and the eager fallback give bit-identical results."""
-    kernels = _compiled_or_skip()
-    cpu = torch.device("cpu")
-    target = TargetModel(CONFIG, cpu)
-    draft = DraftHead(target)
-    kv = KVCache(CONFIG, POOL, cpu)
+    """The TorchScript forwards and the eager ones give bit-identical results and writes."""
+    compiled, kv_c = _forwards(compiled=True)
+    if hasattr(torch.jit, "script"):
+        assert compiled.compiled, "TorchScript is available but the forwards did not compile"
+    eager, kv_e = _forwards(compiled=False)
+    assert not eager.compiled
     gen = torch.Generator().manual_seed(3)
-    weights = (target.wqkv, target.wo, target.w_up, target.w_down, target.lm_head_t)
-
     slots = torch.tensor([3, 1, 5])
     prompt_lens = torch.tensor([4, 7, 2])
     prompts = torch.randint(0, CONFIG.vocab_size, (3, 7), generator=gen)
-    _agree(kernels.prefill, model_module._prefill, prompts, prompt_lens, slots, target.embed,
-           target.pos_embed, *weights, kv.k, kv.v)
-    target.prefill(prompts, prompt_lens, slots, kv)  # fill the cache for the steps below
-
     seq_lens = prompt_lens + 1
     tokens = torch.randint(0, CONFIG.vocab_size, (3,), generator=gen)
-    _agree(kernels.decode, model_module._decode, tokens, seq_lens, int(seq_lens.max()), slots,
-           target.embed, target.pos_embed, *weights, kv.k, kv.v)
-
-    steps, topk = 3, 2
     hidden = torch.randn(3, CONFIG.hidden, generator=gen, dtype=CONFIG.dtype)
-    first = torch.randint(0, CONFIG.vocab_size, (3, topk), generator=gen)
-    _agree(kernels.draft_and_verify, model_module._draft_and_verify, tokens, hidden, first, steps,
-           seq_lens, int(seq_lens.max()), slots, target.embed, target.pos_embed, draft.w,
-           *weights[:4], target.lm_head_t, kv.k, kv.v)
-    result = draft.draft_and_verify(tokens, hidden, first, steps, seq_lens, int(seq_lens.max()),
-                                    slots, kv)
-    _agree(kernels.commit_and_extend, model_module._commit_and_extend, result.branch_k,
-           result.branch_v, seq_lens, slots, result.hidden, result.bonus, topk, target.embed,
-           draft.w, target.lm_head_t, kv.k, kv.v)
+    first = torch.randint(0, CONFIG.vocab_size, (3, 2), generator=gen)
+    steps, topk, width = 3, 2, int(seq_lens.max())
+
+    calls: list[Callable[[Forwards], Any]] = [
+        lambda f: f.prefill(prompts, prompt_lens, slots),
+        lambda f: f.decode(tokens, seq_lens, width, slots),
+        lambda f: f.extend(hidden, tokens, topk),
+        lambda f: attrs.astuple(f.draft_and_verify(tokens, hidden, first, steps, seq_lens,
+                                                   width, slots)),
+        lambda f: f.commit_and_extend(
+            f.draft_and_verify(tokens, hidden, first, steps, seq_lens, width, slots),
+            seq_lens, slots, topk,
+        ),
+    ]
+    for call in calls:
+        _same(call(compiled), call(eager))
+        _same((kv_c.k, kv_c.v), (kv_e.k, kv_e.v))  # the same cache writes
+    assert compiled.program.args == []  # a call's tensors are not kept
 
 
 def test_forwards_run_eagerly_where_torchscript_fails(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -80,9 +77,14 @@ def test_forwards_run_eagerly_where_torchscript_fails(monkeypatch: pytest.Monkey
         raise RuntimeError("TorchScript is gone")
 
     monkeypatch.setattr(torch.jit, "script", broken)
-    assert model_module._script(model_module._decode) is model_module._decode
+    forwards, _ = _forwards(compiled=True, spec=False)
+    assert not forwards.compiled
     monkeypatch.delattr(torch.jit, "script")
-    assert model_module._script(model_module._decode) is model_module._decode
+    forwards, _ = _forwards(compiled=True, spec=False)
+    assert not forwards.compiled
+    slots = torch.tensor([1, 2])
+    hidden, tokens = forwards.prefill(torch.tensor([[5, 6], [7, 0]]), torch.tensor([2, 1]), slots)
+    assert hidden.shape == (2, CONFIG.hidden) and tokens.shape == (2,)
 
 
 def test_wait_returns_once_the_next_forward_runs_its_kernels() -> None:
@@ -146,3 +148,34 @@ def test_warm_up_touches_only_the_scratch_slot(speculative: bool) -> None:
     for name, value in before.items():
         torch.testing.assert_close(getattr(future_map, name), value, rtol=0, atol=0,
                                    equal_nan=True, msg=name)
+
+
+def test_tree_attention_equals_attending_each_branch_alone() -> None:
+    """Attention over a shared prefix gives what each branch gets as its own row."""
+    from relay.engine.model import _tree_attention
+
+    gen = torch.Generator().manual_seed(11)
+    n, topk, width, heads, hd, prefix = 3, 2, 4, 2, 8, 6
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen, dtype=torch.float64)
+
+    q, k, v = rand(n * topk, width, heads, hd), rand(n * topk, heads, width, hd), rand(
+        n * topk, heads, width, hd)
+    prefix_k, prefix_v = rand(n, heads, prefix, hd), rand(n, heads, prefix, hd)
+    prefix_ok = torch.arange(prefix) < torch.tensor([6, 1, 3])[:, None]
+    causal = torch.ones(width, width, dtype=torch.bool).tril()
+    got = _tree_attention(q, k, v, prefix_k, prefix_v, prefix_ok, causal)
+
+    # Reference: every branch a row of its own, its request's prefix copied in front.
+    rows_prefix_k = prefix_k.repeat_interleave(topk, dim=0)
+    rows_prefix_v = prefix_v.repeat_interleave(topk, dim=0)
+    mask = torch.cat([
+        prefix_ok.repeat_interleave(topk, dim=0)[:, None, None, :].expand(-1, 1, width, prefix),
+        causal.expand(n * topk, 1, width, width),
+    ], dim=-1)
+    want = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(1, 2), torch.cat([rows_prefix_k, k], dim=2),
+        torch.cat([rows_prefix_v, v], dim=2), attn_mask=mask,
+    ).transpose(1, 2).reshape(n * topk, width, heads * hd)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
