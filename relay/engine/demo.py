@@ -206,6 +206,11 @@ def run(args: argparse.Namespace) -> int:
     for mode in modes:
         spec = SpecConfig(steps=args.spec_steps, topk=args.topk) if mode == "eagle" else None
         config = attrs.evolve(base, spec=spec)
+        if args.ranks == 1:
+            # Untimed: a process's first run of a mode is slower (its memory grows,
+            # measured 15-30% here), which would flatter whichever run comes second.
+            # Ranks run in fresh processes every time, equally cold in both modes.
+            _run_one(attrs.evolve(config, overlap=False), f"{mode} warm-up", 1)
         sync = _run_one(attrs.evolve(config, overlap=False), f"{mode} sync", args.ranks)
         overlap = _run_one(attrs.evolve(config, overlap=True), f"{mode} overlap", args.ranks)
         single = None
