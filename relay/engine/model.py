@@ -48,9 +48,9 @@ __all__ = ["DraftHead", "Forwards", "KVCache", "ModelConfig", "TargetModel", "Ve
 # such hand-back waits for the interpreter's switch interval, so a forward of ~50
 # small ops crawls exactly when it should overlap (measured: a 40-op, 6 ms forward
 # took 590 ms beside a busy Python thread at Python's default 5 ms interval, and
-# 21 ms compiled). The forwards are therefore methods of one
-# TorchScript module: a call runs all of a forward's ops in the TorchScript
-# interpreter, which holds no GIL, like a GPU running a launched graph.
+# 21 ms compiled). The forwards are therefore methods of one TorchScript module: a
+# call runs all of a forward's ops in the TorchScript interpreter, which holds no
+# GIL, like a GPU running a launched graph.
 #
 # One more detail keeps the interpreter off the GIL. A tensor that Python can see
 # takes the GIL whenever C++ drops its second-to-last reference to it (its Python
