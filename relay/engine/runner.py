@@ -74,8 +74,8 @@ class ModelRunner:
         token = torch.ones(1, dtype=torch.int64, device=device)
         prompt_len = torch.full((1,), 2, dtype=torch.int64, device=device)
         seq_lens = prompt_len + 1
+        fw = self.forwards
         for _ in range(2):
-            fw = self.forwards
             hidden, _ = fw.prefill(token[:, None].expand(1, 2), prompt_len, slot)
             fw.decode(token, seq_lens, 3, slot)
             if self.spec is not None:
