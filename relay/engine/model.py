@@ -7,8 +7,10 @@ Each forward is one call into a TorchScript module (Note [Forwards without the G
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
+from collections.abc import Iterator
 from typing import TypeVar
 
 import attrs
@@ -432,6 +434,15 @@ class Forwards:
         #: Whether the forwards run in TorchScript (without the GIL).
         self.compiled = self.program is not program
 
+    @contextlib.contextmanager
+    def _bound(self, args: list[Tensor]) -> Iterator[None]:
+        """Hand ``args`` to the module for one call (Note [Forwards without the GIL])."""
+        self.program.args = args
+        try:
+            yield
+        finally:
+            self.program.args = []
+
     def prefill(self, tokens: Tensor, prompt_lens: Tensor, slots: Tensor) -> tuple[Tensor, Tensor]:
         """Run right-padded prompts ``tokens`` (m, L), fill their KV rows from position 0.
 
@@ -439,11 +450,8 @@ class Forwards:
         the greedy next token (m,). Padded positions write stale KV entries that later
         steps overwrite or mask.
         """
-        self.program.args = [tokens, prompt_lens, slots]
-        try:
+        with self._bound([tokens, prompt_lens, slots]):
             return self.program.prefill()
-        finally:
-            self.program.args = []
 
     def decode(self, tokens: Tensor, seq_lens: Tensor, max_seq_len: int, slots: Tensor
                ) -> tuple[Tensor, Tensor]:
@@ -451,11 +459,8 @@ class Forwards:
 
         ``max_seq_len`` is the host-side maximum of ``seq_lens`` (the attention width).
         """
-        self.program.args = [tokens, seq_lens, slots]
-        try:
+        with self._bound([tokens, seq_lens, slots]):
             return self.program.decode(max_seq_len)
-        finally:
-            self.program.args = []
 
     def draft_and_verify(
         self, bonus: Tensor, draft_hidden: Tensor, first: Tensor, steps: int, seq_lens: Tensor,
@@ -470,11 +475,8 @@ class Forwards:
         wins (the first on a tie). Nothing is written to the cache: see
         ``commit_and_extend``.
         """
-        self.program.args = [bonus, draft_hidden, first, seq_lens, slots]
-        try:
+        with self._bound([bonus, draft_hidden, first, seq_lens, slots]):
             return VerifyResult(*self.program.draft_and_verify(steps, max_seq_len))
-        finally:
-            self.program.args = []
 
     def commit_and_extend(self, result: VerifyResult, seq_lens: Tensor, slots: Tensor, topk: int
                           ) -> tuple[Tensor, Tensor, Tensor]:
@@ -483,16 +485,10 @@ class Forwards:
         Returns ``(topk_p, topk_index, draft_hidden)`` after each bonus token.
         """
         r = result
-        self.program.args = [r.branch_k, r.branch_v, seq_lens, slots, r.hidden, r.bonus]
-        try:
+        with self._bound([r.branch_k, r.branch_v, seq_lens, slots, r.hidden, r.bonus]):
             return self.program.commit_and_extend(topk)
-        finally:
-            self.program.args = []
 
     def extend(self, hidden: Tensor, tokens: Tensor, topk: int) -> tuple[Tensor, Tensor, Tensor]:
         """The first draft after a prefill: ``(topk_p, topk_index, draft_hidden)``."""
-        self.program.args = [hidden, tokens]
-        try:
+        with self._bound([hidden, tokens]):
             return self.program.extend(topk)
-        finally:
-            self.program.args = []
