@@ -8,28 +8,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from collections.abc import Sequence
-from pathlib import Path
 
 from relay import __version__
-from relay.errors import RelayError, SchemaError, SchemaImportError
 
-EXIT_OK = 0
-EXIT_DRIFT = 1
 EXIT_USAGE = 2
-EXIT_INVALID_SCHEMA = 3
-
-_GENERATE_HELP = """\
-Generate one typed FutureMap module per schema module.
-
-With no SCHEMA, generate what [tool.relay] in the nearest pyproject.toml names
-(in the relay repository: schemas/*.py into relay/maps/). Output is the same
-bytes on every machine; only files whose content changed are written, each
-through a temp file and an atomic rename.
-
-exit status: 0 ok, 1 drift found by --check, 2 usage or configuration error,
-3 invalid schema (every problem is listed)."""
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -44,17 +27,10 @@ def _build_parser() -> argparse.ArgumentParser:
     gen = sub.add_parser(
         "generate",
         help="generate FutureMap modules from schemas (or check them with --check)",
-        description=_GENERATE_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    gen.add_argument("schemas", nargs="*", type=Path, metavar="SCHEMA",
-                     help="schema modules (.py files defining SCHEMA = Schema(...))")
-    gen.add_argument("--out", type=Path, metavar="DIR",
-                     help="output folder (default: [tool.relay] out)")
-    gen.add_argument("--check", action="store_true",
-                     help="write nothing; exit 1 with a diff if a generated file is stale, "
-                     "hand-edited, missing or orphaned")
-    gen.add_argument("-q", "--quiet", action="store_true", help="print only problems")
+    from relay.codegen import cli as generate_cli
+
+    generate_cli.add_arguments(gen)
 
     demo = sub.add_parser(
         "demo",
@@ -85,67 +61,14 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _shown(path: Path) -> str:
-    """``path`` relative to the working folder when it is inside it."""
-    try:
-        return str(path.resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(path)
-
-
-def _generate(args: argparse.Namespace) -> int:
-    from codegen import check_job, configured_job, explicit_job, run_job
-
-    def say(line: str) -> None:
-        if not args.quiet:
-            print(line, flush=True)
-
-    try:
-        if args.schemas:
-            out = args.out
-            if out is None:
-                out = configured_job().out
-            job = explicit_job(args.schemas, out)
-        else:
-            job = configured_job()
-            if args.out is not None:
-                job = explicit_job(list(job.schemas), args.out)
-        if args.check:
-            drifts = check_job(job)
-            if not drifts:
-                say(f"relay: {len(job.schemas)} generated module(s) up to date")
-                return EXIT_OK
-            for drift in drifts:
-                if drift.diff:
-                    sys.stdout.write(drift.diff)
-            print(f"relay: {len(drifts)} generated file(s) out of date:", file=sys.stderr)
-            for drift in drifts:
-                print(f"  {drift}", file=sys.stderr)
-            return EXIT_DRIFT
-        start = time.perf_counter()
-        result = run_job(job)
-        for path in result.written:
-            say(f"wrote {_shown(path)}")
-        say(f"relay: {len(result.written)} written, {len(result.unchanged)} unchanged "
-            f"({time.perf_counter() - start:.2f}s)")
-        return EXIT_OK
-    except SchemaError as error:
-        print(f"relay: {error}", file=sys.stderr)
-        return EXIT_INVALID_SCHEMA
-    except SchemaImportError as error:
-        print(f"relay: {error}", file=sys.stderr)
-        return EXIT_INVALID_SCHEMA
-    except RelayError as error:
-        print(f"relay: {error}", file=sys.stderr)
-        return EXIT_USAGE
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``relay`` console script."""
     parser = _build_parser()
     args = parser.parse_args(argv)
     if args.command == "generate":
-        return _generate(args)
+        from relay.codegen import cli as generate_cli
+
+        return generate_cli.run(args)
     if args.command == "demo":
         from relay.engine import demo as demo_module
 

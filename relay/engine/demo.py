@@ -105,7 +105,7 @@ def _generate(skip: bool) -> list[Path]:
         return []
     print("1. generate the bundled maps ([tool.relay] in pyproject.toml)", flush=True)
     try:
-        from codegen.api import generate_configured
+        from relay.codegen.api import generate_configured
     except ImportError:
         print("   codegen is not installed; using the packaged maps")
         return []

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from codegen_support import REPO, Run, run_relay_process
 
-from codegen.config import find_pyproject
+from relay.codegen.config import find_pyproject
 
 
 @pytest.fixture
@@ -113,13 +113,13 @@ import json, sys
 import relay
 import relay.maps.decode
 import relay.maps.eagle
-print(json.dumps(sorted(name for name in ("jinja2", "codegen", "markupsafe")
+print(json.dumps(sorted(name for name in ("jinja2", "relay.codegen", "markupsafe")
                         if name in sys.modules)))
 """
 
 
 def test_runtime_and_generated_maps_do_not_import_jinja2() -> None:
-    """Importing relay and a generated map in a fresh process loads neither jinja2 nor codegen."""
+    """Importing relay and a generated map in a fresh process loads neither jinja2 nor relay.codegen."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
     proc = subprocess.run([sys.executable, "-c", IMPORT_PROBE], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=120)

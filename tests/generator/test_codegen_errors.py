@@ -11,7 +11,7 @@ import pytest
 import torch
 from codegen_support import Project, Run, line_of
 
-from codegen import explicit_job, plan
+from relay.codegen import explicit_job, plan
 from relay.errors import SchemaError, SchemaImportError
 
 SRC = "schemas/bad.py"

@@ -16,9 +16,9 @@ import pytest
 import torch
 from codegen_support import REPO, Project, Run, run_relay_process
 
-from codegen import configured_job, explicit_job, plan, run_job
-from codegen.loader import load_schema
-from codegen.render import schema_hash
+from relay.codegen import configured_job, explicit_job, plan, run_job
+from relay.codegen.loader import load_schema
+from relay.codegen.render import schema_hash
 
 BUNDLED = sorted(p.stem for p in (REPO / "schemas").glob("*.py") if p.name != "__init__.py")
 PAIR = ("decode", "eagle")

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from codegen_support import GOLDEN, REPO, compare_golden, golden_path
 
-from codegen import configured_job, plan
+from relay.codegen import configured_job, plan
 
 BUNDLED = sorted(p.stem for p in (REPO / "schemas").glob("*.py") if p.name != "__init__.py")
 

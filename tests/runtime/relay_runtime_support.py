@@ -94,7 +94,7 @@ def gated(gate: threading.Event, fn: Callable[[], None]) -> Callable[[], None]:
 
 def load_generated(schema: Schema, tmp_path: Path, module: str) -> ModuleType:
     """Render ``schema`` with the code generator and import the module it produces."""
-    from codegen.render import render
+    from relay.codegen.render import render
 
     path = tmp_path / f"{module}.py"
     path.write_text(render(schema, source=f"tests/{module}.py", command="pytest"))

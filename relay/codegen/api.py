@@ -12,11 +12,11 @@ from pathlib import Path
 
 import attrs
 
-from codegen.config import Config, load_config, project_root
-from codegen.loader import load_schema
-from codegen.render import render, schema_hash
-from codegen.validate import validate
-from codegen.writer import Drift, Planned, check, generated_files, write_atomic
+from relay.codegen.config import Config, load_config, project_root
+from relay.codegen.loader import load_schema
+from relay.codegen.render import render, schema_hash
+from relay.codegen.validate import validate
+from relay.codegen.writer import Drift, Planned, check, generated_files, write_atomic
 from relay.errors import RelayError, SchemaError, SchemaImportError, SchemaIssue
 from relay.schema import SourceLocation
 

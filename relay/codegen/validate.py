@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import torch
 
-from codegen import naming
+from relay.codegen import naming
 from relay.errors import SchemaIssue
 from relay.schema import Alloc, Field, FromPayload, Guard, Lane, Resolve, Schema, SourceLocation
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import jinja2
 
-from codegen.views import MapView, map_view
+from relay.codegen.views import MapView, map_view
 from relay.schema import FromPayload, Schema
 
 _TEMPLATES = Path(__file__).parent / "templates"

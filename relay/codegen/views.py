@@ -11,7 +11,7 @@ import inspect
 
 import attrs
 
-from codegen import naming
+from relay.codegen import naming
 from relay.schema import Alloc, Field, FromPayload, Guard, Lane, Resolve, Schema
 
 _GUARDS = {Guard.POSITIVE: "guard_positive", Guard.NON_NEGATIVE: "guard_non_negative"}

@@ -3,7 +3,7 @@
 Only this package imports jinja2; the ``relay`` runtime never does.
 """
 
-from codegen.api import (
+from relay.codegen.api import (
     GenerateResult,
     Job,
     check_job,
