@@ -21,8 +21,8 @@ __all__ = [
     "guard_non_negative",
     "guard_positive",
     "lazy_buffer",
-    "new_buffer",
     "never_stashed",
+    "new_buffer",
 ]
 
 

@@ -150,25 +150,29 @@ def resolve_method(field: Field) -> str:
     return f"resolve_{leaf.rsplit('.', 1)[-1]}"
 
 
+def _path_names(schema: Schema, path: str) -> set[str]:
+    parts = tuple(path.split("."))
+    names = set(parts)
+    names.update(nested_protocol(schema, parts[:depth]) for depth in range(1, len(parts)))
+    return names
+
+
 def bound_names(schema: Schema) -> frozenset[str]:
     """Every name a module generated from ``schema`` binds: ``RESERVED`` plus the
     class, method, attribute, parameter and local names minted from the schema."""
     names = set(RESERVED)
     names.update({schema.name, payload_class(schema), batch_protocol(schema)})
+    names.update(_path_names(schema, schema.indices))
     for f in schema.fields:
         names.update({buffer(f), host_mirror(f), carried_flag(f), f.payload_name})
         names.add(value_local(f))
         names.update(placeholder_locals(f))
         for path in (f.target, f.host_mirror, f.host_sum):
-            if path is None:
-                continue
-            parts = tuple(path.split("."))
-            names.update(parts)
-            names.update(nested_protocol(schema, parts[:depth]) for depth in range(1, len(parts)))
+            if path is not None:
+                names.update(_path_names(schema, path))
         if f.lane is Lane.SCHEDULE:
             names.add(resolve_method(f))
         names.update(d for d in f.shape if isinstance(d, str))
-    names.update(schema.indices.split("."))
     return frozenset(names)
 
 
@@ -245,8 +249,24 @@ def doc_text(text: str) -> str:
     """The body of a ``\"\"\"`` doc string that reads back as ``text`` after
     ``inspect.cleandoc``: backslashes, quotes, control characters and lone
     surrogates escaped, newlines kept."""
-    lines = [line.rstrip() for line in inspect.cleandoc(text).splitlines()]
+    # cleandoc splits on "\n" only: other line breaks stay inside a line, escaped.
+    lines = [line.rstrip() for line in inspect.cleandoc(text).split("\n")]
     return escape_doc("\n".join(lines).rstrip())
+
+
+def doc_problem(text: str) -> str | None:
+    """Why ``text`` cannot be a doc string of the generated module; ``None`` if it can.
+
+    Everything is escaped faithfully except lone surrogates: CPython encodes a class doc
+    string to UTF-8 when it creates the class, which they cannot survive.
+    """
+    for index, ch in enumerate(text):
+        if 0xD800 <= ord(ch) <= 0xDFFF:
+            return (
+                f"contains a lone surrogate (U+{ord(ch):04X}) at offset {index}, which "
+                "Python cannot put in a class doc string; remove it or pair it"
+            )
+    return None
 
 
 def escape_doc(text: str) -> str:

@@ -10,6 +10,7 @@ published, one gather per field resolved, the host sum and its read-out. Any ext
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import pytest
@@ -21,7 +22,10 @@ from relay.maps.decode import DecodeFutureMap, DecodePayload
 from relay.maps.decode_seq_lens import DecodeSeqLensFutureMap, DecodeSeqLensPayload
 from relay.maps.eagle import EagleFutureMap, EaglePayload
 from relay.maps.eagle_confidence import EagleConfidenceFutureMap, EagleConfidencePayload
-from relay.maps.eagle_draft_probs import EagleDraftProbsFutureMap, EagleDraftProbsPayload
+from relay.maps.eagle_draft_probs import (
+    EagleDraftProbsFutureMap,
+    EagleDraftProbsPayload,
+)
 from relay.maps.eagle_dsa import EagleDsaFutureMap, EagleDsaPayload
 from relay.maps.eagle_multilayer import EagleMultiLayerFutureMap, EagleMultiLayerPayload
 
@@ -101,13 +105,13 @@ def _step_ops(relay: Any, payload: Any, values: dict[str, torch.Tensor], n: int)
     counts: dict[str, int] = {}
     for timed in (False, True):
         batch = Batch(req_pool_indices=indices)
-        steps: dict[str, Callable[[], None]] = {"stash": lambda: relay.stash(indices, payload)}
+        steps: dict[str, Callable[[], None]] = {"stash": partial(relay.stash, indices, payload)}
         if values:
-            steps["publish"] = lambda: relay.publish(indices, **values)
-        steps["resolve_future"] = lambda: relay.resolve_future(batch)
+            steps["publish"] = partial(relay.publish, indices, **values)
+        steps["resolve_future"] = partial(relay.resolve_future, batch)
         for name in dir(relay):
             if name.startswith("resolve_") and name != "resolve_future":
-                steps[name] = (lambda method: lambda: method(batch))(getattr(relay, name))
+                steps[name] = partial(getattr(relay, name), batch)
         for name, call in steps.items():
             ops = ops_of(call)
             if timed:
@@ -137,18 +141,18 @@ def test_an_omitting_stash_costs_one_fill_per_allocated_optional_field() -> None
     indices = slots(1, 2)
     relay.stash(indices, EaglePayload(**_eagle_extras(2), hidden_states=torch.rand(2, HIDDEN)))
     without = EaglePayload(**_eagle_extras(2))
-    ops = ops_of(lambda: relay.stash(indices, without))
+    ops = ops_of(partial(relay.stash, indices, without))
     assert ops == ["index_copy_"] * 3 + ["index_fill_"]
     batch = Batch(req_pool_indices=indices)
-    assert ops_of(lambda: relay.resolve_future(batch)) == ["index_select"] * 3
+    assert ops_of(partial(relay.resolve_future, batch)) == ["index_select"] * 3
     assert batch.spec_info.hidden_states is None
 
 
 def test_zero_indices_dispatch_nothing() -> None:
     """An idle rank's calls dispatch no op at all."""
+    empty = slots()
     for name, relay, _, values, _ in _cases(0):
-        empty = slots()
         batch = Batch(req_pool_indices=empty)
-        assert ops_of(lambda: relay.resolve_future(batch)) == [], name
+        assert ops_of(partial(relay.resolve_future, batch)) == [], name
         if values:
-            assert ops_of(lambda: relay.publish(empty, **values)) == [], name
+            assert ops_of(partial(relay.publish, empty, **values)) == [], name
