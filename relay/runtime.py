@@ -54,6 +54,13 @@ def new_buffer(
     return torch.zeros(shape, dtype=dtype, device=device)
 
 
+# Note [Checked values]
+# Every stash and publish passes each value through check_rows before anything is
+# written; it returns the value in the buffer's dtype, so the generated write is one
+# ``index_copy_`` and a value already in that dtype (the common case) costs no ``.to``
+# call at all (about as much Python time as the write itself at batch 1).
+
+
 def lazy_buffer(
     what: str,
     pool_size: int,
@@ -87,10 +94,13 @@ def check_rows(
     buf: torch.Tensor | None,
     declared_row: tuple[int | None, ...] = (),
     declared_dtype: torch.dtype | None = None,
-) -> None:
-    """A payload must hold one row per index, shaped like the buffer's rows (while a
-    lazy buffer does not exist yet: like ``declared_row``, ``None`` matching any
-    positive size), of a dtype that casts to the buffer's without losing values.
+) -> torch.Tensor:
+    """``value`` ready to write into ``buf`` at ``indices`` (Note [Checked values]).
+
+    It must hold one row per index, shaped like the buffer's rows (while a lazy buffer
+    does not exist yet: like ``declared_row``, ``None`` matching any positive size), of
+    a dtype that casts to the buffer's (or ``declared_dtype``) without losing values;
+    it is cast only when its dtype differs.
 
     Shapes and dtypes only, no values: free of device work. Without it, an indexed
     write would broadcast a (n, 1) tensor into (n, topk) rows, or truncate floats
@@ -102,8 +112,10 @@ def check_rows(
         and value.shape[1:] == buf.shape[1:]
         and value.shape[:1] == indices.shape
     ):
-        return  # the common case, kept cheap: it runs on every stash and publish
+        return value  # the common case, kept cheap: it runs on every stash and publish
     _refuse_rows(what, value, indices, buf, declared_row, declared_dtype)
+    want = buf.dtype if buf is not None else declared_dtype
+    return value if want is None else value.to(want)
 
 
 def _refuse_rows(

@@ -49,6 +49,16 @@ class ReadPlan(enum.Enum):
     PLACEHOLDER = "placeholder"
 
 
+# Note [Optional fields]
+# An optional field is handed over by a resolve only when the latest write (stash or
+# publish) carried it; otherwise the resolve sets its targets to None. That decision
+# is a Python flag per field, so it costs no op and no host sync. A write that omits
+# the field clears the rows it covers (one index_fill_, only once the buffer exists),
+# so a later resolve that mixes those rows with rows of a carrying write reads zeros
+# there, never an earlier value; debug mode reports such a read. A field always or
+# never carried costs nothing extra.
+
+
 class Presence(enum.Enum):
     """What a resolve knows about whether the buffer holds this step's rows."""
 
@@ -130,8 +140,10 @@ class FieldView:
     write: WritePlan
     read: ReadPlan
     presence: Presence
-    #: The payload expression (``payload.bonus_tokens``) or publish parameter.
+    #: The local (or publish parameter) holding the checked value: the payload name.
     src: str
+    #: ``bonus_tokens = payload.bonus_tokens`` for an optional stash field, else ``None``.
+    bind_stmt: str | None
     payload_name: str
     value_type: str
     buf: str
@@ -295,7 +307,11 @@ def _field_view(schema: Schema, f: Field) -> FieldView:
     read = ReadPlan.PLACEHOLDER if f.resolve is Resolve.PLACEHOLDER else ReadPlan.GATHER
     presence = _presence(f)
     buf = f"self.{naming.buffer(f)}"
-    src = f"payload.{f.payload_name}" if lane is Lane.FORWARD else f.payload_name
+    # Note [Checked values]: check_rows returns the value ready to write (cast only
+    # when its dtype differs), so the write itself dispatches one op and no ``.to``.
+    src = f.payload_name
+    given = f"payload.{f.payload_name}" if lane is Lane.FORWARD else f.payload_name
+    bind_stmt = f"{src} = {given}" if f.optional and lane is Lane.FORWARD else None
     op = "stash" if lane is Lane.FORWARD else "publish"
     what = naming.string_literal(f"{schema.name}.{f.name}")
     field_literal = naming.string_literal(f.name)
@@ -312,19 +328,17 @@ def _field_view(schema: Schema, f: Field) -> FieldView:
 
     # stash / publish: the checks sit under ``if src is not None:`` for optional fields.
     check_indent = _IN_IF if f.optional else _BODY
-    check_args = [what, src, "indices", buf]
+    check_args = [what, src if f.optional else given, "indices", buf]
     if lazy:
         check_args += [row, dtype or "None"]
-    check_stmt = call(check_indent, "_rt.check_rows(", check_args)
+    check_stmt = call(check_indent, f"{src} = _rt.check_rows(", check_args)
     guard_stmt = None
     if f.guard in _GUARDS:
         guard_indent = _IN_IF2 if f.optional else _IN_IF
         guard_stmt = call(guard_indent, f"_rt.{_GUARDS[f.guard]}(", [src, what])
 
     write_indent = _IN_IF if f.optional else _BODY
-    cast = f"{buf}.dtype" if lazy else dtype
-    assert cast is not None
-    write_stmt = call(write_indent, f"{buf}.index_copy_(", ["0", "slots", f"{src}.to({cast})"])
+    write_stmt = call(write_indent, f"{buf}.index_copy_(", ["0", "slots", src])
     lazy_alloc_stmt = None
     if lazy:
         alloc_indent = _IN_IF2 if f.optional else _IN_IF
@@ -404,6 +418,7 @@ def _field_view(schema: Schema, f: Field) -> FieldView:
         read=read,
         presence=presence,
         src=src,
+        bind_stmt=bind_stmt,
         payload_name=f.payload_name,
         value_type="torch.Tensor | None" if f.optional else "torch.Tensor",
         buf=naming.buffer(f),
