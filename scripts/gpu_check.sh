@@ -63,7 +63,7 @@ print(f"python {platform.python_version()}, torch {torch.__version__}, CUDA "
       f"{torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}, attrs "
       f"{attrs.__version__}, jinja2 {jinja2.__version__}, pytest {pytest.__version__}, "
       f"hypothesis {hypothesis.__version__}")
-print(f"relay {relay.__version__} from {relay.__file__}")
+print(f"relay {getattr(relay, '__version__', '?')} from {relay.__file__}")
 if not torch.cuda.is_available():
     sys.exit("torch sees no CUDA device (a CPU build of torch, or no driver)")
 for i in range(torch.cuda.device_count()):

@@ -188,7 +188,9 @@ class BundledMap:
         if self.payload_cls is None:
             return
         names = {f.payload_name: f.name for f in self.forward}
-        payload = self.payload_cls(**{a.name: values[names[a.name]] for a in attrs.fields(self.payload_cls)})
+        payload = self.payload_cls(
+            **{a.name: values[names[a.name]] for a in attrs.fields(self.payload_cls)}
+        )
         relay.stash(indices, payload)
 
     def publish(
@@ -224,7 +226,9 @@ class BundledMap:
         """The first ``n`` rows of every forward target hold ``values``."""
         for f in self.forward:
             if f.target:
-                _assert_rows(f"{what}: batch.{f.target}", get_path(batch, f.target), values[f.name], n)
+                _assert_rows(
+                    f"{what}: batch.{f.target}", get_path(batch, f.target), values[f.name], n
+                )
 
     def check_schedule(self, batch: Any, values: Mapping[str, torch.Tensor], what: str) -> None:
         """Every schedule target, host mirror and host sum holds ``values``."""
@@ -235,7 +239,9 @@ class BundledMap:
                 _assert_rows(f"{what}: batch.{f.target}", got, want, want.shape[0])
             if f.host_mirror:
                 host = get_path(batch, f.host_mirror)
-                assert host.device.type == "cpu", f"{what}: batch.{f.host_mirror} is not on the host"
+                assert host.device.type == "cpu", (
+                    f"{what}: batch.{f.host_mirror} is not on the host"
+                )
                 _assert_rows(f"{what}: batch.{f.host_mirror}", host, want, want.shape[0])
             if f.host_sum:
                 total = get_path(batch, f.host_sum)
@@ -250,7 +256,9 @@ def _assert_rows(what: str, got: Any, want: torch.Tensor, n: int) -> None:
     assert isinstance(got, torch.Tensor), f"{what} is {type(got).__name__}, not a tensor"
     got_rows = got[:n].cpu()
     want_rows = want[:n].cpu().to(got_rows.dtype)
-    assert got_rows.shape == want_rows.shape, f"{what}: shape {tuple(got_rows.shape)}, want {tuple(want_rows.shape)}"
+    assert got_rows.shape == want_rows.shape, (
+        f"{what}: shape {tuple(got_rows.shape)}, want {tuple(want_rows.shape)}"
+    )
     assert torch.equal(got_rows, want_rows), f"{what}:\n got {got_rows}\nwant {want_rows}"
 
 
@@ -296,11 +304,12 @@ def load_map(stem: str) -> BundledMap:
                 f"{cls.__name__}.publish takes {params}, but schemas/{stem}.py's schedule "
                 f"fields come from {sorted(schedule)}"
             )
+    # Without a schedule lane there is nothing to resolve on the scheduler's side.
     resolves = tuple(
         sorted(
             name
             for name, _ in inspect.getmembers(cls, inspect.isfunction)
-            if name.startswith("resolve_") and name != "resolve_future"
+            if schedule and name.startswith("resolve_") and name != "resolve_future"
         )
     )
     if schedule and not resolves:

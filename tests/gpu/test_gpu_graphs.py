@@ -47,7 +47,8 @@ def test_resolve_future_replays_in_a_cuda_graph_for_new_slots(
     # the device, rewritten in place before each replay.
     static_indices = _padded(steps[0], cuda)
     static_inputs = {
-        path: tensor.clone() for path, tensor in _placeholders(bundled, relay, static_indices).items()
+        path: tensor.clone()
+        for path, tensor in _placeholders(bundled, relay, static_indices).items()
     }
     batch = bundled.batch(static_indices)
 
@@ -86,7 +87,7 @@ def test_resolve_future_replays_in_a_cuda_graph_for_new_slots(
         torch.cuda.synchronize(cuda)
         bundled.check_forward(batch, values, len(real), f"replay {step}")
         eager = bundled.batch(static_indices.clone())
-        bundled.invalidate(twin, eager, eager.req_pool_indices)
+        bundled.invalidate(twin, eager, get_path(eager, bundled.schema.indices))
         twin.resolve_future(eager)
         for f in bundled.forward:
             if f.target:

@@ -13,7 +13,16 @@ from typing import Any
 
 import pytest
 import torch
-from gpu_maps import BUSY_CYCLES, BundledMap, busy, get_path, is_done, new_stream, random_slots, record
+from gpu_maps import (
+    BUSY_CYCLES,
+    BundledMap,
+    busy,
+    get_path,
+    is_done,
+    new_stream,
+    random_slots,
+    record,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -155,6 +164,7 @@ def test_host_copy_waits_for_the_publish_not_for_the_whole_forward(
     assert not is_done(forward_done), (
         "the host copy waited for the whole forward, not for the publish"
     )
+    scheduler_stream.synchronize()  # the device-side target too; the forward stays busy
     bundled.check_schedule(batch, values, "while the forward is busy")
     forward_stream.synchronize()
     assert is_done(forward_done)
@@ -173,6 +183,7 @@ def test_host_copies_handed_out_survive_the_next_steps_copy(
     for step in range(3):
         values = bundled.values(bundled.schedule, 4, 1000 * step + 1, cuda)
         batch = bundled.batch(indices)
+        forward_stream.wait_stream(torch.cuda.current_stream(cuda))  # values are ready
         with _on(forward_stream):
             busy(BUSY_CYCLES // 20)  # the next copy lands late, over the last
             bundled.publish(relay, indices, values)

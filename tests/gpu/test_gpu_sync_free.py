@@ -19,9 +19,8 @@ def test_the_sync_check_catches_a_host_sync(cuda: torch.device) -> None:
     """The check the tests below rely on raises on a real host sync, and restores the mode."""
     before = torch.cuda.get_sync_debug_mode()
     value = torch.ones(2, device=cuda)
-    with pytest.raises(RuntimeError, match="synchroniz"):
-        with no_host_sync():
-            value.sum().item()
+    with pytest.raises(RuntimeError, match="synchroniz"), no_host_sync():
+        value.sum().item()
     assert torch.cuda.get_sync_debug_mode() == before
 
 
