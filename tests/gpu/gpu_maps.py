@@ -54,8 +54,10 @@ class DriverError(AssertionError):
 
 
 def map_modules() -> list[str]:
-    """The module names of ``relay/maps/`` (one generated map each), sorted."""
-    return sorted(info.name for info in pkgutil.iter_modules(relay.maps.__path__))
+    """The module names of ``relay/maps/`` (one generated map each; private helpers
+    excluded), sorted."""
+    names = (info.name for info in pkgutil.iter_modules(relay.maps.__path__))
+    return sorted(name for name in names if not name.startswith("_"))
 
 
 def _load_schema(stem: str) -> Schema:

@@ -101,7 +101,8 @@ def test_overlapped_steps_on_cuda_streams_hand_each_step_its_own_values(
     bundled: BundledMap, cuda: torch.device
 ) -> None:
     """An overlap loop on two streams: the forward stream resolves, publishes mid-forward
-    and stashes; the scheduler's stream resolves each publish while the forward is busy."""
+    and stashes; the scheduler's stream resolves each publish behind the fence and writes
+    the next batch's placeholders. Every step gets its own values."""
     relay = bundled.new(cuda, POOL)
     forward_stream, scheduler_stream = new_stream(cuda), new_stream(cuda)
     slots = random_slots(5, POOL, seed=2)
@@ -188,6 +189,7 @@ def test_host_copies_handed_out_survive_the_next_steps_copy(
             busy(BUSY_CYCLES // 20)  # the next copy lands late, over the last
             bundled.publish(relay, indices, values)
         bundled.resolve_schedule(relay, batch)
+        bundled.check_schedule(batch, values, f"step {step}")
         host = {f.name: get_path(batch, f.host_mirror) for f in bundled.mirrored if f.host_mirror}
         handed.append((host, {name: t.clone() for name, t in host.items()}))
     for step, (host, snapshot) in enumerate(handed):
