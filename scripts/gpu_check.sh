@@ -20,11 +20,11 @@
 # See docs/gpu.md for what each step checks and what to record afterwards.
 set -uo pipefail
 
-cd "$(dirname "$0")/.." || exit 2
-ROOT=$(pwd)
-RESULTS=${1:-${OUT:-./gpu-results}}
+RESULTS=${1:-${OUT:-./gpu-results}} # relative to where the script was started
 mkdir -p "$RESULTS" || exit 2
 RESULTS=$(cd "$RESULTS" && pwd)
+cd "$(dirname "$0")/.." || exit 2
+ROOT=$(pwd)
 PY=${PYTHON:-python3}
 BUDGET=${GPU_CHECK_BUDGET_S:-580}
 SKIP_RC=77 # a step that cannot run here (a tool is missing) exits 77: SKIP, not FAIL
@@ -234,6 +234,7 @@ GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 {
     echo "relay GPU check: $(date -u +%Y-%m-%dT%H:%M:%SZ), ${GPU:-no GPU found}"
     echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)"
+    grep -m1 '^python ' "$RESULTS/env.log" 2>/dev/null
     echo "took $(($(date +%s) - START))s of a ${BUDGET}s budget; logs in $RESULTS"
     echo
     printf '%s\n' "${LINES[@]}"
