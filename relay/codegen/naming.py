@@ -60,13 +60,14 @@ def is_identifier(name: object) -> bool:
     )
 
 
-def identifier_problem(name: object) -> str | None:
+def identifier_problem(name: object, *, reserved: bool = True) -> str | None:
     """Why ``name`` cannot name a field, source, dim or path part; ``None`` if it can.
 
     Python normalizes identifiers with NFKC, so ``ﬁeld`` and ``field`` are one
     name: the checks (keyword, mangling, dunder, reserved) look at that form, and a
     name whose normalized form differs is refused outright so the schema, the
-    generated code and the error messages all spell it the same way.
+    generated code and the error messages all spell it the same way. With
+    ``reserved=False`` (attribute names on the batch) ``RESERVED`` is not checked.
     """
     if not isinstance(name, str) or not name.isidentifier():
         return "is not a Python identifier"
@@ -79,7 +80,7 @@ def identifier_problem(name: object) -> str | None:
         return "is a dunder name, reserved for Python"
     if seen.startswith("__"):
         return "starts with '__', which Python mangles inside the generated classes"
-    if seen in RESERVED:
+    if reserved and seen in RESERVED:
         return "is a name the generated module binds itself"
     return None
 
