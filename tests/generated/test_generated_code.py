@@ -224,3 +224,22 @@ def test_generated_modules_are_left_alone_by_ruff(tmp_path: Path) -> None:
         check = subprocess.run([*ruff, "check", "--isolated", *select, "."], cwd=tmp_path,
                                capture_output=True, text=True, check=False)
         assert check.returncode == 0, check.stdout + check.stderr
+
+
+@pytest.mark.parametrize(
+    "field",
+    [
+        Field("ﬁeld", lane=Lane.FORWARD, dtype=torch.int64),
+        Field("tokens", lane=Lane.FORWARD, dtype=torch.int64, source="__mangled"),
+        Field("tokens", lane=Lane.FORWARD, dtype=torch.int64, target="spec_info.__hidden"),
+        Field("tokens", lane=Lane.FORWARD, dtype=torch.int64, shape=("__width",)),
+        Field("tokens", lane=Lane.FORWARD, dtype=torch.int64, source="slots"),
+    ],
+    ids=["nfkc-name", "mangled-source", "mangled-target", "mangled-dim", "reserved-source"],
+)
+def test_validation_refuses_names_python_would_read_differently(field: Field) -> None:
+    """validate asks naming.identifier_problem: NFKC, mangled and reserved names are refused."""
+    from relay.codegen.validate import validate
+
+    issues = validate(Schema(name="NamesFutureMap", fields=[field]), str)
+    assert issues, "the schema must be refused"
