@@ -20,6 +20,7 @@ __all__ = [
     "check_rows",
     "guard_non_negative",
     "guard_positive",
+    "host_sum",
     "lazy_buffer",
     "never_stashed",
     "new_buffer",
@@ -169,6 +170,20 @@ def never_stashed(owner: str, field: str) -> RelayError:
         f"{owner}.{field}: resolved before any stash allocated its buffer; "
         "stash a payload carrying it (the forward that produced the rows) first"
     )
+
+
+#: Up to this many values, ``host_sum`` adds them in Python: no op is dispatched, which
+#: at batch 1 takes a fifth of the time of ``int(values.sum())``; above it torch is faster.
+HOST_SUM_IN_PYTHON_MAX = 64
+
+
+def host_sum(values: torch.Tensor) -> int:
+    """The sum of a host tensor of integers as an ``int`` (a float sum is truncated)."""
+    if values.numel() <= HOST_SUM_IN_PYTHON_MAX and not (
+        values.is_floating_point() or values.is_complex()
+    ):
+        return sum(values.tolist())
+    return int(values.sum())
 
 
 # Note [Guards in debug mode]

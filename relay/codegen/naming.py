@@ -21,8 +21,7 @@ import torch
 from relay.schema import Dim, Field, Lane, Schema
 
 #: Every fixed name a generated module binds or uses: module imports and aliases,
-#: method names and parameters, ``self`` attributes and locals, and the builtins it
-#: calls. A field, source, dim or schema name equal to one of these (as Python sees
+#: method names and parameters, ``self`` attributes and locals. A field, source, dim or schema name equal to one of these (as Python sees
 #: it, after NFKC) would shadow or clash with generated code. A test keeps this list
 #: equal to what the template emits.
 RESERVED = frozenset(
@@ -35,8 +34,6 @@ RESERVED = frozenset(
         "self", "device", "pool_size", "debug", "indices", "payload", "batch", "slots",
         # attributes of the map
         "_debug", "_fence",
-        # builtins the generated code calls
-        "int",
     }
 )
 

@@ -401,10 +401,14 @@ def _field_view(schema: Schema, f: Field) -> FieldView:
         mirror = f"batch.{f.host_mirror}"
         host.append(call(read_indent, f"{mirror} = self.{host_attr}.copy(", [host_src]))
         if f.host_sum is not None:
-            host.append(f"batch.{f.host_sum} = int({mirror}.sum())")
+            host.append(call(read_indent, f"batch.{f.host_sum} = _rt.host_sum(", [mirror]))
     elif f.host_sum is not None:
         host.append(
-            call(read_indent, f"batch.{f.host_sum} = int(", [f"self.{host_attr}.copy({host_src}).sum()"])
+            call(
+                read_indent,
+                f"batch.{f.host_sum} = _rt.host_sum(",
+                [f"self.{host_attr}.copy({host_src})"],
+            )
         )
     if presence is Presence.CARRIED:
         for path in (f.target, f.host_mirror, f.host_sum):
