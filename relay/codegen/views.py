@@ -27,9 +27,6 @@ _GUARDS = {Guard.POSITIVE: "guard_positive", Guard.NON_NEGATIVE: "guard_non_nega
 # Indentation of a method body, and of one and two levels of ``if`` inside it.
 _BODY, _IN_IF, _IN_IF2 = 8, 12, 16
 
-#: Kept for callers that escape doc strings through the views module.
-doc_text = naming.doc_text
-
 
 class WritePlan(enum.Enum):
     """How ``stash`` / ``publish`` write a field."""

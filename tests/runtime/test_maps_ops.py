@@ -68,7 +68,7 @@ def _cases(n: int) -> list[tuple[str, Any, Any, dict[str, torch.Tensor], dict[st
     """(name, map, payload, publish values, expected ops per method) of every bundled map."""
     # The gather, then the host sum: in Python up to HOST_SUM_IN_PYTHON_MAX rows, else
     # ``sum`` and its read-out.
-    SUM = 1 if n <= HOST_SUM_IN_PYTHON_MAX else 3  # noqa: N806
+    host_sum = 1 if n <= HOST_SUM_IN_PYTHON_MAX else 3
     lens = {"new_seq_lens": torch.full((n,), 5, dtype=torch.int64)}
     hidden = torch.rand(n, HIDDEN).to(torch.bfloat16)
     return [
@@ -77,28 +77,28 @@ def _cases(n: int) -> list[tuple[str, Any, Any, dict[str, torch.Tensor], dict[st
          {"stash": 1, "resolve_future": 1}),
         ("decode_seq_lens", DecodeSeqLensFutureMap("cpu", POOL),
          DecodeSeqLensPayload(next_token_ids=torch.arange(n)), lens,
-         {"stash": 1, "publish": 1, "resolve_future": 1, "resolve_seq_lens_cpu": SUM}),
+         {"stash": 1, "publish": 1, "resolve_future": 1, "resolve_seq_lens_cpu": host_sum}),
         ("eagle", EagleFutureMap("cpu", POOL, topk=TOPK),
          EaglePayload(**_eagle_extras(n), hidden_states=hidden), lens,
-         {"stash": 4, "publish": 1, "resolve_future": 4, "resolve_seq_lens_cpu": SUM}),
+         {"stash": 4, "publish": 1, "resolve_future": 4, "resolve_seq_lens_cpu": host_sum}),
         ("eagle without hidden states", EagleFutureMap("cpu", POOL, topk=TOPK),
          EaglePayload(**_eagle_extras(n)), lens,
-         {"stash": 3, "publish": 1, "resolve_future": 3, "resolve_seq_lens_cpu": SUM}),
+         {"stash": 3, "publish": 1, "resolve_future": 3, "resolve_seq_lens_cpu": host_sum}),
         ("eagle_multilayer", EagleMultiLayerFutureMap("cpu", POOL, topk=TOPK),
          EagleMultiLayerPayload(**_eagle_extras(n)), lens,
-         {"stash": 3, "publish": 1, "resolve_future": 3, "resolve_seq_lens_cpu": SUM}),
+         {"stash": 3, "publish": 1, "resolve_future": 3, "resolve_seq_lens_cpu": host_sum}),
         ("eagle_draft_probs", EagleDraftProbsFutureMap("cpu", POOL, topk=TOPK),
          EagleDraftProbsPayload(**_eagle_extras(n), hidden_states=hidden,
                                 draft_probs=torch.rand(n, 16)), lens,
-         {"stash": 5, "publish": 1, "resolve_future": 5, "resolve_seq_lens_cpu": SUM}),
+         {"stash": 5, "publish": 1, "resolve_future": 5, "resolve_seq_lens_cpu": host_sum}),
         ("eagle_dsa", EagleDsaFutureMap("cpu", POOL, topk=TOPK),
          EagleDsaPayload(**_eagle_extras(n), hidden_states=hidden,
                          dsa_topk_indices=torch.zeros(n, 4, dtype=torch.int32)), lens,
-         {"stash": 5, "publish": 1, "resolve_future": 5, "resolve_seq_lens_cpu": SUM}),
+         {"stash": 5, "publish": 1, "resolve_future": 5, "resolve_seq_lens_cpu": host_sum}),
         ("eagle_confidence", EagleConfidenceFutureMap("cpu", POOL, topk=TOPK, draft_tokens=3),
          EagleConfidencePayload(**_eagle_extras(n), hidden_states=hidden),
          {**lens, "draft_confidence": torch.rand(n, 3)},
-         {"stash": 4, "publish": 2, "resolve_future": 4, "resolve_seq_lens_cpu": SUM,
+         {"stash": 4, "publish": 2, "resolve_future": 4, "resolve_seq_lens_cpu": host_sum,
           "resolve_draft_confidence_cpu": 1}),
     ]
 
