@@ -34,21 +34,26 @@ def _valid_path(path: object) -> bool:
 
 
 class _Collector:
-    def __init__(self, schema: Schema, where: Callable[[SourceLocation], str]) -> None:
+    def __init__(self, schema: Schema, display: Callable[[str], str]) -> None:
         self.schema = schema
-        self.where = where
+        self.display = display
         self.schema_name = schema.name if isinstance(schema.name, str) else repr(schema.name)
         self.issues: list[SchemaIssue] = []
+
+    def where(self, loc: SourceLocation) -> str:
+        """``schemas/eagle.py:42``, for messages that point at another declaration."""
+        return f"{self.display(loc.file)}:{loc.line}"
 
     def add(self, field: Field | None, problem: str, fix: str) -> None:
         loc = field.declared_at if field is not None else self.schema.declared_at
         name = field.name if field is not None and isinstance(field.name, str) else None
-        self.issues.append(SchemaIssue(self.where(loc), self.schema_name, name, problem, fix))
+        self.issues.append(SchemaIssue(self.display(loc.file), loc.line, self.schema_name, name,
+                                       problem, fix))
 
 
-def validate(schema: Schema, where: Callable[[SourceLocation], str]) -> list[SchemaIssue]:
-    """Every issue of ``schema``; ``where`` spells a declaration's location."""
-    c = _Collector(schema, where)
+def validate(schema: Schema, display: Callable[[str], str]) -> list[SchemaIssue]:
+    """Every issue of ``schema``; ``display`` spells a declaration's file as messages show it."""
+    c = _Collector(schema, display)
     if not naming.is_identifier(schema.name):
         c.add(None, f"schema name must be a Python identifier (got {_got(schema.name)})",
               "name the schema like a class, e.g. name=\"DecodeFutureMap\"")

@@ -30,15 +30,17 @@ def one_issue(project: Project) -> str:
     error = schema_error(project)
     messages = [str(issue) for issue in error.issues]
     assert len(messages) == 1, messages
-    assert str(error) == "invalid schema (1 problem):\n" + messages[0]
+    assert str(error) == messages[0] + "\ninvalid schema: 1 problem in 1 schema module"
     return messages[0]
 
 
 def import_error(project: Project, stem: str) -> str:
+    """The only problem of ``schemas/<stem>.py``, a module that does not load."""
     job = explicit_job([project.schemas / f"{stem}.py"], project.maps)
     with pytest.raises(SchemaImportError) as excinfo:
         plan(job)
-    return str(excinfo.value)
+    (issue,) = excinfo.value.issues
+    return str(issue)
 
 
 GOOD = 'Field("tokens", lane=Lane.FORWARD, dtype=torch.int64, target="input_ids"),'
@@ -53,7 +55,7 @@ def test_duplicate_field_name(project: Project) -> None:
     first = line_of(path, "input_ids")
     second = line_of(path, "seq_lens")
     assert one_issue(project) == (
-        f"{SRC}:{second}: BadFutureMap.tokens: duplicate field name 'tokens'; it is first "
+        f"{SRC}:{second}: error: BadFutureMap.tokens: duplicate field name 'tokens'; it is first "
         f"declared at {SRC}:{first}\n"
         "    fix: rename one of them, or delete the repeated declaration"
     )
@@ -64,7 +66,7 @@ def test_field_name_not_an_identifier(project: Project) -> None:
     path = project.schema_module("bad", ['Field("2x", lane=Lane.FORWARD, dtype=torch.int64),'])
     line = line_of(path, '"2x"')
     assert one_issue(project) == (
-        f"{SRC}:{line}: BadFutureMap.2x: field name must be a Python identifier "
+        f"{SRC}:{line}: error: BadFutureMap.2x: field name must be a Python identifier "
         "(got '2x' that is a str)\n"
         '    fix: use letters, digits and underscores, not starting with a digit, e.g. "topk_p"'
     )
@@ -75,7 +77,7 @@ def test_field_name_is_a_keyword(project: Project) -> None:
     path = project.schema_module("bad", ['Field("class", lane=Lane.FORWARD, dtype=torch.int64),'])
     line = line_of(path, '"class"')
     assert one_issue(project) == (
-        f"{SRC}:{line}: BadFutureMap.class: field name 'class' is a Python keyword\n"
+        f"{SRC}:{line}: error: BadFutureMap.class: field name 'class' is a Python keyword\n"
         '    fix: rename it, e.g. "class_"'
     )
 
@@ -89,7 +91,7 @@ def test_field_name_clashes_with_generated_name(project: Project, name: str) -> 
     path = project.schema_module("bad", [f'Field("{name}", lane=Lane.FORWARD, dtype=torch.int64),'])
     line = line_of(path, f'"{name}"')
     assert one_issue(project) == (
-        f"{SRC}:{line}: BadFutureMap.{name}: field name {name!r} clashes with a name the "
+        f"{SRC}:{line}: error: BadFutureMap.{name}: field name {name!r} clashes with a name the "
         "generated map defines or uses\n"
         f'    fix: rename the field, e.g. "{name}_value"'
     )
@@ -100,7 +102,7 @@ def test_unknown_lane(project: Project) -> None:
     path = project.schema_module("bad", ['Field("tokens", lane="forward", dtype=torch.int64),'])
     line = line_of(path, '"tokens"')
     assert one_issue(project) == (
-        f"{SRC}:{line}: BadFutureMap.tokens: lane must be Lane.FORWARD or Lane.SCHEDULE "
+        f"{SRC}:{line}: error: BadFutureMap.tokens: lane must be Lane.FORWARD or Lane.SCHEDULE "
         "(got 'forward' that is a str)\n"
         "    fix: write lane=Lane.FORWARD (stashed for the next forward) or "
         "lane=Lane.SCHEDULE (published for the scheduler)"
@@ -116,7 +118,7 @@ def test_dtype_not_a_torch_dtype(project: Project, spelled: str, got: str) -> No
     path = project.schema_module("bad", [f'Field("probs", lane=Lane.FORWARD, dtype={spelled}),'])
     line = line_of(path, '"probs"')
     assert one_issue(project) == (
-        f"{SRC}:{line}: BadFutureMap.probs: dtype must be a torch.dtype such as torch.int64, "
+        f"{SRC}:{line}: error: BadFutureMap.probs: dtype must be a torch.dtype such as torch.int64, "
         f"torch.float32, torch.bfloat16, or FROM_PAYLOAD (got {got})\n"
         "    fix: write dtype=torch.<name>, e.g. dtype=torch.int64"
     )
@@ -129,7 +131,7 @@ def test_non_positive_dim(project: Project, dim: int) -> None:
         "bad", [f'Field("probs", lane=Lane.FORWARD, dtype=torch.float32, shape=({dim},)),'])
     line = line_of(path, '"probs"')
     assert one_issue(project) == (
-        f"{SRC}:{line}: BadFutureMap.probs: shape dims must be positive (got {dim})\n"
+        f"{SRC}:{line}: error: BadFutureMap.probs: shape dims must be positive (got {dim})\n"
         '    fix: use a size >= 1, or a symbolic name such as "topk" given at construction'
     )
 
@@ -145,7 +147,7 @@ def test_non_integer_dim(project: Project, spelled: str, got: str) -> None:
         "bad", [f'Field("probs", lane=Lane.FORWARD, dtype=torch.float32, shape=({spelled},)),'])
     line = line_of(path, '"probs"')
     assert one_issue(project) == (
-        f"{SRC}:{line}: BadFutureMap.probs: shape dims must be positive ints or symbolic names "
+        f"{SRC}:{line}: error: BadFutureMap.probs: shape dims must be positive ints or symbolic names "
         f"(got {got})\n"
         '    fix: write shape=("topk",) or shape=(8,)'
     )
@@ -157,7 +159,7 @@ def test_symbolic_dim_not_an_identifier(project: Project) -> None:
         "bad", ['Field("probs", lane=Lane.FORWARD, dtype=torch.float32, shape=("top k",)),'])
     line = line_of(path, '"probs"')
     assert one_issue(project) == (
-        f"{SRC}:{line}: BadFutureMap.probs: symbolic dim must be an identifier that is not "
+        f"{SRC}:{line}: error: BadFutureMap.probs: symbolic dim must be an identifier that is not "
         "reserved (got 'top k')\n"
         '    fix: name the dim like a keyword argument, e.g. "topk" or "hidden"'
     )
@@ -169,7 +171,7 @@ def test_from_payload_dtype_on_eager_field(project: Project) -> None:
         "bad", ['Field("hidden", lane=Lane.FORWARD, dtype=FROM_PAYLOAD, shape=("h",)),'])
     line = line_of(path, '"hidden"')
     assert one_issue(project) == (
-        f"{SRC}:{line}: BadFutureMap.hidden: dtype=FROM_PAYLOAD needs a lazily allocated "
+        f"{SRC}:{line}: error: BadFutureMap.hidden: dtype=FROM_PAYLOAD needs a lazily allocated "
         "field, but alloc is Alloc.EAGER\n"
         "    fix: add alloc=Alloc.LAZY, or give a fixed dtype such as torch.bfloat16"
     )
@@ -180,7 +182,7 @@ def test_schedule_field_without_target(project: Project) -> None:
     path = project.schema_module("bad", ['Field("lens", lane=Lane.SCHEDULE, dtype=torch.int64),'])
     line = line_of(path, '"lens"')
     assert one_issue(project) == (
-        f"{SRC}:{line}: BadFutureMap.lens: a schedule field needs a target on the batch to "
+        f"{SRC}:{line}: error: BadFutureMap.lens: a schedule field needs a target on the batch to "
         "resolve into (got target=None)\n"
         '    fix: add target="<batch attribute>", e.g. target="seq_lens"'
     )
@@ -195,7 +197,7 @@ def test_placeholder_on_non_integer_dtype(project: Project, dtype: str) -> None:
     ])
     line = line_of(path, '"tok"')
     assert one_issue(project) == (
-        f"{SRC}:{line}: BadFutureMap.tok: resolve=Resolve.PLACEHOLDER needs an integer dtype, "
+        f"{SRC}:{line}: error: BadFutureMap.tok: resolve=Resolve.PLACEHOLDER needs an integer dtype, "
         f"since placeholders are negative slots (got torch.{dtype})\n"
         "    fix: use resolve=Resolve.GATHER for this field"
     )
@@ -209,7 +211,7 @@ def test_malformed_target_path(project: Project, target: str) -> None:
         "bad", [f'Field("topk_p", lane=Lane.FORWARD, dtype=torch.float32, target={target!r}),'])
     line = line_of(path, '"topk_p"')
     assert one_issue(project) == (
-        f"{SRC}:{line}: BadFutureMap.topk_p: target must be a dotted attribute path such as "
+        f"{SRC}:{line}: error: BadFutureMap.topk_p: target must be a dotted attribute path such as "
         f"'spec_info.topk_p' (got {target!r} that is a str)\n"
         '    fix: write target="seq_lens" or target="spec_info.topk_p": identifiers joined by dots'
     )
@@ -224,7 +226,7 @@ def test_two_fields_resolve_into_one_target(project: Project) -> None:
     first = line_of(path, '"tokens"')
     second = line_of(path, '"draft"')
     assert one_issue(project) == (
-        f"{SRC}:{second}: BadFutureMap.draft: target 'input_ids' is also the target of field "
+        f"{SRC}:{second}: error: BadFutureMap.draft: target 'input_ids' is also the target of field "
         f"'tokens' ({SRC}:{first}); two fields cannot resolve into one attribute\n"
         "    fix: give field 'draft' another target"
     )
@@ -235,7 +237,7 @@ def test_schema_with_no_fields(project: Project) -> None:
     path = project.schema_module("bad", [])
     line = line_of(path, "SCHEMA = Schema(")
     assert one_issue(project) == (
-        f"{SRC}:{line}: BadFutureMap: a schema needs at least one field (got none)\n"
+        f"{SRC}:{line}: error: BadFutureMap: a schema needs at least one field (got none)\n"
         "    fix: add a Field(...) to fields=[...], or delete the schema module"
     )
 
@@ -262,7 +264,7 @@ def test_multi_line_declaration_reported_at_its_first_line(project: Project) -> 
     """An error in a multi-line Field(...) points at the line that opens the declaration."""
     path = project.write_schema("bad", SCHEMA_TEXT_MULTILINE)
     line = line_of(path, "Field(")
-    assert one_issue(project).startswith(f"{SRC}:{line}: BadFutureMap.probs: dtype must be")
+    assert one_issue(project).startswith(f"{SRC}:{line}: error: BadFutureMap.probs: dtype must be")
 
 
 def test_schema_module_that_fails_to_import(project: Project) -> None:
@@ -275,7 +277,7 @@ def test_schema_module_that_fails_to_import(project: Project) -> None:
     """)
     line = line_of(path, "TOPK =")
     assert import_error(project, "boom") == (
-        f"schemas/boom.py:{line}: the schema module failed to import: KeyError: 'top_k'\n"
+        f"schemas/boom.py:{line}: error: the schema module failed to import: KeyError: 'top_k'\n"
         "    fix: run `python schemas/boom.py` to see the full traceback, and mend the module"
     )
 
@@ -288,8 +290,8 @@ def test_schema_module_with_syntax_error(project: Project) -> None:
         SCHEMA = (
     """)
     assert import_error(project, "syntax") == (
-        "schemas/syntax.py:3: the schema module failed to import: SyntaxError: '(' was never "
-        "closed (syntax.py, line 3)\n"
+        "schemas/syntax.py:3: error: the schema module failed to import: SyntaxError: '(' was "
+        "never closed\n"
         "    fix: run `python schemas/syntax.py` to see the full traceback, and mend the module"
     )
 
@@ -302,7 +304,7 @@ def test_schema_module_without_schema(project: Project) -> None:
         DECODE = None
     """)
     assert import_error(project, "noschema") == (
-        "schemas/noschema.py: a schema module must define SCHEMA = Schema(...) (got nothing)\n"
+        "schemas/noschema.py:1: error: a schema module must define SCHEMA = Schema(...) (got nothing)\n"
         "    fix: assign the schema declaration to a module-level name SCHEMA"
     )
 
@@ -311,7 +313,7 @@ def test_schema_module_with_non_schema_value(project: Project) -> None:
     """A SCHEMA that is not a Schema is refused, naming what it is."""
     project.write_schema("notschema", 'SCHEMA = {"name": "DecodeFutureMap"}\n')
     assert import_error(project, "notschema") == (
-        "schemas/notschema.py: a schema module must define SCHEMA = Schema(...) (got a dict)\n"
+        "schemas/notschema.py:1: error: a schema module must define SCHEMA = Schema(...) (got a dict)\n"
         "    fix: assign the schema declaration to a module-level name SCHEMA"
     )
 
@@ -319,7 +321,7 @@ def test_schema_module_with_non_schema_value(project: Project) -> None:
 def test_missing_schema_module(project: Project) -> None:
     """A schema path that does not exist is named, with where to look."""
     assert import_error(project, "absent") == (
-        "schemas/absent.py: no such schema module\n"
+        "schemas/absent.py: error: no such schema module\n"
         "    fix: check the path, or the 'schemas' list under [tool.relay] in pyproject.toml"
     )
 
@@ -339,16 +341,16 @@ def test_cli_lists_every_error_and_exits_3(project: Project, relay_cli: Callable
     run = relay_cli("generate", "schemas/bad.py", "--out", "maps", cwd=project.root)
     assert run.code == 3
     assert run.err == (
-        "relay: invalid schema (3 problems):\n"
-        f"{SRC}:{lines[0]}: BadFutureMap.tokens: lane must be Lane.FORWARD or Lane.SCHEDULE "
+        f"{SRC}:{lines[0]}: error: BadFutureMap.tokens: lane must be Lane.FORWARD or Lane.SCHEDULE "
         "(got 'forward' that is a str)\n"
         "    fix: write lane=Lane.FORWARD (stashed for the next forward) or "
         "lane=Lane.SCHEDULE (published for the scheduler)\n"
-        f"{SRC}:{lines[1]}: BadFutureMap.probs: dtype must be a torch.dtype such as "
+        f"{SRC}:{lines[1]}: error: BadFutureMap.probs: dtype must be a torch.dtype such as "
         "torch.int64, torch.float32, torch.bfloat16, or FROM_PAYLOAD (got 'fp8' that is a str)\n"
         "    fix: write dtype=torch.<name>, e.g. dtype=torch.int64\n"
-        f"{SRC}:{lines[2]}: BadFutureMap.rows: shape dims must be positive (got 0)\n"
+        f"{SRC}:{lines[2]}: error: BadFutureMap.rows: shape dims must be positive (got 0)\n"
         '    fix: use a size >= 1, or a symbolic name such as "topk" given at construction\n'
+        "relay: invalid schema: 3 problems in 1 schema module (nothing was written)\n"
     )
     assert not project.maps.exists()
 
@@ -360,8 +362,9 @@ def test_cli_lists_errors_of_every_schema(project: Project, relay_cli: Callable[
     project.schema_module("worse", [THREE_MISTAKES[2]], name="WorseFutureMap")
     run = relay_cli("generate", cwd=project.root)
     assert run.code == 3
-    assert run.err.startswith("relay: invalid schema (3 problems):\n")
-    assert [line.split(": ")[1] for line in run.err.splitlines()[1::2]] == [
+    assert run.err.endswith("relay: invalid schema: 3 problems in 2 schema modules "
+                            "(nothing was written)\n")
+    assert [line.split(": ")[2] for line in run.err.splitlines()[:-1:2]] == [
         "BadFutureMap.tokens", "BadFutureMap.probs", "WorseFutureMap.rows"]
     assert not project.maps.exists()
 
@@ -373,7 +376,7 @@ def test_cli_lists_import_and_validation_errors_together(
     project.schema_module("bad", [THREE_MISTAKES[1]])
     run = relay_cli("generate", cwd=project.root)
     assert run.code == 3
-    assert "schemas/boom.py:1: the schema module failed to import" in run.err
+    assert "schemas/boom.py:1: error: the schema module failed to import" in run.err
     assert "BadFutureMap.probs: dtype must be a torch.dtype" in run.err
 
 

@@ -18,7 +18,7 @@ from codegen_support import REPO, Project, Run, run_relay_process
 
 from relay.codegen import configured_job, explicit_job, plan, run_job
 from relay.codegen.loader import load_schema
-from relay.codegen.render import schema_hash
+from relay.codegen.files import WriteError, schema_hash
 
 BUNDLED = sorted(p.stem for p in (REPO / "schemas").glob("*.py") if p.name != "__init__.py")
 PAIR = ("decode", "eagle")
@@ -216,7 +216,7 @@ def test_interrupted_write_keeps_old_file_and_no_temp(project: Project,
 
     monkeypatch.setattr(os, "replace", failing_replace)
     job = explicit_job([project.schemas / f"{s}.py" for s in PAIR], out)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(WriteError, match="cannot write out/decode.py: disk full"):
         run_job(job)
     monkeypatch.undo()
     assert _snapshot(out) == before
