@@ -245,10 +245,16 @@ def _stage(item: Planned) -> _Staged | None:
     """Write ``item`` to a temp file beside its target; None when the target is current."""
     data = item.content.encode("utf-8")
     path = item.path
+    misplaced = WriteError(
+        f"cannot write {item.display}: a file stands where its folder should be; move it "
+        "away, or choose another --out"
+    )
     try:
         previous: bytes | None = path.read_bytes()
     except FileNotFoundError:
         previous = None
+    except NotADirectoryError:
+        raise misplaced from None
     except OSError as error:
         raise WriteError(f"cannot write {item.display}: {_reason(error)}") from None
     if previous == data:
@@ -256,10 +262,7 @@ def _stage(item: Planned) -> _Staged | None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
-        raise WriteError(
-            f"cannot write {item.display}: a file stands where its folder should be; move it "
-            "away, or choose another --out"
-        ) from None
+        raise misplaced from None
     except OSError as error:
         raise WriteError(f"cannot create the folder of {item.display}: {_reason(error)}") from None
     try:
