@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import sys
 import types
+import warnings
 from collections.abc import Callable
 
 import pytest
@@ -456,3 +457,120 @@ def test_loading_schemas_leaves_no_module_behind(project: Project) -> None:
     project.schema_module("bad", [THREE_MISTAKES[0]])
     schema_error(project)
     assert [name for name in sys.modules if name.startswith("_relay_schema_")] == []
+
+
+# --- options that make no sense together (refused before anything is written) -----------------
+
+QFLAG, QCONF, QODD, QTOK = '"flag"', '"conf"', '"odd"', '"tok"'
+
+
+@pytest.mark.parametrize(("dtype", "guard"), [
+    ("bool", "POSITIVE"), ("bool", "NON_NEGATIVE"), ("complex64", "POSITIVE"),
+])
+def test_guard_on_a_dtype_it_cannot_check(project: Project, dtype: str, guard: str) -> None:
+    """A value guard on bool or complex values is refused: comparing them with 0 means nothing."""
+    path = project.schema_module("bad", [
+        f'Field("flag", lane=Lane.FORWARD, dtype=torch.{dtype}, guard=Guard.{guard}),'])
+    assert one_issue(project) == (
+        f"{SRC}:{line_of(path, QFLAG)}: error: BadFutureMap.flag: guard=Guard.{guard} "
+        f"compares values with 0, which torch.{dtype} values cannot be checked by (got "
+        f"guard=Guard.{guard} with dtype=torch.{dtype})\n"
+        "    fix: remove the guard, or give the field a real integer or float dtype"
+    )
+
+
+@pytest.mark.parametrize(("spelled", "got"), [
+    ("torch.float32", "torch.float32"), ("FROM_PAYLOAD, alloc=Alloc.LAZY", "FROM_PAYLOAD"),
+])
+def test_host_sum_on_a_float_field(project: Project, spelled: str, got: str) -> None:
+    """host_sum on a float (or not yet known) dtype is refused: the int sum would truncate it."""
+    path = project.schema_module("bad", [
+        f'Field("conf", lane=Lane.SCHEDULE, dtype={spelled}, target="conf", '
+        'host_sum="conf_sum"),'])
+    assert one_issue(project) == (
+        f"{SRC}:{line_of(path, QCONF)}: error: BadFutureMap.conf: host_sum hands the "
+        "batch an int, so it needs a fixed integer dtype; a float sum would be truncated (got "
+        f"dtype={got})\n"
+        "    fix: give dtype=torch.int64, or remove host_sum=... and sum the host_mirror yourself"
+    )
+
+
+def _dtypes_torch_cannot_index() -> list[str]:
+    """Candidate dtypes that this torch build cannot allocate or index by rows."""
+    found = []
+    for name in ("qint8", "bits8", "uint16"):
+        dtype = getattr(torch, name, None)
+        if dtype is None:
+            continue
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # quantized dtypes warn that they are deprecated
+                buf = torch.zeros((2,), dtype=dtype)
+                buf[torch.tensor([1])] = torch.tensor([1]).to(dtype)
+        except Exception:
+            found.append(name)
+    return found or ["<none>"]
+
+
+@pytest.mark.parametrize("dtype", _dtypes_torch_cannot_index())
+def test_dtype_torch_cannot_hold(project: Project, dtype: str) -> None:
+    """A dtype torch cannot allocate or index is refused at generation, not at construction."""
+    if dtype == "<none>":
+        pytest.skip("this torch build indexes every candidate dtype")
+    path = project.schema_module("bad", [
+        f'Field("odd", lane=Lane.FORWARD, dtype=torch.{dtype}, target="odd"),'])
+    issue = one_issue(project)
+    assert issue.startswith(
+        f"{SRC}:{line_of(path, QODD)}: error: BadFutureMap.odd: dtype torch.{dtype} cannot "
+        "hold a relay buffer: torch cannot allocate it or index its rows (")
+    assert issue.endswith(
+        "    fix: use a dtype torch indexes, such as torch.int64, torch.float32, torch.bfloat16")
+
+
+def test_placeholder_on_an_unsigned_dtype(project: Project) -> None:
+    """Placeholders are negative slots: an unsigned dtype cannot hold them."""
+    path = project.schema_module("bad", [
+        'Field("tok", lane=Lane.FORWARD, dtype=torch.uint8, target="input_ids", '
+        "resolve=Resolve.PLACEHOLDER),"])
+    assert one_issue(project) == (
+        f"{SRC}:{line_of(path, QTOK)}: error: BadFutureMap.tok: resolve=Resolve.PLACEHOLDER "
+        "needs a signed integer dtype, since placeholders are negative slots (got torch.uint8)\n"
+        "    fix: give a signed dtype such as torch.int64, or use resolve=Resolve.GATHER"
+    )
+
+
+def test_optional_lazy_placeholder(project: Project) -> None:
+    """An optional lazy placeholder field would hand `-slot` to the forward until first stashed."""
+    path = project.schema_module("bad", [
+        'Field("tok", lane=Lane.FORWARD, dtype=torch.int64, target="input_ids", '
+        "resolve=Resolve.PLACEHOLDER, alloc=Alloc.LAZY, optional=True),"])
+    assert one_issue(project) == (
+        f"{SRC}:{line_of(path, QTOK)}: error: BadFutureMap.tok: resolve=Resolve.PLACEHOLDER "
+        "on an optional lazy field: until a payload carries it there is no buffer, and the "
+        "placeholders (-slot) written by invalidate would reach the forward (got optional=True, "
+        "alloc=Alloc.LAZY)\n"
+        "    fix: make the field required (optional=False), allocate it eagerly "
+        "(alloc=Alloc.EAGER), or use resolve=Resolve.GATHER"
+    )
+
+
+def test_malformed_shape_names_its_field() -> None:
+    """A shape that is not a tuple of dims is reported with its field, not as a crash."""
+    from relay.codegen.validate import validate
+    from relay.schema import Field, Lane, Schema
+
+    field = Field("probs", lane=Lane.FORWARD, dtype=torch.float32)
+    object.__setattr__(field, "shape", {"topk"})  # what a converter that keeps bad values gives
+    (issue,) = validate(Schema("BadFutureMap", [field]), lambda file: "schemas/bad.py")
+    assert (issue.field, issue.problem) == (
+        "probs", "shape must be a tuple of dims such as (\"topk\",) or (8,) (got {'topk'} that "
+        "is a set)")
+
+
+def test_two_nested_targets_cannot_make_one_protocol_name(project: Project) -> None:
+    """`spec_info.a` and `spec__info.b` would both need a Protocol SpecInfo: refused, or distinct."""
+    project.schema_module("bad", [
+        'Field("a", lane=Lane.FORWARD, dtype=torch.int64, target="spec_info.a"),',
+        'Field("b", lane=Lane.FORWARD, dtype=torch.int64, target="spec__info.b"),',
+    ])
+    _refused_or_well_formed(project, "b")
