@@ -196,12 +196,12 @@ def _check_target(c: _Collector, f: Field) -> None:
             c.add(f, f"resolve=Resolve.PLACEHOLDER needs a signed integer dtype, since "
                   f"placeholders are negative slots (got {f.dtype})",
                   "give a signed dtype such as torch.int64, or use resolve=Resolve.GATHER")
-        if f.optional is True and f.alloc is Alloc.LAZY:
-            c.add(f, "resolve=Resolve.PLACEHOLDER on an optional lazy field: until a payload "
-                  "carries it there is no buffer, and the placeholders (-slot) written by "
-                  "invalidate would reach the forward (got optional=True, alloc=Alloc.LAZY)",
-                  "make the field required (optional=False), allocate it eagerly "
-                  "(alloc=Alloc.EAGER), or use resolve=Resolve.GATHER")
+        if f.optional is True:
+            c.add(f, "resolve=Resolve.PLACEHOLDER needs the value on every step: a step whose "
+                  "payload omits an optional field would leave the placeholders (-slot) that "
+                  "invalidate wrote, or a previous step's value, for the forward "
+                  "(got optional=True)",
+                  "make the field required (optional=False), or use resolve=Resolve.GATHER")
         if isinstance(f.shape, tuple) and f.shape:
             c.add(f, f"resolve=Resolve.PLACEHOLDER needs one value per slot, shape=() "
                   f"(got shape={f.shape!r})", "use resolve=Resolve.GATHER for rows")

@@ -539,18 +539,19 @@ def test_placeholder_on_an_unsigned_dtype(project: Project) -> None:
     )
 
 
-def test_optional_lazy_placeholder(project: Project) -> None:
-    """An optional lazy placeholder field would hand `-slot` to the forward until first stashed."""
+@pytest.mark.parametrize("alloc", ["LAZY", "EAGER"])
+def test_optional_placeholder(project: Project, alloc: str) -> None:
+    """An optional placeholder field would hand `-slot` (lazy) or a stale value (eager) to the
+    forward on a step without it: refused."""
     path = project.schema_module("bad", [
         'Field("tok", lane=Lane.FORWARD, dtype=torch.int64, target="input_ids", '
-        "resolve=Resolve.PLACEHOLDER, alloc=Alloc.LAZY, optional=True),"])
+        f"resolve=Resolve.PLACEHOLDER, alloc=Alloc.{alloc}, optional=True),"])
     assert one_issue(project) == (
         f"{SRC}:{line_of(path, QTOK)}: error: BadFutureMap.tok: resolve=Resolve.PLACEHOLDER "
-        "on an optional lazy field: until a payload carries it there is no buffer, and the "
-        "placeholders (-slot) written by invalidate would reach the forward (got optional=True, "
-        "alloc=Alloc.LAZY)\n"
-        "    fix: make the field required (optional=False), allocate it eagerly "
-        "(alloc=Alloc.EAGER), or use resolve=Resolve.GATHER"
+        "needs the value on every step: a step whose payload omits an optional field would "
+        "leave the placeholders (-slot) that invalidate wrote, or a previous step's value, for "
+        "the forward (got optional=True)\n"
+        "    fix: make the field required (optional=False), or use resolve=Resolve.GATHER"
     )
 
 
