@@ -1,6 +1,6 @@
 """Golden corpus: a forward lane alone (no schedule lane, no fence, no publish).
 
-Reaches: gather into deep nested targets, an optional eager field, a forward field
+Reaches: gather into deep nested targets, an optional eager field with a guard, a forward field
 with no target (stashed, never resolved), an optional lazy field with its dtype from
 the payload, guards, a payload attribute renamed by ``source``, and fields and a
 schema with no doc string.
@@ -29,6 +29,7 @@ SCHEMA = Schema(
             shape=("topk", 2),
             optional=True,
             target="draft.scores",
+            guard=Guard.NON_NEGATIVE,
         ),
         Field(
             "counts",
