@@ -149,7 +149,9 @@ def plan(job: Job) -> list[Planned]:
         only_imports = False
         try:
             found = validate(schema, lambda file: display(file, job.root))
-        except Exception as error:  # a hostile value that broke a check: still located
+        except KeyboardInterrupt:
+            raise
+        except BaseException as error:  # a hostile value (even a SystemExit) broke a check
             loc = schema.declared_at
             found = [SchemaIssue(display(loc.file, job.root), loc.line, None, None,
                                  f"the schema could not be validated: {describe(error)}",
@@ -165,11 +167,13 @@ def plan(job: Job) -> list[Planned]:
             issues.extend(found)
             continue
         shown = display(out_path, job.root)
-        digest = files.schema_hash(schema)
         try:
+            digest = files.schema_hash(schema)
             content = render(schema, source=source, command=job.command_for(path),
                              schema_hash=digest)
-        except Exception as error:  # a generator bug: say what was being generated
+        except KeyboardInterrupt:
+            raise
+        except BaseException as error:  # a generator bug: say what was being generated
             loc = schema.declared_at
             raise RelayError(
                 f"while generating {shown} from {display(loc.file, job.root)}:{loc.line}: "

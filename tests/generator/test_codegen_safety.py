@@ -390,3 +390,28 @@ def test_generate_cli_module_imports_no_pipeline() -> None:
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == []
+
+
+def test_hostile_value_that_exits_during_validation(project: Project,
+                                                    relay_cli: Callable[..., Run]) -> None:
+    """A declared value whose repr ends the process cannot turn --check green: exit 3, located."""
+    path = project.write_schema("hostile", """\
+        import torch
+
+        from relay.schema import Field, Lane, Schema
+
+
+        class Sneaky:
+            def __repr__(self):
+                raise SystemExit(0)
+
+
+        SCHEMA = Schema(
+            name="HostileFutureMap",
+            fields=[Field("x", lane=Lane.FORWARD, dtype=Sneaky())],
+        )
+    """)
+    run = relay_cli("generate", "--check", cwd=project.root)
+    assert run.code == 3, run
+    assert run.err.startswith(f"schemas/hostile.py:{line_of(path, 'SCHEMA = Schema(')}: error: "
+                              "the schema could not be validated: SystemExit: 0")
