@@ -58,7 +58,7 @@ def add_arguments(gen: argparse.ArgumentParser) -> None:
                      "files only)")
     gen.add_argument("--format", choices=("text", "json"), default="text",
                      help="json: one JSON object on stdout (files, drift kinds, problems with "
-                     "path and line), for CI annotations")
+                     "path and line; each file's diff with --diff), for CI annotations")
     gen.add_argument("-q", "--quiet", action="store_true", help="print only problems")
 
 
@@ -129,7 +129,8 @@ def run(args: argparse.Namespace) -> int:
             out.problem(f"relay: {len(drifts)} generated file(s) out of date:")
             for drift in drifts:
                 out.problem(f"  {drift}")
-            return out.done(EXIT_DRIFT, "drift", files=[d.as_json() for d in drifts])
+            return out.done(EXIT_DRIFT, "drift",
+                            files=[d.as_json(diff=args.diff) for d in drifts])
 
         from relay.codegen.api import display, run_job
 

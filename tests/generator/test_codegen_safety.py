@@ -351,7 +351,10 @@ def test_check_json_for_drift(project: Project, relay_cli: Callable[..., Run]) -
         "version": 1, "mode": "check", "status": "drift", "exit_code": 1}
     assert [(f["path"], f["kind"]) for f in report["files"]] == [
         ("maps/decode.py", "missing"), ("maps/eagle.py", "hand-edited")]
-    assert all(f["fix"] for f in report["files"])
+    assert all(f["fix"] for f in report["files"]) and "diff" not in report["files"][0]
+    run = relay_cli("generate", "--diff", "--format", "json", cwd=project.root)
+    report = json.loads(run.out)
+    assert report["files"][1]["diff"].endswith("-# edited\n")
 
 
 def test_check_json_for_invalid_schema(project: Project, relay_cli: Callable[..., Run]) -> None:
@@ -415,3 +418,14 @@ def test_hostile_value_that_exits_during_validation(project: Project,
     assert run.code == 3, run
     assert run.err.startswith(f"schemas/hostile.py:{line_of(path, 'SCHEMA = Schema(')}: error: "
                               "the schema could not be validated: SystemExit: 0")
+
+
+def test_generator_source_never_spells_the_generated_marker() -> None:
+    """No file of the generator holds the whole `@generated` marker, so tools that skip
+    generated files (by that marker) never skip the generator itself."""
+    marker = "@" + "generated"
+    sources = sorted((REPO / "relay" / "codegen").rglob("*"))
+    holders = [p.relative_to(REPO).as_posix() for p in sources
+               if p.is_file() and p.suffix in (".py", ".jinja")
+               and marker in p.read_text(encoding="utf-8")]
+    assert holders == []
