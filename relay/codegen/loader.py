@@ -7,6 +7,7 @@ However a schema module's import ends (an exception, ``SystemExit``, a module-le
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import io
@@ -47,8 +48,10 @@ def load_schema(path: Path, display: str) -> Schema:
     sys.modules[name] = module
     rerun = f"run `python {display}` to see the full traceback, and mend the module"
     try:
-        spec.loader.exec_module(module)
-        schema = getattr(module, "SCHEMA", None)
+        # What a schema module prints goes to stderr: stdout carries diffs and JSON.
+        with contextlib.redirect_stdout(sys.stderr):
+            spec.loader.exec_module(module)
+            schema = getattr(module, "SCHEMA", None)
     except KeyboardInterrupt:
         raise
     except SystemExit as error:

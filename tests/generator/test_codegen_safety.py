@@ -429,3 +429,15 @@ def test_generator_source_never_spells_the_generated_marker() -> None:
                if p.is_file() and p.suffix in (".py", ".jinja")
                and marker in p.read_text(encoding="utf-8")]
     assert holders == []
+
+
+def test_schema_that_prints_keeps_json_output_clean(project: Project,
+                                                    relay_cli: Callable[..., Run]) -> None:
+    """What a schema module prints while imported goes to stderr, so stdout stays pure JSON."""
+    project.copy_bundled("decode")
+    path = project.schemas / "decode.py"
+    path.write_text('print("loading decode")\n' + path.read_text())
+    run = relay_cli("generate", "--check", "--format", "json", cwd=project.root)
+    assert run.code == 1
+    assert json.loads(run.out)["status"] == "drift"
+    assert run.err == "loading decode\n"
