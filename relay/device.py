@@ -16,6 +16,7 @@ from this module, which pick a policy by device type:
 
 from __future__ import annotations
 
+import inspect
 import threading
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -102,6 +103,18 @@ class _SynchronizingEvent:
         pass
 
 
+def _takes_device(function: Callable[..., Any]) -> bool:
+    """Whether ``function`` accepts a device as its first argument."""
+    try:
+        parameters = list(inspect.signature(function).parameters.values())
+    except (TypeError, ValueError):  # a builtin without a signature: do not guess
+        return False
+    return bool(parameters) and parameters[0].kind in (
+        inspect.Parameter.POSITIONAL_ONLY,
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+    )
+
+
 class GenericPolicy:
     """Any other device module (xpu, mps, ...): its ``current_stream()`` and ``Event``,
     or a device synchronize where the module has no streams."""
@@ -110,9 +123,16 @@ class GenericPolicy:
         self.device = device
         self.module: Any = torch.get_device_module(device.type)
         self._streams = hasattr(self.module, "current_stream") and hasattr(self.module, "Event")
+        # The map's own device's stream (a map on xpu:1 records and waits on xpu:1's),
+        # where the module's current_stream takes a device.
+        self._per_device = self._streams and _takes_device(self.module.current_stream)
 
     def current_stream(self) -> Any:
-        return self.module.current_stream() if self._streams else None
+        if not self._streams:
+            return None
+        if self._per_device:
+            return self.module.current_stream(self.device)
+        return self.module.current_stream()
 
     def new_event(self) -> Any:
         return self.module.Event() if self._streams else _SynchronizingEvent(self.module)

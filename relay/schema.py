@@ -13,7 +13,7 @@ import os
 import sys
 from collections.abc import Sequence
 from types import FrameType
-from typing import Union
+from typing import Any, Union
 
 import attrs
 import torch
@@ -26,6 +26,7 @@ __all__ = [
     "FromPayload",
     "Guard",
     "Lane",
+    "Layout",
     "Resolve",
     "Schema",
     "SourceLocation",
@@ -71,6 +72,17 @@ class Guard(enum.Enum):
     POSITIVE = "positive"
 
 
+class Layout(enum.Enum):
+    """How a schema lays out its buffers."""
+
+    #: One buffer per field.
+    SEPARATE = "separate"
+    #: Forward-lane fields of one dtype that are eager, required and gathered share one
+    #: buffer, so ``resolve_future`` gathers each dtype with one op (Note [Packed layout]
+    #: in ``relay/codegen/layout.py``; ``docs/schema.md`` says when to pick it).
+    PACKED = "packed"
+
+
 class FromPayload(enum.Enum):
     """Marker type of ``FROM_PAYLOAD``: the dtype is taken from the first payload."""
 
@@ -113,11 +125,15 @@ def _declaration_site() -> SourceLocation:
     return SourceLocation("<unknown>", 0)
 
 
-def _to_shape(value: Sequence[Dim]) -> tuple[Dim, ...]:
-    # A bare string would otherwise become one dim per character.
+def _to_shape(value: Sequence[Dim] | Dim) -> Any:
+    # A bare string would otherwise become one dim per character. Anything else that is
+    # not a tuple or list (None, a set) is kept as given, so validation reports it with
+    # its field instead of this converter failing while the schema module is imported.
     if isinstance(value, (str, int)):
         return (value,)
-    return tuple(value)
+    if isinstance(value, (tuple, list)):
+        return tuple(value)
+    return value
 
 
 @attrs.frozen
@@ -181,6 +197,8 @@ class Schema:
     doc: str = ""
     #: Batch attribute holding the request-pool slots for gather resolves.
     indices: str = "req_pool_indices"
+    #: ``Layout.SEPARATE`` (one buffer per field) or ``Layout.PACKED``.
+    layout: Layout = Layout.SEPARATE
     declared_at: SourceLocation = attrs.field(
         factory=_declaration_site, kw_only=True, eq=False, repr=False
     )

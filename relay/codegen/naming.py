@@ -119,6 +119,25 @@ def buffer(field: Field) -> str:
     return f"{field.name}_buf"
 
 
+def _dtype_stem(value: torch.dtype) -> str:
+    return str(value).removeprefix("torch.")
+
+
+def packed_buffer(value: torch.dtype) -> str:
+    """The private buffer a packed layout shares among the fields of dtype ``value``."""
+    return f"_{_dtype_stem(value)}_packed"
+
+
+def packed_widths(value: torch.dtype) -> str:
+    """The private tuple of a packed buffer's column counts, field by field."""
+    return f"_{_dtype_stem(value)}_widths"
+
+
+def packed_rows(value: torch.dtype) -> str:
+    """The local holding a packed buffer's gathered rows in ``resolve_future``."""
+    return f"_{_dtype_stem(value)}_rows"
+
+
 def host_mirror(field: Field) -> str:
     """The private ``HostMirror`` attribute of a schedule field."""
     return f"_{field.name}_host"
@@ -171,6 +190,8 @@ def bound_names(schema: Schema) -> frozenset[str]:
         if f.lane is Lane.SCHEDULE:
             names.add(resolve_method(f))
         names.update(d for d in f.shape if isinstance(d, str))
+        if schema.layout.value == "packed" and isinstance(f.dtype, torch.dtype):
+            names.update({packed_buffer(f.dtype), packed_widths(f.dtype), packed_rows(f.dtype)})
     return frozenset(names)
 
 

@@ -14,8 +14,19 @@ from collections.abc import Callable
 import torch
 
 from relay.codegen import naming
+from relay.codegen.layout import packed_groups
 from relay.errors import SchemaIssue
-from relay.schema import Alloc, Field, FromPayload, Guard, Lane, Resolve, Schema, SourceLocation
+from relay.schema import (
+    Alloc,
+    Field,
+    FromPayload,
+    Guard,
+    Lane,
+    Layout,
+    Resolve,
+    Schema,
+    SourceLocation,
+)
 
 _DTYPE_HINT = "torch.int64, torch.float32, torch.bfloat16"
 
@@ -96,7 +107,20 @@ def validate(schema: Schema, display: Callable[[str], str]) -> list[SchemaIssue]
         _check_field(c, field)
     fields = [f for f in schema.fields if isinstance(f, Field)]
     _check_unique(c, fields)
+    _check_layout(c)
     return c.issues
+
+
+def _check_layout(c: _Collector) -> None:
+    layout = c.schema.layout
+    if not isinstance(layout, Layout):
+        c.add(None, f"layout must be Layout.SEPARATE or Layout.PACKED (got {_got(layout)})",
+              "write layout=Layout.PACKED (fields of one dtype share a buffer) or leave it out")
+    elif layout is Layout.PACKED and not c.issues and not packed_groups(c.schema):
+        c.add(None, "layout=Layout.PACKED packs the eager, required, gathered forward-lane "
+              "fields of one dtype into one buffer, but no two such fields share a dtype, so "
+              "nothing would be packed",
+              "leave layout out (Layout.SEPARATE), or give two such fields one dtype")
 
 
 def _check_field(c: _Collector, f: Field) -> None:

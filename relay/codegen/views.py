@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import attrs
 
 from relay.codegen import naming
+from relay.codegen.layout import Member, PackedGroup, packed_groups
 from relay.schema import Alloc, Field, FromPayload, Guard, Lane, Resolve, Schema
 
 #: ruff's and black's default line length.
@@ -157,6 +158,8 @@ class FieldView:
     summary: str
     # Constructor.
     alloc_stmt: str  # eager buffer allocation, at the constructor's body indent
+    #: Packed layout: the buffer is this fixed view of its group's buffer, else ``None``.
+    column_stmt: str | None
     # stash / publish.
     check_stmt: str
     guard_stmt: str | None
@@ -237,6 +240,8 @@ class MapView:
     pool_check: str
     dim_checks: tuple[str, ...]
     fields: tuple[FieldView, ...]
+    #: Packed buffers (Note [Packed layout]); empty for ``Layout.SEPARATE``.
+    groups: tuple[GroupView, ...]
     protocols: tuple[ProtocolView, ...]  # nested first, the batch protocol last
     debug_stmt: str
     stash_def: str
@@ -297,7 +302,7 @@ def _presence(f: Field) -> Presence:
     return Presence.ALWAYS if f.alloc is Alloc.EAGER else Presence.ALLOCATED
 
 
-def _field_view(schema: Schema, f: Field) -> FieldView:
+def _field_view(schema: Schema, f: Field, member: tuple[PackedGroup, Member] | None) -> FieldView:
     lane = f.lane
     write = WritePlan.EAGER if f.alloc is Alloc.EAGER else WritePlan.LAZY
     read = ReadPlan.PLACEHOLDER if f.resolve is Resolve.PLACEHOLDER else ReadPlan.GATHER
@@ -442,6 +447,7 @@ def _field_view(schema: Schema, f: Field) -> FieldView:
             f"{buf}: torch.Tensor = _rt.new_buffer(",
             [naming.eager_shape(f), dtype or "None", "self.device", "debug"],
         ),
+        column_stmt=_column(f, buf, *member) if member else None,
         check_stmt=check_stmt,
         guard_stmt=guard_stmt,
         write_stmt=write_stmt,
@@ -452,7 +458,9 @@ def _field_view(schema: Schema, f: Field) -> FieldView:
         read_test=read_test,
         debug_read_test=debug_read_test,
         solo_debug_read_test=solo_debug_read_test,
-        read_stmts=(*placeholder_stmts, *host) if placeholder_stmts else (gather_stmt, *host),
+        read_stmts=(*placeholder_stmts, *host)
+        if placeholder_stmts
+        else (_packed_read(f, target) if member else gather_stmt, *host),
         none_stmts=tuple(none),
         read_stmt=read_stmt,
         solo_read_stmt=call(_IN_IF, "self._debug.read(", read_args),
@@ -467,6 +475,63 @@ def _field_view(schema: Schema, f: Field) -> FieldView:
         resolve_def=signature(method, ["self", f"batch: {naming.batch_protocol(schema)}"], "None")
         if method
         else None,
+    )
+
+
+def _column(f: Field, buf: str, group: PackedGroup, member: Member) -> str:
+    """The field's fixed view of its group's buffer (Note [Packed layout])."""
+    packed = f"self.{naming.packed_buffer(group.dtype)}"
+    if not f.shape:
+        return call(_BODY, f"{buf}: torch.Tensor = {packed}.select(", ["1", member.start])
+    narrow = ["1", member.start, member.width]
+    if len(f.shape) == 1:
+        return call(_BODY, f"{buf}: torch.Tensor = {packed}.narrow(", narrow)
+    dims = naming.shape_literal(tuple(str(d) for d in f.shape))
+    columns = f"{packed}.narrow({', '.join(narrow)})"
+    return call(_BODY, f"{buf}: torch.Tensor = {columns}.unflatten(", ["1", dims])
+
+
+def _packed_read(f: Field, target: str | None) -> str:
+    """The batch's view of the field's columns of its group's gathered block."""
+    assert target is not None
+    local = naming.value_local(f)
+    if not f.shape:
+        return f"{target} = {local}.squeeze(1)"
+    if len(f.shape) == 1:
+        return f"{target} = {local}"
+    return call(_BODY, f"{target} = {local}.unflatten(", ["1", f"self.{naming.buffer(f)}.shape[1:]"])
+
+
+@attrs.frozen
+class GroupView:
+    """One packed buffer: its allocation, and the gather and split of ``resolve_future``."""
+
+    alloc_stmt: str
+    doc: str
+    widths_stmt: str
+    gather_stmt: str
+    split_stmt: str
+
+
+def _group_view(group: PackedGroup) -> GroupView:
+    dtype = naming.dtype(group.dtype)
+    packed = f"self.{naming.packed_buffer(group.dtype)}"
+    widths = f"self.{naming.packed_widths(group.dtype)}"
+    rows = naming.packed_rows(group.dtype)
+    names = [m.field.name for m in group.members]
+    locals_ = ", ".join(naming.value_local(m.field) for m in group.members)
+    return GroupView(
+        alloc_stmt=call(
+            _BODY,
+            f"{packed}: torch.Tensor = _rt.new_buffer(",
+            [f"(pool_size, {group.columns})", dtype, "self.device", "debug"],
+        ),
+        doc=naming.doc_text(
+            f"Rows of {', '.join(names)} ({dtype}) side by side (Note [Packed layout])."
+        ),
+        widths_stmt=f"{widths} = {naming.shape_literal(tuple(m.width for m in group.members))}",
+        gather_stmt=call(_BODY, f"{rows} = {packed}.index_select(", ["0", "indices"]),
+        split_stmt=call(_BODY, f"{locals_} = {rows}.split_with_sizes(", [widths, "1"]),
     )
 
 
@@ -555,7 +620,9 @@ def map_view(schema: Schema, *, source: str) -> MapView:
         problem = naming.doc_problem(doc)
         if problem is not None:
             raise ValueError(f"{owner}: doc {problem}")
-    fields = tuple(_field_view(schema, f) for f in schema.fields)
+    groups = packed_groups(schema)
+    member_of = {m.field.name: (g, m) for g in groups for m in g.members}
+    fields = tuple(_field_view(schema, f, member_of.get(f.name)) for f in schema.fields)
     cleaned = naming.doc_text(schema.doc)
     first_line = cleaned.splitlines()[0] if cleaned else schema.name
     cls_literal = naming.string_literal(schema.name)
@@ -593,6 +660,7 @@ def map_view(schema: Schema, *, source: str) -> MapView:
             for d in dims
         ),
         fields=fields,
+        groups=tuple(_group_view(g) for g in groups),
         protocols=protocols,
         debug_stmt=call(_IN_IF, "self._debug = _rt.DebugChecks(", debug_args),
         stash_def=signature(

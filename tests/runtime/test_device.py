@@ -17,7 +17,14 @@ from relay_runtime_support import GUARD_S, batch_of, eagle_payload, gated, slots
 
 import relay.device
 from relay.cpu_stream import current_cpu_stream
-from relay.device import CpuPolicy, HipPolicy, HostMirror, policy_for, register_policy
+from relay.device import (
+    CpuPolicy,
+    GenericPolicy,
+    HipPolicy,
+    HostMirror,
+    policy_for,
+    register_policy,
+)
 from relay.maps.decode_seq_lens import DecodeSeqLensFutureMap as DecodeFutureMap
 from relay.maps.decode_seq_lens import DecodeSeqLensPayload as DecodePayload
 from relay.maps.eagle import EagleFutureMap, EaglePayload
@@ -367,6 +374,37 @@ def test_cuda_graph_capture_of_resolve_future() -> None:
     torch.cuda.synchronize(device)
     assert batch.spec_info.bonus_tokens[:2].tolist() == [20, 21]
     assert torch.equal(batch.spec_info.topk_index[:2].cpu(), stashed.topk_index)
+
+
+class _DeviceModule:
+    """A device module whose streams are per device, as torch.xpu's are."""
+
+    def __init__(self) -> None:
+        self.asked: list[Any] = []
+
+    def current_stream(self, device: Any = None) -> str:
+        self.asked.append(device)
+        return f"stream of {device if device is not None else 'the current device'}"
+
+    def Event(self) -> object:  # noqa: N802 (as torch's device modules spell it)
+        return object()
+
+
+def test_generic_policy_uses_the_maps_own_devices_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A map on xpu:1 records and waits on xpu:1's stream, not the current device's."""
+    module = _DeviceModule()
+    monkeypatch.setattr(torch, "get_device_module", lambda device_type: module)
+    policy = GenericPolicy(torch.device("xpu", 1))
+    assert policy.current_stream() == "stream of xpu:1"
+    assert module.asked == [torch.device("xpu", 1)]
+
+
+def test_generic_policy_without_streams_has_no_current_stream(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A device module without streams and events: no stream, a synchronizing event."""
+    monkeypatch.setattr(torch, "get_device_module", lambda device_type: object())
+    assert GenericPolicy(torch.device("xpu", 1)).current_stream() is None
 
 
 def test_policies_are_restored_after_isolation() -> None:

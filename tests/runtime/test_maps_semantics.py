@@ -13,6 +13,7 @@ from relay import RelayError
 from relay.maps.decode import DecodeFutureMap, DecodePayload
 from relay.maps.decode_seq_lens import DecodeSeqLensFutureMap, DecodeSeqLensPayload
 from relay.maps.eagle import EagleFutureMap, EaglePayload
+from relay.maps.eagle_packed import EaglePackedFutureMap
 from relay.maps.eagle_confidence import EagleConfidenceFutureMap
 from relay.maps.eagle_draft_probs import EagleDraftProbsFutureMap, EagleDraftProbsPayload
 from relay.maps.eagle_dsa import EagleDsaFutureMap, EagleDsaPayload
@@ -33,6 +34,17 @@ MAPS: list[tuple[type[Any], dict[str, int], dict[str, tuple[tuple[int, ...], tor
     ),
     (
         EagleFutureMap,
+        {"topk": TOPK},
+        {
+            "output_tokens": ((), torch.int64),
+            "topk_p": ((TOPK,), torch.float32),
+            "topk_index": ((TOPK,), torch.int64),
+            "new_seq_lens": ((), torch.int64),
+        },
+        ["hidden_states"],
+    ),
+    (
+        EaglePackedFutureMap,
         {"topk": TOPK},
         {
             "output_tokens": ((), torch.int64),
