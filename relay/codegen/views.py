@@ -97,9 +97,10 @@ def call(indent: int, opener: str, args: Sequence[str | Call], closer: str = ")"
     if _fits(indent, opener + joined + closer):
         return opener + joined + closer
     target, equals, value = opener.rpartition(" = ")
-    if equals and not _fits(indent, opener) and _fits(indent + 4, value + joined + closer):
+    if equals and not _fits(indent, opener):
         # The call's head does not fit: ruff parenthesizes the whole right-hand side.
-        return f"{target} = (\n    {value}{joined}{closer}\n)"
+        inner = call(indent + 4, value, args, closer).replace("\n", "\n    ")
+        return f"{target} = (\n    {inner}\n)"
     if _fits(indent + 4, joined):
         return f"{opener}\n    {joined}\n{closer}"
     lines = [opener]
@@ -487,8 +488,9 @@ def _column(f: Field, buf: str, group: PackedGroup, member: Member) -> str:
     if len(f.shape) == 1:
         return call(_BODY, f"{buf}: torch.Tensor = {packed}.narrow(", narrow)
     dims = naming.shape_literal(tuple(str(d) for d in f.shape))
-    columns = f"{packed}.narrow({', '.join(narrow)})"
-    return call(_BODY, f"{buf}: torch.Tensor = {columns}.unflatten(", ["1", dims])
+    columns = Call(f"{packed}.narrow(", tuple(narrow))
+    # torch.unflatten, not the method: torch types the function, not Tensor.unflatten.
+    return call(_BODY, f"{buf}: torch.Tensor = torch.unflatten(", [columns, "1", dims])
 
 
 def _packed_read(f: Field, target: str | None) -> str:
@@ -499,7 +501,9 @@ def _packed_read(f: Field, target: str | None) -> str:
         return f"{target} = {local}.squeeze(1)"
     if len(f.shape) == 1:
         return f"{target} = {local}"
-    return call(_BODY, f"{target} = {local}.unflatten(", ["1", f"self.{naming.buffer(f)}.shape[1:]"])
+    return call(
+        _BODY, f"{target} = torch.unflatten(", [local, "1", f"self.{naming.buffer(f)}.shape[1:]"]
+    )
 
 
 @attrs.frozen

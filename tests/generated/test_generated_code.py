@@ -20,7 +20,7 @@ from relay.codegen import naming
 from relay.codegen.loader import load_schema
 from relay.codegen.render import render
 from relay.errors import RelayError
-from relay.schema import FROM_PAYLOAD, Alloc, Field, Guard, Lane, Resolve, Schema
+from relay.schema import FROM_PAYLOAD, Alloc, Field, Guard, Lane, Layout, Resolve, Schema
 
 REPO = Path(__file__).resolve().parents[2]
 BUNDLED = sorted((REPO / "schemas").glob("*.py"))
@@ -48,8 +48,32 @@ CORPUS = Schema(
 )
 
 
+#: The packed layout's branches: two dtype groups, scalar, 1-D, multi-dim and fixed rows,
+#: long names that wrap, next to fields that stay unpacked (lazy, optional, placeholder).
+PACKED_CORPUS = Schema(
+    name="PackedCorpusWithRatherLongNamesThatWrapFutureMap",
+    doc="Every branch of the packed layout.",
+    layout=Layout.PACKED,
+    fields=[
+        Field("tokens", lane=Lane.FORWARD, dtype=torch.int64, target="input_ids",
+              resolve=Resolve.PLACEHOLDER),
+        Field("bonus", lane=Lane.FORWARD, dtype=torch.int64, target="spec_info.bonus"),
+        Field("a_rather_long_packed_field_name_for_wrapping", lane=Lane.FORWARD,
+              dtype=torch.float32, shape=("width", 2),
+              target="spec_info.deeper.still_deeper.a_rather_long_target"),
+        Field("index", lane=Lane.FORWARD, dtype=torch.int64, shape=("width",),
+              target="spec_info.index"),
+        Field("probs", lane=Lane.FORWARD, dtype=torch.float32, shape=(3,),
+              target="spec_info.probs"),
+        Field("hidden", lane=Lane.FORWARD, dtype=FROM_PAYLOAD, shape=("hidden",),
+              alloc=Alloc.LAZY, optional=True, target="spec_info.hidden"),
+        Field("lengths", lane=Lane.SCHEDULE, dtype=torch.int64, target="seq_lens"),
+    ],
+)
+
+
 def _schemas() -> list[Schema]:
-    return [*(load_schema(p, f"schemas/{p.name}") for p in BUNDLED), CORPUS]
+    return [*(load_schema(p, f"schemas/{p.name}") for p in BUNDLED), CORPUS, PACKED_CORPUS]
 
 
 def _bound(tree: ast.Module) -> set[str]:
