@@ -48,8 +48,8 @@ def _resolved(relay: Any, *values: int) -> dict[str, torch.Tensor | None]:
 
 def _same(a: dict[str, torch.Tensor | None], b: dict[str, torch.Tensor | None]) -> None:
     assert a.keys() == b.keys()
-    for name in a:
-        left, right = a[name], b[name]
+    for name, left in a.items():
+        right = b[name]
         if left is None or right is None:
             assert left is None and right is None, name
             continue
