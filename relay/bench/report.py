@@ -107,6 +107,9 @@ class Report:
 
         if terminal:
             console = Console(file=file, highlight=False)
+            # Below ~120 columns the tables would fold their numbers: let the terminal
+            # wrap long lines instead.
+            console.width = max(console.width, 120)
             self._print(console, box.SIMPLE_HEAD, Table)
             return
         # Plain: Markdown tables without colour or wrapping, trailing blanks trimmed.
@@ -123,7 +126,8 @@ class Report:
         def table(title: str, *columns: str) -> Any:
             t = table_cls(title=title, box=style, title_justify="left")
             for i, name in enumerate(columns):
-                t.add_column(name, justify="left" if i == 0 else "right", no_wrap=True)
+                # Narrow terminals fold cells rather than cut them off.
+                t.add_column(name, justify="left" if i == 0 else "right", overflow="fold")
             return t
 
         meta = self.meta
@@ -141,56 +145,10 @@ class Report:
             console.print(ops)
             console.print()
 
-        cuda = any(r.launches_baseline is not None for r in self.results)
-        columns = ["schema", "P", "B", "K", "H", "base us", "gen/base", "A/A",
-                   "debug/off", "ops gen/base"]
-        if cuda:
-            columns.append("launches gen/base")
-        columns += ["KB/step", "GB/s", "of copy bw", "target"]
-        main = table("One step, generated / baseline (median of per-repeat ratios; A/A: a "
-                     "second baseline against the first, the noise)", *columns)
-        bandwidth = self.copy_bandwidth
-        for r in self.results:
-            s = r.shape
-            row = [r.schema, str(s.pool), str(s.batch), str(s.topk) if s.topk else "-",
-                   str(s.hidden) if s.topk else "-"]
-            if r.error is not None or r.baseline is None or r.generated is None:
-                row += ["FAILED"] + [""] * (len(columns) - len(row) - 1)
-                main.add_row(*row)
-                continue
-            gbps = r.generated.bytes / r.generated_ns if r.generated_ns else 0.0
-            row += [
-                f"{r.baseline_ns / 1000:.1f}",
-                f"{r.ratio:.2f}x",
-                "" if r.noise is None else f"±{r.noise:.0%}",
-                "" if r.debug_ratio is None else f"{r.debug_ratio:.2f}x",
-                f"{r.generated.ops} / {r.baseline.ops}",
-            ]
-            if cuda:
-                row.append(f"{r.launches_generated or 0:.0f} / {r.launches_baseline or 0:.0f}")
-            row += [
-                f"{r.generated.bytes / 1024:.1f}",
-                f"{gbps:.3g}",
-                "" if not bandwidth else f"{gbps * 1e9 / bandwidth:.0%}",
-                {True: "yes", False: "no", None: ""}[r.meets_target()]
-                + ("" if r.ok else " VALUES DIFFER"),
-            ]
-            main.add_row(*row)
         if self.results:
-            console.print(main)
-            console.print(
-                "base us: the baseline's time per step, for scale. debug/off: the generated "
-                "map built with debug=True against itself with debug off. KB/step, GB/s: the "
-                "bytes the generated map's ops must move per step (indexed rows, index, "
-                "elementwise inputs and outputs) and the rate that implies. target: no more "
-                "ops than the baseline and gen/base <= 1.00x within the A/A noise."
-            )
-            if bandwidth:
-                console.print(f"copy bandwidth of this {meta.get('device')}: "
-                              f"{bandwidth / 1e9:.2f} GB/s (read + write of one large copy)")
+            self._print_steps(console, table)
             console.print()
-            summary = self._summary_table(table)
-            console.print(summary)
+            console.print(self._summary_table(table))
             console.print()
 
         if self.generation:
@@ -213,6 +171,67 @@ class Report:
         elif self.results:
             console.print("values: generated == baseline (debug off and on) in every "
                           "configuration")
+
+    def _print_steps(self, console: Any, table: Any) -> None:
+        """The per-shape tables: time and ops, then memory traffic (and launches)."""
+        shape_columns = ("schema", "P", "B", "K", "H")
+        steps = table("One step, generated / baseline (median of per-repeat ratios)",
+                      *shape_columns, "base us", "gen/base", "A/A", "debug/off",
+                      "ops gen/base", "target")
+        cuda = any(r.launches_baseline is not None for r in self.results)
+        traffic = table("Memory traffic of one step (and kernel launches on CUDA)",
+                        *shape_columns, "KB base", "KB gen", "GB/s base", "GB/s gen",
+                        "of copy bw base", "of copy bw gen",
+                        *(("launches gen/base",) if cuda else ()))
+        bandwidth = self.copy_bandwidth
+
+        def rate(nbytes: int, ns: float) -> tuple[str, str]:
+            gbps = nbytes / ns if ns else 0.0
+            return f"{gbps:.3g}", f"{gbps * 1e9 / bandwidth:.0%}" if bandwidth else ""
+
+        for r in self.results:
+            s = r.shape
+            shape = [r.schema, str(s.pool), str(s.batch), str(s.topk) if s.topk else "-",
+                     str(s.hidden) if s.topk else "-"]
+            if r.error is not None or r.baseline is None or r.generated is None:
+                steps.add_row(*shape, "FAILED", "", "", "", "", "")
+                continue
+            target = {True: "yes", False: "no", None: ""}[r.meets_target()]
+            steps.add_row(
+                *shape,
+                f"{r.baseline_ns / 1000:.1f}",
+                f"{r.ratio:.2f}x",
+                "" if r.noise is None else f"±{r.noise:.0%}",
+                "" if r.debug_ratio is None else f"{r.debug_ratio:.2f}x",
+                f"{r.generated.ops} / {r.baseline.ops}",
+                target if r.ok else "VALUES DIFFER",
+            )
+            base_rate, gen_rate = (rate(r.baseline.bytes, r.baseline_ns),
+                                   rate(r.generated.bytes, r.generated_ns))
+            launches = (f"{r.launches_generated or 0:.1f} / {r.launches_baseline or 0:.1f}",)
+            traffic.add_row(
+                *shape,
+                f"{r.baseline.bytes / 1024:.1f}",
+                f"{r.generated.bytes / 1024:.1f}",
+                base_rate[0], gen_rate[0], base_rate[1], gen_rate[1],
+                *(launches if cuda else ()),
+            )
+        console.print(steps)
+        console.print(
+            "base us: the baseline's time per step, for scale. A/A: how far a second "
+            "baseline timed like the first strays from 1.00x (the noise). debug/off: the "
+            "generated map built with debug=True against itself with debug off. target: no "
+            "more ops than the baseline and gen/base <= 1.00x within the A/A noise."
+        )
+        console.print()
+        console.print(traffic)
+        console.print(
+            "KB: the bytes each side's ops must move per step (indexed rows and indices, "
+            "inputs and outputs of the other ops); GB/s: that over the step's time."
+        )
+        if bandwidth:
+            console.print(f"copy bandwidth of this {self.meta.get('device')}: "
+                          f"{bandwidth / 1e9:.2f} GB/s (read + write of one large copy)")
 
     def _ops_table(self, table: Any) -> Any:
         """Per method, the ops one step dispatches on each side, at one shape per schema
