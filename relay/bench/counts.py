@@ -26,6 +26,10 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
+def _row_bytes(buf: torch.Tensor) -> int:
+    return _nbytes(buf) // max(buf.shape[0], 1) if buf.dim() else _nbytes(buf)
+
+
 def _tensors(values: Iterable[object]) -> Iterable[torch.Tensor]:
     for value in values:
         if isinstance(value, torch.Tensor):
@@ -37,18 +41,27 @@ def _tensors(values: Iterable[object]) -> Iterable[torch.Tensor]:
 def _bytes_moved(func: Any, args: tuple[Any, ...], out: object) -> int:
     """The least memory traffic of one op: what it must read plus what it writes.
 
-    Indexed ops touch only the indexed rows of their buffer (reads of the rows and
-    the index, writes of the rows); every other op reads its tensor inputs and
-    writes its outputs in full.
+    Views move nothing; indexed ops touch only the indexed rows of their buffer
+    (reads of the rows and the index, writes of the rows); every other op reads its
+    tensor inputs and writes its outputs in full.
     """
+    if getattr(func, "is_view", False):
+        return 0  # a view moves nothing
     name = func.overloadpacket.__name__
+    # Gathers: read the rows and the index, write the rows.
     if name == "index" and isinstance(out, torch.Tensor):
         return 2 * _nbytes(out) + sum(_nbytes(i) for i in _tensors(args[1:]))
+    if name == "index_select" and isinstance(out, torch.Tensor):
+        return 2 * _nbytes(out) + _nbytes(args[2])
+    # Scatters: read the values and the index, write the rows.
     if name in ("index_put_", "index_put", "_index_put_impl_"):
         buf, index = args[0], list(_tensors(args[1:2]))
         rows = index[0].numel() if index else 0
-        row_bytes = _nbytes(buf) // max(buf.shape[0], 1) if buf.dim() else _nbytes(buf)
-        return 2 * rows * row_bytes + sum(_nbytes(i) for i in index)
+        return 2 * rows * _row_bytes(buf) + sum(_nbytes(i) for i in index)
+    if name in ("index_copy_", "index_copy"):
+        return 2 * _nbytes(args[3]) + _nbytes(args[2])
+    if name in ("index_fill_", "index_fill"):
+        return args[2].numel() * _row_bytes(args[0]) + _nbytes(args[2])
     inputs = sum(_nbytes(t) for t in _tensors(args))
     outputs = sum(_nbytes(t) for t in _tensors(out if isinstance(out, (list, tuple)) else [out]))
     return inputs + outputs
