@@ -61,7 +61,8 @@ def _bytes_moved(func: Any, args: tuple[Any, ...], out: object) -> int:
     if name in ("index_copy_", "index_copy"):
         return 2 * _nbytes(args[3]) + _nbytes(args[2])
     if name in ("index_fill_", "index_fill"):
-        return args[2].numel() * _row_bytes(args[0]) + _nbytes(args[2])
+        index_t: torch.Tensor = args[2]
+        return index_t.numel() * _row_bytes(args[0]) + _nbytes(index_t)
     inputs = sum(_nbytes(t) for t in _tensors(args))
     outputs = sum(_nbytes(t) for t in _tensors(out if isinstance(out, (list, tuple)) else [out]))
     return inputs + outputs
