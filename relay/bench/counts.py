@@ -142,5 +142,8 @@ def count_launches(step: Callable[[], None], device: torch.device, *, steps: int
         for _ in range(steps):
             step()
         torch.cuda.synchronize(device)
-    launches = sum(1 for event in prof.events() if event.device_type == DeviceType.CUDA)
+    # Device-side records are kernels, copies and fills, plus CUPTI's synchronization
+    # records ("Stream Sync", "Event Sync", ...), which are waits, not launches.
+    launches = sum(1 for event in prof.events()
+                   if event.device_type == DeviceType.CUDA and "Sync" not in event.name)
     return launches / steps
