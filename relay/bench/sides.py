@@ -214,6 +214,10 @@ class Workload:
     indices: torch.Tensor
     seq_lens: torch.Tensor  # the lengths before the step
     values: dict[str, torch.Tensor | None]
+    # The keyword dicts handed to sides (see ``view``), refreshed by ``renew``.
+    _views: list[tuple[tuple[str, ...], dict[str, torch.Tensor | None]]] = attrs.field(
+        factory=list, init=False
+    )
 
     @staticmethod
     def random(
@@ -241,11 +245,14 @@ class Workload:
         self.values = {
             "next_token_ids": tokens,
             "bonus_tokens": tokens,
+            "output_tokens": tokens,
             "topk_p": torch.rand((b, k), generator=g).to(device),
             "topk_index": torch.randint(0, 150_000, (b, k), generator=g).to(device),
             "hidden_states": hidden,
             "new_seq_lens": new_seq_lens,
         }
+        for names, kwargs in self._views:
+            kwargs.update((n, self.values[n]) for n in names)
 
     def advance(self) -> None:
         """After a step: its new lengths are the next step's lengths."""
@@ -253,12 +260,16 @@ class Workload:
         assert new_seq_lens is not None
         self.seq_lens = new_seq_lens
 
-    def pick(self, names: Sequence[str], owner: str) -> dict[str, torch.Tensor | None]:
+    def view(self, names: Sequence[str], owner: str) -> dict[str, torch.Tensor | None]:
+        """The values ``owner`` takes, as a keyword dict that ``renew`` keeps current:
+        a timed call only unpacks it, the same cost on both sides."""
         missing = [n for n in names if n not in self.values]
         if missing:
-            raise KeyError(f"{owner} takes {', '.join(missing)}, which the bench's workload "
-                           f"does not produce (it has {', '.join(self.values)})")
-        return {n: self.values[n] for n in names}
+            raise LookupError(f"{owner} takes {', '.join(missing)}, which the bench's "
+                              f"workload does not produce (it has {', '.join(self.values)})")
+        kwargs = {n: self.values[n] for n in names}
+        self._views.append((tuple(names), kwargs))
+        return kwargs
 
 
 # ---------------------------------------------------------------------------
@@ -317,26 +328,25 @@ def build_side(
         calls.append(("invalidate", functools.partial(relay_map.invalidate, batch, indices)))
     calls.append(("resolve_future", functools.partial(relay_map.resolve_future, batch)))
     if hasattr(relay_map, "publish"):
-        names = _after_indices(relay_map.publish)
-        # Read the workload at call time: compare_values renews it between steps.
-        publish = relay_map.publish
+        publish, values = relay_map.publish, work.view(_after_indices(relay_map.publish),
+                                                        f"{owner}.publish")
 
         def publish_call() -> None:
-            publish(indices, **work.pick(names, f"{owner}.publish"))
+            publish(indices, **values)
 
         calls.append(("publish", publish_call))
     stash = relay_map.stash
     if payload_cls is not None:
-        fields = [f.name for f in attrs.fields(payload_cls)]
         make = payload_cls
+        payload = work.view([f.name for f in attrs.fields(make)], make.__name__)
 
         def stash_call() -> None:
-            stash(indices, make(**work.pick(fields, make.__name__)))
+            stash(indices, make(**payload))
     else:
-        fields = [n for n in _after_indices(stash)]
+        fields = work.view(_after_indices(stash), f"{owner}.stash")
 
         def stash_call() -> None:
-            stash(indices, **work.pick(fields, f"{owner}.stash"))
+            stash(indices, **fields)
 
     calls.append(("stash", stash_call))
     resolves = _schedule_resolves(relay_map)
@@ -408,7 +418,7 @@ def compare_values(
     """
     g = torch.Generator().manual_seed(seed)
     work = Workload.random(shape, device, g, spec=pair.spec)
-    work.values["hidden_states"] = None
+    work.values["hidden_states"] = None  # before any view: the priming stash omits it
     base, gen = sides_for(pair, generated, shape, device, work, debug=debug)
     both = bool(_schedule_resolves(base.map)) and bool(_schedule_resolves(gen.map))
     problems: list[str] = []
