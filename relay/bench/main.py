@@ -222,6 +222,10 @@ def run(args: argparse.Namespace) -> int:
             if fields:
                 report.generation_first, report.generation = generation_times(fields)
                 advance("generator speed")
+        # Probed again at the end: the best of both, so a busy moment at the start
+        # does not set the physical limit too low.
+        report.copy_bandwidth = max(report.copy_bandwidth,
+                                    copy_bandwidth(device, defaults.bandwidth_mb))
     finally:
         torch.set_num_threads(saved_threads)
     report.meta["seconds"] = round(time.perf_counter() - start, 2)
