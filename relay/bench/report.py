@@ -250,7 +250,10 @@ class Report:
             assert r.baseline is not None and r.generated is not None
             t.add_row(f"{schema} {r.shape.label}", str(r.baseline.ops), str(r.generated.ops))
             base, gen = r.baseline.by_method(), r.generated.by_method()
-            for method in [*gen, *(m for m in base if m not in gen)]:
+            # Step order (Side's docstring), whichever side has the method.
+            first = ("invalidate", "resolve_future", "publish", "stash")
+            seen = [*gen, *(m for m in base if m not in gen)]
+            for method in sorted(seen, key=lambda m: first.index(m) if m in first else 9):
                 b, g = base.get(method), gen.get(method)
                 t.add_row(f"  {method}",
                           "-" if b is None else f"{len(b.ops)}: {b.summary()}" if b.ops else "0",
