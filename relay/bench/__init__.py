@@ -3,8 +3,9 @@
 One module per job: ``sizes`` (shapes, presets, every default), ``baseline`` (the
 hand-written maps), ``sides`` (which map is compared with which, and how a step is
 driven), ``counts`` (dispatched ops, bytes, kernel launches), ``timing`` (timers and
-interleaving), ``codegen_speed`` (generation time against schema size), ``report``
-(results and tables) and ``main`` (the command line). See docs/bench.md.
+interleaving), ``measure`` (one pair at one shape: values, counts, time),
+``codegen_speed`` (generation time against schema size), ``report`` (results and
+tables) and ``main`` (the command line). See docs/bench.md.
 
 Nothing is imported here: ``relay --help`` builds ``relay bench``'s flags from
 ``relay.bench.main``, which must not pull in torch or rich.
