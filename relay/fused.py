@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["MAX_BUFFERS", "gather_rows", "triton_available"]
+__all__ = ["MAX_BUFFERS", "gather_rows", "gather_rows_optional", "triton_available"]
 
 #: Buffers one launch gathers; more are gathered in further launches of up to as many.
 MAX_BUFFERS = 8
@@ -63,6 +63,20 @@ def gather_rows(indices: torch.Tensor, buffers: Sequence[torch.Tensor]) -> list[
             outputs[start : start + MAX_BUFFERS],
         )
     return outputs
+
+
+def gather_rows_optional(
+    indices: torch.Tensor,
+    buffers: Sequence[torch.Tensor],
+    optional: Sequence[torch.Tensor | None],
+) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
+    """``gather_rows`` over ``buffers`` and the ``optional`` buffers that are not ``None``,
+    in the same launch; ``None`` stays ``None`` (an optional field the latest stash did
+    not carry)."""
+    present = [buf for buf in optional if buf is not None]
+    rows = gather_rows(indices, [*buffers, *present])
+    taken = iter(rows[len(buffers) :])
+    return rows[: len(buffers)], [None if buf is None else next(taken) for buf in optional]
 
 
 @functools.cache

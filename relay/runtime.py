@@ -11,6 +11,7 @@ import torch
 from relay.debug import DebugChecks
 from relay.device import Fence, HostMirror
 from relay.errors import RelayError
+from relay.fused import gather_rows, gather_rows_optional
 
 __all__ = [
     "DebugChecks",
@@ -18,6 +19,8 @@ __all__ = [
     "HostMirror",
     "check_dim",
     "check_rows",
+    "gather_rows",
+    "gather_rows_optional",
     "guard_non_negative",
     "guard_positive",
     "host_sum",

@@ -34,7 +34,7 @@ RESERVED = frozenset(
         # parameters and locals
         "self", "device", "pool_size", "debug", "indices", "payload", "batch", "slots",
         # attributes of the map
-        "_debug", "_fence",
+        "_debug", "_fence", "fused_gather",
     }
 )
 

@@ -178,6 +178,16 @@ class FieldView:
     #: not two nested, as linters want).
     solo_debug_read_test: str | None
     read_stmts: tuple[str, ...]
+    #: The read hands the batch a local that ``resolve_future``'s gather block set
+    #: (Note [Fused gather]): no ``if`` of its own, ``None`` already in the local.
+    plain_read: bool
+    #: That gather block's torch path for this field (``None`` when not in the block).
+    local_gather_stmts: tuple[str, ...] | None
+    #: The local the gather block sets for this field.
+    src_local: str
+    #: What the fused gather is given for this field: its buffer, or for an optional one
+    #: the buffer only when the latest write carried it.
+    fused_arg: str | None
     #: What an optional read hands over when the latest write did not carry it.
     none_stmts: tuple[str, ...]
     read_stmt: str  # the debug-mode ``read`` report
@@ -243,6 +253,7 @@ class MapView:
     fields: tuple[FieldView, ...]
     #: Packed buffers (Note [Packed layout]); empty for ``Layout.SEPARATE``.
     groups: tuple[GroupView, ...]
+    fused: FusedView | None
     protocols: tuple[ProtocolView, ...]  # nested first, the batch protocol last
     debug_stmt: str
     stash_def: str
@@ -303,7 +314,9 @@ def _presence(f: Field) -> Presence:
     return Presence.ALWAYS if f.alloc is Alloc.EAGER else Presence.ALLOCATED
 
 
-def _field_view(schema: Schema, f: Field, member: tuple[PackedGroup, Member] | None) -> FieldView:
+def _field_view(
+    schema: Schema, f: Field, member: tuple[PackedGroup, Member] | None, fused: bool
+) -> FieldView:
     lane = f.lane
     write = WritePlan.EAGER if f.alloc is Alloc.EAGER else WritePlan.LAZY
     read = ReadPlan.PLACEHOLDER if f.resolve is Resolve.PLACEHOLDER else ReadPlan.GATHER
@@ -396,6 +409,24 @@ def _field_view(schema: Schema, f: Field, member: tuple[PackedGroup, Member] | N
         host_src = value
 
     read_stmt = call(read_indent + 4, "self._debug.read(", read_args)
+    # Note [Fused gather]: a packed map gathers every forward gather field in one block.
+    in_block = fused and lane is Lane.FORWARD and read is ReadPlan.GATHER and target is not None
+    local_read = f"{target} = {value}" if in_block and member is None else None
+    local_gather_stmts: tuple[str, ...] | None = None
+    fused_arg: str | None = None
+    if in_block and member is None:
+        fused_arg = buf
+        local_gather = call(_IN_IF, f"{value} = {buf}.index_select(", ["0", "indices"])
+        local_gather_stmts = (local_gather,)
+        if presence is Presence.CARRIED:
+            assert carried is not None
+            test = f"{carried} and {buf} is not None" if lazy else carried
+            fused_arg = f"{buf} if {carried} else None"
+            local_gather_stmts = (
+                f"{value} = None",
+                condition(_IN_IF, "if", test) + "\n    "
+                + call(_IN_IF2, f"{value} = {buf}.index_select(", ["0", "indices"]),
+            )
     host: list[str] = []
     none: list[str] = []
     if lane is Lane.SCHEDULE and read is ReadPlan.GATHER and target is not None:
@@ -461,7 +492,11 @@ def _field_view(schema: Schema, f: Field, member: tuple[PackedGroup, Member] | N
         solo_debug_read_test=solo_debug_read_test,
         read_stmts=(*placeholder_stmts, *host)
         if placeholder_stmts
-        else (_packed_read(f, target) if member else gather_stmt, *host),
+        else (_packed_read(f, target) if member else local_read or gather_stmt, *host),
+        plain_read=in_block,
+        src_local=value,
+        local_gather_stmts=local_gather_stmts,
+        fused_arg=fused_arg,
         none_stmts=tuple(none),
         read_stmt=read_stmt,
         solo_read_stmt=call(_IN_IF, "self._debug.read(", read_args),
@@ -508,12 +543,11 @@ def _packed_read(f: Field, target: str | None) -> str:
 
 @attrs.frozen
 class GroupView:
-    """One packed buffer: its allocation, and the gather and split of ``resolve_future``."""
+    """One packed buffer: its allocation, and the split of its block in ``resolve_future``."""
 
     alloc_stmt: str
     doc: str
     widths_stmt: str
-    gather_stmt: str
     split_stmt: str
 
 
@@ -534,9 +568,54 @@ def _group_view(group: PackedGroup) -> GroupView:
             f"Rows of {', '.join(names)} ({dtype}) side by side (Note [Packed layout])."
         ),
         widths_stmt=f"{widths} = {naming.shape_literal(tuple(m.width for m in group.members))}",
-        gather_stmt=call(_BODY, f"{rows} = {packed}.index_select(", ["0", "indices"]),
         split_stmt=call(_BODY, f"{locals_} = {rows}.split_with_sizes(", [widths, "1"]),
     )
+
+
+@attrs.frozen
+class FusedView:
+    """``resolve_future``'s gather block in a packed map (Note [Fused gather]): one
+    ``_rt.gather_rows`` call when the map's ``fused_gather`` is set, else the torch
+    gathers, each into a local that the reads then hand to the batch."""
+
+    call_stmt: str
+    torch_stmts: tuple[str, ...]
+
+
+def _fused_view(groups: Sequence[PackedGroup], fields: Sequence[FieldView]) -> FusedView:
+    required = [naming.packed_rows(g.dtype) for g in groups]
+    required_args = [f"self.{naming.packed_buffer(g.dtype)}" for g in groups]
+    optional: list[str] = []
+    optional_args: list[str] = []
+    torch_stmts = [
+        call(_IN_IF, f"{naming.packed_rows(g.dtype)} = self.{naming.packed_buffer(g.dtype)}"
+             ".index_select(", ["0", "indices"])
+        for g in groups
+    ]
+    for f in fields:
+        if f.fused_arg is None or f.local_gather_stmts is None:
+            continue
+        (optional if f.optional else required).append(f.src_local)
+        (optional_args if f.optional else required_args).append(f.fused_arg)
+        torch_stmts.extend(f.local_gather_stmts)
+
+    def targets(names: list[str]) -> str:
+        return f"({names[0]},)" if len(names) == 1 else ", ".join(names)
+
+    def literal(args: list[str]) -> Call:
+        return Call("(", tuple(args), ",)" if len(args) == 1 else ")")
+
+    if optional:
+        both = ", ".join(
+            targets(names) if len(names) == 1 else f"({targets(names)})"
+            for names in (required, optional)
+        )
+        head = f"{both} = _rt.gather_rows_optional("
+        args: list[str | Call] = ["indices", literal(required_args), literal(optional_args)]
+    else:
+        head = f"{targets(required)} = _rt.gather_rows("
+        args = ["indices", literal(required_args)]
+    return FusedView(call_stmt=call(_IN_IF, head, args), torch_stmts=tuple(torch_stmts))
 
 
 def _read_doc(f: Field) -> tuple[str, ...]:
@@ -626,7 +705,9 @@ def map_view(schema: Schema, *, source: str) -> MapView:
             raise ValueError(f"{owner}: doc {problem}")
     groups = packed_groups(schema)
     member_of = {m.field.name: (g, m) for g in groups for m in g.members}
-    fields = tuple(_field_view(schema, f, member_of.get(f.name)) for f in schema.fields)
+    fields = tuple(
+        _field_view(schema, f, member_of.get(f.name), bool(groups)) for f in schema.fields
+    )
     cleaned = naming.doc_text(schema.doc)
     first_line = cleaned.splitlines()[0] if cleaned else schema.name
     cls_literal = naming.string_literal(schema.name)
@@ -665,6 +746,7 @@ def map_view(schema: Schema, *, source: str) -> MapView:
         ),
         fields=fields,
         groups=tuple(_group_view(g) for g in groups),
+        fused=_fused_view(groups, fields) if groups else None,
         protocols=protocols,
         debug_stmt=call(_IN_IF, "self._debug = _rt.DebugChecks(", debug_args),
         stash_def=signature(

@@ -104,3 +104,43 @@ def test_what_the_kernel_does_not_take_runs_the_torch_path(cuda: torch.device) -
     column = packed[:, 1:]
     index = torch.tensor([5, 6], device=cuda)
     _same_bits(gather_rows(index, [column]), [column], index)
+
+
+def test_packed_maps_built_with_fused_gather_resolve_what_the_torch_path_does(
+    bundled: BundledMap, cuda: torch.device
+) -> None:
+    """A packed map's resolve_future with fused_gather set hands the batch the same bits
+    as with the torch gathers, with and without the optional fields carried."""
+    maps = [bundled.new(cuda, POOL), bundled.new(cuda, POOL)]
+    if not hasattr(maps[1], "fused_gather"):
+        pytest.skip(f"{bundled.stem} is not a packed map")
+    maps[1].fused_gather = True
+    for step in range(3):
+        n = step + 2
+        indices = torch.tensor(random_slots(n, POOL, seed=step), device=cuda)
+        values = bundled.values(bundled.forward, n, base=100 * step, device=cuda)
+        if step == 1:  # an optional field left out: the fused path hands over None too
+            values = {f.name: v for f, v in zip(bundled.forward, values.values())
+                      if not f.optional}
+        batches = []
+        for relay in maps:
+            stash_values = {f.name: values.get(f.name) for f in bundled.forward}
+            bundled.stash(relay, indices, stash_values)
+            batch = bundled.batch(indices)
+            relay.resolve_future(batch)
+            batches.append(batch)
+        for f in bundled.forward:
+            if f.target is None:
+                continue
+            plain, fused = (_get(b, f.target) for b in batches)
+            if plain is None or fused is None:
+                assert plain is None and fused is None, f.name
+                continue
+            assert torch.equal(_bytes(plain), _bytes(fused)), f.name
+
+
+def _get(obj: object, path: str) -> torch.Tensor | None:
+    for part in path.split("."):
+        obj = getattr(obj, part)
+    assert obj is None or isinstance(obj, torch.Tensor)
+    return obj

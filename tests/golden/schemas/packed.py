@@ -2,7 +2,8 @@
 
 Reaches: two packed dtype groups (scalar, 1-D, multi-dim and fixed-width rows), a dtype
 with one packable field (kept in its own buffer), and fields the layout leaves alone:
-an optional lazy field, a placeholder and a schedule field.
+an optional lazy field and a required lazy one (both in resolve_future's gather block,
+Note [Fused gather]), a placeholder and a schedule field.
 """
 
 import torch
@@ -49,6 +50,15 @@ SCHEMA = Schema(
             alloc=Alloc.LAZY,
             optional=True,
             target="spec_info.hidden",
+        ),
+        Field(
+            "logits",
+            lane=Lane.FORWARD,
+            dtype=FROM_PAYLOAD,
+            shape=("vocab",),
+            alloc=Alloc.LAZY,
+            target="spec_info.logits",
+            doc="A required lazy field: in the gather block, checked before it.",
         ),
         Field("lengths", lane=Lane.SCHEDULE, dtype=torch.int64, target="seq_lens"),
     ],
