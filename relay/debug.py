@@ -54,6 +54,7 @@ from relay.errors import RelayDebugError
 
 __all__ = [
     "DebugChecks",
+    "check_resolved",
     "enable_happens_before",
     "happens_before_enabled",
     "poison",
@@ -281,6 +282,33 @@ def synchronize_stream(stream: Any) -> None:
     (``stream.synchronize()``). ThreadStreams report their own."""
     if _checker.enabled:
         _checker.join(current_cpu_stream(), _checker.snapshot(stream))
+
+
+def check_resolved(value: torch.Tensor, consumer: str) -> None:
+    """Debug aid for an engine's host consumers of a placeholder target (``input_ids``
+    read by a repetition penalty, say): ``value`` must hold no placeholder ``-slot``.
+
+    A placeholder is replaced on the forward stream by the resolve; host code that reads
+    the target between ``invalidate`` and that resolve sees ``-slot`` instead of a token
+    (vLLM #27878). Call it where the host reads the target, in debug runs.
+    """
+    if value.numel() == 0:
+        return
+    pending = value.reshape(-1) < 0
+    if value.device.type != "cpu":
+        torch._assert_async(
+            ~pending.any(), f"{consumer}: read a placeholder (-slot) not resolved yet"
+        )
+        return
+    if bool(pending.any()):
+        position = int(pending.nonzero()[0, 0])
+        placeholder = int(value.reshape(-1)[position])
+        raise RelayDebugError(
+            f"{consumer}: position {position} holds the placeholder {placeholder} (slot "
+            f"{-placeholder}), not a value: the host read the target after invalidate and "
+            "before the resolve replaced it. Read it after resolve_future (on the forward "
+            "stream, then a host copy), or read the value the relay hands over instead."
+        )
 
 
 # --------------------------------------------------------------------------------------
