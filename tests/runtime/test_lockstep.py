@@ -20,10 +20,8 @@ from relay.schema import Alloc, Field, Lane, Resolve, Schema
 from relay.testing import LockstepDivergence, Namespace, ReferenceRelay, check_lockstep, run_lockstep
 from relay.testing.pytest_plugin import relay_lockstep  # noqa: F401  (the fixture)
 
-BUNDLED = ["decode", "eagle", "eagle_confidence", "eagle_draft_probs", "eagle_dsa", "eagle_multilayer"]
-
-
 ROOT = Path(__file__).resolve().parents[2]
+BUNDLED = sorted(path.stem for path in (ROOT / "schemas").glob("*.py"))
 
 
 def _bundled(name: str) -> tuple[Schema, type[Any]]:
