@@ -53,6 +53,7 @@ from relay.device import CpuPolicy, policy_for
 from relay.errors import RelayDebugError
 
 __all__ = [
+    "DebugCheckFailed",
     "DebugChecks",
     "check_resolved",
     "enable_happens_before",
@@ -64,6 +65,14 @@ __all__ = [
     "wait_event",
     "wait_stream",
 ]
+
+class DebugCheckFailed(RelayDebugError, RuntimeError):
+    """A debug check on slots or rows failed (on the CPU, where the check names the slot).
+
+    Also a ``RuntimeError``: on other devices the same check is a device-side assert,
+    which surfaces as a ``RuntimeError``, so one ``except`` covers both.
+    """
+
 
 # Per-row state of one field, kept apart from the values.
 _EMPTY = 0  # never written
@@ -403,7 +412,7 @@ class DebugChecks:
         if ok.device.type == "cpu":
             if not bool(ok.all()):
                 first = int((~ok).nonzero()[0, 0])
-                raise RelayDebugError(f"{self.owner}.{detail(first)}")
+                raise DebugCheckFailed(f"{self.owner}.{detail(first)}")
         else:
             torch._assert_async(ok.all(), f"{self.owner}.{summary}")
 
@@ -425,9 +434,9 @@ class DebugChecks:
 
         def out_of_range(i: int) -> str:
             return (
-                f"{op}: slot {int(rows[i])} at position {i} is outside [{low}, "
-                f"{self.pool_size}){scratch}; slots are request-pool indices of this map, "
-                "which has pool_size rows (a negative slot would wrap around)"
+                f"{op}: slots must be in [{low}, {self.pool_size}){scratch}; slot "
+                f"{int(rows[i])} at position {i} is not (slots are request-pool indices of "
+                f"this map, which has {self.pool_size} rows; a negative slot would wrap around)"
             )
 
         def twice(i: int) -> str:

@@ -102,16 +102,16 @@ def test_a_never_written_row_is_reported_as_such() -> None:
 def test_slots_out_of_range_are_refused_before_any_write() -> None:
     """Negative slots and slots >= pool_size are reported by check_slots, naming the slot."""
     d = checks()
-    with pytest.raises(RelayDebugError, match=r"slot -1 at position 1 is outside \[0, 8\)"):
+    with pytest.raises(RelayDebugError, match=r"stash: slots must be in \[0, 8\); slot -1 at position 1 is not"):
         d.check_slots("stash", torch.tensor([1, -1]))
-    with pytest.raises(RelayDebugError, match=r"slot 8 .*outside"):
+    with pytest.raises(RelayDebugError, match=r"slot 8 at position 0 is not"):
         d.check_slots("publish", torch.tensor([8]))
 
 
 def test_the_scratch_row_is_refused_where_padding_is_not_allowed() -> None:
     """invalidate (scratch_ok=False) refuses slot 0; a padded stash may repeat it."""
     d = checks()
-    with pytest.raises(RelayDebugError, match=r"invalidate: slot 0 .*outside \[1, 8\).*scratch"):
+    with pytest.raises(RelayDebugError, match=r"invalidate: slots must be in \[1, 8\) \(row 0 is the scratch row.*slot 0 at position 0 is not"):
         d.check_slots("invalidate", torch.tensor([0, 3]), scratch_ok=False)
     d.check_slots("stash", torch.tensor([0, 3, 0, 0]))  # padding: no error
 

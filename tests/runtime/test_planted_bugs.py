@@ -196,7 +196,7 @@ def test_wrong_dtype_or_row_shape(mistake: dict[str, torch.Tensor], match: str) 
 def test_an_index_outside_the_pool(bad: int) -> None:
     """A slot >= pool_size or negative is refused before any write, naming the slot."""
     relay = DecodeFutureMap("cpu", POOL, debug=True)
-    with pytest.raises(RelayDebugError, match=rf"DecodeFutureMap\.stash: slot {bad} at position 1 is outside \[0, {POOL}\)"):
+    with pytest.raises(RelayDebugError, match=rf"DecodeFutureMap\.stash: slots must be in \[0, {POOL}\); slot {bad} at position 1 is not"):
         relay.stash(slots(3, bad), tokens(1, 2))
     assert relay.output_tokens_buf[3].item() == -1  # still the poison: nothing written
 
