@@ -56,6 +56,7 @@ __all__ = [
     "DebugCheckFailed",
     "DebugChecks",
     "check_resolved",
+    "disable_happens_before",
     "enable_happens_before",
     "happens_before_enabled",
     "poison",
@@ -135,6 +136,7 @@ class _Checker:
 
     def __init__(self) -> None:
         self.enabled = False
+        self.refused = False  # disable_happens_before() was called
         self.lock = threading.Lock()
         self.ids: dict[Hashable, int] = {}
         self.names: list[str] = []
@@ -243,14 +245,25 @@ class _StreamObserver:
 
 
 def enable_happens_before() -> None:
-    """Turn the happens-before checker on (any map built with ``debug=True`` does).
+    """Turn the happens-before checker on (any map built with ``debug=True`` does,
+    unless ``disable_happens_before`` was called).
 
     From then on CPU streams and events report to it; reports made before are lost,
     so turn it on before the first step.
     """
+    _checker.refused = False
     if not _checker.enabled:
         _checker.enabled = True
         cpu_stream.observer = _StreamObserver()
+
+
+def disable_happens_before() -> None:
+    """Turn the checker off, and keep maps built with ``debug=True`` from turning it on:
+    their other checks stay. For measuring what it costs (``relay bench``); call it
+    before building the maps, as stamps made while it is off are not kept."""
+    _checker.refused = True
+    _checker.enabled = False
+    cpu_stream.observer = None
 
 
 def happens_before_enabled() -> bool:
@@ -379,7 +392,8 @@ class DebugChecks:
         self._model_fence = not isinstance(self._policy, CpuPolicy)
         self._fence_clock: _Clock | None = None
         self._fence_actor: int | None = None
-        enable_happens_before()
+        if not _checker.refused:
+            enable_happens_before()
 
     # -- helpers -------------------------------------------------------------------
     def _field(self, field: str) -> _FieldRows:
@@ -405,7 +419,7 @@ class DebugChecks:
         return indices.reshape(-1).long()
 
     def _require(
-        self, ok: torch.Tensor, summary: str, detail: Callable[[int], str]
+        self, ok: torch.Tensor, summary: Callable[[], str], detail: Callable[[int], str]
     ) -> None:
         """Every element of ``ok`` must hold. On the CPU (no sync to pay) name the first
         failing position with ``detail``; elsewhere assert on the device with ``summary``."""
@@ -414,7 +428,7 @@ class DebugChecks:
                 first = int((~ok).nonzero()[0, 0])
                 raise DebugCheckFailed(f"{self.owner}.{detail(first)}")
         else:
-            torch._assert_async(ok.all(), f"{self.owner}.{summary}")
+            torch._assert_async(ok.all(), f"{self.owner}.{summary()}")
 
     def _stream(self) -> Any:
         return self._policy.current_stream()
@@ -447,10 +461,11 @@ class DebugChecks:
             )
 
         self._require(
-            in_range, f"{op}: slots must be in [{low}, {self.pool_size}){scratch}", out_of_range
+            in_range, lambda: f"{op}: slots must be in [{low}, {self.pool_size}){scratch}",
+            out_of_range,
         )
         if repeated.numel():
-            self._require(~repeated, f"{op}: a slot appears twice in one batch", twice)
+            self._require(~repeated, lambda: f"{op}: a slot appears twice in one batch", twice)
 
     def wrote(self, op: str, field: str, buf: torch.Tensor, indices: torch.Tensor) -> None:
         """Rows ``indices`` of ``field`` were written by ``op`` on the current stream."""
@@ -464,8 +479,11 @@ class DebugChecks:
         if rows.numel() == 0:
             return
         f = self._field(field)
-        stream = self._stream()
-        actor, clock, vector = _checker.tick(stream)
+        f.state.index_fill_(0, rows, state)
+        f.generation[rows] = self._generation[rows]
+        if not _checker.enabled:
+            return
+        actor, clock, vector = _checker.tick(self._stream())
         # Two writes of one row must be ordered, or which one a read sees is timing.
         previous = f.actor[rows]
         seen = _vector(vector, rows.device)[previous.clamp(min=0)]
@@ -482,12 +500,10 @@ class DebugChecks:
 
         self._require(
             ordered,
-            f"{field}: {op} on {_checker.name(actor)} overwrites a row written on another "
-            "stream with no order between the writes",
+            lambda: f"{field}: {op} on {_checker.name(actor)} overwrites a row written on "
+            "another stream with no order between the writes",
             unordered,
         )
-        f.state.index_fill_(0, rows, state)
-        f.generation[rows] = self._generation[rows]
         f.actor.index_fill_(0, rows, actor)
         f.clock.index_fill_(0, rows, clock)
         f.op.index_fill_(0, rows, self._op(op))
@@ -507,7 +523,8 @@ class DebugChecks:
         if rows.numel() == 0:
             return
         f = self._field(field)
-        actor, _, vector = _checker.tick(self._stream())
+        hb = _checker.enabled
+        actor, _, vector = _checker.tick(self._stream()) if hb else (-1, 0, [0])
         checked = rows != 0  # row 0 is scratch: padded positions read it harmlessly
         if taken is not None:
             checked = checked & taken.reshape(-1)
@@ -515,8 +532,10 @@ class DebugChecks:
         fresh = state == _WRITTEN
         current = f.generation[rows] == self._generation[rows]
         writer = f.actor[rows]
-        ordered = _vector(vector, rows.device)[writer.clamp(min=0)] >= f.clock[rows]
-        ok = ~checked | (fresh & current & ordered)
+        ok = fresh & current
+        if hb:
+            ok = ok & (_vector(vector, rows.device)[writer.clamp(min=0)] >= f.clock[rows])
+        ok = ~checked | ok
 
         def problem(i: int) -> str:
             slot = int(rows[i])
@@ -555,9 +574,9 @@ class DebugChecks:
 
         self._require(
             ok,
-            f"{field}: {op} on {_checker.name(actor)} read a row that was not written for "
-            "this request since it was last consumed, was left out, or whose write is not "
-            "ordered before the read",
+            lambda: f"{field}: {op} on {_checker.name(actor) if hb else 'its stream'} read a "
+            "row that was not written for this request since it was last consumed, was left "
+            "out, or whose write is not ordered before the read",
             problem,
         )
         # Positions not checked go to row 0, so no host sync is needed to drop them.
@@ -568,7 +587,7 @@ class DebugChecks:
     def publishing(self) -> None:
         """``publish`` is about to record the fence (before: the record may wake a waiter)."""
         self._fresh = set(self._consumers)
-        if self._model_fence:
+        if self._model_fence and _checker.enabled:
             stream = self._stream()
             with _checker.lock:
                 actor = _checker._actor(stream)
@@ -587,7 +606,7 @@ class DebugChecks:
                 "this step before resolving."
             )
         self._fresh.discard(consumer)
-        if self._model_fence and self._fence_clock is not None:
+        if self._model_fence and _checker.enabled and self._fence_clock is not None:
             _checker.join(self._stream(), self._fence_clock)
 
     def release(self, indices: torch.Tensor) -> None:

@@ -393,3 +393,28 @@ def test_many_steps_on_two_ordered_streams_report_nothing() -> None:
         b.synchronize()
         a.synchronize()
     assert got == list(range(20))
+
+
+def test_the_checker_can_be_turned_off_for_measuring_its_cost() -> None:
+    """disable_happens_before: maps built after it skip the ordering checks, keep the others."""
+    debug.disable_happens_before()
+    try:
+        assert not debug.happens_before_enabled()
+        d = checks()
+        assert not debug.happens_before_enabled(), "a debug map turned it back on"
+        buf = torch.zeros(POOL, dtype=torch.int64)
+        written = threading.Event()
+
+        def write() -> None:
+            stash(d, "tok", buf, torch.tensor([6]), [1])
+            written.set()
+
+        with thread_streams("fwd") as (stream,):
+            stream.submit(write)
+            assert written.wait(GUARD_S)
+            assert resolve(d, "tok", buf, torch.tensor([6])).tolist() == [1]  # not reported
+        with pytest.raises(RelayDebugError, match="not written since"):
+            resolve(d, "tok", buf, torch.tensor([6]))
+    finally:
+        debug.enable_happens_before()
+    assert debug.happens_before_enabled()
