@@ -125,10 +125,19 @@ def poison(dtype: torch.dtype) -> float | int | bool:
 _Clock = dict[int, int]
 
 
-def _join(into: _Clock, other: _Clock) -> None:
+def _join(into: _Clock, other: _Clock) -> bool:
+    """``into`` becomes the pointwise max of both; whether it changed."""
+    changed = False
     for actor, count in other.items():
         if into.get(actor, 0) < count:
             into[actor] = count
+            changed = True
+    return changed
+
+
+#: A stream's own entry in the vectors reads compare against: its own writes are
+#: always ordered before its reads (program order).
+_OWN = 2**62
 
 
 class _Checker:
@@ -142,6 +151,10 @@ class _Checker:
         self.names: list[str] = []
         self.clocks: list[_Clock] = []
         self.device_actor: list[bool] = []  # enqueued by a host thread (launch edges)
+        # What an actor learned from others changes only at joins: the vector tensors
+        # reads compare against are cached per (actor, device) until the next one.
+        self.learned: list[int] = []
+        self._vectors: dict[tuple[int, torch.device], tuple[int, int, torch.Tensor]] = {}
         self._events: weakref.WeakKeyDictionary[Any, _Clock] = weakref.WeakKeyDictionary()
         self._strong_events: dict[int, tuple[Any, _Clock]] = {}
 
@@ -173,23 +186,36 @@ class _Checker:
             self.names.append(name)
             self.clocks.append({actor: 0})
             self.device_actor.append(device)
+            self.learned.append(0)
         if self.device_actor[actor]:
             # Launch edge: the work enqueued now follows what the enqueuing thread knows.
-            _join(self.clocks[actor], self.clocks[self._actor(current_cpu_stream())])
+            self.merge(actor, self.clocks[self._actor(current_cpu_stream())])
         return actor
+
+    def merge(self, actor: int, clock: _Clock) -> None:
+        """Join ``clock`` into ``actor``'s; lock held."""
+        if _join(self.clocks[actor], clock):
+            self.learned[actor] += 1
 
     def name(self, actor: int) -> str:
         return self.names[actor]
 
     # -- operations ------------------------------------------------------------
-    def tick(self, stream: Any) -> tuple[int, int, list[int]]:
-        """An operation of ``stream``: (actor, its clock now, its vector as a list)."""
+    def tick(self, stream: Any, device: torch.device) -> tuple[int, int, torch.Tensor]:
+        """An operation of ``stream``: (actor, its clock now, its vector on ``device``,
+        indexed by actor, its own entry ``_OWN``)."""
         with self.lock:
             actor = self._actor(stream)
             clock = self.clocks[actor]
             clock[actor] += 1
-            vector = [clock.get(a, 0) for a in range(len(self.names))]
-            return actor, clock[actor], vector
+            key = (actor, device)
+            cached = self._vectors.get(key)
+            n = len(self.names)
+            if cached is None or cached[0] != self.learned[actor] or cached[1] != n:
+                values = [clock.get(a, 0) for a in range(n)]
+                values[actor] = _OWN
+                cached = self._vectors[key] = (self.learned[actor], n, _vector(values, device))
+            return actor, clock[actor], cached[2]
 
     def snapshot(self, stream: Any) -> _Clock:
         with self.lock:
@@ -197,7 +223,7 @@ class _Checker:
 
     def join(self, stream: Any, clock: _Clock) -> None:
         with self.lock:
-            _join(self.clocks[self._actor(stream)], clock)
+            self.merge(self._actor(stream), clock)
 
     def record(self, event: Any, stream: Any) -> None:
         with self.lock:
@@ -483,10 +509,10 @@ class DebugChecks:
         f.generation[rows] = self._generation[rows]
         if not _checker.enabled:
             return
-        actor, clock, vector = _checker.tick(self._stream())
+        actor, clock, vector = _checker.tick(self._stream(), rows.device)
         # Two writes of one row must be ordered, or which one a read sees is timing.
         previous = f.actor[rows]
-        seen = _vector(vector, rows.device)[previous.clamp(min=0)]
+        seen = vector[previous.clamp(min=0)]
         ordered = (previous < 0) | (seen >= f.clock[rows]) | (rows == 0)
 
         def unordered(i: int) -> str:
@@ -524,7 +550,7 @@ class DebugChecks:
             return
         f = self._field(field)
         hb = _checker.enabled
-        actor, _, vector = _checker.tick(self._stream()) if hb else (-1, 0, [0])
+        actor, _, vector = _checker.tick(self._stream(), rows.device) if hb else (-1, 0, rows)
         checked = rows != 0  # row 0 is scratch: padded positions read it harmlessly
         if taken is not None:
             checked = checked & taken.reshape(-1)
@@ -534,7 +560,7 @@ class DebugChecks:
         writer = f.actor[rows]
         ok = fresh & current
         if hb:
-            ok = ok & (_vector(vector, rows.device)[writer.clamp(min=0)] >= f.clock[rows])
+            ok = ok & (vector[writer.clamp(min=0)] >= f.clock[rows])
         ok = ~checked | ok
 
         def problem(i: int) -> str:
@@ -591,10 +617,9 @@ class DebugChecks:
             stream = self._stream()
             with _checker.lock:
                 actor = _checker._actor(stream)
-                clock = _checker.clocks[actor]
                 if self._fence_clock is not None and self._fence_actor != actor:
-                    _join(clock, self._fence_clock)  # Note [Fence chaining]
-                self._fence_clock = dict(clock)
+                    _checker.merge(actor, self._fence_clock)  # Note [Fence chaining]
+                self._fence_clock = dict(_checker.clocks[actor])
                 self._fence_actor = actor
 
     def waited(self, consumer: str) -> None:
