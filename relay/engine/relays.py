@@ -9,13 +9,16 @@ synchronous run checks the overlap run, so the two share no hand-over code.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from relay.engine.batch import ForwardBatch
-from relay.maps.decode import DecodeFutureMap, DecodePayload
-from relay.maps.eagle import EagleFutureMap, EaglePayload
+
+if TYPE_CHECKING:  # the classes come from the run's Maps (Note [One set of map classes per run])
+    from relay.engine.maps import Maps
+    from relay.maps.decode import DecodeFutureMap
+    from relay.maps.eagle import EagleFutureMap
 
 __all__ = ["DirectRelay", "DraftOutput", "MapRelay", "Relay"]
 
@@ -50,8 +53,9 @@ class Relay(Protocol):
 class MapRelay:
     """The overlap hand-over, through a generated ``DecodeFutureMap`` or ``EagleFutureMap``."""
 
-    def __init__(self, future_map: DecodeFutureMap | EagleFutureMap) -> None:
+    def __init__(self, future_map: DecodeFutureMap | EagleFutureMap, maps: Maps) -> None:
         self.map = future_map
+        self.maps = maps  # future_map's class and its payload classes, generated together
 
     def resolve_lengths(self, batch: ForwardBatch) -> None:
         # Blocks until the newest forward has published (not until it has finished),
@@ -71,17 +75,18 @@ class MapRelay:
         self.map.release(slots)
 
     def stash(self, slots: torch.Tensor, tokens: torch.Tensor, draft: DraftOutput | None) -> None:
-        if isinstance(self.map, EagleFutureMap):
+        if isinstance(self.map, self.maps.eagle):
             assert draft is not None, "speculative decoding stashes a draft"
             topk_p, topk_index, hidden = draft
             self.map.stash(
                 slots,
-                EaglePayload(
+                self.maps.eagle_payload(
                     bonus_tokens=tokens, topk_p=topk_p, topk_index=topk_index, hidden_states=hidden
                 ),
             )
         else:
-            self.map.stash(slots, DecodePayload(next_token_ids=tokens))
+            assert isinstance(self.map, self.maps.decode), type(self.map)
+            self.map.stash(slots, self.maps.decode_payload(next_token_ids=tokens))
 
 
 class DirectRelay:

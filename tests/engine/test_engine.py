@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-import time
+from collections.abc import Callable
 
 import attrs
 import pytest
@@ -21,6 +21,7 @@ from relay.engine import (
 )
 from relay.engine.batch import ForwardBatch, StepOutput
 from relay.engine.model import KVCache, TargetModel
+from relay.engine.maps import MapSource
 from relay.engine.relays import MapRelay
 from relay.engine.runner import ModelRunner
 from relay.maps.decode import DecodeFutureMap
@@ -88,7 +89,7 @@ def test_freed_slots_are_released_on_the_forward_stream(monkeypatch: pytest.Monk
 
 def test_a_slot_released_too_early_is_caught_in_debug_mode() -> None:
     """Releasing on the host, before the in-flight forward that reads the slot, is reported."""
-    relay = MapRelay(DecodeFutureMap("cpu", 4, debug=True))
+    relay = MapRelay(DecodeFutureMap("cpu", 4, debug=True), MapSource().load())
     slot = torch.tensor([2])
     relay.stash(slot, torch.tensor([7]), None)
     relay.release(slot)  # wrong: the next forward still reads the slot's token
@@ -107,33 +108,47 @@ def test_eagle_reproduces_greedy_decoding() -> None:
     assert spec.steps < plain.steps
 
 
-def test_thread_stream_events() -> None:
+def test_thread_stream_events(monkeypatch: pytest.MonkeyPatch) -> None:
     """A host wait issued before a queued task records blocks until that task's record."""
     stream = ThreadStream("test")
     event = CpuEvent()
-    gate = threading.Event()
+    host_waits = threading.Event()  # the host is blocked in a wait on the stream
+    host_resumed = threading.Event()
     log: list[str] = []
+    original_wait = stream.wait_ticket
+
+    def spy_wait(ticket: int, done: Callable[[], bool]) -> None:
+        host_waits.set()
+        original_wait(ticket, done)
 
     def task() -> None:
-        gate.wait()
+        # Gates, not sleeps: the record happens only once the host waits for it, and
+        # the rest of the task only once the host resumed (a wait that covered the
+        # whole task would never return: the 60 s bound only keeps such a bug from
+        # hanging the suite).
+        if not host_waits.wait(timeout=60):
+            log.append("the host never waited")
         log.append("before record")
         event.record()
-        time.sleep(0.05)
+        if not host_resumed.wait(timeout=60):
+            log.append("the host did not resume at the record")
         log.append("after record")
 
+    monkeypatch.setattr(stream, "wait_ticket", spy_wait)
     try:
         with use_cpu_stream(None):
             stream.submit(event.record)  # an earlier record, already complete
             stream.synchronize()
             stream.submit(task)
-            threading.Timer(0.05, gate.set).start()
             event.synchronize()  # the newest task has not recorded yet: wait for it
             log.append("host resumed")
+            host_resumed.set()
             stream.synchronize()
-        # The host resumed at the record, not at the end of the task.
-        assert log.index("before record") < log.index("host resumed")
-        assert stream.busy_seconds >= 0.1
+        assert log == ["before record", "host resumed", "after record"]
+        assert stream.busy_seconds > 0.0  # the worker's time in tasks is counted
     finally:
+        host_waits.set()
+        host_resumed.set()
         stream.close()
 
 
@@ -166,7 +181,8 @@ def test_idle_forward_is_a_no_op(spec: SpecConfig | None) -> None:
     before = {k: v.clone() for k, v in vars(future_map).items() if isinstance(v, torch.Tensor)}
     calls: list[int] = []
     model = TargetModel(TINY, device)
-    runner = ModelRunner(model, KVCache(TINY, pool, device), MapRelay(future_map), spec=spec,
+    runner = ModelRunner(model, KVCache(TINY, pool, device), MapRelay(future_map, MapSource().load()),
+                         spec=spec,
                          step_sync=calls.append)
     batch = ForwardBatch.idle(device)
     runner.forward(batch, StepOutput())
