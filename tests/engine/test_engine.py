@@ -210,18 +210,6 @@ def test_data_parallel_two_ranks_match_one() -> None:
     assert per_rank[0].steps == per_rank[1].steps  # one shared step sequence
 
 
-def test_demo_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
-    """``relay demo`` on a tiny model runs all four loops and reports identical outputs."""
-    from relay.engine.demo import main
-
-    code = main(["--model", "tiny", "--requests", "12", "--no-generate", "--debug"])
-    out = capsys.readouterr().out
-    assert code == 0
-    assert "all outputs identical" in out
-    for column in ("speedup", "occupancy overlap", "accept len"):
-        assert column in out
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("spec", [None, EAGLE], ids=["decode", "eagle"])
