@@ -18,7 +18,7 @@ from relay import __version__
 if TYPE_CHECKING:
     from rich.console import Console
 
-__all__ = ["EXIT_BROKEN_PIPE", "rich_console", "EXIT_DRIFT", "EXIT_FAILED", "EXIT_INVALID_SCHEMA", "EXIT_OK", "EXIT_USAGE", "main"]
+__all__ = ["EXIT_BROKEN_PIPE", "EXIT_DRIFT", "EXIT_FAILED", "EXIT_INVALID_SCHEMA", "EXIT_OK", "EXIT_USAGE", "main", "rich_console"]
 
 # Exit statuses, the same for every command (README "Commands").
 EXIT_OK = 0

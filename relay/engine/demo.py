@@ -155,8 +155,9 @@ def resolve_device(name: str, ranks: int = 1) -> str:
     return str(device)
 
 
-def config_from_args(args: argparse.Namespace, maps: MapSource = MapSource()) -> EngineConfig:
-    """The engine configuration (plain decoding, overlap) the flags describe."""
+def config_from_args(args: argparse.Namespace, maps: MapSource | None = None) -> EngineConfig:
+    """The engine configuration (plain decoding, overlap) the flags describe; ``maps``
+    defaults to the packaged ``relay.maps``."""
     model = attrs.evolve(MODEL_PRESETS[args.model], seed=args.seed)
     return EngineConfig(
         model=model,
@@ -166,7 +167,7 @@ def config_from_args(args: argparse.Namespace, maps: MapSource = MapSource()) ->
         device=resolve_device(args.device, args.ranks),
         debug=args.debug,
         cpu_threads=args.threads,
-        maps=maps,
+        maps=maps or MapSource(),
     )
 
 

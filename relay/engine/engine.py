@@ -44,9 +44,9 @@ Progress = Callable[[int, int], None]
 class EngineConfig:
     """Everything a run depends on."""
 
-    model: ModelConfig = ModelConfig()
-    workload: WorkloadConfig = WorkloadConfig()
-    scheduler: SchedulerConfig = SchedulerConfig()
+    model: ModelConfig = attrs.field(factory=ModelConfig)
+    workload: WorkloadConfig = attrs.field(factory=WorkloadConfig)
+    scheduler: SchedulerConfig = attrs.field(factory=SchedulerConfig)
     #: ``None``: plain decoding with the ``decode`` map; else EAGLE with the ``eagle`` map.
     spec: SpecConfig | None = None
     overlap: bool = True
@@ -54,7 +54,7 @@ class EngineConfig:
     #: Generated maps in debug mode (poisoned buffers, consume-once and fence checks).
     debug: bool = False
     #: Where the overlap loop's generated maps come from (default: ``relay.maps``).
-    maps: MapSource = MapSource()
+    maps: MapSource = attrs.field(factory=MapSource)
     #: torch intra-op threads on the CPU (``None`` leaves torch's setting). One core
     #: plays the device, the rest run the scheduler; both modes use the same setting.
     cpu_threads: int | None = 1

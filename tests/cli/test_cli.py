@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def _relay(*args: str, stdout: int | None = subprocess.PIPE) -> subprocess.CompletedProcess[str]:
     """``python -m relay ARGS`` in a fresh interpreter."""
-    return subprocess.run([sys.executable, "-m", "relay", *args], stdout=stdout,
+    return subprocess.run([sys.executable, "-m", "relay", *args], check=False, stdout=stdout,
                           stderr=subprocess.PIPE, text=True, timeout=600)
 
 
@@ -93,20 +93,26 @@ def test_closed_pipe_ends_quietly() -> None:
 @pytest.mark.skipif(
     __import__("torch").cuda.is_available(), reason="checks the message where CUDA is missing"
 )
-def test_demo_on_missing_cuda_is_one_line_and_exit_2() -> None:
+def test_demo_on_missing_cuda_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     """``relay demo --device cuda`` without CUDA: one line naming the fix, exit 2."""
-    done = _relay("demo", "--device", "cuda")
-    assert done.returncode == EXIT_USAGE
-    lines = done.stderr.splitlines()
-    assert len(lines) == 1, done.stderr
+    assert main(["demo", "--device", "cuda"]) == EXIT_USAGE
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert len(lines) == 1, captured.err
     assert "CUDA is not available" in lines[0] and "--device cpu" in lines[0]
-    assert done.stdout == ""
+    assert captured.out == ""
 
 
 @pytest.mark.parametrize("argv", [["--device", "tpu"], ["--requests", "0"], ["--repeat", "x"]])
-def test_demo_bad_usage_exits_2_without_traceback(argv: list[str]) -> None:
+def test_demo_bad_usage_exits_2_without_traceback(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
     """A demo flag it cannot run with exits 2 with an error line and no traceback."""
-    done = _relay("demo", *argv)
-    assert done.returncode == EXIT_USAGE
-    assert "Traceback" not in done.stderr
-    assert done.stderr.splitlines()[-1].startswith("relay demo: error:")
+    try:
+        code = main(["demo", *argv])
+    except SystemExit as exit_info:  # argparse's own usage errors
+        code = int(exit_info.code or 0)
+    assert code == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.splitlines()[-1].startswith("relay demo: error:")

@@ -45,7 +45,7 @@ def blocks(doc: Path, start: str | None = None, stop: str | None = None) -> Iter
     text = doc.read_text(encoding="utf-8")
     begin = text.index(f"\n{start}\n") if start else 0
     end = text.index(f"\n{stop}\n") if stop else len(text)
-    for match in re.finditer(r"^```(\w*)\n(.*?)^```$", text, re.S | re.M):
+    for match in re.finditer(r"^```(\w*)\n(.*?)^```$", text, re.DOTALL | re.MULTILINE):
         if not begin <= match.start() < end:
             continue
         before = text[: match.start()].rstrip("\n")
@@ -99,7 +99,7 @@ class Project:
         self.env = env
 
     def run(self, command: str) -> list[str]:
-        done = subprocess.run(["bash", "-c", command], cwd=self.root, env=self.env,
+        done = subprocess.run(["bash", "-c", command], check=False, cwd=self.root, env=self.env,
                               capture_output=True, text=True, timeout=300)
         output = (done.stdout + done.stderr).splitlines()
         return [_normalize(line) for line in output]

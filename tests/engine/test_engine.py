@@ -20,8 +20,8 @@ from relay.engine import (
     run_workload,
 )
 from relay.engine.batch import ForwardBatch, StepOutput
-from relay.engine.model import KVCache, TargetModel
 from relay.engine.maps import MapSource
+from relay.engine.model import KVCache, TargetModel
 from relay.engine.relays import MapRelay
 from relay.engine.runner import ModelRunner
 from relay.maps.decode import DecodeFutureMap
