@@ -23,7 +23,6 @@ from typing import Any, Protocol
 import torch
 
 from relay.cpu_stream import CpuEvent, current_cpu_stream
-from relay.errors import RelayDebugError
 
 __all__ = [
     "CpuPolicy",
@@ -57,7 +56,8 @@ class DevicePolicy(Protocol):
         """Order the reader (the scheduler's current stream, or the host) after ``event``."""
 
     def to_host(self, src: torch.Tensor, mirror: HostMirror) -> torch.Tensor:
-        """A host tensor with the values of ``src``, owned by the caller."""
+        """A host tensor with the values of ``src`` that no later relay write changes
+        (``src`` itself when it is already a host tensor the caller owns)."""
 
 
 class CpuPolicy:
@@ -79,8 +79,10 @@ class CpuPolicy:
         event.synchronize()
 
     def to_host(self, src: torch.Tensor, mirror: HostMirror) -> torch.Tensor:
-        # A copy: the host mirror must not alias the device target.
-        return src.clone()
+        # Note [CPU host mirror]: ``src`` is the resolve's own gather (or the batch's
+        # target), never a relay buffer, so no later relay write reaches it: hand it
+        # over as sglang's ``.cpu()`` does, without a copy.
+        return src
 
 
 class _SynchronizingEvent:
@@ -238,19 +240,12 @@ class HostMirror:
 class Fence:
     """The schedule lane's ``publish_ready`` event: created lazily, records chained.
 
-    ``consumers`` names the schedule-side resolves; with ``debug`` each must follow a
-    fresh record (a wait with no publish before it reads stale rows).
+    Debug-mode freshness (a wait with no publish before it) is ``relay.debug``'s job.
     """
 
-    def __init__(
-        self, device: torch.device, *, owner: str, consumers: tuple[str, ...], debug: bool = False
-    ) -> None:
+    def __init__(self, device: torch.device) -> None:
         self.device = device
-        self.owner = owner
-        self.debug = debug
         self._policy = policy_for(device)
-        self._consumers = consumers
-        self._fresh: set[str] = set()
         self._event: Any = None
         self._stream: Any = None
         self._recorded = False
@@ -264,37 +259,28 @@ class Fence:
         return self._event is not None
 
     def _get_event(self) -> Any:
-        if self._event is None:
-            with self._create:
-                if self._event is None:
-                    self._event = self._policy.new_event()
+        with self._create:
+            if self._event is None:
+                self._event = self._policy.new_event()
         return self._event
 
     def record(self) -> None:
         """Mark the point the current stream has reached (end of a publish)."""
         policy = self._policy
         stream = policy.current_stream()
-        event = self._event if self._event is not None else self._get_event()
-        if self._recorded and stream != self._stream:
+        event = self._event
+        if event is None:
+            event = self._get_event()
+        elif stream != self._stream and self._recorded:
             # Note [Fence chaining]
             policy.stream_wait(stream, event)
-        if self.debug:
-            # Before the record: the record may wake a waiter that checks freshness.
-            self._fresh = set(self._consumers)
         policy.record(event, stream)
         self._stream = stream
         self._recorded = True
 
-    def wait(self, consumer: str) -> None:
+    def wait(self) -> None:
         """Order the reader after the newest publish, per the device policy."""
         # Wait first: on a CPU worker stream the publish this wait refers to may not
         # have run yet (Note [Host order of CPU records]).
-        self._policy.wait(self._event if self._event is not None else self._get_event())
-        if self.debug:
-            if consumer not in self._fresh:
-                raise RelayDebugError(
-                    f"{self.owner}.{consumer}: fence waited on with no publish since the "
-                    "last wait; the rows it would read are stale. Call publish(...) for "
-                    "this step before resolving."
-                )
-            self._fresh.discard(consumer)
+        event = self._event
+        self._policy.wait(event if event is not None else self._get_event())

@@ -1,16 +1,19 @@
-"""Relay of plain (non-speculative) decoding."""
+"""Relay of plain (non-speculative) decoding: the sampled token, nothing else."""
 
 import torch
 
-from relay.schema import Field, Guard, Lane, Resolve, Schema
+from relay.schema import Field, Guard, Lane, Schema
 
 SCHEMA = Schema(
     name="DecodeFutureMap",
-    doc="""Relay of plain decoding: forward N's sampled tokens and new sequence lengths.
+    doc="""Relay of plain decoding: forward N's sampled tokens, gathered by forward N+1.
 
-    The sampled token is stashed for forward N+1, which finds it through the
-    placeholder the scheduler left in ``input_ids``; the new sequence lengths are
-    published for the scheduler, which needs them on the host to plan memory.
+    The fastest correct plain-decoding relay, as sglang runs it today: one indexed
+    write at the end of forward N and one gather at the start of forward N+1, no
+    placeholders and no fence. Every request grows by exactly one token per step, so
+    the scheduler computes the next sequence lengths on the host itself
+    (``seq_lens + 1``). Pick ``DecodeSeqLensFutureMap`` instead when the forward
+    decides the lengths (for example when it can stop a request early).
     """,
     fields=[
         Field(
@@ -19,19 +22,8 @@ SCHEMA = Schema(
             dtype=torch.int64,
             source="next_token_ids",
             target="input_ids",
-            resolve=Resolve.PLACEHOLDER,
             guard=Guard.NON_NEGATIVE,
             doc="The token sampled for each request: the next forward's input token.",
-        ),
-        Field(
-            "new_seq_lens",
-            lane=Lane.SCHEDULE,
-            dtype=torch.int64,
-            target="seq_lens",
-            host_mirror="seq_lens_cpu",
-            host_sum="seq_lens_sum",
-            guard=Guard.POSITIVE,
-            doc="Each request's sequence length after the forward.",
         ),
     ],
 )

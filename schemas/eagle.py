@@ -2,16 +2,18 @@
 
 import torch
 
-from relay.schema import FROM_PAYLOAD, Alloc, Field, Guard, Lane, Resolve, Schema
+from relay.schema import FROM_PAYLOAD, Alloc, Field, Guard, Lane, Schema
 
 SCHEMA = Schema(
     name="EagleFutureMap",
     doc="""Relay of EAGLE speculative decoding: what a verify-and-draft step hands the next.
 
     After verification the bonus token, the draft's first top-k and the last hidden
-    state are stashed for the next step's draft; the accepted lengths are published
-    mid-forward, before the draft extension, so the scheduler can plan the next
-    batch while the draft still runs.
+    state are stashed for the next step's draft, which gathers them into its draft
+    input (``spec_info``) as sglang does: one gather per field, no placeholders. The
+    accepted lengths are published mid-forward, before the draft extension, so the
+    scheduler can plan the next batch while the draft still runs. Pick
+    ``EaglePackedFutureMap`` for the same relay with one gather per dtype group.
     """,
     fields=[
         Field(
@@ -19,8 +21,7 @@ SCHEMA = Schema(
             lane=Lane.FORWARD,
             dtype=torch.int64,
             source="bonus_tokens",
-            target="input_ids",
-            resolve=Resolve.PLACEHOLDER,
+            target="spec_info.bonus_tokens",
             guard=Guard.NON_NEGATIVE,
             doc="The bonus token: the target model's token after the accepted drafts.",
         ),

@@ -2,7 +2,7 @@
 
 import torch
 
-from relay.schema import FROM_PAYLOAD, Alloc, Field, Guard, Lane, Resolve, Schema
+from relay.schema import FROM_PAYLOAD, Alloc, Field, Guard, Lane, Schema
 
 SCHEMA = Schema(
     name="EagleDsaFutureMap",
@@ -19,8 +19,7 @@ SCHEMA = Schema(
             lane=Lane.FORWARD,
             dtype=torch.int64,
             source="bonus_tokens",
-            target="input_ids",
-            resolve=Resolve.PLACEHOLDER,
+            target="spec_info.bonus_tokens",
             guard=Guard.NON_NEGATIVE,
             doc="The bonus token: the target model's token after the accepted drafts.",
         ),

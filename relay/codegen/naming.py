@@ -1,25 +1,40 @@
 """Naming: every identifier and literal the generated code spells, in one place.
 
-Schema name -> class names, field -> buffer and local names, dtypes -> source
-spellings, row shapes -> tuple literals. Views and templates ask here; nothing
-else invents a name.
+Schema name -> class names, field -> buffer, attribute and local names, dtypes ->
+source spellings, row shapes -> tuple literals, strings -> source literals. Views
+and the template ask here; nothing else invents a name.
+
+``RESERVED`` lists every fixed name a generated module binds or calls (imports,
+method names and parameters, attributes, locals); ``bound_names`` adds the ones
+minted from a schema. ``identifier_problem`` says why a schema name cannot be used
+as Python sees it (after NFKC normalization).
 """
 
 from __future__ import annotations
 
+import inspect
 import keyword
+import unicodedata
 
 import torch
 
 from relay.schema import Dim, Field, Lane, Schema
 
-#: Names a generated map defines or its methods use as locals; a field, source or
-#: dim with one of these names would shadow or clash with generated code.
+#: Every fixed name a generated module binds or uses: module imports and aliases,
+#: method names and parameters, ``self`` attributes and locals, and the builtins it
+#: calls. A field, source, dim or schema name equal to one of these (as Python sees
+#: it, after NFKC) would shadow or clash with generated code. A test keeps this list
+#: equal to what the template emits.
 RESERVED = frozenset(
     {
-        "self", "batch", "indices", "payload", "torch", "attrs", "annotations", "Protocol",
-        "device", "pool_size", "debug", "stash", "publish", "invalidate", "resolve_future",
-        "release",
+        # module level
+        "annotations", "Protocol", "attrs", "torch", "_rt", "__all__",
+        # methods
+        "__init__", "stash", "publish", "invalidate", "release", "resolve_future",
+        # parameters and locals
+        "self", "device", "pool_size", "debug", "indices", "payload", "batch", "slots",
+        # attributes of the map
+        "_debug", "_fence",
         # builtins the generated code calls
         "int",
     }
@@ -31,9 +46,42 @@ METHODS = frozenset({"stash", "publish", "invalidate", "release", "resolve_futur
 _MAP_SUFFIX = "FutureMap"
 
 
+def python_name(name: str) -> str:
+    """``name`` as the Python parser sees it: identifiers are NFKC-normalized."""
+    return unicodedata.normalize("NFKC", name)
+
+
 def is_identifier(name: object) -> bool:
-    """A Python identifier that is not a keyword."""
-    return isinstance(name, str) and name.isidentifier() and not keyword.iskeyword(name)
+    """A Python identifier that is not a keyword (after NFKC, as Python reads it)."""
+    return (
+        isinstance(name, str)
+        and name.isidentifier()
+        and not keyword.iskeyword(python_name(name))
+    )
+
+
+def identifier_problem(name: object) -> str | None:
+    """Why ``name`` cannot name a field, source, dim or path part; ``None`` if it can.
+
+    Python normalizes identifiers with NFKC, so ``ﬁeld`` and ``field`` are one
+    name: the checks (keyword, mangling, dunder, reserved) look at that form, and a
+    name whose normalized form differs is refused outright so the schema, the
+    generated code and the error messages all spell it the same way.
+    """
+    if not isinstance(name, str) or not name.isidentifier():
+        return "is not a Python identifier"
+    seen = python_name(name)
+    if seen != name:
+        return f"is read by Python as {seen!r} (NFKC normalization); spell it that way"
+    if keyword.iskeyword(seen) or keyword.issoftkeyword(seen):
+        return "is a Python keyword"
+    if seen.startswith("__") and seen.endswith("__"):
+        return "is a dunder name, reserved for Python"
+    if seen.startswith("__"):
+        return "starts with '__', which Python mangles inside the generated classes"
+    if seen in RESERVED:
+        return "is a name the generated module binds itself"
+    return None
 
 
 def prefix(schema: Schema) -> str:
@@ -52,10 +100,21 @@ def batch_protocol(schema: Schema) -> str:
     return f"{prefix(schema)}Batch"
 
 
+def _camel(part: str) -> str:
+    return "".join(word[:1].upper() + word[1:] for word in part.split("_"))
+
+
 def nested_protocol(schema: Schema, path: tuple[str, ...]) -> str:
-    """``("spec_info",)`` -> ``EagleSpecInfo``: the protocol of ``batch.spec_info``."""
-    camel = "".join(part.title().replace("_", "") for part in path)
-    return f"{prefix(schema)}{camel}"
+    """``("spec_info",)`` -> ``EagleSpecInfo``: the protocol of ``batch.spec_info``.
+
+    The stem is not repeated when the path starts with it (``SpecFutureMap`` and
+    ``spec_info`` give ``SpecInfo``, not ``SpecSpecInfo``).
+    """
+    camel = "".join(_camel(part) for part in path)
+    stem = prefix(schema)
+    if camel.startswith(stem) and camel != stem:
+        return camel
+    return f"{stem}{camel}"
 
 
 def buffer(field: Field) -> str:
@@ -67,6 +126,22 @@ def host_mirror(field: Field) -> str:
     return f"_{field.name}_host"
 
 
+def carried_flag(field: Field) -> str:
+    """The private flag of an optional field: whether the latest write carried it."""
+    return f"_{field.name}_carried"
+
+
+def value_local(field: Field) -> str:
+    """The local holding a schedule field's gathered rows (fields never shadow locals:
+    ``indices``, ``slots``, ``batch`` and ``self`` are reserved)."""
+    return field.name
+
+
+def placeholder_locals(field: Field) -> tuple[str, str, str]:
+    """Locals of a placeholder resolve: the target, its pending mask, the rows read."""
+    return f"{field.name}_at", f"{field.name}_pending", f"{field.name}_rows"
+
+
 def resolve_method(field: Field) -> str:
     """The schedule-side resolve: named after the host mirror, else the target's leaf."""
     if field.lane is not Lane.SCHEDULE:
@@ -75,13 +150,35 @@ def resolve_method(field: Field) -> str:
     return f"resolve_{leaf.rsplit('.', 1)[-1]}"
 
 
+def bound_names(schema: Schema) -> frozenset[str]:
+    """Every name a module generated from ``schema`` binds: ``RESERVED`` plus the
+    class, method, attribute, parameter and local names minted from the schema."""
+    names = set(RESERVED)
+    names.update({schema.name, payload_class(schema), batch_protocol(schema)})
+    for f in schema.fields:
+        names.update({buffer(f), host_mirror(f), carried_flag(f), f.payload_name})
+        names.add(value_local(f))
+        names.update(placeholder_locals(f))
+        for path in (f.target, f.host_mirror, f.host_sum):
+            if path is None:
+                continue
+            parts = tuple(path.split("."))
+            names.update(parts)
+            names.update(nested_protocol(schema, parts[:depth]) for depth in range(1, len(parts)))
+        if f.lane is Lane.SCHEDULE:
+            names.add(resolve_method(f))
+        names.update(d for d in f.shape if isinstance(d, str))
+    names.update(schema.indices.split("."))
+    return frozenset(names)
+
+
 def dtype(value: torch.dtype) -> str:
     """``torch.int64`` spelled as source."""
     return str(value)
 
 
 def shape_literal(dims: tuple[str, ...]) -> str:
-    """A tuple literal from already-spelled dims: ``("pool_size", "topk")`` -> ``(pool_size, topk)``."""
+    """A tuple literal from spelled dims: ``("pool_size", "topk")`` -> ``(pool_size, topk)``."""
     if len(dims) == 1:
         return f"({dims[0]},)"
     return "(" + ", ".join(dims) + ")"
@@ -94,7 +191,9 @@ def eager_shape(field: Field) -> str:
 
 def declared_row(field: Field) -> str:
     """The row of a lazy field for ``_rt.lazy_buffer``: fixed dims, ``None`` for symbolic."""
-    return shape_literal(tuple("None" if isinstance(d, str) else str(d) for d in field.shape)) if field.shape else "()"
+    if not field.shape:
+        return "()"
+    return shape_literal(tuple("None" if isinstance(d, str) else str(d) for d in field.shape))
 
 
 def symbolic_dims(fields: tuple[Field, ...]) -> list[str]:
@@ -112,3 +211,57 @@ def symbolic_dims(fields: tuple[Field, ...]) -> list[str]:
 def describe_shape(shape: tuple[Dim, ...]) -> str:
     """Human spelling of a row shape for doc strings: ``(pool_size, topk)``."""
     return shape_literal(("pool_size", *(str(d) for d in shape)))
+
+
+def string_literal(text: str) -> str:
+    """A double-quoted literal that reads back as ``text`` exactly (any code point)."""
+    out = ['"']
+    for ch in text:
+        out.append(_escape(ch, '"'))
+    out.append('"')
+    return "".join(out)
+
+
+def _escape(ch: str, quote: str) -> str:
+    if ch == "\\":
+        return "\\\\"
+    if ch == quote:
+        return "\\" + ch
+    code = ord(ch)
+    if ch == "\n":
+        return "\\n"
+    if ch == "\t":
+        return "\\t"
+    if code < 0x20 or code == 0x7F or 0xD800 <= code <= 0xDFFF or not ch.isprintable():
+        if code <= 0xFF:
+            return f"\\x{code:02x}"
+        if code <= 0xFFFF:
+            return f"\\u{code:04x}"
+        return f"\\U{code:08x}"
+    return ch
+
+
+def doc_text(text: str) -> str:
+    """The body of a ``\"\"\"`` doc string that reads back as ``text`` after
+    ``inspect.cleandoc``: backslashes, quotes, control characters and lone
+    surrogates escaped, newlines kept."""
+    lines = [line.rstrip() for line in inspect.cleandoc(text).splitlines()]
+    return escape_doc("\n".join(lines).rstrip())
+
+
+def escape_doc(text: str) -> str:
+    """``text`` made safe inside ``\"\"\"``, kept as written otherwise."""
+    body = "".join(_doc_char(ch) for ch in text)
+    if body.endswith('"'):
+        body = body[:-1] + '\\"'  # else it would merge with the closing quotes
+    return body.replace('"""', '\\"""')
+
+
+def _doc_char(ch: str) -> str:
+    return ch if ch in '\n\t"' else _escape(ch, '"')
+
+
+def comment_text(text: str) -> str:
+    """``text`` for one ``#`` comment line: control characters, line breaks and lone
+    surrogates escaped, so nothing can end the comment."""
+    return "".join(_escape(ch, "") if ch != "\\" else ch for ch in text)

@@ -1,62 +1,180 @@
 """Views: exactly what the template needs, computed once from a validated schema.
 
-Templates only fill holes and loop; every decision (which methods exist, what a
-line says, which protocol owns an attribute) is made here, in Python, where it
-can be read and tested.
+The template only fills holes, loops and branches on typed plans; every decision
+(which methods exist, how a field is written and read, what a line says and where
+it wraps) is made here, in Python, where it can be read and tested.
+
+Statements whose length depends on the schema's names are spelled here already
+wrapped the way ``ruff format`` (and black) would wrap them at their indentation,
+so formatters leave generated modules alone.
 """
 
 from __future__ import annotations
 
-import inspect
+import enum
+from collections.abc import Sequence
 
 import attrs
 
 from relay.codegen import naming
 from relay.schema import Alloc, Field, FromPayload, Guard, Lane, Resolve, Schema
 
+#: ruff's and black's default line length.
+WIDTH = 88
+
 _GUARDS = {Guard.POSITIVE: "guard_positive", Guard.NON_NEGATIVE: "guard_non_negative"}
 
+# Indentation of a method body, and of one and two levels of ``if`` inside it.
+_BODY, _IN_IF, _IN_IF2 = 8, 12, 16
 
-def doc_text(text: str) -> str:
-    """A doc string body safe inside triple quotes, with normalized indentation."""
-    lines = [line.rstrip() for line in inspect.cleandoc(text).splitlines()]
-    cleaned = "\n".join(lines).rstrip().replace("\\", "\\\\").replace('"""', '\\"\\"\\"')
-    if cleaned.endswith('"'):
-        cleaned = cleaned[:-1] + '\\"'  # else it would merge with the closing quotes
-    return cleaned
+#: Kept for callers that escape doc strings through the views module.
+doc_text = naming.doc_text
+
+
+class WritePlan(enum.Enum):
+    """How ``stash`` / ``publish`` write a field."""
+
+    #: ``buf.index_copy_(0, slots, value.to(dtype))`` into a buffer made at construction.
+    EAGER = "eager"
+    #: Allocate from the first payload that carries it, then write as ``EAGER``.
+    LAZY = "lazy"
+
+
+class ReadPlan(enum.Enum):
+    """How a resolve hands a field to the batch."""
+
+    #: ``target = buf.index_select(0, indices)``: one gather.
+    GATHER = "gather"
+    #: Replace each negative ``-slot`` in the target by ``buf[slot]``.
+    PLACEHOLDER = "placeholder"
+
+
+class Presence(enum.Enum):
+    """What a resolve knows about whether the buffer holds this step's rows."""
+
+    #: Required and eager: always there.
+    ALWAYS = "always"
+    #: Optional: handed over only when the latest write carried it (Note [Optional fields]).
+    CARRIED = "carried"
+    #: Required and lazy: a resolve before the first stash is an error.
+    ALLOCATED = "allocated"
+
+
+def _fits(indent: int, text: str) -> bool:
+    return indent + len(text) <= WIDTH
+
+
+@attrs.frozen
+class Call:
+    """A call (or bracketed literal) that ``call`` may split over lines."""
+
+    opener: str
+    args: tuple[str | Call, ...]
+    closer: str = ")"
+
+    def flat(self) -> str:
+        return self.opener + ", ".join(_flat(a) for a in self.args) + self.closer
+
+
+def _flat(arg: str | Call) -> str:
+    return arg if isinstance(arg, str) else arg.flat()
+
+
+def call(indent: int, opener: str, args: Sequence[str | Call], closer: str = ")") -> str:
+    """``opener`` + args + ``closer`` as ruff formats it at ``indent``: on one line, else
+    the arguments together on one indented line, else one per line with a trailing
+    comma (a ``Call`` argument split in turn). Continuation lines are indented
+    relative to the first."""
+    joined = ", ".join(_flat(a) for a in args)
+    if _fits(indent, opener + joined + closer):
+        return opener + joined + closer
+    if _fits(indent + 4, joined):
+        return f"{opener}\n    {joined}\n{closer}"
+    lines = [opener]
+    for arg in args:
+        if isinstance(arg, Call) and not _fits(indent + 4, arg.flat() + ","):
+            text = call(indent + 4, arg.opener, arg.args, arg.closer)
+        else:
+            text = _flat(arg)
+        lines.append("    " + text.replace("\n", "\n    ") + ",")
+    lines.append(closer)
+    return "\n".join(lines)
+
+
+def condition(indent: int, keyword: str, test: str) -> str:
+    """``if test:`` as ruff formats it: parenthesized over three lines when too long."""
+    if _fits(indent, f"{keyword} {test}:"):
+        return f"{keyword} {test}:"
+    parts = test.split(" and ")
+    if len(parts) > 1 and not _fits(indent + 4, test):
+        inner = "\n    ".join([parts[0], *(f"and {p}" for p in parts[1:])])
+        return f"{keyword} (\n    {inner}\n):"
+    return f"{keyword} (\n    {test}\n):"
 
 
 @attrs.frozen
 class FieldView:
+    """One field: its typed plans and the statements that carry them out."""
+
     name: str
-    what: str  # "EagleFutureMap.topk_p", used in runtime messages
-    buf: str
-    lane: str
-    eager: bool
-    optional: bool
-    #: Source spelling of the declared dtype, or None for FROM_PAYLOAD.
-    dtype: str | None
-    alloc_shape: str  # eager: "(pool_size, topk)"
-    declared_row: str  # lazy: "(None,)"
+    lane: Lane
+    write: WritePlan
+    read: ReadPlan
+    presence: Presence
+    #: The payload expression (``payload.bonus_tokens``) or publish parameter.
+    src: str
     payload_name: str
+    value_type: str
+    buf: str
+    buf_type: str
+    #: ``self._<field>_carried`` of an optional field, else ``None``.
+    carried: str | None
     target: str | None  # "batch.spec_info.topk_p"
-    placeholder: bool
     host_mirror: str | None  # "batch.seq_lens_cpu"
     host_sum: str | None
-    host_attr: str  # "_new_seq_lens_host"
+    host_attr: str | None  # "_new_seq_lens_host", when mirrored or summed
+    host_init: str | None  # its construction
     resolve_method: str | None
-    fence_consumer: str | None
-    guard: str | None
     doc: str
-    summary: str  # one line for the class doc: lane, shape, dtype, target
+    summary: str
+    # Constructor.
+    alloc_stmt: str  # eager buffer allocation, at the constructor's body indent
+    # stash / publish.
+    check_stmt: str
+    guard_stmt: str | None
+    write_stmt: str
+    lazy_alloc_stmt: str | None
+    clear_stmt: str | None
+    wrote_stmt: str
+    omitted_stmt: str | None
+    # Resolves.
+    #: The ``if`` line guarding an optional read, in the resolve and in its debug block.
+    read_test: str | None
+    debug_read_test: str | None
+    #: The read itself: a gather, or the placeholder substitution, then host copies.
+    read_stmts: tuple[str, ...]
+    #: What an optional read hands over when the latest write did not carry it.
+    none_stmts: tuple[str, ...]
+    read_stmt: str  # the debug-mode ``read`` report
+    never_stashed_stmt: str | None  # the error of a required lazy field read too early
+    read_doc: tuple[str, ...]
 
     @property
-    def value_type(self) -> str:
-        return "torch.Tensor | None" if self.optional else "torch.Tensor"
+    def placeholder(self) -> bool:
+        return self.read is ReadPlan.PLACEHOLDER
 
     @property
-    def buf_type(self) -> str:
-        return "torch.Tensor" if self.eager else "torch.Tensor | None"
+    def optional(self) -> bool:
+        return self.presence is Presence.CARRIED
+
+    @property
+    def lazy(self) -> bool:
+        return self.write is WritePlan.LAZY
+
+    @property
+    def needs_stash(self) -> bool:
+        """A required lazy field: resolving it before its first stash is an error."""
+        return self.presence is Presence.ALLOCATED
 
 
 @attrs.frozen
@@ -80,34 +198,27 @@ class MapView:
     module_doc: str
     header: tuple[str, ...]
     cls: str
+    cls_literal: str
     doc: str
     payload_cls: str
     batch_cls: str
     indices: str  # "batch.req_pool_indices"
     dims: tuple[str, ...]
+    pool_check: str
+    dim_checks: tuple[str, ...]
     fields: tuple[FieldView, ...]
     protocols: tuple[ProtocolView, ...]  # nested first, the batch protocol last
-    fence_consumers: tuple[str, ...]
-
-    @property
-    def fence_consumers_literal(self) -> str:
-        return naming.shape_literal(tuple(f'"{c}"' for c in self.fence_consumers))
-
-    @property
-    def exports(self) -> list[str]:
-        names = [self.cls, self.batch_cls]
-        if self.forward:
-            names.append(self.payload_cls)
-        names.extend(p.name for p in self.protocols if p.name != self.batch_cls)
-        return sorted(names)
+    debug_stmt: str
+    fence_stmt: str | None
+    exports: tuple[str, ...]
 
     @property
     def forward(self) -> list[FieldView]:
-        return [f for f in self.fields if f.lane == "forward"]
+        return [f for f in self.fields if f.lane is Lane.FORWARD]
 
     @property
     def schedule(self) -> list[FieldView]:
-        return [f for f in self.fields if f.lane == "schedule"]
+        return [f for f in self.fields if f.lane is Lane.SCHEDULE]
 
     @property
     def forward_resolved(self) -> list[FieldView]:
@@ -116,6 +227,10 @@ class MapView:
     @property
     def placeholders(self) -> list[FieldView]:
         return [f for f in self.fields if f.placeholder]
+
+    @property
+    def optional_fields(self) -> list[FieldView]:
+        return [f for f in self.fields if f.optional]
 
     @property
     def publish_params(self) -> list[FieldView]:
@@ -137,30 +252,193 @@ def _summary(f: Field) -> str:
     return line
 
 
+def _presence(f: Field) -> Presence:
+    if f.optional:
+        return Presence.CARRIED
+    return Presence.ALWAYS if f.alloc is Alloc.EAGER else Presence.ALLOCATED
+
+
 def _field_view(schema: Schema, f: Field) -> FieldView:
-    schedule = f.lane is Lane.SCHEDULE
+    lane = f.lane
+    write = WritePlan.EAGER if f.alloc is Alloc.EAGER else WritePlan.LAZY
+    read = ReadPlan.PLACEHOLDER if f.resolve is Resolve.PLACEHOLDER else ReadPlan.GATHER
+    presence = _presence(f)
+    buf = f"self.{naming.buffer(f)}"
+    src = f"payload.{f.payload_name}" if lane is Lane.FORWARD else f.payload_name
+    op = "stash" if lane is Lane.FORWARD else "publish"
+    what = naming.string_literal(f"{schema.name}.{f.name}")
+    field_literal = naming.string_literal(f.name)
+    carried = f"self.{naming.carried_flag(f)}" if f.optional else None
+    target = f"batch.{f.target}" if f.target is not None else None
+    mirrored = f.host_mirror is not None or f.host_sum is not None
+    host_attr = naming.host_mirror(f) if mirrored else None
+    method = naming.resolve_method(f) if lane is Lane.SCHEDULE else None
+    reader = "resolve_future" if lane is Lane.FORWARD else method
+    assert reader is not None
+    lazy = write is WritePlan.LAZY
+    dtype = None if isinstance(f.dtype, FromPayload) else naming.dtype(f.dtype)
+    row = naming.declared_row(f)
+
+    # stash / publish: the checks sit under ``if src is not None:`` for optional fields.
+    check_indent = _IN_IF if f.optional else _BODY
+    check_args = [what, src, "indices", buf]
+    if lazy:
+        check_args += [row, dtype or "None"]
+    check_stmt = call(check_indent, "_rt.check_rows(", check_args)
+    guard_stmt = None
+    if f.guard in _GUARDS:
+        guard_indent = _IN_IF2 if f.optional else _IN_IF
+        guard_stmt = call(guard_indent, f"_rt.{_GUARDS[f.guard]}(", [src, what])
+
+    write_indent = _IN_IF if f.optional else _BODY
+    cast = f"{buf}.dtype" if lazy else dtype
+    assert cast is not None
+    write_stmt = call(write_indent, f"{buf}.index_copy_(", ["0", "slots", f"{src}.to({cast})"])
+    lazy_alloc_stmt = None
+    if lazy:
+        alloc_indent = _IN_IF2 if f.optional else _IN_IF
+        lazy_alloc_stmt = call(
+            alloc_indent,
+            f"{buf} = _rt.lazy_buffer(",
+            [what, "self.pool_size", row, dtype or "None", src, "self._debug is not None"],
+        )
+    clear_stmt = call(_IN_IF, f"{buf}.index_fill_(", ["0", "slots", "0"]) if f.optional else None
+    wrote_indent = _IN_IF2 if f.optional else _IN_IF
+    wrote_stmt = call(
+        wrote_indent, "self._debug.wrote(", [f'"{op}"', field_literal, buf, "indices"]
+    )
+    omitted_stmt = (
+        call(_IN_IF2, "self._debug.omitted(", [f'"{op}"', field_literal, "indices"])
+        if f.optional
+        else None
+    )
+
+    # Resolves.
+    read_test = debug_read_test = None
+    if presence is Presence.CARRIED:
+        assert carried is not None
+        test = f"{carried} and {buf} is not None" if lazy else carried
+        read_test = condition(_BODY, "if", test)
+        debug_read_test = condition(_IN_IF, "if", test)
+    read_indent = _IN_IF if presence is Presence.CARRIED else _BODY
+    value = naming.value_local(f)
+    at, pending, rows = naming.placeholder_locals(f)
+    placeholder_stmts: tuple[str, ...] = ()
+    if read is ReadPlan.PLACEHOLDER:
+        assert target is not None
+        gather_stmt = call(read_indent, f"{value} = {buf}.index_select(", ["0", rows])
+        placeholder_stmts = (
+            f"{at} = {target}",
+            f"{pending} = {at} < 0",
+            f"{rows} = {at}.neg().clamp(min=0)",
+            gather_stmt,
+            call(read_indent, f"{at}.copy_(", [f"torch.where({pending}, {value}, {at})"]),
+        )
+        read_stmt = call(
+            read_indent + 4,
+            "self._debug.read(",
+            [f'"{reader}"', field_literal, buf, rows, pending],
+        )
+        host_src = at
+    elif lane is Lane.SCHEDULE:
+        gather_stmt = call(read_indent, f"{value} = {buf}.index_select(", ["0", "indices"])
+        read_stmt = call(
+            read_indent + 4, "self._debug.read(", [f'"{reader}"', field_literal, buf, "indices"]
+        )
+        host_src = value
+    else:
+        assert target is not None
+        gather_stmt = call(read_indent, f"{target} = {buf}.index_select(", ["0", "indices"])
+        read_stmt = call(
+            read_indent + 4, "self._debug.read(", [f'"{reader}"', field_literal, buf, "indices"]
+        )
+        host_src = value
+
+    host: list[str] = []
+    none: list[str] = []
+    if lane is Lane.SCHEDULE and read is ReadPlan.GATHER and target is not None:
+        host.append(f"{target} = {value}")
+    if f.host_mirror is not None:
+        mirror = f"batch.{f.host_mirror}"
+        host.append(call(read_indent, f"{mirror} = self.{host_attr}.copy(", [host_src]))
+        if f.host_sum is not None:
+            host.append(f"batch.{f.host_sum} = int({mirror}.sum())")
+    elif f.host_sum is not None:
+        host.append(
+            call(read_indent, f"batch.{f.host_sum} = int(", [f"self.{host_attr}.copy({host_src}).sum()"])
+        )
+    if presence is Presence.CARRIED:
+        for path in (f.target, f.host_mirror, f.host_sum):
+            if path is not None and not (path == f.target and read is ReadPlan.PLACEHOLDER):
+                none.append(f"batch.{path} = None")
+
     return FieldView(
         name=f.name,
-        what=f"{schema.name}.{f.name}",
-        buf=naming.buffer(f),
-        lane=f.lane.value,
-        eager=f.alloc is Alloc.EAGER,
-        optional=f.optional,
-        dtype=None if isinstance(f.dtype, FromPayload) else naming.dtype(f.dtype),
-        alloc_shape=naming.eager_shape(f),
-        declared_row=naming.declared_row(f),
+        lane=lane,
+        write=write,
+        read=read,
+        presence=presence,
+        src=src,
         payload_name=f.payload_name,
-        target=f"batch.{f.target}" if f.target is not None else None,
-        placeholder=f.resolve is Resolve.PLACEHOLDER,
+        value_type="torch.Tensor | None" if f.optional else "torch.Tensor",
+        buf=naming.buffer(f),
+        buf_type="torch.Tensor | None" if lazy else "torch.Tensor",
+        carried=carried,
+        target=target,
         host_mirror=f"batch.{f.host_mirror}" if f.host_mirror else None,
         host_sum=f"batch.{f.host_sum}" if f.host_sum else None,
-        host_attr=naming.host_mirror(f),
-        resolve_method=naming.resolve_method(f) if schedule else None,
-        fence_consumer=naming.resolve_method(f) if schedule else None,
-        guard=_GUARDS.get(f.guard),
-        doc=doc_text(f.doc),
-        summary=_summary(f),
+        host_attr=host_attr,
+        host_init=call(
+            _BODY, f"self.{host_attr} = _rt.HostMirror(", ["self.device", "pool_size"]
+        )
+        if host_attr
+        else None,
+        resolve_method=method,
+        doc=naming.doc_text(f.doc) or f.name,
+        summary=naming.escape_doc(_summary(f)),
+        alloc_stmt=call(
+            _BODY,
+            f"{buf}: torch.Tensor = _rt.new_buffer(",
+            [naming.eager_shape(f), dtype or "None", "self.device", "debug"],
+        ),
+        check_stmt=check_stmt,
+        guard_stmt=guard_stmt,
+        write_stmt=write_stmt,
+        lazy_alloc_stmt=lazy_alloc_stmt,
+        clear_stmt=clear_stmt,
+        wrote_stmt=wrote_stmt,
+        omitted_stmt=omitted_stmt,
+        read_test=read_test,
+        debug_read_test=debug_read_test,
+        read_stmts=(*placeholder_stmts, *host) if placeholder_stmts else (gather_stmt, *host),
+        none_stmts=tuple(none),
+        read_stmt=read_stmt,
+        never_stashed_stmt=call(
+            _IN_IF,
+            "raise _rt.never_stashed(",
+            [naming.string_literal(schema.name), field_literal],
+        )
+        if presence is Presence.ALLOCATED
+        else None,
+        read_doc=_read_doc(f),
     )
+
+
+def _read_doc(f: Field) -> tuple[str, ...]:
+    later = " (when the latest write carried it, else ``None``)" if f.optional else ""
+    lines = []
+    if f.resolve is Resolve.PLACEHOLDER:
+        lines.append(
+            f"- ``batch.{f.target}``: each placeholder ``-slot`` becomes "
+            f"``{naming.buffer(f)}[slot]``{later}."
+        )
+    elif f.target is not None:
+        lines.append(f"- ``batch.{f.target} = {naming.buffer(f)}[indices]``{later}.")
+    if f.host_mirror:
+        lines.append(f"- ``batch.{f.host_mirror}``: a host copy of it.")
+    if f.host_sum:
+        lines.append(f"- ``batch.{f.host_sum}``: the sum of it on the host.")
+    return tuple(naming.doc_text(line) for line in lines)
 
 
 def _protocols(schema: Schema) -> tuple[ProtocolView, ...]:
@@ -186,7 +464,8 @@ def _protocols(schema: Schema) -> tuple[ProtocolView, ...]:
         tensor = "torch.Tensor | None" if f.optional else "torch.Tensor"
         if f.target is not None:
             # Placeholder targets are assigned by invalidate; gather targets by resolve.
-            add(f.target, tensor, True)
+            placeholder = f.resolve is Resolve.PLACEHOLDER
+            add(f.target, "torch.Tensor" if placeholder else tensor, True)
         if f.host_mirror is not None:
             add(f.host_mirror, tensor, True)
         if f.host_sum is not None:
@@ -197,39 +476,80 @@ def _protocols(schema: Schema) -> tuple[ProtocolView, ...]:
         views.append(
             ProtocolView(
                 name=naming.nested_protocol(schema, path),
-                doc=f"The attributes of ``batch.{'.'.join(path)}`` that {schema.name} "
-                "reads and writes.",
+                doc=naming.doc_text(
+                    f"The attributes of ``batch.{'.'.join(path)}`` that {schema.name} "
+                    "reads and writes."
+                ),
                 attributes=tuple(members[path].values()),
             )
         )
     views.append(
         ProtocolView(
             name=naming.batch_protocol(schema),
-            doc=f"What {schema.name} reads and writes on a batch; any class with these fits.",
+            doc=naming.doc_text(
+                f"What {schema.name} reads and writes on a batch; any class with these fits."
+            ),
             attributes=tuple(members[()].values()),
         )
     )
     return tuple(views)
 
 
+def _names_literal(keyword: str, names: Sequence[str]) -> Call:
+    """``keyword=("a", "b")``: a tuple of string literals that ruff may split."""
+    literals = tuple(naming.string_literal(n) for n in names)
+    if len(literals) == 1:
+        return Call(f"{keyword}=(", literals, ",)")
+    return Call(f"{keyword}=(", literals)
+
+
 def map_view(schema: Schema, *, source: str, command: str, schema_hash: str) -> MapView:
     """The view of one validated schema."""
     fields = tuple(_field_view(schema, f) for f in schema.fields)
-    first_line = doc_text(schema.doc).splitlines()[0] if schema.doc.strip() else schema.name
+    cleaned = naming.doc_text(schema.doc)
+    first_line = cleaned.splitlines()[0] if cleaned else schema.name
+    cls_literal = naming.string_literal(schema.name)
+    dims = tuple(naming.symbolic_dims(schema.fields))
+    forward = [f.name for f in schema.fields if f.lane is Lane.FORWARD]
+    schedule = [f.name for f in schema.fields if f.lane is Lane.SCHEDULE]
+    consumers = [naming.resolve_method(f) for f in schema.fields if f.lane is Lane.SCHEDULE]
+    debug_args: list[str | Call] = ["self.device", "self.pool_size", cls_literal]
+    if forward:
+        debug_args.append(_names_literal("forward", forward))
+    if schedule:
+        debug_args.append(_names_literal("schedule", schedule))
+        debug_args.append(_names_literal("consumers", consumers))
+    protocols = _protocols(schema)
+    exports = [schema.name, naming.batch_protocol(schema)]
+    if forward:
+        exports.append(naming.payload_class(schema))
+    exports.extend(p.name for p in protocols if p.name != naming.batch_protocol(schema))
     return MapView(
-        module_doc=f"{first_line}\n\nGenerated from {source} by relay; see docs/generated.md.",
+        module_doc=naming.doc_text(
+            f"{first_line}\n\nGenerated from {source} by relay; see docs/generated.md."
+        ),
         header=(
-            f"@generated by relay from {source}. DO NOT EDIT.",
-            f"Regenerate with: {command}",
-            f"schema-hash: {schema_hash}",
+            naming.comment_text(f"@generated by relay from {source}. DO NOT EDIT."),
+            naming.comment_text(f"Regenerate with: {command}"),
+            naming.comment_text(f"schema-hash: {schema_hash}"),
         ),
         cls=schema.name,
-        doc=doc_text(schema.doc) or schema.name,
+        cls_literal=cls_literal,
+        doc=cleaned or schema.name,
         payload_cls=naming.payload_class(schema),
         batch_cls=naming.batch_protocol(schema),
         indices=f"batch.{schema.indices}",
-        dims=tuple(naming.symbolic_dims(schema.fields)),
+        dims=dims,
+        pool_check=call(
+            _BODY, "self.pool_size = _rt.check_dim(", [cls_literal, '"pool_size"', "pool_size"]
+        ),
+        dim_checks=tuple(
+            call(_BODY, f"{d} = _rt.check_dim(", [cls_literal, naming.string_literal(d), d])
+            for d in dims
+        ),
         fields=fields,
-        protocols=_protocols(schema),
-        fence_consumers=tuple(f.fence_consumer for f in fields if f.fence_consumer),
+        protocols=protocols,
+        debug_stmt=call(_IN_IF, "self._debug = _rt.DebugChecks(", debug_args),
+        fence_stmt="self._fence = _rt.Fence(self.device)" if schedule else None,
+        exports=tuple(sorted(exports)),
     )

@@ -64,6 +64,8 @@ class SpecInfo:
     topk_p: torch.Tensor
     topk_index: torch.Tensor
     hidden_states: torch.Tensor | None = None
+    #: (n,) the bonus token of the previous verify: the draft's first input token.
+    bonus_tokens: torch.Tensor = attrs.field(factory=lambda: torch.empty(0, dtype=torch.int64))
 
 
 def _empty(device: torch.device, dtype: torch.dtype = torch.int64) -> torch.Tensor:

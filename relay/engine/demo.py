@@ -1,7 +1,8 @@
 """``relay demo``: generate the bundled maps privately, import them, run the engine both ways.
 
-The bundled ``decode`` and ``eagle`` schemas are generated into a private temporary
-folder and imported from there: the demo never reads or writes the caller's project
+The bundled schemas the engine runs (``decode``, ``decode_seq_lens``, ``eagle``) are
+generated into a private temporary folder and imported from there: the demo never
+reads or writes the caller's project
 (no ``[tool.relay]`` lookup, nothing written under the working folder). For plain
 and speculative decoding it then runs the synchronous loop and the overlap loop on
 the same workload, each several times, interleaved, and prints throughput, the

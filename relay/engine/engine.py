@@ -206,6 +206,7 @@ def _loop(
                 batch = ForwardBatch.idle(device)  # another rank has work: join its step
                 idle_steps += 1
             batch.released = scheduler.take_released()
+            relay.scheduled(batch)
             out = StepOutput()
             handle = lane.launch(functools.partial(runner.forward, batch, out))
             launched = (batch, out, handle)

@@ -28,12 +28,13 @@ from relay.errors import RelayError
 
 if TYPE_CHECKING:
     from relay.maps.decode import DecodeFutureMap, DecodePayload
+    from relay.maps.decode_seq_lens import DecodeSeqLensFutureMap, DecodeSeqLensPayload
     from relay.maps.eagle import EagleFutureMap, EaglePayload
 
 __all__ = ["MAP_MODULES", "MapSource", "Maps"]
 
 #: The schema modules whose maps the engine runs, by module stem.
-MAP_MODULES = ("decode", "eagle")
+MAP_MODULES = ("decode", "decode_seq_lens", "eagle")
 
 
 @attrs.frozen
@@ -42,6 +43,8 @@ class Maps:
 
     decode: type[DecodeFutureMap]
     decode_payload: type[DecodePayload]
+    decode_seq_lens: type[DecodeSeqLensFutureMap]
+    decode_seq_lens_payload: type[DecodeSeqLensPayload]
     eagle: type[EagleFutureMap]
     eagle_payload: type[EaglePayload]
     #: The files the classes were loaded from, for messages.
@@ -50,10 +53,11 @@ class Maps:
 
 @attrs.frozen
 class MapSource:
-    """Where a run's ``decode`` and ``eagle`` maps come from.
+    """Where a run's maps come from (the modules of ``MAP_MODULES``).
 
     ``folder=None`` is the packaged ``relay.maps``; otherwise a folder holding
-    ``decode.py`` and ``eagle.py`` generated from the bundled schemas. Plain data,
+    ``decode.py``, ``decode_seq_lens.py`` and ``eagle.py`` generated from the bundled
+    schemas. Plain data,
     so data-parallel ranks (spawned processes) load the same files.
     """
 
@@ -62,10 +66,12 @@ class MapSource:
     def load(self) -> Maps:
         """Import the two modules (once per content) and take their classes."""
         modules = {stem: self._module(stem) for stem in MAP_MODULES}
-        decode, eagle = modules["decode"], modules["eagle"]
+        decode, seq_lens, eagle = (modules[stem] for stem in MAP_MODULES)
         return Maps(
             decode=_class(decode, "DecodeFutureMap"),
             decode_payload=_class(decode, "DecodePayload"),
+            decode_seq_lens=_class(seq_lens, "DecodeSeqLensFutureMap"),
+            decode_seq_lens_payload=_class(seq_lens, "DecodeSeqLensPayload"),
             eagle=_class(eagle, "EagleFutureMap"),
             eagle_payload=_class(eagle, "EaglePayload"),
             files=tuple(str(m.__file__) for m in modules.values()),

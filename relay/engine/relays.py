@@ -1,10 +1,12 @@
 """How step N's outputs reach step N+1: through a generated map, or directly.
 
-``MapRelay`` is the overlap path: the scheduler writes placeholders and resolves
-lengths behind the map's fence; the forward resolves the placeholders on its own
-stream. ``DirectRelay`` is the synchronous baseline: the previous step has
-finished, so the scheduler reads its outputs from plain per-slot tensors. The
-synchronous run checks the overlap run, so the two share no hand-over code.
+``MapRelay`` is the overlap path: the forward gathers the previous forward's stash
+on its own stream (``resolve_future``); in speculative decoding the scheduler
+resolves the lengths behind the map's fence, in plain decoding it computes them on
+the host (every request grows by one token per step). ``DirectRelay`` is the
+synchronous baseline: the previous step has finished, so the scheduler reads its
+outputs from plain per-slot tensors. The synchronous run checks the overlap run, so
+the two share no hand-over code.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from relay.engine.batch import ForwardBatch
 if TYPE_CHECKING:  # the classes come from the run's Maps (Note [One set of map classes per run])
     from relay.engine.maps import Maps
     from relay.maps.decode import DecodeFutureMap
+    from relay.maps.decode_seq_lens import DecodeSeqLensFutureMap
     from relay.maps.eagle import EagleFutureMap
 
 __all__ = ["DirectRelay", "DraftOutput", "MapRelay", "Relay"]
@@ -29,16 +32,19 @@ DraftOutput = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 class Relay(Protocol):
     """The hand-over between steps, as the scheduler and the forward see it."""
 
-    # Scheduler side, for a decode batch.
+    # Scheduler side.
     def resolve_lengths(self, batch: ForwardBatch) -> None:
-        """Set ``seq_lens``, ``seq_lens_cpu`` and ``seq_lens_sum`` of the batch."""
+        """Set ``seq_lens``, ``seq_lens_cpu`` and ``seq_lens_sum`` of a decode batch."""
 
     def prepare_inputs(self, batch: ForwardBatch) -> None:
-        """Set ``input_ids`` (values or placeholders) once the rows are final."""
+        """Set what the forward reads that is known once a decode batch's rows are final."""
+
+    def scheduled(self, batch: ForwardBatch) -> None:
+        """``batch`` (any mode) is about to launch: host-side bookkeeping only."""
 
     # Forward side.
     def resolve_future(self, batch: ForwardBatch) -> None:
-        """At the start of a decode forward: fill what ``prepare_inputs`` left pending."""
+        """At the start of a decode forward: fill the inputs the previous forward stashed."""
 
     def publish(self, slots: torch.Tensor, new_seq_lens: torch.Tensor) -> None:
         """Hand the new lengths to the scheduler (mid-forward)."""
@@ -50,26 +56,51 @@ class Relay(Protocol):
         """The requests of ``slots`` ended (debug maps catch a later stale read)."""
 
 
-class MapRelay:
-    """The overlap hand-over, through a generated ``DecodeFutureMap`` or ``EagleFutureMap``."""
+def _host_slots(batch: ForwardBatch) -> torch.Tensor:
+    return torch.tensor([req.slot for req in batch.reqs], dtype=torch.int64)
 
-    def __init__(self, future_map: DecodeFutureMap | EagleFutureMap, maps: Maps) -> None:
+
+class MapRelay:
+    """The overlap hand-over, through a generated ``DecodeFutureMap``,
+    ``DecodeSeqLensFutureMap`` or ``EagleFutureMap``."""
+
+    def __init__(
+        self, future_map: DecodeFutureMap | DecodeSeqLensFutureMap | EagleFutureMap, maps: Maps
+    ) -> None:
         self.map = future_map
         self.maps = maps  # future_map's class and its payload classes, generated together
+        # DecodeFutureMap relays tokens only: the host keeps each slot's next length.
+        self._next_lens_cpu = (
+            torch.zeros(future_map.pool_size, dtype=torch.int64)
+            if isinstance(future_map, maps.decode)
+            else None
+        )
 
     def resolve_lengths(self, batch: ForwardBatch) -> None:
-        # Blocks until the newest forward has published (not until it has finished),
-        # also on a CPU worker stream (Note [Host order of CPU records]).
-        self.map.resolve_seq_lens_cpu(batch)
+        if self._next_lens_cpu is not None:
+            lens = self._next_lens_cpu[_host_slots(batch)]
+            batch.seq_lens_cpu = lens
+            batch.seq_lens = lens.to(batch.req_pool_indices.device)
+            batch.seq_lens_sum = int(lens.sum())
+        elif isinstance(self.map, (self.maps.decode_seq_lens, self.maps.eagle)):
+            # Blocks until the newest forward has published (not until it has finished),
+            # also on a CPU worker stream (Note [Host order of CPU records]).
+            self.map.resolve_seq_lens_cpu(batch)
 
     def prepare_inputs(self, batch: ForwardBatch) -> None:
-        self.map.invalidate(batch, batch.req_pool_indices)
+        pass  # every input is gathered by resolve_future on the forward stream
+
+    def scheduled(self, batch: ForwardBatch) -> None:
+        if self._next_lens_cpu is not None and batch.reqs:
+            # Plain decoding: each step adds one token (sglang's host ``seq_lens + 1``).
+            self._next_lens_cpu[_host_slots(batch)] = batch.seq_lens_cpu + 1
 
     def resolve_future(self, batch: ForwardBatch) -> None:
         self.map.resolve_future(batch)
 
     def publish(self, slots: torch.Tensor, new_seq_lens: torch.Tensor) -> None:
-        self.map.publish(slots, new_seq_lens)
+        if isinstance(self.map, (self.maps.decode_seq_lens, self.maps.eagle)):
+            self.map.publish(slots, new_seq_lens)
 
     def release(self, slots: torch.Tensor) -> None:
         self.map.release(slots)
@@ -84,6 +115,8 @@ class MapRelay:
                     bonus_tokens=tokens, topk_p=topk_p, topk_index=topk_index, hidden_states=hidden
                 ),
             )
+        elif isinstance(self.map, self.maps.decode_seq_lens):
+            self.map.stash(slots, self.maps.decode_seq_lens_payload(next_token_ids=tokens))
         else:
             assert isinstance(self.map, self.maps.decode), type(self.map)
             self.map.stash(slots, self.maps.decode_payload(next_token_ids=tokens))
@@ -107,10 +140,14 @@ class DirectRelay:
         slots = batch.req_pool_indices
         batch.input_ids = self.tokens[slots]
         if self.draft is not None:
+            batch.spec_info.bonus_tokens = batch.input_ids
             topk_p, topk_index, hidden = self.draft
             batch.spec_info.topk_p = topk_p[slots]
             batch.spec_info.topk_index = topk_index[slots]
             batch.spec_info.hidden_states = hidden[slots]
+
+    def scheduled(self, batch: ForwardBatch) -> None:
+        pass  # lengths come from the finished step's publish
 
     def resolve_future(self, batch: ForwardBatch) -> None:
         pass  # inputs are real values already

@@ -165,7 +165,7 @@ class ModelRunner:
         assert info.hidden_states is not None, "speculative decode before any prefill stashed"
         self._start_kernels(len(batch) * spec.topk * (spec.steps + 1))
         result = self.forwards.draft_and_verify(
-            batch.input_ids, info.hidden_states, info.topk_index, spec.steps, batch.seq_lens,
+            info.bonus_tokens, info.hidden_states, info.topk_index, spec.steps, batch.seq_lens,
             batch.max_seq_len, slots,
         )
         new_seq_lens = batch.seq_lens + result.accept_lens + 1

@@ -28,6 +28,7 @@ def _empty() -> torch.Tensor:
 class SpecInfo:
     """The engine's speculative-decoding state; every attribute a bundled map writes."""
 
+    bonus_tokens: torch.Tensor = field(default_factory=_empty)
     topk_p: torch.Tensor = field(default_factory=_empty)
     topk_index: torch.Tensor = field(default_factory=_empty)
     hidden_states: torch.Tensor | None = None

@@ -1,5 +1,5 @@
-"""Runtime semantics of the bundled generated maps on the CPU: buffers, stash, publish,
-invalidate, the two resolves, lazy allocation, idle ranks, casts and guards."""
+"""Runtime semantics of the generated maps on the CPU: buffers, stash, publish, the
+resolves, placeholders, optional and lazy fields, slots, idle ranks, casts and guards."""
 
 from __future__ import annotations
 
@@ -11,19 +11,26 @@ from relay_runtime_support import Batch, batch_of, eagle_payload, load_generated
 
 from relay import RelayError
 from relay.maps.decode import DecodeFutureMap, DecodePayload
+from relay.maps.decode_seq_lens import DecodeSeqLensFutureMap, DecodeSeqLensPayload
 from relay.maps.eagle import EagleFutureMap, EaglePayload
 from relay.maps.eagle_confidence import EagleConfidenceFutureMap
 from relay.maps.eagle_draft_probs import EagleDraftProbsFutureMap, EagleDraftProbsPayload
 from relay.maps.eagle_dsa import EagleDsaFutureMap, EagleDsaPayload
 from relay.maps.eagle_multilayer import EagleMultiLayerFutureMap
-from relay.schema import Alloc, Field, Lane, Schema
+from relay.schema import Alloc, Field, Guard, Lane, Resolve, Schema
 
 POOL = 9
 TOPK = 4
 
 # (constructor, keywords, {field: (row shape, dtype)} of eager buffers, lazy fields)
 MAPS: list[tuple[type[Any], dict[str, int], dict[str, tuple[tuple[int, ...], torch.dtype]], list[str]]] = [
-    (DecodeFutureMap, {}, {"output_tokens": ((), torch.int64), "new_seq_lens": ((), torch.int64)}, []),
+    (DecodeFutureMap, {}, {"output_tokens": ((), torch.int64)}, []),
+    (
+        DecodeSeqLensFutureMap,
+        {},
+        {"output_tokens": ((), torch.int64), "new_seq_lens": ((), torch.int64)},
+        [],
+    ),
     (
         EagleFutureMap,
         {"topk": TOPK},
@@ -148,21 +155,38 @@ def test_padded_rows_write_only_the_scratch_row() -> None:
 # -- stash, invalidate, resolve_future ------------------------------------------------------
 
 
-def test_invalidate_writes_negative_slots_into_the_placeholder_target_only() -> None:
-    """invalidate sets input_ids to -slot and leaves every other batch attribute alone."""
-    relay = EagleFutureMap("cpu", POOL, topk=TOPK)
+_SENTINEL = Schema(
+    name="SentinelFutureMap",
+    doc="The May-2026 sentinel design: tokens and lengths through placeholders.",
+    fields=[
+        Field("output_tokens", lane=Lane.FORWARD, dtype=torch.int64, source="next_token_ids",
+              target="input_ids", resolve=Resolve.PLACEHOLDER, guard=Guard.NON_NEGATIVE),
+        Field("new_seq_lens", lane=Lane.SCHEDULE, dtype=torch.int64, target="seq_lens",
+              resolve=Resolve.PLACEHOLDER, host_mirror="seq_lens_cpu", host_sum="seq_lens_sum"),
+    ],
+)
+
+
+@pytest.fixture(scope="module")
+def sentinel(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A map generated from a schema that resolves both lanes through placeholders."""
+    return load_generated(_SENTINEL, tmp_path_factory.mktemp("sentinel"), "relay_sentinel_map")
+
+
+def test_invalidate_writes_negative_slots_into_the_placeholder_targets_only(sentinel: Any) -> None:
+    """invalidate sets each placeholder target to -slot and leaves the rest of the batch."""
+    relay = sentinel.SentinelFutureMap("cpu", POOL)
     batch = batch_of(4, 1, 8)
-    before_seq_lens = batch.seq_lens
     relay.invalidate(batch, batch.req_pool_indices)
     assert batch.input_ids.tolist() == [-4, -1, -8]
-    assert batch.seq_lens is before_seq_lens
+    assert batch.seq_lens.tolist() == [-4, -1, -8]
     assert batch.spec_info.topk_p.numel() == 0
 
 
-def test_resolve_future_substitutes_every_placeholder_from_its_slot() -> None:
+def test_resolve_future_substitutes_every_placeholder_from_its_slot(sentinel: Any) -> None:
     """Each -slot in input_ids becomes the token stashed for that slot."""
-    relay = DecodeFutureMap("cpu", POOL)
-    relay.stash(slots(2, 6, 7), DecodePayload(next_token_ids=torch.tensor([20, 60, 70])))
+    relay = sentinel.SentinelFutureMap("cpu", POOL)
+    relay.stash(slots(2, 6, 7), sentinel.SentinelPayload(next_token_ids=torch.tensor([20, 60, 70])))
     batch = batch_of(7, 2, 6)
     relay.invalidate(batch, batch.req_pool_indices)
     relay.resolve_future(batch)
@@ -170,14 +194,35 @@ def test_resolve_future_substitutes_every_placeholder_from_its_slot() -> None:
     assert batch.req_pool_indices.tolist() == [7, 2, 6], "the slots are not overwritten"
 
 
-def test_resolve_future_leaves_real_tokens_including_token_zero() -> None:
+def test_resolve_future_leaves_real_tokens_including_token_zero(sentinel: Any) -> None:
     """In a mixed batch real tokens (0 included) stay as they are; placeholders are filled."""
-    relay = DecodeFutureMap("cpu", POOL)
-    relay.stash(slots(1, 3), DecodePayload(next_token_ids=torch.tensor([11, 33])))
+    relay = sentinel.SentinelFutureMap("cpu", POOL)
+    relay.stash(slots(1, 3), sentinel.SentinelPayload(next_token_ids=torch.tensor([11, 33])))
     batch = batch_of(1, 2, 3, 4)
     batch.input_ids = torch.tensor([-1, 0, -3, 5])
     relay.resolve_future(batch)
     assert batch.input_ids.tolist() == [11, 0, 33, 5]
+
+
+def test_schedule_placeholders_resolve_with_host_copy_and_sum(sentinel: Any) -> None:
+    """A placeholder schedule field fills its target in place, then mirrors and sums it."""
+    relay = sentinel.SentinelFutureMap("cpu", POOL)
+    relay.publish(slots(3, 5), torch.tensor([30, 50]))
+    batch = batch_of(5, 3)
+    relay.invalidate(batch, batch.req_pool_indices)
+    relay.resolve_seq_lens_cpu(batch)
+    assert batch.seq_lens.tolist() == [50, 30]
+    assert batch.seq_lens_cpu.tolist() == [50, 30] and batch.seq_lens_sum == 80
+
+
+def test_decode_gathers_the_sampled_token_without_placeholders() -> None:
+    """DecodeFutureMap: input_ids = output_tokens_buf[req_pool_indices], nothing to invalidate."""
+    relay = DecodeFutureMap("cpu", POOL)
+    assert not hasattr(relay, "invalidate") and not hasattr(relay, "publish")
+    relay.stash(slots(2, 6, 7), DecodePayload(next_token_ids=torch.tensor([20, 60, 0])))
+    batch = batch_of(7, 2, 6)
+    relay.resolve_future(batch)
+    assert batch.input_ids.tolist() == [0, 20, 60]
 
 
 def test_resolve_future_gathers_spec_info_by_the_batch_slots() -> None:
@@ -186,9 +231,8 @@ def test_resolve_future_gathers_spec_info_by_the_batch_slots() -> None:
     payload = eagle_payload(3, TOPK, base=1)
     relay.stash(slots(5, 2, 8), payload)
     batch = batch_of(8, 5)
-    relay.invalidate(batch, batch.req_pool_indices)
     relay.resolve_future(batch)
-    assert batch.input_ids.tolist() == [3, 1]
+    assert batch.spec_info.bonus_tokens.tolist() == [3, 1]
     assert torch.equal(batch.spec_info.topk_p, payload.topk_p[[2, 0]])
     assert torch.equal(batch.spec_info.topk_index, payload.topk_index[[2, 0]])
     assert batch.spec_info.hidden_states is None, "hidden states never stashed: not resolved"
@@ -218,9 +262,8 @@ def test_multilayer_eagle_relays_no_hidden_states() -> None:
         ),
     )
     batch = batch_of(1)
-    relay.invalidate(batch, batch.req_pool_indices)
     relay.resolve_future(batch)
-    assert batch.input_ids.tolist() == [4]
+    assert batch.spec_info.bonus_tokens.tolist() == [4]
     assert batch.spec_info.topk_index.tolist() == [[9]]
     assert batch.spec_info.hidden_states is None
 
@@ -229,7 +272,11 @@ def test_multilayer_eagle_relays_no_hidden_states() -> None:
 
 
 def test_resolve_seq_lens_cpu_fills_device_host_and_sum() -> None:
-    """seq_lens = buf[slots]; seq_lens_cpu is a host copy that aliases nothing; seq_lens_sum an int."""
+    """seq_lens = buf[slots]; seq_lens_cpu a host tensor no later publish changes; the sum an int.
+
+    On the CPU the host mirror is the gathered tensor itself (Note [CPU host mirror]), as
+    sglang's ``.cpu()`` is: the relay never writes it again.
+    """
     relay = EagleFutureMap("cpu", POOL, topk=TOPK)
     relay.publish(slots(3, 1, 6), torch.tensor([30, 10, 60]))
     batch = batch_of(6, 3)
@@ -239,15 +286,13 @@ def test_resolve_seq_lens_cpu_fills_device_host_and_sum() -> None:
     assert batch.seq_lens_cpu.device == torch.device("cpu")
     assert batch.seq_lens_cpu.tolist() == [60, 30]
     assert type(batch.seq_lens_sum) is int and batch.seq_lens_sum == 90
-    batch.seq_lens.add_(1)
-    assert batch.seq_lens_cpu.tolist() == [60, 30], "the host mirror must not alias seq_lens"
     relay.publish(slots(6, 3), torch.tensor([61, 31]))
     assert batch.seq_lens_cpu.tolist() == [60, 30], "nor the buffer"
 
 
 def test_publish_accepts_keywords_and_casts_to_int64() -> None:
     """publish takes the schedule fields by keyword too, and stores them in the declared dtype."""
-    relay = DecodeFutureMap("cpu", POOL)
+    relay = DecodeSeqLensFutureMap("cpu", POOL)
     relay.publish(slots(2), new_seq_lens=torch.tensor([17], dtype=torch.int32))
     assert relay.new_seq_lens_buf.dtype == torch.int64
     assert relay.new_seq_lens_buf[2].item() == 17
@@ -264,7 +309,6 @@ def test_resolve_draft_confidence_cpu_fills_spec_info_and_host_copy() -> None:
     assert batch.spec_info.draft_confidence.dtype == torch.float32
     assert torch.equal(batch.spec_info.draft_confidence, expected)
     assert torch.equal(batch.draft_confidence_cpu, expected)
-    assert batch.draft_confidence_cpu.data_ptr() != batch.spec_info.draft_confidence.data_ptr()
     assert batch.seq_lens_sum == -1, "the confidence resolve leaves the seq-len targets alone"
     relay.resolve_seq_lens_cpu(batch)
     assert batch.seq_lens_cpu.tolist() == [6, 5] and batch.seq_lens_sum == 11
@@ -460,7 +504,6 @@ def test_zero_indices_make_every_method_a_no_op(debug: bool) -> None:
     )
     relay.publish(none, torch.empty(0, dtype=torch.int64))
     batch = _empty_batch()
-    relay.invalidate(batch, none)
     relay.resolve_future(batch)
     relay.resolve_seq_lens_cpu(batch)
     assert relay.hidden_states_buf is None and relay.dsa_topk_indices_buf is None
@@ -502,9 +545,8 @@ def test_stash_casts_to_the_declared_dtypes() -> None:
     assert relay.topk_p_buf.dtype == torch.float32
     assert relay.topk_p_buf[1].tolist() == [0.25, 0.75]
     batch = batch_of(2)
-    relay.invalidate(batch, batch.req_pool_indices)
     relay.resolve_future(batch)
-    assert batch.input_ids.dtype == torch.int64 and batch.spec_info.topk_p.dtype == torch.float32
+    assert batch.spec_info.bonus_tokens.dtype == torch.int64 and batch.spec_info.topk_p.dtype == torch.float32
 
 
 @pytest.mark.parametrize(
@@ -519,17 +561,20 @@ def test_stash_casts_to_the_declared_dtypes() -> None:
     ],
 )
 def test_negative_token_guard_fails_naming_the_field(field: str, payload: EaglePayload) -> None:
-    """A negative token id (which would read as a placeholder) fails the non-negative guard."""
-    relay = EagleFutureMap("cpu", POOL, topk=1)
+    """In debug mode a negative token id fails the non-negative guard; with debug off the
+    guard costs nothing and the value is stored (Note [Guards in debug mode])."""
+    relay = EagleFutureMap("cpu", POOL, topk=1, debug=True)
     with pytest.raises(RuntimeError, match=rf"EagleFutureMap\.{field}.*>= 0"):
         relay.stash(slots(1, 2), payload)
+    EagleFutureMap("cpu", POOL, topk=1).stash(slots(1, 2), payload)
 
 
 def test_negative_dsa_index_guard_fails_naming_the_field() -> None:
     """The int32 DSA indices are guarded non-negative too."""
-    relay = EagleDsaFutureMap("cpu", POOL, topk=1)
+    relay = EagleDsaFutureMap("cpu", POOL, topk=1, debug=True)
     payload = EagleDsaPayload(
-        bonus_tokens=torch.tensor([1]), topk_p=torch.rand(1, 1), topk_index=torch.zeros(1, 1),
+        bonus_tokens=torch.tensor([1]), topk_p=torch.rand(1, 1),
+        topk_index=torch.zeros(1, 1, dtype=torch.int64),
         dsa_topk_indices=torch.tensor([[4, -1]], dtype=torch.int32),
     )
     with pytest.raises(RuntimeError, match=r"EagleDsaFutureMap\.dsa_topk_indices.*>= 0"):
@@ -539,8 +584,8 @@ def test_negative_dsa_index_guard_fails_naming_the_field() -> None:
 @pytest.mark.parametrize("bad", [0, -5])
 def test_non_positive_seq_len_guard_fails_naming_the_field(bad: int) -> None:
     """publish refuses a sequence length <= 0 through the positive guard."""
-    relay = DecodeFutureMap("cpu", POOL)
-    with pytest.raises(RuntimeError, match=r"DecodeFutureMap\.new_seq_lens.*> 0"):
+    relay = DecodeSeqLensFutureMap("cpu", POOL, debug=True)
+    with pytest.raises(RuntimeError, match=r"DecodeSeqLensFutureMap\.new_seq_lens.*> 0"):
         relay.publish(slots(1, 2), torch.tensor([4, bad]))
 
 
@@ -554,8 +599,12 @@ def test_guards_use_assert_async(monkeypatch: pytest.MonkeyPatch) -> None:
         real(condition, message)
 
     monkeypatch.setattr(torch, "_assert_async", spy)
-    relay = DecodeFutureMap("cpu", POOL)
-    relay.stash(slots(1), DecodePayload(next_token_ids=torch.tensor([3])))
+    quiet = DecodeSeqLensFutureMap("cpu", POOL)
+    quiet.stash(slots(1), DecodeSeqLensPayload(next_token_ids=torch.tensor([3])))
+    quiet.publish(slots(1), torch.tensor([3]))
+    assert calls == [], "debug off: no guard runs"
+    relay = DecodeSeqLensFutureMap("cpu", POOL, debug=True)
+    relay.stash(slots(1), DecodeSeqLensPayload(next_token_ids=torch.tensor([3])))
     relay.publish(slots(1), torch.tensor([3]))
     assert any("output_tokens" in m for m in calls)
     assert any("new_seq_lens" in m for m in calls)
@@ -563,16 +612,154 @@ def test_guards_use_assert_async(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_decode_steps_round_trip_through_the_map() -> None:
     """Two decode steps hand tokens and lengths over through the map, as an engine does."""
-    relay = DecodeFutureMap("cpu", POOL)
+    relay = DecodeSeqLensFutureMap("cpu", POOL)
     batch = batch_of(1, 2)
-    batch.input_ids = torch.tensor([100, 200])
+    relay.stash(batch.req_pool_indices, DecodeSeqLensPayload(next_token_ids=torch.tensor([100, 200])))
     for step in range(3):
         relay.resolve_future(batch)
         sampled = batch.input_ids + 1
-        relay.stash(batch.req_pool_indices, DecodePayload(next_token_ids=sampled))
+        relay.stash(batch.req_pool_indices, DecodeSeqLensPayload(next_token_ids=sampled))
         relay.publish(batch.req_pool_indices, torch.tensor([10 + step, 20 + step]))
         relay.resolve_seq_lens_cpu(batch)
         assert batch.seq_lens_sum == 30 + 2 * step
-        relay.invalidate(batch, batch.req_pool_indices)
     relay.resolve_future(batch)
     assert batch.input_ids.tolist() == [103, 203]
+
+
+# -- optional fields: Note [Optional fields] ------------------------------------------------
+
+
+def _dsa(n: int, *, hidden: torch.Tensor | None = None, base: int = 0) -> EagleDsaPayload:
+    return EagleDsaPayload(
+        bonus_tokens=torch.arange(base, base + n), topk_p=torch.rand(n, 1),
+        topk_index=torch.zeros(n, 1, dtype=torch.int64), hidden_states=hidden,
+    )
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_optional_field_omitted_by_the_latest_stash_resolves_to_none(debug: bool) -> None:
+    """A stash without hidden states after one with them: the next resolve gets None, never
+    the earlier rows; a later stash that carries them again hands them over."""
+    relay = EagleDsaFutureMap("cpu", POOL, topk=1, debug=debug)
+    relay.stash(slots(1, 2), _dsa(2, hidden=torch.ones(2, 4)))
+    batch = batch_of(1, 2)
+    relay.resolve_future(batch)
+    assert batch.spec_info.hidden_states is not None
+
+    relay.stash(slots(1, 2), _dsa(2))
+    batch = batch_of(1, 2)
+    batch.spec_info.hidden_states = torch.full((2, 4), 7.0)
+    relay.resolve_future(batch)
+    assert batch.spec_info.hidden_states is None
+
+    relay.stash(slots(2), _dsa(1, hidden=torch.full((1, 4), 3.0)))
+    batch = batch_of(2)
+    relay.resolve_future(batch)
+    assert batch.spec_info.hidden_states is not None
+    assert batch.spec_info.hidden_states.tolist() == [[3.0] * 4]
+
+
+def test_rows_of_an_omitting_stash_never_hand_over_an_earlier_value() -> None:
+    """Debug off: rows whose latest stash omitted the field read zeros, not an old value,
+    when a later stash carried it for other rows."""
+    relay = EagleDsaFutureMap("cpu", POOL, topk=1)
+    relay.stash(slots(1, 2), _dsa(2, hidden=torch.full((2, 4), 9.0)))
+    relay.stash(slots(1), _dsa(1))  # row 1 omitted
+    relay.stash(slots(2), _dsa(1, hidden=torch.full((1, 4), 5.0)))
+    batch = batch_of(1, 2)
+    relay.resolve_future(batch)
+    assert batch.spec_info.hidden_states is not None
+    assert batch.spec_info.hidden_states.tolist() == [[0.0] * 4, [5.0] * 4]
+
+
+def test_rows_of_an_omitting_stash_are_reported_in_debug_mode() -> None:
+    """Debug on: the same mixed read is reported instead of handing over zeros."""
+    relay = EagleDsaFutureMap("cpu", POOL, topk=1, debug=True)
+    relay.stash(slots(1, 2), _dsa(2, hidden=torch.full((2, 4), 9.0)))
+    relay.resolve_future(batch_of(1, 2))
+    relay.stash(slots(1), _dsa(1))
+    relay.stash(slots(2), _dsa(1, hidden=torch.full((1, 4), 5.0)))
+    with pytest.raises(RuntimeError, match=r"hidden_states"):
+        relay.resolve_future(batch_of(1, 2))
+
+
+# -- slots -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", [-1, POOL])
+@pytest.mark.parametrize("debug", [False, True])
+def test_slots_outside_the_pool_are_refused_by_every_method(bad: int, debug: bool) -> None:
+    """A negative slot never wraps to row P-1 and a slot >= P is refused, in both modes;
+    the fields after the first are never written."""
+    relay = EagleDsaFutureMap("cpu", POOL, topk=1, debug=debug)
+    before = relay.topk_p_buf.clone()
+    with pytest.raises((IndexError, RuntimeError)):
+        relay.stash(slots(bad, 1), _dsa(2, base=3))
+    torch.testing.assert_close(relay.topk_p_buf, before, rtol=0, atol=0, equal_nan=True)
+    assert relay.output_tokens_buf[POOL - 1].item() == (-1 if debug else 0), "no wrap-around"
+    with pytest.raises((IndexError, RuntimeError)):
+        relay.publish(slots(bad), torch.tensor([5]))
+    with pytest.raises((IndexError, RuntimeError)):
+        relay.resolve_future(batch_of(bad))
+    relay.publish(slots(1), torch.tensor([5]))
+    with pytest.raises((IndexError, RuntimeError)):
+        relay.resolve_seq_lens_cpu(batch_of(bad))
+
+
+def test_debug_mode_checks_slots_before_writing_anything() -> None:
+    """Debug on: check_slots refuses a bad slot before the first field is written."""
+    relay = EagleFutureMap("cpu", POOL, topk=1, debug=True)
+    with pytest.raises(RuntimeError, match=r"slots must be in"):
+        relay.stash(slots(1, POOL + 3), eagle_payload(2, 1, base=4))
+    assert relay.output_tokens_buf.tolist() == [-1] * POOL
+
+
+def test_int32_indices_work_in_both_modes() -> None:
+    """int32 slot tensors are accepted by every method, debug on or off."""
+    for debug in (False, True):
+        relay = EagleFutureMap("cpu", POOL, topk=1, debug=debug)
+        idx = torch.tensor([3, 1], dtype=torch.int32)
+        relay.stash(idx, eagle_payload(2, 1, base=4))
+        relay.publish(idx, torch.tensor([7, 8]))
+        batch = Batch(req_pool_indices=idx)
+        relay.resolve_future(batch)
+        relay.resolve_seq_lens_cpu(batch)
+        assert batch.spec_info.bonus_tokens.tolist() == [4, 5]
+        assert batch.seq_lens_sum == 15
+
+
+# -- smaller refusals -----------------------------------------------------------------------
+
+
+def test_zero_indices_with_a_non_empty_payload_are_refused() -> None:
+    """No slots but a token: the same mismatch as two slots for one token."""
+    relay = DecodeFutureMap("cpu", POOL)
+    with pytest.raises(RelayError, match=r"shape \(1,\) for 0 slot\(s\)"):
+        relay.stash(slots(), DecodePayload(next_token_ids=torch.tensor([7])))
+
+
+def test_a_zero_width_first_payload_does_not_lock_a_lazy_buffer() -> None:
+    """A first hidden_states payload of width 0 is refused; the buffer stays unallocated."""
+    relay = EagleFutureMap("cpu", POOL, topk=1)
+    with pytest.raises(RelayError, match=r"zero-width"):
+        relay.stash(slots(1), eagle_payload(1, 1, hidden=torch.empty(1, 0)))
+    assert relay.hidden_states_buf is None
+    relay.stash(slots(1), eagle_payload(1, 1, hidden=torch.ones(1, 8)))
+    assert relay.hidden_states_buf is not None and relay.hidden_states_buf.shape == (POOL, 8)
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_float_values_into_an_int_field_are_refused_not_truncated(debug: bool) -> None:
+    """Float tokens stashed into the int64 token field raise instead of truncating."""
+    relay = DecodeFutureMap("cpu", POOL, debug=debug)
+    with pytest.raises(RelayError, match=r"torch\.float32 values for a torch\.int64 field"):
+        relay.stash(slots(1), DecodePayload(next_token_ids=torch.tensor([2.7])))
+    dsa = EagleDsaFutureMap("cpu", POOL, topk=1, debug=debug)
+    payload = EagleDsaPayload(
+        bonus_tokens=torch.tensor([1]), topk_p=torch.rand(1, 1),
+        topk_index=torch.zeros(1, 1, dtype=torch.int64),
+        dsa_topk_indices=torch.tensor([[1.5, 2.0]]),
+    )
+    with pytest.raises(RelayError, match=r"dsa_topk_indices"):
+        dsa.stash(slots(1), payload)
+    assert dsa.dsa_topk_indices_buf is None

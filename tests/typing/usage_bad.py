@@ -11,12 +11,14 @@ from dataclasses import dataclass
 import torch
 
 from relay.maps.decode import DecodeFutureMap, DecodePayload
+from relay.maps.decode_seq_lens import DecodeSeqLensFutureMap
 from relay.maps.eagle import EagleFutureMap, EaglePayload
 from relay.maps.eagle_confidence import EagleConfidenceFutureMap
 
 
 @dataclass
 class SpecInfo:
+    bonus_tokens: torch.Tensor
     topk_p: torch.Tensor
     topk_index: torch.Tensor
     hidden_states: torch.Tensor | None
@@ -57,6 +59,7 @@ class FloatSumBatch:
 class StrictHiddenSpecInfo:
     """``hidden_states`` may not be None here, but the map's attribute may be."""
 
+    bonus_tokens: torch.Tensor
     topk_p: torch.Tensor
     topk_index: torch.Tensor
     hidden_states: torch.Tensor
@@ -74,6 +77,7 @@ class StrictHiddenBatch:
 
 def misuse(batch: Batch, tokens: torch.Tensor) -> None:
     decode = DecodeFutureMap("cpu", 9)
+    seq_lens = DecodeSeqLensFutureMap("cpu", 9)
     eagle = EagleFutureMap("cpu", 9, topk=4)
     EagleFutureMap("cpu", 9)  # E: call-arg
     EagleFutureMap("cpu", 9, topk="4")  # E: arg-type
@@ -88,12 +92,14 @@ def misuse(batch: Batch, tokens: torch.Tensor) -> None:
     payload.topk_p = tokens  # E: misc
     eagle.stash(batch.req_pool_indices, DecodePayload(next_token_ids=tokens))  # E: arg-type
     decode.stash([1, 2], DecodePayload(next_token_ids=tokens))  # E: arg-type
-    decode.publish(batch.req_pool_indices, new_seq_len=tokens)  # E: call-arg
-    decode.publish(batch.req_pool_indices, 5)  # E: arg-type
+    seq_lens.publish(batch.req_pool_indices, new_seq_len=tokens)  # E: call-arg
+    seq_lens.publish(batch.req_pool_indices, 5)  # E: arg-type
+    decode.publish(batch.req_pool_indices, tokens)  # E: attr-defined
+    decode.invalidate(batch, batch.req_pool_indices)  # E: attr-defined
 
-    decode.resolve_seq_lens_cpu(NoHostMirrorBatch(tokens, tokens, tokens, 0))  # E: arg-type
-    decode.resolve_seq_lens_cpu(FloatSumBatch(tokens, tokens, tokens, tokens, ""))  # E: arg-type
-    eagle.resolve_future(StrictHiddenBatch(tokens, tokens, tokens, tokens, 0, StrictHiddenSpecInfo(tokens, tokens, tokens)))  # E: arg-type
+    seq_lens.resolve_seq_lens_cpu(NoHostMirrorBatch(tokens, tokens, tokens, 0))  # E: arg-type
+    seq_lens.resolve_seq_lens_cpu(FloatSumBatch(tokens, tokens, tokens, tokens, ""))  # E: arg-type
+    eagle.resolve_future(StrictHiddenBatch(tokens, tokens, tokens, tokens, 0, StrictHiddenSpecInfo(tokens, tokens, tokens, tokens)))  # E: arg-type
     eagle.resolve_future(decode)  # E: arg-type
 
     hidden_rows: int = eagle.hidden_states_buf.shape[0]  # E: union-attr

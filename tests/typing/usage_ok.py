@@ -10,6 +10,11 @@ from dataclasses import dataclass, field
 import torch
 
 from relay.maps.decode import DecodeBatch, DecodeFutureMap, DecodePayload
+from relay.maps.decode_seq_lens import (
+    DecodeSeqLensBatch,
+    DecodeSeqLensFutureMap,
+    DecodeSeqLensPayload,
+)
 from relay.maps.eagle import EagleBatch, EagleFutureMap, EaglePayload
 from relay.maps.eagle_confidence import EagleConfidenceFutureMap, EagleConfidencePayload
 from relay.maps.eagle_dsa import EagleDsaFutureMap, EagleDsaPayload
@@ -24,6 +29,7 @@ def _empty() -> torch.Tensor:
 class SpecInfo:
     """The engine's own speculative-decoding state: the attributes the EAGLE maps touch."""
 
+    bonus_tokens: torch.Tensor = field(default_factory=_empty)
     topk_p: torch.Tensor = field(default_factory=_empty)
     topk_index: torch.Tensor = field(default_factory=_empty)
     hidden_states: torch.Tensor | None = None
@@ -59,11 +65,19 @@ class FrozenIndicesBatch:
         return self._indices
 
 
-def decode_step(relay: DecodeFutureMap, batch: ScheduleBatch, tokens: torch.Tensor) -> int:
+def decode_step(relay: DecodeFutureMap, batch: ScheduleBatch, tokens: torch.Tensor) -> None:
     indices = batch.req_pool_indices
-    relay.invalidate(batch, indices)
     relay.resolve_future(batch)
     relay.stash(indices, DecodePayload(next_token_ids=tokens))
+    relay.release(indices)
+
+
+def decode_seq_lens_step(
+    relay: DecodeSeqLensFutureMap, batch: ScheduleBatch, tokens: torch.Tensor
+) -> int:
+    indices = batch.req_pool_indices
+    relay.resolve_future(batch)
+    relay.stash(indices, DecodeSeqLensPayload(next_token_ids=tokens))
     relay.publish(indices, tokens + 1)
     relay.publish(indices, new_seq_lens=tokens + 1)
     relay.resolve_seq_lens_cpu(batch)
@@ -100,9 +114,10 @@ def eagle_step(relay: EagleFutureMap, batch: ScheduleBatch) -> torch.Tensor | No
 
 def protocols(batch: ScheduleBatch, frozen: FrozenIndicesBatch) -> None:
     decode_batch: DecodeBatch = batch
+    seq_lens_batch: DecodeSeqLensBatch = batch
     eagle_batch: EagleBatch = batch
-    read_only: DecodeBatch = frozen
-    del decode_batch, eagle_batch, read_only
+    read_only: DecodeSeqLensBatch = frozen
+    del decode_batch, seq_lens_batch, eagle_batch, read_only
 
 
 def other_maps(batch: ScheduleBatch) -> float:
