@@ -116,3 +116,13 @@ def test_demo_bad_usage_exits_2_without_traceback(
     err = capsys.readouterr().err
     assert "Traceback" not in err
     assert err.splitlines()[-1].startswith("relay demo: error:")
+
+
+def test_readme_quickstart_output_is_what_the_example_prints() -> None:
+    """The README's quickstart output is exactly what ``examples/quickstart.py`` prints."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    after = readme.split("(`.venv/bin/python examples/quickstart.py`", 1)[1]
+    shown = after.split("```\n", 2)[1]
+    done = subprocess.run([sys.executable, str(REPO / "examples" / "quickstart.py")],
+                          check=True, capture_output=True, text=True, timeout=300)
+    assert done.stdout == shown
