@@ -2,13 +2,12 @@
 
 The bundled schemas the engine runs (``decode``, ``decode_seq_lens``, ``eagle``) are
 generated into a private temporary folder and imported from there: the demo never
-reads or writes the caller's project
-(no ``[tool.relay]`` lookup, nothing written under the working folder). For plain
-and speculative decoding it then runs the synchronous loop and the overlap loop on
-the same workload, each several times, interleaved, and prints throughput, the
-measured speedup beside the ideal one and their ratio (the efficiency), forward
-occupancy, acceptance length and whether every overlap run produced the
-synchronous run's tokens.
+reads or writes the caller's project (no ``[tool.relay]`` lookup, nothing written
+under the working folder). For plain and speculative decoding it then runs the
+synchronous loop and the overlap loop on the same workload, each several times,
+interleaved, and prints throughput, the measured speedup beside the ideal one and
+their ratio (the efficiency), forward occupancy, acceptance length and whether
+every overlap run produced the synchronous run's tokens.
 
 Exit status: 0 ok, 1 some outputs differ, 2 bad usage or an unusable device (one
 line on stderr), 3 a bundled schema is invalid.
@@ -94,7 +93,7 @@ def _positive_float(text: str) -> float:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``relay demo``."""
-    parser.description = __doc__.split("\n\n", 1)[1] if __doc__ else None
+    parser.description = __doc__.split("\n\n", 1)[1].replace("``", "") if __doc__ else None
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--model", choices=sorted(MODEL_PRESETS), default="small",
                         help="model size (default: small, sized for a 2-core CPU)")
