@@ -153,3 +153,12 @@ def test_engine_config_default_runs_the_packaged_maps() -> None:
     maps = MapSource().load()
     assert maps.decode.__module__ == "relay.maps.decode"
     assert EngineConfig().maps == MapSource()
+
+
+@pytest.mark.gpu
+def test_demo_on_cuda(capsys: pytest.CaptureFixture[str]) -> None:
+    """``relay demo --device cuda`` on a tiny model: overlap matches sync on CUDA streams."""
+    assert main([*TINY_DEMO, "--device", "cuda"]) == 0
+    out = capsys.readouterr().out
+    assert "run the engine on cuda" in out
+    assert "all outputs identical" in out
