@@ -1,0 +1,253 @@
+#!/usr/bin/env bash
+# relay's GPU check (issue 11), one command from the repository root of a checkout:
+#
+#     scripts/gpu_check.sh [RESULTS_DIR]
+#
+# Needs an NVIDIA GPU and python3 with torch (a CUDA build), attrs, jinja2, pytest and
+# hypothesis; no network and no install: relay is imported from the checkout
+# (PYTHONPATH=.). Results go to RESULTS_DIR, else $OUT, else ./gpu-results: one log per
+# step, summary.txt (PASS/FAIL/SKIP per step), pytest-gpu.xml and bench.json.
+# Every step runs even when an earlier one failed; the exit status is 1 if any step
+# failed or timed out. Each step has its own time limit and the whole run stays under
+# GPU_CHECK_BUDGET_S seconds (default 580, under 10 minutes).
+#
+# Environment:
+#   PYTHON              the interpreter (default python3)
+#   GPU_CHECK_STEPS     the steps to run, space-separated (default: all, in order)
+#   GPU_CHECK_BUDGET_S  the whole run's time limit in seconds (default 580)
+#   GPU_CHECK_LIMIT_<STEP>  one step's limit, e.g. GPU_CHECK_LIMIT_RACECHECK=600
+#   GPU_CHECK_DEMO_ARGS more `relay demo` flags for demo-decode and demo-eagle
+# See docs/gpu.md for what each step checks and what to record afterwards.
+set -uo pipefail
+
+RESULTS=${1:-${OUT:-./gpu-results}} # relative to where the script was started
+mkdir -p "$RESULTS" || exit 2
+RESULTS=$(cd "$RESULTS" && pwd)
+cd "$(dirname "$0")/.." || exit 2
+ROOT=$(pwd)
+PY=${PYTHON:-python3}
+BUDGET=${GPU_CHECK_BUDGET_S:-580}
+SKIP_RC=77 # a step that cannot run here (a tool is missing) exits 77: SKIP, not FAIL
+
+# relay from this checkout, and nothing written into it (bytecode, caches).
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
+HYPOTHESIS_STORAGE_DIRECTORY=$(mktemp -d) || exit 2
+export HYPOTHESIS_STORAGE_DIRECTORY
+export PY RESULTS SKIP_RC
+
+# `python -m relay` once relay/__main__.py exists; until then the console script's entry.
+if [[ -f relay/__main__.py ]]; then
+    RELAY=("$PY" -m relay)
+else
+    RELAY=("$PY" -c 'import sys; from relay.cli import main; sys.exit(main())')
+fi
+
+# A short demo for the sanitizers, which slow every kernel down many times over.
+SHORT_DEMO=(demo --device cuda --model tiny --requests 8 --no-generate)
+
+# -- steps: each runs in its own bash, stdout and stderr into RESULTS/<step>.log ----------
+
+shown() { # COMMAND...: write the command into the log, then run it
+    printf '$'
+    printf ' %q' "$@"
+    printf '\n'
+    "$@"
+}
+
+step_env() {
+    echo "date (UTC): $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    echo "commit: $(git rev-parse HEAD 2>/dev/null || echo 'unknown (not a git checkout)')"
+    git status --short 2>/dev/null | sed 's/^/  changed: /'
+    local ok=0
+    if command -v nvidia-smi >/dev/null; then
+        nvidia-smi -L || ok=1
+        nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
+    else
+        echo "nvidia-smi: not found"
+        ok=1
+    fi
+    "$PY" - <<'EOF'
+import platform, sys
+import attrs, hypothesis, jinja2, pytest, torch
+import relay
+print(f"python {platform.python_version()}, torch {torch.__version__}, CUDA "
+      f"{torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}, attrs "
+      f"{attrs.__version__}, jinja2 {jinja2.__version__}, pytest {pytest.__version__}, "
+      f"hypothesis {hypothesis.__version__}")
+print(f"relay {getattr(relay, '__version__', '?')} from {relay.__file__}")
+if not torch.cuda.is_available():
+    sys.exit("torch sees no CUDA device (a CPU build of torch, or no driver)")
+for i in range(torch.cuda.device_count()):
+    p = torch.cuda.get_device_properties(i)
+    print(f"cuda:{i} {p.name}, compute capability {p.major}.{p.minor}, "
+          f"{p.total_memory / 2**30:.0f} GiB, {p.multi_processor_count} SMs")
+EOF
+    [[ $? == 0 && $ok == 0 ]]
+}
+
+step_generate_check() {
+    shown "${RELAY[@]}" generate --check
+}
+
+step_pytest_gpu() {
+    # -m gpu: tests/gpu/ and the CUDA case of every device-parametrized test. A test module
+    # that cannot be imported here (a dev tool missing) is reported, and the rest still run.
+    shown "$PY" -m pytest -m gpu -q -rs -p no:cacheprovider --continue-on-collection-errors \
+        --junitxml="$RESULTS/pytest-gpu.xml" tests
+    local rc=$?
+    if grep -q "needs a CUDA device" "$RESULTS/pytest-gpu.log"; then
+        echo "FAIL: GPU tests were skipped for want of a CUDA device"
+        return 1
+    fi
+    return $rc
+}
+
+step_demo_decode() {
+    # shellcheck disable=SC2086 # GPU_CHECK_DEMO_ARGS is a list of flags
+    shown "${RELAY[@]}" demo --device cuda --mode decode ${GPU_CHECK_DEMO_ARGS:-}
+}
+
+step_demo_eagle() {
+    # shellcheck disable=SC2086
+    shown "${RELAY[@]}" demo --device cuda --mode eagle ${GPU_CHECK_DEMO_ARGS:-}
+}
+
+step_bench() {
+    shown "${RELAY[@]}" bench --device cuda --json "$RESULTS/bench.json"
+}
+
+step_torch_sanitizer() {
+    # torch's own CUDA sanitizer (CSAN): tensor accesses from streams not ordered by an
+    # event or a synchronize; the relay's fences and host mirror are exactly that.
+    TORCH_CUDA_SANITIZER=1 shown "${RELAY[@]}" "${SHORT_DEMO[@]}"
+}
+
+find_compute_sanitizer() {
+    local dir
+    command -v compute-sanitizer && return
+    for dir in "${CUDA_HOME:-}" "${CUDA_PATH:-}" /usr/local/cuda /opt/cuda; do
+        [[ -n $dir && -x $dir/bin/compute-sanitizer ]] && echo "$dir/bin/compute-sanitizer" && return
+    done
+    return 1
+}
+
+compute_sanitizer() { # TOOL
+    local sanitizer
+    if ! sanitizer=$(find_compute_sanitizer); then
+        echo "SKIP: compute-sanitizer not found (PATH, \$CUDA_HOME, /usr/local/cuda, /opt/cuda)"
+        return "$SKIP_RC"
+    fi
+    "$sanitizer" --version | tail -1
+    shown "$sanitizer" --tool "$1" --error-exitcode 1 --target-processes all --print-limit 50 \
+        "${RELAY[@]}" "${SHORT_DEMO[@]}"
+}
+
+step_racecheck() {
+    compute_sanitizer racecheck
+}
+
+step_memcheck() {
+    # Without the caching allocator every tensor is its own allocation, so an access
+    # past a tensor's end is outside any allocation and memcheck sees it.
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute_sanitizer memcheck
+}
+
+export -f shown step_env step_generate_check step_pytest_gpu step_demo_decode step_demo_eagle \
+    step_bench step_torch_sanitizer find_compute_sanitizer compute_sanitizer step_racecheck \
+    step_memcheck
+
+# name, default limit in seconds (the defaults add up to the default budget)
+STEPS=(
+    env 20
+    generate-check 30
+    pytest-gpu 150
+    demo-decode 60
+    demo-eagle 60
+    bench 90
+    torch-sanitizer 45
+    racecheck 60
+    memcheck 60
+)
+
+# -- the runner --------------------------------------------------------------------------
+
+START=$(date +%s)
+SUMMARY="$RESULTS/summary.txt"
+FAILED=0
+RAN=0
+declare -a LINES=()
+
+selected() { # NAME
+    [[ -z ${GPU_CHECK_STEPS:-} ]] && return 0
+    [[ " $GPU_CHECK_STEPS " == *" $1 "* ]]
+}
+
+run_step() { # NAME LIMIT
+    local name=$1 limit=$2 var fn log status note rc began took left
+    var="GPU_CHECK_LIMIT_$(tr 'a-z-' 'A-Z_' <<<"$name")"
+    limit=${!var:-$limit}
+    fn="step_${name//-/_}"
+    log="$RESULTS/$name.log"
+    left=$((START + BUDGET - $(date +%s)))
+    ((limit > left)) && limit=$left
+    RAN=$((RAN + 1))
+    if ((left < 5)); then
+        status=FAIL note="not run: the run's budget of ${BUDGET}s is spent"
+        echo "$note" >"$log"
+        took=0
+    else
+        echo "== $name (limit ${limit}s)"
+        began=$(date +%s)
+        # Arrays do not pass through the environment: hand them over as declarations.
+        timeout --kill-after=10 "$limit" bash -c "$(declare -p RELAY SHORT_DEMO); $fn" >"$log" 2>&1
+        rc=$?
+        took=$(($(date +%s) - began))
+        note=$(grep -v '^[[:space:]]*$' "$log" | tail -1 | cut -c1-110)
+        if ((rc == 0)); then
+            status=PASS
+        elif ((rc == SKIP_RC)); then
+            status=SKIP
+        elif ((rc == 124 || rc == 137)); then
+            status=FAIL note="timed out after ${limit}s${note:+; last line: $note}"
+        else
+            status=FAIL note="exit $rc${note:+; last line: $note}"
+        fi
+    fi
+    [[ $status == FAIL ]] && FAILED=$((FAILED + 1))
+    LINES+=("$(printf '%-4s  %-16s %4ss  %s.log  %s' "$status" "$name" "$took" "$name" "$note")")
+    echo "   $status in ${took}s: $note"
+}
+
+for name in ${GPU_CHECK_STEPS:-}; do
+    if [[ " ${STEPS[*]} " != *" $name "* ]]; then
+        echo "GPU_CHECK_STEPS: no step '$name'; the steps are: $(printf '%s ' "${STEPS[@]}" | tr -s ' 0-9' ' ')" >&2
+        exit 2
+    fi
+done
+
+for ((i = 0; i < ${#STEPS[@]}; i += 2)); do
+    selected "${STEPS[i]}" && run_step "${STEPS[i]}" "${STEPS[i + 1]}"
+done
+
+GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+{
+    echo "relay GPU check: $(date -u +%Y-%m-%dT%H:%M:%SZ), ${GPU:-no GPU found}"
+    echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)"
+    grep -m1 '^python ' "$RESULTS/env.log" 2>/dev/null
+    echo "took $(($(date +%s) - START))s of a ${BUDGET}s budget; logs in $RESULTS"
+    echo
+    printf '%s\n' "${LINES[@]}"
+    echo
+    if ((RAN == 0)); then
+        echo "overall: FAIL (no step selected by GPU_CHECK_STEPS='${GPU_CHECK_STEPS:-}')"
+    elif ((FAILED == 0)); then
+        echo "overall: PASS"
+    else
+        echo "overall: FAIL ($FAILED of $RAN steps)"
+    fi
+} >"$SUMMARY"
+rm -rf "$HYPOTHESIS_STORAGE_DIRECTORY"
+echo
+cat "$SUMMARY"
+((RAN > 0 && FAILED == 0))
