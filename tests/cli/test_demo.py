@@ -102,6 +102,19 @@ def test_demo_never_touches_the_callers_project(
     assert not private.exists()  # removed when the demo ended
 
 
+def test_demo_without_bundled_schemas_runs_the_packaged_maps(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Installed from a wheel (no schemas/ beside relay/): it says so and runs relay.maps."""
+    from relay.engine import demo
+
+    monkeypatch.setattr(demo, "bundled_schemas", lambda: None)
+    assert main([*TINY_DEMO, "--repeat", "1", "--mode", "decode"]) == 0
+    out = capsys.readouterr().out
+    assert "the bundled schemas are not installed with this package" in out
+    assert "relay/maps/decode.py" in out
+
+
 def test_engine_uses_the_classes_of_each_generation(tmp_path: Path) -> None:
     """Two generations of the eagle map in one process (the second from an edited
     schema): each run uses its own generation's map and payload classes together."""
