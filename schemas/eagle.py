@@ -12,8 +12,7 @@ SCHEMA = Schema(
     state are stashed for the next step's draft, which gathers them into its draft
     input (``spec_info``) as sglang does: one gather per field, no placeholders. The
     accepted lengths are published mid-forward, before the draft extension, so the
-    scheduler can plan the next batch while the draft still runs. Pick
-    ``EaglePackedFutureMap`` for the same relay with one gather per dtype group.
+    scheduler can plan the next batch while the draft still runs.
     """,
     fields=[
         Field(

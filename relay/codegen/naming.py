@@ -21,8 +21,7 @@ import torch
 from relay.schema import Dim, Field, Lane, Schema
 
 #: Every fixed name a generated module binds or uses: module imports and aliases,
-#: method names and parameters, ``self`` attributes and locals, and the builtins it
-#: calls. A field, source, dim or schema name equal to one of these (as Python sees
+#: method names and parameters, ``self`` attributes and locals. A field, source, dim or schema name equal to one of these (as Python sees
 #: it, after NFKC) would shadow or clash with generated code. A test keeps this list
 #: equal to what the template emits.
 RESERVED = frozenset(
@@ -35,8 +34,6 @@ RESERVED = frozenset(
         "self", "device", "pool_size", "debug", "indices", "payload", "batch", "slots",
         # attributes of the map
         "_debug", "_fence",
-        # builtins the generated code calls
-        "int",
     }
 )
 
@@ -60,13 +57,14 @@ def is_identifier(name: object) -> bool:
     )
 
 
-def identifier_problem(name: object) -> str | None:
+def identifier_problem(name: object, *, reserved: bool = True) -> str | None:
     """Why ``name`` cannot name a field, source, dim or path part; ``None`` if it can.
 
     Python normalizes identifiers with NFKC, so ``ﬁeld`` and ``field`` are one
     name: the checks (keyword, mangling, dunder, reserved) look at that form, and a
     name whose normalized form differs is refused outright so the schema, the
-    generated code and the error messages all spell it the same way.
+    generated code and the error messages all spell it the same way. With
+    ``reserved=False`` (attribute names on the batch) ``RESERVED`` is not checked.
     """
     if not isinstance(name, str) or not name.isidentifier():
         return "is not a Python identifier"
@@ -79,7 +77,7 @@ def identifier_problem(name: object) -> str | None:
         return "is a dunder name, reserved for Python"
     if seen.startswith("__"):
         return "starts with '__', which Python mangles inside the generated classes"
-    if seen in RESERVED:
+    if reserved and seen in RESERVED:
         return "is a name the generated module binds itself"
     return None
 
@@ -150,25 +148,29 @@ def resolve_method(field: Field) -> str:
     return f"resolve_{leaf.rsplit('.', 1)[-1]}"
 
 
+def _path_names(schema: Schema, path: str) -> set[str]:
+    parts = tuple(path.split("."))
+    names = set(parts)
+    names.update(nested_protocol(schema, parts[:depth]) for depth in range(1, len(parts)))
+    return names
+
+
 def bound_names(schema: Schema) -> frozenset[str]:
     """Every name a module generated from ``schema`` binds: ``RESERVED`` plus the
     class, method, attribute, parameter and local names minted from the schema."""
     names = set(RESERVED)
     names.update({schema.name, payload_class(schema), batch_protocol(schema)})
+    names.update(_path_names(schema, schema.indices))
     for f in schema.fields:
         names.update({buffer(f), host_mirror(f), carried_flag(f), f.payload_name})
         names.add(value_local(f))
         names.update(placeholder_locals(f))
         for path in (f.target, f.host_mirror, f.host_sum):
-            if path is None:
-                continue
-            parts = tuple(path.split("."))
-            names.update(parts)
-            names.update(nested_protocol(schema, parts[:depth]) for depth in range(1, len(parts)))
+            if path is not None:
+                names.update(_path_names(schema, path))
         if f.lane is Lane.SCHEDULE:
             names.add(resolve_method(f))
         names.update(d for d in f.shape if isinstance(d, str))
-    names.update(schema.indices.split("."))
     return frozenset(names)
 
 
@@ -245,8 +247,24 @@ def doc_text(text: str) -> str:
     """The body of a ``\"\"\"`` doc string that reads back as ``text`` after
     ``inspect.cleandoc``: backslashes, quotes, control characters and lone
     surrogates escaped, newlines kept."""
-    lines = [line.rstrip() for line in inspect.cleandoc(text).splitlines()]
+    # cleandoc splits on "\n" only: other line breaks stay inside a line, escaped.
+    lines = [line.rstrip() for line in inspect.cleandoc(text).split("\n")]
     return escape_doc("\n".join(lines).rstrip())
+
+
+def doc_problem(text: str) -> str | None:
+    """Why ``text`` cannot be a doc string of the generated module; ``None`` if it can.
+
+    Everything is escaped faithfully except lone surrogates: CPython encodes a class doc
+    string to UTF-8 when it creates the class, which they cannot survive.
+    """
+    for index, ch in enumerate(text):
+        if 0xD800 <= ord(ch) <= 0xDFFF:
+            return (
+                f"contains a lone surrogate (U+{ord(ch):04X}) at offset {index}, which "
+                "Python cannot put in a class doc string; remove it or pair it"
+            )
+    return None
 
 
 def escape_doc(text: str) -> str:

@@ -30,7 +30,9 @@ def _is_int_dtype(dtype: object) -> bool:
 
 
 def _valid_path(path: object) -> bool:
-    return isinstance(path, str) and all(naming.is_identifier(part) for part in path.split("."))
+    return isinstance(path, str) and all(
+        naming.identifier_problem(part, reserved=False) is None for part in path.split(".")
+    )
 
 
 class _Collector:
@@ -80,6 +82,8 @@ def _check_field(c: _Collector, f: Field) -> None:
     elif name in naming.RESERVED or name.startswith("resolve_") or name.startswith("_"):
         c.add(f, f"field name {name!r} clashes with a name the generated map defines or uses",
               f"rename the field, e.g. \"{name.lstrip('_')}_value\"")
+    elif (problem := naming.identifier_problem(name)) is not None:
+        c.add(f, f"field name {name!r} {problem}", "rename the field")
 
     if not isinstance(f.lane, Lane):
         c.add(f, f"lane must be Lane.FORWARD or Lane.SCHEDULE (got {_got(f.lane)})",
@@ -102,7 +106,7 @@ def _check_field(c: _Collector, f: Field) -> None:
         c.add(f, f"optional must be True or False (got {_got(f.optional)})",
               "write optional=True if payloads may omit the field")
     if f.source is not None and (
-        not naming.is_identifier(f.source) or f.source in naming.RESERVED
+        not naming.is_identifier(f.source) or naming.identifier_problem(f.source) is not None
     ):
         c.add(f, f"source must be an identifier naming the payload attribute, not a keyword "
               f"or a reserved name (got {_got(f.source)})",
@@ -127,7 +131,7 @@ def _check_shape(c: _Collector, f: Field) -> None:
         elif isinstance(dim, int) and dim <= 0:
             c.add(f, f"shape dims must be positive (got {dim})",
                   "use a size >= 1, or a symbolic name such as \"topk\" given at construction")
-        elif isinstance(dim, str) and (not naming.is_identifier(dim) or dim in naming.RESERVED):
+        elif isinstance(dim, str) and naming.identifier_problem(dim) is not None:
             c.add(f, f"symbolic dim must be an identifier that is not reserved (got {dim!r})",
                   "name the dim like a keyword argument, e.g. \"topk\" or \"hidden\"")
 

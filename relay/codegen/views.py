@@ -27,9 +27,6 @@ _GUARDS = {Guard.POSITIVE: "guard_positive", Guard.NON_NEGATIVE: "guard_non_nega
 # Indentation of a method body, and of one and two levels of ``if`` inside it.
 _BODY, _IN_IF, _IN_IF2 = 8, 12, 16
 
-#: Kept for callers that escape doc strings through the views module.
-doc_text = naming.doc_text
-
 
 class WritePlan(enum.Enum):
     """How ``stash`` / ``publish`` write a field."""
@@ -47,6 +44,16 @@ class ReadPlan(enum.Enum):
     GATHER = "gather"
     #: Replace each negative ``-slot`` in the target by ``buf[slot]``.
     PLACEHOLDER = "placeholder"
+
+
+# Note [Optional fields]
+# An optional field is handed over by a resolve only when the latest write (stash or
+# publish) carried it; otherwise the resolve sets its targets to None. That decision
+# is a Python flag per field, so it costs no op and no host sync. A write that omits
+# the field clears the rows it covers (one index_fill_, only once the buffer exists),
+# so a later resolve that mixes those rows with rows of a carrying write reads zeros
+# there, never an earlier value; debug mode reports such a read. A field always or
+# never carried costs nothing extra.
 
 
 class Presence(enum.Enum):
@@ -88,6 +95,10 @@ def call(indent: int, opener: str, args: Sequence[str | Call], closer: str = ")"
     joined = ", ".join(_flat(a) for a in args)
     if _fits(indent, opener + joined + closer):
         return opener + joined + closer
+    target, equals, value = opener.rpartition(" = ")
+    if equals and not _fits(indent, opener) and _fits(indent + 4, value + joined + closer):
+        # The call's head does not fit: ruff parenthesizes the whole right-hand side.
+        return f"{target} = (\n    {value}{joined}{closer}\n)"
     if _fits(indent + 4, joined):
         return f"{opener}\n    {joined}\n{closer}"
     lines = [opener]
@@ -99,6 +110,11 @@ def call(indent: int, opener: str, args: Sequence[str | Call], closer: str = ")"
         lines.append("    " + text.replace("\n", "\n    ") + ",")
     lines.append(closer)
     return "\n".join(lines)
+
+
+def signature(name: str, params: Sequence[str], returns: str) -> str:
+    """A method's ``def`` line at class-body indentation, wrapped as ruff does."""
+    return call(4, f"def {name}(", params, f") -> {returns}:")
 
 
 def condition(indent: int, keyword: str, test: str) -> str:
@@ -121,8 +137,10 @@ class FieldView:
     write: WritePlan
     read: ReadPlan
     presence: Presence
-    #: The payload expression (``payload.bonus_tokens``) or publish parameter.
+    #: The local (or publish parameter) holding the checked value: the payload name.
     src: str
+    #: ``bonus_tokens = payload.bonus_tokens`` for an optional stash field, else ``None``.
+    bind_stmt: str | None
     payload_name: str
     value_type: str
     buf: str
@@ -152,12 +170,17 @@ class FieldView:
     read_test: str | None
     debug_read_test: str | None
     #: The read itself: a gather, or the placeholder substitution, then host copies.
+    #: The debug ``if`` of a resolve whose only read is this optional one (one ``if``,
+    #: not two nested, as linters want).
+    solo_debug_read_test: str | None
     read_stmts: tuple[str, ...]
     #: What an optional read hands over when the latest write did not carry it.
     none_stmts: tuple[str, ...]
     read_stmt: str  # the debug-mode ``read`` report
+    solo_read_stmt: str  # the same under ``solo_debug_read_test``
     never_stashed_stmt: str | None  # the error of a required lazy field read too early
     read_doc: tuple[str, ...]
+    resolve_def: str | None  # the schedule resolve's ``def`` line
 
     @property
     def placeholder(self) -> bool:
@@ -185,6 +208,14 @@ class Attribute:
     type: str
     writable: bool
 
+    @property
+    def getter(self) -> str:
+        """The read-only property's ``def`` line, wrapped as ruff does."""
+        line = f"def {self.name}(self) -> {self.type}: ..."
+        if _fits(4, line):
+            return line
+        return f"def {self.name}(\n    self,\n) -> {self.type}: ..."
+
 
 @attrs.frozen
 class ProtocolView:
@@ -209,6 +240,9 @@ class MapView:
     fields: tuple[FieldView, ...]
     protocols: tuple[ProtocolView, ...]  # nested first, the batch protocol last
     debug_stmt: str
+    stash_def: str
+    invalidate_def: str
+    resolve_future_def: str
     fence_stmt: str | None
     exports: tuple[str, ...]
 
@@ -223,6 +257,12 @@ class MapView:
     @property
     def forward_resolved(self) -> list[FieldView]:
         return [f for f in self.forward if f.target is not None]
+
+    @property
+    def solo_optional_forward_read(self) -> bool:
+        """``resolve_future`` reads one field only, and it is optional."""
+        reads = self.forward_resolved
+        return len(reads) == 1 and reads[0].optional
 
     @property
     def placeholders(self) -> list[FieldView]:
@@ -264,7 +304,11 @@ def _field_view(schema: Schema, f: Field) -> FieldView:
     read = ReadPlan.PLACEHOLDER if f.resolve is Resolve.PLACEHOLDER else ReadPlan.GATHER
     presence = _presence(f)
     buf = f"self.{naming.buffer(f)}"
-    src = f"payload.{f.payload_name}" if lane is Lane.FORWARD else f.payload_name
+    # Note [Checked values]: check_rows returns the value ready to write (cast only
+    # when its dtype differs), so the write itself dispatches one op and no ``.to``.
+    src = f.payload_name
+    given = f"payload.{f.payload_name}" if lane is Lane.FORWARD else f.payload_name
+    bind_stmt = f"{src} = {given}" if f.optional and lane is Lane.FORWARD else None
     op = "stash" if lane is Lane.FORWARD else "publish"
     what = naming.string_literal(f"{schema.name}.{f.name}")
     field_literal = naming.string_literal(f.name)
@@ -281,19 +325,17 @@ def _field_view(schema: Schema, f: Field) -> FieldView:
 
     # stash / publish: the checks sit under ``if src is not None:`` for optional fields.
     check_indent = _IN_IF if f.optional else _BODY
-    check_args = [what, src, "indices", buf]
+    check_args = [what, src if f.optional else given, "indices", buf]
     if lazy:
         check_args += [row, dtype or "None"]
-    check_stmt = call(check_indent, "_rt.check_rows(", check_args)
+    check_stmt = call(check_indent, f"{src} = _rt.check_rows(", check_args)
     guard_stmt = None
     if f.guard in _GUARDS:
         guard_indent = _IN_IF2 if f.optional else _IN_IF
         guard_stmt = call(guard_indent, f"_rt.{_GUARDS[f.guard]}(", [src, what])
 
     write_indent = _IN_IF if f.optional else _BODY
-    cast = f"{buf}.dtype" if lazy else dtype
-    assert cast is not None
-    write_stmt = call(write_indent, f"{buf}.index_copy_(", ["0", "slots", f"{src}.to({cast})"])
+    write_stmt = call(write_indent, f"{buf}.index_copy_(", ["0", "slots", src])
     lazy_alloc_stmt = None
     if lazy:
         alloc_indent = _IN_IF2 if f.optional else _IN_IF
@@ -314,12 +356,13 @@ def _field_view(schema: Schema, f: Field) -> FieldView:
     )
 
     # Resolves.
-    read_test = debug_read_test = None
+    read_test = debug_read_test = solo_debug_read_test = None
     if presence is Presence.CARRIED:
         assert carried is not None
         test = f"{carried} and {buf} is not None" if lazy else carried
         read_test = condition(_BODY, "if", test)
         debug_read_test = condition(_IN_IF, "if", test)
+        solo_debug_read_test = condition(_BODY, "if", f"self._debug is not None and {test}")
     read_indent = _IN_IF if presence is Presence.CARRIED else _BODY
     value = naming.value_local(f)
     at, pending, rows = naming.placeholder_locals(f)
@@ -334,26 +377,19 @@ def _field_view(schema: Schema, f: Field) -> FieldView:
             gather_stmt,
             call(read_indent, f"{at}.copy_(", [f"torch.where({pending}, {value}, {at})"]),
         )
-        read_stmt = call(
-            read_indent + 4,
-            "self._debug.read(",
-            [f'"{reader}"', field_literal, buf, rows, pending],
-        )
+        read_args = [f'"{reader}"', field_literal, buf, rows, pending]
         host_src = at
     elif lane is Lane.SCHEDULE:
         gather_stmt = call(read_indent, f"{value} = {buf}.index_select(", ["0", "indices"])
-        read_stmt = call(
-            read_indent + 4, "self._debug.read(", [f'"{reader}"', field_literal, buf, "indices"]
-        )
+        read_args = [f'"{reader}"', field_literal, buf, "indices"]
         host_src = value
     else:
         assert target is not None
         gather_stmt = call(read_indent, f"{target} = {buf}.index_select(", ["0", "indices"])
-        read_stmt = call(
-            read_indent + 4, "self._debug.read(", [f'"{reader}"', field_literal, buf, "indices"]
-        )
+        read_args = [f'"{reader}"', field_literal, buf, "indices"]
         host_src = value
 
+    read_stmt = call(read_indent + 4, "self._debug.read(", read_args)
     host: list[str] = []
     none: list[str] = []
     if lane is Lane.SCHEDULE and read is ReadPlan.GATHER and target is not None:
@@ -362,10 +398,14 @@ def _field_view(schema: Schema, f: Field) -> FieldView:
         mirror = f"batch.{f.host_mirror}"
         host.append(call(read_indent, f"{mirror} = self.{host_attr}.copy(", [host_src]))
         if f.host_sum is not None:
-            host.append(f"batch.{f.host_sum} = int({mirror}.sum())")
+            host.append(call(read_indent, f"batch.{f.host_sum} = _rt.host_sum(", [mirror]))
     elif f.host_sum is not None:
         host.append(
-            call(read_indent, f"batch.{f.host_sum} = int(", [f"self.{host_attr}.copy({host_src}).sum()"])
+            call(
+                read_indent,
+                f"batch.{f.host_sum} = _rt.host_sum(",
+                [f"self.{host_attr}.copy({host_src})"],
+            )
         )
     if presence is Presence.CARRIED:
         for path in (f.target, f.host_mirror, f.host_sum):
@@ -379,6 +419,7 @@ def _field_view(schema: Schema, f: Field) -> FieldView:
         read=read,
         presence=presence,
         src=src,
+        bind_stmt=bind_stmt,
         payload_name=f.payload_name,
         value_type="torch.Tensor | None" if f.optional else "torch.Tensor",
         buf=naming.buffer(f),
@@ -410,9 +451,11 @@ def _field_view(schema: Schema, f: Field) -> FieldView:
         omitted_stmt=omitted_stmt,
         read_test=read_test,
         debug_read_test=debug_read_test,
+        solo_debug_read_test=solo_debug_read_test,
         read_stmts=(*placeholder_stmts, *host) if placeholder_stmts else (gather_stmt, *host),
         none_stmts=tuple(none),
         read_stmt=read_stmt,
+        solo_read_stmt=call(_IN_IF, "self._debug.read(", read_args),
         never_stashed_stmt=call(
             _IN_IF,
             "raise _rt.never_stashed(",
@@ -421,6 +464,9 @@ def _field_view(schema: Schema, f: Field) -> FieldView:
         if presence is Presence.ALLOCATED
         else None,
         read_doc=_read_doc(f),
+        resolve_def=signature(method, ["self", f"batch: {naming.batch_protocol(schema)}"], "None")
+        if method
+        else None,
     )
 
 
@@ -505,6 +551,10 @@ def _names_literal(keyword: str, names: Sequence[str]) -> Call:
 
 def map_view(schema: Schema, *, source: str, command: str, schema_hash: str) -> MapView:
     """The view of one validated schema."""
+    for owner, doc in [(schema.name, schema.doc), *((f.name, f.doc) for f in schema.fields)]:
+        problem = naming.doc_problem(doc)
+        if problem is not None:
+            raise ValueError(f"{owner}: doc {problem}")
     fields = tuple(_field_view(schema, f) for f in schema.fields)
     cleaned = naming.doc_text(schema.doc)
     first_line = cleaned.splitlines()[0] if cleaned else schema.name
@@ -550,6 +600,19 @@ def map_view(schema: Schema, *, source: str, command: str, schema_hash: str) -> 
         fields=fields,
         protocols=protocols,
         debug_stmt=call(_IN_IF, "self._debug = _rt.DebugChecks(", debug_args),
+        stash_def=signature(
+            "stash",
+            ["self", "indices: torch.Tensor", f"payload: {naming.payload_class(schema)}"],
+            "None",
+        ),
+        invalidate_def=signature(
+            "invalidate",
+            ["self", f"batch: {naming.batch_protocol(schema)}", "indices: torch.Tensor"],
+            "None",
+        ),
+        resolve_future_def=signature(
+            "resolve_future", ["self", f"batch: {naming.batch_protocol(schema)}"], "None"
+        ),
         fence_stmt="self._fence = _rt.Fence(self.device)" if schedule else None,
         exports=tuple(sorted(exports)),
     )
