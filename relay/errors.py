@@ -2,7 +2,10 @@
 
 ``RelayError`` is the root. Schema problems carry every issue found, each naming
 the file and line of the declaration, the schema, the field, what was expected,
-what was given and the fix.
+what was given and the fix, in the format editors and CI annotate::
+
+    schemas/eagle.py:42: error: EagleFutureMap.topk_p: dtype must be ... (got 'fp8' that is a str)
+        fix: write dtype=torch.<name>, e.g. dtype=torch.int64
 """
 
 from __future__ import annotations
@@ -24,35 +27,46 @@ class RelayError(Exception):
 
 @attrs.frozen
 class SchemaIssue:
-    """One problem in one declaration."""
+    """One problem in one schema module or declaration."""
 
-    where: str  # "schemas/eagle.py:42"
-    schema: str
+    path: str  # "schemas/eagle.py", relative to the project root
+    line: int | None  # of the declaration; None when the file itself is the problem
+    schema: str | None  # None when the module could not be loaded
     field: str | None
     problem: str  # what was expected and what was given
     fix: str
 
+    @property
+    def where(self) -> str:
+        """``schemas/eagle.py:42``."""
+        return self.path if self.line is None else f"{self.path}:{self.line}"
+
     def __str__(self) -> str:
         subject = f"{self.schema}.{self.field}" if self.field else self.schema
-        return f"{self.where}: {subject}: {self.problem}\n    fix: {self.fix}"
+        lead = f"{subject}: " if subject else ""
+        return f"{self.where}: error: {lead}{self.problem}\n    fix: {self.fix}"
+
+    def as_json(self) -> dict[str, object]:
+        return {"path": self.path, "line": self.line, "schema": self.schema,
+                "field": self.field, "message": self.problem, "fix": self.fix}
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 class SchemaError(RelayError):
-    """A schema is invalid; ``issues`` lists every problem found.
+    """Schemas are invalid or could not be loaded; ``issues`` lists every problem found."""
 
-    ``import_failures`` holds the messages of schema modules of the same run that
-    failed to import, so one run reports everything.
-    """
-
-    def __init__(self, issues: list[SchemaIssue], import_failures: list[str] | None = None) -> None:
+    def __init__(self, issues: list[SchemaIssue]) -> None:
         self.issues = issues
-        self.import_failures = import_failures or []
-        lines = [*self.import_failures, *(str(i) for i in issues)]
-        count = f"{len(lines)} problem" + ("s" if len(lines) != 1 else "")
-        super().__init__(f"invalid schema ({count}):\n" + "\n".join(lines))
+        files = len({issue.path for issue in issues})
+        self.summary = (f"invalid schema: {_count(len(issues), 'problem')} in "
+                        f"{_count(files, 'schema module')}")
+        super().__init__("\n".join([*(str(i) for i in issues), self.summary]))
 
 
-class SchemaImportError(RelayError):
+class SchemaImportError(SchemaError):
     """A schema module could not be imported or holds no ``SCHEMA``."""
 
 

@@ -1,9 +1,12 @@
-"""``relay bench``: the generated FutureMaps timed against hand-written baselines.
+"""``relay bench``: the generated FutureMaps against hand-written baselines, in one run.
 
-``relay.bench.baseline`` holds the hand-written maps; ``relay.bench.main`` the
-harness and the command line. See docs/bench.md.
+One module per job: ``sizes`` (shapes, presets, every default), ``baseline`` (the
+hand-written maps), ``sides`` (which map is compared with which, and how a step is
+driven), ``counts`` (dispatched ops, bytes, kernel launches), ``timing`` (timers and
+interleaving), ``measure`` (one pair at one shape: values, counts, time),
+``codegen_speed`` (generation time against schema size), ``report`` (results and
+tables) and ``main`` (the command line). See docs/bench.md.
+
+Nothing is imported here: ``relay --help`` builds ``relay bench``'s flags from
+``relay.bench.main``, which must not pull in torch or rich.
 """
-
-from relay.bench.baseline import DecodeFutureMapBaseline, EagleFutureMapBaseline
-
-__all__ = ["DecodeFutureMapBaseline", "EagleFutureMapBaseline"]

@@ -1,16 +1,24 @@
-"""Hand-written FutureMaps for decode and EAGLE: the baseline ``relay bench`` times.
+"""Hand-written FutureMaps in sglang's current style: what ``relay bench`` compares with.
 
-These are written the way an engine author writes a relay by hand (sglang-style):
-one class per mode, buffers as attributes, the fence and host copy open-coded.
-They have the same semantics as the generated ``DecodeFutureMap`` and
-``EagleFutureMap`` with ``debug=False`` — same buffers, dtypes, casts, guards,
-placeholder protocol, lazy per-stash allocation, chained fence and pinned host
-copy — so the benchmark compares code shape, not features. They have no debug
-mode: hand-written production relays do not carry one.
+Written from DOMAIN.md's "sglang today, op by op" (main of 2026-07), not from
+sglang's code. An engine that already has a FutureMap adopts relay only if the
+generated one costs no more than these, so they are as lean as that description:
 
-Nothing here is generated or imported from ``relay.maps``; the only relay import is
-``CpuEvent``, the CPU's event type (the counterpart of ``torch.cuda.Event``), so the
-baseline orders correctly under the reference engine's CPU thread stream too.
+- no value checks (sglang runs them only in its CI mode);
+- the forward lane resolves by gathers: ``buf[req_pool_indices]``, bonus tokens too;
+- the schedule lane's host copy only where the design needs one: plain decoding relays
+  tokens only (the scheduler computes ``seq_lens + 1`` itself, see
+  ``relay.bench.sides``); EAGLE publishes ``new_seq_lens`` behind the fence, and the
+  scheduler gathers it, copies it to the host and sums it there.
+
+``DecodeSeqLensBaseline`` is the older design (sglang's sentinel FutureMap of
+2026-05) that relays ``seq_lens`` too and resolves tokens through placeholders; it is
+the baseline of a schema that keeps that design.
+
+Stash and publish take keyword tensors named as the generated payload's fields, so
+one driver feeds both sides. The fence and the host copy follow the device: a
+device-side wait and a pinned copy on a private stream on CUDA, a host wait on HIP,
+plain calls on the CPU.
 """
 
 from __future__ import annotations
@@ -22,165 +30,180 @@ import torch
 from relay.cpu_stream import CpuEvent, current_cpu_stream
 
 __all__ = [
-    "BaselineBatch",
-    "BaselineSpecInfo",
-    "DecodeFutureMapBaseline",
-    "EagleFutureMapBaseline",
+    "DecodeBaseline",
+    "DecodeSeqLensBaseline",
+    "EagleBaseline",
+    "PublishReady",
 ]
 
 
-class BaselineSpecInfo(Protocol):
-    """What the EAGLE baseline reads and writes on ``batch.spec_info``."""
-
-    topk_p: torch.Tensor
-    topk_index: torch.Tensor
-    hidden_states: torch.Tensor | None
-
-
-class BaselineBatch(Protocol):
-    """What the baselines read and write on a batch (``spec_info`` only for EAGLE)."""
-
+class _Batch(Protocol):
     req_pool_indices: torch.Tensor
+    req_pool_indices_cpu: torch.Tensor
     input_ids: torch.Tensor
     seq_lens: torch.Tensor
     seq_lens_cpu: torch.Tensor
     seq_lens_sum: int
 
 
-class _EagleBatch(BaselineBatch, Protocol):
+class _SpecInfo(Protocol):
+    bonus_tokens: torch.Tensor | None
+    topk_p: torch.Tensor
+    topk_index: torch.Tensor
+    hidden_states: torch.Tensor | None
+
+
+class _SpecBatch(_Batch, Protocol):
     @property
-    def spec_info(self) -> BaselineSpecInfo: ...
+    def spec_info(self) -> _SpecInfo: ...
 
 
-class _PublishReady:
-    """The ``publish_ready`` fence and the seq-lens host copy, open-coded per device.
+class PublishReady:
+    """The ``publish_ready`` fence and the host copy behind it, per device.
 
-    Shared by both baselines the way an engine keeps one such helper next to its
-    FutureMap. The event is created on the first publish so CPU and HIP need no
-    ``torch.cuda.Event``.
+    The event is created on the first publish, from the device's own module, so
+    nothing here needs ``torch.cuda.Event`` on other devices. A record from a
+    stream other than the previous recorder first waits on the previous record, so
+    an in-flight publish is not dropped (Note [Fence chaining] in relay/device.py).
     """
 
     def __init__(self, device: torch.device, pool_size: int) -> None:
         self.device = device
         self.pool_size = pool_size
-        self.is_cpu = device.type == "cpu"
-        self.is_cuda = device.type == "cuda"
-        # ROCm: a device-side wait hurt latency there, so the host blocks instead.
-        self.host_wait = self.is_cpu or (self.is_cuda and torch.version.hip is not None)
-        self.module: Any = None if self.is_cpu else torch.get_device_module(device.type)
+        self.cpu = device.type == "cpu"
+        self.cuda = device.type == "cuda" and torch.version.hip is None
+        # HIP: a device-side wait hurt latency there, so the host blocks instead.
+        self.host_wait = self.cpu or (device.type == "cuda" and torch.version.hip is not None)
+        self.module: Any = None if self.cpu else torch.get_device_module(device.type)
         self.event: Any = None
-        self.last_stream: Any = None
-        # CUDA host copy: private copy stream into a pinned mirror (allocated on use).
+        self.stream: Any = None
+        # CUDA host copy: a private stream into a pinned mirror of the whole buffer.
         self.copy_stream: Any = None
         self.copy_done: Any = None
         self.pinned: torch.Tensor | None = None
 
     def _current_stream(self) -> Any:
-        if self.is_cpu:
-            return current_cpu_stream()
-        return self.module.current_stream()
+        return current_cpu_stream() if self.cpu else self.module.current_stream()
 
     def record(self) -> None:
         stream = self._current_stream()
         if self.event is None:
-            self.event = CpuEvent() if self.is_cpu else self.module.Event()
-        elif stream != self.last_stream:
-            # Chain: a record from another stream would drop the in-flight one.
-            if self.is_cpu:
+            self.event = CpuEvent() if self.cpu else self.module.Event()
+        elif stream != self.stream:
+            if self.cpu:
                 self.event.wait()
             else:
                 stream.wait_event(self.event)
-        if self.is_cpu:
+        if self.cpu:
             self.event.record()
         else:
             self.event.record(stream)
-        self.last_stream = stream
+        self.stream = stream
 
     def wait(self) -> None:
+        """Order the scheduler after the newest publish."""
         if self.event is None:
-            if not self.is_cpu:
-                return  # nothing was ever enqueued to wait for
-            # On a CPU worker stream the first publish may still be queued: a fresh
-            # event's wait covers it (Note [Host order of CPU records]).
-            self.event = CpuEvent()
+            return  # nothing was published, nothing to wait for
         if self.host_wait:
             self.event.synchronize()
         else:
             self.module.current_stream().wait_event(self.event)
 
-    def to_host(self, src: torch.Tensor) -> torch.Tensor:
-        if self.is_cpu:
-            return src.clone()  # the host copy must not alias the device-side target
-        if not self.is_cuda:
-            return src.to("cpu")
+    def host_rows(self, buf: torch.Tensor, batch: _Batch, rows: torch.Tensor) -> torch.Tensor:
+        """The host copy of ``rows = buf[batch.req_pool_indices]``.
+
+        CUDA: the copy stream waits on the fence, copies the whole buffer into the
+        pinned mirror, the host waits for that stream alone and picks the rows with
+        the host copy of the indices. Elsewhere a plain ``.cpu()`` of the rows.
+        """
+        if not self.cuda:
+            return rows.cpu()
         if self.copy_stream is None:
             self.copy_stream = self.module.Stream(device=self.device)
             self.copy_done = self.module.Event()
-        if self.pinned is None:
-            self.pinned = torch.empty((self.pool_size,), dtype=src.dtype, pin_memory=True)
-        rows = self.pinned[: src.shape[0]]
-        self.copy_stream.wait_stream(torch.cuda.current_stream(self.device))
+            self.pinned = torch.empty(buf.shape, dtype=buf.dtype, pin_memory=True)
+        assert self.pinned is not None
+        if self.event is not None:
+            self.copy_stream.wait_event(self.event)
         with torch.cuda.stream(self.copy_stream):
-            rows.copy_(src, non_blocking=True)
-            src.record_stream(self.copy_stream)
-            self.copy_done.record(self.copy_stream)
+            self.pinned.copy_(buf, non_blocking=True)
+        self.copy_done.record(self.copy_stream)
         self.copy_done.synchronize()
-        return rows.clone()  # the pinned rows are reused by the next copy
+        return self.pinned[batch.req_pool_indices_cpu]
 
 
-class DecodeFutureMapBaseline:
-    """Plain decoding: sampled tokens (forward lane) and new seq lens (schedule lane)."""
+class DecodeBaseline:
+    """Plain decoding, sglang today: the sampled token relayed to the next ``input_ids``.
+
+    No schedule lane: the scheduler knows each request grows by one token and
+    computes ``seq_lens + 1`` on the host itself.
+    """
+
+    def __init__(self, device: torch.device | str, pool_size: int) -> None:
+        self.device = torch.device(device)
+        self.pool_size = pool_size
+        self.output_tokens_buf = torch.zeros((pool_size,), dtype=torch.int64, device=self.device)
+
+    def stash(self, indices: torch.Tensor, *, next_token_ids: torch.Tensor) -> None:
+        if indices.numel() == 0:
+            return
+        self.output_tokens_buf[indices] = next_token_ids.to(torch.int64)
+
+    def resolve_future(self, batch: _Batch) -> None:
+        indices = batch.req_pool_indices
+        if indices.numel() == 0:
+            return
+        batch.input_ids = self.output_tokens_buf[indices]
+
+
+class DecodeSeqLensBaseline:
+    """Plain decoding, sglang's sentinel design of 2026-05: tokens through placeholders
+    in ``input_ids``, and the new sequence lengths relayed to the scheduler."""
 
     def __init__(self, device: torch.device | str, pool_size: int) -> None:
         self.device = torch.device(device)
         self.pool_size = pool_size
         self.output_tokens_buf = torch.zeros((pool_size,), dtype=torch.int64, device=self.device)
         self.new_seq_lens_buf = torch.zeros((pool_size,), dtype=torch.int64, device=self.device)
-        self._ready = _PublishReady(self.device, pool_size)
+        self._ready = PublishReady(self.device, pool_size)
 
-    def stash(self, indices: torch.Tensor, next_token_ids: torch.Tensor) -> None:
+    def stash(self, indices: torch.Tensor, *, next_token_ids: torch.Tensor) -> None:
         if indices.numel() == 0:
             return
-        tokens = next_token_ids.to(torch.int64)
-        torch._assert_async((tokens >= 0).all(), "output_tokens must be >= 0")
-        self.output_tokens_buf[indices] = tokens
+        self.output_tokens_buf[indices] = next_token_ids.to(torch.int64)
 
     def publish(self, indices: torch.Tensor, new_seq_lens: torch.Tensor) -> None:
         if indices.numel() == 0:
             return
-        seq_lens = new_seq_lens.to(torch.int64)
-        torch._assert_async((seq_lens > 0).all(), "new_seq_lens must be > 0")
-        self.new_seq_lens_buf[indices] = seq_lens
+        self.new_seq_lens_buf[indices] = new_seq_lens.to(torch.int64)
         self._ready.record()
 
-    def invalidate(self, batch: BaselineBatch, indices: torch.Tensor) -> None:
+    def invalidate(self, batch: _Batch, indices: torch.Tensor) -> None:
         if indices.numel() == 0:
             return
-        batch.input_ids = -indices
+        batch.input_ids = -indices  # slots start at 1: a placeholder is always < 0
 
-    def release(self, indices: torch.Tensor) -> None:
-        """A request ended; its slot may be reused. Nothing to do without debug checks."""
-
-    def resolve_future(self, batch: BaselineBatch) -> None:
+    def resolve_future(self, batch: _Batch) -> None:
         if batch.req_pool_indices.numel() == 0:
             return
         input_ids = batch.input_ids
-        pending = input_ids < 0
         tokens = self.output_tokens_buf[(-input_ids).clamp(min=0)]
-        input_ids.copy_(torch.where(pending, tokens, input_ids))
+        input_ids.copy_(torch.where(input_ids < 0, tokens, input_ids))
 
-    def resolve_seq_lens_cpu(self, batch: BaselineBatch) -> None:
+    def resolve_seq_lens_cpu(self, batch: _Batch) -> None:
         indices = batch.req_pool_indices
         if indices.numel() == 0:
             return
         self._ready.wait()
         batch.seq_lens = self.new_seq_lens_buf[indices]
-        batch.seq_lens_cpu = self._ready.to_host(batch.seq_lens)
+        batch.seq_lens_cpu = self._ready.host_rows(self.new_seq_lens_buf, batch, batch.seq_lens)
         batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
 
 
-class EagleFutureMapBaseline:
-    """EAGLE: bonus token, first top-k, optional hidden states; accepted seq lens."""
+class EagleBaseline:
+    """EAGLE, sglang today: the bonus token, the draft's first top-k and (when the draft
+    reads it) the hidden state gathered into the draft input; the accepted lengths
+    published mid-forward for the scheduler."""
 
     def __init__(self, device: torch.device | str, pool_size: int, *, topk: int) -> None:
         self.device = torch.device(device)
@@ -188,16 +211,16 @@ class EagleFutureMapBaseline:
         self.output_tokens_buf = torch.zeros((pool_size,), dtype=torch.int64, device=self.device)
         self.topk_p_buf = torch.zeros((pool_size, topk), dtype=torch.float32, device=self.device)
         self.topk_index_buf = torch.zeros((pool_size, topk), dtype=torch.int64, device=self.device)
-        # Allocated on the first stash that carries it (its width and dtype come from
-        # the draft model); checked per stash, so an early payload without it does
-        # not disable it for good.
+        # Width and dtype come from the draft model: allocated by the first stash that
+        # carries it, checked per stash (an early payload without it must not disable it).
         self.hidden_states_buf: torch.Tensor | None = None
         self.new_seq_lens_buf = torch.zeros((pool_size,), dtype=torch.int64, device=self.device)
-        self._ready = _PublishReady(self.device, pool_size)
+        self._ready = PublishReady(self.device, pool_size)
 
     def stash(
         self,
         indices: torch.Tensor,
+        *,
         bonus_tokens: torch.Tensor,
         topk_p: torch.Tensor,
         topk_index: torch.Tensor,
@@ -205,57 +228,40 @@ class EagleFutureMapBaseline:
     ) -> None:
         if indices.numel() == 0:
             return
-        tokens = bonus_tokens.to(torch.int64)
-        torch._assert_async((tokens >= 0).all(), "output_tokens must be >= 0")
-        self.output_tokens_buf[indices] = tokens
+        self.output_tokens_buf[indices] = bonus_tokens.to(torch.int64)
         self.topk_p_buf[indices] = topk_p.to(torch.float32)
-        index = topk_index.to(torch.int64)
-        torch._assert_async((index >= 0).all(), "topk_index must be >= 0")
-        self.topk_index_buf[indices] = index
+        self.topk_index_buf[indices] = topk_index.to(torch.int64)
         if hidden_states is not None:
             if self.hidden_states_buf is None:
                 self.hidden_states_buf = torch.zeros(
                     (self.pool_size, hidden_states.shape[1]),
                     dtype=hidden_states.dtype,
-                    device=hidden_states.device,
+                    device=self.device,
                 )
             self.hidden_states_buf[indices] = hidden_states.to(self.hidden_states_buf.dtype)
 
     def publish(self, indices: torch.Tensor, new_seq_lens: torch.Tensor) -> None:
         if indices.numel() == 0:
             return
-        seq_lens = new_seq_lens.to(torch.int64)
-        torch._assert_async((seq_lens > 0).all(), "new_seq_lens must be > 0")
-        self.new_seq_lens_buf[indices] = seq_lens
+        self.new_seq_lens_buf[indices] = new_seq_lens.to(torch.int64)
         self._ready.record()
 
-    def invalidate(self, batch: BaselineBatch, indices: torch.Tensor) -> None:
-        if indices.numel() == 0:
-            return
-        batch.input_ids = -indices
-
-    def release(self, indices: torch.Tensor) -> None:
-        """A request ended; its slot may be reused. Nothing to do without debug checks."""
-
-    def resolve_future(self, batch: _EagleBatch) -> None:
+    def resolve_future(self, batch: _SpecBatch) -> None:
         indices = batch.req_pool_indices
         if indices.numel() == 0:
             return
-        input_ids = batch.input_ids
-        pending = input_ids < 0
-        tokens = self.output_tokens_buf[(-input_ids).clamp(min=0)]
-        input_ids.copy_(torch.where(pending, tokens, input_ids))
         spec_info = batch.spec_info
+        spec_info.bonus_tokens = self.output_tokens_buf[indices]
         spec_info.topk_p = self.topk_p_buf[indices]
         spec_info.topk_index = self.topk_index_buf[indices]
         if self.hidden_states_buf is not None:
             spec_info.hidden_states = self.hidden_states_buf[indices]
 
-    def resolve_seq_lens_cpu(self, batch: BaselineBatch) -> None:
+    def resolve_seq_lens_cpu(self, batch: _Batch) -> None:
         indices = batch.req_pool_indices
         if indices.numel() == 0:
             return
         self._ready.wait()
         batch.seq_lens = self.new_seq_lens_buf[indices]
-        batch.seq_lens_cpu = self._ready.to_host(batch.seq_lens)
+        batch.seq_lens_cpu = self._ready.host_rows(self.new_seq_lens_buf, batch, batch.seq_lens)
         batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())

@@ -1,27 +1,30 @@
 """The generator's entry points: plan, generate and check, for the CLI and for tests.
 
 Pipeline (as torchgen's): load (``loader``) -> validate (``validate``) -> view and
-render (``views``, ``render``) -> write or check (``writer``).
+render (``views``, ``render``) -> write or check (``files``, which alone knows the
+generated-file format).
 """
 
 from __future__ import annotations
 
+import keyword
 import os
 from collections.abc import Sequence
 from pathlib import Path
 
 import attrs
 
+from relay.codegen import files
 from relay.codegen.config import Config, load_config, project_root
-from relay.codegen.loader import load_schema
-from relay.codegen.render import render, schema_hash
+from relay.codegen.files import Drift, Planned, WriteResult
+from relay.codegen.loader import describe, load_schema
+from relay.codegen.render import render
 from relay.codegen.validate import validate
-from relay.codegen.writer import Drift, Planned, check, generated_files, write_atomic
 from relay.errors import RelayError, SchemaError, SchemaImportError, SchemaIssue
-from relay.schema import SourceLocation
 
 __all__ = ["GenerateResult", "Job", "check_job", "configured_job", "explicit_job",
            "generate_configured", "plan", "run_job"]
+
 
 @attrs.frozen
 class Job:
@@ -32,22 +35,35 @@ class Job:
     root: Path  # paths in headers and messages are relative to this folder
     command: str  # the command that regenerates the whole job
     configured: bool  # from [tool.relay]: then every other generated file is an orphan
+    #: The project's [tool.relay], if it has one: a module it generates records the
+    #: plain `relay generate` however it was generated (Note [Stable regenerate command]).
+    config: Config | None = None
 
-    def command_for(self, source: str) -> str:
+    def command_for(self, schema: Path) -> str:
         """The command that regenerates one module, written into its header."""
-        if self.configured:
-            return self.command
-        return f"relay generate {source} --out {_display(self.out, self.root)}"
+        # Note [Stable regenerate command]: the header must not depend on how this run
+        # was invoked, or `relay generate x.py --out maps` and `relay generate` would
+        # write two headers for one file and `--check` would call one of them stale.
+        # It depends only on where the file is: one [tool.relay] generates says so.
+        config = self.config
+        if config is not None and self.out.resolve() == config.out.resolve() and (
+            schema.resolve() in {s.resolve() for s in config.schemas}
+        ):
+            return "relay generate"
+        return f"relay generate {display(schema, self.root)} --out {display(self.out, self.root)}"
 
 
 @attrs.frozen
 class GenerateResult:
     written: list[Path]
     unchanged: list[Path]
+    orphans: list[Path]  # generated files no schema of the job produces (kept)
+    removed: list[Path]  # orphans deleted (``remove_orphans=True``)
 
 
-def _display(path: Path, root: Path) -> str:
+def display(path: Path | str, root: Path) -> str:
     """``path`` relative to ``root`` with forward slashes, whatever the working folder."""
+    path = Path(path)
     try:
         return path.resolve().relative_to(root.resolve()).as_posix()
     except ValueError:
@@ -56,95 +72,149 @@ def _display(path: Path, root: Path) -> str:
 
 def configured_job(start: Path | None = None) -> Job:
     """The job ``[tool.relay]`` in the nearest pyproject.toml describes."""
-    config: Config = load_config(start or Path.cwd())
+    config = load_config(start or Path.cwd())
     if not config.schemas:
         raise RelayError(f"{config.root / 'pyproject.toml'}: [tool.relay] schemas matches no file")
-    return Job(config.schemas, config.out, config.root, "relay generate", configured=True)
+    return Job(config.schemas, config.out, config.root, "relay generate", configured=True,
+               config=config)
 
 
 def explicit_job(schemas: Sequence[Path], out: Path) -> Job:
     """A job for schema modules named on the command line."""
     root = project_root(Path(schemas[0]).resolve())
-    shown = " ".join(_display(Path(s), root) for s in schemas)
-    command = f"relay generate {shown} --out {_display(out, root)}"
-    return Job(tuple(Path(s) for s in schemas), out, root, command, configured=False)
+    try:
+        config: Config | None = load_config(root)
+    except RelayError:  # no usable [tool.relay]: then every header names its own command
+        config = None
+    if config is not None and config.root.resolve() != root.resolve():
+        config = None
+    shown = " ".join(display(Path(s), root) for s in schemas)
+    command = f"relay generate {shown} --out {display(out, root)}"
+    return Job(tuple(Path(s) for s in schemas), out, root, command, configured=False,
+               config=config)
+
+
+def _refuse_schema_folder(job: Job) -> None:
+    """An output folder that holds schema modules would have them overwritten: refuse it."""
+    out = job.out.resolve()
+    candidates = [*job.schemas, *(job.config.schemas if job.config is not None else ())]
+    for schema in candidates:
+        if Path(schema).resolve().parent == out:
+            raise RelayError(
+                f"the output folder {display(job.out, job.root)} holds schema modules "
+                f"({display(schema, job.root)}); generated modules need a folder of their "
+                "own: choose another --out (or [tool.relay] out)"
+            )
+
+
+def _file_name_issue(path: Path, source: str) -> SchemaIssue | None:
+    """A schema file whose generated module could not be imported or named in a header."""
+    if not source.isprintable():
+        return SchemaIssue(repr(source), None, None, None,
+                           "the schema path holds a line break or control character",
+                           "rename the file or folder")
+    stem = path.stem
+    if not stem.isidentifier() or keyword.iskeyword(stem):
+        suggestion = "".join(c if c.isalnum() or c == "_" else "_" for c in stem)
+        if not suggestion.isidentifier() or keyword.iskeyword(suggestion):
+            suggestion = f"relay_{suggestion}"
+        return SchemaIssue(source, None, None, None,
+                           f"its generated module would be {stem}.py, a name Python cannot "
+                           "import", f"rename the schema module, e.g. to {suggestion}.py")
+    return None
 
 
 def plan(job: Job) -> list[Planned]:
-    """Load, validate and render every schema of ``job``.
+    """Load, validate and render every schema of ``job``; writes nothing.
 
-    Raises ``SchemaError`` with the issues of all schemas together, or
-    ``SchemaImportError`` for modules that failed to import (all of them).
+    Raises ``SchemaError`` with every problem of every schema (those that did not
+    load included), or ``RelayError`` when the job itself is unusable.
     """
-    def where(loc: SourceLocation) -> str:
-        return f"{_display(Path(loc.file), job.root)}:{loc.line}"
-
+    _refuse_schema_folder(job)
     planned: list[Planned] = []
     issues: list[SchemaIssue] = []
-    import_errors: list[str] = []
+    only_imports = True
     targets: dict[Path, str] = {}
     for path in job.schemas:
-        source = _display(path, job.root)
+        source = display(path, job.root)
+        naming_issue = _file_name_issue(path, source)
+        if naming_issue is not None:
+            issues.append(naming_issue)
+            continue
         try:
             schema = load_schema(path.resolve(), source)
         except SchemaImportError as error:
-            import_errors.append(str(error))
+            issues.extend(error.issues)
             continue
-        found = validate(schema, where)
+        only_imports = False
+        try:
+            found = validate(schema, lambda file: display(file, job.root))
+        except KeyboardInterrupt:
+            raise
+        except BaseException as error:  # a hostile value (even a SystemExit) broke a check
+            loc = schema.declared_at
+            found = [SchemaIssue(display(loc.file, job.root), loc.line, None, None,
+                                 f"the schema could not be validated: {describe(error)}",
+                                 "declare the schema with plain values (str, int, enums, "
+                                 "torch dtypes)")]
         out_path = job.out / f"{path.stem}.py"
         if out_path in targets:
-            found.append(SchemaIssue(source, str(schema.name), None,
+            found.append(SchemaIssue(source, None, str(schema.name), None,
                                      f"generates {out_path.name} like {targets[out_path]}",
                                      "rename one of the schema modules"))
         targets[out_path] = source
         if found:
             issues.extend(found)
             continue
+        shown = display(out_path, job.root)
         try:
-            content = render(schema, source=source, command=job.command_for(source))
-        except Exception as error:  # a generator bug: say what was being generated
+            digest = files.schema_hash(schema)
+            content = render(schema, source=source, command=job.command_for(path),
+                             schema_hash=digest)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as error:  # a generator bug: say what was being generated
+            loc = schema.declared_at
             raise RelayError(
-                f"while generating {_display(out_path, job.root)} from "
-                f"{where(schema.declared_at)}: {type(error).__name__}: {error}"
+                f"while generating {shown} from {display(loc.file, job.root)}:{loc.line}: "
+                f"{type(error).__name__}: {error}"
             ) from error
-        planned.append(Planned(out_path, content, source, schema_hash(schema)))
+        planned.append(Planned(out_path, shown, content, source, digest))
     if issues:
-        raise SchemaError(issues, import_errors)
-    if import_errors:
-        raise SchemaImportError("\n".join(import_errors))
+        raise (SchemaImportError if only_imports else SchemaError)(issues)
     return planned
 
 
-def run_job(job: Job) -> GenerateResult:
-    """Generate ``job``, writing only the files whose bytes changed."""
+def orphans(job: Job, planned: Sequence[Planned]) -> list[Path]:
+    """Generated files in the output folder that no schema of ``job`` produces."""
+    produced = {item.path.resolve() for item in planned}
+    found = []
+    for path in files.generated_files(job.out):
+        if path.resolve() in produced:
+            continue
+        # Outside [tool.relay] only files whose schema is gone are orphans: the
+        # folder may hold maps of schemas this command did not name.
+        source = files.recorded_source(path)
+        if job.configured or source is None or not (job.root / source).is_file():
+            found.append(path)
+    return found
+
+
+def run_job(job: Job, *, remove_orphans: bool = False) -> GenerateResult:
+    """Generate ``job``: every changed module or none, only the changed ones rewritten."""
     planned = plan(job)
-    written: list[Path] = []
-    unchanged: list[Path] = []
-    for item in planned:
-        (written if write_atomic(item.path, item.content) else unchanged).append(item.path)
-    return GenerateResult(written, unchanged)
+    stray = orphans(job, planned)
+    result: WriteResult = files.write_all(planned, stray if remove_orphans else ())
+    return GenerateResult(result.written, result.unchanged,
+                          [p for p in stray if p not in result.removed], result.removed)
 
 
 def check_job(job: Job) -> list[Drift]:
     """Every stale, hand-edited, missing or orphaned file of ``job``; writes nothing."""
     planned = plan(job)
-    produced = {item.path.resolve() for item in planned}
-    orphans = []
-    for path in generated_files(job.out):
-        if path.resolve() in produced:
-            continue
-        # Outside [tool.relay] only files whose schema is gone are orphans: the
-        # folder may hold maps of schemas this command did not name.
-        if job.configured or not _source_exists(path, job.root):
-            orphans.append(path)
-    display = {p: _display(p, job.root) for p in [*(i.path for i in planned), *orphans]}
-    return check(planned, display, orphans, job.command)
-
-
-def _source_exists(path: Path, root: Path) -> bool:
-    first = path.read_text(encoding="utf-8").splitlines()[0]
-    source = first.removeprefix("# @generated by relay from ").removesuffix(". DO NOT EDIT.")
-    return (root / source).is_file()
+    files.refuse_foreign(planned)
+    stray = [(p, display(p, job.root)) for p in orphans(job, planned)]
+    return files.check(planned, stray, job.command)
 
 
 def generate_configured() -> GenerateResult:

@@ -58,9 +58,9 @@ def load_config(start: Path) -> Config:
     section = data.get("tool", {}).get("relay")
     if not isinstance(section, dict):
         raise RelayError(
-            f"{pyproject} has no [tool.relay] section; add\n\n    [tool.relay]\n"
-            '    schemas = ["schemas/*.py"]\n    out = "relay/maps"\n\n'
-            "or name the schemas and --out DIR on the command line"
+            f"{pyproject} has no [tool.relay] section; add one, e.g. [tool.relay] with "
+            'schemas = ["schemas/*.py"] and out = "relay/maps", or name the schemas and '
+            "--out DIR on the command line"
         )
     root = pyproject.parent
     patterns = section.get("schemas")

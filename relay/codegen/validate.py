@@ -7,6 +7,8 @@ is well-formed.
 
 from __future__ import annotations
 
+import functools
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -29,6 +31,26 @@ def _is_int_dtype(dtype: object) -> bool:
     )
 
 
+def _is_signed_int_dtype(dtype: object) -> bool:
+    return _is_int_dtype(dtype) and isinstance(dtype, torch.dtype) and dtype.is_signed
+
+
+@functools.cache
+def _unusable(dtype: torch.dtype) -> str | None:
+    """Why torch cannot hold ``dtype`` in a relay buffer (allocate, write rows, read rows)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            buf = torch.zeros((2,), dtype=dtype)
+            rows = torch.ones((1,), dtype=torch.int64)
+            buf[rows] = rows.to(dtype)
+            buf[rows]
+    except Exception as error:  # torch says why: NotImplementedError, RuntimeError, ...
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        return f"{type(error).__name__}: {first}"
+    return None
+
+
 def _valid_path(path: object) -> bool:
     return isinstance(path, str) and all(
         naming.identifier_problem(part, reserved=False) is None for part in path.split(".")
@@ -36,21 +58,26 @@ def _valid_path(path: object) -> bool:
 
 
 class _Collector:
-    def __init__(self, schema: Schema, where: Callable[[SourceLocation], str]) -> None:
+    def __init__(self, schema: Schema, display: Callable[[str], str]) -> None:
         self.schema = schema
-        self.where = where
+        self.display = display
         self.schema_name = schema.name if isinstance(schema.name, str) else repr(schema.name)
         self.issues: list[SchemaIssue] = []
+
+    def where(self, loc: SourceLocation) -> str:
+        """``schemas/eagle.py:42``, for messages that point at another declaration."""
+        return f"{self.display(loc.file)}:{loc.line}"
 
     def add(self, field: Field | None, problem: str, fix: str) -> None:
         loc = field.declared_at if field is not None else self.schema.declared_at
         name = field.name if field is not None and isinstance(field.name, str) else None
-        self.issues.append(SchemaIssue(self.where(loc), self.schema_name, name, problem, fix))
+        self.issues.append(SchemaIssue(self.display(loc.file), loc.line, self.schema_name, name,
+                                       problem, fix))
 
 
-def validate(schema: Schema, where: Callable[[SourceLocation], str]) -> list[SchemaIssue]:
-    """Every issue of ``schema``; ``where`` spells a declaration's location."""
-    c = _Collector(schema, where)
+def validate(schema: Schema, display: Callable[[str], str]) -> list[SchemaIssue]:
+    """Every issue of ``schema``; ``display`` spells a declaration's file as messages show it."""
+    c = _Collector(schema, display)
     if not naming.is_identifier(schema.name):
         c.add(None, f"schema name must be a Python identifier (got {_got(schema.name)})",
               "name the schema like a class, e.g. name=\"DecodeFutureMap\"")
@@ -99,6 +126,18 @@ def _check_field(c: _Collector, f: Field) -> None:
     elif not isinstance(f.dtype, torch.dtype):
         c.add(f, f"dtype must be a torch.dtype such as {_DTYPE_HINT}, or FROM_PAYLOAD "
               f"(got {_got(f.dtype)})", "write dtype=torch.<name>, e.g. dtype=torch.int64")
+    else:
+        unusable = _unusable(f.dtype)
+        if unusable is not None:
+            c.add(f, f"dtype {f.dtype} cannot hold a relay buffer: torch cannot allocate it or "
+                  f"index its rows ({unusable})",
+                  f"use a dtype torch indexes, such as {_DTYPE_HINT}")
+        if isinstance(f.guard, Guard) and f.guard is not Guard.NONE and (
+            f.dtype == torch.bool or f.dtype.is_complex
+        ):
+            c.add(f, f"guard={f.guard} compares values with 0, which {f.dtype} values cannot "
+                  f"be checked by (got guard={f.guard} with dtype={f.dtype})",
+                  "remove the guard, or give the field a real integer or float dtype")
 
     _check_shape(c, f)
 
@@ -124,6 +163,10 @@ def _check_field(c: _Collector, f: Field) -> None:
 
 
 def _check_shape(c: _Collector, f: Field) -> None:
+    if not isinstance(f.shape, tuple):
+        c.add(f, f"shape must be a tuple of dims such as (\"topk\",) or (8,) "
+              f"(got {_got(f.shape)})", "write shape=(\"topk\",), shape=(8,) or shape=()")
+        return
     for dim in f.shape:
         if isinstance(dim, bool) or not isinstance(dim, (int, str)):
             c.add(f, f"shape dims must be positive ints or symbolic names (got {_got(dim)})",
@@ -153,7 +196,17 @@ def _check_target(c: _Collector, f: Field) -> None:
             c.add(f, f"resolve=Resolve.PLACEHOLDER needs an integer dtype, since placeholders "
                   f"are negative slots (got {f.dtype})",
                   "use resolve=Resolve.GATHER for this field")
-        if f.shape:
+        elif isinstance(f.dtype, torch.dtype) and not _is_signed_int_dtype(f.dtype):
+            c.add(f, f"resolve=Resolve.PLACEHOLDER needs a signed integer dtype, since "
+                  f"placeholders are negative slots (got {f.dtype})",
+                  "give a signed dtype such as torch.int64, or use resolve=Resolve.GATHER")
+        if f.optional is True:
+            c.add(f, "resolve=Resolve.PLACEHOLDER needs the value on every step: a step whose "
+                  "payload omits an optional field would leave the placeholders (-slot) that "
+                  "invalidate wrote, or a previous step's value, for the forward "
+                  "(got optional=True)",
+                  "make the field required (optional=False), or use resolve=Resolve.GATHER")
+        if isinstance(f.shape, tuple) and f.shape:
             c.add(f, f"resolve=Resolve.PLACEHOLDER needs one value per slot, shape=() "
                   f"(got shape={f.shape!r})", "use resolve=Resolve.GATHER for rows")
         if f.target is None:
@@ -170,9 +223,17 @@ def _check_target(c: _Collector, f: Field) -> None:
         if not _valid_path(value):
             c.add(f, f"{option} must be a dotted attribute path such as 'seq_lens_cpu' "
                   f"(got {_got(value)})", f"write {option}=\"<batch attribute>\"")
-        elif option == "host_sum" and f.shape:
+        elif option == "host_sum" and isinstance(f.shape, tuple) and f.shape:
             c.add(f, f"host_sum sums one value per slot, so it needs shape=() (got {f.shape!r})",
                   "remove host_sum=..., or use host_mirror=... for rows")
+        if option == "host_sum" and (isinstance(f.dtype, FromPayload) or (
+            isinstance(f.dtype, torch.dtype) and (f.dtype.is_floating_point or f.dtype.is_complex)
+        )):
+            got = "FROM_PAYLOAD" if isinstance(f.dtype, FromPayload) else str(f.dtype)
+            c.add(f, "host_sum hands the batch an int, so it needs a fixed integer dtype; "
+                  f"a float sum would be truncated (got dtype={got})",
+                  "give dtype=torch.int64, or remove host_sum=... and sum the host_mirror "
+                  "yourself")
 
 
 def _check_unique(c: _Collector, fields: list[Field]) -> None:
@@ -225,14 +286,24 @@ def _check_unique(c: _Collector, fields: list[Field]) -> None:
     # A path cannot be both an attribute and the owner of nested attributes, and the
     # indices attribute is read, never written.
     taken = {naming.payload_class(c.schema), naming.batch_protocol(c.schema), c.schema.name}
+    # Two owners on different paths (`a_b.x`, `a.b_x`) may camel-case to one Protocol name.
+    protocols: dict[str, tuple[tuple[str, ...], Field]] = {}
     for path, (f, role) in first_path.items():
         parts = tuple(path.split("."))
         for depth in range(1, len(parts)):
-            protocol = naming.nested_protocol(c.schema, parts[:depth])
+            owner = parts[:depth]
+            protocol = naming.nested_protocol(c.schema, owner)
             if protocol in taken:
-                c.add(f, f"{role} {path!r} goes through {'.'.join(parts[:depth])!r}, whose "
+                c.add(f, f"{role} {path!r} goes through {'.'.join(owner)!r}, whose "
                       f"generated Protocol would be named {protocol}, a name the module "
                       "already defines", f"rename the attribute {parts[depth - 1]!r} on the batch")
+                break
+            first = protocols.setdefault(protocol, (owner, f))
+            if first[0] != owner:
+                c.add(f, f"{role} {path!r} goes through {'.'.join(owner)!r}, whose generated "
+                      f"Protocol would be named {protocol}, like that of {'.'.join(first[0])!r} "
+                      f"(field {first[1].name!r}, {c.where(first[1].declared_at)})",
+                      f"rename the attribute {parts[depth - 1]!r} on the batch, or the other one")
                 break
         for other_path in first_path:
             if other_path.startswith(path + "."):

@@ -15,9 +15,11 @@ from types import ModuleType
 import pytest
 import torch
 
+
 from relay.codegen import naming
 from relay.codegen.loader import load_schema
 from relay.codegen.render import render
+from relay.errors import RelayError
 from relay.schema import FROM_PAYLOAD, Alloc, Field, Guard, Lane, Resolve, Schema
 
 REPO = Path(__file__).resolve().parents[2]
@@ -166,8 +168,10 @@ def test_hostile_strings_reach_the_module_faithfully(text: str, tmp_path: Path) 
             Field("lens", lane=Lane.SCHEDULE, dtype=torch.int64, target="seq_lens", doc=text),
         ],
     )
-    source = f"schemas/{text}.py"
-    rendered = render(schema, source=source, command=f"relay generate {text}")
+    # A file name with a line break or control character is refused (the next test).
+    name = text if text.isprintable() else "hostile"
+    source = f"schemas/{name}.py"
+    rendered = render(schema, source=source, command=f"relay generate {name}")
     module = _import(rendered, tmp_path, "hostile_map")
     want = inspect.cleandoc(schema.doc)
     assert inspect.getdoc(module.HostileFutureMap).startswith(want.rstrip())
@@ -190,15 +194,14 @@ def test_lone_surrogates_in_docs_are_refused_with_the_owner() -> None:
         render(schema, source="s.py", command="relay generate")
 
 
-def test_file_names_with_surrogates_and_line_breaks_stay_in_comments(tmp_path: Path) -> None:
-    """A source name with a lone surrogate or a newline is escaped in the header and the
-    module doc: the module compiles and the header keeps its four lines."""
+def test_file_names_with_line_breaks_or_control_characters_are_refused() -> None:
+    """A source name with a newline, NUL or escape cannot reach the header comment: it is
+    refused with an error that names it, instead of being rendered."""
     schema = Schema(name="NamedFutureMap", fields=[
         Field("tokens", lane=Lane.FORWARD, dtype=torch.int64, target="input_ids")])
-    rendered = render(schema, source="schemas/\ud800\nimport os.py", command="relay generate")
-    module = _import(rendered, tmp_path, "named_map")
-    assert "\ud800\nimport os" in module.__doc__
-    assert len([line for line in rendered.splitlines() if line.startswith("#")]) == 4
+    for name in ["schemas/\ud800\nimport os.py", "schemas/nul \x00.py", "schemas/\x1b[2J.py"]:
+        with pytest.raises(RelayError, match="line break or control character; rename it"):
+            render(schema, source=name, command="relay generate")
 
 
 def _ruff() -> list[str]:

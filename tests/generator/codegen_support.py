@@ -88,11 +88,6 @@ def run_relay_process(*args: str, cwd: Path, hash_seed: str = "0",
 GOLDEN = REPO / "tests" / "golden"
 
 
-def golden_path(stem: str) -> Path:
-    """``tests/golden/<stem>.py.txt``: not .py, so neither pytest nor mypy picks it up."""
-    return GOLDEN / f"{stem}.py.txt"
-
-
 def compare_golden(path: Path, fresh: str, update: bool) -> None:
     """Compare ``fresh`` with the golden file; rewrite it instead when ``update`` is set.
 

@@ -47,10 +47,13 @@ def test_generate_help(relay_cli: Callable[..., Run]) -> None:
         "[tool.relay] in the nearest pyproject.toml",
         "only files whose content changed are written",
         "--out DIR output folder",
-        "--check write nothing; exit 1 with a diff if a generated file is stale, hand-edited, "
-        "missing or orphaned",
-        "exit status: 0 ok, 1 drift found by --check, 2 usage or configuration error, "
-        "3 invalid schema",
+        "--check write nothing; exit 1 and list each generated file that is stale, "
+        "hand-edited, missing or orphaned, with the fix",
+        "--diff as --check, and print a unified diff",
+        "--remove-orphans delete generated modules no schema produces",
+        "--format {text,json}",
+        "exit status: 0 ok 1 drift found by --check or --diff 2 usage, configuration or write "
+        "error (one line on stderr) 3 invalid schema,",
     ):
         assert phrase in text
 
@@ -77,7 +80,7 @@ def test_generate_without_pyproject(relay_cli: Callable[..., Run], bare_folder: 
     assert run.code == 2
     assert run.out == ""
     assert run.err == (
-        f"relay: no pyproject.toml at or above {bare_folder}; name the schemas and --out DIR "
+        f"relay: error: no pyproject.toml at or above {bare_folder}; name the schemas and --out DIR "
         "on the command line, or add [tool.relay] with schemas and out to a pyproject.toml\n"
     )
 
@@ -89,11 +92,9 @@ def test_generate_without_tool_relay_section(relay_cli: Callable[..., Run], bare
     run = relay_cli("generate", "--check", cwd=bare_folder)
     assert run.code == 2
     assert run.err == (
-        f"relay: {bare_folder / 'pyproject.toml'} has no [tool.relay] section; add\n\n"
-        "    [tool.relay]\n"
-        '    schemas = ["schemas/*.py"]\n'
-        '    out = "relay/maps"\n\n'
-        "or name the schemas and --out DIR on the command line\n"
+        f"relay: error: {bare_folder / 'pyproject.toml'} has no [tool.relay] section; add one, "
+        'e.g. [tool.relay] with schemas = ["schemas/*.py"] and out = "relay/maps", or name the '
+        "schemas and --out DIR on the command line\n"
     )
 
 
@@ -103,7 +104,7 @@ def test_schema_without_out_and_without_config(relay_cli: Callable[..., Run],
     (bare_folder / "decode.py").write_text((REPO / "schemas" / "decode.py").read_text())
     run = relay_cli("generate", "decode.py", cwd=bare_folder)
     assert run.code == 2
-    assert run.err.startswith(f"relay: no pyproject.toml at or above {bare_folder}; ")
+    assert run.err.startswith(f"relay: error: no pyproject.toml at or above {bare_folder}; ")
     assert "--out DIR" in run.err
     assert sorted(os.listdir(bare_folder)) == ["decode.py"]
 

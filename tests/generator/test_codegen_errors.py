@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import sys
 import types
+import warnings
 from collections.abc import Callable
 
 import pytest
@@ -30,15 +31,17 @@ def one_issue(project: Project) -> str:
     error = schema_error(project)
     messages = [str(issue) for issue in error.issues]
     assert len(messages) == 1, messages
-    assert str(error) == "invalid schema (1 problem):\n" + messages[0]
+    assert str(error) == messages[0] + "\ninvalid schema: 1 problem in 1 schema module"
     return messages[0]
 
 
 def import_error(project: Project, stem: str) -> str:
+    """The only problem of ``schemas/<stem>.py``, a module that does not load."""
     job = explicit_job([project.schemas / f"{stem}.py"], project.maps)
     with pytest.raises(SchemaImportError) as excinfo:
         plan(job)
-    return str(excinfo.value)
+    (issue,) = excinfo.value.issues
+    return str(issue)
 
 
 GOOD = 'Field("tokens", lane=Lane.FORWARD, dtype=torch.int64, target="input_ids"),'
@@ -53,7 +56,7 @@ def test_duplicate_field_name(project: Project) -> None:
     first = line_of(path, "input_ids")
     second = line_of(path, "seq_lens")
     assert one_issue(project) == (
-        f"{SRC}:{second}: BadFutureMap.tokens: duplicate field name 'tokens'; it is first "
+        f"{SRC}:{second}: error: BadFutureMap.tokens: duplicate field name 'tokens'; it is first "
         f"declared at {SRC}:{first}\n"
         "    fix: rename one of them, or delete the repeated declaration"
     )
@@ -64,7 +67,7 @@ def test_field_name_not_an_identifier(project: Project) -> None:
     path = project.schema_module("bad", ['Field("2x", lane=Lane.FORWARD, dtype=torch.int64),'])
     line = line_of(path, '"2x"')
     assert one_issue(project) == (
-        f"{SRC}:{line}: BadFutureMap.2x: field name must be a Python identifier "
+        f"{SRC}:{line}: error: BadFutureMap.2x: field name must be a Python identifier "
         "(got '2x' that is a str)\n"
         '    fix: use letters, digits and underscores, not starting with a digit, e.g. "topk_p"'
     )
@@ -75,7 +78,7 @@ def test_field_name_is_a_keyword(project: Project) -> None:
     path = project.schema_module("bad", ['Field("class", lane=Lane.FORWARD, dtype=torch.int64),'])
     line = line_of(path, '"class"')
     assert one_issue(project) == (
-        f"{SRC}:{line}: BadFutureMap.class: field name 'class' is a Python keyword\n"
+        f"{SRC}:{line}: error: BadFutureMap.class: field name 'class' is a Python keyword\n"
         '    fix: rename it, e.g. "class_"'
     )
 
@@ -89,7 +92,7 @@ def test_field_name_clashes_with_generated_name(project: Project, name: str) -> 
     path = project.schema_module("bad", [f'Field("{name}", lane=Lane.FORWARD, dtype=torch.int64),'])
     line = line_of(path, f'"{name}"')
     assert one_issue(project) == (
-        f"{SRC}:{line}: BadFutureMap.{name}: field name {name!r} clashes with a name the "
+        f"{SRC}:{line}: error: BadFutureMap.{name}: field name {name!r} clashes with a name the "
         "generated map defines or uses\n"
         f'    fix: rename the field, e.g. "{name}_value"'
     )
@@ -100,7 +103,7 @@ def test_unknown_lane(project: Project) -> None:
     path = project.schema_module("bad", ['Field("tokens", lane="forward", dtype=torch.int64),'])
     line = line_of(path, '"tokens"')
     assert one_issue(project) == (
-        f"{SRC}:{line}: BadFutureMap.tokens: lane must be Lane.FORWARD or Lane.SCHEDULE "
+        f"{SRC}:{line}: error: BadFutureMap.tokens: lane must be Lane.FORWARD or Lane.SCHEDULE "
         "(got 'forward' that is a str)\n"
         "    fix: write lane=Lane.FORWARD (stashed for the next forward) or "
         "lane=Lane.SCHEDULE (published for the scheduler)"
@@ -116,7 +119,7 @@ def test_dtype_not_a_torch_dtype(project: Project, spelled: str, got: str) -> No
     path = project.schema_module("bad", [f'Field("probs", lane=Lane.FORWARD, dtype={spelled}),'])
     line = line_of(path, '"probs"')
     assert one_issue(project) == (
-        f"{SRC}:{line}: BadFutureMap.probs: dtype must be a torch.dtype such as torch.int64, "
+        f"{SRC}:{line}: error: BadFutureMap.probs: dtype must be a torch.dtype such as torch.int64, "
         f"torch.float32, torch.bfloat16, or FROM_PAYLOAD (got {got})\n"
         "    fix: write dtype=torch.<name>, e.g. dtype=torch.int64"
     )
@@ -129,7 +132,7 @@ def test_non_positive_dim(project: Project, dim: int) -> None:
         "bad", [f'Field("probs", lane=Lane.FORWARD, dtype=torch.float32, shape=({dim},)),'])
     line = line_of(path, '"probs"')
     assert one_issue(project) == (
-        f"{SRC}:{line}: BadFutureMap.probs: shape dims must be positive (got {dim})\n"
+        f"{SRC}:{line}: error: BadFutureMap.probs: shape dims must be positive (got {dim})\n"
         '    fix: use a size >= 1, or a symbolic name such as "topk" given at construction'
     )
 
@@ -145,7 +148,7 @@ def test_non_integer_dim(project: Project, spelled: str, got: str) -> None:
         "bad", [f'Field("probs", lane=Lane.FORWARD, dtype=torch.float32, shape=({spelled},)),'])
     line = line_of(path, '"probs"')
     assert one_issue(project) == (
-        f"{SRC}:{line}: BadFutureMap.probs: shape dims must be positive ints or symbolic names "
+        f"{SRC}:{line}: error: BadFutureMap.probs: shape dims must be positive ints or symbolic names "
         f"(got {got})\n"
         '    fix: write shape=("topk",) or shape=(8,)'
     )
@@ -157,7 +160,7 @@ def test_symbolic_dim_not_an_identifier(project: Project) -> None:
         "bad", ['Field("probs", lane=Lane.FORWARD, dtype=torch.float32, shape=("top k",)),'])
     line = line_of(path, '"probs"')
     assert one_issue(project) == (
-        f"{SRC}:{line}: BadFutureMap.probs: symbolic dim must be an identifier that is not "
+        f"{SRC}:{line}: error: BadFutureMap.probs: symbolic dim must be an identifier that is not "
         "reserved (got 'top k')\n"
         '    fix: name the dim like a keyword argument, e.g. "topk" or "hidden"'
     )
@@ -169,7 +172,7 @@ def test_from_payload_dtype_on_eager_field(project: Project) -> None:
         "bad", ['Field("hidden", lane=Lane.FORWARD, dtype=FROM_PAYLOAD, shape=("h",)),'])
     line = line_of(path, '"hidden"')
     assert one_issue(project) == (
-        f"{SRC}:{line}: BadFutureMap.hidden: dtype=FROM_PAYLOAD needs a lazily allocated "
+        f"{SRC}:{line}: error: BadFutureMap.hidden: dtype=FROM_PAYLOAD needs a lazily allocated "
         "field, but alloc is Alloc.EAGER\n"
         "    fix: add alloc=Alloc.LAZY, or give a fixed dtype such as torch.bfloat16"
     )
@@ -180,7 +183,7 @@ def test_schedule_field_without_target(project: Project) -> None:
     path = project.schema_module("bad", ['Field("lens", lane=Lane.SCHEDULE, dtype=torch.int64),'])
     line = line_of(path, '"lens"')
     assert one_issue(project) == (
-        f"{SRC}:{line}: BadFutureMap.lens: a schedule field needs a target on the batch to "
+        f"{SRC}:{line}: error: BadFutureMap.lens: a schedule field needs a target on the batch to "
         "resolve into (got target=None)\n"
         '    fix: add target="<batch attribute>", e.g. target="seq_lens"'
     )
@@ -195,7 +198,7 @@ def test_placeholder_on_non_integer_dtype(project: Project, dtype: str) -> None:
     ])
     line = line_of(path, '"tok"')
     assert one_issue(project) == (
-        f"{SRC}:{line}: BadFutureMap.tok: resolve=Resolve.PLACEHOLDER needs an integer dtype, "
+        f"{SRC}:{line}: error: BadFutureMap.tok: resolve=Resolve.PLACEHOLDER needs an integer dtype, "
         f"since placeholders are negative slots (got torch.{dtype})\n"
         "    fix: use resolve=Resolve.GATHER for this field"
     )
@@ -209,7 +212,7 @@ def test_malformed_target_path(project: Project, target: str) -> None:
         "bad", [f'Field("topk_p", lane=Lane.FORWARD, dtype=torch.float32, target={target!r}),'])
     line = line_of(path, '"topk_p"')
     assert one_issue(project) == (
-        f"{SRC}:{line}: BadFutureMap.topk_p: target must be a dotted attribute path such as "
+        f"{SRC}:{line}: error: BadFutureMap.topk_p: target must be a dotted attribute path such as "
         f"'spec_info.topk_p' (got {target!r} that is a str)\n"
         '    fix: write target="seq_lens" or target="spec_info.topk_p": identifiers joined by dots'
     )
@@ -224,7 +227,7 @@ def test_two_fields_resolve_into_one_target(project: Project) -> None:
     first = line_of(path, '"tokens"')
     second = line_of(path, '"draft"')
     assert one_issue(project) == (
-        f"{SRC}:{second}: BadFutureMap.draft: target 'input_ids' is also the target of field "
+        f"{SRC}:{second}: error: BadFutureMap.draft: target 'input_ids' is also the target of field "
         f"'tokens' ({SRC}:{first}); two fields cannot resolve into one attribute\n"
         "    fix: give field 'draft' another target"
     )
@@ -235,7 +238,7 @@ def test_schema_with_no_fields(project: Project) -> None:
     path = project.schema_module("bad", [])
     line = line_of(path, "SCHEMA = Schema(")
     assert one_issue(project) == (
-        f"{SRC}:{line}: BadFutureMap: a schema needs at least one field (got none)\n"
+        f"{SRC}:{line}: error: BadFutureMap: a schema needs at least one field (got none)\n"
         "    fix: add a Field(...) to fields=[...], or delete the schema module"
     )
 
@@ -262,7 +265,7 @@ def test_multi_line_declaration_reported_at_its_first_line(project: Project) -> 
     """An error in a multi-line Field(...) points at the line that opens the declaration."""
     path = project.write_schema("bad", SCHEMA_TEXT_MULTILINE)
     line = line_of(path, "Field(")
-    assert one_issue(project).startswith(f"{SRC}:{line}: BadFutureMap.probs: dtype must be")
+    assert one_issue(project).startswith(f"{SRC}:{line}: error: BadFutureMap.probs: dtype must be")
 
 
 def test_schema_module_that_fails_to_import(project: Project) -> None:
@@ -275,7 +278,7 @@ def test_schema_module_that_fails_to_import(project: Project) -> None:
     """)
     line = line_of(path, "TOPK =")
     assert import_error(project, "boom") == (
-        f"schemas/boom.py:{line}: the schema module failed to import: KeyError: 'top_k'\n"
+        f"schemas/boom.py:{line}: error: the schema module failed to import: KeyError: 'top_k'\n"
         "    fix: run `python schemas/boom.py` to see the full traceback, and mend the module"
     )
 
@@ -288,8 +291,8 @@ def test_schema_module_with_syntax_error(project: Project) -> None:
         SCHEMA = (
     """)
     assert import_error(project, "syntax") == (
-        "schemas/syntax.py:3: the schema module failed to import: SyntaxError: '(' was never "
-        "closed (syntax.py, line 3)\n"
+        "schemas/syntax.py:3: error: the schema module failed to import: SyntaxError: '(' was "
+        "never closed\n"
         "    fix: run `python schemas/syntax.py` to see the full traceback, and mend the module"
     )
 
@@ -302,7 +305,7 @@ def test_schema_module_without_schema(project: Project) -> None:
         DECODE = None
     """)
     assert import_error(project, "noschema") == (
-        "schemas/noschema.py: a schema module must define SCHEMA = Schema(...) (got nothing)\n"
+        "schemas/noschema.py:1: error: a schema module must define SCHEMA = Schema(...) (got nothing)\n"
         "    fix: assign the schema declaration to a module-level name SCHEMA"
     )
 
@@ -311,7 +314,7 @@ def test_schema_module_with_non_schema_value(project: Project) -> None:
     """A SCHEMA that is not a Schema is refused, naming what it is."""
     project.write_schema("notschema", 'SCHEMA = {"name": "DecodeFutureMap"}\n')
     assert import_error(project, "notschema") == (
-        "schemas/notschema.py: a schema module must define SCHEMA = Schema(...) (got a dict)\n"
+        "schemas/notschema.py:1: error: a schema module must define SCHEMA = Schema(...) (got a dict)\n"
         "    fix: assign the schema declaration to a module-level name SCHEMA"
     )
 
@@ -319,7 +322,7 @@ def test_schema_module_with_non_schema_value(project: Project) -> None:
 def test_missing_schema_module(project: Project) -> None:
     """A schema path that does not exist is named, with where to look."""
     assert import_error(project, "absent") == (
-        "schemas/absent.py: no such schema module\n"
+        "schemas/absent.py: error: no such schema module\n"
         "    fix: check the path, or the 'schemas' list under [tool.relay] in pyproject.toml"
     )
 
@@ -339,16 +342,16 @@ def test_cli_lists_every_error_and_exits_3(project: Project, relay_cli: Callable
     run = relay_cli("generate", "schemas/bad.py", "--out", "maps", cwd=project.root)
     assert run.code == 3
     assert run.err == (
-        "relay: invalid schema (3 problems):\n"
-        f"{SRC}:{lines[0]}: BadFutureMap.tokens: lane must be Lane.FORWARD or Lane.SCHEDULE "
+        f"{SRC}:{lines[0]}: error: BadFutureMap.tokens: lane must be Lane.FORWARD or Lane.SCHEDULE "
         "(got 'forward' that is a str)\n"
         "    fix: write lane=Lane.FORWARD (stashed for the next forward) or "
         "lane=Lane.SCHEDULE (published for the scheduler)\n"
-        f"{SRC}:{lines[1]}: BadFutureMap.probs: dtype must be a torch.dtype such as "
+        f"{SRC}:{lines[1]}: error: BadFutureMap.probs: dtype must be a torch.dtype such as "
         "torch.int64, torch.float32, torch.bfloat16, or FROM_PAYLOAD (got 'fp8' that is a str)\n"
         "    fix: write dtype=torch.<name>, e.g. dtype=torch.int64\n"
-        f"{SRC}:{lines[2]}: BadFutureMap.rows: shape dims must be positive (got 0)\n"
+        f"{SRC}:{lines[2]}: error: BadFutureMap.rows: shape dims must be positive (got 0)\n"
         '    fix: use a size >= 1, or a symbolic name such as "topk" given at construction\n'
+        "relay: invalid schema: 3 problems in 1 schema module (nothing was written)\n"
     )
     assert not project.maps.exists()
 
@@ -360,8 +363,9 @@ def test_cli_lists_errors_of_every_schema(project: Project, relay_cli: Callable[
     project.schema_module("worse", [THREE_MISTAKES[2]], name="WorseFutureMap")
     run = relay_cli("generate", cwd=project.root)
     assert run.code == 3
-    assert run.err.startswith("relay: invalid schema (3 problems):\n")
-    assert [line.split(": ")[1] for line in run.err.splitlines()[1::2]] == [
+    assert run.err.endswith("relay: invalid schema: 3 problems in 2 schema modules "
+                            "(nothing was written)\n")
+    assert [line.split(": ")[2] for line in run.err.splitlines()[:-1:2]] == [
         "BadFutureMap.tokens", "BadFutureMap.probs", "WorseFutureMap.rows"]
     assert not project.maps.exists()
 
@@ -373,7 +377,7 @@ def test_cli_lists_import_and_validation_errors_together(
     project.schema_module("bad", [THREE_MISTAKES[1]])
     run = relay_cli("generate", cwd=project.root)
     assert run.code == 3
-    assert "schemas/boom.py:1: the schema module failed to import" in run.err
+    assert "schemas/boom.py:1: error: the schema module failed to import" in run.err
     assert "BadFutureMap.probs: dtype must be a torch.dtype" in run.err
 
 
@@ -453,3 +457,121 @@ def test_loading_schemas_leaves_no_module_behind(project: Project) -> None:
     project.schema_module("bad", [THREE_MISTAKES[0]])
     schema_error(project)
     assert [name for name in sys.modules if name.startswith("_relay_schema_")] == []
+
+
+# --- options that make no sense together (refused before anything is written) -----------------
+
+QFLAG, QCONF, QODD, QTOK = '"flag"', '"conf"', '"odd"', '"tok"'
+
+
+@pytest.mark.parametrize(("dtype", "guard"), [
+    ("bool", "POSITIVE"), ("bool", "NON_NEGATIVE"), ("complex64", "POSITIVE"),
+])
+def test_guard_on_a_dtype_it_cannot_check(project: Project, dtype: str, guard: str) -> None:
+    """A value guard on bool or complex values is refused: comparing them with 0 means nothing."""
+    path = project.schema_module("bad", [
+        f'Field("flag", lane=Lane.FORWARD, dtype=torch.{dtype}, guard=Guard.{guard}),'])
+    assert one_issue(project) == (
+        f"{SRC}:{line_of(path, QFLAG)}: error: BadFutureMap.flag: guard=Guard.{guard} "
+        f"compares values with 0, which torch.{dtype} values cannot be checked by (got "
+        f"guard=Guard.{guard} with dtype=torch.{dtype})\n"
+        "    fix: remove the guard, or give the field a real integer or float dtype"
+    )
+
+
+@pytest.mark.parametrize(("spelled", "got"), [
+    ("torch.float32", "torch.float32"), ("FROM_PAYLOAD, alloc=Alloc.LAZY", "FROM_PAYLOAD"),
+])
+def test_host_sum_on_a_float_field(project: Project, spelled: str, got: str) -> None:
+    """host_sum on a float (or not yet known) dtype is refused: the int sum would truncate it."""
+    path = project.schema_module("bad", [
+        f'Field("conf", lane=Lane.SCHEDULE, dtype={spelled}, target="conf", '
+        'host_sum="conf_sum"),'])
+    assert one_issue(project) == (
+        f"{SRC}:{line_of(path, QCONF)}: error: BadFutureMap.conf: host_sum hands the "
+        "batch an int, so it needs a fixed integer dtype; a float sum would be truncated (got "
+        f"dtype={got})\n"
+        "    fix: give dtype=torch.int64, or remove host_sum=... and sum the host_mirror yourself"
+    )
+
+
+def _dtypes_torch_cannot_index() -> list[str]:
+    """Candidate dtypes that this torch build cannot allocate or index by rows."""
+    found = []
+    for name in ("qint8", "bits8", "uint16"):
+        dtype = getattr(torch, name, None)
+        if dtype is None:
+            continue
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # quantized dtypes warn that they are deprecated
+                buf = torch.zeros((2,), dtype=dtype)
+                buf[torch.tensor([1])] = torch.tensor([1]).to(dtype)
+        except Exception:
+            found.append(name)
+    return found or ["<none>"]
+
+
+@pytest.mark.parametrize("dtype", _dtypes_torch_cannot_index())
+def test_dtype_torch_cannot_hold(project: Project, dtype: str) -> None:
+    """A dtype torch cannot allocate or index is refused at generation, not at construction."""
+    if dtype == "<none>":
+        pytest.skip("this torch build indexes every candidate dtype")
+    path = project.schema_module("bad", [
+        f'Field("odd", lane=Lane.FORWARD, dtype=torch.{dtype}, target="odd"),'])
+    issue = one_issue(project)
+    assert issue.startswith(
+        f"{SRC}:{line_of(path, QODD)}: error: BadFutureMap.odd: dtype torch.{dtype} cannot "
+        "hold a relay buffer: torch cannot allocate it or index its rows (")
+    assert issue.endswith(
+        "    fix: use a dtype torch indexes, such as torch.int64, torch.float32, torch.bfloat16")
+
+
+def test_placeholder_on_an_unsigned_dtype(project: Project) -> None:
+    """Placeholders are negative slots: an unsigned dtype cannot hold them."""
+    path = project.schema_module("bad", [
+        'Field("tok", lane=Lane.FORWARD, dtype=torch.uint8, target="input_ids", '
+        "resolve=Resolve.PLACEHOLDER),"])
+    assert one_issue(project) == (
+        f"{SRC}:{line_of(path, QTOK)}: error: BadFutureMap.tok: resolve=Resolve.PLACEHOLDER "
+        "needs a signed integer dtype, since placeholders are negative slots (got torch.uint8)\n"
+        "    fix: give a signed dtype such as torch.int64, or use resolve=Resolve.GATHER"
+    )
+
+
+@pytest.mark.parametrize("alloc", ["LAZY", "EAGER"])
+def test_optional_placeholder(project: Project, alloc: str) -> None:
+    """An optional placeholder field would hand `-slot` (lazy) or a stale value (eager) to the
+    forward on a step without it: refused."""
+    path = project.schema_module("bad", [
+        'Field("tok", lane=Lane.FORWARD, dtype=torch.int64, target="input_ids", '
+        f"resolve=Resolve.PLACEHOLDER, alloc=Alloc.{alloc}, optional=True),"])
+    assert one_issue(project) == (
+        f"{SRC}:{line_of(path, QTOK)}: error: BadFutureMap.tok: resolve=Resolve.PLACEHOLDER "
+        "needs the value on every step: a step whose payload omits an optional field would "
+        "leave the placeholders (-slot) that invalidate wrote, or a previous step's value, for "
+        "the forward (got optional=True)\n"
+        "    fix: make the field required (optional=False), or use resolve=Resolve.GATHER"
+    )
+
+
+def test_malformed_shape_names_its_field() -> None:
+    """A shape that is not a tuple of dims is reported with its field, not as a crash."""
+    from relay.codegen.validate import validate
+    from relay.schema import Field, Lane, Schema
+
+    field = Field("probs", lane=Lane.FORWARD, dtype=torch.float32)
+    object.__setattr__(field, "shape", {"topk"})  # what a converter that keeps bad values gives
+    (issue,) = validate(Schema("BadFutureMap", [field]), lambda file: "schemas/bad.py")
+    assert (issue.field, issue.problem) == (
+        "probs", "shape must be a tuple of dims such as (\"topk\",) or (8,) (got {'topk'} that "
+        "is a set)")
+
+
+def test_two_nested_targets_cannot_make_one_protocol_name(project: Project) -> None:
+    """`spec_info.a` and `spec__info.b` would both need a Protocol SpecInfo: refused, or distinct."""
+    project.schema_module("bad", [
+        'Field("a", lane=Lane.FORWARD, dtype=torch.int64, target="spec_info.a"),',
+        'Field("b", lane=Lane.FORWARD, dtype=torch.int64, target="spec__info.b"),',
+    ])
+    _refused_or_well_formed(project, "b")

@@ -1,0 +1,154 @@
+"""One configuration (a pair at a shape) measured: values, counts, then interleaved time.
+
+Everything of one configuration is measured in one place and in this order, so the
+time series of its four sides (baseline, generated, the A/A baseline, generated in
+debug mode) are interleaved with each other and nothing else.
+"""
+
+from __future__ import annotations
+
+import time
+
+import attrs
+import torch
+
+from relay.bench.counts import StepCount, count_launches, count_step
+from relay.bench.sides import (
+    Generated,
+    Pair,
+    Workload,
+    baseline_side,
+    compare_values,
+    generated_side,
+    sides_for,
+)
+from relay.bench.sizes import Defaults, Shape
+from relay.bench.timing import quantile, ratio, time_interleaved, timer_for
+
+__all__ = ["ConfigResult", "measure"]
+
+
+@attrs.frozen
+class ConfigResult:
+    """Everything measured for one pair at one shape. Times are per step, in ns.
+
+    ``ratio`` is generated / baseline (median of per-repeat ratios, ``ratio_p25`` and
+    ``ratio_p75`` its spread); ``control`` the same for a second baseline against
+    the first (A/A: 1.00x up to noise); ``debug_ratio`` the generated map in debug
+    mode against itself with debug off. ``error`` is set when a side raised.
+    """
+
+    schema: str
+    shape: Shape
+    problems: tuple[str, ...]
+    baseline: StepCount | None = None
+    generated: StepCount | None = None
+    debug_ops: int | None = None
+    baseline_ns: float = 0.0
+    generated_ns: float = 0.0
+    debug_ns: float | None = None
+    ratio: float = 0.0
+    ratio_p25: float = 0.0
+    ratio_p75: float = 0.0
+    control: float | None = None
+    debug_ratio: float | None = None
+    launches_baseline: float | None = None
+    launches_generated: float | None = None
+    inner: int = 0
+    repeat: int = 0
+    seconds: float = 0.0
+    error: str | None = None
+
+    @property
+    def noise(self) -> float | None:
+        """How far the A/A control strayed from 1.00x."""
+        return None if self.control is None else abs(self.control - 1)
+
+    @property
+    def ok(self) -> bool:
+        """Both sides ran and resolved the same values."""
+        return self.error is None and not self.problems
+
+    def meets_target(self) -> bool | None:
+        """Issue 7's target: no more ops than the baseline, and no slower within the A/A
+        noise. None when it was not measured."""
+        if not self.ok or self.baseline is None or self.generated is None or not self.repeat:
+            return None
+        within = self.ratio <= 1 + (self.noise or 0.0)
+        return within and self.generated.ops <= self.baseline.ops
+
+
+def measure(
+    pair: Pair,
+    generated: Generated,
+    shape: Shape,
+    device: torch.device,
+    defaults: Defaults,
+    *,
+    debug: bool = True,
+    control: bool = True,
+) -> ConfigResult:
+    """Check values (debug off and on), count one step of each side, then time them.
+
+    A side that raises is reported in ``error`` instead of ending the run.
+    """
+    start = time.perf_counter()
+    try:
+        problems = compare_values(pair, generated, shape, device,
+                                  steps=defaults.check_steps, seed=defaults.seed)
+        if debug:
+            problems += compare_values(pair, generated, shape, device,
+                                       steps=defaults.check_steps, seed=defaults.seed,
+                                       debug=True)
+        work = Workload.random(shape, device, torch.Generator().manual_seed(defaults.seed),
+                               spec=pair.spec)
+        base, gen = sides_for(pair, generated, shape, device, work)
+        fns = [(base.name, base.step), (gen.name, gen.step)]
+        if control:
+            twin = baseline_side(pair, shape, device, work)
+            fns.append(("baseline (A/A)", twin.step))
+        dbg_ops = None
+        if debug:
+            dbg = generated_side(generated, shape, device, work, debug=True)
+            dbg.step()
+            dbg_ops = count_step(dbg).ops
+            fns.append((dbg.name, dbg.step))
+        base.step()
+        gen.step()
+        base_count, gen_count = count_step(base), count_step(gen)
+        launches: tuple[float | None, float | None] = (None, None)
+        if device.type == "cuda":
+            launches = (count_launches(base.step, device), count_launches(gen.step, device))
+        series, inner = time_interleaved(
+            fns, timer_for(device), repeat=defaults.repeat, warmup=defaults.warmup,
+            target_ns=int(defaults.sample_ms * 1e6),
+        )
+    except Exception as error:  # noqa: BLE001 - reported per configuration, exit 1
+        return ConfigResult(pair.schema, shape, (), error=f"{type(error).__name__}: {error}",
+                            seconds=time.perf_counter() - start)
+    by_name = {s.name: s for s in series}
+    b, g = by_name["baseline"], by_name["generated"]
+    per_repeat = [gs / bs for gs, bs in zip(g.samples, b.samples)]
+    twin_series = by_name.get("baseline (A/A)")
+    dbg_series = by_name.get("generated+debug")
+    return ConfigResult(
+        schema=pair.schema,
+        shape=shape,
+        problems=tuple(problems),
+        baseline=base_count,
+        generated=gen_count,
+        debug_ops=dbg_ops,
+        baseline_ns=b.median,
+        generated_ns=g.median,
+        debug_ns=None if dbg_series is None else dbg_series.median,
+        ratio=quantile(per_repeat, 0.5),
+        ratio_p25=quantile(per_repeat, 0.25),
+        ratio_p75=quantile(per_repeat, 0.75),
+        control=None if twin_series is None else ratio(twin_series, b),
+        debug_ratio=None if dbg_series is None else ratio(dbg_series, g),
+        launches_baseline=launches[0],
+        launches_generated=launches[1],
+        inner=inner,
+        repeat=defaults.repeat,
+        seconds=time.perf_counter() - start,
+    )
