@@ -30,9 +30,9 @@ def _modules_after(code: str) -> set[str]:
     return set(done.stderr.split())
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["--version"]])
+@pytest.mark.parametrize("argv", [["--help"], ["--version"], ["generate", "--help"]])
 def test_help_and_version_do_not_import_torch(argv: list[str]) -> None:
-    """``relay --help`` and ``relay --version`` answer without importing torch."""
+    """``relay --help``, ``--version`` and ``generate --help`` answer without importing torch."""
     modules = _modules_after(f"from relay.cli import main; main({argv!r})")
     assert "relay.cli" in modules
     assert "torch" not in modules
