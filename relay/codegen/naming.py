@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import inspect
 import keyword
+import re
 import unicodedata
 
 import torch
@@ -215,8 +216,16 @@ def describe_shape(shape: tuple[Dim, ...]) -> str:
     return shape_literal(("pool_size", *(str(d) for d in shape)))
 
 
+# Printable ASCII with nothing to escape: most names and doc strings, passed through
+# whole (escaping one character at a time dominated generating 1,000-field schemas).
+_PLAIN_LITERAL = re.compile(r'[ !#-\[\]-~]*')
+_PLAIN_DOC = re.compile(r'[\t\n -\[\]-~]*')
+
+
 def string_literal(text: str) -> str:
     """A double-quoted literal that reads back as ``text`` exactly (any code point)."""
+    if _PLAIN_LITERAL.fullmatch(text):
+        return f'"{text}"'
     out = ['"']
     for ch in text:
         out.append(_escape(ch, '"'))
@@ -269,7 +278,7 @@ def doc_problem(text: str) -> str | None:
 
 def escape_doc(text: str) -> str:
     """``text`` made safe inside ``\"\"\"``, kept as written otherwise."""
-    body = "".join(_doc_char(ch) for ch in text)
+    body = text if _PLAIN_DOC.fullmatch(text) else "".join(_doc_char(ch) for ch in text)
     if body.endswith('"'):
         body = body[:-1] + '\\"'  # else it would merge with the closing quotes
     return body.replace('"""', '\\"""')
