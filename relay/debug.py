@@ -33,9 +33,13 @@ What debug mode checks (see docs/debugging.md for every message)
   write it reads, or two unordered writes of one row, is reported.
 
 Checks run on the device where they can (``torch._assert_async``, no host sync). On the
-CPU, where a check costs no sync, a failure raises ``RelayDebugError`` naming the field,
-the slot and the operations; on other devices the device-side assert carries the field,
-the operation and the streams involved.
+CPU, where a check costs no sync, a failure raises ``DebugCheckFailed`` (a
+``RelayDebugError``) naming the field, the slot and the operations; on other devices the
+device-side assert carries the field, the operation and the streams involved.
+
+Engines report their own stream waits and event synchronizes with ``record_event``,
+``wait_event``, ``synchronize_event``, ``wait_stream`` and ``synchronize_stream``;
+``check_resolved`` checks a placeholder target before a host consumer reads it.
 """
 
 from __future__ import annotations
