@@ -3,11 +3,13 @@
 Run:  .venv/bin/python examples/quickstart.py
 Type: .venv/bin/mypy --strict examples/quickstart.py
 
-``relay.maps.decode`` is generated from ``schemas/decode.py`` by ``relay generate``.
-It relays two fields: ``output_tokens`` (forward lane, placeholder resolve into
-``batch.input_ids``) and ``new_seq_lens`` (schedule lane, gathered into
-``batch.seq_lens`` with a host copy in ``seq_lens_cpu`` and the sum in
-``seq_lens_sum``). The engine's batch can be any class with those attributes.
+``relay.maps.decode_seq_lens`` is generated from ``schemas/decode_seq_lens.py`` by
+``relay generate``. It relays two fields: ``output_tokens`` (forward lane, gathered
+into ``batch.input_ids`` by the next forward) and ``new_seq_lens`` (schedule lane,
+gathered into ``batch.seq_lens`` behind the fence, with a host copy in
+``seq_lens_cpu`` and the sum in ``seq_lens_sum``). The engine's batch can be any
+class with those attributes. (The bundled ``decode`` map relays the tokens only,
+for engines whose host computes the lengths itself.)
 """
 
 from __future__ import annotations
@@ -16,7 +18,11 @@ import dataclasses
 
 import torch
 
-from relay.maps.decode import DecodeBatch, DecodeFutureMap, DecodePayload
+from relay.maps.decode_seq_lens import (
+    DecodeSeqLensBatch,
+    DecodeSeqLensFutureMap,
+    DecodeSeqLensPayload,
+)
 
 
 @dataclasses.dataclass
@@ -41,13 +47,13 @@ def new_batch(slots: list[int], seq_lens: list[int]) -> Batch:
     )
 
 
-def fake_forward(batch: DecodeBatch) -> tuple[torch.Tensor, torch.Tensor]:
+def fake_forward(batch: DecodeSeqLensBatch) -> tuple[torch.Tensor, torch.Tensor]:
     """Stand-in for the model: 'samples' input + 100 and grows each sequence by one."""
     return batch.input_ids + 100, batch.seq_lens + 1
 
 
 def main() -> None:
-    relay = DecodeFutureMap("cpu", pool_size=8)  # rows 1..7 are request slots, row 0 scratch
+    relay = DecodeSeqLensFutureMap("cpu", pool_size=8)  # rows 1..7: request slots, 0: scratch
     slots = torch.tensor([3, 5])
 
     # Step N: a forward whose inputs are already known (e.g. right after prefill).
@@ -55,37 +61,32 @@ def main() -> None:
     batch_n.input_ids = torch.tensor([11, 12])
     tokens, new_lens = fake_forward(batch_n)
     relay.publish(slots, new_lens)  # schedule lane: mid-forward, records the fence
-    relay.stash(slots, DecodePayload(next_token_ids=tokens))  # forward lane: end of forward
-    print(f"step N  forward: sampled {tokens.tolist()}, new seq_lens {new_lens.tolist()}")
+    relay.stash(slots, DecodeSeqLensPayload(next_token_ids=tokens))  # forward lane: at the end
+    print(f"step N   forward:   sampled {tokens.tolist()}, new seq_lens {new_lens.tolist()}")
 
     # Meanwhile the scheduler builds batch N+1 without waiting for N's tokens.
     batch_next = new_batch([3, 5], seq_lens=[0, 0])
-    relay.invalidate(batch_next, slots)
-    print(f"step N+1 scheduler: input_ids holds placeholders {batch_next.input_ids.tolist()}")
     relay.resolve_seq_lens_cpu(batch_next)  # waits on the fence, then gathers and copies
     print(
         f"step N+1 scheduler: seq_lens {batch_next.seq_lens.tolist()}, "
         f"seq_lens_cpu {batch_next.seq_lens_cpu.tolist()}, seq_lens_sum {batch_next.seq_lens_sum}"
     )
 
-    # Step N+1 forward: the first thing it does is resolve the placeholders.
+    # Step N+1 forward: the first thing it does is gather the tokens forward N stashed.
     relay.resolve_future(batch_next)
-    print(f"step N+1 forward:   input_ids resolved to {batch_next.input_ids.tolist()}")
+    print(f"step N+1 forward:   input_ids gathered: {batch_next.input_ids.tolist()}")
 
     # Idle rank: zero indices make every method a no-op.
     empty = new_batch([], seq_lens=[])
-    relay.invalidate(empty, torch.tensor([], dtype=torch.int64))
     relay.resolve_future(empty)
     print(f"idle rank: empty batch left as is, input_ids {empty.input_ids.tolist()}")
 
-    # Debug mode: buffers start poisoned and every value may be consumed once.
-    checked = DecodeFutureMap("cpu", pool_size=8, debug=True)
-    checked.stash(slots, DecodePayload(next_token_ids=torch.tensor([7, 9])))
+    # Debug mode: every value may be consumed once.
+    checked = DecodeSeqLensFutureMap("cpu", pool_size=8, debug=True)
+    checked.stash(slots, DecodeSeqLensPayload(next_token_ids=torch.tensor([7, 9])))
     again = new_batch([3, 5], seq_lens=[1, 1])
-    checked.invalidate(again, slots)
     checked.resolve_future(again)
     print(f"debug: first resolve reads {again.input_ids.tolist()}")
-    checked.invalidate(again, slots)
     try:
         checked.resolve_future(again)  # no stash in between: the rows were consumed
     except RuntimeError as error:

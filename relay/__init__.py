@@ -2,29 +2,63 @@
 
 Schema authors import the vocabulary from here (or ``relay.schema``); engines
 import the generated maps (``relay.maps.<schema>`` or their own ``--out`` folder).
+
+The names below are loaded on first use (Note [Lazy package attributes]).
 """
 
-from relay.errors import (
-    RelayDebugError,
-    RelayError,
-    SchemaError,
-    SchemaImportError,
-    SchemaIssue,
-)
-from relay.schema import (
-    FROM_PAYLOAD,
-    Alloc,
-    Dim,
-    Field,
-    FromPayload,
-    Guard,
-    Lane,
-    Resolve,
-    Schema,
-    SourceLocation,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# Note [Lazy package attributes]
+# ``relay.schema`` imports torch, which takes seconds to import. The ``relay``
+# command imports this package first, and ``relay --help``, ``relay --version``
+# and ``relay generate --help`` need no torch; so the vocabulary is imported when
+# a name is first read (PEP 562 module ``__getattr__``), not with the package.
+# ``from relay import Field`` and mypy see no difference.
+
+if TYPE_CHECKING:
+    from relay.errors import (
+        RelayDebugError,
+        RelayError,
+        SchemaError,
+        SchemaImportError,
+        SchemaIssue,
+    )
+    from relay.schema import (
+        FROM_PAYLOAD,
+        Alloc,
+        Dim,
+        Field,
+        FromPayload,
+        Guard,
+        Lane,
+        Resolve,
+        Schema,
+        SourceLocation,
+    )
 
 __version__ = "0.1.0"
+
+#: Where each public name lives.
+_HOMES = {
+    "FROM_PAYLOAD": "relay.schema",
+    "Alloc": "relay.schema",
+    "Dim": "relay.schema",
+    "Field": "relay.schema",
+    "FromPayload": "relay.schema",
+    "Guard": "relay.schema",
+    "Lane": "relay.schema",
+    "Resolve": "relay.schema",
+    "Schema": "relay.schema",
+    "SourceLocation": "relay.schema",
+    "RelayDebugError": "relay.errors",
+    "RelayError": "relay.errors",
+    "SchemaError": "relay.errors",
+    "SchemaImportError": "relay.errors",
+    "SchemaIssue": "relay.errors",
+}
 
 __all__ = [
     "FROM_PAYLOAD",
@@ -44,3 +78,16 @@ __all__ = [
     "SourceLocation",
     "__version__",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'relay' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value  # later reads skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

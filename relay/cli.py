@@ -1,84 +1,148 @@
 """The ``relay`` command: generate, check, demo and bench.
 
-Exit codes: 0 ok, 1 generated files drifted (``--check``), 2 bad usage or
-configuration, 3 invalid schema.
+Each command's flags live beside its work (``relay.codegen.cli``,
+``relay.engine.demo``, ``relay.bench.main``) and are imported only when that
+command runs, so ``relay --help`` and ``relay --version`` never import torch.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from relay import __version__
 
+if TYPE_CHECKING:
+    from rich.console import Console
+
+__all__ = ["EXIT_BROKEN_PIPE", "EXIT_DRIFT", "EXIT_FAILED", "EXIT_INVALID_SCHEMA", "EXIT_OK", "EXIT_USAGE", "main", "rich_console"]
+
+# Exit statuses, the same for every command (README "Commands").
+EXIT_OK = 0
+#: ``generate --check``: a generated file drifted; ``demo``/``bench``: a result is wrong
+#: (overlap outputs differ from the synchronous run's, values or memory differ).
+EXIT_FAILED = 1
+EXIT_DRIFT = EXIT_FAILED
+#: Bad usage or configuration, or an unusable device: one line on stderr, no traceback.
 EXIT_USAGE = 2
+EXIT_INVALID_SCHEMA = 3
+#: The reader of our output went away (``relay demo | head``): 128 + SIGPIPE, as a
+#: shell reports a command killed by the signal; nothing is printed.
+EXIT_BROKEN_PIPE = 141
+
+_EPILOG = """\
+exit status: 0 ok; 1 generated files drifted (generate --check) or a result is
+wrong (demo: overlap outputs differ; bench: values or memory differ); 2 bad usage,
+configuration or device; 3 invalid schema (generate).
+
+`relay COMMAND --help` lists a command's flags."""
+
+#: Each command's one-line help.
+_COMMANDS = {
+    "generate": "generate FutureMap modules from schemas (or check them with --check)",
+    "demo": "generate the bundled maps privately and run the reference overlap engine",
+    "bench": "benchmark generated maps against a hand-written baseline",
+}
 
 
-def _build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="relay",
-        description="Declare overlap-scheduling relay fields once as attrs schemas and "
-        "generate typed FutureMap classes (device buffers, fences, resolve logic).",
-    )
-    parser.add_argument("--version", action="version", version=f"relay {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+def _add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
+    """``command``'s flags, from the module that runs it (imported only now)."""
+    if command == "generate":
+        from relay.codegen import cli as generate_cli
 
-    gen = sub.add_parser(
-        "generate",
-        help="generate FutureMap modules from schemas (or check them with --check)",
-    )
-    from relay.codegen import cli as generate_cli
+        generate_cli.add_arguments(parser)
+    elif command == "demo":
+        from relay.engine import demo
 
-    generate_cli.add_arguments(gen)
+        demo.add_arguments(parser)
+    elif command == "bench":
+        from relay.bench import main as bench
 
-    demo = sub.add_parser(
-        "demo",
-        help="generate the bundled maps and run the reference overlap engine",
-        description="Generate the bundled maps, import them and run the reference engine "
-        "synchronously and with overlap scheduling, for plain and speculative decoding; "
-        "print throughput, speedup, forward occupancy, acceptance length and whether the "
-        "outputs are identical.",
-    )
-    bench = sub.add_parser(
-        "bench",
-        help="benchmark generated maps against a hand-written baseline",
-        description="Time the generated maps' operations against a hand-written "
-        "FutureMap baseline, side by side in one run, and report ratios.",
-    )
-    try:
-        from relay.engine import demo as demo_module
-
-        demo_module.add_arguments(demo)
-    except ImportError:  # pragma: no cover - engine not installed
-        pass
-    try:
-        from relay.bench import main as bench_module
-
-        bench_module.add_arguments(bench)
-    except ImportError:  # pragma: no cover
-        pass
-    return parser
+        bench.add_arguments(parser)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``relay`` console script."""
-    parser = _build_parser()
-    args = parser.parse_args(argv)
+def _run(args: argparse.Namespace) -> int:
     if args.command == "generate":
         from relay.codegen import cli as generate_cli
 
         return generate_cli.run(args)
     if args.command == "demo":
-        from relay.engine import demo as demo_module
+        from relay.engine import demo
 
-        return demo_module.run(args)
-    if args.command == "bench":
-        from relay.bench import main as bench_module
+        return demo.run(args)
+    from relay.bench import main as bench
 
-        return bench_module.run(args)
-    parser.print_help()
-    return EXIT_USAGE
+    return bench.run(args)
+
+
+def _build_parser(command: str | None) -> argparse.ArgumentParser:
+    """The parser; only ``command``'s flags are built (the others' modules import torch)."""
+    parser = argparse.ArgumentParser(
+        prog="relay",
+        description="Declare overlap-scheduling relay fields once as attrs schemas and "
+        "generate typed FutureMap classes (device buffers, fences, resolve logic).",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"relay {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, help_line in _COMMANDS.items():
+        child = sub.add_parser(name, help=help_line, description=help_line[0].upper()
+                               + help_line[1:] + ".")
+        if name == command:
+            _add_arguments(name, child)
+    return parser
+
+
+def _command_named(argv: Sequence[str]) -> str | None:
+    """The command in ``argv``: the first word that is not an option (relay's own
+    options take no value)."""
+    for word in argv:
+        if not word.startswith("-"):
+            return word if word in _COMMANDS else None
+    return None
+
+
+def rich_console() -> Console:
+    """The console ``relay demo`` and ``relay bench`` print through (rich is imported
+    only by them): colours and live progress on a terminal; off a terminal plain text,
+    wide enough that tables do not fold; a closed pipe raises ``BrokenPipeError`` for
+    ``main`` to end quietly, the same as a plain ``print``."""
+    from rich.console import Console
+
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:
+            raise BrokenPipeError  # rich would exit 1 itself
+
+    console = _Console()
+    if console.is_terminal:
+        return console
+    return _Console(width=160, no_color=True, highlight=False)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``relay`` console script and ``python -m relay``."""
+    args_in = list(sys.argv[1:] if argv is None else argv)
+    try:
+        command = _command_named(args_in)
+        parser = _build_parser(command)
+        args = parser.parse_args(args_in)
+        if args.command is None:
+            parser.print_help()
+            return EXIT_USAGE
+        return _run(args)
+    except BrokenPipeError:
+        # Output piped into `head` and the like: the reader left, which is not an
+        # error. Point stdout at /dev/null so the interpreter's final flush is quiet.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+    except KeyboardInterrupt:
+        print("relay: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -17,8 +17,15 @@ import time
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any, Protocol
 
-__all__ = ["CpuEvent", "ThreadStream", "current_cpu_stream", "use_cpu_stream"]
+__all__ = [
+    "CpuEvent",
+    "StreamObserver",
+    "ThreadStream",
+    "current_cpu_stream",
+    "use_cpu_stream",
+]
 
 _local = threading.local()
 #: Streams whose queued work a host wait must consider (Note [Host order of CPU records]).
@@ -26,6 +33,34 @@ _live_streams: weakref.WeakSet[ThreadStream] = weakref.WeakSet()
 #: Global submission numbers, across streams: the host order of tasks.
 _submission_order = itertools.count(1)
 _submission_lock = threading.Lock()
+_serials = itertools.count(1)
+
+
+class StreamObserver(Protocol):
+    """What a happens-before checker hears from CPU streams and events (``relay.debug``
+    installs one as ``observer`` when it is turned on; ``None`` costs one test)."""
+
+    def submitted(self) -> Any:
+        """On the submitting thread: a token the task joins when it starts."""
+
+    def task_started(self, stream: ThreadStream, token: Any) -> None:
+        """On the worker, before a task runs."""
+
+    def task_finished(self, stream: ThreadStream) -> Any:
+        """On the worker, after a task ran: a token a host joins once it saw the end."""
+
+    def joined(self, token: Any) -> None:
+        """The calling thread waited for a task's end (``token`` from ``task_finished``)."""
+
+    def recorded(self, event: CpuEvent) -> None:
+        """``event`` was recorded on the calling thread's stream."""
+
+    def waited(self, event: CpuEvent) -> None:
+        """The calling thread's stream (or host thread) waited on ``event``."""
+
+
+#: The checker to report to, or ``None`` (the default: nothing is reported).
+observer: StreamObserver | None = None
 
 
 def current_cpu_stream() -> ThreadStream | None:
@@ -67,7 +102,12 @@ class ThreadStream:
 
     def __init__(self, name: str = "relay-forward") -> None:
         self.name = name
-        self._tasks: queue.SimpleQueue[tuple[int, Callable[[], None]] | None] = queue.SimpleQueue()
+        #: A number no other stream of this process has (ids of dead objects are reused).
+        self.serial = next(_serials)
+        self._tasks: queue.SimpleQueue[tuple[int, Callable[[], None], Any] | None] = (
+            queue.SimpleQueue()
+        )
+        self._done_token: Any = None
         self._cond = threading.Condition()
         self._submitted = 0
         self._finished = 0
@@ -88,11 +128,12 @@ class ThreadStream:
     def submit(self, fn: Callable[[], None]) -> int:
         """Queue ``fn`` behind everything submitted before; returns its ticket."""
         self.raise_pending()
+        token = observer.submitted() if observer is not None else None
         with _submission_lock, self._cond:
             self._submitted += 1
             ticket = self._submitted
             self._pending.append((next(_submission_order), ticket))
-        self._tasks.put((ticket, fn))
+        self._tasks.put((ticket, fn, token))
         return ticket
 
     def newest_before(self, order: int | None) -> int:
@@ -117,6 +158,9 @@ class ThreadStream:
         with self._cond:
             target = self._submitted
             self._cond.wait_for(lambda: self._finished >= target or self._error is not None)
+            token = self._done_token
+        if observer is not None and token is not None:
+            observer.joined(token)
         self.raise_pending()
 
     def wait_ticket(self, ticket: int, done: Callable[[], bool]) -> None:
@@ -125,6 +169,9 @@ class ThreadStream:
             self._cond.wait_for(
                 lambda: done() or self._finished >= ticket or self._error is not None
             )
+            token = self._done_token if self._finished >= ticket else None
+        if observer is not None and token is not None:
+            observer.joined(token)
         self.raise_pending()
 
     def raise_pending(self) -> None:
@@ -167,19 +214,23 @@ class ThreadStream:
             item = self._tasks.get()
             if item is None:
                 return
-            ticket, fn = item
+            ticket, fn, token = item
             self._running_ticket = ticket
             with self._cond:
                 self._running_order = self._pending[0][0]
             start = time.perf_counter()
             try:
                 if self._error is None:
+                    if observer is not None and token is not None:
+                        observer.task_started(self, token)
                     fn()
             except BaseException as error:  # surfaced on the host by raise_pending
                 self._error = error
             finally:
                 elapsed = time.perf_counter() - start
+                done = observer.task_finished(self) if observer is not None else None
                 with self._cond:
+                    self._done_token = done
                     self._busy_seconds += elapsed
                     self._finished = ticket
                     self._pending.popleft()
@@ -201,6 +252,8 @@ class CpuEvent:
         """Record on the calling thread's stream. CPU ops are synchronous, so the work
         before this point has already run: the record completes at once."""
         stream = current_cpu_stream()
+        if observer is not None:
+            observer.recorded(self)
         if stream is not None:
             self._records[stream] = stream.running_ticket
             stream.notify()
@@ -218,6 +271,8 @@ class CpuEvent:
             if newest:
                 # Called at once, inside this iteration: the closure sees this stream.
                 stream.wait_ticket(newest, lambda: self._records.get(stream, 0) >= newest)
+        if observer is not None:
+            observer.waited(self)
 
     def wait(self) -> None:
         """Order the calling thread's stream after the newest record."""

@@ -1,31 +1,58 @@
-"""``relay demo``: generate the bundled maps, import them, run the engine both ways.
+"""``relay demo``: generate the bundled maps privately, import them, run the engine both ways.
 
-For plain and speculative decoding it runs the synchronous loop and the overlap
-loop on the same workload and prints throughput, speedup, forward occupancy,
-acceptance length and whether the two produced the same tokens. The exit code is
-1 when any outputs differ.
+The bundled schemas the engine runs (``decode``, ``decode_seq_lens``, ``eagle``) are
+generated into a private temporary folder and imported from there: the demo never
+reads or writes the caller's project (no ``[tool.relay]`` lookup, nothing written
+under the working folder). For plain and speculative decoding it then runs the
+synchronous loop and the overlap loop on the same workload, each several times,
+interleaved, and prints throughput, the measured speedup beside the ideal one and
+their ratio (the efficiency), forward occupancy, acceptance length and whether
+every overlap run produced the synchronous run's tokens.
+
+Exit status: 0 ok, 1 some outputs differ, 2 bad usage or an unusable device (one
+line on stderr), 3 a bundled schema is invalid.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
+import statistics
 import sys
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import attrs
 import torch
 
 from relay.engine.engine import EngineConfig, RunResult, run_workload
+from relay.engine.maps import MAP_MODULES, MapSource
 from relay.engine.model import ModelConfig
 from relay.engine.runner import SpecConfig
 from relay.engine.scheduler import SchedulerConfig
 from relay.engine.workload import WorkloadConfig
-from relay.errors import RelayError
+from relay.errors import RelayError, SchemaError, SchemaImportError
 
-__all__ = ["MODEL_PRESETS", "add_arguments", "config_from_args", "run"]
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.progress import Progress, TaskID
+
+__all__ = [
+    "MODEL_PRESETS",
+    "ModeResult",
+    "UsageError",
+    "add_arguments",
+    "bundled_schemas",
+    "config_from_args",
+    "ideal_speedup",
+    "resolve_device",
+    "run",
+]
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INVALID_SCHEMA = 0, 1, 2, 3
 
 #: Model sizes by name. ``small`` is the default and is sized for a 2-core CPU.
 MODEL_PRESETS: dict[str, ModelConfig] = {
@@ -39,54 +66,108 @@ MODEL_PRESETS: dict[str, ModelConfig] = {
                         max_context=512),
 }
 
-MAP_MODULES = ("relay.maps.decode", "relay.maps.eagle")
+
+class UsageError(Exception):
+    """A flag the demo cannot run with (exit 2, one line)."""
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text}")
+    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``relay demo``."""
+    parser.description = __doc__.split("\n\n", 1)[1].replace("``", "") if __doc__ else None
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--model", choices=sorted(MODEL_PRESETS), default="small",
                         help="model size (default: small, sized for a 2-core CPU)")
     parser.add_argument("--mode", choices=["both", "decode", "eagle"], default="both",
                         help="plain decoding, EAGLE speculative decoding, or both (default)")
     parser.add_argument("--device", default="cpu",
                         help="cpu (default), cuda, cuda:N, or auto (cuda when available)")
-    parser.add_argument("--requests", type=int, default=WorkloadConfig().requests,
+    parser.add_argument("--repeat", type=_positive_int, default=3,
+                        help="timed runs of each loop per mode, sync and overlap interleaved; "
+                             "figures are medians (default: %(default)s)")
+    parser.add_argument("--requests", type=_positive_int, default=WorkloadConfig().requests,
                         help="number of requests (default: %(default)s)")
-    parser.add_argument("--max-running", type=int, default=SchedulerConfig().max_running,
+    parser.add_argument("--max-running", type=_positive_int,
+                        default=SchedulerConfig().max_running,
                         help="request-pool slots; the KV budget grows to hold a full context "
                              "in each (default: %(default)s)")
-    parser.add_argument("--arrival-rate", type=float, default=WorkloadConfig().arrival_rate,
+    parser.add_argument("--arrival-rate", type=_positive_float,
+                        default=WorkloadConfig().arrival_rate,
                         help="mean arrivals per scheduler step (default: %(default)s)")
-    parser.add_argument("--spec-steps", type=int, default=SpecConfig().steps,
+    parser.add_argument("--spec-steps", type=_positive_int, default=SpecConfig().steps,
                         help="draft tokens per branch (default: %(default)s)")
-    parser.add_argument("--topk", type=int, default=SpecConfig().topk,
+    parser.add_argument("--topk", type=_positive_int, default=SpecConfig().topk,
                         help="draft branches per request (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="model and workload seed")
-    parser.add_argument("--threads", type=int, default=1,
+    parser.add_argument("--threads", type=_positive_int, default=1,
                         help="torch intra-op threads of the CPU forward (default: 1; the "
                              "other cores run the scheduler)")
-    parser.add_argument("--ranks", type=int, default=1,
+    parser.add_argument("--ranks", type=_positive_int, default=1,
                         help="data-parallel ranks, one process each (default: 1)")
     parser.add_argument("--debug", action="store_true",
                         help="maps in debug mode: poisoned buffers, consume-once and fence checks")
     parser.add_argument("--no-generate", action="store_true",
-                        help="skip generation and use the maps as they are")
+                        help="skip generation and run the packaged maps (relay.maps)")
+    parser.add_argument("-q", "--quiet", action="store_true",
+                        help="print only the results table and the verdict")
 
 
-def config_from_args(args: argparse.Namespace) -> EngineConfig:
-    """The engine configuration (plain decoding, overlap) the flags describe."""
-    device = args.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+def resolve_device(name: str, ranks: int = 1) -> str:
+    """The torch device string for ``--device``; ``UsageError`` when it cannot run here."""
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise UsageError(f"--device {name!r} is not a device (cpu, cuda, cuda:N or auto)") from None
+    if device.type == "cpu":
+        return str(device)
+    if device.type != "cuda":
+        raise UsageError(f"--device {name}: the reference engine runs on cpu or cuda")
+    if not torch.cuda.is_available():
+        build = "a CPU-only build" if torch.version.cuda is None else f"CUDA {torch.version.cuda}"
+        raise UsageError(f"--device {name}: CUDA is not available here (torch "
+                         f"{torch.__version__}, {build}); use --device cpu")
+    count = torch.cuda.device_count()
+    if device.index is not None and device.index >= count:
+        raise UsageError(f"--device {name}: no such GPU ({count} CUDA device(s))")
+    if ranks > count:
+        raise UsageError(f"--ranks {ranks} on CUDA needs {ranks} GPUs; {count} found")
+    return str(device)
+
+
+def config_from_args(args: argparse.Namespace, maps: MapSource | None = None) -> EngineConfig:
+    """The engine configuration (plain decoding, overlap) the flags describe; ``maps``
+    defaults to the packaged ``relay.maps``."""
     model = attrs.evolve(MODEL_PRESETS[args.model], seed=args.seed)
     return EngineConfig(
         model=model,
         workload=attrs.evolve(WorkloadConfig(), requests=args.requests,
                               arrival_rate=args.arrival_rate, seed=args.seed),
         scheduler=_scheduler_for(args.max_running, model.max_context),
-        device=device,
+        device=resolve_device(args.device, args.ranks),
         debug=args.debug,
         cpu_threads=args.threads,
+        maps=maps or MapSource(),
     )
 
 
@@ -98,137 +179,283 @@ def _scheduler_for(max_running: int, max_context: int) -> SchedulerConfig:
                         kv_pages=max(default.kv_pages, max_running * pages_per_slot))
 
 
-def _generate(skip: bool) -> list[Path]:
-    """Regenerate the bundled maps if this is a source checkout; the files written."""
+def bundled_schemas() -> list[Path] | None:
+    """The bundled ``decode`` and ``eagle`` schema modules, or None when relay is
+    installed without them (a wheel ships the generated maps, not ``schemas/``)."""
+    import relay
+
+    root = Path(relay.__file__).resolve().parent.parent
+    pyproject = root / "pyproject.toml"
+    paths = [root / "schemas" / f"{stem}.py" for stem in MAP_MODULES]
+    try:
+        ours = 'name = "relay-futuremap"' in pyproject.read_text(encoding="utf-8")
+    except OSError:
+        return None
+    return paths if ours and all(p.is_file() for p in paths) else None
+
+
+@contextmanager
+def _private_maps(skip: bool, say: Callable[[str], None]) -> Iterator[MapSource]:
+    """Generate the bundled schemas into a private temporary folder; the source to run.
+
+    Nothing of the caller's project is read or written (Note [One set of map classes
+    per run] in relay/engine/maps.py says how the folder's modules are imported).
+    """
     if skip:
-        print("1. generate: skipped (--no-generate); using the maps as they are")
-        return []
-    print("1. generate the bundled maps ([tool.relay] in pyproject.toml)", flush=True)
-    try:
-        from relay.codegen.api import generate_configured
-    except ImportError:
-        print("   codegen is not installed; using the packaged maps")
-        return []
-    try:
-        result = generate_configured()
-    except RelayError as error:
-        print(f"   {error}\n   using the packaged maps")
-        return []
-    for path in result.written:
-        print(f"   wrote {path}")
-    print(f"   {len(result.written)} written, {len(result.unchanged)} unchanged")
-    return list(result.written)
+        say("1. generate: skipped (--no-generate); running the packaged maps (relay.maps)")
+        yield MapSource()
+        return
+    schemas = bundled_schemas()
+    if schemas is None:
+        say("1. generate: the bundled schemas are not installed with this package; "
+            "running the packaged maps (relay.maps)")
+        yield MapSource()
+        return
+    from relay.codegen import explicit_job, run_job
+
+    with tempfile.TemporaryDirectory(prefix="relay-demo-") as folder:
+        say(f"1. generate the bundled schemas into a private folder, {folder}")
+        result = run_job(explicit_job(schemas, Path(folder)))
+        for path in result.written:
+            say(f"   wrote {path.name}")
+        yield MapSource(folder)
 
 
-def _import_maps(written: list[Path]) -> None:
-    print("2. import the generated maps", flush=True)
-    fresh = {p.resolve() for p in written}
-    for name in MAP_MODULES:
-        module = sys.modules.get(name)
-        if module is not None and module.__file__ and Path(module.__file__).resolve() in fresh:
-            module = importlib.reload(module)  # imported before it was regenerated
-        else:
-            module = importlib.import_module(name)
-        print(f"   {name:<18} {module.__file__}")
-
-
-def _progress(label: str) -> Callable[[int, int], None]:
-    marks = [0]
-
-    def report(done: int, total: int) -> None:
-        quarter = 4 * done // max(total, 1)
-        while marks[0] < quarter:
-            marks[0] += 1
-            print(f" {25 * marks[0]}%", end="", flush=True)
-
-    print(f"   {label:<22}", end="", flush=True)
-    return report
-
-
-def _run_one(config: EngineConfig, label: str, ranks: int) -> RunResult:
-    start = time.perf_counter()
-    if ranks > 1:
-        from relay.engine.parallel import run_data_parallel
-
-        print(f"   {label:<22} {ranks} ranks ...", end="", flush=True)
-        result, _ = run_data_parallel(config, ranks)
-    else:
-        result = run_workload(config, progress=_progress(label))
-    print(f"  {time.perf_counter() - start:5.1f} s, {result.tokens_per_second:7.0f} tok/s, "
-          f"occupancy {result.occupancy:6.1%}", flush=True)
-    return result
+def ideal_speedup(sync: RunResult) -> float:
+    """The overlap speedup a perfect overlap would give: in the synchronous loop the
+    forward (busy) and the scheduler (the rest) take turns; overlapped, a step takes
+    the longer of the two."""
+    busy = sync.forward_busy_seconds
+    rest = sync.wall_seconds - busy
+    longer = max(busy, rest)
+    return sync.wall_seconds / longer if longer > 0 else 1.0
 
 
 @attrs.frozen
-class _Row:
+class ModeResult:
+    """One mode's runs: ``sync[i]`` and ``overlap[i]`` ran back to back."""
+
     mode: str
-    sync: RunResult
-    overlap: RunResult
-    single: RunResult | None  # the single-rank overlap run, when ranks > 1
+    sync: tuple[RunResult, ...]
+    overlap: tuple[RunResult, ...]
+    #: The single-rank overlap run, when ranks > 1 (its outputs must match the ranks').
+    single: RunResult | None = None
+
+    @property
+    def speedups(self) -> list[float]:
+        """Overlap / sync throughput of each back-to-back pair."""
+        return [o.tokens_per_second / s.tokens_per_second
+                for s, o in zip(self.sync, self.overlap)]
+
+    @property
+    def speedup(self) -> float:
+        """The median pair's speedup: a noisy run moves one pair, not the figure."""
+        return statistics.median(self.speedups)
+
+    @property
+    def ideal(self) -> float:
+        return statistics.median(ideal_speedup(s) for s in self.sync)
+
+    @property
+    def efficiency(self) -> float:
+        """Measured / ideal: the share of what overlap could hide that it hid."""
+        return self.speedup / self.ideal
+
+    @property
+    def identical(self) -> bool:
+        """Every overlap run (and the single-rank run) produced the sync run's tokens."""
+        want = self.sync[0].outputs
+        runs = [*self.sync, *self.overlap, *([self.single] if self.single else [])]
+        return all(r.outputs == want for r in runs)
 
 
-def _table(rows: list[_Row], ranks: int) -> str:
-    head = ["mode", "sync tok/s", "overlap tok/s", "speedup", "occupancy sync", "occupancy overlap",
-            "accept len", "identical"]
+class _Reporter:
+    """Progress and results: rich on a terminal (a live bar with an ETA), plain lines
+    otherwise; nothing but the table and the verdict with ``-q``."""
+
+    def __init__(self, quiet: bool) -> None:
+        from relay.cli import rich_console
+
+        self.quiet = quiet
+        self.console: Console = rich_console()
+        self.live = self.console.is_terminal and not quiet
+        self.progress: Progress | None = None
+        self.task: TaskID | None = None
+        self.done = 0  # requests of the runs finished so far
+
+    def say(self, line: str) -> None:
+        if not self.quiet:
+            self.console.print(line, highlight=False, markup=False, soft_wrap=True)
+
+    @contextmanager
+    def runs(self, total_requests: int) -> Iterator[None]:
+        if not self.live:
+            yield
+            return
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        self.progress = Progress(
+            TextColumn("   {task.description:<22}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("requests"), TimeElapsedColumn(), TextColumn("ETA"),
+            TimeRemainingColumn(), console=self.console, transient=True,
+        )
+        self.task = self.progress.add_task("starting", total=total_requests)
+        with self.progress:
+            yield
+        self.progress = None
+
+    def run_started(self, label: str) -> Callable[[int, int], None]:
+        """Called as a run starts; returns the engine's ``progress(done, total)``."""
+        progress, task, before = self.progress, self.task, self.done
+        if progress is None or task is None:
+            return lambda done, total: None
+        progress.update(task, description=label)
+        return lambda done, total: progress.update(task, completed=before + done)
+
+    def run_finished(self, label: str, result: RunResult, requests: int) -> None:
+        self.done += requests
+        if self.progress is not None and self.task is not None:
+            self.progress.update(self.task, completed=self.done)
+        self.say(f"   {label:<22} {result.wall_seconds:5.1f} s, "
+                 f"{result.tokens_per_second:7.0f} tok/s, occupancy {result.occupancy:6.1%}")
+
+    def table(self, rows: Sequence[ModeResult], ranks: int) -> None:
+        from rich import box
+        from rich.table import Table
+
+        # Off a terminal, the same layout in ASCII: a dashed line under the header.
+        plain = box.Box("    \n    \n -  \n    \n    \n    \n    \n    \n", ascii=True)
+        table = Table(box=box.SIMPLE_HEAD if self.console.is_terminal else plain,
+                      show_edge=False, pad_edge=False)
+        columns = ["mode", "sync tok/s", "overlap tok/s", "speedup", "ideal", "efficiency",
+                   "occupancy sync", "occupancy overlap", "accept len", "identical"]
+        if ranks > 1:
+            columns.append(f"{ranks} ranks = 1 rank")
+        for name in columns:
+            table.add_column(name, justify="left" if name == "mode" else "right")
+        for row in rows:
+            speedups = row.speedups
+            spread = (f" ({min(speedups):.2f}-{max(speedups):.2f})"
+                      if len(speedups) > 1 else "")
+            cells = [
+                row.mode,
+                f"{statistics.median(s.tokens_per_second for s in row.sync):.0f}",
+                f"{statistics.median(o.tokens_per_second for o in row.overlap):.0f}",
+                f"{row.speedup:.2f}x{spread}",
+                f"{row.ideal:.2f}x",
+                f"{row.efficiency:.0%}",
+                f"{statistics.median(s.occupancy for s in row.sync):.1%}",
+                f"{statistics.median(o.occupancy for o in row.overlap):.1%}",
+                f"{row.overlap[0].accept_length:.2f}" if row.mode == "eagle" else "-",
+                "yes" if row.identical else "NO",
+            ]
+            if ranks > 1:
+                assert row.single is not None
+                cells.append("yes" if row.single.outputs == row.overlap[0].outputs else "NO")
+            table.add_row(*cells)
+        self.console.print(table)
+
+    def verdict(self, line: str) -> None:
+        self.console.print(line, highlight=False, markup=False)
+
+
+def _run_one(config: EngineConfig, label: str, ranks: int, report: _Reporter) -> RunResult:
+    progress = report.run_started(label)
     if ranks > 1:
-        head.append(f"{ranks} ranks = 1 rank")
-    lines = [head]
-    for row in rows:
-        s, o = row.sync, row.overlap
-        cells = [
-            row.mode, f"{s.tokens_per_second:.0f}", f"{o.tokens_per_second:.0f}",
-            f"{o.tokens_per_second / s.tokens_per_second:.2f}x", f"{s.occupancy:.1%}",
-            f"{o.occupancy:.1%}", f"{o.accept_length:.2f}" if row.mode == "eagle" else "-",
-            "yes" if s.outputs == o.outputs else "NO",
-        ]
-        if row.single is not None:
-            cells.append("yes" if row.single.outputs == o.outputs else "NO")
-        lines.append(cells)
-    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
-    out = ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines]
-    out.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(out)
+        from relay.engine.parallel import run_data_parallel
+
+        result, _ = run_data_parallel(config, ranks)
+    else:
+        result = run_workload(config, progress=progress)
+    report.run_finished(label, result, config.workload.requests)
+    return result
+
+
+def _run_mode(config: EngineConfig, mode: str, repeat: int, ranks: int,
+              report: _Reporter) -> ModeResult:
+    sync_config = attrs.evolve(config, overlap=False)
+    overlap_config = attrs.evolve(config, overlap=True)
+    if ranks == 1:
+        # Untimed: a process's first run of a mode is slower (its memory grows,
+        # measured 15-30% here), which would flatter whichever run comes second.
+        # Ranks run in fresh processes every time, equally cold in both modes.
+        _run_one(sync_config, f"{mode} warm-up", 1, report)
+    sync: list[RunResult] = []
+    overlap: list[RunResult] = []
+    for i in range(repeat):
+        # Alternate which loop goes first, so a machine slowly speeding up or slowing
+        # down does not favour one of them.
+        order = [("sync", sync_config, sync), ("overlap", overlap_config, overlap)]
+        for name, run_config, results in order if i % 2 == 0 else order[::-1]:
+            results.append(_run_one(run_config, f"{mode} {name} {i + 1}/{repeat}", ranks,
+                                    report))
+    single = None
+    if ranks > 1:
+        single = _run_one(overlap_config, f"{mode} overlap, 1 rank", 1, report)
+    return ModeResult(mode, tuple(sync), tuple(overlap), single)
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the demo; 0 when every overlap run matched its synchronous run token for token."""
+    """Run the demo; the exit status (module doc)."""
     started = time.perf_counter()
-    base = config_from_args(args)
-    _import_maps(_generate(args.no_generate))
+    report = _Reporter(args.quiet)
+    try:
+        resolve_device(args.device, args.ranks)  # before any work: exit 2 at once
+        with _private_maps(args.no_generate, report.say) as source:
+            base = config_from_args(args, source)
+            report.say("2. import the generated maps")
+            for path in base.maps.load().files:
+                report.say(f"   {path}")
+            rows = _run_all(args, base, report)
+    except UsageError as error:
+        print(f"relay demo: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except (SchemaError, SchemaImportError) as error:
+        print(f"relay demo: a bundled schema is invalid: {error}", file=sys.stderr)
+        return EXIT_INVALID_SCHEMA
+    except RelayError as error:
+        print(f"relay demo: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    if not args.quiet:
+        report.say("")
+    report.table(rows, args.ranks)
+    ok = all(row.identical for row in rows)
+    report.verdict(f"{'all outputs identical' if ok else 'OUTPUTS DIFFER'}; "
+                   f"demo took {time.perf_counter() - started:.1f} s")
+    return EXIT_OK if ok else EXIT_FAILED
+
+
+def _run_all(args: argparse.Namespace, base: EngineConfig, report: _Reporter) -> list[ModeResult]:
     w, m = base.workload, base.model
-    print(f"3. run the engine on {base.device}: {w.requests} requests (prompts {w.min_prompt}-"
-          f"{w.max_prompt} tokens, output limits {w.min_output}-{w.max_output}, "
-          f"{w.arrival_rate:g} arrivals/step), model {args.model} (hidden {m.hidden}, "
-          f"{m.layers} layer{'s' if m.layers != 1 else ''}, vocab {m.vocab_size}), {base.scheduler.max_running} slots"
-          + (", debug maps" if base.debug else ""), flush=True)
+    report.say(
+        f"3. run the engine on {base.device}: {w.requests} requests (prompts {w.min_prompt}-"
+        f"{w.max_prompt} tokens, output limits {w.min_output}-{w.max_output}, "
+        f"{w.arrival_rate:g} arrivals/step), model {args.model} (hidden {m.hidden}, "
+        f"{m.layers} layer{'s' if m.layers != 1 else ''}, vocab {m.vocab_size}), "
+        f"{base.scheduler.max_running} slots" + (", debug maps" if base.debug else "")
+        + f"; each loop {args.repeat}x per mode, interleaved"
+    )
     modes = ["decode", "eagle"] if args.mode == "both" else [args.mode]
+    runs_per_mode = 2 * args.repeat + 1  # and a warm-up (1 rank) or a 1-rank check
     rows = []
-    for mode in modes:
-        spec = SpecConfig(steps=args.spec_steps, topk=args.topk) if mode == "eagle" else None
-        config = attrs.evolve(base, spec=spec)
-        if args.ranks == 1:
-            # Untimed: a process's first run of a mode is slower (its memory grows,
-            # measured 15-30% here), which would flatter whichever run comes second.
-            # Ranks run in fresh processes every time, equally cold in both modes.
-            _run_one(attrs.evolve(config, overlap=False), f"{mode} warm-up", 1)
-        sync = _run_one(attrs.evolve(config, overlap=False), f"{mode} sync", args.ranks)
-        overlap = _run_one(attrs.evolve(config, overlap=True), f"{mode} overlap", args.ranks)
-        single = None
-        if args.ranks > 1:
-            single = _run_one(attrs.evolve(config, overlap=True), f"{mode} overlap", 1)
-        rows.append(_Row(mode, sync, overlap, single))
-    print()
-    print(_table(rows, args.ranks))
-    ok = all(r.sync.outputs == r.overlap.outputs and
-             (r.single is None or r.single.outputs == r.overlap.outputs) for r in rows)
-    print(f"\n{'all outputs identical' if ok else 'OUTPUTS DIFFER'}; "
-          f"demo took {time.perf_counter() - started:.1f} s")
-    return 0 if ok else 1
+    with report.runs(len(modes) * runs_per_mode * w.requests):
+        for mode in modes:
+            spec = SpecConfig(steps=args.spec_steps, topk=args.topk) if mode == "eagle" else None
+            rows.append(_run_mode(attrs.evolve(base, spec=spec), mode, args.repeat,
+                                  args.ranks, report))
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the demo without the ``relay`` CLI: ``python -m relay.engine.demo``."""
-    parser = argparse.ArgumentParser(prog="relay demo", description=__doc__)
+    parser = argparse.ArgumentParser(prog="relay demo")
     add_arguments(parser)
     return run(parser.parse_args(argv))
 

@@ -25,6 +25,7 @@ import torch
 
 from relay.engine.batch import ForwardBatch, ForwardMode, StepOutput
 from relay.engine.lanes import Lane, make_lane
+from relay.engine.maps import MapSource
 from relay.engine.model import KVCache, ModelConfig, TargetModel
 from relay.engine.runner import ModelRunner, SpecConfig
 from relay.engine.scheduler import Scheduler, SchedulerConfig, Vocabulary
@@ -43,15 +44,17 @@ Progress = Callable[[int, int], None]
 class EngineConfig:
     """Everything a run depends on."""
 
-    model: ModelConfig = ModelConfig()
-    workload: WorkloadConfig = WorkloadConfig()
-    scheduler: SchedulerConfig = SchedulerConfig()
+    model: ModelConfig = attrs.field(factory=ModelConfig)
+    workload: WorkloadConfig = attrs.field(factory=WorkloadConfig)
+    scheduler: SchedulerConfig = attrs.field(factory=SchedulerConfig)
     #: ``None``: plain decoding with the ``decode`` map; else EAGLE with the ``eagle`` map.
     spec: SpecConfig | None = None
     overlap: bool = True
     device: str = "cpu"
     #: Generated maps in debug mode (poisoned buffers, consume-once and fence checks).
     debug: bool = False
+    #: Where the overlap loop's generated maps come from (default: ``relay.maps``).
+    maps: MapSource = attrs.field(factory=MapSource)
     #: torch intra-op threads on the CPU (``None`` leaves torch's setting). One core
     #: plays the device, the rest run the scheduler; both modes use the same setting.
     cpu_threads: int | None = 1
@@ -111,16 +114,15 @@ class _SingleRank:
 
 
 def _make_relay(config: EngineConfig, pool_size: int, device: torch.device) -> Relay:
-    # Imported here: the demo regenerates the maps before the first import.
     from relay.engine.relays import DirectRelay, MapRelay
-    from relay.maps.decode import DecodeFutureMap
-    from relay.maps.eagle import EagleFutureMap
 
     if not config.overlap:
         return DirectRelay(pool_size, device)
+    maps = config.maps.load()  # Note [One set of map classes per run]
     if config.spec is None:
-        return MapRelay(DecodeFutureMap(device, pool_size, debug=config.debug))
-    return MapRelay(EagleFutureMap(device, pool_size, topk=config.spec.topk, debug=config.debug))
+        return MapRelay(maps.decode(device, pool_size, debug=config.debug), maps)
+    eagle = maps.eagle(device, pool_size, topk=config.spec.topk, debug=config.debug)
+    return MapRelay(eagle, maps)
 
 
 def run_workload(

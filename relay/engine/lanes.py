@@ -5,6 +5,10 @@
   so the scheduler's Python really runs while the forward's torch ops do.
 - ``CudaLane``: a private CUDA forward stream; synchronous mode waits after each
   launch, overlap mode does not.
+
+Each lane's own waits reach debug mode's happens-before checker: ThreadStreams report
+theirs, and ``CudaLane`` reports its stream wait, records and synchronizes through
+``relay.debug`` (free when the checker is off).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from typing import Any, Protocol
 
 import torch
 
+from relay import debug
 from relay.cpu_stream import ThreadStream
 
 __all__ = ["CudaLane", "InlineLane", "Lane", "ThreadLane", "make_lane"]
@@ -128,30 +133,36 @@ class CudaLane:
 
     def launch(self, fn: Callable[[], None]) -> Any:
         # The batch's tensors were made on the scheduler's stream.
-        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        scheduler = torch.cuda.current_stream(self.device)
+        self.stream.wait_stream(scheduler)
+        debug.wait_stream(self.stream, scheduler)
         start = _cuda.Event(enable_timing=True)
         done = _cuda.Event(enable_timing=True)
         with torch.cuda.stream(self.stream):
             start.record()
             fn()
             done.record()
+            debug.record_event(done, self.stream)
         self._timings.append((start, done))
         if self.sync:
-            done.synchronize()
+            self.wait(done)
         return done
 
     def wait(self, handle: Any) -> None:
         handle.synchronize()
+        debug.synchronize_event(handle)
 
     def kernels_started(self) -> None:
         pass
 
     def busy_seconds(self) -> float:
         self.stream.synchronize()
+        debug.synchronize_stream(self.stream)
         return float(sum(s.elapsed_time(e) for s, e in self._timings)) / 1000.0
 
     def close(self) -> None:
         self.stream.synchronize()
+        debug.synchronize_stream(self.stream)
 
 
 def make_lane(device: torch.device, *, overlap: bool, cpu_threads: int | None = None) -> Lane:

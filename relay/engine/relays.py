@@ -11,14 +11,17 @@ the two share no hand-over code.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from relay.engine.batch import ForwardBatch
-from relay.maps.decode import DecodeFutureMap, DecodePayload
-from relay.maps.decode_seq_lens import DecodeSeqLensFutureMap, DecodeSeqLensPayload
-from relay.maps.eagle import EagleFutureMap, EaglePayload
+
+if TYPE_CHECKING:  # the classes come from the run's Maps (Note [One set of map classes per run])
+    from relay.engine.maps import Maps
+    from relay.maps.decode import DecodeFutureMap
+    from relay.maps.decode_seq_lens import DecodeSeqLensFutureMap
+    from relay.maps.eagle import EagleFutureMap
 
 __all__ = ["DirectRelay", "DraftOutput", "MapRelay", "Relay"]
 
@@ -62,13 +65,14 @@ class MapRelay:
     ``DecodeSeqLensFutureMap`` or ``EagleFutureMap``."""
 
     def __init__(
-        self, future_map: DecodeFutureMap | DecodeSeqLensFutureMap | EagleFutureMap
+        self, future_map: DecodeFutureMap | DecodeSeqLensFutureMap | EagleFutureMap, maps: Maps
     ) -> None:
         self.map = future_map
+        self.maps = maps  # future_map's class and its payload classes, generated together
         # DecodeFutureMap relays tokens only: the host keeps each slot's next length.
         self._next_lens_cpu = (
             torch.zeros(future_map.pool_size, dtype=torch.int64)
-            if isinstance(future_map, DecodeFutureMap)
+            if isinstance(future_map, maps.decode)
             else None
         )
 
@@ -78,7 +82,7 @@ class MapRelay:
             batch.seq_lens_cpu = lens
             batch.seq_lens = lens.to(batch.req_pool_indices.device)
             batch.seq_lens_sum = int(lens.sum())
-        elif not isinstance(self.map, DecodeFutureMap):
+        elif isinstance(self.map, (self.maps.decode_seq_lens, self.maps.eagle)):
             # Blocks until the newest forward has published (not until it has finished),
             # also on a CPU worker stream (Note [Host order of CPU records]).
             self.map.resolve_seq_lens_cpu(batch)
@@ -95,26 +99,27 @@ class MapRelay:
         self.map.resolve_future(batch)
 
     def publish(self, slots: torch.Tensor, new_seq_lens: torch.Tensor) -> None:
-        if not isinstance(self.map, DecodeFutureMap):
+        if isinstance(self.map, (self.maps.decode_seq_lens, self.maps.eagle)):
             self.map.publish(slots, new_seq_lens)
 
     def release(self, slots: torch.Tensor) -> None:
         self.map.release(slots)
 
     def stash(self, slots: torch.Tensor, tokens: torch.Tensor, draft: DraftOutput | None) -> None:
-        if isinstance(self.map, EagleFutureMap):
+        if isinstance(self.map, self.maps.eagle):
             assert draft is not None, "speculative decoding stashes a draft"
             topk_p, topk_index, hidden = draft
             self.map.stash(
                 slots,
-                EaglePayload(
+                self.maps.eagle_payload(
                     bonus_tokens=tokens, topk_p=topk_p, topk_index=topk_index, hidden_states=hidden
                 ),
             )
-        elif isinstance(self.map, DecodeSeqLensFutureMap):
-            self.map.stash(slots, DecodeSeqLensPayload(next_token_ids=tokens))
+        elif isinstance(self.map, self.maps.decode_seq_lens):
+            self.map.stash(slots, self.maps.decode_seq_lens_payload(next_token_ids=tokens))
         else:
-            self.map.stash(slots, DecodePayload(next_token_ids=tokens))
+            assert isinstance(self.map, self.maps.decode), type(self.map)
+            self.map.stash(slots, self.maps.decode_payload(next_token_ids=tokens))
 
 
 class DirectRelay:

@@ -8,13 +8,16 @@ and copying its results to the host for the scheduler.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import attrs
 import torch
 
 from relay.engine.batch import ForwardBatch, ForwardMode, StepOutput
 from relay.engine.model import DraftHead, Forwards, KVCache, TargetModel
-from relay.engine.relays import DraftOutput, Relay
+
+if TYPE_CHECKING:  # no map is imported with the engine (Note [One set of map classes per run])
+    from relay.engine.relays import DraftOutput, Relay
 
 __all__ = ["ModelRunner", "SpecConfig"]
 

@@ -14,7 +14,14 @@ from collections.abc import Sequence
 import attrs
 import torch
 
-from relay.engine.batch import ForwardBatch, ForwardMode, Request, RequestState, SpecInfo, StepOutput
+from relay.engine.batch import (
+    ForwardBatch,
+    ForwardMode,
+    Request,
+    RequestState,
+    SpecInfo,
+    StepOutput,
+)
 from relay.engine.workload import RequestSpec
 
 __all__ = ["PageBudget", "Scheduler", "SchedulerConfig", "Vocabulary"]

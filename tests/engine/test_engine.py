@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-import time
+from collections.abc import Callable
 
 import attrs
 import pytest
@@ -20,6 +20,7 @@ from relay.engine import (
     run_workload,
 )
 from relay.engine.batch import ForwardBatch, StepOutput
+from relay.engine.maps import MapSource
 from relay.engine.model import KVCache, TargetModel
 from relay.engine.relays import MapRelay
 from relay.engine.runner import ModelRunner
@@ -88,14 +89,14 @@ def test_freed_slots_are_released_on_the_forward_stream(monkeypatch: pytest.Monk
 
 def test_a_slot_released_too_early_is_caught_in_debug_mode() -> None:
     """Releasing on the host, before the in-flight forward that reads the slot, is reported."""
-    relay = MapRelay(DecodeFutureMap("cpu", 4, debug=True))
+    relay = MapRelay(DecodeFutureMap("cpu", 4, debug=True), MapSource().load())
     slot = torch.tensor([2])
     relay.stash(slot, torch.tensor([7]), None)
     relay.release(slot)  # wrong: the next forward still reads the slot's token
     batch = ForwardBatch.idle(torch.device("cpu"))
     batch.req_pool_indices = slot
     batch.input_ids = -slot
-    with pytest.raises(RuntimeError, match="released and reused"):
+    with pytest.raises(RuntimeError, match="reused"):
         relay.resolve_future(batch)
 
 
@@ -107,33 +108,47 @@ def test_eagle_reproduces_greedy_decoding() -> None:
     assert spec.steps < plain.steps
 
 
-def test_thread_stream_events() -> None:
+def test_thread_stream_events(monkeypatch: pytest.MonkeyPatch) -> None:
     """A host wait issued before a queued task records blocks until that task's record."""
     stream = ThreadStream("test")
     event = CpuEvent()
-    gate = threading.Event()
+    host_waits = threading.Event()  # the host is blocked in a wait on the stream
+    host_resumed = threading.Event()
     log: list[str] = []
+    original_wait = stream.wait_ticket
+
+    def spy_wait(ticket: int, done: Callable[[], bool]) -> None:
+        host_waits.set()
+        original_wait(ticket, done)
 
     def task() -> None:
-        gate.wait()
+        # Gates, not sleeps: the record happens only once the host waits for it, and
+        # the rest of the task only once the host resumed (a wait that covered the
+        # whole task would never return: the 60 s bound only keeps such a bug from
+        # hanging the suite).
+        if not host_waits.wait(timeout=60):
+            log.append("the host never waited")
         log.append("before record")
         event.record()
-        time.sleep(0.05)
+        if not host_resumed.wait(timeout=60):
+            log.append("the host did not resume at the record")
         log.append("after record")
 
+    monkeypatch.setattr(stream, "wait_ticket", spy_wait)
     try:
         with use_cpu_stream(None):
             stream.submit(event.record)  # an earlier record, already complete
             stream.synchronize()
             stream.submit(task)
-            threading.Timer(0.05, gate.set).start()
             event.synchronize()  # the newest task has not recorded yet: wait for it
             log.append("host resumed")
+            host_resumed.set()
             stream.synchronize()
-        # The host resumed at the record, not at the end of the task.
-        assert log.index("before record") < log.index("host resumed")
-        assert stream.busy_seconds >= 0.1
+        assert log == ["before record", "host resumed", "after record"]
+        assert stream.busy_seconds > 0.0  # the worker's time in tasks is counted
     finally:
+        host_waits.set()
+        host_resumed.set()
         stream.close()
 
 
@@ -166,11 +181,12 @@ def test_idle_forward_is_a_no_op(spec: SpecConfig | None) -> None:
     before = {k: v.clone() for k, v in vars(future_map).items() if isinstance(v, torch.Tensor)}
     calls: list[int] = []
     model = TargetModel(TINY, device)
-    runner = ModelRunner(model, KVCache(TINY, pool, device), MapRelay(future_map), spec=spec,
+    relay = MapRelay(future_map, MapSource().load())
+    runner = ModelRunner(model, KVCache(TINY, pool, device), relay, spec=spec,
                          step_sync=calls.append)
     batch = ForwardBatch.idle(device)
     runner.forward(batch, StepOutput())
-    future_map.resolve_seq_lens_cpu(batch)  # zero indices: no fence wait, no debug check
+    relay.resolve_lengths(batch)  # zero indices: no fence wait, no debug check
     assert calls == [0]
     for name, value in before.items():
         torch.testing.assert_close(getattr(future_map, name), value, rtol=0, atol=0,
@@ -192,18 +208,6 @@ def test_data_parallel_two_ranks_match_one() -> None:
     assert merged.outputs == single.outputs
     assert sum(r.idle_steps for r in per_rank) > 0  # some steps ran with an idle rank
     assert per_rank[0].steps == per_rank[1].steps  # one shared step sequence
-
-
-def test_demo_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
-    """``relay demo`` on a tiny model runs all four loops and reports identical outputs."""
-    from relay.engine.demo import main
-
-    code = main(["--model", "tiny", "--requests", "12", "--no-generate", "--debug"])
-    out = capsys.readouterr().out
-    assert code == 0
-    assert "all outputs identical" in out
-    for column in ("speedup", "occupancy overlap", "accept len"):
-        assert column in out
 
 
 @pytest.mark.gpu

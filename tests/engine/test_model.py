@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -87,28 +86,45 @@ def test_forwards_run_eagerly_where_torchscript_fails(monkeypatch: pytest.Monkey
     assert hidden.shape == (2, CONFIG.hidden) and tokens.shape == (2,)
 
 
-def test_wait_returns_once_the_next_forward_runs_its_kernels() -> None:
+def test_wait_returns_once_the_next_forward_runs_its_kernels(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """``wait(N)`` returns only after forward N+1 finished its host-side prologue."""
     lane = ThreadLane()
     events: list[str] = []
+    host_waits = threading.Event()  # the host is blocked in ``wait`` on the worker
+    host_resumed = threading.Event()
+    original_wait = lane.stream.wait_ticket
+
+    def spy_wait(ticket: int, done: Callable[[], bool]) -> None:
+        host_waits.set()
+        original_wait(ticket, done)
 
     def step_n() -> None:
         events.append("N done")
 
     def step_next() -> None:
-        time.sleep(0.05)  # a slow prologue: the scheduler must not start beside it
+        # The prologue runs while the host waits; its kernels' part only once the host
+        # resumed, as the scheduler's Python runs beside a forward's kernels. Gates,
+        # not sleeps; the 60 s bounds only keep a bug from hanging the suite.
+        host_waits.wait(timeout=60)
         events.append("N+1 prologue done")
         lane.kernels_started()
-        time.sleep(0.05)
+        host_resumed.wait(timeout=60)
         events.append("N+1 done")
 
+    monkeypatch.setattr(lane.stream, "wait_ticket", spy_wait)
     try:
         first = lane.launch(step_n)
         lane.launch(step_next)
         lane.wait(first)
         events.append("host resumes")
-        assert events == ["N done", "N+1 prologue done", "host resumes"]
+        host_resumed.set()
+        lane.wait(first + 1)
+        assert events == ["N done", "N+1 prologue done", "host resumes", "N+1 done"]
     finally:
+        host_waits.set()
+        host_resumed.set()
         lane.close()
 
 
@@ -130,6 +146,7 @@ def test_wait_does_not_hang_on_a_forward_without_kernels() -> None:
 @pytest.mark.parametrize("speculative", [False, True], ids=["decode", "eagle"])
 def test_warm_up_touches_only_the_scratch_slot(speculative: bool) -> None:
     """Warming the forwards up writes slot 0's cache rows and nothing a request owns."""
+    from relay.engine.maps import MapSource
     from relay.engine.relays import MapRelay
     from relay.engine.runner import ModelRunner, SpecConfig
     from relay.maps.eagle import EagleFutureMap
@@ -141,7 +158,8 @@ def test_warm_up_touches_only_the_scratch_slot(speculative: bool) -> None:
     kv.v.fill_(7.0)
     future_map = EagleFutureMap(cpu, POOL, topk=2, debug=True)
     before = {k: v.clone() for k, v in vars(future_map).items() if isinstance(v, torch.Tensor)}
-    runner = ModelRunner(TargetModel(CONFIG, cpu), kv, MapRelay(future_map), spec=spec)
+    runner = ModelRunner(TargetModel(CONFIG, cpu), kv, MapRelay(future_map, MapSource().load()),
+                         spec=spec)
     runner.warm_up()
     assert bool((kv.k[:, 1:] == 7.0).all()) and bool((kv.v[:, 1:] == 7.0).all())
     assert not bool((kv.k[:, 0] == 7.0).all())  # the scratch rows were used

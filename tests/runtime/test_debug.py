@@ -1,261 +1,243 @@
-"""Debug mode (``debug=True``): poisoned buffers, consume-once resolves, fence freshness,
-slot checks, generation stamps and stream order; and that none of it fires when off."""
+"""Debug mode (``debug=True``) through the generated maps: poisoned buffers, consume-once
+resolves with the state kept apart from the values, fence freshness, slot checks,
+generation stamps and stream order; and that none of it runs when off."""
 
 from __future__ import annotations
 
 import math
+import threading
 
 import pytest
 import torch
-from relay_runtime_support import batch_of, eagle_payload, slots, thread_streams
+from debug_support import batch, needs_debug_contract, payload_of, placeholder_map_class, slots
+from relay_runtime_support import GUARD_S, thread_streams
 
 from relay import RelayDebugError
 from relay.maps.decode import DecodeFutureMap, DecodePayload
-from relay.maps.eagle import EagleFutureMap
-from relay.maps.eagle_confidence import EagleConfidenceFutureMap, EagleConfidencePayload
-from relay.maps.eagle_dsa import EagleDsaFutureMap, EagleDsaPayload
+from relay.maps.eagle import EagleFutureMap, EaglePayload
+
+pytestmark = needs_debug_contract
 
 POOL = 9
 TOPK = 2
 
 
-def test_buffers_start_poisoned() -> None:
-    """Eager buffers start at -1 (ints) or NaN (floats), so an unwritten row is visible."""
-    relay = EagleConfidenceFutureMap("cpu", POOL, topk=TOPK, draft_tokens=3, debug=True)
-    for buf in (relay.output_tokens_buf, relay.topk_index_buf, relay.new_seq_lens_buf):
-        assert bool((buf == -1).all())
-    for buf in (relay.topk_p_buf, relay.draft_confidence_buf):
-        assert bool(torch.isnan(buf).all())
-
-
-def test_lazy_buffers_start_poisoned_outside_the_stashed_rows() -> None:
-    """A lazily allocated buffer is poisoned too, except the rows its first payload wrote."""
-    relay = EagleDsaFutureMap("cpu", POOL, topk=1, debug=True)
-    relay.stash(
-        slots(2),
-        EagleDsaPayload(
-            bonus_tokens=torch.tensor([1]), topk_p=torch.rand(1, 1), topk_index=torch.zeros(1, 1),
-            hidden_states=torch.ones(1, 4, dtype=torch.bfloat16),
-            dsa_topk_indices=torch.tensor([[3, 4]], dtype=torch.int32),
-        ),
+def eagle_payload(n: int, *, base: int = 1, hidden: torch.Tensor | None = None) -> EaglePayload:
+    """A distinguishable EAGLE payload for ``n`` requests (values grow from ``base``)."""
+    return EaglePayload(
+        bonus_tokens=torch.arange(base, base + n),
+        topk_p=torch.arange(n * TOPK, dtype=torch.float32).reshape(n, TOPK) / 100 + base,
+        topk_index=torch.arange(n * TOPK).reshape(n, TOPK) + base,
+        hidden_states=hidden,
     )
-    assert relay.dsa_topk_indices_buf is not None and relay.hidden_states_buf is not None
-    assert relay.dsa_topk_indices_buf[2].tolist() == [3, 4]
-    assert bool((relay.dsa_topk_indices_buf[[0, 1, 3]] == -1).all())
-    assert bool(torch.isnan(relay.hidden_states_buf[[0, 1, 3]]).all())
 
 
-def test_resolve_future_consumes_each_value_once() -> None:
-    """A resolve returns the stash and poisons the rows; a second resolve without a stash raises."""
+def seq_lens_map(debug: bool = True) -> object:
+    """The bundled map with a schedule lane of lengths (``decode_seq_lens``)."""
+    module = pytest.importorskip("relay.maps.decode_seq_lens")
+    return module.DecodeSeqLensFutureMap("cpu", POOL, debug=debug)
+
+
+def test_buffers_start_poisoned() -> None:
+    """Eager buffers start at -1 (ints) or NaN (floats), so a stray read looks wrong."""
     relay = EagleFutureMap("cpu", POOL, topk=TOPK, debug=True)
-    payload = eagle_payload(2, TOPK, base=3)
+    assert bool((relay.output_tokens_buf == -1).all()) and bool((relay.topk_index_buf == -1).all())
+    assert bool(torch.isnan(relay.topk_p_buf).all())
+
+
+def test_rows_read_are_poisoned_again() -> None:
+    """A resolve hands over the stash, then fills the rows it consumed with the poison."""
+    relay = EagleFutureMap("cpu", POOL, topk=TOPK, debug=True)
+    payload = eagle_payload(2, base=3)
     relay.stash(slots(4, 6), payload)
-    batch = batch_of(6, 4)
-    relay.invalidate(batch, batch.req_pool_indices)
-    relay.resolve_future(batch)
-    assert batch.input_ids.tolist() == [4, 3]
-    assert torch.equal(batch.spec_info.topk_p, payload.topk_p[[1, 0]])
+    b = batch(6, 4)
+    relay.resolve_future(b)
+    assert b.spec_info.bonus_tokens.tolist() == [4, 3]
+    assert torch.equal(b.spec_info.topk_p, payload.topk_p[[1, 0]])
     assert relay.output_tokens_buf[[4, 6]].tolist() == [-1, -1]
     assert bool(torch.isnan(relay.topk_p_buf[[4, 6]]).all())
-    assert bool((relay.topk_index_buf[[4, 6]] == -1).all())
-
-    again = batch_of(6, 4)
-    relay.invalidate(again, again.req_pool_indices)
-    with pytest.raises(RuntimeError, match=r"EagleFutureMap\.output_tokens.*not written"):
-        relay.resolve_future(again)
 
 
-def test_gather_field_read_twice_is_caught() -> None:
-    """A gather target read twice is caught too, naming its field."""
+def test_a_value_is_consumed_once() -> None:
+    """A second resolve of the same stash names the field, the slot and the cause."""
     relay = EagleFutureMap("cpu", POOL, topk=TOPK, debug=True)
-    relay.stash(slots(1), eagle_payload(1, TOPK, base=1))
-    first = batch_of(1)
-    relay.invalidate(first, first.req_pool_indices)
-    relay.resolve_future(first)
-    batch = batch_of(1)
-    batch.input_ids = torch.tensor([5])  # a real token: the placeholder lane is not read
-    with pytest.raises(RuntimeError, match=r"EagleFutureMap\.topk_p.*not written"):
-        relay.resolve_future(batch)
+    relay.stash(slots(1), eagle_payload(1))
+    relay.resolve_future(batch(1))
+    with pytest.raises(
+        RelayDebugError,
+        match=r"EagleFutureMap\.output_tokens: slot 1: resolve_future reads a row that was not "
+        r"written since it was last consumed",
+    ):
+        relay.resolve_future(batch(1))
 
 
-def test_resolve_future_before_any_stash_is_caught() -> None:
-    """Reading a slot that nothing stashed into fails instead of returning zeros."""
+def test_values_equal_to_the_poison_are_handed_over() -> None:
+    """NaN in a float payload and -1 in an unguarded int field are legal values, not reports."""
+    relay = EagleFutureMap("cpu", POOL, topk=TOPK, debug=True)
+    payload = eagle_payload(1)
+    nan_p = EaglePayload(
+        bonus_tokens=payload.bonus_tokens, topk_p=torch.full((1, TOPK), math.nan),
+        topk_index=payload.topk_index, hidden_states=torch.full((1, 3), -1.0),
+    )
+    relay.stash(slots(2), nan_p)
+    b = batch(2)
+    relay.resolve_future(b)
+    assert bool(torch.isnan(b.spec_info.topk_p).all())
+    assert b.spec_info.hidden_states.tolist() == [[-1.0, -1.0, -1.0]]
+
+
+def test_int32_indices_work_in_debug_mode() -> None:
+    """int32 slots stash, resolve and are checked like int64 ones."""
     relay = DecodeFutureMap("cpu", POOL, debug=True)
-    batch = batch_of(3)
-    relay.invalidate(batch, batch.req_pool_indices)
-    with pytest.raises(RuntimeError, match=r"DecodeFutureMap\.output_tokens"):
-        relay.resolve_future(batch)
+    relay.stash(slots(3, 5, dtype=torch.int32), DecodePayload(next_token_ids=torch.tensor([7, 8])))
+    b = batch(5, 3)
+    b.req_pool_indices = b.req_pool_indices.int()
+    relay.resolve_future(b)
+    assert b.input_ids.tolist() == [8, 7]
+    with pytest.raises(RelayDebugError, match="slot 5"):
+        relay.resolve_future(b)
 
 
-def test_real_tokens_in_a_mixed_batch_are_not_checked_as_reads() -> None:
-    """Positions holding real tokens read nothing, so they pass the consume-once check."""
+def test_a_slot_twice_in_one_stash_is_reported() -> None:
+    """Last-write-wins on a repeated slot would drop a request's value: reported, nothing written."""
     relay = DecodeFutureMap("cpu", POOL, debug=True)
-    relay.stash(slots(2), DecodePayload(next_token_ids=torch.tensor([0])))
-    batch = batch_of(1, 2, 3)
-    batch.input_ids = torch.tensor([7, -2, 0])
-    relay.resolve_future(batch)
-    assert batch.input_ids.tolist() == [7, 0, 0]
-    again = batch_of(1, 2, 3)
-    again.input_ids = torch.tensor([7, 8, 0])
-    relay.resolve_future(again)  # only real tokens: nothing consumed, nothing raised
-    assert again.input_ids.tolist() == [7, 8, 0]
+    with pytest.raises(RelayDebugError, match=r"DecodeFutureMap\.stash: slot 2 appears twice"):
+        relay.stash(slots(2, 2), DecodePayload(next_token_ids=torch.tensor([1, 2])))
+    assert relay.output_tokens_buf[2].item() == -1
 
 
 def test_schedule_lane_value_is_consumed_once() -> None:
     """resolve_seq_lens_cpu poisons the rows it read, so stale lengths cannot be read again."""
-    relay = DecodeFutureMap("cpu", POOL, debug=True)
-    relay.publish(slots(1, 2), torch.tensor([10, 20]))
-    batch = batch_of(2, 1)
-    relay.resolve_seq_lens_cpu(batch)
-    assert batch.seq_lens_cpu.tolist() == [20, 10] and batch.seq_lens_sum == 30
-    assert relay.new_seq_lens_buf[[1, 2]].tolist() == [-1, -1]
-    relay.publish(slots(1), torch.tensor([11]))
-    with pytest.raises(RuntimeError, match=r"DecodeFutureMap\.new_seq_lens"):
-        relay.resolve_seq_lens_cpu(batch_of(1, 2))  # slot 2 was not published again
+    relay = seq_lens_map()
+    relay.publish(slots(1, 2), torch.tensor([10, 20]))  # type: ignore[attr-defined]
+    b = batch(2, 1)
+    relay.resolve_seq_lens_cpu(b)  # type: ignore[attr-defined]
+    assert b.seq_lens_cpu.tolist() == [20, 10] and b.seq_lens_sum == 30
+    relay.publish(slots(1), torch.tensor([11]))  # type: ignore[attr-defined]
+    with pytest.raises(RelayDebugError, match=r"new_seq_lens: slot 2: .*not written since"):
+        relay.resolve_seq_lens_cpu(batch(1, 2))  # type: ignore[attr-defined]
 
 
-def test_resolve_seq_lens_cpu_without_a_publish_is_a_debug_error() -> None:
-    """A schedule-side resolve with no publish before it raises RelayDebugError (stale fence)."""
-    relay = DecodeFutureMap("cpu", POOL, debug=True)
-    with pytest.raises(RelayDebugError, match=r"DecodeFutureMap\.resolve_seq_lens_cpu.*publish"):
-        relay.resolve_seq_lens_cpu(batch_of(1))
+def test_a_schedule_resolve_without_a_publish_is_a_debug_error() -> None:
+    """A schedule-side resolve with no publish before it: the fence is stale."""
+    relay = EagleFutureMap("cpu", POOL, topk=TOPK, debug=True)
+    with pytest.raises(RelayDebugError, match=r"EagleFutureMap\.resolve_seq_lens_cpu: fence waited on with no publish"):
+        relay.resolve_seq_lens_cpu(batch(1))
 
 
-def test_second_wait_without_a_new_publish_is_a_debug_error() -> None:
-    """Each publish allows one wait per consumer; the next wait needs a new publish."""
-    relay = DecodeFutureMap("cpu", POOL, debug=True)
-    relay.publish(slots(1), torch.tensor([3]))
-    relay.resolve_seq_lens_cpu(batch_of(1))
-    with pytest.raises(RelayDebugError, match="no publish since the last wait"):
-        relay.resolve_seq_lens_cpu(batch_of(1))
-    relay.publish(slots(1), torch.tensor([4]))
-    batch = batch_of(1)
-    relay.resolve_seq_lens_cpu(batch)
-    assert batch.seq_lens_cpu.tolist() == [4]
+def test_each_publish_allows_one_wait_per_consumer() -> None:
+    """The next wait needs a new publish; each schedule resolve waits independently."""
+    from relay.maps.eagle_confidence import EagleConfidenceFutureMap
 
-
-def test_fence_freshness_is_tracked_per_consumer() -> None:
-    """One publish lets each schedule-side resolve wait once, independently."""
     relay = EagleConfidenceFutureMap("cpu", POOL, topk=1, draft_tokens=2, debug=True)
     relay.publish(slots(1), torch.tensor([5]), torch.tensor([[0.5, 0.25]]))
-    batch = batch_of(1)
-    relay.resolve_draft_confidence_cpu(batch)
-    relay.resolve_seq_lens_cpu(batch)
-    assert batch.draft_confidence_cpu.tolist() == [[0.5, 0.25]] and batch.seq_lens_sum == 5
-    with pytest.raises(RelayDebugError, match="resolve_draft_confidence_cpu"):
-        relay.resolve_draft_confidence_cpu(batch)
+    b = batch(1)
+    relay.resolve_draft_confidence_cpu(b)  # type: ignore[arg-type]
+    relay.resolve_seq_lens_cpu(b)  # type: ignore[arg-type]
+    assert b.seq_lens_sum == 5
+    with pytest.raises(RelayDebugError, match="resolve_draft_confidence_cpu: fence waited on with no publish since the last wait"):
+        relay.resolve_draft_confidence_cpu(b)  # type: ignore[arg-type]
+
+
+def test_placeholder_positions_holding_real_tokens_are_not_reads() -> None:
+    """In a mixed batch only placeholder positions consume; real tokens (0 included) stay."""
+    cls = placeholder_map_class()
+    relay = cls("cpu", POOL, debug=True)
+    relay.stash(slots(2), payload_of(cls, tokens=torch.tensor([0])))
+    b = batch(1, 2, 3)
+    b.input_ids = torch.tensor([7, -2, 0])
+    relay.resolve_future(b)
+    assert b.input_ids.tolist() == [7, 0, 0]
+    again = batch(1, 2, 3)
+    again.input_ids = torch.tensor([7, 8, 0])
+    relay.resolve_future(again)  # only real tokens: nothing consumed, nothing reported
+    assert again.input_ids.tolist() == [7, 8, 0]
 
 
 def test_invalidate_with_the_scratch_slot_is_caught() -> None:
-    """Slot 0 would give placeholder 0, indistinguishable from token 0: debug mode refuses it."""
-    relay = DecodeFutureMap("cpu", POOL, debug=True)
-    batch = batch_of(0, 3)
-    with pytest.raises(RuntimeError, match=r"DecodeFutureMap\.invalidate.*>= 1"):
-        relay.invalidate(batch, batch.req_pool_indices)
+    """Slot 0 would give placeholder 0, indistinguishable from token 0: refused."""
+    relay = placeholder_map_class()("cpu", POOL, debug=True)
+    b = batch(0, 3)
+    with pytest.raises(RelayDebugError, match=r"invalidate: slots must be in \[1, 9\).*slot 0 at position 0 is not"):
+        relay.invalidate(b, b.req_pool_indices)
 
 
-def test_slot_released_between_stash_and_resolve_is_caught() -> None:
-    """A slot whose request ended (release) and was reused cannot read the old request's value."""
+def test_a_slot_released_between_stash_and_resolve_is_caught() -> None:
+    """The value of a slot's previous request is never handed to the next one."""
     relay = DecodeFutureMap("cpu", POOL, debug=True)
     relay.stash(slots(3), DecodePayload(next_token_ids=torch.tensor([9])))
     relay.release(slots(3))
-    batch = batch_of(3)
-    relay.invalidate(batch, batch.req_pool_indices)
-    with pytest.raises(RuntimeError, match="released and reused"):
-        relay.resolve_future(batch)
+    with pytest.raises(RelayDebugError, match="released and reused"):
+        relay.resolve_future(batch(3))
 
 
-def test_stash_after_release_is_read_normally() -> None:
+def test_a_stash_after_release_is_read_normally() -> None:
     """A stash made after the release belongs to the new request and resolves fine."""
     relay = DecodeFutureMap("cpu", POOL, debug=True)
     relay.stash(slots(3), DecodePayload(next_token_ids=torch.tensor([9])))
     relay.release(slots(3))
     relay.stash(slots(3), DecodePayload(next_token_ids=torch.tensor([10])))
-    batch = batch_of(3)
-    relay.invalidate(batch, batch.req_pool_indices)
-    relay.resolve_future(batch)
-    assert batch.input_ids.tolist() == [10]
+    b = batch(3)
+    relay.resolve_future(b)
+    assert b.input_ids.tolist() == [10]
 
 
-def test_forward_lane_read_on_another_stream_is_caught() -> None:
-    """resolve_future on a different stream than the stash is a debug error (no fence there)."""
+def test_a_slot_released_between_publish_and_schedule_resolve_is_caught() -> None:
+    """The generation check covers the schedule lane too."""
+    relay = EagleFutureMap("cpu", POOL, topk=TOPK, debug=True)
+    relay.publish(slots(2), torch.tensor([6]))
+    relay.release(slots(2))
+    with pytest.raises(RelayDebugError, match="released and reused"):
+        relay.resolve_seq_lens_cpu(batch(2))
+
+
+def test_a_forward_lane_read_not_ordered_after_its_stash_is_caught() -> None:
+    """resolve_future on the host after a stash on a forward stream, with nothing but an
+    unseen gate between them: the forward lane has no fence, so it is reported."""
     relay = DecodeFutureMap("cpu", POOL, debug=True)
+    stashed = threading.Event()
+
+    def stash() -> None:
+        relay.stash(slots(1), DecodePayload(next_token_ids=torch.tensor([2])))
+        stashed.set()
+
+    with thread_streams("fwd") as (stream,):
+        stream.submit(stash)
+        assert stashed.wait(GUARD_S)
+        with pytest.raises(RelayDebugError, match=r"resolve_future on host thread .* ThreadStream\('fwd'\)"):
+            relay.resolve_future(batch(1))
+
+
+def test_a_forward_lane_read_on_the_stashing_stream_is_allowed() -> None:
+    """Stash and resolve_future on the same ThreadStream are ordered by the stream."""
+    relay = DecodeFutureMap("cpu", POOL, debug=True)
+    b = batch(1)
     with thread_streams("fwd") as (stream,):
         stream.submit(lambda: relay.stash(slots(1), DecodePayload(next_token_ids=torch.tensor([2]))))
+        stream.submit(lambda: relay.resolve_future(b))
         stream.synchronize()
-    batch = batch_of(1)
-    relay.invalidate(batch, batch.req_pool_indices)
-    with pytest.raises(RelayDebugError, match=r"resolve_future.*stream"):
-        relay.resolve_future(batch)
+    assert b.input_ids.tolist() == [2]
 
 
 def test_debug_off_checks_nothing_and_values_can_be_re_read() -> None:
     """Without debug, buffers start at zero, values can be read twice and no check fires."""
-    relay = EagleConfidenceFutureMap("cpu", POOL, topk=1, draft_tokens=1)
+    relay = EagleFutureMap("cpu", POOL, topk=1)
     assert bool((relay.output_tokens_buf == 0).all())
-    assert not any(math.isnan(v) for v in relay.topk_p_buf.flatten().tolist())
-    relay.resolve_seq_lens_cpu(batch_of(1))  # no publish yet: no freshness check
-    relay.stash(
-        slots(1),
-        EagleConfidencePayload(
-            bonus_tokens=torch.tensor([6]), topk_p=torch.rand(1, 1), topk_index=torch.zeros(1, 1)
-        ),
-    )
+    relay.resolve_seq_lens_cpu(batch(1))  # no publish yet: no freshness check
+    relay.stash(slots(1), EaglePayload(
+        bonus_tokens=torch.tensor([6]), topk_p=torch.rand(1, 1), topk_index=torch.zeros(1, 1, dtype=torch.int64)))
     for _ in range(2):
-        batch = batch_of(1)
-        relay.invalidate(batch, batch.req_pool_indices)
-        relay.resolve_future(batch)
-        assert batch.input_ids.tolist() == [6]
-    relay.publish(slots(1), torch.tensor([8]), torch.tensor([[0.5]]))
-    for _ in range(2):
-        batch = batch_of(1)
-        relay.resolve_seq_lens_cpu(batch)
-        assert batch.seq_lens_sum == 8
+        b = batch(1)
+        relay.resolve_future(b)
+        assert b.spec_info.bonus_tokens.tolist() == [6]
     relay.release(slots(1))
-    relay.resolve_future(batch_of(1))  # slot reuse is not checked either
-    zero = batch_of(0)
-    relay.invalidate(zero, zero.req_pool_indices)
-    assert zero.input_ids.tolist() == [0]
+    relay.resolve_future(batch(1))  # slot reuse is not checked either
 
 
 def test_debug_off_allocates_no_debug_state() -> None:
-    """Debug mode is free when off: no generation stamps are allocated by a normal step."""
+    """Debug mode is free when off: the map holds no DebugChecks at all."""
     relay = DecodeFutureMap("cpu", POOL)
     relay.stash(slots(1), DecodePayload(next_token_ids=torch.tensor([2])))
-    relay.publish(slots(1), torch.tensor([2]))
-    relay.resolve_future(batch_of(1))
-    relay.resolve_seq_lens_cpu(batch_of(1))
+    relay.resolve_future(batch(1))
     relay.release(slots(1))
-    assert relay._debug._generation is None and relay._debug._stamps == {}
-
-
-def test_debug_resolve_future_with_an_empty_placeholder_target() -> None:
-    """Debug mode resolves a batch whose placeholder target holds nothing, like debug off."""
-    relay = EagleFutureMap("cpu", POOL, topk=TOPK, debug=True)
-    relay.stash(slots(1), eagle_payload(1, TOPK, base=1))
-    batch = batch_of(1)
-    batch.input_ids = torch.empty(0, dtype=torch.int64)
-    relay.resolve_future(batch)
-    assert batch.input_ids.numel() == 0
-    assert batch.spec_info.topk_index.tolist() == [[1, 2]]
-
-
-def test_forward_lane_read_on_the_stashing_stream_is_allowed() -> None:
-    """Stash and resolve_future on the same ThreadStream pass the stream-order check."""
-    relay = DecodeFutureMap("cpu", POOL, debug=True)
-    batch = batch_of(1)
-    with thread_streams("fwd") as (stream,):
-        stream.submit(lambda: relay.stash(slots(1), DecodePayload(next_token_ids=torch.tensor([2]))))
-        relay.invalidate(batch, batch.req_pool_indices)
-        stream.submit(lambda: relay.resolve_future(batch))
-        stream.synchronize()
-    assert batch.input_ids.tolist() == [2]
-
-
-def test_slot_released_between_publish_and_schedule_resolve_is_caught() -> None:
-    """The generation check covers the schedule lane too: a released slot's length is stale."""
-    relay = DecodeFutureMap("cpu", POOL, debug=True)
-    relay.publish(slots(2), torch.tensor([6]))
-    relay.release(slots(2))
-    with pytest.raises(RuntimeError, match="released and reused"):
-        relay.resolve_seq_lens_cpu(batch_of(2))
+    assert relay._debug is None

@@ -3,14 +3,18 @@ what was stashed or published, slot by slot."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+from debug_support import batch, needs_debug_contract, payload_of, placeholder_map_class, slots
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from relay_runtime_support import Batch, slots
 
 from relay.maps.decode import DecodeFutureMap, DecodePayload
 from relay.maps.eagle import EagleFutureMap, EaglePayload
 from relay.maps.eagle_confidence import EagleConfidenceFutureMap
+
+pytestmark = needs_debug_contract
 
 _SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -24,6 +28,7 @@ def pool_and_slots(draw: st.DrawFn, max_pool: int = 64) -> tuple[int, list[int]]
 
 
 _TOKENS = st.integers(min_value=0, max_value=2**40)
+_PLACEHOLDER_MAP: Any = placeholder_map_class()
 _FLOATS = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False, width=32)
 
 
@@ -48,14 +53,13 @@ def test_stash_then_resolve_returns_each_slots_values(
     relay.stash(slots(*chosen), payload)
 
     order = data.draw(st.permutations(range(n)))
-    batch = Batch(req_pool_indices=slots(*[chosen[i] for i in order]))
-    relay.invalidate(batch, batch.req_pool_indices)
-    relay.resolve_future(batch)
-    assert batch.input_ids.tolist() == [tokens[i] for i in order]
-    assert torch.equal(batch.spec_info.topk_p, payload.topk_p[list(order)])
-    assert torch.equal(batch.spec_info.topk_index, payload.topk_index[list(order)])
-    assert batch.spec_info.hidden_states is not None
-    assert torch.equal(batch.spec_info.hidden_states, payload.hidden_states[list(order)])  # type: ignore[index]
+    b = batch(*[chosen[i] for i in order])
+    relay.resolve_future(b)
+    assert b.spec_info.bonus_tokens.tolist() == [tokens[i] for i in order]
+    assert torch.equal(b.spec_info.topk_p, payload.topk_p[list(order)])
+    assert torch.equal(b.spec_info.topk_index, payload.topk_index[list(order)])
+    assert b.spec_info.hidden_states is not None
+    assert torch.equal(b.spec_info.hidden_states, payload.hidden_states[list(order)])  # type: ignore[index]
 
 
 @_SETTINGS
@@ -67,17 +71,17 @@ def test_mixed_placeholders_and_real_tokens_resolve_position_by_position(
     pool, chosen = shape
     n = len(chosen)
     stashed = data.draw(st.lists(_TOKENS, min_size=n, max_size=n))
-    relay = DecodeFutureMap("cpu", pool)
-    relay.stash(slots(*chosen), DecodePayload(next_token_ids=torch.tensor(stashed)))
+    relay = _PLACEHOLDER_MAP("cpu", pool)
+    relay.stash(slots(*chosen), payload_of(_PLACEHOLDER_MAP, tokens=torch.tensor(stashed)))
     by_slot = dict(zip(chosen, stashed))
 
     placeholder = data.draw(st.lists(st.booleans(), min_size=n, max_size=n))
     real = data.draw(st.lists(st.integers(0, 50), min_size=n, max_size=n))  # 0 included
-    inputs = [-s if p else r for s, p, r in zip(chosen, placeholder, real)]
-    batch = Batch(req_pool_indices=slots(*chosen), input_ids=torch.tensor(inputs))
-    relay.resolve_future(batch)
+    b = batch(*chosen)
+    b.input_ids = torch.tensor([-s if p else r for s, p, r in zip(chosen, placeholder, real)])
+    relay.resolve_future(b)
     expected = [by_slot[s] if p else r for s, p, r in zip(chosen, placeholder, real)]
-    assert batch.input_ids.tolist() == expected
+    assert b.input_ids.tolist() == expected
 
 
 @_SETTINGS
@@ -89,16 +93,16 @@ def test_publish_then_resolve_mirrors_the_device_values_and_sum(
     pool, chosen = shape
     n = len(chosen)
     lengths = data.draw(st.lists(st.integers(1, 2**31), min_size=n, max_size=n))
-    relay = DecodeFutureMap("cpu", pool, debug=debug)
+    relay = EagleFutureMap("cpu", pool, topk=1, debug=debug)
     relay.publish(slots(*chosen), torch.tensor(lengths))
 
     asked = data.draw(st.lists(st.sampled_from(chosen), min_size=1, max_size=n, unique=True))
-    batch = Batch(req_pool_indices=slots(*asked))
-    relay.resolve_seq_lens_cpu(batch)
+    b = batch(*asked)
+    relay.resolve_seq_lens_cpu(b)
     by_slot = dict(zip(chosen, lengths))
-    assert batch.seq_lens.tolist() == [by_slot[s] for s in asked]
-    assert torch.equal(batch.seq_lens_cpu, batch.seq_lens)
-    assert batch.seq_lens_sum == sum(by_slot[s] for s in asked)
+    assert b.seq_lens.tolist() == [by_slot[s] for s in asked]
+    assert torch.equal(b.seq_lens_cpu, b.seq_lens)
+    assert b.seq_lens_sum == sum(by_slot[s] for s in asked)
 
 
 @_SETTINGS
@@ -114,11 +118,11 @@ def test_publish_then_resolve_confidence_rows(
     relay = EagleConfidenceFutureMap("cpu", pool, topk=1, draft_tokens=draft)
     relay.publish(slots(*chosen), torch.ones(n, dtype=torch.int64), confidence)
     order = data.draw(st.permutations(range(n)))
-    batch = Batch(req_pool_indices=slots(*[chosen[i] for i in order]))
-    relay.resolve_draft_confidence_cpu(batch)
+    b = batch(*[chosen[i] for i in order])
+    relay.resolve_draft_confidence_cpu(b)  # type: ignore[arg-type]
     expected = confidence.to(torch.float32)[list(order)]
-    assert torch.equal(batch.spec_info.draft_confidence, expected)
-    assert torch.equal(batch.draft_confidence_cpu, expected)
+    assert torch.equal(b.spec_info.draft_confidence, expected)
+    assert torch.equal(b.draft_confidence_cpu, expected)
 
 
 @_SETTINGS
@@ -136,7 +140,6 @@ def test_repeated_stashes_resolve_the_newest_value_once_in_debug(
         relay.stash(slots(*written), DecodePayload(next_token_ids=torch.tensor(values)))
         newest.update(zip(written, values))
         read = data.draw(st.lists(st.sampled_from(sorted(newest)), min_size=1, unique=True))
-        batch = Batch(req_pool_indices=slots(*read))
-        relay.invalidate(batch, batch.req_pool_indices)
-        relay.resolve_future(batch)
-        assert batch.input_ids.tolist() == [newest.pop(s) for s in read]
+        b = batch(*read)
+        relay.resolve_future(b)
+        assert b.input_ids.tolist() == [newest.pop(s) for s in read]

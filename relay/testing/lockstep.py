@@ -1,0 +1,492 @@
+"""The lockstep harness: a generated map and the reference model, run on the same
+operation sequences (drawn by Hypothesis), compared on every value handed over.
+
+One call checks a schema::
+
+    from relay.testing import check_lockstep
+    check_lockstep(SCHEMA)                      # renders and imports the map itself
+    check_lockstep(SCHEMA, MyFutureMap, dims={"hidden": 8}, operations=10_000)
+
+Operations: stashes and publishes of random batches (size 0 included) into random
+slots, payload dtypes other than the buffer's (cast), optional fields carried by some
+writes and not others, NaN and -1 among the values where no guard forbids them;
+``invalidate`` then ``resolve_future`` with placeholder positions mixed with real
+tokens; schedule-side resolves; releases and reuse of slots. Forward work runs on one
+CPU ``ThreadStream``, publishes on it or on a second one, schedule resolves on the host,
+as an overlap engine does. Only sequences a correct engine may issue are drawn (each
+value read once, a publish before each schedule resolve), so the map runs in debug mode
+and any debug report is a failure too.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import random
+import sys
+import tempfile
+import typing
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+from relay import debug as debug_mode
+from relay.cpu_stream import ThreadStream, use_cpu_stream
+from relay.schema import FromPayload, Guard, Lane, Resolve, Schema
+from relay.schema import Field as FieldDecl
+from relay.testing.model import ReferenceRelay, get_path, set_path
+
+__all__ = ["LockstepDivergence", "Namespace", "check_lockstep", "load_map_class", "run_lockstep"]
+
+
+class LockstepDivergence(AssertionError):
+    """The map and the model handed over different values (the message says where)."""
+
+
+class _Unset:
+    """What a batch attribute holds until the map (or model) sets it."""
+
+    def __repr__(self) -> str:
+        return "<never set>"
+
+
+UNSET = _Unset()
+
+
+class Namespace:
+    """A batch (or ``spec_info``) with whatever attributes a map reads and writes."""
+
+    def __init__(self, **attributes: Any) -> None:
+        self.__dict__.update(attributes)
+
+    def __repr__(self) -> str:
+        return f"Namespace({', '.join(f'{k}={v!r}' for k, v in self.__dict__.items())})"
+
+
+def load_map_class(schema: Schema) -> type[Any]:
+    """Render ``schema`` with the generator and import the class (needs ``relay.codegen``)."""
+    from relay.codegen.render import render
+
+    name = f"_relay_lockstep_{schema.name.lower()}"
+    folder = Path(tempfile.mkdtemp(prefix="relay-lockstep-"))
+    path = folder / f"{name}.py"
+    path.write_text(render(schema, source=f"<{schema.name}>", command="relay.testing"))
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module: ModuleType = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # typing.get_type_hints looks the module up
+    spec.loader.exec_module(module)
+    cls: type[Any] = getattr(module, schema.name)
+    return cls
+
+
+def _schedule_resolve(field: FieldDecl) -> str:
+    from relay.codegen.naming import resolve_method
+
+    return resolve_method(field)
+
+
+def _payload_class(map_cls: type[Any]) -> type[Any] | None:
+    stash = getattr(map_cls, "stash", None)
+    if stash is None:
+        return None
+    hints = typing.get_type_hints(stash)
+    payload: type[Any] = hints["payload"]
+    return payload
+
+
+def _new_batch(schema: Schema, indices: torch.Tensor) -> Namespace:
+    batch = Namespace()
+    for f in schema.fields:
+        for path in (f.target, f.host_mirror, f.host_sum):
+            if path is None:
+                continue
+            *parents, leaf = path.split(".")
+            node = batch
+            for name in parents:
+                if not hasattr(node, name):
+                    setattr(node, name, Namespace())
+                node = getattr(node, name)
+            setattr(node, leaf, UNSET)
+    set_path(batch, schema.indices, indices)
+    return batch
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        if a.dtype != b.dtype or a.shape != b.shape:
+            return False
+        if a.dtype.is_floating_point or a.dtype.is_complex:
+            return bool(((a == b) | (a.isnan() & b.isnan())).all())
+        return bool(torch.equal(a, b))
+    return type(a) is type(b) and a == b
+
+
+class _Driver:
+    """One lockstep run: the map, the model, the streams, and what may be read next."""
+
+    def __init__(
+        self,
+        schema: Schema,
+        map_cls: type[Any],
+        data: st.DataObject,
+        *,
+        pool_size: int,
+        max_batch: int,
+        dims: Mapping[str, int],
+        debug: bool,
+        device: torch.device,
+        forward: ThreadStream,
+        second: ThreadStream,
+        threads: bool,
+    ) -> None:
+        self.schema = schema
+        self.data = data
+        self.pool_size = pool_size
+        self.max_batch = max_batch
+        self.dims = dims
+        self.device = device
+        self.forward = forward
+        self.second = second
+        self.threads = threads
+        keywords = {
+            name: dims[name]
+            for name in typing.get_type_hints(map_cls.__init__)
+            if name in dims
+        }
+        self.map = map_cls(device, pool_size, debug=debug, **keywords)
+        self.model = ReferenceRelay(schema)
+        self.payload_cls = _payload_class(map_cls)
+        self.forward_fields = [f for f in schema.fields if f.lane is Lane.FORWARD]
+        self.schedule_fields = [f for f in schema.fields if f.lane is Lane.SCHEDULE]
+        self.consumer = {f.name: _schedule_resolve(f) for f in self.schedule_fields}
+        # What a correct engine may read next: per field the slots written and not yet
+        # read; the consumers with a publish since their last wait.
+        self.fresh: dict[str, set[int]] = {f.name: set() for f in schema.fields}
+        self.fence_fresh: set[str] = set()
+        # FROM_PAYLOAD fields: the dtype of the first payload, drawn once per run.
+        self.payload_dtype = {
+            f.name: data.draw(st.sampled_from([torch.float32, torch.bfloat16, torch.float16]))
+            for f in schema.fields
+            if isinstance(f.dtype, FromPayload)
+        }
+        self.history: list[str] = []
+        self.busy: ThreadStream | None = None  # the stream with work not drained yet
+        self.kinds = self._kinds()
+        # One integer per operation (Hypothesis' per-draw cost dominates otherwise): the
+        # kind, the batch size and the index dtype in its low digits, a seed for the
+        # rest above them; shrinking it shrinks towards the first kind and empty batches.
+        self.operations = st.integers(0, 2**48 - 1)
+        self.size = 0
+        self.int32 = False
+        self.rng = random.Random(0)
+
+    # -- helpers -----------------------------------------------------------------------
+    def _on(self, stream: ThreadStream, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on ``stream``. The harness orders its streams (work on one stream
+        follows everything before it on the other), so its own writes never race; the
+        debug checks would rightly say so.
+
+        With ``threads``, ``fn`` is queued on the stream's worker without waiting, as an
+        engine launches work (the other stream drained first). Without, it runs on this
+        thread with ``stream`` current (``use_cpu_stream``): the same streams as far as
+        the map and the checker can tell, without a thread hand-off per operation; the
+        order between streams is then reported as a stream wait, as an engine would."""
+        previous = self.busy
+        if self.threads:
+            if previous is not None and previous is not stream:
+                previous.synchronize()
+            stream.submit(fn)
+        else:
+            if previous is not None and previous is not stream:
+                debug_mode.wait_stream(stream, previous)
+            with use_cpu_stream(stream):
+                fn()
+        self.busy = stream
+
+    def _drain(self) -> None:
+        if self.busy is not None and self.threads:
+            self.busy.synchronize()
+            self.busy = None
+
+    def _indices(self, slots: list[int]) -> torch.Tensor:
+        dtype = torch.int32 if self.int32 else torch.int64
+        return torch.tensor(slots, dtype=dtype, device=self.device)
+
+    def _row_shape(self, f: FieldDecl) -> tuple[int, ...]:
+        return tuple(d if isinstance(d, int) else self.dims[d] for d in f.shape)
+
+    def _dtype_choices(self, f: FieldDecl) -> list[torch.dtype]:
+        """Payload dtypes for ``f``: the buffer's, and one the map must cast from."""
+        declared = f.dtype
+        if isinstance(declared, FromPayload):
+            return [self.payload_dtype[f.name]]
+        if declared == torch.bool:
+            return [torch.bool]
+        if declared.is_floating_point:
+            return [declared, torch.float64]
+        return [declared, torch.int32 if declared != torch.int32 else torch.int64]
+
+    def _value(self, f: FieldDecl, n: int) -> torch.Tensor:
+        """``n`` random rows for ``f``, in a payload dtype that may differ from the buffer's."""
+        dtype = self.rng.choice(self._dtype_choices(f))
+        g = torch.Generator().manual_seed(self.rng.randrange(2**31))
+        shape = (n, *self._row_shape(f))
+        if dtype == torch.bool:
+            value = torch.randint(0, 2, shape, generator=g).bool()
+        elif dtype.is_floating_point:
+            value = torch.randn(shape, generator=g).to(dtype)
+            if f.guard is not Guard.NONE:
+                value = value.abs() + 1
+            elif n and self.rng.random() < 0.3:
+                value.view(-1)[0] = float("nan")  # a legal value, never a debug report
+        else:
+            low = {Guard.POSITIVE: 1, Guard.NON_NEGATIVE: 0}.get(f.guard, -2)
+            value = torch.randint(low, 1000, shape, generator=g).to(dtype)  # -1 included
+        return value.to(self.device)
+
+    def _slots(self, candidates: set[int] | range) -> list[int]:
+        """Up to the drawn batch size of distinct ``candidates``, in random order."""
+        pool = sorted(candidates)
+        return self.rng.sample(pool, min(self.size, len(pool)))
+
+    def _compare(self, what: str, map_batch: Any, model_batch: Any, paths: list[str]) -> None:
+        for path in paths:
+            got, want = get_path(map_batch, path), get_path(model_batch, path)
+            if not _same(got, want):
+                recent = "\n  ".join(self.history[-12:])
+                raise LockstepDivergence(
+                    f"{self.schema.name}: after {what}, batch.{path} differs\n"
+                    f"  map:   {got!r}\n  model: {want!r}\n"
+                    f"recent operations (oldest first):\n  {recent}"
+                )
+
+    # -- operations --------------------------------------------------------------------
+    def _kinds(self) -> list[str]:
+        kinds = ["release"]
+        if self.forward_fields:
+            kinds += ["stash", "stash", "resolve_future", "resolve_future"]
+        if self.schedule_fields:
+            kinds += ["publish", "publish", *(f"resolve:{f.name}" for f in self.schedule_fields)]
+        return kinds
+
+    def step(self) -> None:
+        code = self.data.draw(self.operations, label="operation")
+        code, kind_index = divmod(code, len(self.kinds))
+        code, self.size = divmod(code, self.max_batch + 1)
+        seed, int32 = divmod(code, 2)
+        kind, self.int32 = self.kinds[kind_index], bool(int32)
+        self.rng = random.Random(seed)
+        if kind == "stash":
+            self.stash()
+        elif kind == "publish":
+            self.publish()
+        elif kind == "resolve_future":
+            self.resolve_future()
+        elif kind == "release":
+            self.release()
+        else:
+            self.resolve_schedule(self.model.fields[kind.split(":", 1)[1]])
+
+    def _write_values(self, fields: list[FieldDecl], n: int) -> dict[str, torch.Tensor | None]:
+        values: dict[str, torch.Tensor | None] = {}
+        for f in fields:
+            carried = not f.optional or self.rng.random() < 0.6
+            values[f.payload_name] = self._value(f, n) if carried else None
+        return values
+
+    def _wrote(self, fields: list[FieldDecl], slots: list[int], values: Mapping[str, Any]) -> None:
+        if not slots:
+            return
+        for f in fields:
+            if values[f.payload_name] is None:
+                self.fresh[f.name] -= set(slots)
+            else:
+                self.fresh[f.name] |= set(slots)
+
+    def stash(self) -> None:
+        slots = self._slots(range(1, self.pool_size))
+        indices = self._indices(slots)
+        values = self._write_values(self.forward_fields, len(slots))
+        assert self.payload_cls is not None
+        payload = self.payload_cls(**values)
+        self.history.append(f"stash({slots}, {_describe(values)})")
+        self._on(self.forward, lambda: self.map.stash(indices, payload))
+        self.model.stash(slots, values)
+        self._wrote(self.forward_fields, slots, values)
+
+    def publish(self) -> None:
+        slots = self._slots(range(1, self.pool_size))
+        indices = self._indices(slots)
+        values = self._write_values(self.schedule_fields, len(slots))
+        stream = self.rng.choice([self.forward, self.second])
+        self.history.append(f"publish({slots}, {_describe(values)}) on {stream.name}")
+        self._on(stream, lambda: self.map.publish(indices, **values))
+        self.model.publish(slots, values)
+        self._wrote(self.schedule_fields, slots, values)
+        if slots:
+            self.fence_fresh = set(self.consumer.values())
+
+    def release(self) -> None:
+        slots = self._slots(range(1, self.pool_size))
+        indices = self._indices(slots)
+        self.history.append(f"release({slots})")
+        self._on(self.forward, lambda: self.map.release(indices))
+        self.model.release(slots)
+        for fresh in self.fresh.values():
+            fresh -= set(slots)
+
+    def resolve_future(self) -> None:
+        read = [
+            f for f in self.forward_fields
+            if f.target is not None and self.model.hands_over(f.name)
+        ]
+        candidates = set(range(1, self.pool_size))
+        for f in read:
+            candidates &= self.fresh[f.name]
+        order = self._slots(candidates)  # picks come in any order
+        indices = self._indices(list(order))
+        map_batch, model_batch = _new_batch(self.schema, indices), _new_batch(self.schema, indices.clone())
+        paths: list[str] = []
+        for f in self.forward_fields:
+            if f.target is None:
+                continue
+            paths.append(f.target)
+            if f.resolve is Resolve.PLACEHOLDER:
+                self.map.invalidate(map_batch, indices)
+                self.model.invalidate(model_batch, indices)
+        # A mixed batch: some placeholder positions hold real tokens already.
+        for f in self.forward_fields:
+            if f.resolve is Resolve.PLACEHOLDER and f.target is not None and order:
+                real = [self.rng.randrange(51) if self.rng.random() < 0.25 else None for _ in order]
+                for target in (get_path(map_batch, f.target), get_path(model_batch, f.target)):
+                    for position, token in enumerate(real):
+                        if token is not None:
+                            target[position] = token
+        self.history.append(f"resolve_future({list(order)})")
+        self._on(self.forward, lambda: self.map.resolve_future(map_batch))
+        self._drain()
+        self.model.resolve_future(model_batch)
+        if order:
+            self._compare(f"resolve_future({list(order)})", map_batch, model_batch, paths)
+            for f in read:
+                self.fresh[f.name] -= set(order)
+
+    def resolve_schedule(self, f: FieldDecl) -> None:
+        consumer = self.consumer[f.name]
+        reads = self.model.hands_over(f.name)
+        candidates = self.fresh[f.name] if reads else set(range(1, self.pool_size))
+        if consumer not in self.fence_fresh:
+            candidates = set()  # no publish since the last wait: only an empty batch
+        slots = self._slots(candidates)
+        indices = self._indices(slots)
+        map_batch, model_batch = _new_batch(self.schema, indices), _new_batch(self.schema, indices.clone())
+        self.history.append(f"{consumer}({slots})")
+        getattr(self.map, consumer)(map_batch)  # on the host, behind the map's fence
+        self.model.resolve_schedule(f.name, model_batch)
+        if slots:
+            paths = [p for p in (f.target, f.host_mirror, f.host_sum) if p is not None]
+            self._compare(f"{consumer}({slots})", map_batch, model_batch, paths)
+            self.fence_fresh.discard(consumer)
+            if reads:
+                self.fresh[f.name] -= set(slots)
+
+
+def _describe(values: Mapping[str, torch.Tensor | None]) -> str:
+    return ", ".join(
+        f"{k}=None" if v is None else f"{k}={v.dtype}{tuple(v.shape)}" for k, v in values.items()
+    )
+
+
+def _default_dims(schema: Schema, dims: Mapping[str, int] | None) -> dict[str, int]:
+    chosen = {}
+    for f in schema.fields:
+        for d in f.shape:
+            if isinstance(d, str):
+                chosen[d] = 3
+    chosen.update(dims or {})
+    return chosen
+
+
+def run_lockstep(
+    schema: Schema,
+    map_cls: type[Any],
+    data: st.DataObject,
+    *,
+    steps: int = 100,
+    pool_size: int = 9,
+    max_batch: int = 4,
+    dims: Mapping[str, int] | None = None,
+    debug: bool = True,
+    device: torch.device | str = "cpu",
+    threads: bool = False,
+) -> int:
+    """Run ``steps`` operations drawn from ``data`` on a fresh map and model; returns the
+    number run. Use it inside your own ``@given(st.data())`` test."""
+    forward, second = ThreadStream("lockstep-forward"), ThreadStream("lockstep-publisher")
+    try:
+        driver = _Driver(
+            schema, map_cls, data, pool_size=pool_size, max_batch=max_batch,
+            dims=_default_dims(schema, dims), debug=debug, device=torch.device(device),
+            forward=forward, second=second, threads=threads,
+        )
+        for _ in range(steps):
+            driver.step()
+        driver._drain()
+        return steps
+    finally:
+        forward.close()
+        second.close()
+
+
+def check_lockstep(
+    schema: Schema | ModuleType,
+    map_cls: type[Any] | None = None,
+    *,
+    operations: int = 10_000,
+    steps: int = 100,
+    pool_size: int = 9,
+    max_batch: int = 4,
+    dims: Mapping[str, int] | None = None,
+    debug: bool = True,
+    device: torch.device | str = "cpu",
+    threads: bool = False,
+    shrink: bool = True,
+) -> int:
+    """Check a generated map against the reference model on at least ``operations``
+    operations (in runs of ``steps``); raises ``LockstepDivergence`` (shrunk by
+    Hypothesis) or the map's own error. Returns the number of operations run.
+
+    ``schema`` is a ``Schema`` or a schema module holding ``SCHEMA``; ``map_cls`` the
+    generated class (rendered and imported from the schema when omitted); ``dims`` the
+    sizes of symbolic dims (3 where not given); ``threads`` runs the two streams on
+    worker threads (slower; see ``_Driver._on``); ``shrink=False`` reports the first
+    failing sequence as found instead of shrinking it (minutes for a long sequence).
+    """
+    if isinstance(schema, ModuleType):
+        schema = typing.cast(Schema, schema.SCHEMA)
+    cls = map_cls if map_cls is not None else load_map_class(schema)
+    runs = math.ceil(operations / steps)
+    done = [0]
+
+    @settings(
+        max_examples=runs,
+        deadline=None,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+        phases=list(Phase) if shrink else [Phase.explicit, Phase.reuse, Phase.generate],
+    )
+    @given(data=st.data())
+    def lockstep(data: st.DataObject) -> None:
+        done[0] += run_lockstep(
+            schema, cls, data, steps=steps, pool_size=pool_size, max_batch=max_batch,
+            dims=dims, debug=debug, device=device, threads=threads,
+        )
+
+    lockstep()
+    return done[0]

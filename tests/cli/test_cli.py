@@ -1,0 +1,128 @@
+"""The ``relay`` command: help without torch, ``python -m relay``, exit statuses, pipes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import relay
+from relay.cli import EXIT_BROKEN_PIPE, EXIT_USAGE, main
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _relay(*args: str, stdout: int | None = subprocess.PIPE) -> subprocess.CompletedProcess[str]:
+    """``python -m relay ARGS`` in a fresh interpreter."""
+    return subprocess.run([sys.executable, "-m", "relay", *args], check=False, stdout=stdout,
+                          stderr=subprocess.PIPE, text=True, timeout=600)
+
+
+def _modules_after(code: str) -> set[str]:
+    """The modules a fresh interpreter has imported after running ``code``."""
+    probe = (f"import sys\ntry:\n    {code}\nexcept SystemExit:\n    pass\n"
+             "sys.stderr.write(' '.join(sys.modules))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=120, check=True)
+    return set(done.stderr.split())
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["--version"], ["generate", "--help"]])
+def test_help_and_version_do_not_import_torch(argv: list[str]) -> None:
+    """``relay --help``, ``--version`` and ``generate --help`` answer without importing torch."""
+    modules = _modules_after(f"from relay.cli import main; main({argv!r})")
+    assert "relay.cli" in modules
+    assert "torch" not in modules
+    assert "rich" not in modules
+
+
+def test_vocabulary_is_importable_from_the_package_lazily() -> None:
+    """``import relay`` imports no torch; ``from relay import Field`` still works."""
+    assert "torch" not in _modules_after("import relay")
+    assert "torch" in _modules_after("from relay import Field")
+    from relay import Field, Lane, RelayError
+    from relay.errors import RelayError as Home
+    from relay.schema import Field as SchemaField
+
+    assert Field is SchemaField and RelayError is Home and Lane.FORWARD.name == "FORWARD"
+    with pytest.raises(AttributeError, match="has no attribute 'Feild'"):
+        relay.Feild  # noqa: B018
+
+
+def test_python_dash_m_relay_is_the_command() -> None:
+    """``python -m relay --version`` prints the version, exit 0."""
+    done = _relay("--version")
+    assert done.returncode == 0
+    assert done.stdout.strip() == f"relay {relay.__version__}"
+
+
+def test_no_command_is_bad_usage(capsys: pytest.CaptureFixture[str]) -> None:
+    """``relay`` alone prints the help and exits 2; an unknown command too."""
+    assert main([]) == EXIT_USAGE
+    assert "generate" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_info:
+        main(["frobnicate"])
+    assert exit_info.value.code == EXIT_USAGE
+
+
+def test_help_lists_exit_statuses(capsys: pytest.CaptureFixture[str]) -> None:
+    """``relay --help`` documents every exit status."""
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    for status in ("0 ok", "1 generated files drifted", "2 bad usage", "3 invalid schema"):
+        assert status in out
+
+
+def test_closed_pipe_ends_quietly() -> None:
+    """``relay demo | head``: a reader that closed its end, no traceback, exit 141."""
+    read, write = os.pipe()
+    os.close(read)  # like `head` after it has read what it wanted
+    try:
+        done = _relay("demo", "--model", "tiny", "--requests", "4", "--repeat", "1",
+                      stdout=write)
+    finally:
+        os.close(write)
+    assert done.returncode == EXIT_BROKEN_PIPE
+    assert done.stderr == ""
+
+
+@pytest.mark.skipif(
+    __import__("torch").cuda.is_available(), reason="checks the message where CUDA is missing"
+)
+def test_demo_on_missing_cuda_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    """``relay demo --device cuda`` without CUDA: one line naming the fix, exit 2."""
+    assert main(["demo", "--device", "cuda"]) == EXIT_USAGE
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert len(lines) == 1, captured.err
+    assert "CUDA is not available" in lines[0] and "--device cpu" in lines[0]
+    assert captured.out == ""
+
+
+@pytest.mark.parametrize("argv", [["--device", "tpu"], ["--requests", "0"], ["--repeat", "x"]])
+def test_demo_bad_usage_exits_2_without_traceback(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A demo flag it cannot run with exits 2 with an error line and no traceback."""
+    try:
+        code = main(["demo", *argv])
+    except SystemExit as exit_info:  # argparse's own usage errors
+        code = int(exit_info.code or 0)
+    assert code == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.splitlines()[-1].startswith("relay demo: error:")
+
+
+def test_readme_quickstart_output_is_what_the_example_prints() -> None:
+    """The README's quickstart output is exactly what ``examples/quickstart.py`` prints."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    after = readme.split("(`.venv/bin/python examples/quickstart.py`", 1)[1]
+    shown = after.split("```\n", 2)[1]
+    done = subprocess.run([sys.executable, str(REPO / "examples" / "quickstart.py")],
+                          check=True, capture_output=True, text=True, timeout=300)
+    assert done.stdout == shown
