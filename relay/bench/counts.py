@@ -4,7 +4,9 @@ bytes those ops move, and on CUDA the kernel launches.
 Ops are counted with a ``TorchDispatchMode``: every aten op that reaches a kernel,
 after autograd and composite decompositions, so ``x.to(torch.int64)`` on an int64
 tensor counts nothing and ``int(t.sum())`` counts ``sum`` and
-``_local_scalar_dense``. The counts are exact and machine-independent, unlike times.
+``_local_scalar_dense``. View ops (``relay.opcount.is_view_op``: they move no data and
+launch no kernel) are counted apart, as sglang's own count leaves them out. The counts
+are exact and machine-independent, unlike times.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from relay.bench.sides import Side
+from relay.opcount import is_view_op
 
 __all__ = ["MethodCount", "StepCount", "count_launches", "count_step"]
 
@@ -73,6 +76,7 @@ class _Recorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
     def __init__(self) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.ops: list[str] = []
+        self.views = 0
         self.bytes = 0
 
     def __torch_dispatch__(
@@ -83,18 +87,23 @@ class _Recorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         out = func(*args, **(kwargs or {}))
-        self.ops.append(func.overloadpacket.__name__)
+        if is_view_op(func):
+            self.views += 1
+        else:
+            self.ops.append(func.overloadpacket.__name__)
         self.bytes += _bytes_moved(func, args, out)
         return out
 
 
 @attrs.frozen
 class MethodCount:
-    """The aten ops one call of a method dispatched, in order, and the bytes they move."""
+    """The data ops one call of a method dispatched, in order, its view ops, and the
+    bytes they move."""
 
     method: str
     ops: tuple[str, ...]
     bytes: int
+    views: int = 0
 
     def summary(self) -> str:
         """``index_put_ x4, index`` style: each op with its count, in first-seen order."""
@@ -113,6 +122,10 @@ class StepCount:
         return sum(len(m.ops) for m in self.methods)
 
     @property
+    def views(self) -> int:
+        return sum(m.views for m in self.methods)
+
+    @property
     def bytes(self) -> int:
         return sum(m.bytes for m in self.methods)
 
@@ -126,7 +139,7 @@ def count_step(side: Side) -> StepCount:
     for name, call in side.calls:
         with _Recorder() as recorder:
             call()
-        methods.append(MethodCount(name, tuple(recorder.ops), recorder.bytes))
+        methods.append(MethodCount(name, tuple(recorder.ops), recorder.bytes, recorder.views))
     return StepCount(tuple(methods))
 
 

@@ -52,8 +52,9 @@ class Report:
         def count(c: StepCount | None) -> dict[str, Any] | None:
             if c is None:
                 return None
-            return {"ops": c.ops, "bytes": c.bytes,
-                    "methods": {m.method: {"ops": list(m.ops), "bytes": m.bytes}
+            return {"ops": c.ops, "views": c.views, "bytes": c.bytes,
+                    "methods": {m.method: {"ops": list(m.ops), "views": m.views,
+                                           "bytes": m.bytes}
                                 for m in c.methods}}
 
         return {
