@@ -53,7 +53,9 @@ def fake_forward(batch: DecodeSeqLensBatch) -> tuple[torch.Tensor, torch.Tensor]
 
 
 def main() -> None:
-    relay = DecodeSeqLensFutureMap("cpu", pool_size=8)  # rows 1..7: request slots, 0: scratch
+    relay = DecodeSeqLensFutureMap(
+        "cpu", pool_size=8
+    )  # rows 1..7: request slots, 0: scratch
     slots = torch.tensor([3, 5])
 
     # Step N: a forward whose inputs are already known (e.g. right after prefill).
@@ -61,12 +63,18 @@ def main() -> None:
     batch_n.input_ids = torch.tensor([11, 12])
     tokens, new_lens = fake_forward(batch_n)
     relay.publish(slots, new_lens)  # schedule lane: mid-forward, records the fence
-    relay.stash(slots, DecodeSeqLensPayload(next_token_ids=tokens))  # forward lane: at the end
-    print(f"step N   forward:   sampled {tokens.tolist()}, new seq_lens {new_lens.tolist()}")
+    relay.stash(
+        slots, DecodeSeqLensPayload(next_token_ids=tokens)
+    )  # forward lane: at the end
+    print(
+        f"step N   forward:   sampled {tokens.tolist()}, new seq_lens {new_lens.tolist()}"
+    )
 
     # Meanwhile the scheduler builds batch N+1 without waiting for N's tokens.
     batch_next = new_batch([3, 5], seq_lens=[0, 0])
-    relay.resolve_seq_lens_cpu(batch_next)  # waits on the fence, then gathers and copies
+    relay.resolve_seq_lens_cpu(
+        batch_next
+    )  # waits on the fence, then gathers and copies
     print(
         f"step N+1 scheduler: seq_lens {batch_next.seq_lens.tolist()}, "
         f"seq_lens_cpu {batch_next.seq_lens_cpu.tolist()}, seq_lens_sum {batch_next.seq_lens_sum}"

@@ -18,7 +18,16 @@ from relay import __version__
 if TYPE_CHECKING:
     from rich.console import Console
 
-__all__ = ["EXIT_BROKEN_PIPE", "EXIT_DRIFT", "EXIT_FAILED", "EXIT_INVALID_SCHEMA", "EXIT_OK", "EXIT_USAGE", "main", "rich_console"]
+__all__ = [
+    "EXIT_BROKEN_PIPE",
+    "EXIT_DRIFT",
+    "EXIT_FAILED",
+    "EXIT_INVALID_SCHEMA",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "main",
+    "rich_console",
+]
 
 # Exit statuses, the same for every command (README "Commands").
 EXIT_OK = 0
@@ -90,8 +99,9 @@ def _build_parser(command: str | None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"relay {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, help_line in _COMMANDS.items():
-        child = sub.add_parser(name, help=help_line, description=help_line[0].upper()
-                               + help_line[1:] + ".")
+        child = sub.add_parser(
+            name, help=help_line, description=help_line[0].upper() + help_line[1:] + "."
+        )
         if name == command:
             _add_arguments(name, child)
     return parser

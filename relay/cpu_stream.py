@@ -157,7 +157,9 @@ class ThreadStream:
         """Block until every submitted task has finished; re-raise a task's error."""
         with self._cond:
             target = self._submitted
-            self._cond.wait_for(lambda: self._finished >= target or self._error is not None)
+            self._cond.wait_for(
+                lambda: self._finished >= target or self._error is not None
+            )
             token = self._done_token
         if observer is not None and token is not None:
             observer.joined(token)
@@ -224,7 +226,8 @@ class ThreadStream:
                     if observer is not None and token is not None:
                         observer.task_started(self, token)
                     fn()
-            except BaseException as error:  # surfaced on the host by raise_pending
+            # Surfaced on the host by raise_pending, whatever it was.
+            except BaseException as error:  # noqa: BLE001
                 self._error = error
             finally:
                 elapsed = time.perf_counter() - start
@@ -270,7 +273,10 @@ class CpuEvent:
             stream.raise_pending()  # a failed task surfaces at the next wait, as on CUDA
             if newest:
                 # Called at once, inside this iteration: the closure sees this stream.
-                stream.wait_ticket(newest, lambda: self._records.get(stream, 0) >= newest)
+                stream.wait_ticket(
+                    newest,
+                    lambda: self._records.get(stream, 0) >= newest,  # noqa: B023
+                )
         if observer is not None:
             observer.waited(self)
 

@@ -71,6 +71,7 @@ __all__ = [
     "wait_stream",
 ]
 
+
 class DebugCheckFailed(RelayDebugError, RuntimeError):
     """A debug check on slots or rows failed (on the CPU, where the check names the slot).
 
@@ -158,8 +159,12 @@ class _Checker:
         # What an actor learned from others changes only at joins: the vector tensors
         # reads compare against are cached per (actor, device) until the next one.
         self.learned: list[int] = []
-        self._vectors: dict[tuple[int, torch.device], tuple[int, int, torch.Tensor]] = {}
-        self._events: weakref.WeakKeyDictionary[Any, _Clock] = weakref.WeakKeyDictionary()
+        self._vectors: dict[
+            tuple[int, torch.device], tuple[int, int, torch.Tensor]
+        ] = {}
+        self._events: weakref.WeakKeyDictionary[Any, _Clock] = (
+            weakref.WeakKeyDictionary()
+        )
         self._strong_events: dict[int, tuple[Any, _Clock]] = {}
 
     # -- actors ----------------------------------------------------------------
@@ -178,7 +183,11 @@ class _Checker:
         else:
             stream_id = getattr(stream, "stream_id", None)
             key = (
-                (getattr(stream, "device_type", "?"), getattr(stream, "device_index", -1), stream_id)
+                (
+                    getattr(stream, "device_type", "?"),
+                    getattr(stream, "device_index", -1),
+                    stream_id,
+                )
                 if stream_id is not None
                 else ("stream", id(stream))
             )
@@ -218,7 +227,11 @@ class _Checker:
             if cached is None or cached[0] != self.learned[actor] or cached[1] != n:
                 values = [clock.get(a, 0) for a in range(n)]
                 values[actor] = _OWN
-                cached = self._vectors[key] = (self.learned[actor], n, _vector(values, device))
+                cached = self._vectors[key] = (
+                    self.learned[actor],
+                    n,
+                    _vector(values, device),
+                )
             return actor, clock[actor], cached[2]
 
     def snapshot(self, stream: Any) -> _Clock:
@@ -409,7 +422,10 @@ class DebugChecks:
         self.pool_size = pool_size
         self.owner = owner
         self._policy = policy_for(self.device)
-        self._lane = {**{f: "forward" for f in forward}, **{f: "schedule" for f in schedule}}
+        self._lane = {
+            **{f: "forward" for f in forward},
+            **{f: "schedule" for f in schedule},
+        }
         self._consumers = consumers
         self._fresh: set[str] = set()
         self._generation = torch.zeros(pool_size, dtype=torch.int64, device=self.device)
@@ -430,7 +446,9 @@ class DebugChecks:
         rows = self._rows.get(field)
         if rows is None:  # a field the constructor did not name: made on first use
             with self._create:
-                rows = self._rows.setdefault(field, _FieldRows(self.pool_size, self.device))
+                rows = self._rows.setdefault(
+                    field, _FieldRows(self.pool_size, self.device)
+                )
         return rows
 
     def _op(self, op: str) -> int:
@@ -441,7 +459,11 @@ class DebugChecks:
             return len(self._ops) - 1
 
     def _slots(self, what: str, indices: torch.Tensor) -> torch.Tensor:
-        if indices.dtype == torch.bool or indices.dtype.is_floating_point or indices.dtype.is_complex:
+        if (
+            indices.dtype == torch.bool
+            or indices.dtype.is_floating_point
+            or indices.dtype.is_complex
+        ):
             raise RelayDebugError(
                 f"{self.owner}.{what}: indices must be integer slots, got a {indices.dtype} "
                 "tensor; pass request-pool slots as int64 or int32"
@@ -464,7 +486,9 @@ class DebugChecks:
         return self._policy.current_stream()
 
     # -- the contract --------------------------------------------------------------
-    def check_slots(self, op: str, indices: torch.Tensor, *, scratch_ok: bool = True) -> None:
+    def check_slots(
+        self, op: str, indices: torch.Tensor, *, scratch_ok: bool = True
+    ) -> None:
         """Before anything is written: every slot in range (row 0 only if ``scratch_ok``),
         and no slot twice (row 0 may repeat where it is allowed: padding)."""
         rows = self._slots(op, indices)
@@ -473,8 +497,14 @@ class DebugChecks:
         low = 0 if scratch_ok else 1
         in_range = (rows >= low) & (rows < self.pool_size)
         ordered, _ = rows.sort()
-        repeated = (ordered[1:] == ordered[:-1]) & (ordered[1:] >= low) & (ordered[1:] != 0)
-        scratch = "" if scratch_ok else " (row 0 is the scratch row: placeholder 0 would read as token 0)"
+        repeated = (
+            (ordered[1:] == ordered[:-1]) & (ordered[1:] >= low) & (ordered[1:] != 0)
+        )
+        scratch = (
+            ""
+            if scratch_ok
+            else " (row 0 is the scratch row: placeholder 0 would read as token 0)"
+        )
 
         def out_of_range(i: int) -> str:
             return (
@@ -491,13 +521,18 @@ class DebugChecks:
             )
 
         self._require(
-            in_range, lambda: f"{op}: slots must be in [{low}, {self.pool_size}){scratch}",
+            in_range,
+            lambda: f"{op}: slots must be in [{low}, {self.pool_size}){scratch}",
             out_of_range,
         )
         if repeated.numel():
-            self._require(~repeated, lambda: f"{op}: a slot appears twice in one batch", twice)
+            self._require(
+                ~repeated, lambda: f"{op}: a slot appears twice in one batch", twice
+            )
 
-    def wrote(self, op: str, field: str, buf: torch.Tensor, indices: torch.Tensor) -> None:
+    def wrote(
+        self, op: str, field: str, buf: torch.Tensor, indices: torch.Tensor
+    ) -> None:
         """Rows ``indices`` of ``field`` were written by ``op`` on the current stream."""
         self._mark(op, field, self._slots(op, indices), _WRITTEN)
 
@@ -530,8 +565,10 @@ class DebugChecks:
 
         self._require(
             ordered,
-            lambda: f"{field}: {op} on {_checker.name(actor)} overwrites a row written on "
-            "another stream with no order between the writes",
+            lambda: (
+                f"{field}: {op} on {_checker.name(actor)} overwrites a row written on "
+                "another stream with no order between the writes"
+            ),
             unordered,
         )
         f.actor.index_fill_(0, rows, actor)
@@ -554,7 +591,9 @@ class DebugChecks:
             return
         f = self._field(field)
         hb = _checker.enabled
-        actor, _, vector = _checker.tick(self._stream(), rows.device) if hb else (-1, 0, rows)
+        actor, _, vector = (
+            _checker.tick(self._stream(), rows.device) if hb else (-1, 0, rows)
+        )
         checked = rows != 0  # row 0 is scratch: padded positions read it harmlessly
         if taken is not None:
             checked = checked & taken.reshape(-1)
@@ -604,9 +643,11 @@ class DebugChecks:
 
         self._require(
             ok,
-            lambda: f"{field}: {op} on {_checker.name(actor) if hb else 'its stream'} read a "
-            "row that was not written for this request since it was last consumed, was left "
-            "out, or whose write is not ordered before the read",
+            lambda: (
+                f"{field}: {op} on {_checker.name(actor) if hb else 'its stream'} read a "
+                "row that was not written for this request since it was last consumed, was left "
+                "out, or whose write is not ordered before the read"
+            ),
             problem,
         )
         # Positions not checked go to row 0, so no host sync is needed to drop them.

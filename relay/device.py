@@ -122,7 +122,9 @@ class GenericPolicy:
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.module: Any = torch.get_device_module(device.type)
-        self._streams = hasattr(self.module, "current_stream") and hasattr(self.module, "Event")
+        self._streams = hasattr(self.module, "current_stream") and hasattr(
+            self.module, "Event"
+        )
         # The map's own device's stream (a map on xpu:1 records and waits on xpu:1's),
         # where the module's current_stream takes a device.
         self._per_device = self._streams and _takes_device(self.module.current_stream)
@@ -135,7 +137,9 @@ class GenericPolicy:
         return self.module.current_stream()
 
     def new_event(self) -> Any:
-        return self.module.Event() if self._streams else _SynchronizingEvent(self.module)
+        return (
+            self.module.Event() if self._streams else _SynchronizingEvent(self.module)
+        )
 
     def record(self, event: Any, stream: Any) -> None:
         event.record(stream)
@@ -187,7 +191,9 @@ _FACTORIES: dict[str, Callable[[torch.device], DevicePolicy]] = {}
 _POLICIES: dict[torch.device, DevicePolicy] = {}
 
 
-def register_policy(device_type: str, factory: Callable[[torch.device], DevicePolicy]) -> None:
+def register_policy(
+    device_type: str, factory: Callable[[torch.device], DevicePolicy]
+) -> None:
     """Use ``factory(device)`` for every map on ``device_type`` created from now on."""
     _FACTORIES[device_type] = factory
     for device in [d for d in _POLICIES if d.type == device_type]:
@@ -198,7 +204,9 @@ def _default_policy(device: torch.device) -> DevicePolicy:
     if device.type == "cpu":
         return CpuPolicy()
     if device.type == "cuda":
-        return HipPolicy(device) if torch.version.hip is not None else CudaPolicy(device)
+        return (
+            HipPolicy(device) if torch.version.hip is not None else CudaPolicy(device)
+        )
     return GenericPolicy(device)
 
 
@@ -232,7 +240,9 @@ class HostMirror:
             or pinned.shape[0] < rows  # padded batches may hold more rows than slots
         ):
             pinned = torch.empty(
-                (max(self.pool_size, rows), *like.shape[1:]), dtype=like.dtype, pin_memory=True
+                (max(self.pool_size, rows), *like.shape[1:]),
+                dtype=like.dtype,
+                pin_memory=True,
             )
             self._pinned = pinned
         return pinned[:rows]

@@ -47,8 +47,14 @@ class SchemaIssue:
         return f"{self.where}: error: {lead}{self.problem}\n    fix: {self.fix}"
 
     def as_json(self) -> dict[str, object]:
-        return {"path": self.path, "line": self.line, "schema": self.schema,
-                "field": self.field, "message": self.problem, "fix": self.fix}
+        return {
+            "path": self.path,
+            "line": self.line,
+            "schema": self.schema,
+            "field": self.field,
+            "message": self.problem,
+            "fix": self.fix,
+        }
 
 
 def _count(n: int, noun: str) -> str:
@@ -61,8 +67,10 @@ class SchemaError(RelayError):
     def __init__(self, issues: list[SchemaIssue]) -> None:
         self.issues = issues
         files = len({issue.path for issue in issues})
-        self.summary = (f"invalid schema: {_count(len(issues), 'problem')} in "
-                        f"{_count(files, 'schema module')}")
+        self.summary = (
+            f"invalid schema: {_count(len(issues), 'problem')} in "
+            f"{_count(files, 'schema module')}"
+        )
         super().__init__("\n".join([*(str(i) for i in issues), self.summary]))
 
 

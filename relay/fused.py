@@ -47,13 +47,17 @@ _GRID_LIMIT = 65535
 _UNIT_DTYPES = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
-def gather_rows(indices: torch.Tensor, buffers: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+def gather_rows(
+    indices: torch.Tensor, buffers: Sequence[torch.Tensor]
+) -> list[torch.Tensor]:
     """``[buf.index_select(0, indices) for buf in buffers]``, in one launch on CUDA when
     it can (Note [Fused gather])."""
     if not _fusable(indices, buffers):
         return [buf.index_select(0, indices) for buf in buffers]
     outputs = [
-        torch.empty((indices.numel(), *buf.shape[1:]), dtype=buf.dtype, device=buf.device)
+        torch.empty(
+            (indices.numel(), *buf.shape[1:]), dtype=buf.dtype, device=buf.device
+        )
         for buf in buffers
     ]
     for start in range(0, len(buffers), MAX_BUFFERS):
@@ -76,7 +80,9 @@ def gather_rows_optional(
     present = [buf for buf in optional if buf is not None]
     rows = gather_rows(indices, [*buffers, *present])
     taken = iter(rows[len(buffers) :])
-    return rows[: len(buffers)], [None if buf is None else next(taken) for buf in optional]
+    return rows[: len(buffers)], [
+        None if buf is None else next(taken) for buf in optional
+    ]
 
 
 @functools.cache
@@ -113,7 +119,9 @@ def _as_units(tensor: torch.Tensor, unit: int) -> torch.Tensor:
 
 
 def _launch(
-    indices: torch.Tensor, buffers: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]
+    indices: torch.Tensor,
+    buffers: Sequence[torch.Tensor],
+    outputs: Sequence[torch.Tensor],
 ) -> None:
     unit = _units(buffers)
     n = indices.numel()
@@ -129,7 +137,11 @@ def _launch(
     first_src, first_dst = _as_units(buffers[0], unit), _as_units(outputs[0], unit)
     for slot in range(MAX_BUFFERS):
         if slot < len(buffers):
-            args += [_as_units(buffers[slot], unit), _as_units(outputs[slot], unit), widths[slot]]
+            args += [
+                _as_units(buffers[slot], unit),
+                _as_units(outputs[slot], unit),
+                widths[slot],
+            ]
         else:  # unused: never read, the kernel is specialized on COUNT
             args += [first_src, first_dst, 0]
     kernel = _kernel()

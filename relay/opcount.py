@@ -38,7 +38,9 @@ def is_view_op(op: Any) -> bool:
     schema = op._schema
     if schema.is_mutable or not schema.returns:
         return False
-    return all(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
+    return all(
+        r.alias_info is not None and not r.alias_info.is_write for r in schema.returns
+    )
 
 
 @attrs.frozen

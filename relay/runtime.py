@@ -146,7 +146,10 @@ def _refuse_rows(
         ok = (
             len(got) == len(expected)
             and got[0] == slots
-            and all(want is None or want == size for want, size in zip(declared_row, got[1:]))
+            and all(
+                want is None or want == size
+                for want, size in zip(declared_row, got[1:])
+            )
         )
         if ok and slots > 0 and 0 in got[1:]:
             raise RelayError(
@@ -197,7 +200,9 @@ def host_sum(values: torch.Tensor) -> int:
 
 def guard_non_negative(value: torch.Tensor, what: str) -> None:
     """Assert ``value >= 0`` on the device, without a host sync (debug mode)."""
-    torch._assert_async((value >= 0).all(), f"{what}: guard failed, values must be >= 0")
+    torch._assert_async(
+        (value >= 0).all(), f"{what}: guard failed, values must be >= 0"
+    )
 
 
 def guard_positive(value: torch.Tensor, what: str) -> None:

@@ -13,7 +13,7 @@ import os
 import sys
 from collections.abc import Sequence
 from types import FrameType
-from typing import Any, Union
+from typing import Any
 
 import attrs
 import torch
@@ -95,7 +95,7 @@ class FromPayload(enum.Enum):
 FROM_PAYLOAD = FromPayload.FROM_PAYLOAD
 
 #: One entry of a row shape: a fixed size or a symbolic name such as ``"topk"``.
-Dim = Union[int, str]
+Dim = int | str
 
 
 @attrs.frozen

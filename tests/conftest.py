@@ -21,7 +21,9 @@ def update_golden(request: pytest.FixtureRequest) -> bool:
     return bool(request.config.getoption("--update-golden"))
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(
+    config: pytest.Config, items: list[pytest.Item]
+) -> None:
     # GPU tests are skipped, visibly, where there is no CUDA device; never passed silently.
     if torch.cuda.is_available():
         return

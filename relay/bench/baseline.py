@@ -73,7 +73,9 @@ class PublishReady:
         self.cpu = device.type == "cpu"
         self.cuda = device.type == "cuda" and torch.version.hip is None
         # HIP: a device-side wait hurt latency there, so the host blocks instead.
-        self.host_wait = self.cpu or (device.type == "cuda" and torch.version.hip is not None)
+        self.host_wait = self.cpu or (
+            device.type == "cuda" and torch.version.hip is not None
+        )
         self.module: Any = None if self.cpu else torch.get_device_module(device.type)
         self.event: Any = None
         self.stream: Any = None
@@ -109,7 +111,9 @@ class PublishReady:
         else:
             self.module.current_stream().wait_event(self.event)
 
-    def host_rows(self, buf: torch.Tensor, batch: _Batch, rows: torch.Tensor) -> torch.Tensor:
+    def host_rows(
+        self, buf: torch.Tensor, batch: _Batch, rows: torch.Tensor
+    ) -> torch.Tensor:
         """The host copy of ``rows = buf[batch.req_pool_indices]``.
 
         CUDA: the copy stream waits on the fence, copies the whole buffer into the
@@ -142,7 +146,9 @@ class DecodeBaseline:
     def __init__(self, device: torch.device | str, pool_size: int) -> None:
         self.device = torch.device(device)
         self.pool_size = pool_size
-        self.output_tokens_buf = torch.zeros((pool_size,), dtype=torch.int64, device=self.device)
+        self.output_tokens_buf = torch.zeros(
+            (pool_size,), dtype=torch.int64, device=self.device
+        )
 
     def stash(self, indices: torch.Tensor, *, next_token_ids: torch.Tensor) -> None:
         if indices.numel() == 0:
@@ -163,8 +169,12 @@ class DecodeSeqLensBaseline:
     def __init__(self, device: torch.device | str, pool_size: int) -> None:
         self.device = torch.device(device)
         self.pool_size = pool_size
-        self.output_tokens_buf = torch.zeros((pool_size,), dtype=torch.int64, device=self.device)
-        self.new_seq_lens_buf = torch.zeros((pool_size,), dtype=torch.int64, device=self.device)
+        self.output_tokens_buf = torch.zeros(
+            (pool_size,), dtype=torch.int64, device=self.device
+        )
+        self.new_seq_lens_buf = torch.zeros(
+            (pool_size,), dtype=torch.int64, device=self.device
+        )
         self._ready = PublishReady(self.device, pool_size)
 
     def stash(self, indices: torch.Tensor, *, next_token_ids: torch.Tensor) -> None:
@@ -196,7 +206,9 @@ class DecodeSeqLensBaseline:
             return
         self._ready.wait()
         batch.seq_lens = self.new_seq_lens_buf[indices]
-        batch.seq_lens_cpu = self._ready.host_rows(self.new_seq_lens_buf, batch, batch.seq_lens)
+        batch.seq_lens_cpu = self._ready.host_rows(
+            self.new_seq_lens_buf, batch, batch.seq_lens
+        )
         batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
 
 
@@ -205,16 +217,26 @@ class EagleBaseline:
     reads it) the hidden state gathered into the draft input; the accepted lengths
     published mid-forward for the scheduler."""
 
-    def __init__(self, device: torch.device | str, pool_size: int, *, topk: int) -> None:
+    def __init__(
+        self, device: torch.device | str, pool_size: int, *, topk: int
+    ) -> None:
         self.device = torch.device(device)
         self.pool_size = pool_size
-        self.output_tokens_buf = torch.zeros((pool_size,), dtype=torch.int64, device=self.device)
-        self.topk_p_buf = torch.zeros((pool_size, topk), dtype=torch.float32, device=self.device)
-        self.topk_index_buf = torch.zeros((pool_size, topk), dtype=torch.int64, device=self.device)
+        self.output_tokens_buf = torch.zeros(
+            (pool_size,), dtype=torch.int64, device=self.device
+        )
+        self.topk_p_buf = torch.zeros(
+            (pool_size, topk), dtype=torch.float32, device=self.device
+        )
+        self.topk_index_buf = torch.zeros(
+            (pool_size, topk), dtype=torch.int64, device=self.device
+        )
         # Width and dtype come from the draft model: allocated by the first stash that
         # carries it, checked per stash (an early payload without it must not disable it).
         self.hidden_states_buf: torch.Tensor | None = None
-        self.new_seq_lens_buf = torch.zeros((pool_size,), dtype=torch.int64, device=self.device)
+        self.new_seq_lens_buf = torch.zeros(
+            (pool_size,), dtype=torch.int64, device=self.device
+        )
         self._ready = PublishReady(self.device, pool_size)
 
     def stash(
@@ -238,7 +260,9 @@ class EagleBaseline:
                     dtype=hidden_states.dtype,
                     device=self.device,
                 )
-            self.hidden_states_buf[indices] = hidden_states.to(self.hidden_states_buf.dtype)
+            self.hidden_states_buf[indices] = hidden_states.to(
+                self.hidden_states_buf.dtype
+            )
 
     def publish(self, indices: torch.Tensor, new_seq_lens: torch.Tensor) -> None:
         if indices.numel() == 0:
@@ -263,5 +287,7 @@ class EagleBaseline:
             return
         self._ready.wait()
         batch.seq_lens = self.new_seq_lens_buf[indices]
-        batch.seq_lens_cpu = self._ready.host_rows(self.new_seq_lens_buf, batch, batch.seq_lens)
+        batch.seq_lens_cpu = self._ready.host_rows(
+            self.new_seq_lens_buf, batch, batch.seq_lens
+        )
         batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())

@@ -67,7 +67,9 @@ def _bytes_moved(func: Any, args: tuple[Any, ...], out: object) -> int:
         index_t: torch.Tensor = args[2]
         return index_t.numel() * _row_bytes(args[0]) + _nbytes(index_t)
     inputs = sum(_nbytes(t) for t in _tensors(args))
-    outputs = sum(_nbytes(t) for t in _tensors(out if isinstance(out, (list, tuple)) else [out]))
+    outputs = sum(
+        _nbytes(t) for t in _tensors(out if isinstance(out, (list, tuple)) else [out])
+    )
     return inputs + outputs
 
 
@@ -139,11 +141,15 @@ def count_step(side: Side) -> StepCount:
     for name, call in side.calls:
         with _Recorder() as recorder:
             call()
-        methods.append(MethodCount(name, tuple(recorder.ops), recorder.bytes, recorder.views))
+        methods.append(
+            MethodCount(name, tuple(recorder.ops), recorder.bytes, recorder.views)
+        )
     return StepCount(tuple(methods))
 
 
-def count_launches(step: Callable[[], None], device: torch.device, *, steps: int = 10) -> float:
+def count_launches(
+    step: Callable[[], None], device: torch.device, *, steps: int = 10
+) -> float:
     """Device activities (kernels, copies, fills) per call of ``step`` on CUDA, from the
     profiler's device-side trace; each is one launch the host paid for."""
     from torch._C._autograd import DeviceType
@@ -157,6 +163,9 @@ def count_launches(step: Callable[[], None], device: torch.device, *, steps: int
         torch.cuda.synchronize(device)
     # Device-side records are kernels, copies and fills, plus CUPTI's synchronization
     # records ("Stream Sync", "Event Sync", ...), which are waits, not launches.
-    launches = sum(1 for event in prof.events()
-                   if event.device_type == DeviceType.CUDA and "Sync" not in event.name)
+    launches = sum(
+        1
+        for event in prof.events()
+        if event.device_type == DeviceType.CUDA and "Sync" not in event.name
+    )
     return launches / steps

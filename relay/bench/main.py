@@ -35,7 +35,9 @@ def _int_list(text: str) -> tuple[int, ...]:
     try:
         values = tuple(int(part) for part in text.split(",") if part.strip())
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated ints, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated ints, got {text!r}"
+        ) from None
     if not values or any(v < 0 for v in values):
         raise argparse.ArgumentTypeError(f"expected non-negative ints, got {text!r}")
     return values
@@ -51,46 +53,108 @@ def _name_list(text: str) -> tuple[str, ...]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``relay bench`` flags."""
     default, quick = DEFAULTS["default"], DEFAULTS["quick"]
-    parser.add_argument("--quick", action="store_true",
-                        help=f"the '{quick.preset}' sizes, {quick.repeat} repeats, a short "
-                        "generator table: seconds, for tests and a first look")
-    parser.add_argument("--sizes", choices=sorted(PRESETS), default=None,
-                        help=f"size preset (default: '{default.preset}', or "
-                        f"'{quick.preset}' with --quick)")
-    parser.add_argument("--schema", type=_name_list, default=None, metavar="NAMES",
-                        help="bundled schemas to compare, comma-separated (default: every "
-                        "one with a declared baseline)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"the '{quick.preset}' sizes, {quick.repeat} repeats, a short "
+        "generator table: seconds, for tests and a first look",
+    )
+    parser.add_argument(
+        "--sizes",
+        choices=sorted(PRESETS),
+        default=None,
+        help=f"size preset (default: '{default.preset}', or "
+        f"'{quick.preset}' with --quick)",
+    )
+    parser.add_argument(
+        "--schema",
+        type=_name_list,
+        default=None,
+        metavar="NAMES",
+        help="bundled schemas to compare, comma-separated (default: every "
+        "one with a declared baseline)",
+    )
     parser.add_argument("--pool", type=_int_list, metavar="P,...", help="pool sizes P")
-    parser.add_argument("--batch", type=_int_list, metavar="B,...",
-                        help="batch sizes B (those > P - 1 are skipped)")
-    parser.add_argument("--topk", type=_int_list, metavar="K,...", help="top-k (EAGLE maps)")
-    parser.add_argument("--hidden", type=_int_list, metavar="H,...",
-                        help="hidden sizes, bf16 (EAGLE maps; 0 = not relayed)")
-    parser.add_argument("--device", default="cpu",
-                        help="torch device, e.g. cpu or cuda:0 (default: cpu); on CUDA the "
-                        "report adds kernel launches per step")
-    parser.add_argument("--repeat", type=int, default=None, metavar="N",
-                        help=f"timed samples per side (default {default.repeat}, "
-                        f"{quick.repeat} with --quick)")
-    parser.add_argument("--warmup", type=int, default=None, metavar="N",
-                        help=f"untimed steps per side first (default {default.warmup})")
-    parser.add_argument("--sample-ms", type=float, default=None, metavar="MS",
-                        help=f"target length of one sample (default {default.sample_ms})")
-    parser.add_argument("--fields", type=_int_list, default=None, metavar="N,...",
-                        help="field counts of the generator-speed table (default: the "
-                        "preset's; 0 skips the table)")
-    parser.add_argument("--no-debug", action="store_true",
-                        help="skip the generated map in debug mode")
-    parser.add_argument("--no-control", action="store_true",
-                        help="skip the A/A control (a second baseline timed like the first)")
-    parser.add_argument("--threads", type=int, default=None, metavar="N",
-                        help=f"torch intra-op threads while timing (default {default.threads}; "
-                        "0 keeps torch's setting)")
+    parser.add_argument(
+        "--batch",
+        type=_int_list,
+        metavar="B,...",
+        help="batch sizes B (those > P - 1 are skipped)",
+    )
+    parser.add_argument(
+        "--topk", type=_int_list, metavar="K,...", help="top-k (EAGLE maps)"
+    )
+    parser.add_argument(
+        "--hidden",
+        type=_int_list,
+        metavar="H,...",
+        help="hidden sizes, bf16 (EAGLE maps; 0 = not relayed)",
+    )
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        help="torch device, e.g. cpu or cuda:0 (default: cpu); on CUDA the "
+        "report adds kernel launches per step",
+    )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"timed samples per side (default {default.repeat}, "
+        f"{quick.repeat} with --quick)",
+    )
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"untimed steps per side first (default {default.warmup})",
+    )
+    parser.add_argument(
+        "--sample-ms",
+        type=float,
+        default=None,
+        metavar="MS",
+        help=f"target length of one sample (default {default.sample_ms})",
+    )
+    parser.add_argument(
+        "--fields",
+        type=_int_list,
+        default=None,
+        metavar="N,...",
+        help="field counts of the generator-speed table (default: the "
+        "preset's; 0 skips the table)",
+    )
+    parser.add_argument(
+        "--no-debug", action="store_true", help="skip the generated map in debug mode"
+    )
+    parser.add_argument(
+        "--no-control",
+        action="store_true",
+        help="skip the A/A control (a second baseline timed like the first)",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"torch intra-op threads while timing (default {default.threads}; "
+        "0 keeps torch's setting)",
+    )
     parser.add_argument("--seed", type=int, default=None, help="seed of the workloads")
-    parser.add_argument("--json", type=Path, metavar="PATH",
-                        help="also write every figure to PATH as JSON")
-    parser.add_argument("-q", "--quiet", action="store_true",
-                        help="no progress on stderr; the report only")
+    parser.add_argument(
+        "--json",
+        type=Path,
+        metavar="PATH",
+        help="also write every figure to PATH as JSON",
+    )
+    parser.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="no progress on stderr; the report only",
+    )
 
 
 def _usage(message: str) -> int:
@@ -182,8 +246,10 @@ def run(args: argparse.Namespace) -> int:
     if args.schema is not None:
         unknown = [s for s in args.schema if s not in known]
         if unknown:
-            return _usage(f"no baseline is declared for {', '.join(unknown)}; "
-                          f"choose from {', '.join(known)}")
+            return _usage(
+                f"no baseline is declared for {', '.join(unknown)}; "
+                f"choose from {', '.join(known)}"
+            )
     preset = PRESETS[defaults.preset].narrowed(
         pool=args.pool, batch=args.batch, topk=args.topk, hidden=args.hidden
     )
@@ -192,14 +258,24 @@ def run(args: argparse.Namespace) -> int:
     if any(p < 2 for p in preset.pool) or any(b < 1 for b in preset.batch):
         return _usage("--pool must be >= 2 (row 0 is scratch) and --batch >= 1")
     if not any(True for _ in preset.shapes(spec=False)):
-        return _usage(f"no shape fits: a pool of P rows holds at most P - 1 requests "
-                      f"(pools {preset.pool}, batches {preset.batch})")
+        return _usage(
+            f"no shape fits: a pool of P rows holds at most P - 1 requests "
+            f"(pools {preset.pool}, batches {preset.batch})"
+        )
     found, skipped = discover(args.schema)
-    configs = [(pair, gen, shape) for pair, gen in found for shape in preset.shapes(spec=pair.spec)]
-    fields = preset.fields if args.fields is None else tuple(n for n in args.fields if n > 0)
+    configs = [
+        (pair, gen, shape)
+        for pair, gen in found
+        for shape in preset.shapes(spec=pair.spec)
+    ]
+    fields = (
+        preset.fields if args.fields is None else tuple(n for n in args.fields if n > 0)
+    )
     if not configs and not fields:
-        return _usage("nothing to run: no generated map fits these sizes (every batch is "
-                      "larger than P - 1, or the schemas are not generated)")
+        return _usage(
+            "nothing to run: no generated map fits these sizes (every batch is "
+            "larger than P - 1, or the schemas are not generated)"
+        )
 
     start = time.perf_counter()
     saved_threads = torch.get_num_threads()
@@ -212,20 +288,32 @@ def run(args: argparse.Namespace) -> int:
     )
     try:
         report.copy_bandwidth = copy_bandwidth(device, defaults.bandwidth_mb)
-        with _progress(len(configs) + (1 if fields else 0), quiet=args.quiet) as advance:
+        with _progress(
+            len(configs) + (1 if fields else 0), quiet=args.quiet
+        ) as advance:
             for pair, gen, shape in configs:
-                result = measure(pair, gen, shape, device, defaults,
-                                 debug=not args.no_debug, control=not args.no_control)
+                result = measure(
+                    pair,
+                    gen,
+                    shape,
+                    device,
+                    defaults,
+                    debug=not args.no_debug,
+                    control=not args.no_control,
+                )
                 report.results.append(result)
-                advance(f"{pair.schema} {shape.label}: "
-                        + (f"{result.ratio:.2f}x" if result.ok else "FAILED"))
+                advance(
+                    f"{pair.schema} {shape.label}: "
+                    + (f"{result.ratio:.2f}x" if result.ok else "FAILED")
+                )
             if fields:
                 report.generation_first, report.generation = generation_times(fields)
                 advance("generator speed")
         # Probed again at the end: the best of both, so a busy moment at the start
         # does not set the physical limit too low.
-        report.copy_bandwidth = max(report.copy_bandwidth,
-                                    copy_bandwidth(device, defaults.bandwidth_mb))
+        report.copy_bandwidth = max(
+            report.copy_bandwidth, copy_bandwidth(device, defaults.bandwidth_mb)
+        )
     finally:
         torch.set_num_threads(saved_threads)
     report.meta["seconds"] = round(time.perf_counter() - start, 2)
@@ -233,7 +321,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"\n{len(configs)} configuration(s) in {report.meta['seconds']:.1f} s")
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report.to_json(), indent=2) + "\n", encoding="utf-8")
+        args.json.write_text(
+            json.dumps(report.to_json(), indent=2) + "\n", encoding="utf-8"
+        )
         print(f"wrote {args.json}")
     return EXIT_FAILED if report.failures else EXIT_OK
 
@@ -241,8 +331,12 @@ def run(args: argparse.Namespace) -> int:
 def _meta(device: Any, defaults: Defaults, torch: Any) -> dict[str, Any]:
     argv: Sequence[str] = sys.argv[1:]
     meta: dict[str, Any] = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": "relay " + " ".join(argv) if argv[:1] == ["bench"] else "relay bench",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
+            timespec="seconds"
+        ),
+        "command": "relay " + " ".join(argv)
+        if argv[:1] == ["bench"]
+        else "relay bench",
         "device": str(device),
         "torch": torch.__version__,
         "python": platform.python_version(),

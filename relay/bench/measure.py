@@ -72,7 +72,12 @@ class ConfigResult:
     def meets_target(self) -> bool | None:
         """Issue 7's target: no more ops than the baseline, and no slower within the A/A
         noise. None when it was not measured."""
-        if not self.ok or self.baseline is None or self.generated is None or not self.repeat:
+        if (
+            not self.ok
+            or self.baseline is None
+            or self.generated is None
+            or not self.repeat
+        ):
             return None
         within = self.ratio <= 1 + (self.noise or 0.0)
         return within and self.generated.ops <= self.baseline.ops
@@ -94,14 +99,27 @@ def measure(
     """
     start = time.perf_counter()
     try:
-        problems = compare_values(pair, generated, shape, device,
-                                  steps=defaults.check_steps, seed=defaults.seed)
+        problems = compare_values(
+            pair,
+            generated,
+            shape,
+            device,
+            steps=defaults.check_steps,
+            seed=defaults.seed,
+        )
         if debug:
-            problems += compare_values(pair, generated, shape, device,
-                                       steps=defaults.check_steps, seed=defaults.seed,
-                                       debug=True)
-        work = Workload.random(shape, device, torch.Generator().manual_seed(defaults.seed),
-                               spec=pair.spec)
+            problems += compare_values(
+                pair,
+                generated,
+                shape,
+                device,
+                steps=defaults.check_steps,
+                seed=defaults.seed,
+                debug=True,
+            )
+        work = Workload.random(
+            shape, device, torch.Generator().manual_seed(defaults.seed), spec=pair.spec
+        )
         base, gen = sides_for(pair, generated, shape, device, work)
         fns = [(base.name, base.step), (gen.name, gen.step)]
         if control:
@@ -118,14 +136,25 @@ def measure(
         base_count, gen_count = count_step(base), count_step(gen)
         launches: tuple[float | None, float | None] = (None, None)
         if device.type == "cuda":
-            launches = (count_launches(base.step, device), count_launches(gen.step, device))
+            launches = (
+                count_launches(base.step, device),
+                count_launches(gen.step, device),
+            )
         series, inner = time_interleaved(
-            fns, timer_for(device), repeat=defaults.repeat, warmup=defaults.warmup,
+            fns,
+            timer_for(device),
+            repeat=defaults.repeat,
+            warmup=defaults.warmup,
             target_ns=int(defaults.sample_ms * 1e6),
         )
     except Exception as error:  # noqa: BLE001 - reported per configuration, exit 1
-        return ConfigResult(pair.schema, shape, (), error=f"{type(error).__name__}: {error}",
-                            seconds=time.perf_counter() - start)
+        return ConfigResult(
+            pair.schema,
+            shape,
+            (),
+            error=f"{type(error).__name__}: {error}",
+            seconds=time.perf_counter() - start,
+        )
     by_name = {s.name: s for s in series}
     b, g = by_name["baseline"], by_name["generated"]
     per_repeat = [gs / bs for gs, bs in zip(g.samples, b.samples)]

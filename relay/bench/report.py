@@ -52,10 +52,15 @@ class Report:
         def count(c: StepCount | None) -> dict[str, Any] | None:
             if c is None:
                 return None
-            return {"ops": c.ops, "views": c.views, "bytes": c.bytes,
-                    "methods": {m.method: {"ops": list(m.ops), "views": m.views,
-                                           "bytes": m.bytes}
-                                for m in c.methods}}
+            return {
+                "ops": c.ops,
+                "views": c.views,
+                "bytes": c.bytes,
+                "methods": {
+                    m.method: {"ops": list(m.ops), "views": m.views, "bytes": m.bytes}
+                    for m in c.methods
+                },
+            }
 
         return {
             "meta": self.meta,
@@ -114,8 +119,14 @@ class Report:
             self._print(console, box.SIMPLE_HEAD, Table)
             return
         # Plain: Markdown tables without colour or wrapping, trailing blanks trimmed.
-        console = Console(file=io.StringIO(), no_color=True, highlight=False, width=240,
-                          soft_wrap=True, record=True)
+        console = Console(
+            file=io.StringIO(),
+            no_color=True,
+            highlight=False,
+            width=240,
+            soft_wrap=True,
+            record=True,
+        )
         self._print(console, box.MARKDOWN, Table)
         lines = [line.rstrip() for line in console.export_text().splitlines()]
         text = "\n".join(lines)
@@ -128,13 +139,17 @@ class Report:
             t = table_cls(title=title, box=style, title_justify="left")
             for i, name in enumerate(columns):
                 # Narrow terminals fold cells rather than cut them off.
-                t.add_column(name, justify="left" if i == 0 else "right", overflow="fold")
+                t.add_column(
+                    name, justify="left" if i == 0 else "right", overflow="fold"
+                )
             return t
 
         meta = self.meta
-        console.print(f"relay bench: {meta.get('device')}, torch {meta.get('torch')}, "
-                      f"{meta.get('torch_threads')} thread(s), {meta.get('repeat')} repeats "
-                      f"of ~{meta.get('sample_ms')} ms, {meta.get('date')}")
+        console.print(
+            f"relay bench: {meta.get('device')}, torch {meta.get('torch')}, "
+            f"{meta.get('torch_threads')} thread(s), {meta.get('repeat')} repeats "
+            f"of ~{meta.get('sample_ms')} ms, {meta.get('date')}"
+        )
         for schema, design in self.pairs:
             console.print(f"  {schema}: baseline = {design}")
         for schema, why in self.skipped:
@@ -153,15 +168,26 @@ class Report:
             console.print()
 
         if self.generation:
-            gen = table("Generator speed (relay.codegen plan: load, validate, render)",
-                        "fields", "seconds", "ms / field", "lines")
+            gen = table(
+                "Generator speed (relay.codegen plan: load, validate, render)",
+                "fields",
+                "seconds",
+                "ms / field",
+                "lines",
+            )
             for t in self.generation:
-                gen.add_row(str(t.fields), f"{t.seconds:.3f}", f"{t.seconds * 1e3 / t.fields:.2f}",
-                            str(t.lines))
+                gen.add_row(
+                    str(t.fields),
+                    f"{t.seconds:.3f}",
+                    f"{t.seconds * 1e3 / t.fields:.2f}",
+                    str(t.lines),
+                )
             console.print(gen)
             if self.generation_first is not None:
-                console.print(f"first generation in the process (templates compiled, one "
-                              f"field): {self.generation_first:.3f} s")
+                console.print(
+                    f"first generation in the process (templates compiled, one "
+                    f"field): {self.generation_first:.3f} s"
+                )
             console.print()
 
         failures = self.failures
@@ -170,20 +196,36 @@ class Report:
             for line in failures:
                 console.print(f"  {line}")
         elif self.results:
-            console.print("values: generated == baseline (debug off and on) in every "
-                          "configuration")
+            console.print(
+                "values: generated == baseline (debug off and on) in every "
+                "configuration"
+            )
 
     def _print_steps(self, console: Any, table: Any) -> None:
         """The per-shape tables: time and ops, then memory traffic (and launches)."""
         shape_columns = ("schema", "P", "B", "K", "H")
-        steps = table("One step, generated / baseline (median of per-repeat ratios)",
-                      *shape_columns, "base us", "gen/base", "A/A", "debug/off",
-                      "ops gen/base", "target")
+        steps = table(
+            "One step, generated / baseline (median of per-repeat ratios)",
+            *shape_columns,
+            "base us",
+            "gen/base",
+            "A/A",
+            "debug/off",
+            "ops gen/base",
+            "target",
+        )
         cuda = any(r.launches_baseline is not None for r in self.results)
-        traffic = table("Memory traffic of one step (and kernel launches on CUDA)",
-                        *shape_columns, "KB base", "KB gen", "GB/s base", "GB/s gen",
-                        "of copy bw base", "of copy bw gen",
-                        *(("launches gen/base",) if cuda else ()))
+        traffic = table(
+            "Memory traffic of one step (and kernel launches on CUDA)",
+            *shape_columns,
+            "KB base",
+            "KB gen",
+            "GB/s base",
+            "GB/s gen",
+            "of copy bw base",
+            "of copy bw gen",
+            *(("launches gen/base",) if cuda else ()),
+        )
         bandwidth = self.copy_bandwidth
 
         def rate(nbytes: int, ns: float) -> tuple[str, str]:
@@ -192,8 +234,13 @@ class Report:
 
         for r in self.results:
             s = r.shape
-            shape = [r.schema, str(s.pool), str(s.batch), str(s.topk) if s.topk else "-",
-                     str(s.hidden) if s.topk else "-"]
+            shape = [
+                r.schema,
+                str(s.pool),
+                str(s.batch),
+                str(s.topk) if s.topk else "-",
+                str(s.hidden) if s.topk else "-",
+            ]
             if r.error is not None or r.baseline is None or r.generated is None:
                 steps.add_row(*shape, "FAILED", "", "", "", "", "")
                 continue
@@ -207,14 +254,21 @@ class Report:
                 f"{r.generated.ops} / {r.baseline.ops}",
                 target if r.ok else "VALUES DIFFER",
             )
-            base_rate, gen_rate = (rate(r.baseline.bytes, r.baseline_ns),
-                                   rate(r.generated.bytes, r.generated_ns))
-            launches = (f"{r.launches_generated or 0:.1f} / {r.launches_baseline or 0:.1f}",)
+            base_rate, gen_rate = (
+                rate(r.baseline.bytes, r.baseline_ns),
+                rate(r.generated.bytes, r.generated_ns),
+            )
+            launches = (
+                f"{r.launches_generated or 0:.1f} / {r.launches_baseline or 0:.1f}",
+            )
             traffic.add_row(
                 *shape,
                 f"{r.baseline.bytes / 1024:.1f}",
                 f"{r.generated.bytes / 1024:.1f}",
-                base_rate[0], gen_rate[0], base_rate[1], gen_rate[1],
+                base_rate[0],
+                gen_rate[0],
+                base_rate[1],
+                gen_rate[1],
                 *(launches if cuda else ()),
             )
         console.print(steps)
@@ -231,8 +285,10 @@ class Report:
             "inputs and outputs of the other ops); GB/s: that over the step's time."
         )
         if bandwidth:
-            console.print(f"copy bandwidth of this {self.meta.get('device')}: "
-                          f"{bandwidth / 1e9:.2f} GB/s (read + write of one large copy)")
+            console.print(
+                f"copy bandwidth of this {self.meta.get('device')}: "
+                f"{bandwidth / 1e9:.2f} GB/s (read + write of one large copy)"
+            )
 
     def _ops_table(self, table: Any) -> Any:
         """Per method, the ops one step dispatches on each side, at one shape per schema
@@ -241,29 +297,58 @@ class Report:
         for r in self.results:
             if r.baseline is None or r.generated is None:
                 continue
-            if r.schema not in chosen or (chosen[r.schema].shape.batch < 2 <= r.shape.batch):
+            if r.schema not in chosen or (
+                chosen[r.schema].shape.batch < 2 <= r.shape.batch
+            ):
                 chosen[r.schema] = r
         if not chosen:
             return None
-        t = table("Dispatched aten ops per method, one step (debug off)",
-                  "schema / method", "baseline", "generated")
+        t = table(
+            "Dispatched aten ops per method, one step (debug off)",
+            "schema / method",
+            "baseline",
+            "generated",
+        )
         for schema, r in chosen.items():
             assert r.baseline is not None and r.generated is not None
-            t.add_row(f"{schema} {r.shape.label}", str(r.baseline.ops), str(r.generated.ops))
+            t.add_row(
+                f"{schema} {r.shape.label}", str(r.baseline.ops), str(r.generated.ops)
+            )
             base, gen = r.baseline.by_method(), r.generated.by_method()
             # Step order (Side's docstring), whichever side has the method.
             first = ("invalidate", "resolve_future", "publish", "stash")
             seen = [*gen, *(m for m in base if m not in gen)]
-            for method in sorted(seen, key=lambda m: first.index(m) if m in first else 9):
+            for method in sorted(
+                seen, key=lambda m: first.index(m) if m in first else 9
+            ):
                 b, g = base.get(method), gen.get(method)
-                t.add_row(f"  {method}",
-                          "-" if b is None else f"{len(b.ops)}: {b.summary()}" if b.ops else "0",
-                          "-" if g is None else f"{len(g.ops)}: {g.summary()}" if g.ops else "0")
+                t.add_row(
+                    f"  {method}",
+                    "-"
+                    if b is None
+                    else f"{len(b.ops)}: {b.summary()}"
+                    if b.ops
+                    else "0",
+                    "-"
+                    if g is None
+                    else f"{len(g.ops)}: {g.summary()}"
+                    if g.ops
+                    else "0",
+                )
         return t
 
     def _summary_table(self, table: Any) -> Any:
-        t = table("Summary per schema over shapes", "schema", "gen/base geomean", "min",
-                  "max", "A/A range", "debug/off geomean", "ops gen/base", "targets met")
+        t = table(
+            "Summary per schema over shapes",
+            "schema",
+            "gen/base geomean",
+            "min",
+            "max",
+            "A/A range",
+            "debug/off geomean",
+            "ops gen/base",
+            "targets met",
+        )
         for schema, _ in self.pairs:
             rows = [r for r in self.results if r.schema == schema and r.ok and r.repeat]
             if not rows:
@@ -271,8 +356,13 @@ class Report:
             ratios = [r.ratio for r in rows]
             controls = [r.control for r in rows if r.control is not None]
             debugs = [r.debug_ratio for r in rows if r.debug_ratio is not None]
-            ops = sorted({(r.generated.ops, r.baseline.ops) for r in rows
-                          if r.generated is not None and r.baseline is not None})
+            ops = sorted(
+                {
+                    (r.generated.ops, r.baseline.ops)
+                    for r in rows
+                    if r.generated is not None and r.baseline is not None
+                }
+            )
             met = sum(1 for r in rows if r.meets_target())
             t.add_row(
                 schema,

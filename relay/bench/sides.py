@@ -95,7 +95,9 @@ def pair_named(schema: str) -> Pair:
     for pair in PAIRS:
         if pair.schema == schema:
             return pair
-    raise KeyError(f"no baseline is declared for schema {schema!r} (relay/bench/sides.py)")
+    raise KeyError(
+        f"no baseline is declared for schema {schema!r} (relay/bench/sides.py)"
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -132,14 +134,17 @@ class Generated:
             if param.kind is not inspect.Parameter.KEYWORD_ONLY or name == "debug":
                 continue
             if name not in dims:
-                raise TypeError(f"{self.map_cls.__name__} needs dim {name!r}; the bench "
-                                f"knows only {', '.join(dims)}")
+                raise TypeError(
+                    f"{self.map_cls.__name__} needs dim {name!r}; the bench "
+                    f"knows only {', '.join(dims)}"
+                )
             kwargs[name] = dims[name]
         return self.map_cls(device, shape.pool, debug=debug, **kwargs)
 
 
-def discover(schemas: Sequence[str] | None = None) -> tuple[list[tuple[Pair, Generated]],
-                                                            list[tuple[Pair, str]]]:
+def discover(
+    schemas: Sequence[str] | None = None,
+) -> tuple[list[tuple[Pair, Generated]], list[tuple[Pair, str]]]:
     """The pairs whose generated module exists, and those skipped with the reason."""
     found: list[tuple[Pair, Generated]] = []
     skipped: list[tuple[Pair, str]] = []
@@ -231,8 +236,9 @@ class Workload:
         w.renew(shape, device, g, spec=spec)
         return w
 
-    def renew(self, shape: Shape, device: torch.device, g: torch.Generator, *,
-              spec: bool) -> None:
+    def renew(
+        self, shape: Shape, device: torch.device, g: torch.Generator, *, spec: bool
+    ) -> None:
         """New outputs for the same requests. The lengths grow by one token (plain
         decoding) or by the accepted length, 1 to K + 1 (speculative)."""
         b, k = shape.batch, max(shape.topk, 1)
@@ -241,7 +247,11 @@ class Workload:
         tokens = torch.randint(0, 150_000, (b,), generator=g).to(device)
         hidden = None
         if shape.hidden:
-            hidden = torch.randn((b, shape.hidden), generator=g).to(torch.bfloat16).to(device)
+            hidden = (
+                torch.randn((b, shape.hidden), generator=g)
+                .to(torch.bfloat16)
+                .to(device)
+            )
         self.values = {
             "next_token_ids": tokens,
             "bonus_tokens": tokens,
@@ -265,8 +275,10 @@ class Workload:
         a timed call only unpacks it, the same cost on both sides."""
         missing = [n for n in names if n not in self.values]
         if missing:
-            raise LookupError(f"{owner} takes {', '.join(missing)}, which the bench's "
-                              f"workload does not produce (it has {', '.join(self.values)})")
+            raise LookupError(
+                f"{owner} takes {', '.join(missing)}, which the bench's "
+                f"workload does not produce (it has {', '.join(self.values)})"
+            )
         kwargs = {n: self.values[n] for n in names}
         self._views.append((tuple(names), kwargs))
         return kwargs
@@ -297,13 +309,19 @@ class Side:
             call()
 
     def buffers(self) -> dict[str, torch.Tensor]:
-        return {k: v for k, v in sorted(vars(self.map).items())
-                if k.endswith("_buf") and isinstance(v, torch.Tensor)}
+        return {
+            k: v
+            for k, v in sorted(vars(self.map).items())
+            if k.endswith("_buf") and isinstance(v, torch.Tensor)
+        }
 
 
 def _schedule_resolves(relay_map: Any) -> list[str]:
-    return sorted(n for n in dir(type(relay_map))
-                  if n.startswith("resolve_") and n != "resolve_future")
+    return sorted(
+        n
+        for n in dir(type(relay_map))
+        if n.startswith("resolve_") and n != "resolve_future"
+    )
 
 
 def _after_indices(method: Callable[..., Any]) -> list[str]:
@@ -325,11 +343,15 @@ def build_side(
     indices = work.indices
     calls: list[tuple[str, Callable[[], None]]] = []
     if hasattr(relay_map, "invalidate"):
-        calls.append(("invalidate", functools.partial(relay_map.invalidate, batch, indices)))
+        calls.append(
+            ("invalidate", functools.partial(relay_map.invalidate, batch, indices))
+        )
     calls.append(("resolve_future", functools.partial(relay_map.resolve_future, batch)))
     if hasattr(relay_map, "publish"):
-        publish, values = relay_map.publish, work.view(_after_indices(relay_map.publish),
-                                                        f"{owner}.publish")
+        publish, values = (
+            relay_map.publish,
+            work.view(_after_indices(relay_map.publish), f"{owner}.publish"),
+        )
 
         def publish_call() -> None:
             publish(indices, **values)
@@ -353,33 +375,53 @@ def build_side(
     for resolve in resolves:
         calls.append((resolve, functools.partial(getattr(relay_map, resolve), batch)))
     if not resolves:
-        calls.append(("scheduler: seq_lens + 1", functools.partial(advance_seq_lens, batch)))
+        calls.append(
+            ("scheduler: seq_lens + 1", functools.partial(advance_seq_lens, batch))
+        )
     stash_call()
     return Side(name, relay_map, batch, tuple(calls))
 
 
-def baseline_side(pair: Pair, shape: Shape, device: torch.device, work: Workload) -> Side:
+def baseline_side(
+    pair: Pair, shape: Shape, device: torch.device, work: Workload
+) -> Side:
     """The baseline of ``pair`` at ``shape``, primed."""
-    return build_side("baseline", pair.new_baseline(device, shape), work, payload_cls=None)
+    return build_side(
+        "baseline", pair.new_baseline(device, shape), work, payload_cls=None
+    )
 
 
 def generated_side(
-    generated: Generated, shape: Shape, device: torch.device, work: Workload, *,
+    generated: Generated,
+    shape: Shape,
+    device: torch.device,
+    work: Workload,
+    *,
     debug: bool = False,
 ) -> Side:
     """The generated map at ``shape``, primed; built with ``debug=debug``."""
-    return build_side("generated+debug" if debug else "generated",
-                      generated.new_map(device, shape, debug=debug), work,
-                      payload_cls=generated.payload_cls)
+    return build_side(
+        "generated+debug" if debug else "generated",
+        generated.new_map(device, shape, debug=debug),
+        work,
+        payload_cls=generated.payload_cls,
+    )
 
 
 def sides_for(
-    pair: Pair, generated: Generated, shape: Shape, device: torch.device, work: Workload,
-    *, debug: bool = False,
+    pair: Pair,
+    generated: Generated,
+    shape: Shape,
+    device: torch.device,
+    work: Workload,
+    *,
+    debug: bool = False,
 ) -> tuple[Side, Side]:
     """The baseline and the generated side of ``pair`` at ``shape``."""
-    return (baseline_side(pair, shape, device, work),
-            generated_side(generated, shape, device, work, debug=debug))
+    return (
+        baseline_side(pair, shape, device, work),
+        generated_side(generated, shape, device, work, debug=debug),
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -400,14 +442,24 @@ def _observed(side: Side, both_relay_seq_lens: bool) -> Iterator[tuple[str, obje
 
 def _same(a: object, b: object) -> bool:
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        return (a.dtype == b.dtype and a.shape == b.shape and a.device == b.device
-                and bool(torch.equal(a, b)))
+        return (
+            a.dtype == b.dtype
+            and a.shape == b.shape
+            and a.device == b.device
+            and bool(torch.equal(a, b))
+        )
     return type(a) is type(b) and a == b
 
 
 def compare_values(
-    pair: Pair, generated: Generated, shape: Shape, device: torch.device, *,
-    steps: int, seed: int = 0, debug: bool = False,
+    pair: Pair,
+    generated: Generated,
+    shape: Shape,
+    device: torch.device,
+    *,
+    steps: int,
+    seed: int = 0,
+    debug: bool = False,
 ) -> list[str]:
     """Drive both sides through ``steps`` steps with fresh outputs each step and list
     every difference in what the next forward and the scheduler see (empty: none).
@@ -429,12 +481,17 @@ def compare_values(
         gen.step()
         work.advance()
         want, got = dict(_observed(base, both)), dict(_observed(gen, both))
-        problems += [f"{where} step {step}: {key} differs (baseline {want[key]!r:.60}, "
-                     f"generated {got[key]!r:.60})"
-                     for key in want if not _same(want[key], got[key])]
+        problems += [
+            f"{where} step {step}: {key} differs (baseline {want[key]!r:.60}, "
+            f"generated {got[key]!r:.60})"
+            for key in want
+            if not _same(want[key], got[key])
+        ]
         if not debug:
             gen_bufs = gen.buffers()
-            problems += [f"{where} step {step}: {key} differs"
-                         for key, buf in base.buffers().items()
-                         if key in gen_bufs and not _same(buf, gen_bufs[key])]
+            problems += [
+                f"{where} step {step}: {key} differs"
+                for key, buf in base.buffers().items()
+                if key in gen_bufs and not _same(buf, gen_bufs[key])
+            ]
     return problems

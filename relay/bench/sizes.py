@@ -97,7 +97,9 @@ class Preset:
 #: top-k 1 and 8; hidden 4096 and 7168 in bf16). ``draft_probs`` (P x vocab float32,
 #: gigabytes) is in none of them.
 PRESETS: dict[str, Preset] = {
-    "quick": Preset(pool=(257,), batch=(1, 32), topk=(1,), hidden=(4096,), fields=(10, 100)),
+    "quick": Preset(
+        pool=(257,), batch=(1, 32), topk=(1,), hidden=(4096,), fields=(10, 100)
+    ),
     "default": Preset(
         pool=(257, 4097),
         batch=(1, 32, 256),
@@ -139,9 +141,19 @@ class Defaults:
 
 DEFAULTS: dict[str, Defaults] = {
     "default": Defaults(
-        preset="default", repeat=15, warmup=3, sample_ms=0.25, check_steps=3, bandwidth_mb=64
+        preset="default",
+        repeat=15,
+        warmup=3,
+        sample_ms=0.25,
+        check_steps=3,
+        bandwidth_mb=64,
     ),
     "quick": Defaults(
-        preset="quick", repeat=5, warmup=2, sample_ms=0.1, check_steps=2, bandwidth_mb=32
+        preset="quick",
+        repeat=5,
+        warmup=2,
+        sample_ms=0.1,
+        check_steps=2,
+        bandwidth_mb=32,
     ),
 }

@@ -145,7 +145,7 @@ def time_interleaved(
     gc.disable()
     try:
         for r in range(repeat):
-            turn = order[r % len(order):] + order[: r % len(order)]
+            turn = order[r % len(order) :] + order[: r % len(order)]
             for i in turn:
                 series[i].samples.append(timer.measure(fns[i][1], inner) / inner)
     finally:

@@ -22,8 +22,16 @@ from relay.codegen.render import render
 from relay.codegen.validate import validate
 from relay.errors import RelayError, SchemaError, SchemaImportError, SchemaIssue
 
-__all__ = ["GenerateResult", "Job", "check_job", "configured_job", "explicit_job",
-           "generate_configured", "plan", "run_job"]
+__all__ = [
+    "GenerateResult",
+    "Job",
+    "check_job",
+    "configured_job",
+    "explicit_job",
+    "generate_configured",
+    "plan",
+    "run_job",
+]
 
 
 @attrs.frozen
@@ -46,8 +54,10 @@ class Job:
         # write two headers for one file and `--check` would call one of them stale.
         # It depends only on where the file is: one [tool.relay] generates says so.
         config = self.config
-        if config is not None and self.out.resolve() == config.out.resolve() and (
-            schema.resolve() in {s.resolve() for s in config.schemas}
+        if (
+            config is not None
+            and self.out.resolve() == config.out.resolve()
+            and (schema.resolve() in {s.resolve() for s in config.schemas})
         ):
             return "relay generate"
         return f"relay generate {display(schema, self.root)} --out {display(self.out, self.root)}"
@@ -74,9 +84,17 @@ def configured_job(start: Path | None = None) -> Job:
     """The job ``[tool.relay]`` in the nearest pyproject.toml describes."""
     config = load_config(start or Path.cwd())
     if not config.schemas:
-        raise RelayError(f"{config.root / 'pyproject.toml'}: [tool.relay] schemas matches no file")
-    return Job(config.schemas, config.out, config.root, "relay generate", configured=True,
-               config=config)
+        raise RelayError(
+            f"{config.root / 'pyproject.toml'}: [tool.relay] schemas matches no file"
+        )
+    return Job(
+        config.schemas,
+        config.out,
+        config.root,
+        "relay generate",
+        configured=True,
+        config=config,
+    )
 
 
 def explicit_job(schemas: Sequence[Path], out: Path) -> Job:
@@ -84,14 +102,22 @@ def explicit_job(schemas: Sequence[Path], out: Path) -> Job:
     root = project_root(Path(schemas[0]).resolve())
     try:
         config: Config | None = load_config(root)
-    except RelayError:  # no usable [tool.relay]: then every header names its own command
+    except (
+        RelayError
+    ):  # no usable [tool.relay]: then every header names its own command
         config = None
     if config is not None and config.root.resolve() != root.resolve():
         config = None
     shown = " ".join(display(Path(s), root) for s in schemas)
     command = f"relay generate {shown} --out {display(out, root)}"
-    return Job(tuple(Path(s) for s in schemas), out, root, command, configured=False,
-               config=config)
+    return Job(
+        tuple(Path(s) for s in schemas),
+        out,
+        root,
+        command,
+        configured=False,
+        config=config,
+    )
 
 
 def _refuse_schema_folder(job: Job) -> None:
@@ -110,17 +136,27 @@ def _refuse_schema_folder(job: Job) -> None:
 def _file_name_issue(path: Path, source: str) -> SchemaIssue | None:
     """A schema file whose generated module could not be imported or named in a header."""
     if not source.isprintable():
-        return SchemaIssue(repr(source), None, None, None,
-                           "the schema path holds a line break or control character",
-                           "rename the file or folder")
+        return SchemaIssue(
+            repr(source),
+            None,
+            None,
+            None,
+            "the schema path holds a line break or control character",
+            "rename the file or folder",
+        )
     stem = path.stem
     if not stem.isidentifier() or keyword.iskeyword(stem):
         suggestion = "".join(c if c.isalnum() or c == "_" else "_" for c in stem)
         if not suggestion.isidentifier() or keyword.iskeyword(suggestion):
             suggestion = f"relay_{suggestion}"
-        return SchemaIssue(source, None, None, None,
-                           f"its generated module would be {stem}.py, a name Python cannot "
-                           "import", f"rename the schema module, e.g. to {suggestion}.py")
+        return SchemaIssue(
+            source,
+            None,
+            None,
+            None,
+            f"its generated module would be {stem}.py, a name Python cannot import",
+            f"rename the schema module, e.g. to {suggestion}.py",
+        )
     return None
 
 
@@ -151,17 +187,32 @@ def plan(job: Job) -> list[Planned]:
             found = validate(schema, lambda file: display(file, job.root))
         except KeyboardInterrupt:
             raise
-        except BaseException as error:  # a hostile value (even a SystemExit) broke a check
+        # A hostile value (even a SystemExit) broke a check: a located error, exit 3.
+        except BaseException as error:  # noqa: BLE001
             loc = schema.declared_at
-            found = [SchemaIssue(display(loc.file, job.root), loc.line, None, None,
-                                 f"the schema could not be validated: {describe(error)}",
-                                 "declare the schema with plain values (str, int, enums, "
-                                 "torch dtypes)")]
+            found = [
+                SchemaIssue(
+                    display(loc.file, job.root),
+                    loc.line,
+                    None,
+                    None,
+                    f"the schema could not be validated: {describe(error)}",
+                    "declare the schema with plain values (str, int, enums, "
+                    "torch dtypes)",
+                )
+            ]
         out_path = job.out / f"{path.stem}.py"
         if out_path in targets:
-            found.append(SchemaIssue(source, None, str(schema.name), None,
-                                     f"generates {out_path.name} like {targets[out_path]}",
-                                     "rename one of the schema modules"))
+            found.append(
+                SchemaIssue(
+                    source,
+                    None,
+                    str(schema.name),
+                    None,
+                    f"generates {out_path.name} like {targets[out_path]}",
+                    "rename one of the schema modules",
+                )
+            )
         targets[out_path] = source
         if found:
             issues.extend(found)
@@ -169,8 +220,9 @@ def plan(job: Job) -> list[Planned]:
         shown = display(out_path, job.root)
         try:
             digest = files.schema_hash(schema)
-            content = render(schema, source=source, command=job.command_for(path),
-                             schema_hash=digest)
+            content = render(
+                schema, source=source, command=job.command_for(path), schema_hash=digest
+            )
         except KeyboardInterrupt:
             raise
         except BaseException as error:  # a generator bug: say what was being generated
@@ -205,8 +257,12 @@ def run_job(job: Job, *, remove_orphans: bool = False) -> GenerateResult:
     planned = plan(job)
     stray = orphans(job, planned)
     result: WriteResult = files.write_all(planned, stray if remove_orphans else ())
-    return GenerateResult(result.written, result.unchanged,
-                          [p for p in stray if p not in result.removed], result.removed)
+    return GenerateResult(
+        result.written,
+        result.unchanged,
+        [p for p in stray if p not in result.removed],
+        result.removed,
+    )
 
 
 def check_job(job: Job) -> list[Drift]:

@@ -44,21 +44,43 @@ def add_arguments(gen: argparse.ArgumentParser) -> None:
     """The flags of ``relay generate``."""
     gen.description = _GENERATE_HELP
     gen.formatter_class = argparse.RawDescriptionHelpFormatter
-    gen.add_argument("schemas", nargs="*", type=Path, metavar="SCHEMA",
-                     help="schema modules (.py files defining SCHEMA = Schema(...))")
-    gen.add_argument("--out", type=Path, metavar="DIR",
-                     help="output folder (default: [tool.relay] out)")
-    gen.add_argument("--check", action="store_true",
-                     help="write nothing; exit 1 and list each generated file that is stale, "
-                     "hand-edited, missing or orphaned, with the fix")
-    gen.add_argument("--diff", action="store_true",
-                     help="as --check, and print a unified diff of each drifted file on stdout")
-    gen.add_argument("--remove-orphans", action="store_true",
-                     help="delete generated modules no schema produces any more (relay's own "
-                     "files only)")
-    gen.add_argument("--format", choices=("text", "json"), default="text",
-                     help="json: one JSON object on stdout (files, drift kinds, problems with "
-                     "path and line; each file's diff with --diff), for CI annotations")
+    gen.add_argument(
+        "schemas",
+        nargs="*",
+        type=Path,
+        metavar="SCHEMA",
+        help="schema modules (.py files defining SCHEMA = Schema(...))",
+    )
+    gen.add_argument(
+        "--out",
+        type=Path,
+        metavar="DIR",
+        help="output folder (default: [tool.relay] out)",
+    )
+    gen.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing; exit 1 and list each generated file that is stale, "
+        "hand-edited, missing or orphaned, with the fix",
+    )
+    gen.add_argument(
+        "--diff",
+        action="store_true",
+        help="as --check, and print a unified diff of each drifted file on stdout",
+    )
+    gen.add_argument(
+        "--remove-orphans",
+        action="store_true",
+        help="delete generated modules no schema produces any more (relay's own "
+        "files only)",
+    )
+    gen.add_argument(
+        "--format",
+        choices=("text", "json"),
+        default="text",
+        help="json: one JSON object on stdout (files, drift kinds, problems with "
+        "path and line; each file's diff with --diff), for CI annotations",
+    )
     gen.add_argument("-q", "--quiet", action="store_true", help="print only problems")
 
 
@@ -89,7 +111,9 @@ class _Printer:
         self.json = args.format == "json"
         self.quiet = args.quiet or self.json
         self.report: dict[str, object] = {
-            "version": 1, "mode": "check" if args.check or args.diff else "generate"}
+            "version": 1,
+            "mode": "check" if args.check or args.diff else "generate",
+        }
 
     def info(self, line: str) -> None:
         if not self.quiet:
@@ -112,8 +136,10 @@ def run(args: argparse.Namespace) -> int:
     checking = args.check or args.diff
     try:
         if checking and args.remove_orphans:
-            raise RelayError("--remove-orphans deletes files, and --check/--diff write "
-                             "nothing: use one or the other")
+            raise RelayError(
+                "--remove-orphans deletes files, and --check/--diff write "
+                "nothing: use one or the other"
+            )
         job = _job(args)
         if checking:
             from relay.codegen.api import check_job
@@ -129,8 +155,9 @@ def run(args: argparse.Namespace) -> int:
             out.problem(f"relay: {len(drifts)} generated file(s) out of date:")
             for drift in drifts:
                 out.problem(f"  {drift}")
-            return out.done(EXIT_DRIFT, "drift",
-                            files=[d.as_json(diff=args.diff) for d in drifts])
+            return out.done(
+                EXIT_DRIFT, "drift", files=[d.as_json(diff=args.diff) for d in drifts]
+            )
 
         from relay.codegen.api import display, run_job
 
@@ -141,24 +168,36 @@ def run(args: argparse.Namespace) -> int:
         for path in result.removed:
             out.info(f"removed {_shown(path)}")
         for path in result.orphans:
-            out.problem(f"relay: warning: {_shown(path)} is orphaned: no schema generates it "
-                        "any more; delete it, or run `relay generate --remove-orphans`")
+            out.problem(
+                f"relay: warning: {_shown(path)} is orphaned: no schema generates it "
+                "any more; delete it, or run `relay generate --remove-orphans`"
+            )
         removed = f", {len(result.removed)} removed" if result.removed else ""
-        out.info(f"relay: {len(result.written)} written, {len(result.unchanged)} unchanged"
-                 f"{removed} ({time.perf_counter() - start:.2f}s)")
+        out.info(
+            f"relay: {len(result.written)} written, {len(result.unchanged)} unchanged"
+            f"{removed} ({time.perf_counter() - start:.2f}s)"
+        )
 
         def shown(paths: list[Path]) -> list[str]:
             return [display(p, job.root) for p in paths]
 
-        return out.done(EXIT_OK, "ok", written=shown(result.written),
-                        unchanged=shown(result.unchanged), orphans=shown(result.orphans),
-                        removed=shown(result.removed))
+        return out.done(
+            EXIT_OK,
+            "ok",
+            written=shown(result.written),
+            unchanged=shown(result.unchanged),
+            orphans=shown(result.orphans),
+            removed=shown(result.removed),
+        )
     except SchemaError as error:
         for issue in error.issues:
             out.problem(str(issue))
         out.problem(f"relay: {error.summary} (nothing was written)")
-        return out.done(EXIT_INVALID_SCHEMA, "invalid-schema",
-                        problems=[issue.as_json() for issue in error.issues])
+        return out.done(
+            EXIT_INVALID_SCHEMA,
+            "invalid-schema",
+            problems=[issue.as_json() for issue in error.issues],
+        )
     except RelayError as error:
         message = " ".join(str(error).split("\n"))
         print(f"relay: error: {message}", file=sys.stderr, flush=True)

@@ -1,8 +1,8 @@
 """Settings: ``[tool.relay]`` in the nearest ``pyproject.toml``, as mypy and ruff read theirs.
 
-    [tool.relay]
-    schemas = ["schemas/*.py"]   # files or globs, relative to pyproject.toml
-    out = "relay/maps"           # where generated modules go
+[tool.relay]
+schemas = ["schemas/*.py"]   # files or globs, relative to pyproject.toml
+out = "relay/maps"           # where generated modules go
 """
 
 from __future__ import annotations
@@ -66,12 +66,20 @@ def load_config(start: Path) -> Config:
     patterns = section.get("schemas")
     out = section.get("out")
     if not isinstance(patterns, list) or not all(isinstance(p, str) for p in patterns):
-        raise RelayError(f"{pyproject}: [tool.relay] schemas must be a list of paths or globs")
+        raise RelayError(
+            f"{pyproject}: [tool.relay] schemas must be a list of paths or globs"
+        )
     if not isinstance(out, str):
-        raise RelayError(f"{pyproject}: [tool.relay] out must be a folder path (a string)")
+        raise RelayError(
+            f"{pyproject}: [tool.relay] out must be a folder path (a string)"
+        )
     schemas: list[Path] = []
     for pattern in patterns:
-        matches = sorted(root.glob(pattern)) if any(c in pattern for c in "*?[") else [root / pattern]
+        matches = (
+            sorted(root.glob(pattern))
+            if any(c in pattern for c in "*?[")
+            else [root / pattern]
+        )
         for match in matches:
             if match.name != "__init__.py" and match not in schemas:
                 schemas.append(match)

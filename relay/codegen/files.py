@@ -75,7 +75,11 @@ def _canonical(value: object) -> object:
 def _options(declaration: AttrsInstance, skip: tuple[str, ...]) -> dict[str, object]:
     """An attrs declaration's values by name (new options are hashed without a change here)."""
     names = sorted(a.name for a in attrs.fields(type(declaration)))
-    return {name: _canonical(getattr(declaration, name)) for name in names if name not in skip}
+    return {
+        name: _canonical(getattr(declaration, name))
+        for name in names
+        if name not in skip
+    }
 
 
 def schema_hash(schema: Schema) -> str:
@@ -106,7 +110,9 @@ class Header:
 
 def _one_line(what: str, text: str) -> str:
     if not text.isprintable():
-        raise RelayError(f"{what} {text!r} holds a line break or control character; rename it")
+        raise RelayError(
+            f"{what} {text!r} holds a line break or control character; rename it"
+        )
     return text
 
 
@@ -134,16 +140,22 @@ def parse(text: str) -> tuple[Header, str] | None:
     if len(lines) <= _HEADER_LINES:
         return None
     first, command, schema, body_line, body = lines
-    if not (first.startswith(_FIRST_LINE) and first.endswith(_FIRST_LINE_END)
-            and command.startswith(_COMMAND_LINE) and schema.startswith(_SCHEMA_LINE)
-            and body_line.startswith(_BODY_LINE)):
+    if not (
+        first.startswith(_FIRST_LINE)
+        and first.endswith(_FIRST_LINE_END)
+        and command.startswith(_COMMAND_LINE)
+        and schema.startswith(_SCHEMA_LINE)
+        and body_line.startswith(_BODY_LINE)
+    ):
         return None
-    recorded_schema = schema[len(_SCHEMA_LINE):]
-    recorded_body = body_line[len(_BODY_LINE):]
+    recorded_schema = schema[len(_SCHEMA_LINE) :]
+    recorded_body = body_line[len(_BODY_LINE) :]
     if not (_HASH.fullmatch(recorded_schema) and _HASH.fullmatch(recorded_body)):
         return None
-    source = first[len(_FIRST_LINE):-len(_FIRST_LINE_END)]
-    return Header(source, command[len(_COMMAND_LINE):], recorded_schema, recorded_body), body
+    source = first[len(_FIRST_LINE) : -len(_FIRST_LINE_END)]
+    return Header(
+        source, command[len(_COMMAND_LINE) :], recorded_schema, recorded_body
+    ), body
 
 
 def _first_line(path: Path) -> str | None:
@@ -175,7 +187,7 @@ def recorded_source(path: Path) -> str | None:
     first = _first_line(path)
     if first is None or not is_ours_text(first):
         return None
-    return first.rstrip("\n")[len(_FIRST_LINE):].removesuffix(_FIRST_LINE_END)
+    return first.rstrip("\n")[len(_FIRST_LINE) :].removesuffix(_FIRST_LINE_END)
 
 
 # --- planned files ---------------------------------------------------------------------------
@@ -265,7 +277,9 @@ def _stage(item: Planned) -> _Staged | None:
     except (FileExistsError, NotADirectoryError):
         raise misplaced from None
     except OSError as error:
-        raise WriteError(f"cannot create the folder of {item.display}: {_reason(error)}") from None
+        raise WriteError(
+            f"cannot create the folder of {item.display}: {_reason(error)}"
+        ) from None
     try:
         mode = path.stat().st_mode & 0o777  # a rewrite keeps the file's mode
     except FileNotFoundError:
@@ -329,7 +343,9 @@ def write_all(planned: Sequence[Planned], remove: Sequence[Path] = ()) -> WriteR
             for rest in staged[index:]:
                 rest.temp.unlink(missing_ok=True)
             _put_back(done)
-            raise WriteError(f"cannot write {s.item.display}: {_reason(error)}") from None
+            raise WriteError(
+                f"cannot write {s.item.display}: {_reason(error)}"
+            ) from None
         done.append(s)
     removed = []
     for path in remove:
@@ -381,15 +397,21 @@ class Drift:
         return f"{self.display}: {_KIND_TEXT[self.kind]}\n    fix: {self.fix}"
 
     def as_json(self, *, diff: bool = False) -> dict[str, str]:
-        found = {"path": self.display, "kind": self.kind.value,
-                 "message": _KIND_TEXT[self.kind], "fix": self.fix}
+        found = {
+            "path": self.display,
+            "kind": self.kind.value,
+            "message": _KIND_TEXT[self.kind],
+            "fix": self.fix,
+        }
         return {**found, "diff": self.diff} if diff else found
 
 
 def _diff(old: str, new: str, display: str) -> str:
     lines = difflib.unified_diff(
-        old.splitlines(keepends=True), new.splitlines(keepends=True),
-        fromfile=f"{display} (on disk)", tofile=f"{display} (generated)",
+        old.splitlines(keepends=True),
+        new.splitlines(keepends=True),
+        fromfile=f"{display} (on disk)",
+        tofile=f"{display} (generated)",
     )
     return "".join(lines)
 
@@ -401,34 +423,49 @@ def _drift_of(item: Planned, on_disk: str, command: str) -> Drift:
     regenerate = f"run `{command}` and commit {item.display}"
     if found is None or found[0].body_hash != body_hash(found[1]):
         kind = DriftKind.HAND_EDITED
-        fix = (f"generated files are never edited by hand: change {item.source}, then run "
-               f"`{command}` (it overwrites the edit)")
+        fix = (
+            f"generated files are never edited by hand: change {item.source}, then run "
+            f"`{command}` (it overwrites the edit)"
+        )
     elif found[0].schema_hash != item.schema_hash:
         kind = DriftKind.STALE
         fix = f"{item.source} changed since {item.display} was generated: {regenerate}"
     elif found[1] != expected[1]:
         kind = DriftKind.GENERATOR
-        fix = (f"the generator changed since {item.display} was generated (a relay upgrade): "
-               f"{regenerate}")
+        fix = (
+            f"the generator changed since {item.display} was generated (a relay upgrade): "
+            f"{regenerate}"
+        )
     else:
         kind = DriftKind.HEADER
-        fix = (f"{item.display} was generated from {found[0].source!r} with "
-               f"`{found[0].command}`, not from {item.source} with `{expected[0].command}`: "
-               f"{regenerate}")
-    return Drift(kind, item.path, item.display, _diff(on_disk, item.content, item.display), fix)
+        fix = (
+            f"{item.display} was generated from {found[0].source!r} with "
+            f"`{found[0].command}`, not from {item.source} with `{expected[0].command}`: "
+            f"{regenerate}"
+        )
+    return Drift(
+        kind, item.path, item.display, _diff(on_disk, item.content, item.display), fix
+    )
 
 
-def check(planned: Sequence[Planned], orphans: Sequence[tuple[Path, str]],
-          command: str) -> list[Drift]:
+def check(
+    planned: Sequence[Planned], orphans: Sequence[tuple[Path, str]], command: str
+) -> list[Drift]:
     """Every drift between ``planned`` and the disk, then the ``(path, display)`` orphans."""
     drifts = []
     for item in planned:
         try:
             on_disk = item.path.read_text(encoding="utf-8")
         except FileNotFoundError:
-            drifts.append(Drift(DriftKind.MISSING, item.path, item.display,
-                                _diff("", item.content, item.display),
-                                f"run `{command}` and commit {item.display}"))
+            drifts.append(
+                Drift(
+                    DriftKind.MISSING,
+                    item.path,
+                    item.display,
+                    _diff("", item.content, item.display),
+                    f"run `{command}` and commit {item.display}",
+                )
+            )
             continue
         except (OSError, UnicodeDecodeError) as error:
             raise WriteError(f"cannot read {item.display}: {error}") from None
@@ -439,7 +476,14 @@ def check(planned: Sequence[Planned], orphans: Sequence[tuple[Path, str]],
             on_disk = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError):
             on_disk = ""
-        drifts.append(Drift(DriftKind.ORPHANED, path, shown, _diff(on_disk, "", shown),
-                            f"no schema generates it any more: delete {shown}, or run "
-                            "`relay generate --remove-orphans`, or add its schema back"))
+        drifts.append(
+            Drift(
+                DriftKind.ORPHANED,
+                path,
+                shown,
+                _diff(on_disk, "", shown),
+                f"no schema generates it any more: delete {shown}, or run "
+                "`relay generate --remove-orphans`, or add its schema back",
+            )
+        )
     return drifts

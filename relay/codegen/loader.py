@@ -37,13 +37,21 @@ def load_schema(path: Path, display: str) -> Schema:
     module, when the error was raised there) with the module's own error, briefly.
     """
     if not path.is_file():
-        raise _fail(display, None, "no such schema module",
-                    "check the path, or the 'schemas' list under [tool.relay] in pyproject.toml")
+        raise _fail(
+            display,
+            None,
+            "no such schema module",
+            "check the path, or the 'schemas' list under [tool.relay] in pyproject.toml",
+        )
     name = _module_name(path)
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
-        raise _fail(display, None, "cannot be imported as a Python module",
-                    "give the schema module a .py name")
+        raise _fail(
+            display,
+            None,
+            "cannot be imported as a Python module",
+            "give the schema module a .py name",
+        )
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     rerun = f"run `python {display}` to see the full traceback, and mend the module"
@@ -55,20 +63,36 @@ def load_schema(path: Path, display: str) -> Schema:
     except KeyboardInterrupt:
         raise
     except SystemExit as error:
-        raise _fail(display, _line_in(path, error),
-                    f"the schema module ended the process while importing "
-                    f"(SystemExit({error.code!r}))",
-                    "a schema module must only declare SCHEMA: remove the exit") from None
-    except BaseException as error:
-        raise _fail(display, _line_in(path, error),
-                    f"the schema module failed to import: {describe(error)}", rerun) from None
+        raise _fail(
+            display,
+            _line_in(path, error),
+            f"the schema module ended the process while importing "
+            f"(SystemExit({error.code!r}))",
+            "a schema module must only declare SCHEMA: remove the exit",
+        ) from None
+    # Any way an import can end is a located error (KeyboardInterrupt aside, above).
+    except BaseException as error:  # noqa: BLE001
+        raise _fail(
+            display,
+            _line_in(path, error),
+            f"the schema module failed to import: {describe(error)}",
+            rerun,
+        ) from None
     finally:
         sys.modules.pop(name, None)
     if not isinstance(schema, Schema):
         kind = type(schema).__name__
-        got = "nothing" if schema is None else f"{'an' if kind[0] in 'aeiouAEIOU' else 'a'} {kind}"
-        raise _fail(display, 1, f"a schema module must define SCHEMA = Schema(...) (got {got})",
-                    "assign the schema declaration to a module-level name SCHEMA")
+        got = (
+            "nothing"
+            if schema is None
+            else f"{'an' if kind[0] in 'aeiouAEIOU' else 'a'} {kind}"
+        )
+        raise _fail(
+            display,
+            1,
+            f"a schema module must define SCHEMA = Schema(...) (got {got})",
+            "assign the schema declaration to a module-level name SCHEMA",
+        )
     return schema
 
 
@@ -96,7 +120,7 @@ def _interpreter_display(error: BaseException) -> str:
     sys.stderr = captured = io.StringIO()
     try:
         sys.__excepthook__(type(error), error, error.__traceback__)
-    except Exception:  # never let the hint hide the error
+    except Exception:  # noqa: BLE001  (never let the hint hide the error)
         return ""
     finally:
         sys.stderr = saved
@@ -107,9 +131,13 @@ def _interpreter_display(error: BaseException) -> str:
 def _line_in(path: Path, error: BaseException) -> int | None:
     """The innermost line of ``path`` in the error's traceback (or a SyntaxError's line)."""
     resolved = str(path.resolve())
-    if isinstance(error, SyntaxError) and error.filename is not None and error.lineno is not None:
-        if str(Path(error.filename).resolve()) == resolved:
-            return error.lineno
+    if (
+        isinstance(error, SyntaxError)
+        and error.filename is not None
+        and error.lineno is not None
+        and str(Path(error.filename).resolve()) == resolved
+    ):
+        return error.lineno
     line = None
     for frame in traceback.extract_tb(error.__traceback__):
         if str(Path(frame.filename).resolve()) == resolved:

@@ -28,13 +28,32 @@ from relay.schema import Dim, Field, Lane, Schema
 RESERVED = frozenset(
     {
         # module level
-        "annotations", "Protocol", "attrs", "torch", "_rt", "__all__",
+        "annotations",
+        "Protocol",
+        "attrs",
+        "torch",
+        "_rt",
+        "__all__",
         # methods
-        "__init__", "stash", "publish", "invalidate", "release", "resolve_future",
+        "__init__",
+        "stash",
+        "publish",
+        "invalidate",
+        "release",
+        "resolve_future",
         # parameters and locals
-        "self", "device", "pool_size", "debug", "indices", "payload", "batch", "slots",
+        "self",
+        "device",
+        "pool_size",
+        "debug",
+        "indices",
+        "payload",
+        "batch",
+        "slots",
         # attributes of the map
-        "_debug", "_fence", "fused_gather",
+        "_debug",
+        "_fence",
+        "fused_gather",
     }
 )
 
@@ -171,7 +190,9 @@ def resolve_method(field: Field) -> str:
 def _path_names(schema: Schema, path: str) -> set[str]:
     parts = tuple(path.split("."))
     names = set(parts)
-    names.update(nested_protocol(schema, parts[:depth]) for depth in range(1, len(parts)))
+    names.update(
+        nested_protocol(schema, parts[:depth]) for depth in range(1, len(parts))
+    )
     return names
 
 
@@ -192,7 +213,9 @@ def bound_names(schema: Schema) -> frozenset[str]:
             names.add(resolve_method(f))
         names.update(d for d in f.shape if isinstance(d, str))
         if schema.layout.value == "packed" and isinstance(f.dtype, torch.dtype):
-            names.update({packed_buffer(f.dtype), packed_widths(f.dtype), packed_rows(f.dtype)})
+            names.update(
+                {packed_buffer(f.dtype), packed_widths(f.dtype), packed_rows(f.dtype)}
+            )
     return frozenset(names)
 
 
@@ -217,7 +240,9 @@ def declared_row(field: Field) -> str:
     """The row of a lazy field for ``_rt.lazy_buffer``: fixed dims, ``None`` for symbolic."""
     if not field.shape:
         return "()"
-    return shape_literal(tuple("None" if isinstance(d, str) else str(d) for d in field.shape))
+    return shape_literal(
+        tuple("None" if isinstance(d, str) else str(d) for d in field.shape)
+    )
 
 
 def symbolic_dims(fields: tuple[Field, ...]) -> list[str]:
@@ -239,8 +264,8 @@ def describe_shape(shape: tuple[Dim, ...]) -> str:
 
 # Printable ASCII with nothing to escape: most names and doc strings, passed through
 # whole (escaping one character at a time dominated generating 1,000-field schemas).
-_PLAIN_LITERAL = re.compile(r'[ !#-\[\]-~]*')
-_PLAIN_DOC = re.compile(r'[\t\n -\[\]-~]*')
+_PLAIN_LITERAL = re.compile(r"[ !#-\[\]-~]*")
+_PLAIN_DOC = re.compile(r"[\t\n -\[\]-~]*")
 
 
 def string_literal(text: str) -> str:

@@ -14,7 +14,9 @@ TEMPLATES = Path(__file__).parent / "templates"
 TEMPLATE = "map.py.jinja"
 
 
-def environment(cls: type[jinja2.Environment] = jinja2.Environment) -> jinja2.Environment:
+def environment(
+    cls: type[jinja2.Environment] = jinja2.Environment,
+) -> jinja2.Environment:
     """The Jinja environment of the generator (``cls`` lets tests instrument it)."""
     return cls(
         loader=jinja2.FileSystemLoader(str(TEMPLATES)),
@@ -35,7 +37,9 @@ def render_body(view: MapView, env: jinja2.Environment | None = None) -> str:
     return template.render(m=view).rstrip("\n") + "\n"
 
 
-def render(schema: Schema, *, source: str, command: str, schema_hash: str | None = None) -> str:
+def render(
+    schema: Schema, *, source: str, command: str, schema_hash: str | None = None
+) -> str:
     """The whole generated module of a validated ``schema``, header included."""
     body = render_body(map_view(schema, source=source))
     digest = schema_hash if schema_hash is not None else files.schema_hash(schema)

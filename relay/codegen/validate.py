@@ -56,7 +56,8 @@ def _unusable(dtype: torch.dtype) -> str | None:
             rows = torch.ones((1,), dtype=torch.int64)
             buf[rows] = rows.to(dtype)
             buf[rows]
-    except Exception as error:  # torch says why: NotImplementedError, RuntimeError, ...
+    # torch says why (NotImplementedError, RuntimeError, ...): its reason is the message.
+    except Exception as error:  # noqa: BLE001
         first = str(error).strip().splitlines()[0] if str(error).strip() else ""
         return f"{type(error).__name__}: {first}"
     return None
@@ -64,7 +65,8 @@ def _unusable(dtype: torch.dtype) -> str | None:
 
 def _valid_path(path: object) -> bool:
     return isinstance(path, str) and all(
-        naming.identifier_problem(part, reserved=False) is None for part in path.split(".")
+        naming.identifier_problem(part, reserved=False) is None
+        for part in path.split(".")
     )
 
 
@@ -72,7 +74,9 @@ class _Collector:
     def __init__(self, schema: Schema, display: Callable[[str], str]) -> None:
         self.schema = schema
         self.display = display
-        self.schema_name = schema.name if isinstance(schema.name, str) else repr(schema.name)
+        self.schema_name = (
+            schema.name if isinstance(schema.name, str) else repr(schema.name)
+        )
         self.issues: list[SchemaIssue] = []
 
     def where(self, loc: SourceLocation) -> str:
@@ -82,27 +86,43 @@ class _Collector:
     def add(self, field: Field | None, problem: str, fix: str) -> None:
         loc = field.declared_at if field is not None else self.schema.declared_at
         name = field.name if field is not None and isinstance(field.name, str) else None
-        self.issues.append(SchemaIssue(self.display(loc.file), loc.line, self.schema_name, name,
-                                       problem, fix))
+        self.issues.append(
+            SchemaIssue(
+                self.display(loc.file), loc.line, self.schema_name, name, problem, fix
+            )
+        )
 
 
 def validate(schema: Schema, display: Callable[[str], str]) -> list[SchemaIssue]:
     """Every issue of ``schema``; ``display`` spells a declaration's file as messages show it."""
     c = _Collector(schema, display)
     if not naming.is_identifier(schema.name):
-        c.add(None, f"schema name must be a Python identifier (got {_got(schema.name)})",
-              "name the schema like a class, e.g. name=\"DecodeFutureMap\"")
+        c.add(
+            None,
+            f"schema name must be a Python identifier (got {_got(schema.name)})",
+            'name the schema like a class, e.g. name="DecodeFutureMap"',
+        )
     if not _valid_path(schema.indices):
-        c.add(None, f"indices must be a dotted attribute path such as 'req_pool_indices' "
-              f"(got {_got(schema.indices)})", "write indices=\"req_pool_indices\"")
+        c.add(
+            None,
+            f"indices must be a dotted attribute path such as 'req_pool_indices' "
+            f"(got {_got(schema.indices)})",
+            'write indices="req_pool_indices"',
+        )
     if not schema.fields:
-        c.add(None, "a schema needs at least one field (got none)",
-              "add a Field(...) to fields=[...], or delete the schema module")
+        c.add(
+            None,
+            "a schema needs at least one field (got none)",
+            "add a Field(...) to fields=[...], or delete the schema module",
+        )
         return c.issues
     for field in schema.fields:
         if not isinstance(field, Field):
-            c.add(None, f"fields must hold Field declarations (got {_got(field)})",
-                  "declare each field as Field(\"name\", lane=..., dtype=...)")
+            c.add(
+                None,
+                f"fields must hold Field declarations (got {_got(field)})",
+                'declare each field as Field("name", lane=..., dtype=...)',
+            )
             continue
         _check_field(c, field)
     fields = [f for f in schema.fields if isinstance(f, Field)]
@@ -114,150 +134,254 @@ def validate(schema: Schema, display: Callable[[str], str]) -> list[SchemaIssue]
 def _check_layout(c: _Collector) -> None:
     layout = c.schema.layout
     if not isinstance(layout, Layout):
-        c.add(None, f"layout must be Layout.SEPARATE or Layout.PACKED (got {_got(layout)})",
-              "write layout=Layout.PACKED (fields of one dtype share a buffer) or leave it out")
+        c.add(
+            None,
+            f"layout must be Layout.SEPARATE or Layout.PACKED (got {_got(layout)})",
+            "write layout=Layout.PACKED (fields of one dtype share a buffer) or leave it out",
+        )
     elif layout is Layout.PACKED and not c.issues and not packed_groups(c.schema):
-        c.add(None, "layout=Layout.PACKED packs the eager, required, gathered forward-lane "
-              "fields of one dtype into one buffer, but no two such fields share a dtype, so "
-              "nothing would be packed",
-              "leave layout out (Layout.SEPARATE), or give two such fields one dtype")
+        c.add(
+            None,
+            "layout=Layout.PACKED packs the eager, required, gathered forward-lane "
+            "fields of one dtype into one buffer, but no two such fields share a dtype, so "
+            "nothing would be packed",
+            "leave layout out (Layout.SEPARATE), or give two such fields one dtype",
+        )
 
 
 def _check_field(c: _Collector, f: Field) -> None:
     name = f.name
     if not isinstance(name, str) or not name.isidentifier():
-        c.add(f, f"field name must be a Python identifier (got {_got(name)})",
-              "use letters, digits and underscores, not starting with a digit, e.g. \"topk_p\"")
+        c.add(
+            f,
+            f"field name must be a Python identifier (got {_got(name)})",
+            'use letters, digits and underscores, not starting with a digit, e.g. "topk_p"',
+        )
     elif not naming.is_identifier(name):
-        c.add(f, f"field name {name!r} is a Python keyword", f"rename it, e.g. \"{name}_\"")
-    elif name in naming.RESERVED or name.startswith("resolve_") or name.startswith("_"):
-        c.add(f, f"field name {name!r} clashes with a name the generated map defines or uses",
-              f"rename the field, e.g. \"{name.lstrip('_')}_value\"")
+        c.add(
+            f, f"field name {name!r} is a Python keyword", f'rename it, e.g. "{name}_"'
+        )
+    elif name in naming.RESERVED or name.startswith(("resolve_", "_")):
+        c.add(
+            f,
+            f"field name {name!r} clashes with a name the generated map defines or uses",
+            f'rename the field, e.g. "{name.lstrip("_")}_value"',
+        )
     elif (problem := naming.identifier_problem(name)) is not None:
         c.add(f, f"field name {name!r} {problem}", "rename the field")
 
     if not isinstance(f.lane, Lane):
-        c.add(f, f"lane must be Lane.FORWARD or Lane.SCHEDULE (got {_got(f.lane)})",
-              "write lane=Lane.FORWARD (stashed for the next forward) or lane=Lane.SCHEDULE "
-              "(published for the scheduler)")
+        c.add(
+            f,
+            f"lane must be Lane.FORWARD or Lane.SCHEDULE (got {_got(f.lane)})",
+            "write lane=Lane.FORWARD (stashed for the next forward) or lane=Lane.SCHEDULE "
+            "(published for the scheduler)",
+        )
     if not isinstance(f.alloc, Alloc):
-        c.add(f, f"alloc must be Alloc.EAGER or Alloc.LAZY (got {_got(f.alloc)})",
-              "write alloc=Alloc.EAGER (at construction) or alloc=Alloc.LAZY (first payload)")
+        c.add(
+            f,
+            f"alloc must be Alloc.EAGER or Alloc.LAZY (got {_got(f.alloc)})",
+            "write alloc=Alloc.EAGER (at construction) or alloc=Alloc.LAZY (first payload)",
+        )
     if isinstance(f.dtype, FromPayload):
         if f.alloc is Alloc.EAGER:
-            c.add(f, "dtype=FROM_PAYLOAD needs a lazily allocated field, but alloc is Alloc.EAGER",
-                  "add alloc=Alloc.LAZY, or give a fixed dtype such as torch.bfloat16")
+            c.add(
+                f,
+                "dtype=FROM_PAYLOAD needs a lazily allocated field, but alloc is Alloc.EAGER",
+                "add alloc=Alloc.LAZY, or give a fixed dtype such as torch.bfloat16",
+            )
     elif not isinstance(f.dtype, torch.dtype):
-        c.add(f, f"dtype must be a torch.dtype such as {_DTYPE_HINT}, or FROM_PAYLOAD "
-              f"(got {_got(f.dtype)})", "write dtype=torch.<name>, e.g. dtype=torch.int64")
+        c.add(
+            f,
+            f"dtype must be a torch.dtype such as {_DTYPE_HINT}, or FROM_PAYLOAD "
+            f"(got {_got(f.dtype)})",
+            "write dtype=torch.<name>, e.g. dtype=torch.int64",
+        )
     else:
         unusable = _unusable(f.dtype)
         if unusable is not None:
-            c.add(f, f"dtype {f.dtype} cannot hold a relay buffer: torch cannot allocate it or "
-                  f"index its rows ({unusable})",
-                  f"use a dtype torch indexes, such as {_DTYPE_HINT}")
-        if isinstance(f.guard, Guard) and f.guard is not Guard.NONE and (
-            f.dtype == torch.bool or f.dtype.is_complex
+            c.add(
+                f,
+                f"dtype {f.dtype} cannot hold a relay buffer: torch cannot allocate it or "
+                f"index its rows ({unusable})",
+                f"use a dtype torch indexes, such as {_DTYPE_HINT}",
+            )
+        if (
+            isinstance(f.guard, Guard)
+            and f.guard is not Guard.NONE
+            and (f.dtype == torch.bool or f.dtype.is_complex)
         ):
-            c.add(f, f"guard={f.guard} compares values with 0, which {f.dtype} values cannot "
-                  f"be checked by (got guard={f.guard} with dtype={f.dtype})",
-                  "remove the guard, or give the field a real integer or float dtype")
+            c.add(
+                f,
+                f"guard={f.guard} compares values with 0, which {f.dtype} values cannot "
+                f"be checked by (got guard={f.guard} with dtype={f.dtype})",
+                "remove the guard, or give the field a real integer or float dtype",
+            )
 
     _check_shape(c, f)
 
     if not isinstance(f.optional, bool):
-        c.add(f, f"optional must be True or False (got {_got(f.optional)})",
-              "write optional=True if payloads may omit the field")
+        c.add(
+            f,
+            f"optional must be True or False (got {_got(f.optional)})",
+            "write optional=True if payloads may omit the field",
+        )
     if f.source is not None and (
-        not naming.is_identifier(f.source) or naming.identifier_problem(f.source) is not None
+        not naming.is_identifier(f.source)
+        or naming.identifier_problem(f.source) is not None
     ):
-        c.add(f, f"source must be an identifier naming the payload attribute, not a keyword "
-              f"or a reserved name (got {_got(f.source)})",
-              "write source=\"next_token_ids\", or leave it out to use the field name")
+        c.add(
+            f,
+            f"source must be an identifier naming the payload attribute, not a keyword "
+            f"or a reserved name (got {_got(f.source)})",
+            'write source="next_token_ids", or leave it out to use the field name',
+        )
     if not isinstance(f.resolve, Resolve):
-        c.add(f, f"resolve must be Resolve.GATHER or Resolve.PLACEHOLDER (got {_got(f.resolve)})",
-              "write resolve=Resolve.GATHER or resolve=Resolve.PLACEHOLDER")
+        c.add(
+            f,
+            f"resolve must be Resolve.GATHER or Resolve.PLACEHOLDER (got {_got(f.resolve)})",
+            "write resolve=Resolve.GATHER or resolve=Resolve.PLACEHOLDER",
+        )
     if not isinstance(f.guard, Guard):
-        c.add(f, f"guard must be a Guard such as Guard.POSITIVE (got {_got(f.guard)})",
-              "write guard=Guard.NONE, Guard.NON_NEGATIVE or Guard.POSITIVE")
+        c.add(
+            f,
+            f"guard must be a Guard such as Guard.POSITIVE (got {_got(f.guard)})",
+            "write guard=Guard.NONE, Guard.NON_NEGATIVE or Guard.POSITIVE",
+        )
     if not isinstance(f.doc, str):
-        c.add(f, f"doc must be a str (got {_got(f.doc)})", "write doc=\"...\"")
+        c.add(f, f"doc must be a str (got {_got(f.doc)})", 'write doc="..."')
 
     _check_target(c, f)
 
 
 def _check_shape(c: _Collector, f: Field) -> None:
     if not isinstance(f.shape, tuple):
-        c.add(f, f"shape must be a tuple of dims such as (\"topk\",) or (8,) "
-              f"(got {_got(f.shape)})", "write shape=(\"topk\",), shape=(8,) or shape=()")
+        c.add(
+            f,
+            f'shape must be a tuple of dims such as ("topk",) or (8,) '
+            f"(got {_got(f.shape)})",
+            'write shape=("topk",), shape=(8,) or shape=()',
+        )
         return
     for dim in f.shape:
         if isinstance(dim, bool) or not isinstance(dim, (int, str)):
-            c.add(f, f"shape dims must be positive ints or symbolic names (got {_got(dim)})",
-                  "write shape=(\"topk\",) or shape=(8,)")
+            c.add(
+                f,
+                f"shape dims must be positive ints or symbolic names (got {_got(dim)})",
+                'write shape=("topk",) or shape=(8,)',
+            )
         elif isinstance(dim, int) and dim <= 0:
-            c.add(f, f"shape dims must be positive (got {dim})",
-                  "use a size >= 1, or a symbolic name such as \"topk\" given at construction")
+            c.add(
+                f,
+                f"shape dims must be positive (got {dim})",
+                'use a size >= 1, or a symbolic name such as "topk" given at construction',
+            )
         elif isinstance(dim, str) and naming.identifier_problem(dim) is not None:
-            c.add(f, f"symbolic dim must be an identifier that is not reserved (got {dim!r})",
-                  "name the dim like a keyword argument, e.g. \"topk\" or \"hidden\"")
+            c.add(
+                f,
+                f"symbolic dim must be an identifier that is not reserved (got {dim!r})",
+                'name the dim like a keyword argument, e.g. "topk" or "hidden"',
+            )
 
 
 def _check_target(c: _Collector, f: Field) -> None:
     if f.target is not None and not _valid_path(f.target):
-        c.add(f, f"target must be a dotted attribute path such as 'spec_info.topk_p' "
-              f"(got {_got(f.target)})",
-              "write target=\"seq_lens\" or target=\"spec_info.topk_p\": identifiers joined by dots")
+        c.add(
+            f,
+            f"target must be a dotted attribute path such as 'spec_info.topk_p' "
+            f"(got {_got(f.target)})",
+            'write target="seq_lens" or target="spec_info.topk_p": identifiers joined by dots',
+        )
     if f.lane is Lane.SCHEDULE and f.target is None:
-        c.add(f, "a schedule field needs a target on the batch to resolve into (got target=None)",
-              "add target=\"<batch attribute>\", e.g. target=\"seq_lens\"")
+        c.add(
+            f,
+            "a schedule field needs a target on the batch to resolve into (got target=None)",
+            'add target="<batch attribute>", e.g. target="seq_lens"',
+        )
     if f.resolve is Resolve.PLACEHOLDER:
         if isinstance(f.dtype, FromPayload):
-            c.add(f, "resolve=Resolve.PLACEHOLDER needs a fixed integer dtype, since "
-                  "placeholders are negative slots (got dtype=FROM_PAYLOAD)",
-                  "give dtype=torch.int64, or use resolve=Resolve.GATHER")
+            c.add(
+                f,
+                "resolve=Resolve.PLACEHOLDER needs a fixed integer dtype, since "
+                "placeholders are negative slots (got dtype=FROM_PAYLOAD)",
+                "give dtype=torch.int64, or use resolve=Resolve.GATHER",
+            )
         elif isinstance(f.dtype, torch.dtype) and not _is_int_dtype(f.dtype):
-            c.add(f, f"resolve=Resolve.PLACEHOLDER needs an integer dtype, since placeholders "
-                  f"are negative slots (got {f.dtype})",
-                  "use resolve=Resolve.GATHER for this field")
+            c.add(
+                f,
+                f"resolve=Resolve.PLACEHOLDER needs an integer dtype, since placeholders "
+                f"are negative slots (got {f.dtype})",
+                "use resolve=Resolve.GATHER for this field",
+            )
         elif isinstance(f.dtype, torch.dtype) and not _is_signed_int_dtype(f.dtype):
-            c.add(f, f"resolve=Resolve.PLACEHOLDER needs a signed integer dtype, since "
-                  f"placeholders are negative slots (got {f.dtype})",
-                  "give a signed dtype such as torch.int64, or use resolve=Resolve.GATHER")
+            c.add(
+                f,
+                f"resolve=Resolve.PLACEHOLDER needs a signed integer dtype, since "
+                f"placeholders are negative slots (got {f.dtype})",
+                "give a signed dtype such as torch.int64, or use resolve=Resolve.GATHER",
+            )
         if f.optional is True:
-            c.add(f, "resolve=Resolve.PLACEHOLDER needs the value on every step: a step whose "
-                  "payload omits an optional field would leave the placeholders (-slot) that "
-                  "invalidate wrote, or a previous step's value, for the forward "
-                  "(got optional=True)",
-                  "make the field required (optional=False), or use resolve=Resolve.GATHER")
+            c.add(
+                f,
+                "resolve=Resolve.PLACEHOLDER needs the value on every step: a step whose "
+                "payload omits an optional field would leave the placeholders (-slot) that "
+                "invalidate wrote, or a previous step's value, for the forward "
+                "(got optional=True)",
+                "make the field required (optional=False), or use resolve=Resolve.GATHER",
+            )
         if isinstance(f.shape, tuple) and f.shape:
-            c.add(f, f"resolve=Resolve.PLACEHOLDER needs one value per slot, shape=() "
-                  f"(got shape={f.shape!r})", "use resolve=Resolve.GATHER for rows")
+            c.add(
+                f,
+                f"resolve=Resolve.PLACEHOLDER needs one value per slot, shape=() "
+                f"(got shape={f.shape!r})",
+                "use resolve=Resolve.GATHER for rows",
+            )
         if f.target is None:
-            c.add(f, "resolve=Resolve.PLACEHOLDER needs a target holding the placeholders "
-                  "(got target=None)", "add target=\"input_ids\" (or another batch tensor)")
+            c.add(
+                f,
+                "resolve=Resolve.PLACEHOLDER needs a target holding the placeholders "
+                "(got target=None)",
+                'add target="input_ids" (or another batch tensor)',
+            )
     for option in ("host_mirror", "host_sum"):
         value = getattr(f, option)
         if value is None:
             continue
         if f.lane is not Lane.SCHEDULE:
-            c.add(f, f"{option} mirrors a value to the scheduler's host, so it needs "
-                  f"lane=Lane.SCHEDULE (got lane={f.lane})",
-                  f"remove {option}=..., or move the field to Lane.SCHEDULE")
+            c.add(
+                f,
+                f"{option} mirrors a value to the scheduler's host, so it needs "
+                f"lane=Lane.SCHEDULE (got lane={f.lane})",
+                f"remove {option}=..., or move the field to Lane.SCHEDULE",
+            )
         if not _valid_path(value):
-            c.add(f, f"{option} must be a dotted attribute path such as 'seq_lens_cpu' "
-                  f"(got {_got(value)})", f"write {option}=\"<batch attribute>\"")
+            c.add(
+                f,
+                f"{option} must be a dotted attribute path such as 'seq_lens_cpu' "
+                f"(got {_got(value)})",
+                f'write {option}="<batch attribute>"',
+            )
         elif option == "host_sum" and isinstance(f.shape, tuple) and f.shape:
-            c.add(f, f"host_sum sums one value per slot, so it needs shape=() (got {f.shape!r})",
-                  "remove host_sum=..., or use host_mirror=... for rows")
-        if option == "host_sum" and (isinstance(f.dtype, FromPayload) or (
-            isinstance(f.dtype, torch.dtype) and (f.dtype.is_floating_point or f.dtype.is_complex)
-        )):
+            c.add(
+                f,
+                f"host_sum sums one value per slot, so it needs shape=() (got {f.shape!r})",
+                "remove host_sum=..., or use host_mirror=... for rows",
+            )
+        if option == "host_sum" and (
+            isinstance(f.dtype, FromPayload)
+            or (
+                isinstance(f.dtype, torch.dtype)
+                and (f.dtype.is_floating_point or f.dtype.is_complex)
+            )
+        ):
             got = "FROM_PAYLOAD" if isinstance(f.dtype, FromPayload) else str(f.dtype)
-            c.add(f, "host_sum hands the batch an int, so it needs a fixed integer dtype; "
-                  f"a float sum would be truncated (got dtype={got})",
-                  "give dtype=torch.int64, or remove host_sum=... and sum the host_mirror "
-                  "yourself")
+            c.add(
+                f,
+                "host_sum hands the batch an int, so it needs a fixed integer dtype; "
+                f"a float sum would be truncated (got dtype={got})",
+                "give dtype=torch.int64, or remove host_sum=... and sum the host_mirror "
+                "yourself",
+            )
 
 
 def _check_unique(c: _Collector, fields: list[Field]) -> None:
@@ -270,30 +394,43 @@ def _check_unique(c: _Collector, fields: list[Field]) -> None:
             continue
         if f.name in first_name:
             other = first_name[f.name]
-            c.add(f, f"duplicate field name {f.name!r}; it is first declared at "
-                  f"{c.where(other.declared_at)}",
-                  "rename one of them, or delete the repeated declaration")
+            c.add(
+                f,
+                f"duplicate field name {f.name!r}; it is first declared at "
+                f"{c.where(other.declared_at)}",
+                "rename one of them, or delete the repeated declaration",
+            )
             continue  # one mistake, one message: its source and targets repeat too
         first_name[f.name] = f
         if isinstance(f.lane, Lane) and naming.is_identifier(f.payload_name):
             key = (f.lane, f.payload_name)
             if key in first_source and first_source[key] is not f:
                 other = first_source[key]
-                c.add(f, f"payload attribute {f.payload_name!r} is also the source of "
-                      f"field {other.name!r} ({c.where(other.declared_at)})",
-                      "give each field its own source=\"...\"")
+                c.add(
+                    f,
+                    f"payload attribute {f.payload_name!r} is also the source of "
+                    f"field {other.name!r} ({c.where(other.declared_at)})",
+                    'give each field its own source="..."',
+                )
             else:
                 first_source[key] = f
         if f.lane is Lane.SCHEDULE and _valid_path(f.host_mirror or f.target or ""):
             method = naming.resolve_method(f)
             if method in naming.METHODS:
-                c.add(f, f"its schedule resolve would be named {method}(), which every map "
-                      "defines for another purpose", "give it another target or host_mirror")
+                c.add(
+                    f,
+                    f"its schedule resolve would be named {method}(), which every map "
+                    "defines for another purpose",
+                    "give it another target or host_mirror",
+                )
             elif method in first_method:
                 other = first_method[method]
-                c.add(f, f"its schedule resolve would be named {method}(), like that of "
-                      f"field {other.name!r} ({c.where(other.declared_at)})",
-                      "give one of them a different target or host_mirror")
+                c.add(
+                    f,
+                    f"its schedule resolve would be named {method}(), like that of "
+                    f"field {other.name!r} ({c.where(other.declared_at)})",
+                    "give one of them a different target or host_mirror",
+                )
             else:
                 first_method[method] = f
         for role in ("target", "host_mirror", "host_sum"):
@@ -302,14 +439,22 @@ def _check_unique(c: _Collector, fields: list[Field]) -> None:
                 continue
             if path in first_path:
                 other, other_role = first_path[path]
-                c.add(f, f"{role} {path!r} is also the {other_role} of field {other.name!r} "
-                      f"({c.where(other.declared_at)}); two fields cannot resolve into one "
-                      "attribute", f"give field {f.name!r} another {role}")
+                c.add(
+                    f,
+                    f"{role} {path!r} is also the {other_role} of field {other.name!r} "
+                    f"({c.where(other.declared_at)}); two fields cannot resolve into one "
+                    "attribute",
+                    f"give field {f.name!r} another {role}",
+                )
                 continue
             first_path[path] = (f, role)
     # A path cannot be both an attribute and the owner of nested attributes, and the
     # indices attribute is read, never written.
-    taken = {naming.payload_class(c.schema), naming.batch_protocol(c.schema), c.schema.name}
+    taken = {
+        naming.payload_class(c.schema),
+        naming.batch_protocol(c.schema),
+        c.schema.name,
+    }
     # Two owners on different paths (`a_b.x`, `a.b_x`) may camel-case to one Protocol name.
     protocols: dict[str, tuple[tuple[str, ...], Field]] = {}
     # Each owner prefix, with the first path that goes through it: one pass, not a
@@ -325,20 +470,34 @@ def _check_unique(c: _Collector, fields: list[Field]) -> None:
             owner = parts[:depth]
             protocol = naming.nested_protocol(c.schema, owner)
             if protocol in taken:
-                c.add(f, f"{role} {path!r} goes through {'.'.join(owner)!r}, whose "
-                      f"generated Protocol would be named {protocol}, a name the module "
-                      "already defines", f"rename the attribute {parts[depth - 1]!r} on the batch")
+                c.add(
+                    f,
+                    f"{role} {path!r} goes through {'.'.join(owner)!r}, whose "
+                    f"generated Protocol would be named {protocol}, a name the module "
+                    "already defines",
+                    f"rename the attribute {parts[depth - 1]!r} on the batch",
+                )
                 break
             first = protocols.setdefault(protocol, (owner, f))
             if first[0] != owner:
-                c.add(f, f"{role} {path!r} goes through {'.'.join(owner)!r}, whose generated "
-                      f"Protocol would be named {protocol}, like that of {'.'.join(first[0])!r} "
-                      f"(field {first[1].name!r}, {c.where(first[1].declared_at)})",
-                      f"rename the attribute {parts[depth - 1]!r} on the batch, or the other one")
+                c.add(
+                    f,
+                    f"{role} {path!r} goes through {'.'.join(owner)!r}, whose generated "
+                    f"Protocol would be named {protocol}, like that of {'.'.join(first[0])!r} "
+                    f"(field {first[1].name!r}, {c.where(first[1].declared_at)})",
+                    f"rename the attribute {parts[depth - 1]!r} on the batch, or the other one",
+                )
                 break
         if path in through:
-            c.add(f, f"{role} {path!r} is written as a tensor but also holds "
-                  f"{through[path]!r}", f"resolve into {path}.<name> instead, or rename")
+            c.add(
+                f,
+                f"{role} {path!r} is written as a tensor but also holds "
+                f"{through[path]!r}",
+                f"resolve into {path}.<name> instead, or rename",
+            )
         if path == c.schema.indices:
-            c.add(f, f"{role} {path!r} is the attribute the map reads its slots from",
-                  f"choose another {role}, or set Schema(indices=...) to another attribute")
+            c.add(
+                f,
+                f"{role} {path!r} is the attribute the map reads its slots from",
+                f"choose another {role}, or set Schema(indices=...) to another attribute",
+            )

@@ -88,7 +88,9 @@ def _flat(arg: str | Call) -> str:
     return arg if isinstance(arg, str) else arg.flat()
 
 
-def call(indent: int, opener: str, args: Sequence[str | Call], closer: str = ")") -> str:
+def call(
+    indent: int, opener: str, args: Sequence[str | Call], closer: str = ")"
+) -> str:
     """``opener`` + args + ``closer`` as ruff formats it at ``indent``: on one line, else
     the arguments together on one indented line, else one per line with a trailing
     comma (a ``Call`` argument split in turn). Continuation lines are indented
@@ -297,8 +299,16 @@ class MapView:
 
 
 def _summary(f: Field) -> str:
-    dtype = "dtype from payload" if isinstance(f.dtype, FromPayload) else naming.dtype(f.dtype)
-    parts = [f"{f.lane.value} lane", f"{naming.describe_shape(f.shape)} {dtype}", f.alloc.value]
+    dtype = (
+        "dtype from payload"
+        if isinstance(f.dtype, FromPayload)
+        else naming.dtype(f.dtype)
+    )
+    parts = [
+        f"{f.lane.value} lane",
+        f"{naming.describe_shape(f.shape)} {dtype}",
+        f.alloc.value,
+    ]
     if f.optional:
         parts.append("optional")
     line = f"``{f.name}``: " + ", ".join(parts)
@@ -360,9 +370,18 @@ def _field_view(
         lazy_alloc_stmt = call(
             alloc_indent,
             f"{buf} = _rt.lazy_buffer(",
-            [what, "self.pool_size", row, dtype or "None", src, "self._debug is not None"],
+            [
+                what,
+                "self.pool_size",
+                row,
+                dtype or "None",
+                src,
+                "self._debug is not None",
+            ],
         )
-    clear_stmt = call(_IN_IF, f"{buf}.index_fill_(", ["0", "slots", "0"]) if f.optional else None
+    clear_stmt = (
+        call(_IN_IF, f"{buf}.index_fill_(", ["0", "slots", "0"]) if f.optional else None
+    )
     wrote_indent = _IN_IF2 if f.optional else _IN_IF
     wrote_stmt = call(
         wrote_indent, "self._debug.wrote(", [f'"{op}"', field_literal, buf, "indices"]
@@ -380,7 +399,9 @@ def _field_view(
         test = f"{carried} and {buf} is not None" if lazy else carried
         read_test = condition(_BODY, "if", test)
         debug_read_test = condition(_IN_IF, "if", test)
-        solo_debug_read_test = condition(_BODY, "if", f"self._debug is not None and {test}")
+        solo_debug_read_test = condition(
+            _BODY, "if", f"self._debug is not None and {test}"
+        )
     read_indent = _IN_IF if presence is Presence.CARRIED else _BODY
     value = naming.value_local(f)
     at, pending, rows = naming.placeholder_locals(f)
@@ -393,12 +414,16 @@ def _field_view(
             f"{pending} = {at} < 0",
             f"{rows} = {at}.neg().clamp(min=0)",
             gather_stmt,
-            call(read_indent, f"{at}.copy_(", [f"torch.where({pending}, {value}, {at})"]),
+            call(
+                read_indent, f"{at}.copy_(", [f"torch.where({pending}, {value}, {at})"]
+            ),
         )
         read_args = [f'"{reader}"', field_literal, buf, rows, pending]
         host_src = at
     elif lane is Lane.SCHEDULE:
-        gather_stmt = call(read_indent, f"{value} = {buf}.index_select(", ["0", "indices"])
+        gather_stmt = call(
+            read_indent, f"{value} = {buf}.index_select(", ["0", "indices"]
+        )
         read_args = [f'"{reader}"', field_literal, buf, "indices"]
         host_src = value
     else:  # a forward gather; a field without a target is only stashed: this goes unused
@@ -410,7 +435,12 @@ def _field_view(
 
     read_stmt = call(read_indent + 4, "self._debug.read(", read_args)
     # Note [Fused gather]: a packed map gathers every forward gather field in one block.
-    in_block = fused and lane is Lane.FORWARD and read is ReadPlan.GATHER and target is not None
+    in_block = (
+        fused
+        and lane is Lane.FORWARD
+        and read is ReadPlan.GATHER
+        and target is not None
+    )
     local_read = f"{target} = {value}" if in_block and member is None else None
     local_gather_stmts: tuple[str, ...] | None = None
     fused_arg: str | None = None
@@ -424,7 +454,8 @@ def _field_view(
             fused_arg = f"{buf} if {carried} else None"
             local_gather_stmts = (
                 f"{value} = None",
-                condition(_IN_IF, "if", test) + "\n    "
+                condition(_IN_IF, "if", test)
+                + "\n    "
                 + call(_IN_IF2, f"{value} = {buf}.index_select(", ["0", "indices"]),
             )
     host: list[str] = []
@@ -435,7 +466,9 @@ def _field_view(
         mirror = f"batch.{f.host_mirror}"
         host.append(call(read_indent, f"{mirror} = self.{host_attr}.copy(", [host_src]))
         if f.host_sum is not None:
-            host.append(call(read_indent, f"batch.{f.host_sum} = _rt.host_sum(", [mirror]))
+            host.append(
+                call(read_indent, f"batch.{f.host_sum} = _rt.host_sum(", [mirror])
+            )
     elif f.host_sum is not None:
         host.append(
             call(
@@ -446,7 +479,9 @@ def _field_view(
         )
     if presence is Presence.CARRIED:
         for path in (f.target, f.host_mirror, f.host_sum):
-            if path is not None and not (path == f.target and read is ReadPlan.PLACEHOLDER):
+            if path is not None and not (
+                path == f.target and read is ReadPlan.PLACEHOLDER
+            ):
                 none.append(f"batch.{path} = None")
 
     return FieldView(
@@ -508,7 +543,9 @@ def _field_view(
         if presence is Presence.ALLOCATED
         else None,
         read_doc=_read_doc(f),
-        resolve_def=signature(method, ["self", f"batch: {naming.batch_protocol(schema)}"], "None")
+        resolve_def=signature(
+            method, ["self", f"batch: {naming.batch_protocol(schema)}"], "None"
+        )
         if method
         else None,
     )
@@ -518,7 +555,9 @@ def _column(f: Field, buf: str, group: PackedGroup, member: Member) -> str:
     """The field's fixed view of its group's buffer (Note [Packed layout])."""
     packed = f"self.{naming.packed_buffer(group.dtype)}"
     if not f.shape:
-        return call(_BODY, f"{buf}: torch.Tensor = {packed}.select(", ["1", member.start])
+        return call(
+            _BODY, f"{buf}: torch.Tensor = {packed}.select(", ["1", member.start]
+        )
     narrow = ["1", member.start, member.width]
     if len(f.shape) == 1:
         return call(_BODY, f"{buf}: torch.Tensor = {packed}.narrow(", narrow)
@@ -537,7 +576,9 @@ def _packed_read(f: Field, target: str | None) -> str:
     if len(f.shape) == 1:
         return f"{target} = {local}"
     return call(
-        _BODY, f"{target} = torch.unflatten(", [local, "1", f"self.{naming.buffer(f)}.shape[1:]"]
+        _BODY,
+        f"{target} = torch.unflatten(",
+        [local, "1", f"self.{naming.buffer(f)}.shape[1:]"],
     )
 
 
@@ -582,14 +623,20 @@ class FusedView:
     torch_stmts: tuple[str, ...]
 
 
-def _fused_view(groups: Sequence[PackedGroup], fields: Sequence[FieldView]) -> FusedView:
+def _fused_view(
+    groups: Sequence[PackedGroup], fields: Sequence[FieldView]
+) -> FusedView:
     required = [naming.packed_rows(g.dtype) for g in groups]
     required_args = [f"self.{naming.packed_buffer(g.dtype)}" for g in groups]
     optional: list[str] = []
     optional_args: list[str] = []
     torch_stmts = [
-        call(_IN_IF, f"{naming.packed_rows(g.dtype)} = self.{naming.packed_buffer(g.dtype)}"
-             ".index_select(", ["0", "indices"])
+        call(
+            _IN_IF,
+            f"{naming.packed_rows(g.dtype)} = self.{naming.packed_buffer(g.dtype)}"
+            ".index_select(",
+            ["0", "indices"],
+        )
         for g in groups
     ]
     for f in fields:
@@ -611,7 +658,11 @@ def _fused_view(groups: Sequence[PackedGroup], fields: Sequence[FieldView]) -> F
             for names in (required, optional)
         )
         head = f"{both} = _rt.gather_rows_optional("
-        args: list[str | Call] = ["indices", literal(required_args), literal(optional_args)]
+        args: list[str | Call] = [
+            "indices",
+            literal(required_args),
+            literal(optional_args),
+        ]
     else:
         head = f"{targets(required)} = _rt.gather_rows("
         args = ["indices", literal(required_args)]
@@ -699,14 +750,18 @@ def _names_literal(keyword: str, names: Sequence[str]) -> Call:
 
 def map_view(schema: Schema, *, source: str) -> MapView:
     """The view of one validated schema."""
-    for owner, doc in [(schema.name, schema.doc), *((f.name, f.doc) for f in schema.fields)]:
+    for owner, doc in [
+        (schema.name, schema.doc),
+        *((f.name, f.doc) for f in schema.fields),
+    ]:
         problem = naming.doc_problem(doc)
         if problem is not None:
             raise ValueError(f"{owner}: doc {problem}")
     groups = packed_groups(schema)
     member_of = {m.field.name: (g, m) for g in groups for m in g.members}
     fields = tuple(
-        _field_view(schema, f, member_of.get(f.name), bool(groups)) for f in schema.fields
+        _field_view(schema, f, member_of.get(f.name), bool(groups))
+        for f in schema.fields
     )
     cleaned = naming.doc_text(schema.doc)
     first_line = cleaned.splitlines()[0] if cleaned else schema.name
@@ -714,7 +769,9 @@ def map_view(schema: Schema, *, source: str) -> MapView:
     dims = tuple(naming.symbolic_dims(schema.fields))
     forward = [f.name for f in schema.fields if f.lane is Lane.FORWARD]
     schedule = [f.name for f in schema.fields if f.lane is Lane.SCHEDULE]
-    consumers = [naming.resolve_method(f) for f in schema.fields if f.lane is Lane.SCHEDULE]
+    consumers = [
+        naming.resolve_method(f) for f in schema.fields if f.lane is Lane.SCHEDULE
+    ]
     debug_args: list[str | Call] = ["self.device", "self.pool_size", cls_literal]
     if forward:
         debug_args.append(_names_literal("forward", forward))
@@ -738,10 +795,16 @@ def map_view(schema: Schema, *, source: str) -> MapView:
         indices=f"batch.{schema.indices}",
         dims=dims,
         pool_check=call(
-            _BODY, "self.pool_size = _rt.check_dim(", [cls_literal, '"pool_size"', "pool_size"]
+            _BODY,
+            "self.pool_size = _rt.check_dim(",
+            [cls_literal, '"pool_size"', "pool_size"],
         ),
         dim_checks=tuple(
-            call(_BODY, f"{d} = _rt.check_dim(", [cls_literal, naming.string_literal(d), d])
+            call(
+                _BODY,
+                f"{d} = _rt.check_dim(",
+                [cls_literal, naming.string_literal(d), d],
+            )
             for d in dims
         ),
         fields=fields,
@@ -751,16 +814,26 @@ def map_view(schema: Schema, *, source: str) -> MapView:
         debug_stmt=call(_IN_IF, "self._debug = _rt.DebugChecks(", debug_args),
         stash_def=signature(
             "stash",
-            ["self", "indices: torch.Tensor", f"payload: {naming.payload_class(schema)}"],
+            [
+                "self",
+                "indices: torch.Tensor",
+                f"payload: {naming.payload_class(schema)}",
+            ],
             "None",
         ),
         invalidate_def=signature(
             "invalidate",
-            ["self", f"batch: {naming.batch_protocol(schema)}", "indices: torch.Tensor"],
+            [
+                "self",
+                f"batch: {naming.batch_protocol(schema)}",
+                "indices: torch.Tensor",
+            ],
             "None",
         ),
         resolve_future_def=signature(
-            "resolve_future", ["self", f"batch: {naming.batch_protocol(schema)}"], "None"
+            "resolve_future",
+            ["self", f"batch: {naming.batch_protocol(schema)}"],
+            "None",
         ),
         fence_stmt="self._fence = _rt.Fence(self.device)" if schedule else None,
         exports=tuple(sorted(exports)),

@@ -13,7 +13,14 @@ import torch
 
 from relay.engine.workload import RequestSpec
 
-__all__ = ["ForwardBatch", "ForwardMode", "Request", "RequestState", "SpecInfo", "StepOutput"]
+__all__ = [
+    "ForwardBatch",
+    "ForwardMode",
+    "Request",
+    "RequestState",
+    "SpecInfo",
+    "StepOutput",
+]
 
 
 class RequestState(enum.Enum):
@@ -65,7 +72,9 @@ class SpecInfo:
     topk_index: torch.Tensor
     hidden_states: torch.Tensor | None = None
     #: (n,) the bonus token of the previous verify: the draft's first input token.
-    bonus_tokens: torch.Tensor = attrs.field(factory=lambda: torch.empty(0, dtype=torch.int64))
+    bonus_tokens: torch.Tensor = attrs.field(
+        factory=lambda: torch.empty(0, dtype=torch.int64)
+    )
 
 
 def _empty(device: torch.device, dtype: torch.dtype = torch.int64) -> torch.Tensor:

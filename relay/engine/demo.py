@@ -58,12 +58,22 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INVALID_SCHEMA = 0, 1, 2, 3
 MODEL_PRESETS: dict[str, ModelConfig] = {
     # A forward so light that the scheduler is a large share of a step, as for a small
     # model on a GPU: with many slots it shows what overlap hides (docs/engine.md).
-    "micro": ModelConfig(vocab_size=1024, hidden=32, layers=1, heads=2, ffn=64, max_context=160,
-                         eos_boost=1.4),
-    "tiny": ModelConfig(vocab_size=1024, hidden=64, layers=1, heads=2, ffn=128, max_context=128),
+    "micro": ModelConfig(
+        vocab_size=1024,
+        hidden=32,
+        layers=1,
+        heads=2,
+        ffn=64,
+        max_context=160,
+        eos_boost=1.4,
+    ),
+    "tiny": ModelConfig(
+        vocab_size=1024, hidden=64, layers=1, heads=2, ffn=128, max_context=128
+    ),
     "small": ModelConfig(),
-    "base": ModelConfig(vocab_size=16384, hidden=1024, layers=4, heads=8, ffn=2816,
-                        max_context=512),
+    "base": ModelConfig(
+        vocab_size=16384, hidden=1024, layers=4, heads=8, ffn=2816, max_context=512
+    ),
 }
 
 
@@ -75,7 +85,9 @@ def _positive_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected a whole number, got {text!r}"
+        ) from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value}")
     return value
@@ -93,42 +105,95 @@ def _positive_float(text: str) -> float:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``relay demo``."""
-    parser.description = __doc__.split("\n\n", 1)[1].replace("``", "") if __doc__ else None
+    parser.description = (
+        __doc__.split("\n\n", 1)[1].replace("``", "") if __doc__ else None
+    )
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument("--model", choices=sorted(MODEL_PRESETS), default="small",
-                        help="model size (default: small, sized for a 2-core CPU)")
-    parser.add_argument("--mode", choices=["both", "decode", "eagle"], default="both",
-                        help="plain decoding, EAGLE speculative decoding, or both (default)")
-    parser.add_argument("--device", default="cpu",
-                        help="cpu (default), cuda, cuda:N, or auto (cuda when available)")
-    parser.add_argument("--repeat", type=_positive_int, default=3,
-                        help="timed runs of each loop per mode, sync and overlap interleaved; "
-                             "figures are medians (default: %(default)s)")
-    parser.add_argument("--requests", type=_positive_int, default=WorkloadConfig().requests,
-                        help="number of requests (default: %(default)s)")
-    parser.add_argument("--max-running", type=_positive_int,
-                        default=SchedulerConfig().max_running,
-                        help="request-pool slots; the KV budget grows to hold a full context "
-                             "in each (default: %(default)s)")
-    parser.add_argument("--arrival-rate", type=_positive_float,
-                        default=WorkloadConfig().arrival_rate,
-                        help="mean arrivals per scheduler step (default: %(default)s)")
-    parser.add_argument("--spec-steps", type=_positive_int, default=SpecConfig().steps,
-                        help="draft tokens per branch (default: %(default)s)")
-    parser.add_argument("--topk", type=_positive_int, default=SpecConfig().topk,
-                        help="draft branches per request (default: %(default)s)")
+    parser.add_argument(
+        "--model",
+        choices=sorted(MODEL_PRESETS),
+        default="small",
+        help="model size (default: small, sized for a 2-core CPU)",
+    )
+    parser.add_argument(
+        "--mode",
+        choices=["both", "decode", "eagle"],
+        default="both",
+        help="plain decoding, EAGLE speculative decoding, or both (default)",
+    )
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        help="cpu (default), cuda, cuda:N, or auto (cuda when available)",
+    )
+    parser.add_argument(
+        "--repeat",
+        type=_positive_int,
+        default=3,
+        help="timed runs of each loop per mode, sync and overlap interleaved; "
+        "figures are medians (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--requests",
+        type=_positive_int,
+        default=WorkloadConfig().requests,
+        help="number of requests (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--max-running",
+        type=_positive_int,
+        default=SchedulerConfig().max_running,
+        help="request-pool slots; the KV budget grows to hold a full context "
+        "in each (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--arrival-rate",
+        type=_positive_float,
+        default=WorkloadConfig().arrival_rate,
+        help="mean arrivals per scheduler step (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--spec-steps",
+        type=_positive_int,
+        default=SpecConfig().steps,
+        help="draft tokens per branch (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--topk",
+        type=_positive_int,
+        default=SpecConfig().topk,
+        help="draft branches per request (default: %(default)s)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="model and workload seed")
-    parser.add_argument("--threads", type=_positive_int, default=1,
-                        help="torch intra-op threads of the CPU forward (default: 1; the "
-                             "other cores run the scheduler)")
-    parser.add_argument("--ranks", type=_positive_int, default=1,
-                        help="data-parallel ranks, one process each (default: 1)")
-    parser.add_argument("--debug", action="store_true",
-                        help="maps in debug mode: poisoned buffers, consume-once and fence checks")
-    parser.add_argument("--no-generate", action="store_true",
-                        help="skip generation and run the packaged maps (relay.maps)")
-    parser.add_argument("-q", "--quiet", action="store_true",
-                        help="print only the results table and the verdict")
+    parser.add_argument(
+        "--threads",
+        type=_positive_int,
+        default=1,
+        help="torch intra-op threads of the CPU forward (default: 1; the "
+        "other cores run the scheduler)",
+    )
+    parser.add_argument(
+        "--ranks",
+        type=_positive_int,
+        default=1,
+        help="data-parallel ranks, one process each (default: 1)",
+    )
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        help="maps in debug mode: poisoned buffers, consume-once and fence checks",
+    )
+    parser.add_argument(
+        "--no-generate",
+        action="store_true",
+        help="skip generation and run the packaged maps (relay.maps)",
+    )
+    parser.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="print only the results table and the verdict",
+    )
 
 
 def resolve_device(name: str, ranks: int = 1) -> str:
@@ -138,15 +203,23 @@ def resolve_device(name: str, ranks: int = 1) -> str:
     try:
         device = torch.device(name)
     except (RuntimeError, ValueError):
-        raise UsageError(f"--device {name!r} is not a device (cpu, cuda, cuda:N or auto)") from None
+        raise UsageError(
+            f"--device {name!r} is not a device (cpu, cuda, cuda:N or auto)"
+        ) from None
     if device.type == "cpu":
         return str(device)
     if device.type != "cuda":
         raise UsageError(f"--device {name}: the reference engine runs on cpu or cuda")
     if not torch.cuda.is_available():
-        build = "a CPU-only build" if torch.version.cuda is None else f"CUDA {torch.version.cuda}"
-        raise UsageError(f"--device {name}: CUDA is not available here (torch "
-                         f"{torch.__version__}, {build}); use --device cpu")
+        build = (
+            "a CPU-only build"
+            if torch.version.cuda is None
+            else f"CUDA {torch.version.cuda}"
+        )
+        raise UsageError(
+            f"--device {name}: CUDA is not available here (torch "
+            f"{torch.__version__}, {build}); use --device cpu"
+        )
     count = torch.cuda.device_count()
     if device.index is not None and device.index >= count:
         raise UsageError(f"--device {name}: no such GPU ({count} CUDA device(s))")
@@ -155,14 +228,20 @@ def resolve_device(name: str, ranks: int = 1) -> str:
     return str(device)
 
 
-def config_from_args(args: argparse.Namespace, maps: MapSource | None = None) -> EngineConfig:
+def config_from_args(
+    args: argparse.Namespace, maps: MapSource | None = None
+) -> EngineConfig:
     """The engine configuration (plain decoding, overlap) the flags describe; ``maps``
     defaults to the packaged ``relay.maps``."""
     model = attrs.evolve(MODEL_PRESETS[args.model], seed=args.seed)
     return EngineConfig(
         model=model,
-        workload=attrs.evolve(WorkloadConfig(), requests=args.requests,
-                              arrival_rate=args.arrival_rate, seed=args.seed),
+        workload=attrs.evolve(
+            WorkloadConfig(),
+            requests=args.requests,
+            arrival_rate=args.arrival_rate,
+            seed=args.seed,
+        ),
         scheduler=_scheduler_for(args.max_running, model.max_context),
         device=resolve_device(args.device, args.ranks),
         debug=args.debug,
@@ -175,8 +254,11 @@ def _scheduler_for(max_running: int, max_context: int) -> SchedulerConfig:
     """The default scheduler with ``max_running`` slots and a KV budget that holds them."""
     default = SchedulerConfig()
     pages_per_slot = -(-max_context // default.page_size)
-    return attrs.evolve(default, max_running=max_running,
-                        kv_pages=max(default.kv_pages, max_running * pages_per_slot))
+    return attrs.evolve(
+        default,
+        max_running=max_running,
+        kv_pages=max(default.kv_pages, max_running * pages_per_slot),
+    )
 
 
 def bundled_schemas() -> list[Path] | None:
@@ -202,13 +284,17 @@ def _private_maps(skip: bool, say: Callable[[str], None]) -> Iterator[MapSource]
     per run] in relay/engine/maps.py says how the folder's modules are imported).
     """
     if skip:
-        say("1. generate: skipped (--no-generate); running the packaged maps (relay.maps)")
+        say(
+            "1. generate: skipped (--no-generate); running the packaged maps (relay.maps)"
+        )
         yield MapSource()
         return
     schemas = bundled_schemas()
     if schemas is None:
-        say("1. generate: the bundled schemas are not installed with this package; "
-            "running the packaged maps (relay.maps)")
+        say(
+            "1. generate: the bundled schemas are not installed with this package; "
+            "running the packaged maps (relay.maps)"
+        )
         yield MapSource()
         return
     from relay.codegen import explicit_job, run_job
@@ -244,8 +330,10 @@ class ModeResult:
     @property
     def speedups(self) -> list[float]:
         """Overlap / sync throughput of each back-to-back pair."""
-        return [o.tokens_per_second / s.tokens_per_second
-                for s, o in zip(self.sync, self.overlap)]
+        return [
+            o.tokens_per_second / s.tokens_per_second
+            for s, o in zip(self.sync, self.overlap)
+        ]
 
     @property
     def speedup(self) -> float:
@@ -302,9 +390,15 @@ class _Reporter:
         )
 
         self.progress = Progress(
-            TextColumn("   {task.description:<22}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("requests"), TimeElapsedColumn(), TextColumn("ETA"),
-            TimeRemainingColumn(), console=self.console, transient=True,
+            TextColumn("   {task.description:<22}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("requests"),
+            TimeElapsedColumn(),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
+            console=self.console,
+            transient=True,
         )
         self.task = self.progress.add_task("starting", total=total_requests)
         with self.progress:
@@ -323,8 +417,10 @@ class _Reporter:
         self.done += requests
         if self.progress is not None and self.task is not None:
             self.progress.update(self.task, completed=self.done)
-        self.say(f"   {label:<22} {result.wall_seconds:5.1f} s, "
-                 f"{result.tokens_per_second:7.0f} tok/s, occupancy {result.occupancy:6.1%}")
+        self.say(
+            f"   {label:<22} {result.wall_seconds:5.1f} s, "
+            f"{result.tokens_per_second:7.0f} tok/s, occupancy {result.occupancy:6.1%}"
+        )
 
     def table(self, rows: Sequence[ModeResult], ranks: int) -> None:
         from rich import box
@@ -332,18 +428,34 @@ class _Reporter:
 
         # Off a terminal, the same layout in ASCII: a dashed line under the header.
         plain = box.Box("    \n    \n -  \n    \n    \n    \n    \n    \n", ascii=True)
-        table = Table(box=box.SIMPLE_HEAD if self.console.is_terminal else plain,
-                      show_edge=False, pad_edge=False)
-        columns = ["mode", "sync tok/s", "overlap tok/s", "speedup", "ideal", "efficiency",
-                   "occupancy sync", "occupancy overlap", "accept len", "identical"]
+        table = Table(
+            box=box.SIMPLE_HEAD if self.console.is_terminal else plain,
+            show_edge=False,
+            pad_edge=False,
+        )
+        columns = [
+            "mode",
+            "sync tok/s",
+            "overlap tok/s",
+            "speedup",
+            "ideal",
+            "efficiency",
+            "occupancy sync",
+            "occupancy overlap",
+            "accept len",
+            "identical",
+        ]
         if ranks > 1:
             columns.append(f"{ranks} ranks = 1 rank")
         for name in columns:
             table.add_column(name, justify="left" if name == "mode" else "right")
         for row in rows:
             speedups = row.speedups
-            spread = (f" ({min(speedups):.2f}-{max(speedups):.2f})"
-                      if len(speedups) > 1 else "")
+            spread = (
+                f" ({min(speedups):.2f}-{max(speedups):.2f})"
+                if len(speedups) > 1
+                else ""
+            )
             cells = [
                 row.mode,
                 f"{statistics.median(s.tokens_per_second for s in row.sync):.0f}",
@@ -358,7 +470,9 @@ class _Reporter:
             ]
             if ranks > 1:
                 assert row.single is not None
-                cells.append("yes" if row.single.outputs == row.overlap[0].outputs else "NO")
+                cells.append(
+                    "yes" if row.single.outputs == row.overlap[0].outputs else "NO"
+                )
             table.add_row(*cells)
         self.console.print(table)
 
@@ -366,7 +480,9 @@ class _Reporter:
         self.console.print(line, highlight=False, markup=False)
 
 
-def _run_one(config: EngineConfig, label: str, ranks: int, report: _Reporter) -> RunResult:
+def _run_one(
+    config: EngineConfig, label: str, ranks: int, report: _Reporter
+) -> RunResult:
     progress = report.run_started(label)
     if ranks > 1:
         from relay.engine.parallel import run_data_parallel
@@ -378,8 +494,9 @@ def _run_one(config: EngineConfig, label: str, ranks: int, report: _Reporter) ->
     return result
 
 
-def _run_mode(config: EngineConfig, mode: str, repeat: int, ranks: int,
-              report: _Reporter) -> ModeResult:
+def _run_mode(
+    config: EngineConfig, mode: str, repeat: int, ranks: int, report: _Reporter
+) -> ModeResult:
     sync_config = attrs.evolve(config, overlap=False)
     overlap_config = attrs.evolve(config, overlap=True)
     if ranks == 1:
@@ -394,8 +511,9 @@ def _run_mode(config: EngineConfig, mode: str, repeat: int, ranks: int,
         # down does not favour one of them.
         order = [("sync", sync_config, sync), ("overlap", overlap_config, overlap)]
         for name, run_config, results in order if i % 2 == 0 else order[::-1]:
-            results.append(_run_one(run_config, f"{mode} {name} {i + 1}/{repeat}", ranks,
-                                    report))
+            results.append(
+                _run_one(run_config, f"{mode} {name} {i + 1}/{repeat}", ranks, report)
+            )
     single = None
     if ranks > 1:
         single = _run_one(overlap_config, f"{mode} overlap, 1 rank", 1, report)
@@ -427,19 +545,24 @@ def run(args: argparse.Namespace) -> int:
         report.say("")
     report.table(rows, args.ranks)
     ok = all(row.identical for row in rows)
-    report.verdict(f"{'all outputs identical' if ok else 'OUTPUTS DIFFER'}; "
-                   f"demo took {time.perf_counter() - started:.1f} s")
+    report.verdict(
+        f"{'all outputs identical' if ok else 'OUTPUTS DIFFER'}; "
+        f"demo took {time.perf_counter() - started:.1f} s"
+    )
     return EXIT_OK if ok else EXIT_FAILED
 
 
-def _run_all(args: argparse.Namespace, base: EngineConfig, report: _Reporter) -> list[ModeResult]:
+def _run_all(
+    args: argparse.Namespace, base: EngineConfig, report: _Reporter
+) -> list[ModeResult]:
     w, m = base.workload, base.model
     report.say(
         f"3. run the engine on {base.device}: {w.requests} requests (prompts {w.min_prompt}-"
         f"{w.max_prompt} tokens, output limits {w.min_output}-{w.max_output}, "
         f"{w.arrival_rate:g} arrivals/step), model {args.model} (hidden {m.hidden}, "
         f"{m.layers} layer{'s' if m.layers != 1 else ''}, vocab {m.vocab_size}), "
-        f"{base.scheduler.max_running} slots" + (", debug maps" if base.debug else "")
+        f"{base.scheduler.max_running} slots"
+        + (", debug maps" if base.debug else "")
         + f"; each loop {args.repeat}x per mode, interleaved"
     )
     modes = ["decode", "eagle"] if args.mode == "both" else [args.mode]
@@ -447,9 +570,16 @@ def _run_all(args: argparse.Namespace, base: EngineConfig, report: _Reporter) ->
     rows = []
     with report.runs(len(modes) * runs_per_mode * w.requests):
         for mode in modes:
-            spec = SpecConfig(steps=args.spec_steps, topk=args.topk) if mode == "eagle" else None
-            rows.append(_run_mode(attrs.evolve(base, spec=spec), mode, args.repeat,
-                                  args.ranks, report))
+            spec = (
+                SpecConfig(steps=args.spec_steps, topk=args.topk)
+                if mode == "eagle"
+                else None
+            )
+            rows.append(
+                _run_mode(
+                    attrs.evolve(base, spec=spec), mode, args.repeat, args.ranks, report
+                )
+            )
     return rows
 
 

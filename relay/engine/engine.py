@@ -93,7 +93,9 @@ class RunResult:
     @property
     def occupancy(self) -> float:
         """Share of wall time the forward lane was busy."""
-        return self.forward_busy_seconds / self.wall_seconds if self.wall_seconds else 0.0
+        return (
+            self.forward_busy_seconds / self.wall_seconds if self.wall_seconds else 0.0
+        )
 
     @property
     def accept_length(self) -> float:
@@ -140,7 +142,9 @@ def run_workload(
     """
     device = torch.device(config.device)
     if specs is None:
-        specs = make_workload(config.workload, config.model.vocab_size, config.model.eos_token_id)
+        specs = make_workload(
+            config.workload, config.model.vocab_size, config.model.eos_token_id
+        )
     saved_threads = torch.get_num_threads()
     saved_interval = sys.getswitchinterval()
     if device.type == "cpu":
@@ -154,20 +158,36 @@ def run_workload(
         lane = make_lane(device, overlap=config.overlap, cpu_threads=config.cpu_threads)
         relay = _make_relay(config, pool_size, device)
         runner = ModelRunner(
-            model, KVCache(config.model, pool_size, device), relay,
-            spec=config.spec, step_sync=step_sync, kernels_started=lane.kernels_started,
+            model,
+            KVCache(config.model, pool_size, device),
+            relay,
+            spec=config.spec,
+            step_sync=step_sync,
+            kernels_started=lane.kernels_started,
         )
         runner.warm_up()
         lookahead = 1 if config.spec is None else config.spec.steps + 1
         scheduler = Scheduler(
-            specs, config.scheduler, device=device,
+            specs,
+            config.scheduler,
+            device=device,
             vocab=Vocabulary(config.model.vocab_size, config.model.seed),
-            eos_token_id=config.model.eos_token_id, max_context=config.model.max_context,
-            lookahead=lookahead, spec_topk=config.spec.topk if config.spec else 1,
+            eos_token_id=config.model.eos_token_id,
+            max_context=config.model.max_context,
+            lookahead=lookahead,
+            spec_topk=config.spec.topk if config.spec else 1,
         )
         try:
-            return _loop(scheduler, relay, runner, lane, device, agreement or _SingleRank(),
-                         progress, len(specs))
+            return _loop(
+                scheduler,
+                relay,
+                runner,
+                lane,
+                device,
+                agreement or _SingleRank(),
+                progress,
+                len(specs),
+            )
         finally:
             lane.close()
     finally:
@@ -203,7 +223,9 @@ def _loop(
         launched = None
         if any_active:
             if batch is None:
-                batch = ForwardBatch.idle(device)  # another rank has work: join its step
+                batch = ForwardBatch.idle(
+                    device
+                )  # another rank has work: join its step
                 idle_steps += 1
             batch.released = scheduler.take_released()
             relay.scheduled(batch)
@@ -222,7 +244,9 @@ def _loop(
     busy = lane.busy_seconds()
     wall = time.perf_counter() - start
     outputs = scheduler.outputs()
-    reasons = Counter(r.finish_reason or "unfinished" for r in scheduler.requests.values())
+    reasons = Counter(
+        r.finish_reason or "unfinished" for r in scheduler.requests.values()
+    )
     return RunResult(
         outputs=outputs,
         finish_reasons=dict(sorted(reasons.items())),

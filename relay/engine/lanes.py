@@ -165,10 +165,14 @@ class CudaLane:
         debug.synchronize_stream(self.stream)
 
 
-def make_lane(device: torch.device, *, overlap: bool, cpu_threads: int | None = None) -> Lane:
+def make_lane(
+    device: torch.device, *, overlap: bool, cpu_threads: int | None = None
+) -> Lane:
     """The lane for ``device`` and loop mode; ``cpu_threads`` for the CPU worker."""
     if device.type == "cuda":
         return CudaLane(device, sync=not overlap)
     if device.type != "cpu":
-        raise ValueError(f"the reference engine runs on cpu or cuda, not {device.type!r}")
+        raise ValueError(
+            f"the reference engine runs on cpu or cuda, not {device.type!r}"
+        )
     return ThreadLane(cpu_threads) if overlap else InlineLane()

@@ -88,7 +88,9 @@ def import_generated(path: Path) -> ModuleType:
     try:
         content = path.read_bytes()
     except OSError as error:
-        raise RelayError(f"{path}: cannot read the generated map ({error.strerror})") from error
+        raise RelayError(
+            f"{path}: cannot read the generated map ({error.strerror})"
+        ) from error
     name = f"_relay_generated_{path.stem}_{hashlib.sha256(content).hexdigest()[:16]}"
     module = sys.modules.get(name)
     if module is not None:

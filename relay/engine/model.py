@@ -18,7 +18,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["DraftHead", "Forwards", "KVCache", "ModelConfig", "TargetModel", "VerifyResult"]
+__all__ = [
+    "DraftHead",
+    "Forwards",
+    "KVCache",
+    "ModelConfig",
+    "TargetModel",
+    "VerifyResult",
+]
 
 
 # Note [A model with a predictable core]
@@ -111,9 +118,13 @@ class ModelConfig:
     def check(self) -> None:
         """Raise ``ValueError`` on sizes the model cannot be built with."""
         if self.hidden % self.heads:
-            raise ValueError(f"hidden ({self.hidden}) must be a multiple of heads ({self.heads})")
+            raise ValueError(
+                f"hidden ({self.hidden}) must be a multiple of heads ({self.heads})"
+            )
         if not 0 <= self.eos_token_id < self.vocab_size:
-            raise ValueError(f"eos_token_id {self.eos_token_id} is outside the vocabulary")
+            raise ValueError(
+                f"eos_token_id {self.eos_token_id} is outside the vocabulary"
+            )
 
 
 # -- the forwards, in TorchScript's subset of Python ---------------------------------
@@ -156,8 +167,13 @@ def _attend(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> Tensor:
 
 
 def _tree_attention(
-    q: Tensor, k: Tensor, v: Tensor, prefix_k: Tensor, prefix_v: Tensor,
-    prefix_ok: Tensor, causal: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    prefix_k: Tensor,
+    prefix_v: Tensor,
+    prefix_ok: Tensor,
+    causal: Tensor,
 ) -> Tensor:
     """Attention of branch tokens over their request's prefix and their own branch.
 
@@ -170,7 +186,11 @@ def _tree_attention(
     topk = rows // n
     scale = 1.0 / math.sqrt(hd)
     # (n, heads, topk * width, hd): every branch token of a request, against its prefix.
-    q_req = q.view(n, topk, width, heads, hd).permute(0, 3, 1, 2, 4).reshape(n, heads, -1, hd)
+    q_req = (
+        q.view(n, topk, width, heads, hd)
+        .permute(0, 3, 1, 2, 4)
+        .reshape(n, heads, -1, hd)
+    )
     s_prefix = (q_req @ prefix_k.transpose(-1, -2)) * scale  # (n, heads, topk*width, P)
     s_prefix = s_prefix.masked_fill(~prefix_ok[:, None, None, :], float("-inf"))
     q_row = q.transpose(1, 2)  # (rows, heads, width, hd)
@@ -184,8 +204,14 @@ def _tree_attention(
     p_prefix, p_branch = p[..., :prefix_width], p[..., prefix_width:]
     out = p_prefix @ prefix_v  # (n, heads, topk * width, hd)
     p_branch = p_branch.view(n, heads, topk, width, width).transpose(1, 2)
-    out_branch = p_branch.reshape(rows, heads, width, width) @ v  # (rows, heads, width, hd)
-    out = out.view(n, heads, topk, width, hd).transpose(1, 2).reshape(rows, heads, width, hd)
+    out_branch = (
+        p_branch.reshape(rows, heads, width, width) @ v
+    )  # (rows, heads, width, hd)
+    out = (
+        out.view(n, heads, topk, width, hd)
+        .transpose(1, 2)
+        .reshape(rows, heads, width, hd)
+    )
     joined: Tensor = (out + out_branch).transpose(1, 2).reshape(rows, width, heads * hd)
     return joined
 
@@ -240,7 +266,9 @@ class _Program(torch.nn.Module):
     def decode(self, max_seq_len: int) -> tuple[Tensor, Tensor]:
         tokens, seq_lens, slots = self.args[0], self.args[1], self.args[2]
         positions = seq_lens - 1
-        x = self.embed.index_select(0, tokens) + self.pos_embed.index_select(0, positions)
+        x = self.embed.index_select(0, tokens) + self.pos_embed.index_select(
+            0, positions
+        )
         valid = torch.arange(max_seq_len, device=x.device) < seq_lens[:, None]
         mask = valid[:, None, None, :]  # (n, 1, 1, L)
         for i in range(self.wqkv.shape[0]):
@@ -248,7 +276,9 @@ class _Program(torch.nn.Module):
             self.k_cache[i, slots, :, positions] = k
             self.v_cache[i, slots, :, positions] = v
             # index_select of a sliced view: a few times faster than advanced indexing.
-            keys = self.k_cache[i, :, :, :max_seq_len].index_select(0, slots)  # (n, heads, L, hd)
+            keys = self.k_cache[i, :, :, :max_seq_len].index_select(
+                0, slots
+            )  # (n, heads, L, hd)
             values = self.v_cache[i, :, :, :max_seq_len].index_select(0, slots)
             o = _attend(q[:, :, None, :], keys, values, mask)
             x = x + o.flatten(1) @ self.wo[i]
@@ -277,33 +307,53 @@ class _Program(torch.nn.Module):
         prefix = seq_lens - 1  # cached tokens
         prefix_width = max_seq_len - 1
         tree = torch.cat([bonus[:, None, None].expand(n, topk, 1), drafts], dim=2)
-        positions = prefix[:, None] + torch.arange(width, device=bonus.device)  # (n, width)
-        x = (self.embed[tree] + self.pos_embed[positions][:, None]).reshape(rows, width, -1)
-        prefix_ok = torch.arange(prefix_width, device=x.device) < prefix[:, None]  # (n, P)
+        positions = prefix[:, None] + torch.arange(
+            width, device=bonus.device
+        )  # (n, width)
+        x = (self.embed[tree] + self.pos_embed[positions][:, None]).reshape(
+            rows, width, -1
+        )
+        prefix_ok = (
+            torch.arange(prefix_width, device=x.device) < prefix[:, None]
+        )  # (n, P)
         causal = torch.ones(width, width, dtype=torch.bool, device=x.device).tril()
         branch_k: list[Tensor] = []
         branch_v: list[Tensor] = []
         for i in range(self.wqkv.shape[0]):
-            q, k, v = _qkv(x, self.wqkv[i], self.heads)  # (rows, width, heads, head_dim)
-            k, v = k.transpose(1, 2), v.transpose(1, 2)  # (rows, heads, width, head_dim)
+            q, k, v = _qkv(
+                x, self.wqkv[i], self.heads
+            )  # (rows, width, heads, head_dim)
+            k, v = (
+                k.transpose(1, 2),
+                v.transpose(1, 2),
+            )  # (rows, heads, width, head_dim)
             branch_k.append(k)
             branch_v.append(v)
             o = _tree_attention(
-                q, k, v, self.k_cache[i, :, :, :prefix_width].index_select(0, slots),
-                self.v_cache[i, :, :, :prefix_width].index_select(0, slots), prefix_ok, causal,
+                q,
+                k,
+                v,
+                self.k_cache[i, :, :, :prefix_width].index_select(0, slots),
+                self.v_cache[i, :, :, :prefix_width].index_select(0, slots),
+                prefix_ok,
+                causal,
             )
             x = x + o @ self.wo[i]
             x = x + _mlp(x, self.w_up[i], self.w_down[i])
 
         greedy = self._greedy(x).view(n, topk, width)
-        matched = (drafts == greedy[:, :, :steps]).long().cumprod(dim=2).sum(dim=2)  # (n, topk)
+        matched = (
+            (drafts == greedy[:, :, :steps]).long().cumprod(dim=2).sum(dim=2)
+        )  # (n, topk)
         best = matched.argmax(dim=1)  # first maximum: deterministic tie-break
         accept = matched.gather(1, best[:, None]).squeeze(1)
         rows_best = torch.arange(n, device=x.device) * topk + best
         tokens = greedy.view(rows, width)[rows_best]
         hidden = x[rows_best, accept]
         bonus_next = tokens.gather(1, accept[:, None]).squeeze(1)
-        stacked_k = torch.stack(branch_k)[:, rows_best]  # (layers, n, heads, width, head_dim)
+        stacked_k = torch.stack(branch_k)[
+            :, rows_best
+        ]  # (layers, n, heads, width, head_dim)
         stacked_v = torch.stack(branch_v)[:, rows_best]
         return tokens, accept, bonus_next, hidden, stacked_k, stacked_v
 
@@ -314,7 +364,9 @@ class _Program(torch.nn.Module):
         # Commit: all ``steps + 1`` positions of the chosen branch; those past the
         # accepted ones are beyond the new length, masked and later overwritten.
         width = branch_k.shape[3]
-        positions = (seq_lens - 1)[:, None] + torch.arange(width, device=seq_lens.device)
+        positions = (seq_lens - 1)[:, None] + torch.arange(
+            width, device=seq_lens.device
+        )
         rows = slots[:, None]
         for i in range(branch_k.shape[0]):
             # Advanced indices split by a slice: the indexed dims come first.
@@ -326,7 +378,9 @@ class _Program(torch.nn.Module):
     def extend(self, topk: int) -> tuple[Tensor, Tensor, Tensor]:
         return self._extend(self.args[0], self.args[1], topk)
 
-    def _extend(self, hidden: Tensor, tokens: Tensor, topk: int) -> tuple[Tensor, Tensor, Tensor]:
+    def _extend(
+        self, hidden: Tensor, tokens: Tensor, topk: int
+    ) -> tuple[Tensor, Tensor, Tensor]:
         h = self._draft_step(hidden, tokens)
         probs = torch.softmax((_rms_norm(h) @ self.lm_head_t).float(), dim=-1)
         topk_p, topk_index = probs.topk(topk, dim=-1)
@@ -342,8 +396,16 @@ class KVCache:
     that attention masks out.
     """
 
-    def __init__(self, config: ModelConfig, pool_size: int, device: torch.device) -> None:
-        shape = (config.layers, pool_size, config.heads, config.max_context, config.head_dim)
+    def __init__(
+        self, config: ModelConfig, pool_size: int, device: torch.device
+    ) -> None:
+        shape = (
+            config.layers,
+            pool_size,
+            config.heads,
+            config.max_context,
+            config.head_dim,
+        )
         self.k = torch.zeros(shape, dtype=config.dtype, device=device)
         self.v = torch.zeros(shape, dtype=config.dtype, device=device)
 
@@ -424,8 +486,12 @@ class Forwards:
     """
 
     def __init__(
-        self, target: TargetModel, kv: KVCache, draft: DraftHead | None = None,
-        *, compiled: bool = True,
+        self,
+        target: TargetModel,
+        kv: KVCache,
+        draft: DraftHead | None = None,
+        *,
+        compiled: bool = True,
     ) -> None:
         draft_w = draft.w if draft is not None else target.embed.new_empty(0)
         program = _Program(target, kv, draft_w)
@@ -443,7 +509,9 @@ class Forwards:
         finally:
             self.program.args = []
 
-    def prefill(self, tokens: Tensor, prompt_lens: Tensor, slots: Tensor) -> tuple[Tensor, Tensor]:
+    def prefill(
+        self, tokens: Tensor, prompt_lens: Tensor, slots: Tensor
+    ) -> tuple[Tensor, Tensor]:
         """Run right-padded prompts ``tokens`` (m, L), fill their KV rows from position 0.
 
         Returns the final hidden state at each prompt's last position (m, hidden) and
@@ -453,8 +521,9 @@ class Forwards:
         with self._bound([tokens, prompt_lens, slots]):
             return self.program.prefill()
 
-    def decode(self, tokens: Tensor, seq_lens: Tensor, max_seq_len: int, slots: Tensor
-               ) -> tuple[Tensor, Tensor]:
+    def decode(
+        self, tokens: Tensor, seq_lens: Tensor, max_seq_len: int, slots: Tensor
+    ) -> tuple[Tensor, Tensor]:
         """One token per request at position ``seq_lens - 1``: hidden (n, hidden), next (n,).
 
         ``max_seq_len`` is the host-side maximum of ``seq_lens`` (the attention width).
@@ -463,8 +532,14 @@ class Forwards:
             return self.program.decode(max_seq_len)
 
     def draft_and_verify(
-        self, bonus: Tensor, draft_hidden: Tensor, first: Tensor, steps: int, seq_lens: Tensor,
-        max_seq_len: int, slots: Tensor,
+        self,
+        bonus: Tensor,
+        draft_hidden: Tensor,
+        first: Tensor,
+        steps: int,
+        seq_lens: Tensor,
+        max_seq_len: int,
+        slots: Tensor,
     ) -> VerifyResult:
         """Draft ``topk`` branches of ``steps`` tokens, then verify them greedily.
 
@@ -478,8 +553,9 @@ class Forwards:
         with self._bound([bonus, draft_hidden, first, seq_lens, slots]):
             return VerifyResult(*self.program.draft_and_verify(steps, max_seq_len))
 
-    def commit_and_extend(self, result: VerifyResult, seq_lens: Tensor, slots: Tensor, topk: int
-                          ) -> tuple[Tensor, Tensor, Tensor]:
+    def commit_and_extend(
+        self, result: VerifyResult, seq_lens: Tensor, slots: Tensor, topk: int
+    ) -> tuple[Tensor, Tensor, Tensor]:
         """Write the chosen branches to the cache, then draft the next step's top-k.
 
         Returns ``(topk_p, topk_index, draft_hidden)`` after each bonus token.
@@ -488,7 +564,9 @@ class Forwards:
         with self._bound([r.branch_k, r.branch_v, seq_lens, slots, r.hidden, r.bonus]):
             return self.program.commit_and_extend(topk)
 
-    def extend(self, hidden: Tensor, tokens: Tensor, topk: int) -> tuple[Tensor, Tensor, Tensor]:
+    def extend(
+        self, hidden: Tensor, tokens: Tensor, topk: int
+    ) -> tuple[Tensor, Tensor, Tensor]:
         """The first draft after a prefill: ``(topk_p, topk_index, draft_hidden)``."""
         with self._bound([hidden, tokens]):
             return self.program.extend(topk)

@@ -64,7 +64,10 @@ def _rank_main(rank: int, world: int, config: EngineConfig, shared: str) -> None
         forward_group = dist.new_group(backend=backend)
         model = config.model
         specs = [
-            s for s in make_workload(config.workload, model.vocab_size, model.eos_token_id)
+            s
+            for s in make_workload(
+                config.workload, model.vocab_size, model.eos_token_id
+            )
             if s.rid % world == rank
         ]
         result = run_workload(
@@ -92,7 +95,8 @@ def merge_results(results: list[RunResult]) -> RunResult:
         finish_reasons=dict(sorted(reasons.items())),
         generated_tokens=sum(r.generated_tokens for r in results),
         wall_seconds=max(r.wall_seconds for r in results),
-        forward_busy_seconds=sum(r.forward_busy_seconds for r in results) / len(results),
+        forward_busy_seconds=sum(r.forward_busy_seconds for r in results)
+        / len(results),
         steps=max(r.steps for r in results),
         idle_steps=sum(r.idle_steps for r in results),
         decode_rows=sum(r.decode_rows for r in results),
@@ -100,7 +104,9 @@ def merge_results(results: list[RunResult]) -> RunResult:
     )
 
 
-def run_data_parallel(config: EngineConfig, ranks: int) -> tuple[RunResult, list[RunResult]]:
+def run_data_parallel(
+    config: EngineConfig, ranks: int
+) -> tuple[RunResult, list[RunResult]]:
     """Run ``config.workload`` on ``ranks`` spawned processes; (merged, per rank).
 
     On CUDA each rank takes the GPU of its rank number.
@@ -108,15 +114,22 @@ def run_data_parallel(config: EngineConfig, ranks: int) -> tuple[RunResult, list
     if ranks < 1:
         raise ValueError(f"ranks must be >= 1 (got {ranks})")
     if config.device.startswith("cuda") and torch.cuda.device_count() < ranks:
-        raise ValueError(f"{ranks} ranks need {ranks} GPUs; {torch.cuda.device_count()} found")
+        raise ValueError(
+            f"{ranks} ranks need {ranks} GPUs; {torch.cuda.device_count()} found"
+        )
     with tempfile.TemporaryDirectory(prefix="relay-dp-") as shared:
         env_before = os.environ.get("OMP_NUM_THREADS")
         os.environ.setdefault("OMP_NUM_THREADS", "1")  # ranks share the host's cores
         try:
-            context = multiprocessing.get_context("spawn")  # no forked torch or CUDA state
+            context = multiprocessing.get_context(
+                "spawn"
+            )  # no forked torch or CUDA state
             procs = [
-                context.Process(target=_rank_main, args=(rank, ranks, config, shared),
-                                name=f"relay-rank{rank}")
+                context.Process(
+                    target=_rank_main,
+                    args=(rank, ranks, config, shared),
+                    name=f"relay-rank{rank}",
+                )
                 for rank in range(ranks)
             ]
             for proc in procs:
@@ -125,9 +138,14 @@ def run_data_parallel(config: EngineConfig, ranks: int) -> tuple[RunResult, list
                 proc.join()
             failed = [p.name for p in procs if p.exitcode != 0]
             if failed:
-                raise RuntimeError(f"data-parallel ranks failed: {', '.join(failed)} (see above)")
+                raise RuntimeError(
+                    f"data-parallel ranks failed: {', '.join(failed)} (see above)"
+                )
         finally:
             if env_before is None:
                 os.environ.pop("OMP_NUM_THREADS", None)
-        per_rank = [pickle.loads(Path(shared, f"rank{r}.pkl").read_bytes()) for r in range(ranks)]
+        per_rank = [
+            pickle.loads(Path(shared, f"rank{r}.pkl").read_bytes())
+            for r in range(ranks)
+        ]
     return merge_results(per_rank), per_rank

@@ -17,7 +17,9 @@ import torch
 
 from relay.engine.batch import ForwardBatch
 
-if TYPE_CHECKING:  # the classes come from the run's Maps (Note [One set of map classes per run])
+if (
+    TYPE_CHECKING
+):  # the classes come from the run's Maps (Note [One set of map classes per run])
     from relay.engine.maps import Maps
     from relay.maps.decode import DecodeFutureMap
     from relay.maps.decode_seq_lens import DecodeSeqLensFutureMap
@@ -49,7 +51,9 @@ class Relay(Protocol):
     def publish(self, slots: torch.Tensor, new_seq_lens: torch.Tensor) -> None:
         """Hand the new lengths to the scheduler (mid-forward)."""
 
-    def stash(self, slots: torch.Tensor, tokens: torch.Tensor, draft: DraftOutput | None) -> None:
+    def stash(
+        self, slots: torch.Tensor, tokens: torch.Tensor, draft: DraftOutput | None
+    ) -> None:
         """Hand this step's tokens (and draft state) to the next forward."""
 
     def release(self, slots: torch.Tensor) -> None:
@@ -65,10 +69,14 @@ class MapRelay:
     ``DecodeSeqLensFutureMap`` or ``EagleFutureMap``."""
 
     def __init__(
-        self, future_map: DecodeFutureMap | DecodeSeqLensFutureMap | EagleFutureMap, maps: Maps
+        self,
+        future_map: DecodeFutureMap | DecodeSeqLensFutureMap | EagleFutureMap,
+        maps: Maps,
     ) -> None:
         self.map = future_map
-        self.maps = maps  # future_map's class and its payload classes, generated together
+        self.maps = (
+            maps  # future_map's class and its payload classes, generated together
+        )
         # DecodeFutureMap relays tokens only: the host keeps each slot's next length.
         self._next_lens_cpu = (
             torch.zeros(future_map.pool_size, dtype=torch.int64)
@@ -105,18 +113,25 @@ class MapRelay:
     def release(self, slots: torch.Tensor) -> None:
         self.map.release(slots)
 
-    def stash(self, slots: torch.Tensor, tokens: torch.Tensor, draft: DraftOutput | None) -> None:
+    def stash(
+        self, slots: torch.Tensor, tokens: torch.Tensor, draft: DraftOutput | None
+    ) -> None:
         if isinstance(self.map, self.maps.eagle):
             assert draft is not None, "speculative decoding stashes a draft"
             topk_p, topk_index, hidden = draft
             self.map.stash(
                 slots,
                 self.maps.eagle_payload(
-                    bonus_tokens=tokens, topk_p=topk_p, topk_index=topk_index, hidden_states=hidden
+                    bonus_tokens=tokens,
+                    topk_p=topk_p,
+                    topk_index=topk_index,
+                    hidden_states=hidden,
                 ),
             )
         elif isinstance(self.map, self.maps.decode_seq_lens):
-            self.map.stash(slots, self.maps.decode_seq_lens_payload(next_token_ids=tokens))
+            self.map.stash(
+                slots, self.maps.decode_seq_lens_payload(next_token_ids=tokens)
+            )
         else:
             assert isinstance(self.map, self.maps.decode), type(self.map)
             self.map.stash(slots, self.maps.decode_payload(next_token_ids=tokens))
@@ -128,7 +143,9 @@ class DirectRelay:
     def __init__(self, pool_size: int, device: torch.device) -> None:
         self.tokens = torch.zeros(pool_size, dtype=torch.int64, device=device)
         self.seq_lens = torch.zeros(pool_size, dtype=torch.int64, device=device)
-        self.draft: DraftOutput | None = None  # per-slot rows, allocated on the first stash
+        self.draft: DraftOutput | None = (
+            None  # per-slot rows, allocated on the first stash
+        )
         self.pool_size = pool_size
 
     def resolve_lengths(self, batch: ForwardBatch) -> None:
@@ -158,19 +175,25 @@ class DirectRelay:
     def release(self, slots: torch.Tensor) -> None:
         pass  # plain tensors: nothing tracks a slot's owner
 
-    def stash(self, slots: torch.Tensor, tokens: torch.Tensor, draft: DraftOutput | None) -> None:
+    def stash(
+        self, slots: torch.Tensor, tokens: torch.Tensor, draft: DraftOutput | None
+    ) -> None:
         if slots.numel() == 0:
             return
         self.tokens[slots] = tokens
         if draft is not None:
             if self.draft is None:
-                self.draft = (_rows_like(draft[0], self.pool_size),
-                              _rows_like(draft[1], self.pool_size),
-                              _rows_like(draft[2], self.pool_size))
+                self.draft = (
+                    _rows_like(draft[0], self.pool_size),
+                    _rows_like(draft[1], self.pool_size),
+                    _rows_like(draft[2], self.pool_size),
+                )
             for store, value in zip(self.draft, draft):
                 store[slots] = value
 
 
 def _rows_like(value: torch.Tensor, pool_size: int) -> torch.Tensor:
     """A per-slot store for rows shaped like ``value``'s."""
-    return torch.zeros((pool_size, *value.shape[1:]), dtype=value.dtype, device=value.device)
+    return torch.zeros(
+        (pool_size, *value.shape[1:]), dtype=value.dtype, device=value.device
+    )

@@ -16,7 +16,9 @@ import torch
 from relay.engine.batch import ForwardBatch, ForwardMode, StepOutput
 from relay.engine.model import DraftHead, Forwards, KVCache, TargetModel
 
-if TYPE_CHECKING:  # no map is imported with the engine (Note [One set of map classes per run])
+if (
+    TYPE_CHECKING
+):  # no map is imported with the engine (Note [One set of map classes per run])
     from relay.engine.relays import DraftOutput, Relay
 
 __all__ = ["ModelRunner", "SpecConfig"]
@@ -61,7 +63,9 @@ class ModelRunner:
         self.kv = kv
         self.relay = relay
         self.spec = spec
-        self.forwards = Forwards(model, kv, DraftHead(model) if spec is not None else None)
+        self.forwards = Forwards(
+            model, kv, DraftHead(model) if spec is not None else None
+        )
         self.step_sync = step_sync
         self.kernels_started = kernels_started
 
@@ -110,7 +114,9 @@ class ModelRunner:
         if self.kernels_started is not None:
             self.kernels_started()
 
-    def _draft_extend(self, hidden: torch.Tensor, tokens: torch.Tensor) -> DraftOutput | None:
+    def _draft_extend(
+        self, hidden: torch.Tensor, tokens: torch.Tensor
+    ) -> DraftOutput | None:
         if self.spec is None:
             return None
         return self.forwards.extend(hidden, tokens, self.spec.topk)
@@ -126,7 +132,9 @@ class ModelRunner:
         if self.spec is not None:
             h = self.model.config.hidden
             draft = (
-                torch.empty(0, self.spec.topk, dtype=torch.float32, device=empty.device),
+                torch.empty(
+                    0, self.spec.topk, dtype=torch.float32, device=empty.device
+                ),
                 torch.empty(0, self.spec.topk, dtype=torch.int64, device=empty.device),
                 torch.empty(0, h, dtype=self.model.config.dtype, device=empty.device),
             )
@@ -158,21 +166,32 @@ class ModelRunner:
         out.counts = _to_host(torch.ones_like(tokens))
         out.new_seq_lens = _to_host(new_seq_lens)
 
-    def _verify_and_draft(self, batch: ForwardBatch, out: StepOutput, spec: SpecConfig) -> None:
+    def _verify_and_draft(
+        self, batch: ForwardBatch, out: StepOutput, spec: SpecConfig
+    ) -> None:
         slots = batch.req_pool_indices
         self.relay.resolve_future(batch)
         info = batch.spec_info
-        assert info.hidden_states is not None, "speculative decode before any prefill stashed"
+        assert info.hidden_states is not None, (
+            "speculative decode before any prefill stashed"
+        )
         self._start_kernels(len(batch) * spec.topk * (spec.steps + 1))
         result = self.forwards.draft_and_verify(
-            info.bonus_tokens, info.hidden_states, info.topk_index, spec.steps, batch.seq_lens,
-            batch.max_seq_len, slots,
+            info.bonus_tokens,
+            info.hidden_states,
+            info.topk_index,
+            spec.steps,
+            batch.seq_lens,
+            batch.max_seq_len,
+            slots,
         )
         new_seq_lens = batch.seq_lens + result.accept_lens + 1
         # on_publish: mid-forward, before the cache commit and the draft extension,
         # which overlap the scheduler's wait-free part of the next batch.
         self.on_publish(slots, new_seq_lens)
-        draft = self.forwards.commit_and_extend(result, batch.seq_lens, slots, spec.topk)
+        draft = self.forwards.commit_and_extend(
+            result, batch.seq_lens, slots, spec.topk
+        )
         self.relay.stash(slots, result.bonus, draft)
         out.tokens = _to_host(result.tokens)
         out.counts = _to_host(result.accept_lens + 1)

@@ -173,12 +173,16 @@ class Scheduler:
         self.requests: dict[int, Request] = {}
         self.finished = 0
         self.clock = 0
-        self._free_slots = list(range(config.max_running, 0, -1))  # pop() reuses freed slots first
+        self._free_slots = list(
+            range(config.max_running, 0, -1)
+        )  # pop() reuses freed slots first
         self._released: list[int] = []  # freed, not yet released to the relay
         self.budget = PageBudget(config.kv_pages, config.page_size)
         self._running = _RunningBatch(
-            [], torch.empty(0, dtype=torch.int64, device=device),
-            torch.empty(0, dtype=torch.int64), torch.empty(0, dtype=torch.int64),
+            [],
+            torch.empty(0, dtype=torch.int64, device=device),
+            torch.empty(0, dtype=torch.int64),
+            torch.empty(0, dtype=torch.int64),
         )
         self._last_was_prefill = False
         self._max_context = max_context
@@ -188,12 +192,16 @@ class Scheduler:
         self.streamed_bytes = 0
         for spec in specs:
             if len(spec.prompt) + lookahead + 1 > max_context:
-                raise ValueError(f"request {spec.rid}: a prompt of {len(spec.prompt)} tokens does "
-                                 f"not fit max_context {max_context}; raise max_context")
+                raise ValueError(
+                    f"request {spec.rid}: a prompt of {len(spec.prompt)} tokens does "
+                    f"not fit max_context {max_context}; raise max_context"
+                )
             worst = len(spec.prompt) + self._output_limit(spec) + 2 * lookahead
             if self.budget.pages_for(worst) > config.kv_pages:
-                raise ValueError(f"request {spec.rid} needs {worst} tokens of KV, more than the "
-                                 f"budget of {config.kv_pages} pages; raise kv_pages")
+                raise ValueError(
+                    f"request {spec.rid} needs {worst} tokens of KV, more than the "
+                    f"budget of {config.kv_pages} pages; raise kv_pages"
+                )
 
     # -- state -------------------------------------------------------------------
     def has_work(self) -> bool:
@@ -261,14 +269,18 @@ class Scheduler:
         return ForwardBatch(
             ForwardMode.PREFILL,
             picked,
-            req_pool_indices=torch.tensor([r.slot for r in picked], dtype=torch.int64).to(dev),
+            req_pool_indices=torch.tensor(
+                [r.slot for r in picked], dtype=torch.int64
+            ).to(dev),
             input_ids=torch.tensor(padded, dtype=torch.int64).to(dev),
             seq_lens=lens_cpu.to(dev),
             seq_lens_cpu=lens_cpu,
             seq_lens_sum=sum(lens),
             spec_info=self._empty_spec(),
             prompt_lens_cpu=lens_cpu,
-            max_new_cpu=torch.tensor([self._output_limit(r.spec) for r in picked], dtype=torch.int64),
+            max_new_cpu=torch.tensor(
+                [self._output_limit(r.spec) for r in picked], dtype=torch.int64
+            ),
             max_seq_len=width,
         )
 
@@ -318,7 +330,11 @@ class Scheduler:
         """
         if batch.mode is ForwardMode.IDLE:
             return
-        assert out.tokens is not None and out.counts is not None and out.new_seq_lens is not None
+        assert (
+            out.tokens is not None
+            and out.counts is not None
+            and out.new_seq_lens is not None
+        )
         if batch.mode is ForwardMode.DECODE:
             self.decode_rows += len(batch)
             self.decode_tokens += int(out.counts.sum())
@@ -326,7 +342,10 @@ class Scheduler:
         eos = self.eos_token_id
         grow_by = 2 * self.lookahead
         for req, row, count, seq_len in zip(
-            batch.reqs, out.tokens.tolist(), out.counts.tolist(), out.new_seq_lens.tolist()
+            batch.reqs,
+            out.tokens.tolist(),
+            out.counts.tolist(),
+            out.new_seq_lens.tolist(),
         ):
             if req.state is RequestState.FINISHED:
                 continue  # ended on EOS one step ago: this row was the extra step
@@ -349,7 +368,9 @@ class Scheduler:
             if reason is not None:
                 self._finish(req, reason)
             else:
-                assert req.state is not RequestState.CAPPED, "capped request did not reach its limit"
+                assert req.state is not RequestState.CAPPED, (
+                    "capped request did not reach its limit"
+                )
                 self.budget.grow(req, seq_len + grow_by)
 
     def _stream_chunk(self, req: Request, first: int, reason: str | None) -> None:
@@ -361,17 +382,19 @@ class Scheduler:
         """
         window = max(0, first - 4)
         before = "".join(req.text[window:first])
-        delta = "".join(req.text[window:])[len(before):]
+        delta = "".join(req.text[window:])[len(before) :]
         chunk = {
             "id": f"cmpl-{req.spec.rid}",
             "object": "text_completion.chunk",
             "model": "relay-reference",
-            "choices": [{
-                "index": 0,
-                "text": delta,
-                "token_ids": req.output[first:],
-                "finish_reason": reason,
-            }],
+            "choices": [
+                {
+                    "index": 0,
+                    "text": delta,
+                    "token_ids": req.output[first:],
+                    "finish_reason": reason,
+                }
+            ],
             "usage": {
                 "prompt_tokens": len(req.spec.prompt),
                 "completion_tokens": len(req.output),

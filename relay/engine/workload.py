@@ -41,7 +41,9 @@ def _word(rng: random.Random) -> str:
     return "".join(rng.choice("etaoinshrd") for _ in range(rng.randint(3, 5)))
 
 
-def make_workload(config: WorkloadConfig, vocab_size: int, eos_token_id: int) -> list[RequestSpec]:
+def make_workload(
+    config: WorkloadConfig, vocab_size: int, eos_token_id: int
+) -> list[RequestSpec]:
     """Deterministic requests for ``config``; prompts never contain EOS."""
     rng = random.Random(config.seed)
     specs: list[RequestSpec] = []

@@ -37,11 +37,17 @@ from hypothesis import strategies as st
 
 from relay import debug as debug_mode
 from relay.cpu_stream import ThreadStream, use_cpu_stream
-from relay.schema import FromPayload, Guard, Lane, Resolve, Schema
 from relay.schema import Field as FieldDecl
+from relay.schema import FromPayload, Guard, Lane, Resolve, Schema
 from relay.testing.model import ReferenceRelay, get_path, set_path
 
-__all__ = ["LockstepDivergence", "Namespace", "check_lockstep", "load_map_class", "run_lockstep"]
+__all__ = [
+    "LockstepDivergence",
+    "Namespace",
+    "check_lockstep",
+    "load_map_class",
+    "run_lockstep",
+]
 
 
 class LockstepDivergence(AssertionError):
@@ -171,7 +177,9 @@ class _Driver:
         self.fence_fresh: set[str] = set()
         # FROM_PAYLOAD fields: the dtype of the first payload, drawn once per run.
         self.payload_dtype = {
-            f.name: data.draw(st.sampled_from([torch.float32, torch.bfloat16, torch.float16]))
+            f.name: data.draw(
+                st.sampled_from([torch.float32, torch.bfloat16, torch.float16])
+            )
             for f in schema.fields
             if isinstance(f.dtype, FromPayload)
         }
@@ -247,7 +255,9 @@ class _Driver:
                 value.view(-1)[0] = float("nan")  # a legal value, never a debug report
         else:
             low = {Guard.POSITIVE: 1, Guard.NON_NEGATIVE: 0}.get(f.guard, -2)
-            value = torch.randint(low, 1000, shape, generator=g).to(dtype)  # -1 included
+            value = torch.randint(low, 1000, shape, generator=g).to(
+                dtype
+            )  # -1 included
         return value.to(self.device)
 
     def _slots(self, candidates: set[int] | range) -> list[int]:
@@ -255,7 +265,9 @@ class _Driver:
         pool = sorted(candidates)
         return self.rng.sample(pool, min(self.size, len(pool)))
 
-    def _compare(self, what: str, map_batch: Any, model_batch: Any, paths: list[str]) -> None:
+    def _compare(
+        self, what: str, map_batch: Any, model_batch: Any, paths: list[str]
+    ) -> None:
         for path in paths:
             got, want = get_path(map_batch, path), get_path(model_batch, path)
             if not _same(got, want):
@@ -272,7 +284,11 @@ class _Driver:
         if self.forward_fields:
             kinds += ["stash", "stash", "resolve_future", "resolve_future"]
         if self.schedule_fields:
-            kinds += ["publish", "publish", *(f"resolve:{f.name}" for f in self.schedule_fields)]
+            kinds += [
+                "publish",
+                "publish",
+                *(f"resolve:{f.name}" for f in self.schedule_fields),
+            ]
         return kinds
 
     def step(self) -> None:
@@ -293,14 +309,18 @@ class _Driver:
         else:
             self.resolve_schedule(self.model.fields[kind.split(":", 1)[1]])
 
-    def _write_values(self, fields: list[FieldDecl], n: int) -> dict[str, torch.Tensor | None]:
+    def _write_values(
+        self, fields: list[FieldDecl], n: int
+    ) -> dict[str, torch.Tensor | None]:
         values: dict[str, torch.Tensor | None] = {}
         for f in fields:
             carried = not f.optional or self.rng.random() < 0.6
             values[f.payload_name] = self._value(f, n) if carried else None
         return values
 
-    def _wrote(self, fields: list[FieldDecl], slots: list[int], values: Mapping[str, Any]) -> None:
+    def _wrote(
+        self, fields: list[FieldDecl], slots: list[int], values: Mapping[str, Any]
+    ) -> None:
         if not slots:
             return
         for f in fields:
@@ -343,7 +363,8 @@ class _Driver:
 
     def resolve_future(self) -> None:
         read = [
-            f for f in self.forward_fields
+            f
+            for f in self.forward_fields
             if f.target is not None and self.model.hands_over(f.name)
         ]
         candidates = set(range(1, self.pool_size))
@@ -351,7 +372,10 @@ class _Driver:
             candidates &= self.fresh[f.name]
         order = self._slots(candidates)  # picks come in any order
         indices = self._indices(list(order))
-        map_batch, model_batch = _new_batch(self.schema, indices), _new_batch(self.schema, indices.clone())
+        map_batch, model_batch = (
+            _new_batch(self.schema, indices),
+            _new_batch(self.schema, indices.clone()),
+        )
         paths: list[str] = []
         for f in self.forward_fields:
             if f.target is None:
@@ -363,8 +387,14 @@ class _Driver:
         # A mixed batch: some placeholder positions hold real tokens already.
         for f in self.forward_fields:
             if f.resolve is Resolve.PLACEHOLDER and f.target is not None and order:
-                real = [self.rng.randrange(51) if self.rng.random() < 0.25 else None for _ in order]
-                for target in (get_path(map_batch, f.target), get_path(model_batch, f.target)):
+                real = [
+                    self.rng.randrange(51) if self.rng.random() < 0.25 else None
+                    for _ in order
+                ]
+                for target in (
+                    get_path(map_batch, f.target),
+                    get_path(model_batch, f.target),
+                ):
                     for position, token in enumerate(real):
                         if token is not None:
                             target[position] = token
@@ -373,7 +403,9 @@ class _Driver:
         self._drain()
         self.model.resolve_future(model_batch)
         if order:
-            self._compare(f"resolve_future({list(order)})", map_batch, model_batch, paths)
+            self._compare(
+                f"resolve_future({list(order)})", map_batch, model_batch, paths
+            )
             for f in read:
                 self.fresh[f.name] -= set(order)
 
@@ -385,7 +417,10 @@ class _Driver:
             candidates = set()  # no publish since the last wait: only an empty batch
         slots = self._slots(candidates)
         indices = self._indices(slots)
-        map_batch, model_batch = _new_batch(self.schema, indices), _new_batch(self.schema, indices.clone())
+        map_batch, model_batch = (
+            _new_batch(self.schema, indices),
+            _new_batch(self.schema, indices.clone()),
+        )
         self.history.append(f"{consumer}({slots})")
         getattr(self.map, consumer)(map_batch)  # on the host, behind the map's fence
         self.model.resolve_schedule(f.name, model_batch)
@@ -399,7 +434,8 @@ class _Driver:
 
 def _describe(values: Mapping[str, torch.Tensor | None]) -> str:
     return ", ".join(
-        f"{k}=None" if v is None else f"{k}={v.dtype}{tuple(v.shape)}" for k, v in values.items()
+        f"{k}=None" if v is None else f"{k}={v.dtype}{tuple(v.shape)}"
+        for k, v in values.items()
     )
 
 
@@ -428,12 +464,23 @@ def run_lockstep(
 ) -> int:
     """Run ``steps`` operations drawn from ``data`` on a fresh map and model; returns the
     number run. Use it inside your own ``@given(st.data())`` test."""
-    forward, second = ThreadStream("lockstep-forward"), ThreadStream("lockstep-publisher")
+    forward, second = (
+        ThreadStream("lockstep-forward"),
+        ThreadStream("lockstep-publisher"),
+    )
     try:
         driver = _Driver(
-            schema, map_cls, data, pool_size=pool_size, max_batch=max_batch,
-            dims=_default_dims(schema, dims), debug=debug, device=torch.device(device),
-            forward=forward, second=second, threads=threads,
+            schema,
+            map_cls,
+            data,
+            pool_size=pool_size,
+            max_batch=max_batch,
+            dims=_default_dims(schema, dims),
+            debug=debug,
+            device=torch.device(device),
+            forward=forward,
+            second=second,
+            threads=threads,
         )
         for _ in range(steps):
             driver.step()
@@ -484,8 +531,16 @@ def check_lockstep(
     @given(data=st.data())
     def lockstep(data: st.DataObject) -> None:
         done[0] += run_lockstep(
-            schema, cls, data, steps=steps, pool_size=pool_size, max_batch=max_batch,
-            dims=dims, debug=debug, device=device, threads=threads,
+            schema,
+            cls,
+            data,
+            steps=steps,
+            pool_size=pool_size,
+            max_batch=max_batch,
+            dims=dims,
+            debug=debug,
+            device=device,
+            threads=threads,
         )
 
     lockstep()

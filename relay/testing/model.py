@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from relay.schema import FromPayload, Lane, Resolve, Schema
 from relay.schema import Field as FieldDecl
+from relay.schema import FromPayload, Lane, Resolve, Schema
 
 __all__ = ["ModelError", "ReferenceRelay", "get_path", "set_path"]
 
@@ -49,25 +49,37 @@ class ReferenceRelay:
         self.schema = schema
         self.fields: dict[str, FieldDecl] = {f.name: f for f in schema.fields}
         #: field -> slot -> row (already cast to the field's dtype).
-        self.rows: dict[str, dict[int, torch.Tensor]] = {f.name: {} for f in schema.fields}
+        self.rows: dict[str, dict[int, torch.Tensor]] = {
+            f.name: {} for f in schema.fields
+        }
         #: The dtype of each field: declared, or taken from the first payload carrying it.
         self.dtype: dict[str, torch.dtype | None] = {
-            f.name: None if isinstance(f.dtype, FromPayload) else f.dtype for f in schema.fields
+            f.name: None if isinstance(f.dtype, FromPayload) else f.dtype
+            for f in schema.fields
         }
         #: Optional fields: whether the latest non-empty write carried them.
-        self.carried: dict[str, bool] = {f.name: False for f in schema.fields if f.optional}
+        self.carried: dict[str, bool] = {
+            f.name: False for f in schema.fields if f.optional
+        }
 
     # -- writes ------------------------------------------------------------------------
-    def stash(self, slots: Sequence[int], values: Mapping[str, torch.Tensor | None]) -> None:
+    def stash(
+        self, slots: Sequence[int], values: Mapping[str, torch.Tensor | None]
+    ) -> None:
         """The forward lane's write: ``values`` by payload attribute name."""
         self._write(Lane.FORWARD, slots, values)
 
-    def publish(self, slots: Sequence[int], values: Mapping[str, torch.Tensor | None]) -> None:
+    def publish(
+        self, slots: Sequence[int], values: Mapping[str, torch.Tensor | None]
+    ) -> None:
         """The schedule lane's write: ``values`` by publish keyword."""
         self._write(Lane.SCHEDULE, slots, values)
 
     def _write(
-        self, lane: Lane, slots: Sequence[int], values: Mapping[str, torch.Tensor | None]
+        self,
+        lane: Lane,
+        slots: Sequence[int],
+        values: Mapping[str, torch.Tensor | None],
     ) -> None:
         if not slots:
             return  # zero indices: nothing happens, not even to ``carried``
@@ -100,14 +112,20 @@ class ReferenceRelay:
         for f in self.schema.fields:
             if f.resolve is Resolve.PLACEHOLDER and f.target is not None:
                 slots = [int(s) for s in indices.tolist()]
-                set_path(batch, f.target, torch.tensor([-s for s in slots], dtype=indices.dtype))
+                set_path(
+                    batch,
+                    f.target,
+                    torch.tensor([-s for s in slots], dtype=indices.dtype),
+                )
 
     # -- reads -------------------------------------------------------------------------
     def row(self, field: str, slot: int) -> torch.Tensor:
         """The row written for ``slot`` most recently (ModelError where there is none)."""
         row = self.rows[field].get(slot)
         if row is None:
-            raise ModelError(f"{field}: slot {slot} holds no value the relay may hand over")
+            raise ModelError(
+                f"{field}: slot {slot} holds no value the relay may hand over"
+            )
         return row
 
     def hands_over(self, field: str) -> bool:
@@ -136,10 +154,18 @@ class ReferenceRelay:
         elif f.resolve is Resolve.PLACEHOLDER:
             assert f.target is not None
             current = get_path(batch, f.target)
-            value = torch.stack(
-                [self.row(f.name, -x).to(current.dtype) if x < 0 else torch.tensor(x, dtype=current.dtype)
-                 for x in current.tolist()]
-            ) if current.numel() else current.clone()
+            value = (
+                torch.stack(
+                    [
+                        self.row(f.name, -x).to(current.dtype)
+                        if x < 0
+                        else torch.tensor(x, dtype=current.dtype)
+                        for x in current.tolist()
+                    ]
+                )
+                if current.numel()
+                else current.clone()
+            )
         else:
             value = torch.stack([self.row(f.name, slot) for slot in slots])
         if f.target is not None:

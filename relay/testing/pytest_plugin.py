@@ -39,7 +39,9 @@ def relay_lockstep(request: pytest.FixtureRequest) -> Callable[..., int]:
     """``check_lockstep`` with the operation count from ``--relay-lockstep-ops``."""
     try:
         ops = request.config.getoption("--relay-lockstep-ops")
-    except ValueError:  # the plugin's option is not registered (fixture imported directly)
+    except (
+        ValueError
+    ):  # the plugin's option is not registered (fixture imported directly)
         ops = None
     if ops is None:
         return check_lockstep

@@ -32,7 +32,10 @@ from relay.cli import main
 
 CPU = torch.device("cpu")
 FOUND, _ = discover()
-TINY = {False: [Shape(17, 4), Shape(17, 1)], True: [Shape(17, 4, 2, 8), Shape(17, 1, 1, 0)]}
+TINY = {
+    False: [Shape(17, 4), Shape(17, 1)],
+    True: [Shape(17, 4, 2, 8), Shape(17, 1, 1, 0)],
+}
 
 
 def _baseline_count(schema: str, shape: Shape) -> dict[str, tuple[str, ...]]:
@@ -78,8 +81,12 @@ def test_generated_and_baseline_resolve_the_same_values(
     scheduler the same values."""
     for shape in TINY[pair.spec]:
         for seed in range(2):
-            assert compare_values(pair, generated, shape, CPU, steps=4, seed=seed,
-                                  debug=debug) == []
+            assert (
+                compare_values(
+                    pair, generated, shape, CPU, steps=4, seed=seed, debug=debug
+                )
+                == []
+            )
 
 
 class _WrongRowDecode(DecodeBaseline):
@@ -103,13 +110,33 @@ def test_values_check_catches_a_wrong_row() -> None:
 
 
 def _swap(monkeypatch: pytest.MonkeyPatch, schema: str, baseline: type[Any]) -> None:
-    swapped = tuple(Pair(p.schema, baseline, p.design, p.spec) if p.schema == schema else p
-                    for p in PAIRS)
+    swapped = tuple(
+        Pair(p.schema, baseline, p.design, p.spec) if p.schema == schema else p
+        for p in PAIRS
+    )
     monkeypatch.setattr(sides, "PAIRS", swapped)
 
 
-TINY_RUN = ["bench", "-q", "--pool", "17", "--batch", "4", "--topk", "2", "--hidden", "8",
-            "--repeat", "2", "--warmup", "1", "--sample-ms", "0.02", "--fields", "0"]
+TINY_RUN = [
+    "bench",
+    "-q",
+    "--pool",
+    "17",
+    "--batch",
+    "4",
+    "--topk",
+    "2",
+    "--hidden",
+    "8",
+    "--repeat",
+    "2",
+    "--warmup",
+    "1",
+    "--sample-ms",
+    "0.02",
+    "--fields",
+    "0",
+]
 
 
 def test_values_that_differ_exit_1(
@@ -134,12 +161,16 @@ def test_a_side_that_raises_exits_1(
     assert config["ok"] is False and "RuntimeError: publish failed" in config["error"]
 
 
-@pytest.mark.parametrize("argv", [
-    ["--pool", "2", "--batch", "4"],
-    ["--pool", "9", "--batch", "1", "--topk", "0"],
-    ["--schema", "no_such_schema"],
-    ["--repeat", "0"],
-], ids=["batch-over-pool", "topk-0", "unknown-schema", "repeat-0"])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--pool", "2", "--batch", "4"],
+        ["--pool", "9", "--batch", "1", "--topk", "0"],
+        ["--schema", "no_such_schema"],
+        ["--repeat", "0"],
+    ],
+    ids=["batch-over-pool", "topk-0", "unknown-schema", "repeat-0"],
+)
 def test_bad_usage_exits_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     """Bad sizes or names exit 2 with one line on stderr."""
     assert main(["bench", "-q", *argv]) == 2
@@ -161,12 +192,16 @@ def test_quick_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "--quick", "-q", "--json", str(out_json)]) == 0
     data = json.loads(out_json.read_text())
     quick = PRESETS["quick"]
-    expected = [(p.schema, s.label) for p, _ in FOUND for s in quick.shapes(spec=p.spec)]
+    expected = [
+        (p.schema, s.label) for p, _ in FOUND for s in quick.shapes(spec=p.spec)
+    ]
     assert [(c["schema"], c["label"]) for c in data["configs"]] == expected
     for config in data["configs"]:
         assert config["ok"] is True and config["problems"] == []
         assert config["baseline"]["ops"] > 0 and config["generated"]["ops"] > 0
-        assert config["ratio"] > 0 and config["control"] > 0 and config["debug_ratio"] > 0
+        assert (
+            config["ratio"] > 0 and config["control"] > 0 and config["debug_ratio"] > 0
+        )
         assert config["launches_baseline"] is None  # CPU: no kernel launches to count
     assert [g["fields"] for g in data["generation"]["sizes"]] == list(quick.fields)
     assert data["copy_bandwidth_bytes_per_s"] > 0
@@ -192,8 +227,9 @@ def test_bench_flags_import_neither_rich_nor_the_harness() -> None:
         "main.add_arguments(argparse.ArgumentParser())\n"
         "print(sorted(m for m in sys.modules if m.startswith(('relay.bench', 'rich'))))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
     assert out.strip() == "['relay.bench', 'relay.bench.main', 'relay.bench.sizes']"
 
 

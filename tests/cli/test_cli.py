@@ -15,18 +15,33 @@ from relay.cli import EXIT_BROKEN_PIPE, EXIT_USAGE, main
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _relay(*args: str, stdout: int | None = subprocess.PIPE) -> subprocess.CompletedProcess[str]:
+def _relay(
+    *args: str, stdout: int | None = subprocess.PIPE
+) -> subprocess.CompletedProcess[str]:
     """``python -m relay ARGS`` in a fresh interpreter."""
-    return subprocess.run([sys.executable, "-m", "relay", *args], check=False, stdout=stdout,
-                          stderr=subprocess.PIPE, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "relay", *args],
+        check=False,
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=600,
+    )
 
 
 def _modules_after(code: str) -> set[str]:
     """The modules a fresh interpreter has imported after running ``code``."""
-    probe = (f"import sys\ntry:\n    {code}\nexcept SystemExit:\n    pass\n"
-             "sys.stderr.write(' '.join(sys.modules))")
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                          timeout=120, check=True)
+    probe = (
+        f"import sys\ntry:\n    {code}\nexcept SystemExit:\n    pass\n"
+        "sys.stderr.write(' '.join(sys.modules))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     return set(done.stderr.split())
 
 
@@ -47,7 +62,9 @@ def test_vocabulary_is_importable_from_the_package_lazily() -> None:
     from relay.errors import RelayError as Home
     from relay.schema import Field as SchemaField
 
-    assert Field is SchemaField and RelayError is Home and Lane.FORWARD.name == "FORWARD"
+    assert (
+        Field is SchemaField and RelayError is Home and Lane.FORWARD.name == "FORWARD"
+    )
     with pytest.raises(AttributeError, match="has no attribute 'Feild'"):
         relay.Feild  # noqa: B018
 
@@ -73,7 +90,12 @@ def test_help_lists_exit_statuses(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["--help"])
     out = capsys.readouterr().out
-    for status in ("0 ok", "1 generated files drifted", "2 bad usage", "3 invalid schema"):
+    for status in (
+        "0 ok",
+        "1 generated files drifted",
+        "2 bad usage",
+        "3 invalid schema",
+    ):
         assert status in out
 
 
@@ -82,8 +104,9 @@ def test_closed_pipe_ends_quietly() -> None:
     read, write = os.pipe()
     os.close(read)  # like `head` after it has read what it wanted
     try:
-        done = _relay("demo", "--model", "tiny", "--requests", "4", "--repeat", "1",
-                      stdout=write)
+        done = _relay(
+            "demo", "--model", "tiny", "--requests", "4", "--repeat", "1", stdout=write
+        )
     finally:
         os.close(write)
     assert done.returncode == EXIT_BROKEN_PIPE
@@ -91,9 +114,12 @@ def test_closed_pipe_ends_quietly() -> None:
 
 
 @pytest.mark.skipif(
-    __import__("torch").cuda.is_available(), reason="checks the message where CUDA is missing"
+    __import__("torch").cuda.is_available(),
+    reason="checks the message where CUDA is missing",
 )
-def test_demo_on_missing_cuda_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+def test_demo_on_missing_cuda_is_one_line_and_exit_2(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     """``relay demo --device cuda`` without CUDA: one line naming the fix, exit 2."""
     assert main(["demo", "--device", "cuda"]) == EXIT_USAGE
     captured = capsys.readouterr()
@@ -103,7 +129,9 @@ def test_demo_on_missing_cuda_is_one_line_and_exit_2(capsys: pytest.CaptureFixtu
     assert captured.out == ""
 
 
-@pytest.mark.parametrize("argv", [["--device", "tpu"], ["--requests", "0"], ["--repeat", "x"]])
+@pytest.mark.parametrize(
+    "argv", [["--device", "tpu"], ["--requests", "0"], ["--repeat", "x"]]
+)
 def test_demo_bad_usage_exits_2_without_traceback(
     argv: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -123,6 +151,11 @@ def test_readme_quickstart_output_is_what_the_example_prints() -> None:
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     after = readme.split("(`.venv/bin/python examples/quickstart.py`", 1)[1]
     shown = after.split("```\n", 2)[1]
-    done = subprocess.run([sys.executable, str(REPO / "examples" / "quickstart.py")],
-                          check=True, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "quickstart.py")],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.stdout == shown

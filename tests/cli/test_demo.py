@@ -26,19 +26,37 @@ from relay.engine.relays import MapRelay
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = EngineConfig(
-    model=ModelConfig(vocab_size=1024, hidden=64, layers=1, heads=2, ffn=128, max_context=128),
-    workload=WorkloadConfig(requests=16, min_prompt=4, max_prompt=24, min_output=2,
-                            max_output=16, arrival_rate=1.5),
-    scheduler=SchedulerConfig(max_running=6, max_prefill_tokens=64, kv_pages=64, page_size=8),
+    model=ModelConfig(
+        vocab_size=1024, hidden=64, layers=1, heads=2, ffn=128, max_context=128
+    ),
+    workload=WorkloadConfig(
+        requests=16,
+        min_prompt=4,
+        max_prompt=24,
+        min_output=2,
+        max_output=16,
+        arrival_rate=1.5,
+    ),
+    scheduler=SchedulerConfig(
+        max_running=6, max_prefill_tokens=64, kv_pages=64, page_size=8
+    ),
     debug=True,
 )
 TINY_DEMO = ["--model", "tiny", "--requests", "12", "--repeat", "2"]
 
 
 def _result(wall: float, busy: float, tokens: int = 100) -> RunResult:
-    return RunResult(outputs={}, finish_reasons={}, generated_tokens=tokens, wall_seconds=wall,
-                     forward_busy_seconds=busy, steps=1, idle_steps=0, decode_rows=0,
-                     decode_tokens=0)
+    return RunResult(
+        outputs={},
+        finish_reasons={},
+        generated_tokens=tokens,
+        wall_seconds=wall,
+        forward_busy_seconds=busy,
+        steps=1,
+        idle_steps=0,
+        decode_rows=0,
+        decode_tokens=0,
+    )
 
 
 def test_ideal_speedup_is_sync_wall_over_the_longer_part() -> None:
@@ -50,7 +68,11 @@ def test_ideal_speedup_is_sync_wall_over_the_longer_part() -> None:
         "decode",
         sync=(_result(10.0, 8.0), _result(10.0, 8.0), _result(10.0, 8.0)),
         # Pairs: 1.1x, 1.2x and one noisy 3.0x; the median pair decides.
-        overlap=(_result(10.0 / 1.1, 9.0), _result(10.0 / 1.2, 9.0), _result(10.0 / 3.0, 3.0)),
+        overlap=(
+            _result(10.0 / 1.1, 9.0),
+            _result(10.0 / 1.2, 9.0),
+            _result(10.0 / 3.0, 3.0),
+        ),
     )
     assert row.speedup == pytest.approx(1.2)
     assert row.ideal == pytest.approx(1.25)
@@ -70,7 +92,9 @@ def test_demo_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert "\x1b[" not in out
 
 
-def test_demo_quiet_prints_only_the_table_and_verdict(capsys: pytest.CaptureFixture[str]) -> None:
+def test_demo_quiet_prints_only_the_table_and_verdict(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     """``relay demo -q``: no steps and no per-run lines, the table and the verdict."""
     assert main([*TINY_DEMO, "--mode", "decode", "-q"]) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -85,7 +109,8 @@ def test_demo_never_touches_the_callers_project(
 ) -> None:
     """Run inside a project with a broken schema: its files stay as they were."""
     (tmp_path / "pyproject.toml").write_text(
-        '[tool.relay]\nschemas = ["schemas/*.py"]\nout = "maps"\n')
+        '[tool.relay]\nschemas = ["schemas/*.py"]\nout = "maps"\n'
+    )
     (tmp_path / "schemas").mkdir()
     (tmp_path / "schemas" / "mine.py").write_text("SCHEMA = this is not python\n")
     (tmp_path / "maps").mkdir()
@@ -145,7 +170,9 @@ def test_engine_uses_the_classes_of_each_generation(tmp_path: Path) -> None:
         patch.setattr(MapRelay, "stash", spy)
         for folder in (first, second):
             used.clear()
-            results.append(run_workload(attrs.evolve(config, maps=MapSource(str(folder)))))
+            results.append(
+                run_workload(attrs.evolve(config, maps=MapSource(str(folder))))
+            )
             maps = MapSource(str(folder)).load()
             assert set(used) == {(maps.eagle, maps.eagle_payload)}
     assert MapSource(str(first)).load().eagle is not MapSource(str(second)).load().eagle
@@ -156,8 +183,13 @@ def test_engine_uses_the_classes_of_each_generation(tmp_path: Path) -> None:
 def test_importing_the_engine_imports_no_map() -> None:
     """``import relay.engine`` binds no generated class (maps are loaded per run)."""
     probe = "import sys, relay.engine; print([m for m in sys.modules if m.startswith('relay.maps')])"
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                          check=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
     assert done.stdout.strip() == "[]"
 
 

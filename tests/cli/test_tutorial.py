@@ -40,7 +40,9 @@ class Block:
     line: int
 
 
-def blocks(doc: Path, start: str | None = None, stop: str | None = None) -> Iterator[Block]:
+def blocks(
+    doc: Path, start: str | None = None, stop: str | None = None
+) -> Iterator[Block]:
     """The blocks of ``doc`` from the heading ``start`` to the heading ``stop``."""
     text = doc.read_text(encoding="utf-8")
     begin = text.index(f"\n{start}\n") if start else 0
@@ -102,8 +104,15 @@ class Project:
         self.env = env
 
     def run(self, command: str) -> list[str]:
-        done = subprocess.run(["bash", "-c", command], check=False, cwd=self.root, env=self.env,
-                              capture_output=True, text=True, timeout=300)
+        done = subprocess.run(
+            ["bash", "-c", command],
+            check=False,
+            cwd=self.root,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         output = (done.stdout + done.stderr).splitlines()
         return [_normalize(line) for line in output]
 
@@ -111,7 +120,9 @@ class Project:
         got = self.run(command)
         want = [_normalize(line) for line in want]
         assert _matches(got, want), (
-            f"{where}: `{command}` printed\n" + "\n".join(got) + "\nbut the doc shows\n"
+            f"{where}: `{command}` printed\n"
+            + "\n".join(got)
+            + "\nbut the doc shows\n"
             + "\n".join(want)
         )
 
@@ -119,32 +130,64 @@ class Project:
 def _install(tmp_path: Path) -> dict[str, str]:
     """A venv with relay installed from this checkout, editable in compat mode."""
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True
+    )
     python = venv / "bin" / "python"
     site = subprocess.run(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        check=True, capture_output=True, text=True).stdout.strip()
+        [
+            str(python),
+            "-c",
+            "import sysconfig; print(sysconfig.get_paths()['purelib'])",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     # torch, attrs, jinja2, mypy, setuptools: from the environment running the tests.
     Path(site, "outer.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     subprocess.run(
-        [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps",
-         "--no-build-isolation", "--no-index", "-e", str(REPO),
-         "--config-settings", "editable_mode=compat"],
-        check=True, capture_output=True, text=True)
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(python),
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-e",
+            str(REPO),
+            "--config-settings",
+            "editable_mode=compat",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     # What `pip install mypy` would put there: a console script on the venv's python.
     mypy = venv / "bin" / "mypy"
-    mypy.write_text(f"#!{python}\nimport sys\nfrom mypy.__main__ import console_entry\n"
-                    "sys.exit(console_entry())\n")
+    mypy.write_text(
+        f"#!{python}\nimport sys\nfrom mypy.__main__ import console_entry\n"
+        "sys.exit(console_entry())\n"
+    )
     mypy.chmod(0o755)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PYTHON", "VIRTUAL_ENV"))
+    }
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     # The repository's mypy cache already holds torch's modules: a cold cache costs ~40 s.
     env["MYPY_CACHE_DIR"] = str(REPO / ".mypy_cache")
     return env
 
 
-def _follow(doc: Path, project: Project, start: str | None = None,
-            stop: str | None = None) -> int:
+def _follow(
+    doc: Path, project: Project, start: str | None = None, stop: str | None = None
+) -> int:
     """Do what ``doc`` says from heading ``start`` to ``stop``; the commands run."""
     ran = 0
     for block in blocks(doc, start, stop):
@@ -156,8 +199,9 @@ def _follow(doc: Path, project: Project, start: str | None = None,
             continue
         if "at the end of the schema's `fields` list" in block.intro.replace("\n", " "):
             schema = project.root / "myengine/relay_schemas/decode.py"
-            text = schema.read_text().replace("from relay import Field,",
-                                              "from relay import Alloc, Field,")
+            text = schema.read_text().replace(
+                "from relay import Field,", "from relay import Alloc, Field,"
+            )
             field = "".join(f"        {line}\n" for line in block.body.splitlines())
             end = text.rindex("    ],\n)")
             schema.write_text(text[:end] + field + text[end:])

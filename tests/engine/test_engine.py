@@ -27,13 +27,23 @@ from relay.engine.runner import ModelRunner
 from relay.maps.decode import DecodeFutureMap
 from relay.maps.eagle import EagleFutureMap
 
-TINY = ModelConfig(vocab_size=1024, hidden=64, layers=1, heads=2, ffn=128, max_context=128)
+TINY = ModelConfig(
+    vocab_size=1024, hidden=64, layers=1, heads=2, ffn=128, max_context=128
+)
 # More requests than slots, arriving over time: slots are freed and reused.
 SMALL = EngineConfig(
     model=TINY,
-    workload=WorkloadConfig(requests=40, min_prompt=4, max_prompt=24, min_output=2,
-                            max_output=24, arrival_rate=1.5),
-    scheduler=SchedulerConfig(max_running=6, max_prefill_tokens=64, kv_pages=64, page_size=8),
+    workload=WorkloadConfig(
+        requests=40,
+        min_prompt=4,
+        max_prompt=24,
+        min_output=2,
+        max_output=24,
+        arrival_rate=1.5,
+    ),
+    scheduler=SchedulerConfig(
+        max_running=6, max_prefill_tokens=64, kv_pages=64, page_size=8
+    ),
     debug=True,
 )
 EAGLE = SpecConfig(steps=3, topk=2)
@@ -69,7 +79,9 @@ def test_overlap_matches_sync_eagle() -> None:
     assert overlap.accept_length == sync.accept_length > 1.0
 
 
-def test_freed_slots_are_released_on_the_forward_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_freed_slots_are_released_on_the_forward_stream(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Finished requests' slots reach the debug map's release, in the forward after them."""
     released: list[int] = []
     original = MapRelay.release
@@ -103,7 +115,9 @@ def test_a_slot_released_too_early_is_caught_in_debug_mode() -> None:
 def test_eagle_reproduces_greedy_decoding() -> None:
     """Greedy verification makes speculative decoding emit plain greedy decoding's tokens."""
     plain = run_workload(attrs.evolve(SMALL, overlap=True))
-    spec = run_workload(attrs.evolve(SMALL, overlap=True, spec=SpecConfig(steps=2, topk=1)))
+    spec = run_workload(
+        attrs.evolve(SMALL, overlap=True, spec=SpecConfig(steps=2, topk=1))
+    )
     assert spec.outputs == plain.outputs
     assert spec.steps < plain.steps
 
@@ -178,19 +192,23 @@ def test_idle_forward_is_a_no_op(spec: SpecConfig | None) -> None:
         future_map = DecodeFutureMap(device, pool, debug=True)
     else:
         future_map = EagleFutureMap(device, pool, topk=spec.topk, debug=True)
-    before = {k: v.clone() for k, v in vars(future_map).items() if isinstance(v, torch.Tensor)}
+    before = {
+        k: v.clone() for k, v in vars(future_map).items() if isinstance(v, torch.Tensor)
+    }
     calls: list[int] = []
     model = TargetModel(TINY, device)
     relay = MapRelay(future_map, MapSource().load())
-    runner = ModelRunner(model, KVCache(TINY, pool, device), relay, spec=spec,
-                         step_sync=calls.append)
+    runner = ModelRunner(
+        model, KVCache(TINY, pool, device), relay, spec=spec, step_sync=calls.append
+    )
     batch = ForwardBatch.idle(device)
     runner.forward(batch, StepOutput())
     relay.resolve_lengths(batch)  # zero indices: no fence wait, no debug check
     assert calls == [0]
     for name, value in before.items():
-        torch.testing.assert_close(getattr(future_map, name), value, rtol=0, atol=0,
-                                   equal_nan=True, msg=name)
+        torch.testing.assert_close(
+            getattr(future_map, name), value, rtol=0, atol=0, equal_nan=True, msg=name
+        )
     if isinstance(future_map, EagleFutureMap):
         assert future_map.hidden_states_buf is None  # lazy field untouched
 
@@ -200,7 +218,9 @@ def test_data_parallel_two_ranks_match_one() -> None:
     from relay.engine.parallel import run_data_parallel
 
     config = attrs.evolve(
-        SMALL, spec=EAGLE, overlap=True,
+        SMALL,
+        spec=EAGLE,
+        overlap=True,
         workload=attrs.evolve(SMALL.workload, requests=16, max_output=12),
     )
     single = run_workload(config)

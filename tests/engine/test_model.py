@@ -14,7 +14,9 @@ from relay.engine import ModelConfig
 from relay.engine.lanes import ThreadLane
 from relay.engine.model import DraftHead, Forwards, KVCache, TargetModel
 
-CONFIG = ModelConfig(vocab_size=128, hidden=32, layers=2, heads=2, ffn=48, max_context=32)
+CONFIG = ModelConfig(
+    vocab_size=128, hidden=32, layers=2, heads=2, ffn=48, max_context=32
+)
 POOL = 6
 
 
@@ -24,7 +26,9 @@ def _forwards(compiled: bool, spec: bool = True) -> tuple[Forwards, KVCache]:
     kv = KVCache(CONFIG, POOL, cpu)
     kv.k.normal_(generator=torch.Generator().manual_seed(5))
     kv.v.normal_(generator=torch.Generator().manual_seed(6))
-    return Forwards(target, kv, DraftHead(target) if spec else None, compiled=compiled), kv
+    return Forwards(
+        target, kv, DraftHead(target) if spec else None, compiled=compiled
+    ), kv
 
 
 def _same(got: Any, want: Any) -> None:
@@ -39,7 +43,9 @@ def test_compiled_forwards_match_eager() -> None:
     """The TorchScript forwards and the eager ones give bit-identical results and writes."""
     compiled, kv_c = _forwards(compiled=True)
     if hasattr(torch.jit, "script"):
-        assert compiled.compiled, "TorchScript is available but the forwards did not compile"
+        assert compiled.compiled, (
+            "TorchScript is available but the forwards did not compile"
+        )
     eager, kv_e = _forwards(compiled=False)
     assert not eager.compiled
     gen = torch.Generator().manual_seed(3)
@@ -56,11 +62,14 @@ def test_compiled_forwards_match_eager() -> None:
         lambda f: f.prefill(prompts, prompt_lens, slots),
         lambda f: f.decode(tokens, seq_lens, width, slots),
         lambda f: f.extend(hidden, tokens, topk),
-        lambda f: attrs.astuple(f.draft_and_verify(tokens, hidden, first, steps, seq_lens,
-                                                   width, slots)),
+        lambda f: attrs.astuple(
+            f.draft_and_verify(tokens, hidden, first, steps, seq_lens, width, slots)
+        ),
         lambda f: f.commit_and_extend(
             f.draft_and_verify(tokens, hidden, first, steps, seq_lens, width, slots),
-            seq_lens, slots, topk,
+            seq_lens,
+            slots,
+            topk,
         ),
     ]
     for call in calls:
@@ -69,7 +78,9 @@ def test_compiled_forwards_match_eager() -> None:
     assert compiled.program.args == []  # a call's tensors are not kept
 
 
-def test_forwards_run_eagerly_where_torchscript_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_forwards_run_eagerly_where_torchscript_fails(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Without a working ``torch.jit.script`` (removed or failing) the functions run as written."""
 
     def broken(fn: object) -> object:
@@ -82,7 +93,9 @@ def test_forwards_run_eagerly_where_torchscript_fails(monkeypatch: pytest.Monkey
     forwards, _ = _forwards(compiled=True, spec=False)
     assert not forwards.compiled
     slots = torch.tensor([1, 2])
-    hidden, tokens = forwards.prefill(torch.tensor([[5, 6], [7, 0]]), torch.tensor([2, 1]), slots)
+    hidden, tokens = forwards.prefill(
+        torch.tensor([[5, 6], [7, 0]]), torch.tensor([2, 1]), slots
+    )
     assert hidden.shape == (2, CONFIG.hidden) and tokens.shape == (2,)
 
 
@@ -157,15 +170,22 @@ def test_warm_up_touches_only_the_scratch_slot(speculative: bool) -> None:
     kv.k.fill_(7.0)
     kv.v.fill_(7.0)
     future_map = EagleFutureMap(cpu, POOL, topk=2, debug=True)
-    before = {k: v.clone() for k, v in vars(future_map).items() if isinstance(v, torch.Tensor)}
-    runner = ModelRunner(TargetModel(CONFIG, cpu), kv, MapRelay(future_map, MapSource().load()),
-                         spec=spec)
+    before = {
+        k: v.clone() for k, v in vars(future_map).items() if isinstance(v, torch.Tensor)
+    }
+    runner = ModelRunner(
+        TargetModel(CONFIG, cpu),
+        kv,
+        MapRelay(future_map, MapSource().load()),
+        spec=spec,
+    )
     runner.warm_up()
     assert bool((kv.k[:, 1:] == 7.0).all()) and bool((kv.v[:, 1:] == 7.0).all())
     assert not bool((kv.k[:, 0] == 7.0).all())  # the scratch rows were used
     for name, value in before.items():
-        torch.testing.assert_close(getattr(future_map, name), value, rtol=0, atol=0,
-                                   equal_nan=True, msg=name)
+        torch.testing.assert_close(
+            getattr(future_map, name), value, rtol=0, atol=0, equal_nan=True, msg=name
+        )
 
 
 def test_tree_attention_equals_attending_each_branch_alone() -> None:
@@ -178,8 +198,11 @@ def test_tree_attention_equals_attending_each_branch_alone() -> None:
     def rand(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=gen, dtype=torch.float64)
 
-    q, k, v = rand(n * topk, width, heads, hd), rand(n * topk, heads, width, hd), rand(
-        n * topk, heads, width, hd)
+    q, k, v = (
+        rand(n * topk, width, heads, hd),
+        rand(n * topk, heads, width, hd),
+        rand(n * topk, heads, width, hd),
+    )
     prefix_k, prefix_v = rand(n, heads, prefix, hd), rand(n, heads, prefix, hd)
     prefix_ok = torch.arange(prefix) < torch.tensor([6, 1, 3])[:, None]
     causal = torch.ones(width, width, dtype=torch.bool).tril()
@@ -188,12 +211,23 @@ def test_tree_attention_equals_attending_each_branch_alone() -> None:
     # Reference: every branch a row of its own, its request's prefix copied in front.
     rows_prefix_k = prefix_k.repeat_interleave(topk, dim=0)
     rows_prefix_v = prefix_v.repeat_interleave(topk, dim=0)
-    mask = torch.cat([
-        prefix_ok.repeat_interleave(topk, dim=0)[:, None, None, :].expand(-1, 1, width, prefix),
-        causal.expand(n * topk, 1, width, width),
-    ], dim=-1)
-    want = torch.nn.functional.scaled_dot_product_attention(
-        q.transpose(1, 2), torch.cat([rows_prefix_k, k], dim=2),
-        torch.cat([rows_prefix_v, v], dim=2), attn_mask=mask,
-    ).transpose(1, 2).reshape(n * topk, width, heads * hd)
+    mask = torch.cat(
+        [
+            prefix_ok.repeat_interleave(topk, dim=0)[:, None, None, :].expand(
+                -1, 1, width, prefix
+            ),
+            causal.expand(n * topk, 1, width, width),
+        ],
+        dim=-1,
+    )
+    want = (
+        torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(1, 2),
+            torch.cat([rows_prefix_k, k], dim=2),
+            torch.cat([rows_prefix_v, v], dim=2),
+            attn_mask=mask,
+        )
+        .transpose(1, 2)
+        .reshape(n * topk, width, heads * hd)
+    )
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)

@@ -15,12 +15,20 @@ from types import ModuleType
 import pytest
 import torch
 
-
 from relay.codegen import naming
 from relay.codegen.loader import load_schema
 from relay.codegen.render import render
 from relay.errors import RelayError
-from relay.schema import FROM_PAYLOAD, Alloc, Field, Guard, Lane, Layout, Resolve, Schema
+from relay.schema import (
+    FROM_PAYLOAD,
+    Alloc,
+    Field,
+    Guard,
+    Lane,
+    Layout,
+    Resolve,
+    Schema,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 BUNDLED = sorted((REPO / "schemas").glob("*.py"))
@@ -32,18 +40,55 @@ CORPUS = Schema(
     doc="Every branch of the template.",
     indices="sched.req_pool_indices",
     fields=[
-        Field("tokens", lane=Lane.FORWARD, dtype=torch.int64, target="input_ids",
-              resolve=Resolve.PLACEHOLDER, guard=Guard.NON_NEGATIVE),
-        Field("a_rather_long_field_name_for_wrapping", lane=Lane.FORWARD, dtype=torch.float32,
-              shape=(2, "width"), target="spec_info.deeper.still_deeper.a_rather_long_target"),
-        Field("required_lazy", lane=Lane.FORWARD, dtype=FROM_PAYLOAD, shape=("vocab",),
-              alloc=Alloc.LAZY, target="spec_info.required_lazy"),
-        Field("optional_eager", lane=Lane.FORWARD, dtype=torch.int32, shape=(3,),
-              optional=True, target="spec_info.optional_eager", guard=Guard.POSITIVE),
-        Field("lengths", lane=Lane.SCHEDULE, dtype=torch.int64, target="seq_lens",
-              resolve=Resolve.PLACEHOLDER, host_sum="seq_lens_sum"),
-        Field("scores", lane=Lane.SCHEDULE, dtype=torch.float32, shape=("width",),
-              optional=True, target="spec_info.scores", host_mirror="scores_cpu"),
+        Field(
+            "tokens",
+            lane=Lane.FORWARD,
+            dtype=torch.int64,
+            target="input_ids",
+            resolve=Resolve.PLACEHOLDER,
+            guard=Guard.NON_NEGATIVE,
+        ),
+        Field(
+            "a_rather_long_field_name_for_wrapping",
+            lane=Lane.FORWARD,
+            dtype=torch.float32,
+            shape=(2, "width"),
+            target="spec_info.deeper.still_deeper.a_rather_long_target",
+        ),
+        Field(
+            "required_lazy",
+            lane=Lane.FORWARD,
+            dtype=FROM_PAYLOAD,
+            shape=("vocab",),
+            alloc=Alloc.LAZY,
+            target="spec_info.required_lazy",
+        ),
+        Field(
+            "optional_eager",
+            lane=Lane.FORWARD,
+            dtype=torch.int32,
+            shape=(3,),
+            optional=True,
+            target="spec_info.optional_eager",
+            guard=Guard.POSITIVE,
+        ),
+        Field(
+            "lengths",
+            lane=Lane.SCHEDULE,
+            dtype=torch.int64,
+            target="seq_lens",
+            resolve=Resolve.PLACEHOLDER,
+            host_sum="seq_lens_sum",
+        ),
+        Field(
+            "scores",
+            lane=Lane.SCHEDULE,
+            dtype=torch.float32,
+            shape=("width",),
+            optional=True,
+            target="spec_info.scores",
+            host_mirror="scores_cpu",
+        ),
     ],
 )
 
@@ -55,25 +100,55 @@ PACKED_CORPUS = Schema(
     doc="Every branch of the packed layout.",
     layout=Layout.PACKED,
     fields=[
-        Field("tokens", lane=Lane.FORWARD, dtype=torch.int64, target="input_ids",
-              resolve=Resolve.PLACEHOLDER),
+        Field(
+            "tokens",
+            lane=Lane.FORWARD,
+            dtype=torch.int64,
+            target="input_ids",
+            resolve=Resolve.PLACEHOLDER,
+        ),
         Field("bonus", lane=Lane.FORWARD, dtype=torch.int64, target="spec_info.bonus"),
-        Field("a_rather_long_packed_field_name_for_wrapping", lane=Lane.FORWARD,
-              dtype=torch.float32, shape=("width", 2),
-              target="spec_info.deeper.still_deeper.a_rather_long_target"),
-        Field("index", lane=Lane.FORWARD, dtype=torch.int64, shape=("width",),
-              target="spec_info.index"),
-        Field("probs", lane=Lane.FORWARD, dtype=torch.float32, shape=(3,),
-              target="spec_info.probs"),
-        Field("hidden", lane=Lane.FORWARD, dtype=FROM_PAYLOAD, shape=("hidden",),
-              alloc=Alloc.LAZY, optional=True, target="spec_info.hidden"),
+        Field(
+            "a_rather_long_packed_field_name_for_wrapping",
+            lane=Lane.FORWARD,
+            dtype=torch.float32,
+            shape=("width", 2),
+            target="spec_info.deeper.still_deeper.a_rather_long_target",
+        ),
+        Field(
+            "index",
+            lane=Lane.FORWARD,
+            dtype=torch.int64,
+            shape=("width",),
+            target="spec_info.index",
+        ),
+        Field(
+            "probs",
+            lane=Lane.FORWARD,
+            dtype=torch.float32,
+            shape=(3,),
+            target="spec_info.probs",
+        ),
+        Field(
+            "hidden",
+            lane=Lane.FORWARD,
+            dtype=FROM_PAYLOAD,
+            shape=("hidden",),
+            alloc=Alloc.LAZY,
+            optional=True,
+            target="spec_info.hidden",
+        ),
         Field("lengths", lane=Lane.SCHEDULE, dtype=torch.int64, target="seq_lens"),
     ],
 )
 
 
 def _schemas() -> list[Schema]:
-    return [*(load_schema(p, f"schemas/{p.name}") for p in BUNDLED), CORPUS, PACKED_CORPUS]
+    return [
+        *(load_schema(p, f"schemas/{p.name}") for p in BUNDLED),
+        CORPUS,
+        PACKED_CORPUS,
+    ]
 
 
 def _bound(tree: ast.Module) -> set[str]:
@@ -108,16 +183,22 @@ def test_every_bound_name_is_reserved_or_minted_by_naming() -> None:
     """A name the template binds that naming.py does not know would be a clash validation
     cannot see: each rendered module binds only names from naming.bound_names."""
     for schema in _schemas():
-        tree = ast.parse(render(schema, source="schemas/x.py", command="relay generate"))
+        tree = ast.parse(
+            render(schema, source="schemas/x.py", command="relay generate")
+        )
         extra = _bound(tree) - naming.bound_names(schema)
-        assert extra == set(), f"{schema.name}: add these to naming.RESERVED or mint them there"
+        assert extra == set(), (
+            f"{schema.name}: add these to naming.RESERVED or mint them there"
+        )
 
 
 def test_every_reserved_name_is_emitted_by_the_template() -> None:
     """naming.RESERVED holds no stale entry: each one appears in some rendered module."""
     seen: set[str] = set()
     for schema in _schemas():
-        seen |= _used(ast.parse(render(schema, source="s.py", command="relay generate")))
+        seen |= _used(
+            ast.parse(render(schema, source="s.py", command="relay generate"))
+        )
     assert naming.RESERVED - seen == set()
 
 
@@ -187,9 +268,20 @@ def test_hostile_strings_reach_the_module_faithfully(text: str, tmp_path: Path) 
         name="HostileFutureMap",
         doc=f"First line {text}\n\nMore: {text}",
         fields=[
-            Field("tokens", lane=Lane.FORWARD, dtype=torch.int64, target="input_ids",
-                  doc=text),
-            Field("lens", lane=Lane.SCHEDULE, dtype=torch.int64, target="seq_lens", doc=text),
+            Field(
+                "tokens",
+                lane=Lane.FORWARD,
+                dtype=torch.int64,
+                target="input_ids",
+                doc=text,
+            ),
+            Field(
+                "lens",
+                lane=Lane.SCHEDULE,
+                dtype=torch.int64,
+                target="seq_lens",
+                doc=text,
+            ),
         ],
     )
     # A file name with a line break or control character is refused (the next test).
@@ -199,9 +291,9 @@ def test_hostile_strings_reach_the_module_faithfully(text: str, tmp_path: Path) 
     module = _import(rendered, tmp_path, "hostile_map")
     want = inspect.cleandoc(schema.doc)
     assert inspect.getdoc(module.HostileFutureMap).startswith(want.rstrip())
-    assert inspect.cleandoc(_attribute_docs(ast.parse(rendered), "HostilePayload")["tokens"]) == (
-        inspect.cleandoc(text).rstrip() or "tokens"
-    )
+    assert inspect.cleandoc(
+        _attribute_docs(ast.parse(rendered), "HostilePayload")["tokens"]
+    ) == (inspect.cleandoc(text).rstrip() or "tokens")
     assert "\n".join(source.splitlines()) in "\n".join(module.__doc__.splitlines())
     header = [line for line in rendered.splitlines() if line.startswith("#")]
     assert len(header) == 4, "nothing can end a header comment early"
@@ -212,24 +304,43 @@ def test_lone_surrogates_in_docs_are_refused_with_the_owner() -> None:
     assert naming.doc_problem("ok \U0001f600") is None
     problem = naming.doc_problem("bad \ud800")
     assert problem is not None and "U+D800" in problem
-    schema = Schema(name="SurrogateFutureMap", doc="bad \udc00", fields=[
-        Field("tokens", lane=Lane.FORWARD, dtype=torch.int64, target="input_ids")])
-    with pytest.raises(ValueError, match=r"SurrogateFutureMap: doc contains a lone surrogate"):
+    schema = Schema(
+        name="SurrogateFutureMap",
+        doc="bad \udc00",
+        fields=[
+            Field("tokens", lane=Lane.FORWARD, dtype=torch.int64, target="input_ids")
+        ],
+    )
+    with pytest.raises(
+        ValueError, match=r"SurrogateFutureMap: doc contains a lone surrogate"
+    ):
         render(schema, source="s.py", command="relay generate")
 
 
 def test_file_names_with_line_breaks_or_control_characters_are_refused() -> None:
     """A source name with a newline, NUL or escape cannot reach the header comment: it is
     refused with an error that names it, instead of being rendered."""
-    schema = Schema(name="NamedFutureMap", fields=[
-        Field("tokens", lane=Lane.FORWARD, dtype=torch.int64, target="input_ids")])
-    for name in ["schemas/\ud800\nimport os.py", "schemas/nul \x00.py", "schemas/\x1b[2J.py"]:
-        with pytest.raises(RelayError, match="line break or control character; rename it"):
+    schema = Schema(
+        name="NamedFutureMap",
+        fields=[
+            Field("tokens", lane=Lane.FORWARD, dtype=torch.int64, target="input_ids")
+        ],
+    )
+    for name in [
+        "schemas/\ud800\nimport os.py",
+        "schemas/nul \x00.py",
+        "schemas/\x1b[2J.py",
+    ]:
+        with pytest.raises(
+            RelayError, match="line break or control character; rename it"
+        ):
             render(schema, source=name, command="relay generate")
 
 
 def _ruff() -> list[str]:
-    found = shutil.which("ruff", path=str(Path(sys.executable).parent)) or shutil.which("ruff")
+    found = shutil.which("ruff", path=str(Path(sys.executable).parent)) or shutil.which(
+        "ruff"
+    )
     if found is None:
         pytest.skip("ruff is not installed (it is in the dev extra)")
     return [found]
@@ -244,12 +355,22 @@ def test_generated_modules_are_left_alone_by_ruff(tmp_path: Path) -> None:
         (tmp_path / f"{stem}.py").write_text(
             render(schema, source=f"schemas/{stem}.py", command="relay generate")
         )
-    fmt = subprocess.run([*ruff, "format", "--isolated", "--diff", "."], cwd=tmp_path,
-                         capture_output=True, text=True, check=False)
+    fmt = subprocess.run(
+        [*ruff, "format", "--isolated", "--diff", "."],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert fmt.returncode == 0, fmt.stdout + fmt.stderr
     for select in ([], ["--extend-select", "I"]):
-        check = subprocess.run([*ruff, "check", "--isolated", *select, "."], cwd=tmp_path,
-                               capture_output=True, text=True, check=False)
+        check = subprocess.run(
+            [*ruff, "check", "--isolated", *select, "."],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         assert check.returncode == 0, check.stdout + check.stderr
 
 
@@ -258,11 +379,19 @@ def test_generated_modules_are_left_alone_by_ruff(tmp_path: Path) -> None:
     [
         Field("ﬁeld", lane=Lane.FORWARD, dtype=torch.int64),
         Field("tokens", lane=Lane.FORWARD, dtype=torch.int64, source="__mangled"),
-        Field("tokens", lane=Lane.FORWARD, dtype=torch.int64, target="spec_info.__hidden"),
+        Field(
+            "tokens", lane=Lane.FORWARD, dtype=torch.int64, target="spec_info.__hidden"
+        ),
         Field("tokens", lane=Lane.FORWARD, dtype=torch.int64, shape=("__width",)),
         Field("tokens", lane=Lane.FORWARD, dtype=torch.int64, source="slots"),
     ],
-    ids=["nfkc-name", "mangled-source", "mangled-target", "mangled-dim", "reserved-source"],
+    ids=[
+        "nfkc-name",
+        "mangled-source",
+        "mangled-target",
+        "mangled-dim",
+        "reserved-source",
+    ],
 )
 def test_validation_refuses_names_python_would_read_differently(field: Field) -> None:
     """validate asks naming.identifier_problem: NFKC, mangled and reserved names are refused."""

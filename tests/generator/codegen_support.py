@@ -54,11 +54,17 @@ class Project:
         path.write_text(textwrap.dedent(text), encoding="utf-8")
         return path
 
-    def schema_module(self, stem: str, fields: Sequence[str], name: str = "BadFutureMap") -> Path:
+    def schema_module(
+        self, stem: str, fields: Sequence[str], name: str = "BadFutureMap"
+    ) -> Path:
         """A schema module whose ``fields=[...]`` holds ``fields``, one declaration a line."""
         body = "".join(f"        {line}\n" for line in fields)
-        text = (SCHEMA_PRELUDE + f"SCHEMA = Schema(\n    name={name!r},\n    fields=[\n"
-                + body + "    ],\n)\n")
+        text = (
+            SCHEMA_PRELUDE
+            + f"SCHEMA = Schema(\n    name={name!r},\n    fields=[\n"
+            + body
+            + "    ],\n)\n"
+        )
         return self.write_schema(stem, text)
 
     def copy_bundled(self, *stems: str) -> None:
@@ -69,19 +75,29 @@ class Project:
 
 def line_of(path: Path, needle: str) -> int:
     """1-based number of the only line of ``path`` containing ``needle``."""
-    hits = [n for n, line in enumerate(path.read_text().splitlines(), 1) if needle in line]
+    hits = [
+        n for n, line in enumerate(path.read_text().splitlines(), 1) if needle in line
+    ]
     assert len(hits) == 1, f"{needle!r} found on lines {hits} of {path}"
     return hits[0]
 
 
-def run_relay_process(*args: str, cwd: Path, hash_seed: str = "0",
-                      extra_env: dict[str, str] | None = None) -> Run:
+def run_relay_process(
+    *args: str, cwd: Path, hash_seed: str = "0", extra_env: dict[str, str] | None = None
+) -> Run:
     """Run the installed ``relay`` console script in a subprocess."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
     env["PYTHONHASHSEED"] = hash_seed
     env.update(extra_env or {})
-    proc = subprocess.run([str(RELAY_EXE), *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [str(RELAY_EXE), *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     return Run(proc.returncode, proc.stdout, proc.stderr)
 
 
@@ -94,20 +110,33 @@ def compare_golden(path: Path, fresh: str, update: bool) -> None:
     Without ``update`` a difference fails the test with a unified diff and the command
     that accepts it, and the golden file is left as it is.
     """
-    shown = path.relative_to(REPO).as_posix() if path.is_relative_to(REPO) else str(path)
+    shown = (
+        path.relative_to(REPO).as_posix() if path.is_relative_to(REPO) else str(path)
+    )
     if update:
         if not path.exists() or path.read_text(encoding="utf-8") != fresh:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(fresh.encode("utf-8"))
         return
     if not path.exists():
-        pytest.fail(f"{shown} does not exist; review the generated module, then run "
-                    "`pytest --update-golden` to create it", pytrace=False)
+        pytest.fail(
+            f"{shown} does not exist; review the generated module, then run "
+            "`pytest --update-golden` to create it",
+            pytrace=False,
+        )
     golden = path.read_text(encoding="utf-8")
     if golden != fresh:
-        diff = "".join(difflib.unified_diff(
-            golden.splitlines(keepends=True), fresh.splitlines(keepends=True),
-            fromfile=f"{shown} (golden)", tofile=f"{shown} (generated now)"))
-        pytest.fail(f"generated code differs from {shown}:\n{diff}\nIf the change is intended, "
-                    "review the diff, then run `pytest --update-golden` and commit "
-                    f"{shown}", pytrace=False)
+        diff = "".join(
+            difflib.unified_diff(
+                golden.splitlines(keepends=True),
+                fresh.splitlines(keepends=True),
+                fromfile=f"{shown} (golden)",
+                tofile=f"{shown} (generated now)",
+            )
+        )
+        pytest.fail(
+            f"generated code differs from {shown}:\n{diff}\nIf the change is intended, "
+            "review the diff, then run `pytest --update-golden` and commit "
+            f"{shown}",
+            pytrace=False,
+        )

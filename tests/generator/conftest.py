@@ -6,8 +6,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-
-
 from codegen_support import Project, Run, run_relay_process
 
 from relay import cli
@@ -26,8 +24,9 @@ def project(tmp_path: Path) -> Project:
 
 
 @pytest.fixture
-def relay_cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-              ) -> Callable[..., Run]:
+def relay_cli(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> Callable[..., Run]:
     """Run ``relay <args>`` in this process from folder ``cwd`` (fast; no torch re-import)."""
 
     def run(*args: str, cwd: Path) -> Run:

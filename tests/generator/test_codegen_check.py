@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,7 +23,11 @@ def generated(project: Project, relay_cli: Callable[..., Run]) -> Project:
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())} if folder.exists() else {}
+    return (
+        {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+        if folder.exists()
+        else {}
+    )
 
 
 def check(project: Project, relay_cli: Callable[..., Run], *args: str) -> Run:
@@ -42,7 +44,11 @@ def test_clean_tree_passes(generated: Project, relay_cli: Callable[..., Run]) ->
     """Up-to-date maps (and a hand-written __init__.py beside them) pass with exit 0."""
     (generated.maps / "__init__.py").write_text('"""Generated maps."""\n')
     run = check(generated, relay_cli)
-    assert (run.code, run.out, run.err) == (0, "relay: 2 generated module(s) up to date\n", "")
+    assert (run.code, run.out, run.err) == (
+        0,
+        "relay: 2 generated module(s) up to date\n",
+        "",
+    )
 
 
 def test_stale_file(generated: Project, relay_cli: Callable[..., Run]) -> None:
@@ -57,9 +63,14 @@ def test_stale_file(generated: Project, relay_cli: Callable[..., Run]) -> None:
         "    fix: schemas/decode.py changed since maps/decode.py was generated: run "
         "`relay generate` and commit maps/decode.py\n"
     )
-    assert run.out.startswith("--- maps/decode.py (on disk)\n+++ maps/decode.py (generated)\n")
-    removed = [line for line in run.out.splitlines() if line.startswith("-") and
-               not line.startswith("---")]
+    assert run.out.startswith(
+        "--- maps/decode.py (on disk)\n+++ maps/decode.py (generated)\n"
+    )
+    removed = [
+        line
+        for line in run.out.splitlines()
+        if line.startswith("-") and not line.startswith("---")
+    ]
     assert any("_rt.guard_non_negative(" in line for line in removed), removed
     assert removed[0].startswith("-# schema-hash: sha256:")
 
@@ -70,7 +81,9 @@ def test_hand_edited_file(generated: Project, relay_cli: Callable[..., Run]) -> 
     text = target.read_text()
     original = "        self.debug = debug\n"
     assert text.count(original) == 1
-    target.write_text(text.replace(original, "        self.debug = True  # always on\n"))
+    target.write_text(
+        text.replace(original, "        self.debug = True  # always on\n")
+    )
     run = check(generated, relay_cli, "--diff")
     assert run.code == 1
     assert run.err == (
@@ -79,22 +92,36 @@ def test_hand_edited_file(generated: Project, relay_cli: Callable[..., Run]) -> 
         "    fix: generated files are never edited by hand: change schemas/eagle.py, then run "
         "`relay generate` (it overwrites the edit)\n"
     )
-    assert run.out.startswith("--- maps/eagle.py (on disk)\n+++ maps/eagle.py (generated)\n")
+    assert run.out.startswith(
+        "--- maps/eagle.py (on disk)\n+++ maps/eagle.py (generated)\n"
+    )
     changed = [line for line in run.out.splitlines()[2:] if line[:1] in "+-"]
-    assert changed == ["-        self.debug = True  # always on", "+        self.debug = debug"]
+    assert changed == [
+        "-        self.debug = True  # always on",
+        "+        self.debug = debug",
+    ]
 
 
-def test_file_from_another_generator_version(generated: Project,
-                                             relay_cli: Callable[..., Run]) -> None:
+def test_file_from_another_generator_version(
+    generated: Project, relay_cli: Callable[..., Run]
+) -> None:
     """A file an older generator wrote (own body hash intact, schema same) is stale, not edited."""
     target = generated.maps / "eagle.py"
     parsed = files.parse(target.read_text())
     assert parsed is not None
     header, body = parsed
-    older = body.replace("        self.debug = debug\n", "        self.debug = bool(debug)\n")
+    older = body.replace(
+        "        self.debug = debug\n", "        self.debug = bool(debug)\n"
+    )
     assert older != body
-    target.write_text(files.compose(older, source=header.source, command=header.command,
-                                    schema_hash=header.schema_hash))
+    target.write_text(
+        files.compose(
+            older,
+            source=header.source,
+            command=header.command,
+            schema_hash=header.schema_hash,
+        )
+    )
     run = check(generated, relay_cli)
     assert run.code == 1
     assert run.err == (
@@ -117,7 +144,10 @@ def test_missing_file(generated: Project, relay_cli: Callable[..., Run]) -> None
         "    fix: run `relay generate` and commit maps/decode.py\n"
     )
     lines = run.out.splitlines()
-    assert lines[:2] == ["--- maps/decode.py (on disk)", "+++ maps/decode.py (generated)"]
+    assert lines[:2] == [
+        "--- maps/decode.py (on disk)",
+        "+++ maps/decode.py (generated)",
+    ]
     assert lines[2].startswith("@@ -0,0 +1,")
     assert lines[3] == "+" + HEADER_LINE.format(stem="decode")
     assert all(line.startswith("+") for line in lines[3:])
@@ -136,8 +166,9 @@ def test_orphaned_file(generated: Project, relay_cli: Callable[..., Run]) -> Non
     )
 
 
-def test_orphaned_file_shows_deletion_diff(generated: Project, relay_cli: Callable[..., Run]
-                                           ) -> None:
+def test_orphaned_file_shows_deletion_diff(
+    generated: Project, relay_cli: Callable[..., Run]
+) -> None:
     """The orphan's drift, like every other kind, comes with a unified diff: its deletion."""
     (generated.schemas / "eagle.py").unlink()
     run = check(generated, relay_cli, "--diff")
@@ -148,15 +179,23 @@ def test_orphaned_file_shows_deletion_diff(generated: Project, relay_cli: Callab
     assert "-" + HEADER_LINE.format(stem="eagle") in lines
 
 
-def test_orphan_outside_configuration(generated: Project, relay_cli: Callable[..., Run]) -> None:
+def test_orphan_outside_configuration(
+    generated: Project, relay_cli: Callable[..., Run]
+) -> None:
     """With schemas on the command line, only generated files whose schema is gone are orphans."""
-    for stem in ("decode", "eagle"):  # each generated by its own command, as a user might
-        run = relay_cli("generate", "-q", f"schemas/{stem}.py", "--out", "maps",
-                        cwd=generated.root)
+    for stem in (
+        "decode",
+        "eagle",
+    ):  # each generated by its own command, as a user might
+        run = relay_cli(
+            "generate", "-q", f"schemas/{stem}.py", "--out", "maps", cwd=generated.root
+        )
         assert run.code == 0, run.err
     named = ("schemas/decode.py", "--out", "maps")
     run = check(generated, relay_cli, *named)
-    assert (run.code, run.err) == (0, ""), "eagle.py still has its schema: not an orphan"
+    assert (run.code, run.err) == (0, ""), (
+        "eagle.py still has its schema: not an orphan"
+    )
 
     (generated.schemas / "eagle.py").unlink()
     run = check(generated, relay_cli, *named)
@@ -169,10 +208,14 @@ def test_orphan_outside_configuration(generated: Project, relay_cli: Callable[..
     )
 
 
-def test_every_drift_listed_in_one_run(generated: Project, relay_cli: Callable[..., Run]) -> None:
+def test_every_drift_listed_in_one_run(
+    generated: Project, relay_cli: Callable[..., Run]
+) -> None:
     """Several drifted files are all reported together, in file order."""
     (generated.maps / "decode.py").unlink()
-    (generated.maps / "eagle.py").write_text((generated.maps / "eagle.py").read_text() + "# x\n")
+    (generated.maps / "eagle.py").write_text(
+        (generated.maps / "eagle.py").read_text() + "# x\n"
+    )
     run = check(generated, relay_cli)
     assert run.code == 1
     assert [line for line in run.err.splitlines() if not line.startswith("    ")] == [
@@ -182,17 +225,21 @@ def test_every_drift_listed_in_one_run(generated: Project, relay_cli: Callable[.
     ]
 
 
-def test_invalid_schema_under_check_exits_3(generated: Project, relay_cli: Callable[..., Run]
-                                            ) -> None:
+def test_invalid_schema_under_check_exits_3(
+    generated: Project, relay_cli: Callable[..., Run]
+) -> None:
     """--check on an invalid schema reports the schema problem (exit 3), not a drift."""
     source = generated.schemas / "decode.py"
-    source.write_text(source.read_text().replace("dtype=torch.int64,", 'dtype="int64",', 1))
+    source.write_text(
+        source.read_text().replace("dtype=torch.int64,", 'dtype="int64",', 1)
+    )
     run = check(generated, relay_cli)
     assert run.code == 3
     assert run.err.startswith("schemas/decode.py:")
     assert ": error: DecodeFutureMap.output_tokens: dtype must be" in run.err
     assert run.err.endswith(
-        "relay: invalid schema: 1 problem in 1 schema module (nothing was written)\n")
+        "relay: invalid schema: 1 problem in 1 schema module (nothing was written)\n"
+    )
 
 
 def test_repository_maps_are_up_to_date(relay_cli: Callable[..., Run]) -> None:

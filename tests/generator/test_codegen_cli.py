@@ -47,13 +47,17 @@ def test_generate_help(relay_cli: Callable[..., Run]) -> None:
         "[tool.relay] in the nearest pyproject.toml",
         "only files whose content changed are written",
         "--out DIR output folder",
-        "--check write nothing; exit 1 and list each generated file that is stale, "
-        "hand-edited, missing or orphaned, with the fix",
+        (
+            "--check write nothing; exit 1 and list each generated file that is stale, "
+            "hand-edited, missing or orphaned, with the fix"
+        ),
         "--diff as --check, and print a unified diff",
         "--remove-orphans delete generated modules no schema produces",
         "--format {text,json}",
-        "exit status: 0 ok 1 drift found by --check or --diff 2 usage, configuration or write "
-        "error (one line on stderr) 3 invalid schema,",
+        (
+            "exit status: 0 ok 1 drift found by --check or --diff 2 usage, configuration or write "
+            "error (one line on stderr) 3 invalid schema,"
+        ),
     ):
         assert phrase in text
 
@@ -66,7 +70,9 @@ def test_no_command_prints_help_and_exits_2(bare_folder: Path) -> None:
     assert "generate" in run.out and "--help" in run.out
 
 
-def test_unknown_command_exits_2(relay_cli: Callable[..., Run], bare_folder: Path) -> None:
+def test_unknown_command_exits_2(
+    relay_cli: Callable[..., Run], bare_folder: Path
+) -> None:
     """A mistyped command is a usage error (exit 2) naming the valid commands."""
     run = relay_cli("generat", cwd=bare_folder)
     assert run.code == 2
@@ -74,7 +80,9 @@ def test_unknown_command_exits_2(relay_cli: Callable[..., Run], bare_folder: Pat
     assert "'generate'" in run.err
 
 
-def test_generate_without_pyproject(relay_cli: Callable[..., Run], bare_folder: Path) -> None:
+def test_generate_without_pyproject(
+    relay_cli: Callable[..., Run], bare_folder: Path
+) -> None:
     """With no pyproject.toml, `relay generate` says what to add or pass, and exits 2."""
     run = relay_cli("generate", cwd=bare_folder)
     assert run.code == 2
@@ -85,8 +93,9 @@ def test_generate_without_pyproject(relay_cli: Callable[..., Run], bare_folder: 
     )
 
 
-def test_generate_without_tool_relay_section(relay_cli: Callable[..., Run], bare_folder: Path
-                                             ) -> None:
+def test_generate_without_tool_relay_section(
+    relay_cli: Callable[..., Run], bare_folder: Path
+) -> None:
     """A pyproject.toml lacking [tool.relay] gets the section to paste, and exit 2."""
     (bare_folder / "pyproject.toml").write_text('[project]\nname = "engine"\n')
     run = relay_cli("generate", "--check", cwd=bare_folder)
@@ -98,13 +107,16 @@ def test_generate_without_tool_relay_section(relay_cli: Callable[..., Run], bare
     )
 
 
-def test_schema_without_out_and_without_config(relay_cli: Callable[..., Run],
-                                               bare_folder: Path) -> None:
+def test_schema_without_out_and_without_config(
+    relay_cli: Callable[..., Run], bare_folder: Path
+) -> None:
     """Naming a schema but no --out, outside any configured project, is a usage error (exit 2)."""
     (bare_folder / "decode.py").write_text((REPO / "schemas" / "decode.py").read_text())
     run = relay_cli("generate", "decode.py", cwd=bare_folder)
     assert run.code == 2
-    assert run.err.startswith(f"relay: error: no pyproject.toml at or above {bare_folder}; ")
+    assert run.err.startswith(
+        f"relay: error: no pyproject.toml at or above {bare_folder}; "
+    )
     assert "--out DIR" in run.err
     assert sorted(os.listdir(bare_folder)) == ["decode.py"]
 
@@ -122,7 +134,14 @@ print(json.dumps(sorted(name for name in ("jinja2", "relay.codegen", "markupsafe
 def test_runtime_and_generated_maps_do_not_import_jinja2() -> None:
     """Importing relay and a generated map in a fresh process loads neither jinja2 nor relay.codegen."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
-    proc = subprocess.run([sys.executable, "-c", IMPORT_PROBE], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", IMPORT_PROBE],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == []

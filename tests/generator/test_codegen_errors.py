@@ -49,10 +49,13 @@ GOOD = 'Field("tokens", lane=Lane.FORWARD, dtype=torch.int64, target="input_ids"
 
 def test_duplicate_field_name(project: Project) -> None:
     """A field declared twice is reported at the repeat, pointing at the first declaration."""
-    path = project.schema_module("bad", [
-        GOOD,
-        'Field("tokens", lane=Lane.SCHEDULE, dtype=torch.int64, target="seq_lens"),',
-    ])
+    path = project.schema_module(
+        "bad",
+        [
+            GOOD,
+            'Field("tokens", lane=Lane.SCHEDULE, dtype=torch.int64, target="seq_lens"),',
+        ],
+    )
     first = line_of(path, "input_ids")
     second = line_of(path, "seq_lens")
     assert one_issue(project) == (
@@ -64,7 +67,9 @@ def test_duplicate_field_name(project: Project) -> None:
 
 def test_field_name_not_an_identifier(project: Project) -> None:
     """A field name that is not a Python identifier is refused with an example of a good one."""
-    path = project.schema_module("bad", ['Field("2x", lane=Lane.FORWARD, dtype=torch.int64),'])
+    path = project.schema_module(
+        "bad", ['Field("2x", lane=Lane.FORWARD, dtype=torch.int64),']
+    )
     line = line_of(path, '"2x"')
     assert one_issue(project) == (
         f"{SRC}:{line}: error: BadFutureMap.2x: field name must be a Python identifier "
@@ -75,7 +80,9 @@ def test_field_name_not_an_identifier(project: Project) -> None:
 
 def test_field_name_is_a_keyword(project: Project) -> None:
     """A field named after a Python keyword is refused with a rename suggestion."""
-    path = project.schema_module("bad", ['Field("class", lane=Lane.FORWARD, dtype=torch.int64),'])
+    path = project.schema_module(
+        "bad", ['Field("class", lane=Lane.FORWARD, dtype=torch.int64),']
+    )
     line = line_of(path, '"class"')
     assert one_issue(project) == (
         f"{SRC}:{line}: error: BadFutureMap.class: field name 'class' is a Python keyword\n"
@@ -83,13 +90,28 @@ def test_field_name_is_a_keyword(project: Project) -> None:
     )
 
 
-@pytest.mark.parametrize("name", [
-    "stash", "publish", "invalidate", "release", "resolve_future", "resolve_seq_lens_cpu",
-    "device", "pool_size", "debug", "indices", "batch", "payload",
-])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "stash",
+        "publish",
+        "invalidate",
+        "release",
+        "resolve_future",
+        "resolve_seq_lens_cpu",
+        "device",
+        "pool_size",
+        "debug",
+        "indices",
+        "batch",
+        "payload",
+    ],
+)
 def test_field_name_clashes_with_generated_name(project: Project, name: str) -> None:
     """A field named like a generated method, attribute or local is refused, not miscompiled."""
-    path = project.schema_module("bad", [f'Field("{name}", lane=Lane.FORWARD, dtype=torch.int64),'])
+    path = project.schema_module(
+        "bad", [f'Field("{name}", lane=Lane.FORWARD, dtype=torch.int64),']
+    )
     line = line_of(path, f'"{name}"')
     assert one_issue(project) == (
         f"{SRC}:{line}: error: BadFutureMap.{name}: field name {name!r} clashes with a name the "
@@ -100,7 +122,9 @@ def test_field_name_clashes_with_generated_name(project: Project, name: str) -> 
 
 def test_unknown_lane(project: Project) -> None:
     """A lane given as a string is refused, naming both lanes and what they mean."""
-    path = project.schema_module("bad", ['Field("tokens", lane="forward", dtype=torch.int64),'])
+    path = project.schema_module(
+        "bad", ['Field("tokens", lane="forward", dtype=torch.int64),']
+    )
     line = line_of(path, '"tokens"')
     assert one_issue(project) == (
         f"{SRC}:{line}: error: BadFutureMap.tokens: lane must be Lane.FORWARD or Lane.SCHEDULE "
@@ -110,13 +134,18 @@ def test_unknown_lane(project: Project) -> None:
     )
 
 
-@pytest.mark.parametrize(("spelled", "got"), [
-    ('"fp8"', "'fp8' that is a str"),
-    ("float", "<class 'float'> that is a type"),
-])
+@pytest.mark.parametrize(
+    ("spelled", "got"),
+    [
+        ('"fp8"', "'fp8' that is a str"),
+        ("float", "<class 'float'> that is a type"),
+    ],
+)
 def test_dtype_not_a_torch_dtype(project: Project, spelled: str, got: str) -> None:
     """A dtype that is not a torch.dtype is refused, showing the value and its type."""
-    path = project.schema_module("bad", [f'Field("probs", lane=Lane.FORWARD, dtype={spelled}),'])
+    path = project.schema_module(
+        "bad", [f'Field("probs", lane=Lane.FORWARD, dtype={spelled}),']
+    )
     line = line_of(path, '"probs"')
     assert one_issue(project) == (
         f"{SRC}:{line}: error: BadFutureMap.probs: dtype must be a torch.dtype such as torch.int64, "
@@ -129,7 +158,9 @@ def test_dtype_not_a_torch_dtype(project: Project, spelled: str, got: str) -> No
 def test_non_positive_dim(project: Project, dim: int) -> None:
     """A zero or negative row dim is refused with the size rule and the symbolic alternative."""
     path = project.schema_module(
-        "bad", [f'Field("probs", lane=Lane.FORWARD, dtype=torch.float32, shape=({dim},)),'])
+        "bad",
+        [f'Field("probs", lane=Lane.FORWARD, dtype=torch.float32, shape=({dim},)),'],
+    )
     line = line_of(path, '"probs"')
     assert one_issue(project) == (
         f"{SRC}:{line}: error: BadFutureMap.probs: shape dims must be positive (got {dim})\n"
@@ -137,15 +168,22 @@ def test_non_positive_dim(project: Project, dim: int) -> None:
     )
 
 
-@pytest.mark.parametrize(("spelled", "got"), [
-    ("2.5", "2.5 that is a float"),
-    ("True", "True that is a bool"),
-    ("None", "None that is a NoneType"),
-])
+@pytest.mark.parametrize(
+    ("spelled", "got"),
+    [
+        ("2.5", "2.5 that is a float"),
+        ("True", "True that is a bool"),
+        ("None", "None that is a NoneType"),
+    ],
+)
 def test_non_integer_dim(project: Project, spelled: str, got: str) -> None:
     """A row dim that is neither an int nor a symbolic name is refused, bools included."""
     path = project.schema_module(
-        "bad", [f'Field("probs", lane=Lane.FORWARD, dtype=torch.float32, shape=({spelled},)),'])
+        "bad",
+        [
+            f'Field("probs", lane=Lane.FORWARD, dtype=torch.float32, shape=({spelled},)),'
+        ],
+    )
     line = line_of(path, '"probs"')
     assert one_issue(project) == (
         f"{SRC}:{line}: error: BadFutureMap.probs: shape dims must be positive ints or symbolic names "
@@ -157,7 +195,9 @@ def test_non_integer_dim(project: Project, spelled: str, got: str) -> None:
 def test_symbolic_dim_not_an_identifier(project: Project) -> None:
     """A symbolic dim must be usable as a constructor keyword."""
     path = project.schema_module(
-        "bad", ['Field("probs", lane=Lane.FORWARD, dtype=torch.float32, shape=("top k",)),'])
+        "bad",
+        ['Field("probs", lane=Lane.FORWARD, dtype=torch.float32, shape=("top k",)),'],
+    )
     line = line_of(path, '"probs"')
     assert one_issue(project) == (
         f"{SRC}:{line}: error: BadFutureMap.probs: symbolic dim must be an identifier that is not "
@@ -169,7 +209,8 @@ def test_symbolic_dim_not_an_identifier(project: Project) -> None:
 def test_from_payload_dtype_on_eager_field(project: Project) -> None:
     """FROM_PAYLOAD on an eagerly allocated field is refused: there is no payload yet."""
     path = project.schema_module(
-        "bad", ['Field("hidden", lane=Lane.FORWARD, dtype=FROM_PAYLOAD, shape=("h",)),'])
+        "bad", ['Field("hidden", lane=Lane.FORWARD, dtype=FROM_PAYLOAD, shape=("h",)),']
+    )
     line = line_of(path, '"hidden"')
     assert one_issue(project) == (
         f"{SRC}:{line}: error: BadFutureMap.hidden: dtype=FROM_PAYLOAD needs a lazily allocated "
@@ -180,7 +221,9 @@ def test_from_payload_dtype_on_eager_field(project: Project) -> None:
 
 def test_schedule_field_without_target(project: Project) -> None:
     """A schedule field must say which batch attribute it resolves into."""
-    path = project.schema_module("bad", ['Field("lens", lane=Lane.SCHEDULE, dtype=torch.int64),'])
+    path = project.schema_module(
+        "bad", ['Field("lens", lane=Lane.SCHEDULE, dtype=torch.int64),']
+    )
     line = line_of(path, '"lens"')
     assert one_issue(project) == (
         f"{SRC}:{line}: error: BadFutureMap.lens: a schedule field needs a target on the batch to "
@@ -192,10 +235,15 @@ def test_schedule_field_without_target(project: Project) -> None:
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "bool"])
 def test_placeholder_on_non_integer_dtype(project: Project, dtype: str) -> None:
     """Placeholder resolution needs an integer dtype, since placeholders are negative slots."""
-    path = project.schema_module("bad", [
-        f'Field("tok", lane=Lane.FORWARD, dtype=torch.{dtype}, target="input_ids", '
-        "resolve=Resolve.PLACEHOLDER),",
-    ])
+    path = project.schema_module(
+        "bad",
+        [
+            (
+                f'Field("tok", lane=Lane.FORWARD, dtype=torch.{dtype}, target="input_ids", '
+                "resolve=Resolve.PLACEHOLDER),"
+            ),
+        ],
+    )
     line = line_of(path, '"tok"')
     assert one_issue(project) == (
         f"{SRC}:{line}: error: BadFutureMap.tok: resolve=Resolve.PLACEHOLDER needs an integer dtype, "
@@ -204,12 +252,18 @@ def test_placeholder_on_non_integer_dtype(project: Project, dtype: str) -> None:
     )
 
 
-@pytest.mark.parametrize("target", ["spec_info..topk_p", "spec_info.0x", "seq lens", ".seq_lens",
-                                    "spec_info.class"])
+@pytest.mark.parametrize(
+    "target",
+    ["spec_info..topk_p", "spec_info.0x", "seq lens", ".seq_lens", "spec_info.class"],
+)
 def test_malformed_target_path(project: Project, target: str) -> None:
     """A target that is not identifiers joined by dots is refused with an example path."""
     path = project.schema_module(
-        "bad", [f'Field("topk_p", lane=Lane.FORWARD, dtype=torch.float32, target={target!r}),'])
+        "bad",
+        [
+            f'Field("topk_p", lane=Lane.FORWARD, dtype=torch.float32, target={target!r}),'
+        ],
+    )
     line = line_of(path, '"topk_p"')
     assert one_issue(project) == (
         f"{SRC}:{line}: error: BadFutureMap.topk_p: target must be a dotted attribute path such as "
@@ -220,10 +274,13 @@ def test_malformed_target_path(project: Project, target: str) -> None:
 
 def test_two_fields_resolve_into_one_target(project: Project) -> None:
     """Two fields writing the same batch attribute are refused at the second one."""
-    path = project.schema_module("bad", [
-        GOOD,
-        'Field("draft", lane=Lane.FORWARD, dtype=torch.int64, target="input_ids"),',
-    ])
+    path = project.schema_module(
+        "bad",
+        [
+            GOOD,
+            'Field("draft", lane=Lane.FORWARD, dtype=torch.int64, target="input_ids"),',
+        ],
+    )
     first = line_of(path, '"tokens"')
     second = line_of(path, '"draft"')
     assert one_issue(project) == (
@@ -265,17 +322,22 @@ def test_multi_line_declaration_reported_at_its_first_line(project: Project) -> 
     """An error in a multi-line Field(...) points at the line that opens the declaration."""
     path = project.write_schema("bad", SCHEMA_TEXT_MULTILINE)
     line = line_of(path, "Field(")
-    assert one_issue(project).startswith(f"{SRC}:{line}: error: BadFutureMap.probs: dtype must be")
+    assert one_issue(project).startswith(
+        f"{SRC}:{line}: error: BadFutureMap.probs: dtype must be"
+    )
 
 
 def test_schema_module_that_fails_to_import(project: Project) -> None:
     """A module raising on import shows its own error briefly, at the failing line, and the fix."""
-    path = project.write_schema("boom", """\
+    path = project.write_schema(
+        "boom",
+        """\
         import torch
 
         TABLE = {"topk": 8}
         TOPK = TABLE["top_k"]
-    """)
+    """,
+    )
     line = line_of(path, "TOPK =")
     assert import_error(project, "boom") == (
         f"schemas/boom.py:{line}: error: the schema module failed to import: KeyError: 'top_k'\n"
@@ -285,11 +347,14 @@ def test_schema_module_that_fails_to_import(project: Project) -> None:
 
 def test_schema_module_with_syntax_error(project: Project) -> None:
     """A syntax error is reported at its line, with Python's own description."""
-    project.write_schema("syntax", """\
+    project.write_schema(
+        "syntax",
+        """\
         import torch
 
         SCHEMA = (
-    """)
+    """,
+    )
     assert import_error(project, "syntax") == (
         "schemas/syntax.py:3: error: the schema module failed to import: SyntaxError: '(' was "
         "never closed\n"
@@ -299,11 +364,14 @@ def test_schema_module_with_syntax_error(project: Project) -> None:
 
 def test_schema_module_without_schema(project: Project) -> None:
     """A module that defines no SCHEMA says so and how to declare it."""
-    project.write_schema("noschema", """\
+    project.write_schema(
+        "noschema",
+        """\
         import torch
 
         DECODE = None
-    """)
+    """,
+    )
     assert import_error(project, "noschema") == (
         "schemas/noschema.py:1: error: a schema module must define SCHEMA = Schema(...) (got nothing)\n"
         "    fix: assign the schema declaration to a module-level name SCHEMA"
@@ -334,8 +402,9 @@ THREE_MISTAKES = [
 ]
 
 
-def test_cli_lists_every_error_and_exits_3(project: Project, relay_cli: Callable[..., Run]
-                                           ) -> None:
+def test_cli_lists_every_error_and_exits_3(
+    project: Project, relay_cli: Callable[..., Run]
+) -> None:
     """`relay generate` on a schema with three mistakes lists all three, writes nothing, exits 3."""
     path = project.schema_module("bad", THREE_MISTAKES)
     lines = [line_of(path, needle) for needle in ('"tokens"', '"probs"', '"rows"')]
@@ -356,22 +425,28 @@ def test_cli_lists_every_error_and_exits_3(project: Project, relay_cli: Callable
     assert not project.maps.exists()
 
 
-def test_cli_lists_errors_of_every_schema(project: Project, relay_cli: Callable[..., Run]
-                                          ) -> None:
+def test_cli_lists_errors_of_every_schema(
+    project: Project, relay_cli: Callable[..., Run]
+) -> None:
     """Mistakes in several schema modules are all listed in one configured run."""
     project.schema_module("bad", THREE_MISTAKES[:2])
     project.schema_module("worse", [THREE_MISTAKES[2]], name="WorseFutureMap")
     run = relay_cli("generate", cwd=project.root)
     assert run.code == 3
-    assert run.err.endswith("relay: invalid schema: 3 problems in 2 schema modules "
-                            "(nothing was written)\n")
+    assert run.err.endswith(
+        "relay: invalid schema: 3 problems in 2 schema modules (nothing was written)\n"
+    )
     assert [line.split(": ")[2] for line in run.err.splitlines()[:-1:2]] == [
-        "BadFutureMap.tokens", "BadFutureMap.probs", "WorseFutureMap.rows"]
+        "BadFutureMap.tokens",
+        "BadFutureMap.probs",
+        "WorseFutureMap.rows",
+    ]
     assert not project.maps.exists()
 
 
 def test_cli_lists_import_and_validation_errors_together(
-        project: Project, relay_cli: Callable[..., Run]) -> None:
+    project: Project, relay_cli: Callable[..., Run]
+) -> None:
     """One run shows both a module that fails to import and another module's invalid field."""
     project.write_schema("boom", 'raise RuntimeError("schema table missing")\n')
     project.schema_module("bad", [THREE_MISTAKES[1]])
@@ -413,29 +488,40 @@ def _refused_or_well_formed(project: Project, field_name: str) -> None:
 
 def test_schedule_resolve_named_like_resolve_future(project: Project) -> None:
     """A schedule target named `future` cannot make the map define resolve_future twice."""
-    project.schema_module("bad", [
-        GOOD,
-        'Field("ready", lane=Lane.SCHEDULE, dtype=torch.int64, target="future"),',
-    ])
+    project.schema_module(
+        "bad",
+        [
+            GOOD,
+            'Field("ready", lane=Lane.SCHEDULE, dtype=torch.int64, target="future"),',
+        ],
+    )
     _refused_or_well_formed(project, "ready")
 
 
 @pytest.mark.parametrize("owner", ["batch", "payload", "future_map"])
 def test_nested_target_protocol_name_clash(project: Project, owner: str) -> None:
     """A nested target's Protocol never takes the name of another generated class."""
-    project.schema_module("bad", [
-        GOOD,
-        f'Field("extra", lane=Lane.FORWARD, dtype=torch.int64, target="{owner}.extra"),',
-    ])
+    project.schema_module(
+        "bad",
+        [
+            GOOD,
+            f'Field("extra", lane=Lane.FORWARD, dtype=torch.int64, target="{owner}.extra"),',
+        ],
+    )
     _refused_or_well_formed(project, "extra")
 
 
 def test_field_named_like_a_builtin_the_map_calls(project: Project) -> None:
     """A schedule field named `int` with a host sum is refused, or its resolve works."""
-    project.schema_module("bad", [
-        'Field("int", lane=Lane.SCHEDULE, dtype=torch.int64, target="seq_lens", '
-        'host_sum="seq_lens_sum"),',
-    ])
+    project.schema_module(
+        "bad",
+        [
+            (
+                'Field("int", lane=Lane.SCHEDULE, dtype=torch.int64, target="seq_lens", '
+                'host_sum="seq_lens_sum"),'
+            ),
+        ],
+    )
     job = explicit_job([project.schemas / "bad.py"], project.maps)
     try:
         planned = plan(job)
@@ -464,13 +550,24 @@ def test_loading_schemas_leaves_no_module_behind(project: Project) -> None:
 QFLAG, QCONF, QODD, QTOK = '"flag"', '"conf"', '"odd"', '"tok"'
 
 
-@pytest.mark.parametrize(("dtype", "guard"), [
-    ("bool", "POSITIVE"), ("bool", "NON_NEGATIVE"), ("complex64", "POSITIVE"),
-])
-def test_guard_on_a_dtype_it_cannot_check(project: Project, dtype: str, guard: str) -> None:
+@pytest.mark.parametrize(
+    ("dtype", "guard"),
+    [
+        ("bool", "POSITIVE"),
+        ("bool", "NON_NEGATIVE"),
+        ("complex64", "POSITIVE"),
+    ],
+)
+def test_guard_on_a_dtype_it_cannot_check(
+    project: Project, dtype: str, guard: str
+) -> None:
     """A value guard on bool or complex values is refused: comparing them with 0 means nothing."""
-    path = project.schema_module("bad", [
-        f'Field("flag", lane=Lane.FORWARD, dtype=torch.{dtype}, guard=Guard.{guard}),'])
+    path = project.schema_module(
+        "bad",
+        [
+            f'Field("flag", lane=Lane.FORWARD, dtype=torch.{dtype}, guard=Guard.{guard}),'
+        ],
+    )
     assert one_issue(project) == (
         f"{SRC}:{line_of(path, QFLAG)}: error: BadFutureMap.flag: guard=Guard.{guard} "
         f"compares values with 0, which torch.{dtype} values cannot be checked by (got "
@@ -479,14 +576,24 @@ def test_guard_on_a_dtype_it_cannot_check(project: Project, dtype: str, guard: s
     )
 
 
-@pytest.mark.parametrize(("spelled", "got"), [
-    ("torch.float32", "torch.float32"), ("FROM_PAYLOAD, alloc=Alloc.LAZY", "FROM_PAYLOAD"),
-])
+@pytest.mark.parametrize(
+    ("spelled", "got"),
+    [
+        ("torch.float32", "torch.float32"),
+        ("FROM_PAYLOAD, alloc=Alloc.LAZY", "FROM_PAYLOAD"),
+    ],
+)
 def test_host_sum_on_a_float_field(project: Project, spelled: str, got: str) -> None:
     """host_sum on a float (or not yet known) dtype is refused: the int sum would truncate it."""
-    path = project.schema_module("bad", [
-        f'Field("conf", lane=Lane.SCHEDULE, dtype={spelled}, target="conf", '
-        'host_sum="conf_sum"),'])
+    path = project.schema_module(
+        "bad",
+        [
+            (
+                f'Field("conf", lane=Lane.SCHEDULE, dtype={spelled}, target="conf", '
+                'host_sum="conf_sum"),'
+            )
+        ],
+    )
     assert one_issue(project) == (
         f"{SRC}:{line_of(path, QCONF)}: error: BadFutureMap.conf: host_sum hands the "
         "batch an int, so it needs a fixed integer dtype; a float sum would be truncated (got "
@@ -504,7 +611,9 @@ def _dtypes_torch_cannot_index() -> list[str]:
             continue
         try:
             with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # quantized dtypes warn that they are deprecated
+                warnings.simplefilter(
+                    "ignore"
+                )  # quantized dtypes warn that they are deprecated
                 buf = torch.zeros((2,), dtype=dtype)
                 buf[torch.tensor([1])] = torch.tensor([1]).to(dtype)
         except Exception:
@@ -517,21 +626,30 @@ def test_dtype_torch_cannot_hold(project: Project, dtype: str) -> None:
     """A dtype torch cannot allocate or index is refused at generation, not at construction."""
     if dtype == "<none>":
         pytest.skip("this torch build indexes every candidate dtype")
-    path = project.schema_module("bad", [
-        f'Field("odd", lane=Lane.FORWARD, dtype=torch.{dtype}, target="odd"),'])
+    path = project.schema_module(
+        "bad", [f'Field("odd", lane=Lane.FORWARD, dtype=torch.{dtype}, target="odd"),']
+    )
     issue = one_issue(project)
     assert issue.startswith(
         f"{SRC}:{line_of(path, QODD)}: error: BadFutureMap.odd: dtype torch.{dtype} cannot "
-        "hold a relay buffer: torch cannot allocate it or index its rows (")
+        "hold a relay buffer: torch cannot allocate it or index its rows ("
+    )
     assert issue.endswith(
-        "    fix: use a dtype torch indexes, such as torch.int64, torch.float32, torch.bfloat16")
+        "    fix: use a dtype torch indexes, such as torch.int64, torch.float32, torch.bfloat16"
+    )
 
 
 def test_placeholder_on_an_unsigned_dtype(project: Project) -> None:
     """Placeholders are negative slots: an unsigned dtype cannot hold them."""
-    path = project.schema_module("bad", [
-        'Field("tok", lane=Lane.FORWARD, dtype=torch.uint8, target="input_ids", '
-        "resolve=Resolve.PLACEHOLDER),"])
+    path = project.schema_module(
+        "bad",
+        [
+            (
+                'Field("tok", lane=Lane.FORWARD, dtype=torch.uint8, target="input_ids", '
+                "resolve=Resolve.PLACEHOLDER),"
+            )
+        ],
+    )
     assert one_issue(project) == (
         f"{SRC}:{line_of(path, QTOK)}: error: BadFutureMap.tok: resolve=Resolve.PLACEHOLDER "
         "needs a signed integer dtype, since placeholders are negative slots (got torch.uint8)\n"
@@ -543,9 +661,15 @@ def test_placeholder_on_an_unsigned_dtype(project: Project) -> None:
 def test_optional_placeholder(project: Project, alloc: str) -> None:
     """An optional placeholder field would hand `-slot` (lazy) or a stale value (eager) to the
     forward on a step without it: refused."""
-    path = project.schema_module("bad", [
-        'Field("tok", lane=Lane.FORWARD, dtype=torch.int64, target="input_ids", '
-        f"resolve=Resolve.PLACEHOLDER, alloc=Alloc.{alloc}, optional=True),"])
+    path = project.schema_module(
+        "bad",
+        [
+            (
+                'Field("tok", lane=Lane.FORWARD, dtype=torch.int64, target="input_ids", '
+                f"resolve=Resolve.PLACEHOLDER, alloc=Alloc.{alloc}, optional=True),"
+            )
+        ],
+    )
     assert one_issue(project) == (
         f"{SRC}:{line_of(path, QTOK)}: error: BadFutureMap.tok: resolve=Resolve.PLACEHOLDER "
         "needs the value on every step: a step whose payload omits an optional field would "
@@ -561,17 +685,26 @@ def test_malformed_shape_names_its_field() -> None:
     from relay.schema import Field, Lane, Schema
 
     field = Field("probs", lane=Lane.FORWARD, dtype=torch.float32)
-    object.__setattr__(field, "shape", {"topk"})  # what a converter that keeps bad values gives
+    object.__setattr__(
+        field, "shape", {"topk"}
+    )  # what a converter that keeps bad values gives
     (issue,) = validate(Schema("BadFutureMap", [field]), lambda file: "schemas/bad.py")
     assert (issue.field, issue.problem) == (
-        "probs", "shape must be a tuple of dims such as (\"topk\",) or (8,) (got {'topk'} that "
-        "is a set)")
+        "probs",
+        (
+            "shape must be a tuple of dims such as (\"topk\",) or (8,) (got {'topk'} that "
+            "is a set)"
+        ),
+    )
 
 
 def test_two_nested_targets_cannot_make_one_protocol_name(project: Project) -> None:
     """`spec_info.a` and `spec__info.b` would both need a Protocol SpecInfo: refused, or distinct."""
-    project.schema_module("bad", [
-        'Field("a", lane=Lane.FORWARD, dtype=torch.int64, target="spec_info.a"),',
-        'Field("b", lane=Lane.FORWARD, dtype=torch.int64, target="spec__info.b"),',
-    ])
+    project.schema_module(
+        "bad",
+        [
+            'Field("a", lane=Lane.FORWARD, dtype=torch.int64, target="spec_info.a"),',
+            'Field("b", lane=Lane.FORWARD, dtype=torch.int64, target="spec__info.b"),',
+        ],
+    )
     _refused_or_well_formed(project, "b")

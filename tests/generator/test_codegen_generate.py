@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import ast
-import importlib.util
 import hashlib
+import importlib.util
 import os
 import re
 import sys
@@ -17,23 +17,29 @@ import torch
 from codegen_support import REPO, Project, Run, run_relay_process
 
 from relay.codegen import configured_job, explicit_job, plan, run_job
-from relay.codegen.loader import load_schema
 from relay.codegen.files import WriteError, schema_hash
+from relay.codegen.loader import load_schema
 
-BUNDLED = sorted(p.stem for p in (REPO / "schemas").glob("*.py") if p.name != "__init__.py")
+BUNDLED = sorted(
+    p.stem for p in (REPO / "schemas").glob("*.py") if p.name != "__init__.py"
+)
 PAIR = ("decode", "eagle")
-COMMAND = "relay generate schemas/{stem}.py --out out"  # each header names its own schema
+COMMAND = (
+    "relay generate schemas/{stem}.py --out out"  # each header names its own schema
+)
 
 
 def _generate_pair(project: Project, relay_cli: Callable[..., Run]) -> Run:
     project.copy_bundled(*PAIR)
-    return relay_cli("generate", *(f"schemas/{s}.py" for s in PAIR), "--out", "out",
-                     cwd=project.root)
+    return relay_cli(
+        "generate", *(f"schemas/{s}.py" for s in PAIR), "--out", "out", cwd=project.root
+    )
 
 
 def _generate_pair_again(project: Project, relay_cli: Callable[..., Run]) -> Run:
-    run = relay_cli("generate", *(f"schemas/{s}.py" for s in PAIR), "--out", "out",
-                    cwd=project.root)
+    run = relay_cli(
+        "generate", *(f"schemas/{s}.py" for s in PAIR), "--out", "out", cwd=project.root
+    )
     assert run.code == 0, run.err
     return run
 
@@ -71,13 +77,16 @@ def test_generated_module_runs(project: Project, relay_cli: Callable[..., Run]) 
     relay_map = decode.DecodeFutureMap("cpu", 8)
     indices = torch.tensor([3, 5])
     batch = types.SimpleNamespace(req_pool_indices=indices)
-    relay_map.stash(indices, decode.DecodePayload(next_token_ids=torch.tensor([11, 42])))
+    relay_map.stash(
+        indices, decode.DecodePayload(next_token_ids=torch.tensor([11, 42]))
+    )
     relay_map.resolve_future(batch)
     assert batch.input_ids.tolist() == [11, 42]
 
 
-def test_header_names_source_command_and_schema_hash(project: Project,
-                                                     relay_cli: Callable[..., Run]) -> None:
+def test_header_names_source_command_and_schema_hash(
+    project: Project, relay_cli: Callable[..., Run]
+) -> None:
     """Each file opens with @generated, its schema, its regenerate command, and both hashes."""
     assert _generate_pair(project, relay_cli).code == 0
     for stem in PAIR:
@@ -92,7 +101,10 @@ def test_header_names_source_command_and_schema_hash(project: Project,
             f"# schema-hash: {expected_hash}",
         ]
         body = text.split("\n", 4)[4]
-        assert head[3] == "# body-hash: sha256:" + hashlib.sha256(body.encode()).hexdigest()
+        assert (
+            head[3]
+            == "# body-hash: sha256:" + hashlib.sha256(body.encode()).hexdigest()
+        )
 
 
 def _hygiene_problems(name: str, data: bytes) -> list[str]:
@@ -121,13 +133,15 @@ def test_text_hygiene_of_every_bundled_map() -> None:
     assert problems == []
 
 
-def test_same_bytes_from_any_folder_and_hash_seed(project: Project, tmp_path: Path,
-                                                  relay_cli: Callable[..., Run]) -> None:
+def test_same_bytes_from_any_folder_and_hash_seed(
+    project: Project, tmp_path: Path, relay_cli: Callable[..., Run]
+) -> None:
     """Output bytes do not depend on the working folder, path spelling or PYTHONHASHSEED."""
     project.copy_bundled(*BUNDLED)
     relative = [f"schemas/{s}.py" for s in BUNDLED]
-    first = run_relay_process("generate", *relative, "--out", "maps", cwd=project.root,
-                              hash_seed="0")
+    first = run_relay_process(
+        "generate", *relative, "--out", "maps", cwd=project.root, hash_seed="0"
+    )
     assert first.code == 0, first.err
     expected = _snapshot(project.maps)
     assert sorted(expected) == [f"{s}.py" for s in BUNDLED]
@@ -137,19 +151,32 @@ def test_same_bytes_from_any_folder_and_hash_seed(project: Project, tmp_path: Pa
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     absolute = [str(project.schemas / f"{s}.py") for s in BUNDLED]
-    second = run_relay_process("generate", *absolute, "--out", str(project.maps), cwd=elsewhere,
-                               hash_seed="123456")
+    second = run_relay_process(
+        "generate",
+        *absolute,
+        "--out",
+        str(project.maps),
+        cwd=elsewhere,
+        hash_seed="123456",
+    )
     assert second.code == 0, second.err
     assert _snapshot(project.maps) == expected
 
     # And this process, with its own random hash seed, from the schemas folder: no change.
-    third = relay_cli("generate", *(f"{s}.py" for s in BUNDLED), "--out", "../maps",
-                      cwd=project.schemas)
+    third = relay_cli(
+        "generate",
+        *(f"{s}.py" for s in BUNDLED),
+        "--out",
+        "../maps",
+        cwd=project.schemas,
+    )
     assert third.code == 0, third.err
     assert f"relay: 0 written, {len(BUNDLED)} unchanged" in third.out
 
 
-def test_second_run_writes_nothing(project: Project, relay_cli: Callable[..., Run]) -> None:
+def test_second_run_writes_nothing(
+    project: Project, relay_cli: Callable[..., Run]
+) -> None:
     """Re-running with unchanged schemas leaves every file untouched (same inode and mtime)."""
     assert _generate_pair(project, relay_cli).code == 0
     out = project.root / "out"
@@ -158,11 +185,14 @@ def test_second_run_writes_nothing(project: Project, relay_cli: Callable[..., Ru
     assert run.code == 0
     assert "wrote" not in run.out
     assert re.search(r"^relay: 0 written, 2 unchanged \(", run.out, re.MULTILINE)
-    assert {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in out.iterdir()} == before
+    assert {
+        p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in out.iterdir()
+    } == before
 
 
-def test_only_the_changed_schema_is_rewritten(project: Project, relay_cli: Callable[..., Run]
-                                              ) -> None:
+def test_only_the_changed_schema_is_rewritten(
+    project: Project, relay_cli: Callable[..., Run]
+) -> None:
     """Changing one schema rewrites its module only; the other file keeps its inode and mtime."""
     assert _generate_pair(project, relay_cli).code == 0
     out = project.root / "out"
@@ -170,38 +200,48 @@ def test_only_the_changed_schema_is_rewritten(project: Project, relay_cli: Calla
     decode_before = (out / "decode.py").read_bytes()
     source = project.schemas / "decode.py"
     source.write_text(source.read_text().replace("Guard.NON_NEGATIVE", "Guard.NONE"))
-    run = relay_cli("generate", *(f"schemas/{s}.py" for s in PAIR), "--out", "out",
-                    cwd=project.root)
+    run = relay_cli(
+        "generate", *(f"schemas/{s}.py" for s in PAIR), "--out", "out", cwd=project.root
+    )
     assert run.code == 0, run.err
     assert re.search(r"^relay: 1 written, 1 unchanged \(", run.out, re.MULTILINE)
     assert (out / "decode.py").read_bytes() != decode_before
     eagle_after = (out / "eagle.py").stat()
     assert (eagle_after.st_ino, eagle_after.st_mtime_ns) == (
-        eagle_before.st_ino, eagle_before.st_mtime_ns)
+        eagle_before.st_ino,
+        eagle_before.st_mtime_ns,
+    )
 
 
-def test_reformatting_a_schema_changes_no_output(project: Project,
-                                                 relay_cli: Callable[..., Run]) -> None:
+def test_reformatting_a_schema_changes_no_output(
+    project: Project, relay_cli: Callable[..., Run]
+) -> None:
     """Comments, blank lines and moved declarations in a schema do not churn generated files."""
     assert _generate_pair(project, relay_cli).code == 0
     source = project.schemas / "eagle.py"
-    source.write_text("# A comment that moves every declaration down.\n\n\n" + source.read_text())
+    source.write_text(
+        "# A comment that moves every declaration down.\n\n\n" + source.read_text()
+    )
     run = _generate_pair_again(project, relay_cli)
     assert re.search(r"^relay: 0 written, 2 unchanged \(", run.out, re.MULTILINE)
 
 
-def test_no_temp_files_left_behind(project: Project, relay_cli: Callable[..., Run]) -> None:
+def test_no_temp_files_left_behind(
+    project: Project, relay_cli: Callable[..., Run]
+) -> None:
     """After generating and regenerating, the output folder holds only the modules."""
     assert _generate_pair(project, relay_cli).code == 0
     source = project.schemas / "eagle.py"
-    source.write_text(source.read_text().replace("Guard.POSITIVE", "Guard.NON_NEGATIVE"))
+    source.write_text(
+        source.read_text().replace("Guard.POSITIVE", "Guard.NON_NEGATIVE")
+    )
     _generate_pair_again(project, relay_cli)
     assert sorted(os.listdir(project.root / "out")) == ["decode.py", "eagle.py"]
 
 
-def test_interrupted_write_keeps_old_file_and_no_temp(project: Project,
-                                                      relay_cli: Callable[..., Run],
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_interrupted_write_keeps_old_file_and_no_temp(
+    project: Project, relay_cli: Callable[..., Run], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """If the final rename fails, the previous module is intact and no temp file remains."""
     assert _generate_pair(project, relay_cli).code == 0
     out = project.root / "out"
@@ -226,8 +266,9 @@ def _umask() -> int:
     return mask
 
 
-def test_generated_files_get_ordinary_permissions(project: Project,
-                                                  relay_cli: Callable[..., Run]) -> None:
+def test_generated_files_get_ordinary_permissions(
+    project: Project, relay_cli: Callable[..., Run]
+) -> None:
     """Generated modules are created with the umask's mode (0644 usually), like any other file."""
     assert _generate_pair(project, relay_cli).code == 0
     modes = {p.name: p.stat().st_mode & 0o777 for p in (project.root / "out").iterdir()}
@@ -238,34 +279,56 @@ def test_generated_files_get_ordinary_permissions(project: Project,
 def _render_one(project: Project, fields: list[str], doc: str = "A test relay.") -> str:
     project.schema_module("docs", fields, name="DocsFutureMap")
     path = project.schemas / "docs.py"
-    path.write_text(path.read_text().replace("    fields=[", f"    doc={doc!r},\n    fields=[", 1))
+    path.write_text(
+        path.read_text().replace("    fields=[", f"    doc={doc!r},\n    fields=[", 1)
+    )
     (planned,) = plan(explicit_job([path], project.maps))
     return planned.content
 
 
-def test_doc_with_backslash_and_triple_quotes_is_kept_verbatim(project: Project) -> None:
+def test_doc_with_backslash_and_triple_quotes_is_kept_verbatim(
+    project: Project,
+) -> None:
     """Backslashes and triple quotes in a doc string survive into the generated doc string."""
     doc = 'Splits on "\\n"; never """quoted""" twice.'
-    content = _render_one(project, [
-        f'Field("tok", lane=Lane.FORWARD, dtype=torch.int64, target="x", doc={doc!r}),'])
+    content = _render_one(
+        project,
+        [
+            f'Field("tok", lane=Lane.FORWARD, dtype=torch.int64, target="x", doc={doc!r}),'
+        ],
+    )
     tree = ast.parse(content)
-    payload = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "DocsPayload")
-    docs = [n.value.value for n in payload.body
-            if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)]
+    payload = next(
+        n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "DocsPayload"
+    )
+    docs = [
+        n.value.value
+        for n in payload.body
+        if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)
+    ]
     assert doc in docs
 
 
 def test_doc_ending_in_a_quote_generates_valid_python(project: Project) -> None:
     """A doc string that ends with a double quote still yields a module that parses."""
     doc = 'The token the sampler calls "bonus"'
-    content = _render_one(project, [
-        f'Field("tok", lane=Lane.FORWARD, dtype=torch.int64, target="x", doc={doc!r}),'], doc=doc)
+    content = _render_one(
+        project,
+        [
+            f'Field("tok", lane=Lane.FORWARD, dtype=torch.int64, target="x", doc={doc!r}),'
+        ],
+        doc=doc,
+    )
     ast.parse(content)
 
 
 def test_doc_trailing_spaces_do_not_reach_generated_code(project: Project) -> None:
     """Trailing spaces in a schema's doc strings do not become trailing whitespace in the module."""
-    content = _render_one(project, [
-        'Field("tok", lane=Lane.FORWARD, dtype=torch.int64, target="x", doc="Token.  \\nMore. "),'],
-        doc="Relay.   \n\n    Details   \n")
+    content = _render_one(
+        project,
+        [
+            'Field("tok", lane=Lane.FORWARD, dtype=torch.int64, target="x", doc="Token.  \\nMore. "),'
+        ],
+        doc="Relay.   \n\n    Details   \n",
+    )
     assert _hygiene_problems("docs.py", content.encode("utf-8")) == []

@@ -46,8 +46,9 @@ def fresh() -> dict[str, Planned]:
 
 
 @pytest.mark.parametrize("stem", STEMS)
-def test_generated_module_matches_golden(stem: str, fresh: dict[str, Planned],
-                                         update_golden: bool) -> None:
+def test_generated_module_matches_golden(
+    stem: str, fresh: dict[str, Planned], update_golden: bool
+) -> None:
     """Each corpus schema's generated module equals its reviewed golden copy, byte for byte."""
     compare_golden(expected_path(stem), fresh[stem].content, update_golden)
 
@@ -60,7 +61,9 @@ def test_golden_module_compiles(stem: str, fresh: dict[str, Planned]) -> None:
 
 def test_no_golden_file_without_schema(update_golden: bool) -> None:
     """Every golden module belongs to a corpus schema (removed ones are deleted on update)."""
-    extra = sorted(p for p in EXPECTED.glob("*.py.txt") if p.name[: -len(".py.txt")] not in STEMS)
+    extra = sorted(
+        p for p in EXPECTED.glob("*.py.txt") if p.name[: -len(".py.txt")] not in STEMS
+    )
     if update_golden:
         for path in extra:
             path.unlink()
@@ -77,9 +80,20 @@ def test_corpus_passes_mypy_strict(fresh: dict[str, Planned], tmp_path: Path) ->
     for stem, item in fresh.items():
         (folder / f"{stem}.py").write_text(item.content, encoding="utf-8")
     done = subprocess.run(
-        [sys.executable, "-m", "mypy", "--strict", "--no-error-summary",
-         *sorted(str(p) for p in folder.iterdir())],
-        cwd=REPO, capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--strict",
+            "--no-error-summary",
+            *sorted(str(p) for p in folder.iterdir()),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert (done.returncode, done.stdout) == (0, ""), done.stdout + done.stderr
 
 
@@ -106,13 +120,20 @@ class Branches:
 
 def _mark(number: int) -> nodes.Output:
     """A template node that records ``number`` and writes nothing."""
-    return nodes.Output([nodes.Call(nodes.Name("_branch", "load"), [nodes.Const(number)],
-                                    [], None, None)])
+    return nodes.Output(
+        [
+            nodes.Call(
+                nodes.Name("_branch", "load"), [nodes.Const(number)], [], None, None
+            )
+        ]
+    )
 
 
 def _marked(number: int, expr: nodes.Expr) -> nodes.Call:
     """``expr``, recording ``number`` when it is evaluated."""
-    return nodes.Call(nodes.Name("_branch", "load"), [nodes.Const(number), expr], [], None, None)
+    return nodes.Call(
+        nodes.Name("_branch", "load"), [nodes.Const(number), expr], [], None, None
+    )
 
 
 def instrument(tree: nodes.Template, template: str, branches: Branches) -> None:
@@ -124,21 +145,31 @@ def instrument(tree: nodes.Template, template: str, branches: Branches) -> None:
             continue  # an elif's arms belong to the if it continues
         node.body.insert(0, _mark(branches.new(template, node, "{% if %} true")))
         for number, elif_ in enumerate(node.elif_, 1):
-            elif_.body.insert(0, _mark(branches.new(template, elif_, f"{{% elif %}} #{number}")))
-        node.else_.insert(0, _mark(branches.new(template, node, "{% if %} false (else)")))
+            elif_.body.insert(
+                0, _mark(branches.new(template, elif_, f"{{% elif %}} #{number}"))
+            )
+        node.else_.insert(
+            0, _mark(branches.new(template, node, "{% if %} false (else)"))
+        )
     for loop in list(tree.find_all(nodes.For)):
         loop.body.insert(0, _mark(branches.new(template, loop, "{% for %} body")))
     for cond in list(tree.find_all(nodes.CondExpr)):
-        cond.expr1 = _marked(branches.new(template, cond, "inline if: true"), cond.expr1)
+        cond.expr1 = _marked(
+            branches.new(template, cond, "inline if: true"), cond.expr1
+        )
         otherwise = cond.expr2 if cond.expr2 is not None else nodes.Const("")
-        cond.expr2 = _marked(branches.new(template, cond, "inline if: false"), otherwise)
+        cond.expr2 = _marked(
+            branches.new(template, cond, "inline if: false"), otherwise
+        )
 
 
 def instrumented_environment(branches: Branches) -> jinja2.Environment:
     """The generator's environment, with every template it loads instrumented."""
 
     class Instrumented(jinja2.Environment):
-        def _parse(self, source: str, name: str | None, filename: str | None) -> nodes.Template:
+        def _parse(
+            self, source: str, name: str | None, filename: str | None
+        ) -> nodes.Template:
             tree = super()._parse(source, name, filename)
             instrument(tree, name or "<string>", branches)
             return tree
@@ -148,8 +179,9 @@ def instrumented_environment(branches: Branches) -> jinja2.Environment:
     return env
 
 
-def _render_all(env: jinja2.Environment, render: Callable[..., str] = render_body
-                ) -> dict[str, str]:
+def _render_all(
+    env: jinja2.Environment, render: Callable[..., str] = render_body
+) -> dict[str, str]:
     bodies = {}
     for stem in STEMS:
         path = CORPUS / f"{stem}.py"
@@ -166,7 +198,9 @@ def test_corpus_takes_every_branch_of_the_template() -> None:
     missed = [branches.known[n] for n in sorted(set(branches.known) - branches.taken)]
     assert missed == [], (
         "no schema of tests/golden/schemas/ takes these template branches; add a small schema "
-        "that does (then `pytest --update-golden`), or drop the branch:\n  " + "\n  ".join(missed))
+        "that does (then `pytest --update-golden`), or drop the branch:\n  "
+        + "\n  ".join(missed)
+    )
 
 
 def test_instrumentation_changes_no_output(fresh: dict[str, Planned]) -> None:

@@ -43,8 +43,11 @@ def _insert_field(path: Path, declaration: str) -> None:
     assert text.endswith(END_OF_FIELDS) and text.count(END_OF_FIELDS) == 1
     new = text[: -len(END_OF_FIELDS)] + declaration + END_OF_FIELDS
     path.write_text(new)
-    changes = [line for line in difflib.ndiff(text.splitlines(True), new.splitlines(True))
-               if line[:1] in "+-?"]
+    changes = [
+        line
+        for line in difflib.ndiff(text.splitlines(True), new.splitlines(True))
+        if line[:1] in "+-?"
+    ]
     assert changes == ["+ " + line for line in declaration.splitlines(True)]
 
 
@@ -77,12 +80,20 @@ def generated(tmp_path_factory: pytest.TempPathFactory) -> Generated:
     _insert_field(project.schemas / "eagle.py", FORWARD_FIELD)
     _insert_field(project.schemas / "decode_seq_lens.py", SCHEDULE_FIELD)
     out = root / "out"
-    run = run_relay_process("generate", "schemas/eagle.py", "schemas/decode_seq_lens.py",
-                            "--out", "out", cwd=root)
+    run = run_relay_process(
+        "generate",
+        "schemas/eagle.py",
+        "schemas/decode_seq_lens.py",
+        "--out",
+        "out",
+        cwd=root,
+    )
     assert run.code == 0, run.err
     assert sorted(p.name for p in out.iterdir()) == ["decode_seq_lens.py", "eagle.py"]
-    return Generated(out, {stem: _import(out / f"{stem}.py")
-                           for stem in ("eagle", "decode_seq_lens")})
+    return Generated(
+        out,
+        {stem: _import(out / f"{stem}.py") for stem in ("eagle", "decode_seq_lens")},
+    )
 
 
 def test_new_forward_field_round_trips(generated: Generated) -> None:
@@ -90,13 +101,18 @@ def test_new_forward_field_round_trips(generated: Generated) -> None:
     eagle = generated.modules["eagle"]
     relay_map = eagle.EagleFutureMap("cpu", 8, topk=2)
     indices = torch.tensor([2, 5])
-    batch = types.SimpleNamespace(req_pool_indices=indices, spec_info=types.SimpleNamespace())
-    relay_map.stash(indices, eagle.EaglePayload(
-        bonus_tokens=torch.tensor([7, 9]),
-        topk_p=torch.tensor([[0.75, 0.25], [0.5, 0.5]]),
-        topk_index=torch.tensor([[1, 2], [3, 4]]),
-        accept_lens=torch.tensor([3, 1]),
-    ))
+    batch = types.SimpleNamespace(
+        req_pool_indices=indices, spec_info=types.SimpleNamespace()
+    )
+    relay_map.stash(
+        indices,
+        eagle.EaglePayload(
+            bonus_tokens=torch.tensor([7, 9]),
+            topk_p=torch.tensor([[0.75, 0.25], [0.5, 0.5]]),
+            topk_index=torch.tensor([[1, 2], [3, 4]]),
+            accept_lens=torch.tensor([3, 1]),
+        ),
+    )
     relay_map.resolve_future(batch)
     assert batch.spec_info.accept_lens.dtype == torch.int32
     assert batch.spec_info.accept_lens.tolist() == [3, 1]
@@ -110,8 +126,11 @@ def test_new_schedule_field_round_trips(generated: Generated) -> None:
     decode = generated.modules["decode_seq_lens"]
     relay_map = decode.DecodeSeqLensFutureMap("cpu", 8)
     indices = torch.tensor([1, 6, 3])
-    relay_map.publish(indices, new_seq_lens=torch.tensor([10, 20, 30]),
-                      draft_confidence=torch.tensor([0.5, 0.25, 1.0]))
+    relay_map.publish(
+        indices,
+        new_seq_lens=torch.tensor([10, 20, 30]),
+        draft_confidence=torch.tensor([0.5, 0.25, 1.0]),
+    )
     batch = types.SimpleNamespace(req_pool_indices=torch.tensor([3, 1]))
     relay_map.resolve_draft_confidence(batch)
     assert batch.draft_confidence.dtype == torch.float32
@@ -123,7 +142,9 @@ def test_new_schedule_field_round_trips(generated: Generated) -> None:
 
 def test_bundled_maps_lack_the_new_fields() -> None:
     """The fields above come from the inserted declarations alone, not from the bundled maps."""
-    bundled = {stem: (REPO / "relay" / "maps" / f"{stem}.py").read_text()
-               for stem in ("eagle", "decode_seq_lens")}
+    bundled = {
+        stem: (REPO / "relay" / "maps" / f"{stem}.py").read_text()
+        for stem in ("eagle", "decode_seq_lens")
+    }
     assert "accept_lens" not in bundled["eagle"]
     assert "draft_confidence" not in bundled["decode_seq_lens"]

@@ -18,7 +18,8 @@ def _module(project: Project, layout: str, fields: list[str]) -> None:
         "bad",
         "import torch\n\nfrom relay.schema import Field, Lane, Layout, Schema\n\n"
         f"SCHEMA = Schema(\n    name='BadFutureMap',\n    layout={layout},\n    fields=[\n"
-        + body + "    ],\n)\n",
+        + body
+        + "    ],\n)\n",
     )
 
 
@@ -35,11 +36,15 @@ def test_a_layout_that_is_not_a_layout(project: Project) -> None:
 
 def test_a_packed_layout_that_packs_nothing(project: Project) -> None:
     """Two gathered fields of different dtypes, and an optional one: nothing shares a buffer."""
-    _module(project, "Layout.PACKED", [
-        'Field("a", lane=Lane.FORWARD, dtype=torch.int64, target="a"),',
-        'Field("b", lane=Lane.FORWARD, dtype=torch.float32, target="b"),',
-        'Field("c", lane=Lane.FORWARD, dtype=torch.int64, target="c", optional=True),',
-    ])
+    _module(
+        project,
+        "Layout.PACKED",
+        [
+            'Field("a", lane=Lane.FORWARD, dtype=torch.int64, target="a"),',
+            'Field("b", lane=Lane.FORWARD, dtype=torch.float32, target="b"),',
+            'Field("c", lane=Lane.FORWARD, dtype=torch.int64, target="c", optional=True),',
+        ],
+    )
     line = line_of(project.schemas / "bad.py", "SCHEMA = Schema(")
     assert one_issue(project) == (
         f"{SRC}:{line}: error: BadFutureMap: layout=Layout.PACKED packs the eager, required, "
@@ -55,7 +60,9 @@ def test_a_shape_that_is_no_sequence_is_reported_with_its_field(
 ) -> None:
     """shape=None or a set reaches validation (the converter keeps it) and names the field."""
     project.schema_module(
-        "bad", [f'Field("probs", lane=Lane.FORWARD, dtype=torch.float32, shape={spelled}),'])
+        "bad",
+        [f'Field("probs", lane=Lane.FORWARD, dtype=torch.float32, shape={spelled}),'],
+    )
     line = line_of(project.schemas / "bad.py", '"probs"')
     got = "None that is a NoneType" if spelled == "None" else "{'topk'} that is a set"
     assert one_issue(project) == (
@@ -80,21 +87,43 @@ def test_shape_converter_spellings() -> None:
 def test_packed_groups_follow_declaration_order_and_skip_what_stays_separate() -> None:
     """Columns start where the previous field's end; lazy, optional, placeholder, targetless
     and single-dtype fields are not packed."""
-    schema = Schema("P", layout=Layout.PACKED, fields=[
-        Field("a", lane=Lane.FORWARD, dtype=torch.int64, target="a"),
-        Field("b", lane=Lane.FORWARD, dtype=torch.int64, shape=("k", 3), target="b"),
-        Field("c", lane=Lane.FORWARD, dtype=torch.int64, shape=(2,), target="c"),
-        Field("lazy", lane=Lane.FORWARD, dtype=torch.int64, alloc=Alloc.LAZY, target="l"),
-        Field("opt", lane=Lane.FORWARD, dtype=torch.int64, optional=True, target="o"),
-        Field("ph", lane=Lane.FORWARD, dtype=torch.int64, target="p",
-              resolve=Resolve.PLACEHOLDER),
-        Field("none", lane=Lane.FORWARD, dtype=torch.int64),
-        Field("alone", lane=Lane.FORWARD, dtype=torch.float32, target="f"),
-        Field("sched", lane=Lane.SCHEDULE, dtype=torch.int64, target="s"),
-    ])
+    schema = Schema(
+        "P",
+        layout=Layout.PACKED,
+        fields=[
+            Field("a", lane=Lane.FORWARD, dtype=torch.int64, target="a"),
+            Field(
+                "b", lane=Lane.FORWARD, dtype=torch.int64, shape=("k", 3), target="b"
+            ),
+            Field("c", lane=Lane.FORWARD, dtype=torch.int64, shape=(2,), target="c"),
+            Field(
+                "lazy",
+                lane=Lane.FORWARD,
+                dtype=torch.int64,
+                alloc=Alloc.LAZY,
+                target="l",
+            ),
+            Field(
+                "opt", lane=Lane.FORWARD, dtype=torch.int64, optional=True, target="o"
+            ),
+            Field(
+                "ph",
+                lane=Lane.FORWARD,
+                dtype=torch.int64,
+                target="p",
+                resolve=Resolve.PLACEHOLDER,
+            ),
+            Field("none", lane=Lane.FORWARD, dtype=torch.int64),
+            Field("alone", lane=Lane.FORWARD, dtype=torch.float32, target="f"),
+            Field("sched", lane=Lane.SCHEDULE, dtype=torch.int64, target="s"),
+        ],
+    )
     (group,) = packed_groups(schema)
     assert group.dtype == torch.int64
     assert [(m.field.name, m.start, m.width) for m in group.members] == [
-        ("a", "0", "1"), ("b", "1", "k * 3"), ("c", "1 + k * 3", "2")]
+        ("a", "0", "1"),
+        ("b", "1", "k * 3"),
+        ("c", "1 + k * 3", "2"),
+    ]
     assert group.columns == "1 + k * 3 + 2"
     assert packed_groups(attrs.evolve(schema, layout=Layout.SEPARATE)) == ()

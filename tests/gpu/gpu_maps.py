@@ -78,7 +78,9 @@ def _load_schema(stem: str) -> Schema:
 
 
 def _one(stem: str, module: Any, suffix: str, *, required: bool) -> type[Any] | None:
-    names = getattr(module, "__all__", None) or [n for n in vars(module) if not n.startswith("_")]
+    names = getattr(module, "__all__", None) or [
+        n for n in vars(module) if not n.startswith("_")
+    ]
     found = [
         getattr(module, name)
         for name in names
@@ -115,13 +117,17 @@ def values_for(field: Field, row: tuple[int, ...], n: int, base: int) -> torch.T
     """``n`` host rows for ``field``, distinct per ``base``; valid under every guard
     (ints >= 1), exact in every float dtype (quarters below 25)."""
     dtype = _dtype(field)
-    codes = torch.arange(base, base + n * math.prod(row), dtype=torch.int64).reshape(n, *row)
+    codes = torch.arange(base, base + n * math.prod(row), dtype=torch.int64).reshape(
+        n, *row
+    )
     if dtype == torch.bool:
         return codes % 2 == 1
     if dtype.is_floating_point:
         return ((codes % 97 + 1).to(torch.float64) / 4).to(dtype)
     if dtype.is_complex:
-        raise DriverError(f"{field.name}: complex fields are not driven by the GPU tests")
+        raise DriverError(
+            f"{field.name}: complex fields are not driven by the GPU tests"
+        )
     modulus = min(torch.iinfo(dtype).max, 1_000_000)
     return (codes % modulus + 1).to(dtype)
 
@@ -165,7 +171,9 @@ class BundledMap:
 
     @property
     def placeholders(self) -> list[Field]:
-        return [f for f in self.forward if f.resolve is Resolve.PLACEHOLDER and f.target]
+        return [
+            f for f in self.forward if f.resolve is Resolve.PLACEHOLDER and f.target
+        ]
 
     @property
     def mirrored(self) -> list[Field]:
@@ -185,7 +193,9 @@ class BundledMap:
             for i, f in enumerate(fields)
         }
 
-    def stash(self, relay: Any, indices: torch.Tensor, values: Mapping[str, torch.Tensor]) -> None:
+    def stash(
+        self, relay: Any, indices: torch.Tensor, values: Mapping[str, torch.Tensor]
+    ) -> None:
         """``relay.stash`` with a payload built from the generated payload class."""
         if self.payload_cls is None:
             return
@@ -200,7 +210,9 @@ class BundledMap:
     ) -> None:
         """``relay.publish`` with each schedule field as its keyword."""
         if self.schedule:
-            relay.publish(indices, **{f.payload_name: values[f.name] for f in self.schedule})
+            relay.publish(
+                indices, **{f.payload_name: values[f.name] for f in self.schedule}
+            )
 
     def batch(self, indices: torch.Tensor) -> SimpleNamespace:
         """An engine batch over ``indices`` with every attribute the map reads or writes."""
@@ -229,10 +241,15 @@ class BundledMap:
         for f in self.forward:
             if f.target:
                 _assert_rows(
-                    f"{what}: batch.{f.target}", get_path(batch, f.target), values[f.name], n
+                    f"{what}: batch.{f.target}",
+                    get_path(batch, f.target),
+                    values[f.name],
+                    n,
                 )
 
-    def check_schedule(self, batch: Any, values: Mapping[str, torch.Tensor], what: str) -> None:
+    def check_schedule(
+        self, batch: Any, values: Mapping[str, torch.Tensor], what: str
+    ) -> None:
         """Every schedule target, host mirror and host sum holds ``values``."""
         for f in self.schedule:
             want = values[f.name]
@@ -244,24 +261,34 @@ class BundledMap:
                 assert host.device.type == "cpu", (
                     f"{what}: batch.{f.host_mirror} is not on the host"
                 )
-                _assert_rows(f"{what}: batch.{f.host_mirror}", host, want, want.shape[0])
+                _assert_rows(
+                    f"{what}: batch.{f.host_mirror}", host, want, want.shape[0]
+                )
             if f.host_sum:
                 total = get_path(batch, f.host_sum)
-                assert total == int(want.sum()), f"{what}: batch.{f.host_sum} is {total}"
+                assert total == int(want.sum()), (
+                    f"{what}: batch.{f.host_sum} is {total}"
+                )
 
     def tensors(self, relay: Any) -> dict[str, torch.Tensor]:
         """Every tensor the map holds, by attribute (its buffers, whatever their layout)."""
-        return {name: t for name, t in vars(relay).items() if isinstance(t, torch.Tensor)}
+        return {
+            name: t for name, t in vars(relay).items() if isinstance(t, torch.Tensor)
+        }
 
 
 def _assert_rows(what: str, got: Any, want: torch.Tensor, n: int) -> None:
-    assert isinstance(got, torch.Tensor), f"{what} is {type(got).__name__}, not a tensor"
+    assert isinstance(got, torch.Tensor), (
+        f"{what} is {type(got).__name__}, not a tensor"
+    )
     got_rows = got[:n].cpu()
     want_rows = want[:n].cpu().to(got_rows.dtype)
     assert got_rows.shape == want_rows.shape, (
         f"{what}: shape {tuple(got_rows.shape)}, want {tuple(want_rows.shape)}"
     )
-    assert torch.equal(got_rows, want_rows), f"{what}:\n got {got_rows}\nwant {want_rows}"
+    assert torch.equal(got_rows, want_rows), (
+        f"{what}:\n got {got_rows}\nwant {want_rows}"
+    )
 
 
 @functools.cache
@@ -297,7 +324,9 @@ def load_map(stem: str) -> BundledMap:
                 "Field.payload_name"
             )
     elif forward:
-        raise DriverError(f"relay/maps/{stem}.py has forward fields but no *Payload class")
+        raise DriverError(
+            f"relay/maps/{stem}.py has forward fields but no *Payload class"
+        )
     schedule = {f.payload_name for f in schema.fields if f.lane is Lane.SCHEDULE}
     if schedule:
         params = list(inspect.signature(cls.publish).parameters)[2:]  # self, indices
@@ -315,7 +344,9 @@ def load_map(stem: str) -> BundledMap:
         )
     )
     if schedule and not resolves:
-        raise DriverError(f"{cls.__name__} has schedule fields but no resolve_* method for them")
+        raise DriverError(
+            f"{cls.__name__} has schedule fields but no resolve_* method for them"
+        )
     return BundledMap(stem, cls, payload_cls, schema, dims, rows, resolves)
 
 

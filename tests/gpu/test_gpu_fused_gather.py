@@ -23,12 +23,20 @@ def _bytes(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.contiguous().reshape(-1).view(torch.uint8)
 
 
-def _same_bits(got: list[torch.Tensor], buffers: list[torch.Tensor], index: torch.Tensor) -> None:
+def _same_bits(
+    got: list[torch.Tensor], buffers: list[torch.Tensor], index: torch.Tensor
+) -> None:
     assert len(got) == len(buffers)
     for k, (out, buf) in enumerate(zip(got, buffers)):
         want = buf.index_select(0, index)
-        assert (out.shape, out.dtype, out.device) == (want.shape, want.dtype, want.device), k
-        assert torch.equal(_bytes(out), _bytes(want)), f"buffer {k} ({buf.dtype}) differs"
+        assert (out.shape, out.dtype, out.device) == (
+            want.shape,
+            want.dtype,
+            want.device,
+        ), k
+        assert torch.equal(_bytes(out), _bytes(want)), (
+            f"buffer {k} ({buf.dtype}) differs"
+        )
 
 
 def _forward_buffers(bundled: BundledMap, relay: object) -> list[torch.Tensor]:
@@ -49,13 +57,22 @@ def test_the_kernel_is_the_path_taken(cuda: torch.device) -> None:
     """With Triton importable, a CUDA gather launches one kernel and no index_select."""
     pytest.importorskip("triton")
     assert triton_available()
-    buffers = [torch.arange(40, device=cuda).reshape(20, 2), torch.rand(20, 3, device=cuda)]
+    buffers = [
+        torch.arange(40, device=cuda).reshape(20, 2),
+        torch.rand(20, 3, device=cuda),
+    ]
     index = torch.tensor([4, 0, 19], device=cuda)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+    with torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CUDA]
+    ) as prof:
         got = gather_rows(index, buffers)
         torch.cuda.synchronize(cuda)
-    kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    assert not any("index_select" in name or "indexSelect" in name for name in kernels), kernels
+    kernels = [
+        e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+    ]
+    assert not any(
+        "index_select" in name or "indexSelect" in name for name in kernels
+    ), kernels
     assert sum("gather" in name for name in kernels) == 1, kernels
     _same_bits(got, buffers, index)
 
@@ -68,7 +85,9 @@ def test_every_bundled_maps_forward_lane_matches_the_torch_path(
     relay = bundled.new(cuda, POOL)
     n = 5
     indices = torch.tensor(random_slots(n, POOL, seed=3), device=cuda)
-    bundled.stash(relay, indices, bundled.values(bundled.forward, n, base=11, device=cuda))
+    bundled.stash(
+        relay, indices, bundled.values(bundled.forward, n, base=11, device=cuda)
+    )
     buffers = _forward_buffers(bundled, relay)
     if not any(f.lane is Lane.FORWARD for f in bundled.schema.fields):
         assert buffers == []
@@ -77,14 +96,18 @@ def test_every_bundled_maps_forward_lane_matches_the_torch_path(
         _same_bits(gather_rows(index, buffers), buffers, index)
 
 
-def test_mixed_dtypes_wide_rows_and_more_buffers_than_one_launch(cuda: torch.device) -> None:
+def test_mixed_dtypes_wide_rows_and_more_buffers_than_one_launch(
+    cuda: torch.device,
+) -> None:
     """Bool, int8, bf16, float32 with NaN and -0.0, float64, rows wider than a block, and
     more than MAX_BUFFERS buffers (two launches): all bit-identical."""
     generator = torch.Generator(device=cuda).manual_seed(0)
     pool = 33
     buffers = [
         torch.rand(pool, 3, device=cuda, generator=generator) > 0.5,
-        torch.randint(-128, 127, (pool,), dtype=torch.int8, device=cuda, generator=generator),
+        torch.randint(
+            -128, 127, (pool,), dtype=torch.int8, device=cuda, generator=generator
+        ),
         torch.randn(pool, 4096, device=cuda, generator=generator).to(torch.bfloat16),
         torch.randn(pool, 5, device=cuda, generator=generator),
         torch.randn(pool, 2, 3, dtype=torch.float64, device=cuda, generator=generator),
@@ -120,8 +143,11 @@ def test_packed_maps_built_with_fused_gather_resolve_what_the_torch_path_does(
         indices = torch.tensor(random_slots(n, POOL, seed=step), device=cuda)
         values = bundled.values(bundled.forward, n, base=100 * step, device=cuda)
         if step == 1:  # an optional field left out: the fused path hands over None too
-            values = {f.name: v for f, v in zip(bundled.forward, values.values())
-                      if not f.optional}
+            values = {
+                f.name: v
+                for f, v in zip(bundled.forward, values.values())
+                if not f.optional
+            }
         batches = []
         for relay in maps:
             stash_values = {f.name: values.get(f.name) for f in bundled.forward}

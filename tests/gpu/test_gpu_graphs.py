@@ -18,14 +18,20 @@ REAL_ROWS = (5, 8, 1, 3)  # real rows of each step; step 0 is the warm-up before
 
 
 def _padded(real: list[int], device: torch.device) -> torch.Tensor:
-    return torch.tensor(real + [0] * (WIDTH - len(real)), dtype=torch.int64, device=device)
+    return torch.tensor(
+        real + [0] * (WIDTH - len(real)), dtype=torch.int64, device=device
+    )
 
 
-def _placeholders(bundled: BundledMap, relay: Any, indices: torch.Tensor) -> dict[str, Any]:
+def _placeholders(
+    bundled: BundledMap, relay: Any, indices: torch.Tensor
+) -> dict[str, Any]:
     """What ``invalidate`` writes into each placeholder target for ``indices``."""
     scratch = bundled.batch(indices)
     bundled.invalidate(relay, scratch, indices)
-    return {f.target: get_path(scratch, f.target) for f in bundled.placeholders if f.target}
+    return {
+        f.target: get_path(scratch, f.target) for f in bundled.placeholders if f.target
+    }
 
 
 def _addresses(bundled: BundledMap, relay: Any) -> dict[str, int]:
@@ -38,9 +44,13 @@ def test_resolve_future_replays_in_a_cuda_graph_for_new_slots(
     """Captured once, resolve_future hands each replay the rows stashed for its new slots;
     padded rows read scratch row 0 as an eager resolve does, and no buffer moves."""
     if not bundled.forward:
-        pytest.skip(f"{bundled.cls.__name__} has no forward lane: resolve_future reads nothing")
+        pytest.skip(
+            f"{bundled.cls.__name__} has no forward lane: resolve_future reads nothing"
+        )
     relay = bundled.new(cuda, POOL)
-    twin = bundled.new(cuda, POOL)  # the same stashes, resolved eagerly, to compare with
+    twin = bundled.new(
+        cuda, POOL
+    )  # the same stashes, resolved eagerly, to compare with
     steps = [random_slots(n, POOL, seed=step) for step, n in enumerate(REAL_ROWS)]
 
     # The static inputs of the graph: the index tensor and the placeholder targets, on

@@ -31,7 +31,9 @@ POOL = 17
 
 def _with_schedule(bundled: BundledMap) -> None:
     if not bundled.schedule:
-        pytest.skip(f"{bundled.cls.__name__} has no schedule lane: no fence, nothing published")
+        pytest.skip(
+            f"{bundled.cls.__name__} has no schedule lane: no fence, nothing published"
+        )
 
 
 def _with_mirror(bundled: BundledMap) -> None:
@@ -46,7 +48,9 @@ def _on(stream: torch.cuda.Stream) -> Any:
 # -- the fence, chained across publishing streams ----------------------------------------------
 
 
-def test_a_reused_event_moved_by_a_second_stream_drops_the_first(cuda: torch.device) -> None:
+def test_a_reused_event_moved_by_a_second_stream_drops_the_first(
+    cuda: torch.device,
+) -> None:
     """The hazard the next test guards against is real here: an event re-recorded on a
     second stream no longer orders a reader after the first stream's write."""
     buffer = torch.zeros(2, dtype=torch.int64, device=cuda)
@@ -108,8 +112,12 @@ def test_overlapped_steps_on_cuda_streams_hand_each_step_its_own_values(
     slots = random_slots(5, POOL, seed=2)
     indices = torch.tensor(slots, device=cuda)
     steps = 4
-    forward = [bundled.values(bundled.forward, 5, 1000 * s + 1, cuda) for s in range(steps)]
-    schedule = [bundled.values(bundled.schedule, 5, 1000 * s + 501, cuda) for s in range(steps)]
+    forward = [
+        bundled.values(bundled.forward, 5, 1000 * s + 1, cuda) for s in range(steps)
+    ]
+    schedule = [
+        bundled.values(bundled.schedule, 5, 1000 * s + 501, cuda) for s in range(steps)
+    ]
     batches = [bundled.batch(indices) for _ in range(steps)]
     torch.cuda.synchronize(cuda)
 
@@ -117,7 +125,9 @@ def test_overlapped_steps_on_cuda_streams_hand_each_step_its_own_values(
         batch = batches[step]
         with _on(forward_stream):
             if step > 0 and bundled.forward:
-                relay.resolve_future(batch)  # the previous forward's stash, in stream order
+                relay.resolve_future(
+                    batch
+                )  # the previous forward's stash, in stream order
             busy(BUSY_CYCLES // 20)  # the first half of the forward
             bundled.publish(relay, indices, schedule[step])
             busy(BUSY_CYCLES // 20)  # the rest of the forward
@@ -190,18 +200,28 @@ def test_host_copies_handed_out_survive_the_next_steps_copy(
             bundled.publish(relay, indices, values)
         bundled.resolve_schedule(relay, batch)
         bundled.check_schedule(batch, values, f"step {step}")
-        host = {f.name: get_path(batch, f.host_mirror) for f in bundled.mirrored if f.host_mirror}
+        host = {
+            f.name: get_path(batch, f.host_mirror)
+            for f in bundled.mirrored
+            if f.host_mirror
+        }
         handed.append((host, {name: t.clone() for name, t in host.items()}))
     for step, (host, snapshot) in enumerate(handed):
         for name, tensor in host.items():
-            assert torch.equal(tensor, snapshot[name]), f"step {step}: {name}'s host copy changed"
+            assert torch.equal(tensor, snapshot[name]), (
+                f"step {step}: {name}'s host copy changed"
+            )
     pointers = [t.data_ptr() for host, _ in handed for t in host.values()]
-    assert len(set(pointers)) == len(pointers), "two steps were handed the same host memory"
+    assert len(set(pointers)) == len(pointers), (
+        "two steps were handed the same host memory"
+    )
 
 
 def test_host_mirror_reuses_one_pinned_buffer(cuda: torch.device) -> None:
     """A HostMirror allocates its pinned rows once and reuses them for every copy."""
-    from relay.device import HostMirror  # here: a rename fails this test, not collection
+    from relay.device import (
+        HostMirror,
+    )  # here: a rename fails this test, not collection
 
     mirror = HostMirror(cuda, POOL)
     source = torch.arange(1, 6, dtype=torch.int64, device=cuda)
@@ -209,7 +229,9 @@ def test_host_mirror_reuses_one_pinned_buffer(cuda: torch.device) -> None:
     assert rows.is_pinned() and rows.shape == source.shape
     first = mirror.copy(source)
     second = mirror.copy(source * 10)
-    assert mirror.pinned_rows(source).data_ptr() == rows.data_ptr(), "pinned rows reallocated"
+    assert mirror.pinned_rows(source).data_ptr() == rows.data_ptr(), (
+        "pinned rows reallocated"
+    )
     assert first.tolist() == [1, 2, 3, 4, 5]
     assert second.tolist() == [10, 20, 30, 40, 50]
     assert first.data_ptr() != rows.data_ptr() and second.data_ptr() != rows.data_ptr()

@@ -21,7 +21,9 @@ from relay.testing import Namespace, load_map_class
 
 def maps_use_debug_contract() -> bool:
     """A bundled map built with ``debug=True`` holds a ``relay.debug.DebugChecks``."""
-    return isinstance(getattr(DecodeFutureMap("cpu", 2, debug=True), "_debug", None), DebugChecks)
+    return isinstance(
+        getattr(DecodeFutureMap("cpu", 2, debug=True), "_debug", None), DebugChecks
+    )
 
 
 needs_debug_contract = pytest.mark.skipif(
@@ -46,8 +48,14 @@ def placeholder_map_class() -> type[Any]:
         Schema(
             name="PlaceholderFutureMap",
             fields=[
-                Field("output_tokens", lane=Lane.FORWARD, dtype=torch.int64, source="tokens",
-                      target="input_ids", resolve=Resolve.PLACEHOLDER),
+                Field(
+                    "output_tokens",
+                    lane=Lane.FORWARD,
+                    dtype=torch.int64,
+                    source="tokens",
+                    target="input_ids",
+                    resolve=Resolve.PLACEHOLDER,
+                ),
             ],
         )
     )

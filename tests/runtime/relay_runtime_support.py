@@ -66,7 +66,8 @@ def eagle_payload(
     """A distinguishable EAGLE payload for ``n`` requests (values grow from ``base``)."""
     return EaglePayload(
         bonus_tokens=torch.arange(base, base + n, dtype=torch.int64),
-        topk_p=torch.arange(n * topk, dtype=torch.float32).reshape(n, topk) / 100 + base,
+        topk_p=torch.arange(n * topk, dtype=torch.float32).reshape(n, topk) / 100
+        + base,
         topk_index=torch.arange(n * topk, dtype=torch.int64).reshape(n, topk) + base,
         hidden_states=hidden,
     )

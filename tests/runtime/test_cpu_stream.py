@@ -19,7 +19,9 @@ from relay.cpu_stream import CpuEvent, ThreadStream, current_cpu_stream, use_cpu
 _WINDOW_S = 0.2
 
 
-def _in_thread(fn: Callable[[], None]) -> tuple[threading.Thread, threading.Event, list[BaseException]]:
+def _in_thread(
+    fn: Callable[[], None],
+) -> tuple[threading.Thread, threading.Event, list[BaseException]]:
     """Run ``fn`` on a helper thread; returns it, a 'returned' event and raised errors."""
     returned = threading.Event()
     errors: list[BaseException] = []
@@ -50,9 +52,15 @@ def test_tasks_run_in_submission_order_on_the_worker() -> None:
     seen: list[tuple[int, bool, bool]] = []
     with thread_streams("fwd") as (stream,):
         for i in range(20):
-            stream.submit(lambda i=i: seen.append(
-                (i, threading.current_thread() is not threading.main_thread(),
-                 current_cpu_stream() is stream)))
+            stream.submit(
+                lambda i=i: seen.append(
+                    (
+                        i,
+                        threading.current_thread() is not threading.main_thread(),
+                        current_cpu_stream() is stream,
+                    )
+                )
+            )
         stream.synchronize()
     assert seen == [(i, True, True) for i in range(20)]
     assert current_cpu_stream() is None, "the host has no current CPU stream"
@@ -95,11 +103,14 @@ def test_host_wait_blocks_until_a_mid_task_record_not_the_task_end() -> None:
         stream.submit(forward)
         saw_record: list[bool] = []
         _, returned, errors = _in_thread(
-            lambda: (event.synchronize(), saw_record.append(about_to_record.is_set())))
+            lambda: (event.synchronize(), saw_record.append(about_to_record.is_set()))
+        )
         try:
             returned.wait(_WINDOW_S)  # a wait that does not block returns here
             before_record.set()
-            assert returned.wait(GUARD_S), "the wait did not return at the record (task end?)"
+            assert returned.wait(GUARD_S), (
+                "the wait did not return at the record (task end?)"
+            )
             assert not errors
             assert saw_record == [True], "the wait returned before the record"
         finally:
@@ -122,7 +133,8 @@ def test_host_wait_after_a_task_that_never_records_returns_when_it_finishes() ->
         stream.submit(forward)
         saw_finished: list[bool] = []
         _, returned, errors = _in_thread(
-            lambda: (event.synchronize(), saw_finished.append(finished.is_set())))
+            lambda: (event.synchronize(), saw_finished.append(finished.is_set()))
+        )
         try:
             returned.wait(_WINDOW_S)
             gate.set()
@@ -222,7 +234,8 @@ def test_host_wait_on_a_fresh_event_blocks_until_the_submitted_record() -> None:
         stream.submit(forward)
         saw_record: list[bool] = []
         _, returned, _ = _in_thread(
-            lambda: (event.synchronize(), saw_record.append(about_to_record.is_set())))
+            lambda: (event.synchronize(), saw_record.append(about_to_record.is_set()))
+        )
         try:
             returned.wait(_WINDOW_S)
             gate.set()
@@ -246,7 +259,8 @@ def test_host_wait_covers_a_record_queued_on_another_stream() -> None:
         b.submit(on_b)
         saw_record: list[bool] = []
         _, returned, errors = _in_thread(
-            lambda: (event.synchronize(), saw_record.append(about_to_record.is_set())))
+            lambda: (event.synchronize(), saw_record.append(about_to_record.is_set()))
+        )
         try:
             returned.wait(_WINDOW_S)
             gate.set()
@@ -280,6 +294,7 @@ def test_two_streams_waiting_on_completed_events_do_not_deadlock() -> None:
             done.append(name)
             if len(done) == 2:
                 all_done.set()
+
         return task
 
     a.submit(waits_on(first, "A"))

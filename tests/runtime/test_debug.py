@@ -9,7 +9,13 @@ import threading
 
 import pytest
 import torch
-from debug_support import batch, needs_debug_contract, payload_of, placeholder_map_class, slots
+from debug_support import (
+    batch,
+    needs_debug_contract,
+    payload_of,
+    placeholder_map_class,
+    slots,
+)
 from relay_runtime_support import GUARD_S, thread_streams
 
 from relay import RelayDebugError
@@ -22,11 +28,14 @@ POOL = 9
 TOPK = 2
 
 
-def eagle_payload(n: int, *, base: int = 1, hidden: torch.Tensor | None = None) -> EaglePayload:
+def eagle_payload(
+    n: int, *, base: int = 1, hidden: torch.Tensor | None = None
+) -> EaglePayload:
     """A distinguishable EAGLE payload for ``n`` requests (values grow from ``base``)."""
     return EaglePayload(
         bonus_tokens=torch.arange(base, base + n),
-        topk_p=torch.arange(n * TOPK, dtype=torch.float32).reshape(n, TOPK) / 100 + base,
+        topk_p=torch.arange(n * TOPK, dtype=torch.float32).reshape(n, TOPK) / 100
+        + base,
         topk_index=torch.arange(n * TOPK).reshape(n, TOPK) + base,
         hidden_states=hidden,
     )
@@ -41,7 +50,9 @@ def seq_lens_map(debug: bool = True) -> object:
 def test_buffers_start_poisoned() -> None:
     """Eager buffers start at -1 (ints) or NaN (floats), so a stray read looks wrong."""
     relay = EagleFutureMap("cpu", POOL, topk=TOPK, debug=True)
-    assert bool((relay.output_tokens_buf == -1).all()) and bool((relay.topk_index_buf == -1).all())
+    assert bool((relay.output_tokens_buf == -1).all()) and bool(
+        (relay.topk_index_buf == -1).all()
+    )
     assert bool(torch.isnan(relay.topk_p_buf).all())
 
 
@@ -76,8 +87,10 @@ def test_values_equal_to_the_poison_are_handed_over() -> None:
     relay = EagleFutureMap("cpu", POOL, topk=TOPK, debug=True)
     payload = eagle_payload(1)
     nan_p = EaglePayload(
-        bonus_tokens=payload.bonus_tokens, topk_p=torch.full((1, TOPK), math.nan),
-        topk_index=payload.topk_index, hidden_states=torch.full((1, 3), -1.0),
+        bonus_tokens=payload.bonus_tokens,
+        topk_p=torch.full((1, TOPK), math.nan),
+        topk_index=payload.topk_index,
+        hidden_states=torch.full((1, 3), -1.0),
     )
     relay.stash(slots(2), nan_p)
     b = batch(2)
@@ -89,7 +102,10 @@ def test_values_equal_to_the_poison_are_handed_over() -> None:
 def test_int32_indices_work_in_debug_mode() -> None:
     """int32 slots stash, resolve and are checked like int64 ones."""
     relay = DecodeFutureMap("cpu", POOL, debug=True)
-    relay.stash(slots(3, 5, dtype=torch.int32), DecodePayload(next_token_ids=torch.tensor([7, 8])))
+    relay.stash(
+        slots(3, 5, dtype=torch.int32),
+        DecodePayload(next_token_ids=torch.tensor([7, 8])),
+    )
     b = batch(5, 3)
     b.req_pool_indices = b.req_pool_indices.int()
     relay.resolve_future(b)
@@ -101,7 +117,9 @@ def test_int32_indices_work_in_debug_mode() -> None:
 def test_a_slot_twice_in_one_stash_is_reported() -> None:
     """Last-write-wins on a repeated slot would drop a request's value: reported, nothing written."""
     relay = DecodeFutureMap("cpu", POOL, debug=True)
-    with pytest.raises(RelayDebugError, match=r"DecodeFutureMap\.stash: slot 2 appears twice"):
+    with pytest.raises(
+        RelayDebugError, match=r"DecodeFutureMap\.stash: slot 2 appears twice"
+    ):
         relay.stash(slots(2, 2), DecodePayload(next_token_ids=torch.tensor([1, 2])))
     assert relay.output_tokens_buf[2].item() == -1
 
@@ -114,14 +132,19 @@ def test_schedule_lane_value_is_consumed_once() -> None:
     relay.resolve_seq_lens_cpu(b)  # type: ignore[attr-defined]
     assert b.seq_lens_cpu.tolist() == [20, 10] and b.seq_lens_sum == 30
     relay.publish(slots(1), torch.tensor([11]))  # type: ignore[attr-defined]
-    with pytest.raises(RelayDebugError, match=r"new_seq_lens: slot 2: .*not written since"):
+    with pytest.raises(
+        RelayDebugError, match=r"new_seq_lens: slot 2: .*not written since"
+    ):
         relay.resolve_seq_lens_cpu(batch(1, 2))  # type: ignore[attr-defined]
 
 
 def test_a_schedule_resolve_without_a_publish_is_a_debug_error() -> None:
     """A schedule-side resolve with no publish before it: the fence is stale."""
     relay = EagleFutureMap("cpu", POOL, topk=TOPK, debug=True)
-    with pytest.raises(RelayDebugError, match=r"EagleFutureMap\.resolve_seq_lens_cpu: fence waited on with no publish"):
+    with pytest.raises(
+        RelayDebugError,
+        match=r"EagleFutureMap\.resolve_seq_lens_cpu: fence waited on with no publish",
+    ):
         relay.resolve_seq_lens_cpu(batch(1))
 
 
@@ -135,7 +158,10 @@ def test_each_publish_allows_one_wait_per_consumer() -> None:
     relay.resolve_draft_confidence_cpu(b)  # type: ignore[arg-type]
     relay.resolve_seq_lens_cpu(b)  # type: ignore[arg-type]
     assert b.seq_lens_sum == 5
-    with pytest.raises(RelayDebugError, match="resolve_draft_confidence_cpu: fence waited on with no publish since the last wait"):
+    with pytest.raises(
+        RelayDebugError,
+        match="resolve_draft_confidence_cpu: fence waited on with no publish since the last wait",
+    ):
         relay.resolve_draft_confidence_cpu(b)  # type: ignore[arg-type]
 
 
@@ -158,7 +184,10 @@ def test_invalidate_with_the_scratch_slot_is_caught() -> None:
     """Slot 0 would give placeholder 0, indistinguishable from token 0: refused."""
     relay = placeholder_map_class()("cpu", POOL, debug=True)
     b = batch(0, 3)
-    with pytest.raises(RelayDebugError, match=r"invalidate: slots must be in \[1, 9\).*slot 0 at position 0 is not"):
+    with pytest.raises(
+        RelayDebugError,
+        match=r"invalidate: slots must be in \[1, 9\).*slot 0 at position 0 is not",
+    ):
         relay.invalidate(b, b.req_pool_indices)
 
 
@@ -204,7 +233,10 @@ def test_a_forward_lane_read_not_ordered_after_its_stash_is_caught() -> None:
     with thread_streams("fwd") as (stream,):
         stream.submit(stash)
         assert stashed.wait(GUARD_S)
-        with pytest.raises(RelayDebugError, match=r"resolve_future on host thread .* ThreadStream\('fwd'\)"):
+        with pytest.raises(
+            RelayDebugError,
+            match=r"resolve_future on host thread .* ThreadStream\('fwd'\)",
+        ):
             relay.resolve_future(batch(1))
 
 
@@ -213,7 +245,11 @@ def test_a_forward_lane_read_on_the_stashing_stream_is_allowed() -> None:
     relay = DecodeFutureMap("cpu", POOL, debug=True)
     b = batch(1)
     with thread_streams("fwd") as (stream,):
-        stream.submit(lambda: relay.stash(slots(1), DecodePayload(next_token_ids=torch.tensor([2]))))
+        stream.submit(
+            lambda: relay.stash(
+                slots(1), DecodePayload(next_token_ids=torch.tensor([2]))
+            )
+        )
         stream.submit(lambda: relay.resolve_future(b))
         stream.synchronize()
     assert b.input_ids.tolist() == [2]
@@ -224,8 +260,14 @@ def test_debug_off_checks_nothing_and_values_can_be_re_read() -> None:
     relay = EagleFutureMap("cpu", POOL, topk=1)
     assert bool((relay.output_tokens_buf == 0).all())
     relay.resolve_seq_lens_cpu(batch(1))  # no publish yet: no freshness check
-    relay.stash(slots(1), EaglePayload(
-        bonus_tokens=torch.tensor([6]), topk_p=torch.rand(1, 1), topk_index=torch.zeros(1, 1, dtype=torch.int64)))
+    relay.stash(
+        slots(1),
+        EaglePayload(
+            bonus_tokens=torch.tensor([6]),
+            topk_p=torch.rand(1, 1),
+            topk_index=torch.zeros(1, 1, dtype=torch.int64),
+        ),
+    )
     for _ in range(2):
         b = batch(1)
         relay.resolve_future(b)

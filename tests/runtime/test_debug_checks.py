@@ -10,9 +10,8 @@ import pytest
 import torch
 from relay_runtime_support import GUARD_S, thread_streams
 
-import relay.debug as debug
-from relay import RelayDebugError
-from relay.cpu_stream import CpuEvent, ThreadStream
+from relay import RelayDebugError, debug
+from relay.cpu_stream import CpuEvent
 from relay.debug import DebugChecks, poison
 from relay.device import register_policy
 
@@ -22,19 +21,27 @@ POOL = 8
 def checks(device: torch.device | str = "cpu") -> DebugChecks:
     """Checks of a map with forward fields ``tok``, ``flag``, ``opt`` and schedule field ``lens``."""
     return DebugChecks(
-        torch.device(device), POOL, "M",
-        forward=("tok", "flag", "opt"), schedule=("lens",), consumers=("resolve_lens",),
+        torch.device(device),
+        POOL,
+        "M",
+        forward=("tok", "flag", "opt"),
+        schedule=("lens",),
+        consumers=("resolve_lens",),
     )
 
 
-def stash(d: DebugChecks, field: str, buf: torch.Tensor, idx: torch.Tensor, value: Any) -> None:
+def stash(
+    d: DebugChecks, field: str, buf: torch.Tensor, idx: torch.Tensor, value: Any
+) -> None:
     """A stash of one field as the generated code does it: check, write, report."""
     d.check_slots("stash", idx)
     buf[idx.long()] = torch.as_tensor(value, dtype=buf.dtype, device=buf.device)
     d.wrote("stash", field, buf, idx)
 
 
-def resolve(d: DebugChecks, field: str, buf: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+def resolve(
+    d: DebugChecks, field: str, buf: torch.Tensor, idx: torch.Tensor
+) -> torch.Tensor:
     """A gather resolve of one field as the generated code does it."""
     d.check_slots("resolve_future", idx)
     value = buf[idx.long()]
@@ -62,9 +69,12 @@ def test_the_poison_value_is_a_legal_value(
     idx = torch.tensor([3, 5], device=device)
     stash(d, "tok", buf, idx, [legal, legal])
     got = resolve(d, "tok", buf, idx)
-    assert torch.equal(got.isnan() if dtype.is_floating_point else got,
-                       torch.ones(2, dtype=torch.bool, device=device)
-                       if dtype.is_floating_point else torch.full_like(got, legal))
+    assert torch.equal(
+        got.isnan() if dtype.is_floating_point else got,
+        torch.ones(2, dtype=torch.bool, device=device)
+        if dtype.is_floating_point
+        else torch.full_like(got, legal),
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.bool, torch.float16, torch.int8, torch.int64])
@@ -76,11 +86,15 @@ def test_a_second_read_is_caught_for_every_dtype(dtype: torch.dtype) -> None:
     stash(d, "flag", buf, idx, [0])
     resolve(d, "flag", buf, idx)
     assert buf[2].item() == poison(dtype) or dtype.is_floating_point
-    with pytest.raises(RelayDebugError, match=r"M\.flag: slot 2: resolve_future .*not written since"):
+    with pytest.raises(
+        RelayDebugError, match=r"M\.flag: slot 2: resolve_future .*not written since"
+    ):
         resolve(d, "flag", buf, idx)
 
 
-@pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32, torch.int16, torch.uint8])
+@pytest.mark.parametrize(
+    "index_dtype", [torch.int64, torch.int32, torch.int16, torch.uint8]
+)
 def test_any_integer_index_dtype_is_checked(index_dtype: torch.dtype) -> None:
     """int32, int16 and uint8 slots work like int64: written, read once, re-read caught."""
     d = checks()
@@ -95,14 +109,20 @@ def test_any_integer_index_dtype_is_checked(index_dtype: torch.dtype) -> None:
 def test_a_never_written_row_is_reported_as_such() -> None:
     """A resolve with no stash before it names the field, the slot and the cause."""
     d = checks()
-    with pytest.raises(RelayDebugError, match=r"M\.tok: slot 3: resolve_future reads a row that was never written"):
+    with pytest.raises(
+        RelayDebugError,
+        match=r"M\.tok: slot 3: resolve_future reads a row that was never written",
+    ):
         resolve(d, "tok", torch.zeros(POOL), torch.tensor([3]))
 
 
 def test_slots_out_of_range_are_refused_before_any_write() -> None:
     """Negative slots and slots >= pool_size are reported by check_slots, naming the slot."""
     d = checks()
-    with pytest.raises(RelayDebugError, match=r"stash: slots must be in \[0, 8\); slot -1 at position 1 is not"):
+    with pytest.raises(
+        RelayDebugError,
+        match=r"stash: slots must be in \[0, 8\); slot -1 at position 1 is not",
+    ):
         d.check_slots("stash", torch.tensor([1, -1]))
     with pytest.raises(RelayDebugError, match=r"slot 8 at position 0 is not"):
         d.check_slots("publish", torch.tensor([8]))
@@ -111,7 +131,10 @@ def test_slots_out_of_range_are_refused_before_any_write() -> None:
 def test_the_scratch_row_is_refused_where_padding_is_not_allowed() -> None:
     """invalidate (scratch_ok=False) refuses slot 0; a padded stash may repeat it."""
     d = checks()
-    with pytest.raises(RelayDebugError, match=r"invalidate: slots must be in \[1, 8\) \(row 0 is the scratch row.*slot 0 at position 0 is not"):
+    with pytest.raises(
+        RelayDebugError,
+        match=r"invalidate: slots must be in \[1, 8\) \(row 0 is the scratch row.*slot 0 at position 0 is not",
+    ):
         d.check_slots("invalidate", torch.tensor([0, 3]), scratch_ok=False)
     d.check_slots("stash", torch.tensor([0, 3, 0, 0]))  # padding: no error
 
@@ -146,7 +169,10 @@ def test_an_omitted_optional_field_read_is_reported() -> None:
     buf = torch.zeros(POOL, 3)
     stash(d, "opt", buf, torch.tensor([1]), torch.ones(1, 3))
     d.omitted("stash", "opt", torch.tensor([1]))
-    with pytest.raises(RelayDebugError, match=r"M\.opt: slot 1: .*latest stash of this slot left it out"):
+    with pytest.raises(
+        RelayDebugError,
+        match=r"M\.opt: slot 1: .*latest stash of this slot left it out",
+    ):
         resolve(d, "opt", buf, torch.tensor([1]))
 
 
@@ -164,11 +190,15 @@ def test_taken_masks_the_positions_really_read() -> None:
     d = checks()
     buf = torch.zeros(POOL, dtype=torch.int64)
     stash(d, "tok", buf, torch.tensor([2]), [5])
-    rows = torch.tensor([2, 0, 0])  # position 1 and 2 hold real tokens (row 0 after clamp)
+    rows = torch.tensor(
+        [2, 0, 0]
+    )  # position 1 and 2 hold real tokens (row 0 after clamp)
     d.read("resolve_future", "tok", buf, rows, torch.tensor([True, False, False]))
     with pytest.raises(RelayDebugError, match="slot 2"):
         d.read("resolve_future", "tok", buf, rows, torch.tensor([True, False, False]))
-    d.read("resolve_future", "tok", buf, torch.tensor([3]), torch.tensor([False]))  # not read
+    d.read(
+        "resolve_future", "tok", buf, torch.tensor([3]), torch.tensor([False])
+    )  # not read
 
 
 def test_a_slot_released_between_write_and_read_is_reported() -> None:
@@ -177,7 +207,9 @@ def test_a_slot_released_between_write_and_read_is_reported() -> None:
     buf = torch.zeros(POOL, dtype=torch.int64)
     stash(d, "tok", buf, torch.tensor([3]), [1])
     d.release(torch.tensor([3], dtype=torch.int32))
-    with pytest.raises(RelayDebugError, match="released and reused between its write .stash."):
+    with pytest.raises(
+        RelayDebugError, match="released and reused between its write .stash."
+    ):
         resolve(d, "tok", buf, torch.tensor([3]))
     stash(d, "tok", buf, torch.tensor([3]), [2])
     assert resolve(d, "tok", buf, torch.tensor([3])).tolist() == [2]
@@ -186,7 +218,9 @@ def test_a_slot_released_between_write_and_read_is_reported() -> None:
 def test_each_publish_allows_one_wait_per_consumer() -> None:
     """A wait with no publish since the last one is stale; a new publish allows the next."""
     d = checks()
-    with pytest.raises(RelayDebugError, match=r"M\.resolve_lens: fence waited on with no publish"):
+    with pytest.raises(
+        RelayDebugError, match=r"M\.resolve_lens: fence waited on with no publish"
+    ):
         d.waited("resolve_lens")
     d.publishing()
     d.waited("resolve_lens")
@@ -287,8 +321,10 @@ def test_two_unordered_writes_of_one_row_are_reported() -> None:
         b.submit(write_b)
         b.synchronize()
     assert len(errors) == 1
-    assert "slot 3: stash on ThreadStream('b') overwrites the value stash wrote on " \
+    assert (
+        "slot 3: stash on ThreadStream('b') overwrites the value stash wrote on "
         "ThreadStream('a')" in str(errors[0])
+    )
 
 
 class FakeStream:
@@ -335,12 +371,17 @@ def test_device_streams_report_through_the_public_api(fake_streams: Any) -> None
     fake_streams.current = scheduler
     debug.wait_event(scheduler, event)
     assert resolve(d, "tok", buf, torch.tensor([1])).tolist() == [1]
-    with pytest.raises(RelayDebugError, match=r"slot 2: .*on stream <fake stream 102> reads the value "
-                       r"stash wrote on stream <fake stream 101>"):
+    with pytest.raises(
+        RelayDebugError,
+        match=r"slot 2: .*on stream <fake stream 102> reads the value "
+        r"stash wrote on stream <fake stream 101>",
+    ):
         resolve(d, "tok", buf, torch.tensor([2]))
 
 
-def test_the_host_orders_what_it_launches_after_what_it_synchronized(fake_streams: Any) -> None:
+def test_the_host_orders_what_it_launches_after_what_it_synchronized(
+    fake_streams: Any,
+) -> None:
     """Launch edge: after a host synchronize on an event, work the host enqueues follows it."""
     d = checks()
     buf = torch.zeros(POOL, dtype=torch.int64)
@@ -412,7 +453,9 @@ def test_the_checker_can_be_turned_off_for_measuring_its_cost() -> None:
         with thread_streams("fwd") as (stream,):
             stream.submit(write)
             assert written.wait(GUARD_S)
-            assert resolve(d, "tok", buf, torch.tensor([6])).tolist() == [1]  # not reported
+            assert resolve(d, "tok", buf, torch.tensor([6])).tolist() == [
+                1
+            ]  # not reported
         with pytest.raises(RelayDebugError, match="not written since"):
             resolve(d, "tok", buf, torch.tensor([6]))
     finally:

@@ -13,7 +13,14 @@ from typing import Any
 
 import pytest
 import torch
-from relay_runtime_support import GUARD_S, batch_of, eagle_payload, gated, slots, thread_streams
+from relay_runtime_support import (
+    GUARD_S,
+    batch_of,
+    eagle_payload,
+    gated,
+    slots,
+    thread_streams,
+)
 
 import relay.device
 from relay.cpu_stream import current_cpu_stream
@@ -113,7 +120,9 @@ def test_hip_policy_wait_blocks_the_host() -> None:
     assert calls == ["synchronize"]
 
 
-def test_register_policy_replaces_the_policy_of_existing_devices(isolated_policies: None) -> None:
+def test_register_policy_replaces_the_policy_of_existing_devices(
+    isolated_policies: None,
+) -> None:
     """A policy registered later is used from the next lookup on, even for a cached device."""
     first = policy_for(torch.device("cpu"))
     mine = RecordingPolicy()
@@ -171,7 +180,9 @@ def test_publishes_from_one_stream_do_not_chain(recording: RecordingPolicy) -> N
     relay = DecodeFutureMap("cpu", POOL)
     with thread_streams("fwd") as (stream,):
         for step in range(3):
-            stream.submit(lambda step=step: relay.publish(slots(1), torch.tensor([step + 1])))
+            stream.submit(
+                lambda step=step: relay.publish(slots(1), torch.tensor([step + 1]))
+            )
         stream.synchronize()
     assert "stream_wait" not in recording.names()
 
@@ -188,7 +199,11 @@ def test_publish_from_a_second_stream_waits_on_the_previous_record(
         b.synchronize()
         relay.publish(slots(3), torch.tensor([3]))
         assert [c for c in recording.calls if c[0] in ("record", "stream_wait")] == [
-            ("record", a), ("stream_wait", b), ("record", b), ("stream_wait", None), ("record", None)
+            ("record", a),
+            ("stream_wait", b),
+            ("record", b),
+            ("stream_wait", None),
+            ("record", None),
         ]
 
 
@@ -203,14 +218,21 @@ def _chain_scenario(second_publisher: str, recording: RecordingPolicy) -> list[i
     recording.on_wait = gate
     with thread_streams("A", "B") as (a, b):
         try:
-            a.submit(lambda: relay.publish(slots(1, 2), torch.tensor([5, 6])))  # step N-1
+            a.submit(
+                lambda: relay.publish(slots(1, 2), torch.tensor([5, 6]))
+            )  # step N-1
             a.synchronize()
             a.submit(gated(gate, lambda: relay.publish(slots(1), torch.tensor([11]))))
             if second_publisher == "host":
                 relay.publish(slots(2), torch.tensor([22]))
             else:
                 published = threading.Event()
-                b.submit(lambda: (relay.publish(slots(2), torch.tensor([22])), published.set()))
+                b.submit(
+                    lambda: (
+                        relay.publish(slots(2), torch.tensor([22])),
+                        published.set(),
+                    )
+                )
                 assert published.wait(GUARD_S), "B's publish never completed"
             batch = batch_of(1, 2)
             relay.resolve_seq_lens_cpu(batch)
@@ -228,7 +250,9 @@ def test_second_publisher_cannot_drop_a_delayed_publish(
     assert _chain_scenario(second_publisher, recording) == [11, 22]
 
 
-def test_hip_like_policy_blocks_the_host_until_the_publish(isolated_policies: None) -> None:
+def test_hip_like_policy_blocks_the_host_until_the_publish(
+    isolated_policies: None,
+) -> None:
     """A policy whose wait blocks the host makes the scheduler's resolve see a late publish."""
 
     class HipLike(RecordingPolicy):
@@ -247,7 +271,9 @@ def test_hip_like_policy_blocks_the_host_until_the_publish(isolated_policies: No
         try:
             stream.submit(lambda: relay.publish(slots(3), torch.tensor([7])))
             stream.synchronize()
-            stream.submit(gated(gate, lambda: relay.publish(slots(3), torch.tensor([8]))))
+            stream.submit(
+                gated(gate, lambda: relay.publish(slots(3), torch.tensor([8])))
+            )
             batch = batch_of(3)
             relay.resolve_seq_lens_cpu(batch)
         finally:
@@ -340,7 +366,9 @@ def test_cuda_host_mirror_goes_through_pinned_rows() -> None:
     first = batch.seq_lens_cpu
     relay.publish(slots(3).to(device), torch.tensor([13], device=device))
     relay.resolve_seq_lens_cpu(batch)
-    assert first.tolist() == [12], "the next copy must not overwrite a handed-out mirror"
+    assert first.tolist() == [12], (
+        "the next copy must not overwrite a handed-out mirror"
+    )
 
 
 def _on(payload: EaglePayload, device: torch.device) -> EaglePayload:
@@ -386,11 +414,13 @@ class _DeviceModule:
         self.asked.append(device)
         return f"stream of {device if device is not None else 'the current device'}"
 
-    def Event(self) -> object:  # noqa: N802 (as torch's device modules spell it)
+    def Event(self) -> object:
         return object()
 
 
-def test_generic_policy_uses_the_maps_own_devices_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_generic_policy_uses_the_maps_own_devices_stream(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A map on xpu:1 records and waits on xpu:1's stream, not the current device's."""
     module = _DeviceModule()
     monkeypatch.setattr(torch, "get_device_module", lambda device_type: module)

@@ -32,5 +32,7 @@ def test_the_cpu_path_never_imports_triton() -> None:
         "import relay.maps.eagle_packed; "
         "print('triton' in sys.modules)"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
     assert out.stdout.strip() == "False"

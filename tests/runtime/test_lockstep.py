@@ -17,7 +17,13 @@ from hypothesis import strategies as st
 from relay.codegen.loader import load_schema
 from relay.maps.decode import DecodeFutureMap
 from relay.schema import Alloc, Field, Lane, Resolve, Schema
-from relay.testing import LockstepDivergence, Namespace, ReferenceRelay, check_lockstep, run_lockstep
+from relay.testing import (
+    LockstepDivergence,
+    Namespace,
+    ReferenceRelay,
+    check_lockstep,
+    run_lockstep,
+)
 from relay.testing.pytest_plugin import relay_lockstep  # noqa: F401  (the fixture)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,13 +59,30 @@ def test_a_schema_declared_in_the_test_is_rendered_and_checked(
     schema = Schema(
         name="FlagsFutureMap",
         fields=[
-            Field("token", lane=Lane.FORWARD, dtype=torch.int64, target="input_ids",
-                  resolve=Resolve.PLACEHOLDER),
+            Field(
+                "token",
+                lane=Lane.FORWARD,
+                dtype=torch.int64,
+                target="input_ids",
+                resolve=Resolve.PLACEHOLDER,
+            ),
             Field("done", lane=Lane.FORWARD, dtype=torch.bool, target="spec_info.done"),
-            Field("ids", lane=Lane.FORWARD, dtype=torch.int32, shape=("k",), alloc=Alloc.LAZY,
-                  optional=True, target="spec_info.ids"),
-            Field("score", lane=Lane.SCHEDULE, dtype=torch.float32, target="score",
-                  host_mirror="score_cpu"),
+            Field(
+                "ids",
+                lane=Lane.FORWARD,
+                dtype=torch.int32,
+                shape=("k",),
+                alloc=Alloc.LAZY,
+                optional=True,
+                target="spec_info.ids",
+            ),
+            Field(
+                "score",
+                lane=Lane.SCHEDULE,
+                dtype=torch.float32,
+                target="score",
+                host_mirror="score_cpu",
+            ),
         ],
     )
     assert relay_lockstep(schema, operations=1_000, dims={"k": 2}) >= 1_000
@@ -78,9 +101,17 @@ class CorruptDecodeMap(DecodeFutureMap):
 def test_a_divergence_is_reported_with_the_operations_before_it() -> None:
     """The harness is not vacuous: a map that corrupts one slot's value fails it."""
     schema, _ = _bundled("decode")
-    with pytest.raises(LockstepDivergence, match=r"after resolve_future.*batch\.input_ids differs"):
-        check_lockstep(schema, CorruptDecodeMap, operations=2_000, steps=100, debug=False,
-                       shrink=False)
+    with pytest.raises(
+        LockstepDivergence, match=r"after resolve_future.*batch\.input_ids differs"
+    ):
+        check_lockstep(
+            schema,
+            CorruptDecodeMap,
+            operations=2_000,
+            steps=100,
+            debug=False,
+            shrink=False,
+        )
 
 
 @settings(max_examples=5, deadline=None)
@@ -96,13 +127,22 @@ def _optional_schema() -> Schema:
         name="OptFutureMap",
         fields=[
             Field("tok", lane=Lane.FORWARD, dtype=torch.int64, target="tok"),
-            Field("extra", lane=Lane.FORWARD, dtype=torch.float32, shape=(2,), optional=True,
-                  alloc=Alloc.LAZY, target="extra"),
+            Field(
+                "extra",
+                lane=Lane.FORWARD,
+                dtype=torch.float32,
+                shape=(2,),
+                optional=True,
+                alloc=Alloc.LAZY,
+                target="extra",
+            ),
         ],
     )
 
 
-def test_the_model_hands_over_an_optional_field_only_after_a_stash_carrying_it() -> None:
+def test_the_model_hands_over_an_optional_field_only_after_a_stash_carrying_it() -> (
+    None
+):
     """Note [Optional fields] in the model: the latest non-empty stash decides, never stale rows."""
     model = ReferenceRelay(_optional_schema())
     model.stash([1], {"tok": torch.tensor([5]), "extra": torch.ones(1, 2)})
@@ -110,7 +150,9 @@ def test_the_model_hands_over_an_optional_field_only_after_a_stash_carrying_it()
     model.resolve_future(batch)
     assert batch.tok.tolist() == [5] and batch.extra.tolist() == [[1.0, 1.0]]
     model.stash([1], {"tok": torch.tensor([6]), "extra": None})
-    model.stash([], {"tok": torch.empty(0, dtype=torch.int64), "extra": torch.ones(0, 2)})
+    model.stash(
+        [], {"tok": torch.empty(0, dtype=torch.int64), "extra": torch.ones(0, 2)}
+    )
     model.resolve_future(batch)
     assert batch.tok.tolist() == [6] and batch.extra is None
 

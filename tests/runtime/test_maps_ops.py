@@ -67,60 +67,143 @@ def _cases(n: int) -> list[tuple[str, Any, Any, dict[str, torch.Tensor], Expecte
     lens = {"new_seq_lens": torch.full((n,), 5, dtype=torch.int64)}
     hidden = torch.rand(n, HIDDEN).to(torch.bfloat16)
     return [
-        ("decode", DecodeFutureMap("cpu", POOL),
-         DecodePayload(next_token_ids=torch.arange(n)), {},
-         {"stash": (1, 0), "resolve_future": (1, 0)}),
-        ("decode_seq_lens", DecodeSeqLensFutureMap("cpu", POOL),
-         DecodeSeqLensPayload(next_token_ids=torch.arange(n)), lens,
-         {"stash": (1, 0), "publish": (1, 0), "resolve_future": (1, 0),
-          "resolve_seq_lens_cpu": (host_sum, 0)}),
-        ("eagle", EagleFutureMap("cpu", POOL, topk=TOPK),
-         EaglePayload(**_eagle_extras(n), hidden_states=hidden), lens,
-         {"stash": (4, 0), "publish": (1, 0), "resolve_future": (4, 0),
-          "resolve_seq_lens_cpu": (host_sum, 0)}),
-        ("eagle without hidden states", EagleFutureMap("cpu", POOL, topk=TOPK),
-         EaglePayload(**_eagle_extras(n)), lens,
-         {"stash": (3, 0), "publish": (1, 0), "resolve_future": (3, 0),
-          "resolve_seq_lens_cpu": (host_sum, 0)}),
-        ("eagle_multilayer", EagleMultiLayerFutureMap("cpu", POOL, topk=TOPK),
-         EagleMultiLayerPayload(**_eagle_extras(n)), lens,
-         {"stash": (3, 0), "publish": (1, 0), "resolve_future": (3, 0),
-          "resolve_seq_lens_cpu": (host_sum, 0)}),
-        ("eagle_draft_probs", EagleDraftProbsFutureMap("cpu", POOL, topk=TOPK),
-         EagleDraftProbsPayload(**_eagle_extras(n), hidden_states=hidden,
-                                draft_probs=torch.rand(n, 16)), lens,
-         {"stash": (5, 0), "publish": (1, 0), "resolve_future": (5, 0),
-          "resolve_seq_lens_cpu": (host_sum, 0)}),
-        ("eagle_dsa", EagleDsaFutureMap("cpu", POOL, topk=TOPK),
-         EagleDsaPayload(**_eagle_extras(n), hidden_states=hidden,
-                         dsa_topk_indices=torch.zeros(n, 4, dtype=torch.int32)), lens,
-         {"stash": (5, 0), "publish": (1, 0), "resolve_future": (5, 0),
-          "resolve_seq_lens_cpu": (host_sum, 0)}),
-        ("eagle_confidence", EagleConfidenceFutureMap("cpu", POOL, topk=TOPK, draft_tokens=3),
-         EagleConfidencePayload(**_eagle_extras(n), hidden_states=hidden),
-         {**lens, "draft_confidence": torch.rand(n, 3)},
-         {"stash": (4, 0), "publish": (2, 0), "resolve_future": (4, 0),
-          "resolve_seq_lens_cpu": (host_sum, 0),
-          "resolve_draft_confidence_cpu": (1, 0)}),
-        ("eagle_packed", EaglePackedFutureMap("cpu", POOL, topk=TOPK),
-         EaglePackedPayload(**_eagle_extras(n), hidden_states=hidden), lens,
-         {"stash": (4, 0), "publish": (1, 0), "resolve_future": (3, 2),
-          "resolve_seq_lens_cpu": (host_sum, 0)}),
-        ("eagle_packed without hidden states", EaglePackedFutureMap("cpu", POOL, topk=TOPK),
-         EaglePackedPayload(**_eagle_extras(n)), lens,
-         {"stash": (3, 0), "publish": (1, 0), "resolve_future": (2, 2),
-          "resolve_seq_lens_cpu": (host_sum, 0)}),
+        (
+            "decode",
+            DecodeFutureMap("cpu", POOL),
+            DecodePayload(next_token_ids=torch.arange(n)),
+            {},
+            {"stash": (1, 0), "resolve_future": (1, 0)},
+        ),
+        (
+            "decode_seq_lens",
+            DecodeSeqLensFutureMap("cpu", POOL),
+            DecodeSeqLensPayload(next_token_ids=torch.arange(n)),
+            lens,
+            {
+                "stash": (1, 0),
+                "publish": (1, 0),
+                "resolve_future": (1, 0),
+                "resolve_seq_lens_cpu": (host_sum, 0),
+            },
+        ),
+        (
+            "eagle",
+            EagleFutureMap("cpu", POOL, topk=TOPK),
+            EaglePayload(**_eagle_extras(n), hidden_states=hidden),
+            lens,
+            {
+                "stash": (4, 0),
+                "publish": (1, 0),
+                "resolve_future": (4, 0),
+                "resolve_seq_lens_cpu": (host_sum, 0),
+            },
+        ),
+        (
+            "eagle without hidden states",
+            EagleFutureMap("cpu", POOL, topk=TOPK),
+            EaglePayload(**_eagle_extras(n)),
+            lens,
+            {
+                "stash": (3, 0),
+                "publish": (1, 0),
+                "resolve_future": (3, 0),
+                "resolve_seq_lens_cpu": (host_sum, 0),
+            },
+        ),
+        (
+            "eagle_multilayer",
+            EagleMultiLayerFutureMap("cpu", POOL, topk=TOPK),
+            EagleMultiLayerPayload(**_eagle_extras(n)),
+            lens,
+            {
+                "stash": (3, 0),
+                "publish": (1, 0),
+                "resolve_future": (3, 0),
+                "resolve_seq_lens_cpu": (host_sum, 0),
+            },
+        ),
+        (
+            "eagle_draft_probs",
+            EagleDraftProbsFutureMap("cpu", POOL, topk=TOPK),
+            EagleDraftProbsPayload(
+                **_eagle_extras(n), hidden_states=hidden, draft_probs=torch.rand(n, 16)
+            ),
+            lens,
+            {
+                "stash": (5, 0),
+                "publish": (1, 0),
+                "resolve_future": (5, 0),
+                "resolve_seq_lens_cpu": (host_sum, 0),
+            },
+        ),
+        (
+            "eagle_dsa",
+            EagleDsaFutureMap("cpu", POOL, topk=TOPK),
+            EagleDsaPayload(
+                **_eagle_extras(n),
+                hidden_states=hidden,
+                dsa_topk_indices=torch.zeros(n, 4, dtype=torch.int32),
+            ),
+            lens,
+            {
+                "stash": (5, 0),
+                "publish": (1, 0),
+                "resolve_future": (5, 0),
+                "resolve_seq_lens_cpu": (host_sum, 0),
+            },
+        ),
+        (
+            "eagle_confidence",
+            EagleConfidenceFutureMap("cpu", POOL, topk=TOPK, draft_tokens=3),
+            EagleConfidencePayload(**_eagle_extras(n), hidden_states=hidden),
+            {**lens, "draft_confidence": torch.rand(n, 3)},
+            {
+                "stash": (4, 0),
+                "publish": (2, 0),
+                "resolve_future": (4, 0),
+                "resolve_seq_lens_cpu": (host_sum, 0),
+                "resolve_draft_confidence_cpu": (1, 0),
+            },
+        ),
+        (
+            "eagle_packed",
+            EaglePackedFutureMap("cpu", POOL, topk=TOPK),
+            EaglePackedPayload(**_eagle_extras(n), hidden_states=hidden),
+            lens,
+            {
+                "stash": (4, 0),
+                "publish": (1, 0),
+                "resolve_future": (3, 2),
+                "resolve_seq_lens_cpu": (host_sum, 0),
+            },
+        ),
+        (
+            "eagle_packed without hidden states",
+            EaglePackedFutureMap("cpu", POOL, topk=TOPK),
+            EaglePackedPayload(**_eagle_extras(n)),
+            lens,
+            {
+                "stash": (3, 0),
+                "publish": (1, 0),
+                "resolve_future": (2, 2),
+                "resolve_seq_lens_cpu": (host_sum, 0),
+            },
+        ),
     ]
 
 
-def _step_ops(relay: Any, payload: Any, values: dict[str, torch.Tensor], n: int) -> Expected:
+def _step_ops(
+    relay: Any, payload: Any, values: dict[str, torch.Tensor], n: int
+) -> Expected:
     """(data ops, view ops) per method of one overlap step, after a warm-up step (lazy
     buffers allocated)."""
     indices = slots(*range(1, n + 1))
     counts: Expected = {}
     for timed in (False, True):
         batch = Batch(req_pool_indices=indices)
-        steps: dict[str, Callable[[], None]] = {"stash": partial(relay.stash, indices, payload)}
+        steps: dict[str, Callable[[], None]] = {
+            "stash": partial(relay.stash, indices, payload)
+        }
         if values:
             steps["publish"] = partial(relay.publish, indices, **values)
         steps["resolve_future"] = partial(relay.resolve_future, batch)
@@ -147,14 +230,20 @@ def test_each_method_dispatches_exactly_the_ops_its_work_needs(n: int) -> None:
         assert _step_ops(relay, payload, values, n) == expected, name
 
 
-SGLANG_EAGLE_STEP = 12  # DOMAIN.md: 5 indexed writes, 5 gathers, the sum and its read-out
+SGLANG_EAGLE_STEP = (
+    12  # DOMAIN.md: 5 indexed writes, 5 gathers, the sum and its read-out
+)
 
 
 @pytest.mark.parametrize(("n", "eagle", "packed"), [(4, 10, 9), (256, 12, 11)])
-def test_eagle_step_costs_no_more_than_sglangs_twelve_ops(n: int, eagle: int, packed: int) -> None:
+def test_eagle_step_costs_no_more_than_sglangs_twelve_ops(
+    n: int, eagle: int, packed: int
+) -> None:
     """The EAGLE step with hidden states is 10 data ops up to 64 rows and 12 above (sglang:
     12); packed, one gather fewer: 9 and 11, below both. Plain decoding is 2 (sglang: 3)."""
-    cases = {name: (relay, payload, values) for name, relay, payload, values, _ in _cases(n)}
+    cases = {
+        name: (relay, payload, values) for name, relay, payload, values, _ in _cases(n)
+    }
     assert _data_ops(_step_ops(*cases["eagle"], n)) == eagle
     assert _data_ops(_step_ops(*cases["eagle_packed"], n)) == packed
     assert packed < eagle <= SGLANG_EAGLE_STEP
@@ -166,7 +255,9 @@ def test_packed_resolve_gathers_each_dtype_once() -> None:
     ids), one each for topk_p and hidden states, then the split and the squeeze."""
     relay = EaglePackedFutureMap("cpu", POOL, topk=TOPK)
     indices = slots(1, 2, 3)
-    payload = EaglePackedPayload(**_eagle_extras(3), hidden_states=torch.rand(3, HIDDEN))
+    payload = EaglePackedPayload(
+        **_eagle_extras(3), hidden_states=torch.rand(3, HIDDEN)
+    )
     relay.stash(indices, payload)
     counts = count_ops(partial(relay.resolve_future, Batch(req_pool_indices=indices)))
     assert counts.data == ("index_select",) * 3
@@ -198,7 +289,9 @@ def test_stash_into_packed_columns_runs_no_view_op() -> None:
         (torch.ops.aten._local_scalar_dense.default, False),
     ],
 )
-def test_view_ops_are_told_from_data_ops_by_torchs_alias_annotations(op: Any, view: bool) -> None:
+def test_view_ops_are_told_from_data_ops_by_torchs_alias_annotations(
+    op: Any, view: bool
+) -> None:
     """Views alias their input without writing it; writes and fresh results are data ops,
     and the rule agrees with torch's own ``OpOverload.is_view``."""
     assert is_view_op(op) is view
@@ -210,7 +303,9 @@ def test_an_omitting_stash_costs_one_fill_per_allocated_optional_field() -> None
     hands over None with no op (Note [Optional fields])."""
     relay = EagleFutureMap("cpu", POOL, topk=TOPK)
     indices = slots(1, 2)
-    relay.stash(indices, EaglePayload(**_eagle_extras(2), hidden_states=torch.rand(2, HIDDEN)))
+    relay.stash(
+        indices, EaglePayload(**_eagle_extras(2), hidden_states=torch.rand(2, HIDDEN))
+    )
     without = EaglePayload(**_eagle_extras(2))
     ops = ops_of(partial(relay.stash, indices, without))
     assert ops == ["index_copy_"] * 3 + ["index_fill_"]

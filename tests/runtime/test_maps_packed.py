@@ -69,7 +69,9 @@ def test_packed_eagle_resolves_what_eagle_resolves(debug: bool, fused: bool) -> 
     for step in range(12):
         chosen = torch.randperm(POOL - 1, generator=generator)[: 1 + step % 4] + 1
         values = [int(v) for v in chosen]
-        hidden = torch.rand(len(values), HIDDEN, generator=generator) if step % 3 else None
+        hidden = (
+            torch.rand(len(values), HIDDEN, generator=generator) if step % 3 else None
+        )
         payload = eagle_payload(len(values), TOPK, base=10 * step, hidden=hidden)
         separate.stash(slots(*values), payload)
         packed.stash(slots(*values), _packed(payload))
@@ -84,7 +86,10 @@ def test_int64_fields_are_fixed_views_of_one_buffer() -> None:
     assert packed.shape == (POOL, 1 + TOPK)
     assert relay.output_tokens_buf.data_ptr() == packed.data_ptr()
     assert relay.topk_index_buf.data_ptr() == packed[:, 1:].data_ptr()
-    assert relay.topk_p_buf.untyped_storage().data_ptr() != packed.untyped_storage().data_ptr()
+    assert (
+        relay.topk_p_buf.untyped_storage().data_ptr()
+        != packed.untyped_storage().data_ptr()
+    )
     relay.stash(slots(2), eagle_payload(1, TOPK, base=40))
     assert packed[2].tolist() == [40, 40, 41, 42]
 
@@ -115,10 +120,14 @@ PROBE = Schema(
     doc="Packed groups of two dtypes, multi-dim and fixed-width rows.",
     layout=Layout.PACKED,
     fields=[
-        Field("a", lane=Lane.FORWARD, dtype=torch.float32, shape=("k", 2), target="spec.a"),
+        Field(
+            "a", lane=Lane.FORWARD, dtype=torch.float32, shape=("k", 2), target="spec.a"
+        ),
         Field("b", lane=Lane.FORWARD, dtype=torch.int32, target="spec.b"),
         Field("c", lane=Lane.FORWARD, dtype=torch.float32, shape=(3,), target="spec.c"),
-        Field("d", lane=Lane.FORWARD, dtype=torch.int32, shape=(2, "k"), target="spec.d"),
+        Field(
+            "d", lane=Lane.FORWARD, dtype=torch.int32, shape=(2, "k"), target="spec.d"
+        ),
         Field("e", lane=Lane.FORWARD, dtype=torch.float32, target="spec.e"),
         Field("alone", lane=Lane.FORWARD, dtype=torch.int64, target="spec.alone"),
     ],

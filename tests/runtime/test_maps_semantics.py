@@ -13,18 +13,28 @@ from relay import RelayError
 from relay.maps.decode import DecodeFutureMap, DecodePayload
 from relay.maps.decode_seq_lens import DecodeSeqLensFutureMap, DecodeSeqLensPayload
 from relay.maps.eagle import EagleFutureMap, EaglePayload
-from relay.maps.eagle_packed import EaglePackedFutureMap
 from relay.maps.eagle_confidence import EagleConfidenceFutureMap
-from relay.maps.eagle_draft_probs import EagleDraftProbsFutureMap, EagleDraftProbsPayload
+from relay.maps.eagle_draft_probs import (
+    EagleDraftProbsFutureMap,
+    EagleDraftProbsPayload,
+)
 from relay.maps.eagle_dsa import EagleDsaFutureMap, EagleDsaPayload
 from relay.maps.eagle_multilayer import EagleMultiLayerFutureMap
+from relay.maps.eagle_packed import EaglePackedFutureMap
 from relay.schema import Alloc, Field, Guard, Lane, Resolve, Schema
 
 POOL = 9
 TOPK = 4
 
 # (constructor, keywords, {field: (row shape, dtype)} of eager buffers, lazy fields)
-MAPS: list[tuple[type[Any], dict[str, int], dict[str, tuple[tuple[int, ...], torch.dtype]], list[str]]] = [
+MAPS: list[
+    tuple[
+        type[Any],
+        dict[str, int],
+        dict[str, tuple[tuple[int, ...], torch.dtype]],
+        list[str],
+    ]
+] = [
     (DecodeFutureMap, {}, {"output_tokens": ((), torch.int64)}, []),
     (
         DecodeSeqLensFutureMap,
@@ -108,7 +118,9 @@ MAP_IDS = [cls.__name__ for cls, *_ in MAPS]
 
 @pytest.mark.parametrize(("cls", "dims", "eager", "lazy"), MAPS, ids=MAP_IDS)
 def test_eager_buffers_have_pool_size_rows_per_field(
-    cls: type[Any], dims: dict[str, int], eager: dict[str, tuple[tuple[int, ...], torch.dtype]],
+    cls: type[Any],
+    dims: dict[str, int],
+    eager: dict[str, tuple[tuple[int, ...], torch.dtype]],
     lazy: list[str],
 ) -> None:
     """Each field has one ``<field>_buf`` of pool_size rows; eager ones exist at construction."""
@@ -120,7 +132,9 @@ def test_eager_buffers_have_pool_size_rows_per_field(
         assert buf.device == torch.device("cpu")
         assert bool((buf == 0).all()), f"{name} starts zeroed outside debug mode"
     for name in lazy:
-        assert getattr(relay, f"{name}_buf") is None, f"{name} is lazy: no buffer before a stash"
+        assert getattr(relay, f"{name}_buf") is None, (
+            f"{name} is lazy: no buffer before a stash"
+        )
     buffers = {a[: -len("_buf")] for a in vars(relay) if a.endswith("_buf")}
     assert buffers == set(eager) | set(lazy)
 
@@ -130,7 +144,9 @@ def test_symbolic_dims_are_constructor_keywords() -> None:
     eagle = EagleFutureMap("cpu", 5, topk=8)
     assert eagle.topk_p_buf.shape == (5, 8)
     assert eagle.topk_index_buf.shape == (5, 8)
-    confidence = EagleConfidenceFutureMap(torch.device("cpu"), 7, topk=1, draft_tokens=6)
+    confidence = EagleConfidenceFutureMap(
+        torch.device("cpu"), 7, topk=1, draft_tokens=6
+    )
     assert confidence.draft_confidence_buf.shape == (7, 6)
     assert confidence.topk_p_buf.shape == (7, 1)
 
@@ -138,7 +154,9 @@ def test_symbolic_dims_are_constructor_keywords() -> None:
 @pytest.mark.parametrize("bad", [0, -3, 2.0, True, "4", None])
 def test_bad_symbolic_dim_is_rejected_with_a_clear_value_error(bad: object) -> None:
     """A non-positive or non-int dim fails at construction, naming the map, dim and value."""
-    with pytest.raises(ValueError, match=r"EagleFutureMap.*'topk'.*positive int") as info:
+    with pytest.raises(
+        ValueError, match=r"EagleFutureMap.*'topk'.*positive int"
+    ) as info:
         EagleFutureMap("cpu", POOL, topk=bad)  # type: ignore[arg-type]
     assert repr(bad) in str(info.value)
 
@@ -171,10 +189,24 @@ _SENTINEL = Schema(
     name="SentinelFutureMap",
     doc="The May-2026 sentinel design: tokens and lengths through placeholders.",
     fields=[
-        Field("output_tokens", lane=Lane.FORWARD, dtype=torch.int64, source="next_token_ids",
-              target="input_ids", resolve=Resolve.PLACEHOLDER, guard=Guard.NON_NEGATIVE),
-        Field("new_seq_lens", lane=Lane.SCHEDULE, dtype=torch.int64, target="seq_lens",
-              resolve=Resolve.PLACEHOLDER, host_mirror="seq_lens_cpu", host_sum="seq_lens_sum"),
+        Field(
+            "output_tokens",
+            lane=Lane.FORWARD,
+            dtype=torch.int64,
+            source="next_token_ids",
+            target="input_ids",
+            resolve=Resolve.PLACEHOLDER,
+            guard=Guard.NON_NEGATIVE,
+        ),
+        Field(
+            "new_seq_lens",
+            lane=Lane.SCHEDULE,
+            dtype=torch.int64,
+            target="seq_lens",
+            resolve=Resolve.PLACEHOLDER,
+            host_mirror="seq_lens_cpu",
+            host_sum="seq_lens_sum",
+        ),
     ],
 )
 
@@ -182,10 +214,14 @@ _SENTINEL = Schema(
 @pytest.fixture(scope="module")
 def sentinel(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """A map generated from a schema that resolves both lanes through placeholders."""
-    return load_generated(_SENTINEL, tmp_path_factory.mktemp("sentinel"), "relay_sentinel_map")
+    return load_generated(
+        _SENTINEL, tmp_path_factory.mktemp("sentinel"), "relay_sentinel_map"
+    )
 
 
-def test_invalidate_writes_negative_slots_into_the_placeholder_targets_only(sentinel: Any) -> None:
+def test_invalidate_writes_negative_slots_into_the_placeholder_targets_only(
+    sentinel: Any,
+) -> None:
     """invalidate sets each placeholder target to -slot and leaves the rest of the batch."""
     relay = sentinel.SentinelFutureMap("cpu", POOL)
     batch = batch_of(4, 1, 8)
@@ -195,10 +231,15 @@ def test_invalidate_writes_negative_slots_into_the_placeholder_targets_only(sent
     assert batch.spec_info.topk_p.numel() == 0
 
 
-def test_resolve_future_substitutes_every_placeholder_from_its_slot(sentinel: Any) -> None:
+def test_resolve_future_substitutes_every_placeholder_from_its_slot(
+    sentinel: Any,
+) -> None:
     """Each -slot in input_ids becomes the token stashed for that slot."""
     relay = sentinel.SentinelFutureMap("cpu", POOL)
-    relay.stash(slots(2, 6, 7), sentinel.SentinelPayload(next_token_ids=torch.tensor([20, 60, 70])))
+    relay.stash(
+        slots(2, 6, 7),
+        sentinel.SentinelPayload(next_token_ids=torch.tensor([20, 60, 70])),
+    )
     batch = batch_of(7, 2, 6)
     relay.invalidate(batch, batch.req_pool_indices)
     relay.resolve_future(batch)
@@ -209,7 +250,9 @@ def test_resolve_future_substitutes_every_placeholder_from_its_slot(sentinel: An
 def test_resolve_future_leaves_real_tokens_including_token_zero(sentinel: Any) -> None:
     """In a mixed batch real tokens (0 included) stay as they are; placeholders are filled."""
     relay = sentinel.SentinelFutureMap("cpu", POOL)
-    relay.stash(slots(1, 3), sentinel.SentinelPayload(next_token_ids=torch.tensor([11, 33])))
+    relay.stash(
+        slots(1, 3), sentinel.SentinelPayload(next_token_ids=torch.tensor([11, 33]))
+    )
     batch = batch_of(1, 2, 3, 4)
     batch.input_ids = torch.tensor([-1, 0, -3, 5])
     relay.resolve_future(batch)
@@ -247,7 +290,9 @@ def test_resolve_future_gathers_spec_info_by_the_batch_slots() -> None:
     assert batch.spec_info.bonus_tokens.tolist() == [3, 1]
     assert torch.equal(batch.spec_info.topk_p, payload.topk_p[[2, 0]])
     assert torch.equal(batch.spec_info.topk_index, payload.topk_index[[2, 0]])
-    assert batch.spec_info.hidden_states is None, "hidden states never stashed: not resolved"
+    assert batch.spec_info.hidden_states is None, (
+        "hidden states never stashed: not resolved"
+    )
 
 
 def test_resolved_values_do_not_alias_the_buffers() -> None:
@@ -270,7 +315,9 @@ def test_multilayer_eagle_relays_no_hidden_states() -> None:
     relay.stash(
         slots(1),
         EagleMultiLayerPayload(
-            bonus_tokens=torch.tensor([4]), topk_p=torch.tensor([[0.5]]), topk_index=torch.tensor([[9]])
+            bonus_tokens=torch.tensor([4]),
+            topk_p=torch.tensor([[0.5]]),
+            topk_index=torch.tensor([[9]]),
         ),
     )
     batch = batch_of(1)
@@ -321,7 +368,9 @@ def test_resolve_draft_confidence_cpu_fills_spec_info_and_host_copy() -> None:
     assert batch.spec_info.draft_confidence.dtype == torch.float32
     assert torch.equal(batch.spec_info.draft_confidence, expected)
     assert torch.equal(batch.draft_confidence_cpu, expected)
-    assert batch.seq_lens_sum == -1, "the confidence resolve leaves the seq-len targets alone"
+    assert batch.seq_lens_sum == -1, (
+        "the confidence resolve leaves the seq-len targets alone"
+    )
     relay.resolve_seq_lens_cpu(batch)
     assert batch.seq_lens_cpu.tolist() == [6, 5] and batch.seq_lens_sum == 11
 
@@ -341,15 +390,21 @@ def test_hidden_states_buffer_keeps_the_payload_dtype() -> None:
     relay.resolve_future(batch)
     assert batch.spec_info.hidden_states is not None
     assert torch.equal(batch.spec_info.hidden_states, hidden[[1, 0]])
-    relay.stash(slots(3), eagle_payload(1, TOPK, hidden=torch.ones(1, 16, dtype=torch.float32)))
-    assert relay.hidden_states_buf.dtype == torch.bfloat16, "later payloads are cast to it"
+    relay.stash(
+        slots(3), eagle_payload(1, TOPK, hidden=torch.ones(1, 16, dtype=torch.float32))
+    )
+    assert relay.hidden_states_buf.dtype == torch.bfloat16, (
+        "later payloads are cast to it"
+    )
 
 
 def test_optional_lazy_field_absent_at_first_gets_its_buffer_when_it_appears() -> None:
     """A first payload without dsa_topk_indices does not disable it: a later one allocates it."""
     relay = EagleDsaFutureMap("cpu", POOL, topk=1)
     first = EagleDsaPayload(
-        bonus_tokens=torch.tensor([1]), topk_p=torch.tensor([[0.5]]), topk_index=torch.tensor([[2]])
+        bonus_tokens=torch.tensor([1]),
+        topk_p=torch.tensor([[0.5]]),
+        topk_index=torch.tensor([[2]]),
     )
     relay.stash(slots(1), first)
     batch = batch_of(1)
@@ -366,7 +421,9 @@ def test_optional_lazy_field_absent_at_first_gets_its_buffer_when_it_appears() -
     )
     relay.stash(slots(1, 6), later)
     assert relay.dsa_topk_indices_buf is not None
-    assert relay.dsa_topk_indices_buf.dtype == torch.int32, "declared int32, whatever the payload"
+    assert relay.dsa_topk_indices_buf.dtype == torch.int32, (
+        "declared int32, whatever the payload"
+    )
     assert relay.dsa_topk_indices_buf.shape == (POOL, 3)
     assert relay.hidden_states_buf is None, "each optional field is decided on its own"
     batch = batch_of(6, 1)
@@ -382,12 +439,17 @@ def test_draft_probs_are_lazy_and_stored_as_float32() -> None:
     relay.stash(
         slots(2, 3),
         EagleDraftProbsPayload(
-            bonus_tokens=torch.tensor([1, 2]), topk_p=torch.rand(2, 1),
-            topk_index=torch.zeros(2, 1, dtype=torch.int64), draft_probs=probs,
+            bonus_tokens=torch.tensor([1, 2]),
+            topk_p=torch.rand(2, 1),
+            topk_index=torch.zeros(2, 1, dtype=torch.int64),
+            draft_probs=probs,
         ),
     )
     assert relay.draft_probs_buf is not None
-    assert relay.draft_probs_buf.shape == (POOL, 32) and relay.draft_probs_buf.dtype == torch.float32
+    assert (
+        relay.draft_probs_buf.shape == (POOL, 32)
+        and relay.draft_probs_buf.dtype == torch.float32
+    )
     batch = batch_of(3)
     relay.resolve_future(batch)
     assert batch.spec_info.draft_probs is not None
@@ -397,8 +459,11 @@ def test_draft_probs_are_lazy_and_stored_as_float32() -> None:
 def test_lazy_row_rank_mismatch_raises_a_clear_relay_error() -> None:
     """A first hidden_states payload whose rows are not 1-D is refused, naming field and shapes."""
     relay = EagleFutureMap("cpu", POOL, topk=TOPK)
-    with pytest.raises(RelayError, match=r"EagleFutureMap\.hidden_states: got a tensor of shape "
-                       r"\(2, 2, 8\) for 2 slot\(s\); expected \(2, '\?'\)"):
+    with pytest.raises(
+        RelayError,
+        match=r"EagleFutureMap\.hidden_states: got a tensor of shape "
+        r"\(2, 2, 8\) for 2 slot\(s\); expected \(2, '\?'\)",
+    ):
         relay.stash(slots(1, 2), eagle_payload(2, TOPK, hidden=torch.zeros(2, 2, 8)))
     assert relay.hidden_states_buf is None
 
@@ -407,10 +472,16 @@ def test_narrow_rows_are_refused_instead_of_broadcast() -> None:
     """A (n, 1) topk_p for topk=4 raises, naming the field, instead of filling every column."""
     relay = EagleFutureMap("cpu", POOL, topk=TOPK)
     payload = eagle_payload(2, TOPK)
-    narrow = EaglePayload(bonus_tokens=payload.bonus_tokens, topk_p=torch.ones(2, 1),
-                          topk_index=payload.topk_index)
-    with pytest.raises(RelayError, match=r"EagleFutureMap\.topk_p: got a tensor of shape "
-                       r"\(2, 1\) for 2 slot\(s\); expected \(2, 4\)"):
+    narrow = EaglePayload(
+        bonus_tokens=payload.bonus_tokens,
+        topk_p=torch.ones(2, 1),
+        topk_index=payload.topk_index,
+    )
+    with pytest.raises(
+        RelayError,
+        match=r"EagleFutureMap\.topk_p: got a tensor of shape "
+        r"\(2, 1\) for 2 slot\(s\); expected \(2, 4\)",
+    ):
         relay.stash(slots(1, 2), narrow)
 
 
@@ -418,8 +489,11 @@ def test_a_refused_stash_writes_no_field() -> None:
     """When one field of a payload is refused, the fields before it are not written either."""
     relay = EagleFutureMap("cpu", POOL, topk=TOPK)
     payload = eagle_payload(2, TOPK, base=5)
-    bad = EaglePayload(bonus_tokens=payload.bonus_tokens, topk_p=payload.topk_p,
-                       topk_index=torch.zeros(2, TOPK + 1, dtype=torch.int64))
+    bad = EaglePayload(
+        bonus_tokens=payload.bonus_tokens,
+        topk_p=payload.topk_p,
+        topk_index=torch.zeros(2, TOPK + 1, dtype=torch.int64),
+    )
     with pytest.raises(RelayError, match=r"EagleFutureMap\.topk_index"):
         relay.stash(slots(1, 2), bad)
     assert not relay.output_tokens_buf.any() and not relay.topk_p_buf.any()
@@ -428,8 +502,11 @@ def test_a_refused_stash_writes_no_field() -> None:
 def test_one_token_for_three_slots_is_refused() -> None:
     """A single token stashed for three slots raises instead of being copied to all three."""
     relay = DecodeFutureMap("cpu", POOL)
-    with pytest.raises(RelayError, match=r"DecodeFutureMap\.output_tokens: got a tensor of "
-                       r"shape \(1,\) for 3 slot\(s\)"):
+    with pytest.raises(
+        RelayError,
+        match=r"DecodeFutureMap\.output_tokens: got a tensor of "
+        r"shape \(1,\) for 3 slot\(s\)",
+    ):
         relay.stash(slots(1, 2, 3), DecodePayload(next_token_ids=torch.tensor([7])))
     assert relay.output_tokens_buf.tolist() == [0] * POOL
 
@@ -438,9 +515,17 @@ _CUSTOM = Schema(
     name="ProbeFutureMap",
     doc="A probe relay with a required lazy field of fixed width.",
     fields=[
-        Field("next_tokens", lane=Lane.FORWARD, dtype=torch.int64, target="next_tokens"),
-        Field("logits", lane=Lane.FORWARD, dtype=torch.float32, shape=(2, "vocab"),
-              alloc=Alloc.LAZY, target="spec_info.logits"),
+        Field(
+            "next_tokens", lane=Lane.FORWARD, dtype=torch.int64, target="next_tokens"
+        ),
+        Field(
+            "logits",
+            lane=Lane.FORWARD,
+            dtype=torch.float32,
+            shape=(2, "vocab"),
+            alloc=Alloc.LAZY,
+            target="spec_info.logits",
+        ),
     ],
 )
 
@@ -465,23 +550,35 @@ class _ProbeBatch:
 def test_lazy_row_shape_mismatch_against_fixed_dims_raises(probe_module: Any) -> None:
     """A first payload whose row disagrees with a fixed dim is refused with what was expected."""
     relay = probe_module.ProbeFutureMap("cpu", POOL)
-    bad = probe_module.ProbePayload(next_tokens=torch.tensor([1]), logits=torch.zeros(1, 3, 5))
-    with pytest.raises(RelayError, match=r"ProbeFutureMap\.logits: got a tensor of shape "
-                       r"\(1, 3, 5\) for 1 slot\(s\); expected \(1, 2, '\?'\)"):
+    bad = probe_module.ProbePayload(
+        next_tokens=torch.tensor([1]), logits=torch.zeros(1, 3, 5)
+    )
+    with pytest.raises(
+        RelayError,
+        match=r"ProbeFutureMap\.logits: got a tensor of shape "
+        r"\(1, 3, 5\) for 1 slot\(s\); expected \(1, 2, '\?'\)",
+    ):
         relay.stash(slots(1), bad)
     assert relay.logits_buf is None
-    good = probe_module.ProbePayload(next_tokens=torch.tensor([1]), logits=torch.ones(1, 2, 5))
+    good = probe_module.ProbePayload(
+        next_tokens=torch.tensor([1]), logits=torch.ones(1, 2, 5)
+    )
     relay.stash(slots(1), good)
     assert relay.logits_buf.shape == (POOL, 2, 5)
 
 
-def test_required_lazy_field_resolved_before_any_stash_raises(probe_module: Any) -> None:
+def test_required_lazy_field_resolved_before_any_stash_raises(
+    probe_module: Any,
+) -> None:
     """Resolving a required lazy field that was never stashed names the field and the fix."""
     relay = probe_module.ProbeFutureMap("cpu", POOL)
     with pytest.raises(RelayError, match=r"ProbeFutureMap\.logits.*before any stash"):
         relay.resolve_future(_ProbeBatch(1))
     relay.stash(
-        slots(1), probe_module.ProbePayload(next_tokens=torch.tensor([4]), logits=torch.ones(1, 2, 3))
+        slots(1),
+        probe_module.ProbePayload(
+            next_tokens=torch.tensor([4]), logits=torch.ones(1, 2, 3)
+        ),
     )
     batch = _ProbeBatch(1)
     relay.resolve_future(batch)
@@ -502,13 +599,17 @@ def _empty_batch() -> Batch:
 def test_zero_indices_make_every_method_a_no_op(debug: bool) -> None:
     """An idle data-parallel rank calls every method with no slots: nothing allocated or touched."""
     relay = EagleDsaFutureMap("cpu", POOL, topk=TOPK, debug=debug)
-    before = {name: buf.clone() for name, buf in vars(relay).items()
-              if name.endswith("_buf") and buf is not None}
+    before = {
+        name: buf.clone()
+        for name, buf in vars(relay).items()
+        if name.endswith("_buf") and buf is not None
+    }
     none = slots()
     relay.stash(
         none,
         EagleDsaPayload(
-            bonus_tokens=torch.empty(0, dtype=torch.int64), topk_p=torch.empty(0, TOPK),
+            bonus_tokens=torch.empty(0, dtype=torch.int64),
+            topk_p=torch.empty(0, TOPK),
             topk_index=torch.empty(0, TOPK, dtype=torch.int64),
             hidden_states=torch.empty(0, 16, dtype=torch.bfloat16),
             dsa_topk_indices=torch.empty(0, 4, dtype=torch.int32),
@@ -524,7 +625,9 @@ def test_zero_indices_make_every_method_a_no_op(debug: bool) -> None:
     assert batch.seq_lens_sum == -1 and batch.seq_lens_cpu.numel() == 0
     assert batch.spec_info.dsa_topk_indices is None
     for name, buf in before.items():
-        torch.testing.assert_close(getattr(relay, name), buf, rtol=0, atol=0, equal_nan=True)
+        torch.testing.assert_close(
+            getattr(relay, name), buf, rtol=0, atol=0, equal_nan=True
+        )
 
 
 def test_zero_indices_no_op_on_the_confidence_lane() -> None:
@@ -558,21 +661,36 @@ def test_stash_casts_to_the_declared_dtypes() -> None:
     assert relay.topk_p_buf[1].tolist() == [0.25, 0.75]
     batch = batch_of(2)
     relay.resolve_future(batch)
-    assert batch.spec_info.bonus_tokens.dtype == torch.int64 and batch.spec_info.topk_p.dtype == torch.float32
+    assert (
+        batch.spec_info.bonus_tokens.dtype == torch.int64
+        and batch.spec_info.topk_p.dtype == torch.float32
+    )
 
 
 @pytest.mark.parametrize(
     ("field", "payload"),
     [
-        ("output_tokens", EaglePayload(
-            bonus_tokens=torch.tensor([3, -1]), topk_p=torch.rand(2, 1),
-            topk_index=torch.zeros(2, 1, dtype=torch.int64))),
-        ("topk_index", EaglePayload(
-            bonus_tokens=torch.tensor([3, 1]), topk_p=torch.rand(2, 1),
-            topk_index=torch.tensor([[0], [-2]]))),
+        (
+            "output_tokens",
+            EaglePayload(
+                bonus_tokens=torch.tensor([3, -1]),
+                topk_p=torch.rand(2, 1),
+                topk_index=torch.zeros(2, 1, dtype=torch.int64),
+            ),
+        ),
+        (
+            "topk_index",
+            EaglePayload(
+                bonus_tokens=torch.tensor([3, 1]),
+                topk_p=torch.rand(2, 1),
+                topk_index=torch.tensor([[0], [-2]]),
+            ),
+        ),
     ],
 )
-def test_negative_token_guard_fails_naming_the_field(field: str, payload: EaglePayload) -> None:
+def test_negative_token_guard_fails_naming_the_field(
+    field: str, payload: EaglePayload
+) -> None:
     """In debug mode a negative token id fails the non-negative guard; with debug off the
     guard costs nothing and the value is stored (Note [Guards in debug mode])."""
     relay = EagleFutureMap("cpu", POOL, topk=1, debug=True)
@@ -585,11 +703,14 @@ def test_negative_dsa_index_guard_fails_naming_the_field() -> None:
     """The int32 DSA indices are guarded non-negative too."""
     relay = EagleDsaFutureMap("cpu", POOL, topk=1, debug=True)
     payload = EagleDsaPayload(
-        bonus_tokens=torch.tensor([1]), topk_p=torch.rand(1, 1),
+        bonus_tokens=torch.tensor([1]),
+        topk_p=torch.rand(1, 1),
         topk_index=torch.zeros(1, 1, dtype=torch.int64),
         dsa_topk_indices=torch.tensor([[4, -1]], dtype=torch.int32),
     )
-    with pytest.raises(RuntimeError, match=r"EagleDsaFutureMap\.dsa_topk_indices.*>= 0"):
+    with pytest.raises(
+        RuntimeError, match=r"EagleDsaFutureMap\.dsa_topk_indices.*>= 0"
+    ):
         relay.stash(slots(1), payload)
 
 
@@ -597,7 +718,9 @@ def test_negative_dsa_index_guard_fails_naming_the_field() -> None:
 def test_non_positive_seq_len_guard_fails_naming_the_field(bad: int) -> None:
     """publish refuses a sequence length <= 0 through the positive guard."""
     relay = DecodeSeqLensFutureMap("cpu", POOL, debug=True)
-    with pytest.raises(RuntimeError, match=r"DecodeSeqLensFutureMap\.new_seq_lens.*> 0"):
+    with pytest.raises(
+        RuntimeError, match=r"DecodeSeqLensFutureMap\.new_seq_lens.*> 0"
+    ):
         relay.publish(slots(1, 2), torch.tensor([4, bad]))
 
 
@@ -626,11 +749,16 @@ def test_decode_steps_round_trip_through_the_map() -> None:
     """Two decode steps hand tokens and lengths over through the map, as an engine does."""
     relay = DecodeSeqLensFutureMap("cpu", POOL)
     batch = batch_of(1, 2)
-    relay.stash(batch.req_pool_indices, DecodeSeqLensPayload(next_token_ids=torch.tensor([100, 200])))
+    relay.stash(
+        batch.req_pool_indices,
+        DecodeSeqLensPayload(next_token_ids=torch.tensor([100, 200])),
+    )
     for step in range(3):
         relay.resolve_future(batch)
         sampled = batch.input_ids + 1
-        relay.stash(batch.req_pool_indices, DecodeSeqLensPayload(next_token_ids=sampled))
+        relay.stash(
+            batch.req_pool_indices, DecodeSeqLensPayload(next_token_ids=sampled)
+        )
         relay.publish(batch.req_pool_indices, torch.tensor([10 + step, 20 + step]))
         relay.resolve_seq_lens_cpu(batch)
         assert batch.seq_lens_sum == 30 + 2 * step
@@ -641,15 +769,21 @@ def test_decode_steps_round_trip_through_the_map() -> None:
 # -- optional fields: Note [Optional fields] ------------------------------------------------
 
 
-def _dsa(n: int, *, hidden: torch.Tensor | None = None, base: int = 0) -> EagleDsaPayload:
+def _dsa(
+    n: int, *, hidden: torch.Tensor | None = None, base: int = 0
+) -> EagleDsaPayload:
     return EagleDsaPayload(
-        bonus_tokens=torch.arange(base, base + n), topk_p=torch.rand(n, 1),
-        topk_index=torch.zeros(n, 1, dtype=torch.int64), hidden_states=hidden,
+        bonus_tokens=torch.arange(base, base + n),
+        topk_p=torch.rand(n, 1),
+        topk_index=torch.zeros(n, 1, dtype=torch.int64),
+        hidden_states=hidden,
     )
 
 
 @pytest.mark.parametrize("debug", [False, True])
-def test_optional_field_omitted_by_the_latest_stash_resolves_to_none(debug: bool) -> None:
+def test_optional_field_omitted_by_the_latest_stash_resolves_to_none(
+    debug: bool,
+) -> None:
     """A stash without hidden states after one with them: the next resolve gets None, never
     the earlier rows; a later stash that carries them again hands them over."""
     relay = EagleDsaFutureMap("cpu", POOL, topk=1, debug=debug)
@@ -700,7 +834,9 @@ def test_rows_of_an_omitting_stash_are_reported_in_debug_mode() -> None:
 
 @pytest.mark.parametrize("bad", [-1, POOL])
 @pytest.mark.parametrize("debug", [False, True])
-def test_slots_outside_the_pool_are_refused_by_every_method(bad: int, debug: bool) -> None:
+def test_slots_outside_the_pool_are_refused_by_every_method(
+    bad: int, debug: bool
+) -> None:
     """A negative slot never wraps to row P-1 and a slot >= P is refused, in both modes;
     the fields after the first are never written."""
     relay = EagleDsaFutureMap("cpu", POOL, topk=1, debug=debug)
@@ -708,7 +844,9 @@ def test_slots_outside_the_pool_are_refused_by_every_method(bad: int, debug: boo
     with pytest.raises((IndexError, RuntimeError)):
         relay.stash(slots(bad, 1), _dsa(2, base=3))
     torch.testing.assert_close(relay.topk_p_buf, before, rtol=0, atol=0, equal_nan=True)
-    assert relay.output_tokens_buf[POOL - 1].item() == (-1 if debug else 0), "no wrap-around"
+    assert relay.output_tokens_buf[POOL - 1].item() == (-1 if debug else 0), (
+        "no wrap-around"
+    )
     with pytest.raises((IndexError, RuntimeError)):
         relay.publish(slots(bad), torch.tensor([5]))
     with pytest.raises((IndexError, RuntimeError)):
@@ -757,18 +895,24 @@ def test_a_zero_width_first_payload_does_not_lock_a_lazy_buffer() -> None:
         relay.stash(slots(1), eagle_payload(1, 1, hidden=torch.empty(1, 0)))
     assert relay.hidden_states_buf is None
     relay.stash(slots(1), eagle_payload(1, 1, hidden=torch.ones(1, 8)))
-    assert relay.hidden_states_buf is not None and relay.hidden_states_buf.shape == (POOL, 8)
+    assert relay.hidden_states_buf is not None and relay.hidden_states_buf.shape == (
+        POOL,
+        8,
+    )
 
 
 @pytest.mark.parametrize("debug", [False, True])
 def test_float_values_into_an_int_field_are_refused_not_truncated(debug: bool) -> None:
     """Float tokens stashed into the int64 token field raise instead of truncating."""
     relay = DecodeFutureMap("cpu", POOL, debug=debug)
-    with pytest.raises(RelayError, match=r"torch\.float32 values for a torch\.int64 field"):
+    with pytest.raises(
+        RelayError, match=r"torch\.float32 values for a torch\.int64 field"
+    ):
         relay.stash(slots(1), DecodePayload(next_token_ids=torch.tensor([2.7])))
     dsa = EagleDsaFutureMap("cpu", POOL, topk=1, debug=debug)
     payload = EagleDsaPayload(
-        bonus_tokens=torch.tensor([1]), topk_p=torch.rand(1, 1),
+        bonus_tokens=torch.tensor([1]),
+        topk_p=torch.rand(1, 1),
         topk_index=torch.zeros(1, 1, dtype=torch.int64),
         dsa_topk_indices=torch.tensor([[1.5, 2.0]]),
     )

@@ -91,7 +91,10 @@ def test_slot_reused_between_stash_and_resolve() -> None:
     relay = DecodeFutureMap("cpu", POOL, debug=True)
     relay.stash(slots(2), tokens(7))
     relay.release(slots(2))
-    with pytest.raises(RelayDebugError, match=r"slot 2: resolve_future: the slot was released and reused"):
+    with pytest.raises(
+        RelayDebugError,
+        match=r"slot 2: resolve_future: the slot was released and reused",
+    ):
         relay.resolve_future(batch(2))
 
 
@@ -140,7 +143,9 @@ def _publish_from_two_streams(relay: EagleFutureMap) -> None:
 
 def test_a_second_publishing_stream_without_chaining() -> None:
     """Two streams publish; the fence forgets the first record: its rows are unordered."""
-    _publish_from_two_streams(EagleFutureMap("cpu", POOL, topk=TOPK, debug=True))  # chained
+    _publish_from_two_streams(
+        EagleFutureMap("cpu", POOL, topk=TOPK, debug=True)
+    )  # chained
     relay = EagleFutureMap("cpu", POOL, topk=TOPK, debug=True)
     relay._fence.record = _unchained_record(relay)  # type: ignore[method-assign]
     with pytest.raises(
@@ -157,8 +162,14 @@ def test_a_placeholder_reaching_a_host_consumer() -> None:
     schema = Schema(
         name="PlaceholderFutureMap",
         fields=[
-            Field("output_tokens", lane=Lane.FORWARD, dtype=torch.int64, source="tokens",
-                  target="input_ids", resolve=Resolve.PLACEHOLDER),
+            Field(
+                "output_tokens",
+                lane=Lane.FORWARD,
+                dtype=torch.int64,
+                source="tokens",
+                target="input_ids",
+                resolve=Resolve.PLACEHOLDER,
+            ),
         ],
     )
     cls = load_map_class(schema)
@@ -167,7 +178,10 @@ def test_a_placeholder_reaching_a_host_consumer() -> None:
     relay.stash(slots(2, 5), payload_cls(tokens=torch.tensor([11, 12])))
     b = batch(2, 5)
     relay.invalidate(b, b.req_pool_indices)
-    with pytest.raises(RelayDebugError, match=r"repetition penalty: position 0 holds the placeholder -2 \(slot 2\)"):
+    with pytest.raises(
+        RelayDebugError,
+        match=r"repetition penalty: position 0 holds the placeholder -2 \(slot 2\)",
+    ):
         check_resolved(b.input_ids, "repetition penalty")  # the planted host read
     relay.resolve_future(b)
     check_resolved(b.input_ids, "repetition penalty")
@@ -177,18 +191,30 @@ def test_a_placeholder_reaching_a_host_consumer() -> None:
 @pytest.mark.parametrize(
     ("mistake", "match"),
     [
-        ({"bonus_tokens": torch.tensor([1.5])}, r"EagleFutureMap\.output_tokens: got torch\.float32 values for a torch\.int64 field"),
-        ({"topk_p": torch.zeros(1, TOPK + 1)}, r"EagleFutureMap\.topk_p: got a tensor of shape \(1, 3\) for 1 slot"),
+        (
+            {"bonus_tokens": torch.tensor([1.5])},
+            r"EagleFutureMap\.output_tokens: got torch\.float32 values for a torch\.int64 field",
+        ),
+        (
+            {"topk_p": torch.zeros(1, TOPK + 1)},
+            r"EagleFutureMap\.topk_p: got a tensor of shape \(1, 3\) for 1 slot",
+        ),
     ],
 )
 def test_wrong_dtype_or_row_shape(mistake: dict[str, torch.Tensor], match: str) -> None:
     """A payload of the wrong dtype or row shape is refused before any field is written."""
     relay = EagleFutureMap("cpu", POOL, topk=TOPK, debug=True)
     good = eagle_payload(1)
-    fields = {name: getattr(good, name) for name in ("bonus_tokens", "topk_p", "topk_index", "hidden_states")}
+    fields = {
+        name: getattr(good, name)
+        for name in ("bonus_tokens", "topk_p", "topk_index", "hidden_states")
+    }
     with pytest.raises(RelayError, match=match):
         relay.stash(slots(3), EaglePayload(**{**fields, **mistake}))
-    with pytest.raises(RelayDebugError, match="slot 3: resolve_future reads a row that was never written"):
+    with pytest.raises(
+        RelayDebugError,
+        match="slot 3: resolve_future reads a row that was never written",
+    ):
         relay.resolve_future(batch(3))  # nothing of the refused stash was written
 
 
@@ -196,7 +222,10 @@ def test_wrong_dtype_or_row_shape(mistake: dict[str, torch.Tensor], match: str) 
 def test_an_index_outside_the_pool(bad: int) -> None:
     """A slot >= pool_size or negative is refused before any write, naming the slot."""
     relay = DecodeFutureMap("cpu", POOL, debug=True)
-    with pytest.raises(RelayDebugError, match=rf"DecodeFutureMap\.stash: slots must be in \[0, {POOL}\); slot {bad} at position 1 is not"):
+    with pytest.raises(
+        RelayDebugError,
+        match=rf"DecodeFutureMap\.stash: slots must be in \[0, {POOL}\); slot {bad} at position 1 is not",
+    ):
         relay.stash(slots(3, bad), tokens(1, 2))
     assert relay.output_tokens_buf[3].item() == -1  # still the poison: nothing written
 
@@ -205,7 +234,9 @@ def test_an_empty_batch_touching_lazy_allocation() -> None:
     """An idle rank hands zero slots with a one-row dummy payload: refused, and the lazy
     buffer is not allocated from it; a truly empty payload is a no-op."""
     relay = EagleFutureMap("cpu", POOL, topk=TOPK, debug=True)
-    with pytest.raises(RelayError, match=r"got a tensor of shape \(1,\) for 0 slot\(s\)"):
+    with pytest.raises(
+        RelayError, match=r"got a tensor of shape \(1,\) for 0 slot\(s\)"
+    ):
         relay.stash(slots(), eagle_payload(1))
     relay.stash(slots(), eagle_payload(0))
     assert relay.hidden_states_buf is None

@@ -6,7 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from debug_support import batch, needs_debug_contract, payload_of, placeholder_map_class, slots
+from debug_support import (
+    batch,
+    needs_debug_contract,
+    payload_of,
+    placeholder_map_class,
+    slots,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -16,14 +22,18 @@ from relay.maps.eagle_confidence import EagleConfidenceFutureMap
 
 pytestmark = needs_debug_contract
 
-_SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+_SETTINGS = settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 
 
 @st.composite
 def pool_and_slots(draw: st.DrawFn, max_pool: int = 64) -> tuple[int, list[int]]:
     """A pool size and a non-empty set of distinct real slots (>= 1) in random order."""
     pool = draw(st.integers(min_value=2, max_value=max_pool))
-    chosen = draw(st.lists(st.integers(1, pool - 1), min_size=1, max_size=pool - 1, unique=True))
+    chosen = draw(
+        st.lists(st.integers(1, pool - 1), min_size=1, max_size=pool - 1, unique=True)
+    )
     return pool, chosen
 
 
@@ -33,7 +43,9 @@ _FLOATS = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False, width=32)
 
 
 @_SETTINGS
-@given(data=st.data(), shape=pool_and_slots(), topk=st.integers(1, 4), debug=st.booleans())
+@given(
+    data=st.data(), shape=pool_and_slots(), topk=st.integers(1, 4), debug=st.booleans()
+)
 def test_stash_then_resolve_returns_each_slots_values(
     data: st.DataObject, shape: tuple[int, list[int]], topk: int, debug: bool
 ) -> None:
@@ -72,13 +84,17 @@ def test_mixed_placeholders_and_real_tokens_resolve_position_by_position(
     n = len(chosen)
     stashed = data.draw(st.lists(_TOKENS, min_size=n, max_size=n))
     relay = _PLACEHOLDER_MAP("cpu", pool)
-    relay.stash(slots(*chosen), payload_of(_PLACEHOLDER_MAP, tokens=torch.tensor(stashed)))
+    relay.stash(
+        slots(*chosen), payload_of(_PLACEHOLDER_MAP, tokens=torch.tensor(stashed))
+    )
     by_slot = dict(zip(chosen, stashed))
 
     placeholder = data.draw(st.lists(st.booleans(), min_size=n, max_size=n))
     real = data.draw(st.lists(st.integers(0, 50), min_size=n, max_size=n))  # 0 included
     b = batch(*chosen)
-    b.input_ids = torch.tensor([-s if p else r for s, p, r in zip(chosen, placeholder, real)])
+    b.input_ids = torch.tensor(
+        [-s if p else r for s, p, r in zip(chosen, placeholder, real)]
+    )
     relay.resolve_future(b)
     expected = [by_slot[s] if p else r for s, p, r in zip(chosen, placeholder, real)]
     assert b.input_ids.tolist() == expected
@@ -96,7 +112,9 @@ def test_publish_then_resolve_mirrors_the_device_values_and_sum(
     relay = EagleFutureMap("cpu", pool, topk=1, debug=debug)
     relay.publish(slots(*chosen), torch.tensor(lengths))
 
-    asked = data.draw(st.lists(st.sampled_from(chosen), min_size=1, max_size=n, unique=True))
+    asked = data.draw(
+        st.lists(st.sampled_from(chosen), min_size=1, max_size=n, unique=True)
+    )
     b = batch(*asked)
     relay.resolve_seq_lens_cpu(b)
     by_slot = dict(zip(chosen, lengths))
@@ -136,10 +154,14 @@ def test_repeated_stashes_resolve_the_newest_value_once_in_debug(
     newest: dict[int, int] = {}
     for _ in range(steps):
         written = data.draw(st.lists(st.sampled_from(chosen), min_size=1, unique=True))
-        values = data.draw(st.lists(_TOKENS, min_size=len(written), max_size=len(written)))
+        values = data.draw(
+            st.lists(_TOKENS, min_size=len(written), max_size=len(written))
+        )
         relay.stash(slots(*written), DecodePayload(next_token_ids=torch.tensor(values)))
         newest.update(zip(written, values))
-        read = data.draw(st.lists(st.sampled_from(sorted(newest)), min_size=1, unique=True))
+        read = data.draw(
+            st.lists(st.sampled_from(sorted(newest)), min_size=1, unique=True)
+        )
         b = batch(*read)
         relay.resolve_future(b)
         assert b.input_ids.tolist() == [newest.pop(s) for s in read]

@@ -22,7 +22,9 @@ HERE = Path(__file__).resolve().parent
 GOOD = HERE / "usage_ok.py"
 BAD = HERE / "usage_bad.py"
 
-_ERROR = re.compile(r"^(?P<path>[^:\n]+):(?P<line>\d+): error: .*\[(?P<code>[a-z0-9-]+)\]$")
+_ERROR = re.compile(
+    r"^(?P<path>[^:\n]+):(?P<line>\d+): error: .*\[(?P<code>[a-z0-9-]+)\]$"
+)
 _MARKER = re.compile(r"#\s*E:\s*(?P<codes>[a-z0-9-]+(?:[ ,]+[a-z0-9-]+)*)\s*$")
 
 # The misuse categories the marker file must keep covering (code, a word of the line).
@@ -39,15 +41,34 @@ def _rel(path: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def mypy_errors(tmp_path_factory: pytest.TempPathFactory) -> dict[str, set[tuple[int, str]]]:
+def mypy_errors(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> dict[str, set[tuple[int, str]]]:
     """Run mypy once over both files; the (line, code) errors of each, by relative path."""
     cache = tmp_path_factory.mktemp("mypy-cache")
     command = [
-        sys.executable, "-m", "mypy", "--strict", "--cache-dir", str(cache),
-        "--show-error-codes", "--no-error-summary", "--hide-error-context",
-        "--no-pretty", "--no-color-output", _rel(GOOD), _rel(BAD),
+        sys.executable,
+        "-m",
+        "mypy",
+        "--strict",
+        "--cache-dir",
+        str(cache),
+        "--show-error-codes",
+        "--no-error-summary",
+        "--hide-error-context",
+        "--no-pretty",
+        "--no-color-output",
+        _rel(GOOD),
+        _rel(BAD),
     ]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        command,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert done.returncode in (0, 1), f"mypy crashed:\n{done.stdout}\n{done.stderr}"
     errors: dict[str, set[tuple[int, str]]] = {_rel(GOOD): set(), _rel(BAD): set()}
     for line in done.stdout.splitlines():
@@ -70,7 +91,9 @@ def _markers(path: Path) -> set[tuple[int, str]]:
     return expected
 
 
-def test_usage_ok_passes_mypy_strict(mypy_errors: dict[str, set[tuple[int, str]]]) -> None:
+def test_usage_ok_passes_mypy_strict(
+    mypy_errors: dict[str, set[tuple[int, str]]],
+) -> None:
     """An engine's own batch dataclasses satisfy the generated Protocols under --strict."""
     assert mypy_errors[_rel(GOOD)] == set()
 
@@ -87,9 +110,15 @@ def test_usage_bad_errors_are_exactly_the_marked_lines(
     )
 
 
-def test_no_errors_outside_the_two_files(mypy_errors: dict[str, set[tuple[int, str]]]) -> None:
+def test_no_errors_outside_the_two_files(
+    mypy_errors: dict[str, set[tuple[int, str]]],
+) -> None:
     """The generated maps themselves type-check while the usage files are checked."""
-    others = {path: errs for path, errs in mypy_errors.items() if path not in (_rel(GOOD), _rel(BAD))}
+    others = {
+        path: errs
+        for path, errs in mypy_errors.items()
+        if path not in (_rel(GOOD), _rel(BAD))
+    }
     assert others == {}
 
 
@@ -100,4 +129,6 @@ def test_marker_file_covers_the_required_misuses() -> None:
     for code, snippet in _REQUIRED_CASES:
         hits = [n for n, text in enumerate(lines, start=1) if snippet in text]
         assert hits, f"no line of {BAD.name} contains {snippet!r}"
-        assert any((n, code) in marked for n in hits), f"{snippet!r} is not marked {code}"
+        assert any((n, code) in marked for n in hits), (
+            f"{snippet!r} is not marked {code}"
+        )

@@ -65,7 +65,9 @@ class FrozenIndicesBatch:
         return self._indices
 
 
-def decode_step(relay: DecodeFutureMap, batch: ScheduleBatch, tokens: torch.Tensor) -> None:
+def decode_step(
+    relay: DecodeFutureMap, batch: ScheduleBatch, tokens: torch.Tensor
+) -> None:
     indices = batch.req_pool_indices
     relay.resolve_future(batch)
     relay.stash(indices, DecodePayload(next_token_ids=tokens))
@@ -127,7 +129,9 @@ def other_maps(batch: ScheduleBatch) -> float:
     confidence.stash(
         indices,
         EagleConfidencePayload(
-            bonus_tokens=torch.zeros(n), topk_p=torch.rand(n, 1), topk_index=torch.zeros(n, 1)
+            bonus_tokens=torch.zeros(n),
+            topk_p=torch.rand(n, 1),
+            topk_index=torch.zeros(n, 1),
         ),
     )
     confidence.publish(indices, torch.ones(n), torch.rand(n, 3))
@@ -150,7 +154,9 @@ def other_maps(batch: ScheduleBatch) -> float:
     multilayer.stash(
         indices,
         EagleMultiLayerPayload(
-            bonus_tokens=torch.zeros(n), topk_p=torch.rand(n, 1), topk_index=torch.zeros(n, 1)
+            bonus_tokens=torch.zeros(n),
+            topk_p=torch.rand(n, 1),
+            topk_index=torch.zeros(n, 1),
         ),
     )
     multilayer.resolve_future(batch)

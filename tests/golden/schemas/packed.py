@@ -39,7 +39,11 @@ SCHEMA = Schema(
             target="spec_info.tree",
         ),
         Field(
-            "scores", lane=Lane.FORWARD, dtype=torch.float32, shape=(3,), target="spec_info.scores"
+            "scores",
+            lane=Lane.FORWARD,
+            dtype=torch.float32,
+            shape=(3,),
+            target="spec_info.scores",
         ),
         Field("mask", lane=Lane.FORWARD, dtype=torch.bool, target="spec_info.mask"),
         Field(
