@@ -128,7 +128,17 @@ def validate(schema: Schema, display: Callable[[str], str]) -> list[SchemaIssue]
     fields = [f for f in schema.fields if isinstance(f, Field)]
     _check_unique(c, fields)
     _check_layout(c)
+    _check_docs(c, fields)
     return c.issues
+
+
+def _check_docs(c: _Collector, fields: list[Field]) -> None:
+    """Doc strings reach the module as doc strings: refuse what Python cannot hold."""
+    owners: list[tuple[Field | None, object]] = [(None, c.schema.doc)]
+    owners += [(f, f.doc) for f in fields]
+    for owner, doc in owners:
+        if isinstance(doc, str) and (problem := naming.doc_problem(doc)) is not None:
+            c.add(owner, f"doc {problem}", "keep doc strings to text UTF-8 can encode")
 
 
 def _check_layout(c: _Collector) -> None:

@@ -18,6 +18,7 @@ import torch
 from relay.codegen import naming
 from relay.codegen.loader import load_schema
 from relay.codegen.render import render
+from relay.codegen.validate import validate
 from relay.errors import RelayError
 from relay.schema import (
     FROM_PAYLOAD,
@@ -315,6 +316,29 @@ def test_lone_surrogates_in_docs_are_refused_with_the_owner() -> None:
         ValueError, match=r"SurrogateFutureMap: doc contains a lone surrogate"
     ):
         render(schema, source="s.py", command="relay generate")
+
+
+def test_lone_surrogates_in_docs_are_schema_errors_naming_the_field() -> None:
+    """Validation refuses a lone surrogate in the schema's or a field's doc, located."""
+    schema = Schema(
+        name="SurrogateFutureMap",
+        doc="bad \udc00",
+        fields=[
+            Field("tokens", lane=Lane.FORWARD, dtype=torch.int64, target="input_ids"),
+            Field(
+                "lens",
+                lane=Lane.SCHEDULE,
+                dtype=torch.int64,
+                target="seq_lens",
+                doc="x \ud800",
+            ),
+        ],
+    )
+    issues = validate(schema, str)
+    assert [(i.field, "lone surrogate (U+" in i.problem) for i in issues] == [
+        (None, True),
+        ("lens", True),
+    ]
 
 
 def test_file_names_with_line_breaks_or_control_characters_are_refused() -> None:
