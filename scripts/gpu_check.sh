@@ -44,7 +44,7 @@ else
 fi
 
 # A short demo for the sanitizers, which slow every kernel down many times over.
-SHORT_DEMO=(demo --device cuda --model tiny --requests 8 --no-generate)
+SHORT_DEMO=(demo --device cuda --model tiny --requests 8 --repeat 1 --no-generate)
 
 # -- steps: each runs in its own bash, stdout and stderr into RESULTS/<step>.log ----------
 
@@ -161,10 +161,10 @@ export -f shown step_env step_generate_check step_pytest_gpu step_demo_decode st
 STEPS=(
     env 20
     generate-check 30
-    pytest-gpu 150
+    pytest-gpu 120
     demo-decode 60
     demo-eagle 60
-    bench 90
+    bench 120
     torch-sanitizer 45
     racecheck 60
     memcheck 60
