@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from relay.debug import DebugChecks
+from relay.debug import DebugChecks, poison
 from relay.device import Fence, HostMirror
 from relay.errors import RelayError
 from relay.fused import gather_rows, gather_rows_optional
@@ -30,15 +30,6 @@ __all__ = [
 ]
 
 
-def _poison(dtype: torch.dtype) -> float | int | bool:
-    """What unwritten rows hold in debug mode (as ``relay.debug`` poisons consumed ones)."""
-    if dtype.is_floating_point or dtype.is_complex:
-        return float("nan")
-    if dtype == torch.bool:
-        return True
-    return -1
-
-
 def check_dim(owner: str, name: str, value: int) -> int:
     """A symbolic dim given to a constructor must be a positive int."""
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
@@ -54,7 +45,7 @@ def new_buffer(
 ) -> torch.Tensor:
     """A relay buffer: zeros, or poison in debug mode so an unwritten row is visible."""
     if debug:
-        return torch.full(shape, _poison(dtype), dtype=dtype, device=device)
+        return torch.full(shape, poison(dtype), dtype=dtype, device=device)
     return torch.zeros(shape, dtype=dtype, device=device)
 
 
