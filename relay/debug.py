@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
 import torch
@@ -78,13 +78,6 @@ class DebugCheckFailed(RelayDebugError, RuntimeError):
     Also a ``RuntimeError``: on other devices the same check is a device-side assert,
     which surfaces as a ``RuntimeError``, so one ``except`` covers both.
     """
-
-
-# Per-row state of one field, kept apart from the values.
-_EMPTY = 0  # never written
-_WRITTEN = 1  # written and not read yet
-_CONSUMED = 2  # read since its last write
-_OMITTED = 3  # the latest stash left this optional field out
 
 
 def poison(dtype: torch.dtype) -> float | int | bool:
@@ -140,8 +133,9 @@ def _join(into: _Clock, other: _Clock) -> bool:
     return changed
 
 
-#: A stream's own entry in the vectors reads compare against: its own writes are
-#: always ordered before its reads (program order).
+#: A stream's own entry in the vectors checks compare against: its own writes are
+#: always ordered before its reads (program order). Entry 0 of every vector holds it
+#: too: writer 0 is "no writer", always seen (Note [Debug state table]).
 _OWN = 2**62
 
 
@@ -216,7 +210,7 @@ class _Checker:
     # -- operations ------------------------------------------------------------
     def tick(self, stream: Any, device: torch.device) -> tuple[int, int, torch.Tensor]:
         """An operation of ``stream``: (actor, its clock now, its vector on ``device``,
-        indexed by actor, its own entry ``_OWN``)."""
+        indexed by actor + 1, with entry 0 and its own entry ``_OWN``)."""
         with self.lock:
             actor = self._actor(stream)
             clock = self.clocks[actor]
@@ -225,8 +219,8 @@ class _Checker:
             cached = self._vectors.get(key)
             n = len(self.names)
             if cached is None or cached[0] != self.learned[actor] or cached[1] != n:
-                values = [clock.get(a, 0) for a in range(n)]
-                values[actor] = _OWN
+                values = [_OWN, *(clock.get(a, 0) for a in range(n))]
+                values[actor + 1] = _OWN
                 cached = self._vectors[key] = (
                     self.learned[actor],
                     n,
@@ -389,20 +383,58 @@ def _vector(values: list[int], device: torch.device) -> torch.Tensor:
     return host.pin_memory().to(device, non_blocking=True)
 
 
-class _FieldRows:
-    """Per-row debug state of one field, kept apart from its values."""
+# Note [Debug state table]
+# A map's debug state is one int64 table, [F, P + 1, C]: a plane per field (ids given
+# at construction; a field first named later gets its plane on first use), a row per
+# slot, and the columns below. A method's check is then a fixed number of ops whatever
+# its field count: one gather of the [k, B, C] block of its k fields, the compares, and
+# one index_put_ of a stamp broadcast over the rows (a write) or of the consumed mark
+# (a read). What stays per field is inherent: the poison fill of each buffer read.
+# - READY is the clock of the row's write while the row may be read, and _BLOCKED
+#   (above every vector entry) once it may not: never written, consumed, omitted or
+#   released. So one compare, ``vector[WRITER] >= READY``, checks freshness and
+#   happens-before together; with the checker off, ``READY < _BLOCKED``. STATE only
+#   names the cause when a check fails; WRITTEN with READY _BLOCKED means released.
+# - WRITER is the writing actor + 1, and 0 for "no writer": every vector holds _OWN at
+#   index 0, so an unwritten row needs no clamp and no compare of its own. CLOCK keeps
+#   the write's clock after a read blocks READY: two unordered writes race even when a
+#   read came between them.
+# - Row 0 is the scratch row padded batches point at: its checks must always pass. It
+#   keeps WRITER 0 and READY 0 for ever, because every stamp goes through ``_sink``,
+#   which sends row 0 to the spare row P; the gathers read row 0 itself.
 
-    def __init__(self, pool_size: int, device: torch.device) -> None:
-        self.state = torch.zeros(pool_size, dtype=torch.int8, device=device)
-        self.generation = torch.zeros(pool_size, dtype=torch.int64, device=device)
-        # Happens-before stamps of the newest write: actor (-1: none), its clock, op.
-        self.actor = torch.full((pool_size,), -1, dtype=torch.int64, device=device)
-        self.clock = torch.zeros(pool_size, dtype=torch.int64, device=device)
-        self.op = torch.zeros(pool_size, dtype=torch.int64, device=device)
+# Per-row state of one field (column STATE), kept apart from the values.
+_EMPTY = 0  # never written
+_WRITTEN = 1  # written and not read yet
+_CONSUMED = 2  # read since its last write
+_OMITTED = 3  # the latest stash left this optional field out
+
+# The columns of the state table.
+_STATE, _WRITER, _CLOCK, _READY, _OP = range(5)
+_COLUMNS = 5
+#: READY of a row that no read may take: above every entry of every vector.
+_BLOCKED = _OWN + 1
+
+
+class _Plan:
+    """The constants of one method's check of one set of fields, made on first use."""
+
+    __slots__ = ("fields", "names", "planes", "stamps", "tick")
+
+    def __init__(self, names: tuple[str, ...], planes: torch.Tensor) -> None:
+        self.names = names
+        #: The fields' planes in the state table, as a column ``[k, 1]``.
+        self.planes = planes
+        #: The same as ``[k, 1, 1]``, to index single columns.
+        self.fields = planes.unsqueeze(2)
+        #: A write's stamp ``[k, 1, C]`` per writing actor (-1: the checker off), with
+        #: CLOCK and READY 0; the write adds ``tick`` times its clock.
+        self.stamps: dict[int, torch.Tensor] = {}
+        self.tick: torch.Tensor | None = None
 
 
 class DebugChecks:
-    """Debug-mode bookkeeping of one map.
+    """Debug-mode bookkeeping of one map (Note [Debug state table]).
 
     ``forward`` and ``schedule`` name the fields of each lane; ``consumers`` the
     schedule-side resolves, each of which must follow a fresh publish.
@@ -422,18 +454,32 @@ class DebugChecks:
         self.pool_size = pool_size
         self.owner = owner
         self._policy = policy_for(self.device)
-        self._lane = {
-            **{f: "forward" for f in forward},
-            **{f: "schedule" for f in schedule},
-        }
         self._consumers = consumers
         self._fresh: set[str] = set()
-        self._generation = torch.zeros(pool_size, dtype=torch.int64, device=self.device)
-        self._rows: dict[str, _FieldRows] = {
-            f: _FieldRows(pool_size, self.device) for f in self._lane
+        self._ids = {
+            field: i for i, field in enumerate(dict.fromkeys(forward + schedule))
         }
+        self._table = self._planes(len(self._ids))
         self._create = threading.Lock()
         self._ops: list[str] = ["?"]
+        self._writes: dict[Hashable, _Plan] = {}
+        self._reads: dict[Hashable, _Plan] = {}
+        self._all: tuple[int, torch.Tensor] | None = None
+        device = self.device
+        self._sink = torch.arange(pool_size, dtype=torch.int64, device=device)
+        self._sink[0] = pool_size
+        # check_slots: sorted slots between these two must rise strictly.
+        self._edges = {
+            scratch_ok: (
+                torch.tensor([-1 if scratch_ok else 0], device=device),
+                torch.tensor([pool_size], device=device),
+            )
+            for scratch_ok in (True, False)
+        }
+        self._consumed_columns = torch.tensor([_STATE, _READY], device=device)
+        self._consumed = torch.tensor([_CONSUMED, _BLOCKED], device=device)
+        self._ready_column = torch.tensor(_READY, device=device)
+        self._blocked = torch.tensor(_BLOCKED, device=device)
         # Note [Happens-before in debug mode]: CpuEvents report themselves.
         self._model_fence = not isinstance(self._policy, CpuPolicy)
         self._fence_clock: _Clock | None = None
@@ -442,14 +488,28 @@ class DebugChecks:
             enable_happens_before()
 
     # -- helpers -------------------------------------------------------------------
-    def _field(self, field: str) -> _FieldRows:
-        rows = self._rows.get(field)
-        if rows is None:  # a field the constructor did not name: made on first use
+    def _planes(self, count: int) -> torch.Tensor:
+        """``count`` fresh planes of the state table: nothing written; row 0 readable."""
+        planes = torch.zeros(
+            (count, self.pool_size + 1, _COLUMNS), dtype=torch.int64, device=self.device
+        )
+        planes[:, 1:, _READY] = _BLOCKED
+        return planes
+
+    def _field(self, field: str) -> int:
+        """The plane of ``field``; a field the constructor did not name gets one now."""
+        plane = self._ids.get(field)
+        if plane is None:
             with self._create:
-                rows = self._rows.setdefault(
-                    field, _FieldRows(self.pool_size, self.device)
-                )
-        return rows
+                plane = self._ids.get(field)
+                if plane is None:
+                    self._table = torch.cat((self._table, self._planes(1)))
+                    plane = self._ids[field] = len(self._ids)
+        return plane
+
+    def _plan(self, names: tuple[str, ...]) -> _Plan:
+        planes = [self._field(name) for name in names]
+        return _Plan(names, torch.tensor(planes, device=self.device).unsqueeze(1))
 
     def _op(self, op: str) -> int:
         try:
@@ -474,10 +534,11 @@ class DebugChecks:
         self, ok: torch.Tensor, summary: Callable[[], str], detail: Callable[[int], str]
     ) -> None:
         """Every element of ``ok`` must hold. On the CPU (no sync to pay) name the first
-        failing position with ``detail``; elsewhere assert on the device with ``summary``."""
+        failing element (its flat index) with ``detail``; elsewhere assert on the device
+        with ``summary``."""
         if ok.device.type == "cpu":
             if not bool(ok.all()):
-                first = int((~ok).nonzero()[0, 0])
+                first = int((~ok).reshape(-1).nonzero()[0, 0])
                 raise DebugCheckFailed(f"{self.owner}.{detail(first)}")
         else:
             torch._assert_async(ok.all(), f"{self.owner}.{summary()}")
@@ -494,166 +555,226 @@ class DebugChecks:
         rows = self._slots(op, indices)
         if rows.numel() == 0:
             return
+        # Sorted between the edges (low - 1 and pool_size) the slots rise strictly: in
+        # range and no repeat, in one compare; padding may repeat row 0.
+        below, above = self._edges[scratch_ok]
+        edges = torch.cat((below, rows.sort().values, above))
+        after = edges[1:]
+        ok = after > edges[:-1]
+        if scratch_ok:
+            ok |= after == 0
         low = 0 if scratch_ok else 1
-        in_range = (rows >= low) & (rows < self.pool_size)
-        ordered, _ = rows.sort()
-        repeated = (
-            (ordered[1:] == ordered[:-1]) & (ordered[1:] >= low) & (ordered[1:] != 0)
-        )
         scratch = (
             ""
             if scratch_ok
             else " (row 0 is the scratch row: placeholder 0 would read as token 0)"
         )
 
-        def out_of_range(i: int) -> str:
+        def summary() -> str:
+            repeat = ", row 0 excepted (padding)" if scratch_ok else ""
             return (
-                f"{op}: slots must be in [{low}, {self.pool_size}){scratch}; slot "
-                f"{int(rows[i])} at position {i} is not (slots are request-pool indices of "
-                f"this map, which has {self.pool_size} rows; a negative slot would wrap around)"
+                f"{op}: slots must be in [{low}, {self.pool_size}){scratch}, and no slot "
+                f"may appear twice in one batch{repeat}"
             )
 
-        def twice(i: int) -> str:
+        def problem(_: int) -> str:
+            outside = ((rows < low) | (rows >= self.pool_size)).nonzero()
+            if outside.numel():
+                i = int(outside[0, 0])
+                return (
+                    f"{op}: slots must be in [{low}, {self.pool_size}){scratch}; slot "
+                    f"{int(rows[i])} at position {i} is not (slots are request-pool "
+                    f"indices of this map, which has {self.pool_size} rows; a negative "
+                    "slot would wrap around)"
+                )
+            ordered = rows.sort().values
+            repeated = (ordered[1:] == ordered[:-1]) & (ordered[1:] != 0)
+            slot = int(ordered[1:][repeated][0])
             return (
-                f"{op}: slot {int(ordered[i + 1])} appears twice in one batch; each request "
-                "holds one slot, so a repeat means two requests share it (a stash would "
-                "keep one value, a resolve would consume one value twice)"
+                f"{op}: slot {slot} appears twice in one batch; each request holds one "
+                "slot, so a repeat means two requests share it (a stash would keep one "
+                "value, a resolve would consume one value twice)"
             )
 
-        self._require(
-            in_range,
-            lambda: f"{op}: slots must be in [{low}, {self.pool_size}){scratch}",
-            out_of_range,
-        )
-        if repeated.numel():
-            self._require(
-                ~repeated, lambda: f"{op}: a slot appears twice in one batch", twice
-            )
+        self._require(ok, summary, problem)
 
     def wrote(
-        self, op: str, field: str, buf: torch.Tensor, indices: torch.Tensor
+        self,
+        op: str,
+        indices: torch.Tensor,
+        fields: tuple[str, ...],
+        *,
+        carried: Mapping[str, bool] | None = None,
     ) -> None:
-        """Rows ``indices`` of ``field`` were written by ``op`` on the current stream."""
-        self._mark(op, field, self._slots(op, indices), _WRITTEN)
-
-    def omitted(self, op: str, field: str, indices: torch.Tensor) -> None:
-        """``op`` stashed rows ``indices`` without the optional ``field``."""
-        self._mark(op, field, self._slots(op, indices), _OMITTED)
-
-    def _mark(self, op: str, field: str, rows: torch.Tensor, state: int) -> None:
+        """``op`` wrote rows ``indices`` of ``fields`` on the current stream. ``carried``
+        says, for each optional field among them, whether this call carried it: one left
+        out is marked omitted (Note [Optional fields]). Two unordered writes of one row
+        are reported."""
+        rows = self._slots(op, indices)
         if rows.numel() == 0:
             return
-        f = self._field(field)
-        f.state.index_fill_(0, rows, state)
-        f.generation[rows] = self._generation[rows]
+        key = (op, fields) if carried is None else (op, fields, *carried.values())
+        plan = self._writes.get(key)
+        if plan is None:
+            plan = self._writes[key] = self._write_plan(op, fields, carried)
+        table = self._table
         if not _checker.enabled:
+            table.index_put_((plan.planes, self._sink[rows]), self._stamp(plan, -1))
             return
-        actor, clock, vector = _checker.tick(self._stream(), rows.device)
+        actor, clock, vector = _checker.tick(self._stream(), self.device)
         # Two writes of one row must be ordered, or which one a read sees is timing.
-        previous = f.actor[rows]
-        seen = vector[previous.clamp(min=0)]
-        ordered = (previous < 0) | (seen >= f.clock[rows]) | (rows == 0)
+        block = table[plan.planes, rows]
+        ok = vector[block[..., _WRITER]] >= block[..., _CLOCK]
 
-        def unordered(i: int) -> str:
+        def summary() -> str:
             return (
-                f"{field}: slot {int(rows[i])}: {op} on {_checker.name(actor)} overwrites "
-                f"the value {self._ops[int(f.op[rows[i]])]} wrote on "
-                f"{_checker.name(int(previous[i]))}, and nothing orders the two writes (no "
-                "stream wait or event between them): which value the next read sees depends "
-                "on timing. Write from one stream, or order the streams."
+                f"{', '.join(fields)}: {op} on {_checker.name(actor)} overwrites a row "
+                "written on another stream with no order between the writes"
             )
 
-        self._require(
-            ordered,
-            lambda: (
-                f"{field}: {op} on {_checker.name(actor)} overwrites a row written on "
-                "another stream with no order between the writes"
-            ),
-            unordered,
+        def unordered(first: int) -> str:
+            j, i = divmod(first, rows.numel())
+            return (
+                f"{fields[j]}: slot {int(rows[i])}: {op} on {_checker.name(actor)} "
+                f"overwrites the value {self._ops[int(block[j, i, _OP])]} wrote on "
+                f"{_checker.name(int(block[j, i, _WRITER]) - 1)}, and nothing orders the "
+                "two writes (no stream wait or event between them): which value the next "
+                "read sees depends on timing. Write from one stream, or order the streams."
+            )
+
+        self._require(ok, summary, unordered)
+        assert plan.tick is not None
+        stamp = torch.add(self._stamp(plan, actor), plan.tick, alpha=clock)
+        table.index_put_((plan.planes, self._sink[rows]), stamp)
+
+    def _write_plan(
+        self, op: str, fields: tuple[str, ...], carried: Mapping[str, bool] | None
+    ) -> _Plan:
+        plan = self._plan(fields)
+        written = [carried is None or carried.get(f, True) for f in fields]
+        plan.tick = torch.tensor(
+            [[[0, 0, 1, int(w), 0]] for w in written], device=self.device
         )
-        f.actor.index_fill_(0, rows, actor)
-        f.clock.index_fill_(0, rows, clock)
-        f.op.index_fill_(0, rows, self._op(op))
+        # The base stamp per actor: see _stamp.
+        plan.stamps[-2] = torch.tensor(
+            [
+                [
+                    [
+                        _WRITTEN if w else _OMITTED,
+                        0,
+                        0,
+                        0 if w else _BLOCKED,
+                        self._op(op),
+                    ]
+                ]
+                for w in written
+            ],
+            device=self.device,
+        )
+        return plan
+
+    def _stamp(self, plan: _Plan, actor: int) -> torch.Tensor:
+        """The stamp of a write by ``actor`` (-1: the checker is off), CLOCK and READY
+        still 0 (for an omitted field READY is _BLOCKED)."""
+        stamp = plan.stamps.get(actor)
+        if stamp is None:
+            stamp = plan.stamps[-2].clone()
+            stamp[:, :, _WRITER] = actor + 1
+            plan.stamps[actor] = stamp
+        return stamp
 
     def read(
         self,
         op: str,
-        field: str,
-        buf: torch.Tensor,
         rows: torch.Tensor,
+        buffers: Mapping[str, torch.Tensor | None],
+        *,
+        carried: Mapping[str, bool] | None = None,
         taken: torch.Tensor | None = None,
     ) -> None:
-        """``op`` gathered rows ``rows`` of ``field`` (``taken`` masks the rows really
-        read); check each was written for this request, not read since, and that the
-        read is ordered after its write; then mark them consumed and poison them."""
+        """``op`` gathered rows ``rows`` of the fields in ``buffers`` (field name ->
+        buffer); ``carried`` says, for optional ones among them, whether the call read
+        them (it did not where the latest write left the field out); ``taken`` masks
+        the positions really read. Check each row was written for this request, not
+        read since, and that the read is ordered after its write; then mark them
+        consumed and poison them."""
         rows = self._slots(op, rows)
         if rows.numel() == 0:
             return
-        f = self._field(field)
-        hb = _checker.enabled
-        actor, _, vector = (
-            _checker.tick(self._stream(), rows.device) if hb else (-1, 0, rows)
-        )
-        checked = rows != 0  # row 0 is scratch: padded positions read it harmlessly
+        fields = tuple(buffers)
+        key = (op, fields) if carried is None else (op, fields, *carried.values())
+        plan = self._reads.get(key)
+        if plan is None:
+            read = tuple(f for f in fields if carried is None or carried.get(f, True))
+            plan = self._reads[key] = self._plan(read)
+        names = plan.names
+        if not names:
+            return
         if taken is not None:
-            checked = checked & taken.reshape(-1)
-        state = f.state[rows]
-        fresh = state == _WRITTEN
-        current = f.generation[rows] == self._generation[rows]
-        writer = f.actor[rows]
-        ok = fresh & current
+            # Positions not read go to row 0, whose checks pass (no host sync to drop them).
+            rows = torch.where(taken.reshape(-1), rows, 0)
+        table = self._table
+        block = table[plan.planes, rows]
+        hb = _checker.enabled
         if hb:
-            ok = ok & (vector[writer.clamp(min=0)] >= f.clock[rows])
-        ok = ~checked | ok
+            actor, _, vector = _checker.tick(self._stream(), self.device)
+            ok = vector[block[..., _WRITER]] >= block[..., _READY]
+        else:
+            actor = -1
+            ok = block[..., _READY] < _BLOCKED
 
-        def problem(i: int) -> str:
-            slot = int(rows[i])
+        def summary() -> str:
+            return (
+                f"{', '.join(names)}: {op} on {_checker.name(actor) if hb else 'its stream'} "
+                "read a row that was not written for this request since it was last "
+                "consumed, was left out, or whose write is not ordered before the read"
+            )
+
+        def problem(first: int) -> str:
+            j, i = divmod(first, rows.numel())
+            field, slot = names[j], int(rows[i])
+            state, writer, _, ready, written_by = (int(v) for v in block[j, i])
             where = f"{field}: slot {slot}: {op}"
-            s = int(state[i])
-            if s == _EMPTY:
+            if state == _EMPTY:
                 return (
                     f"{where} reads a row that was never written: no stash or publish "
                     "wrote this slot before the read"
                 )
-            if s == _CONSUMED:
+            if state == _CONSUMED:
                 return (
                     f"{where} reads a row that was not written since it was last consumed "
                     "(a stash or publish is missing, or the slot is read twice)"
                 )
-            if s == _OMITTED:
+            if state == _OMITTED:
                 return (
                     f"{where} reads the optional field, but the latest stash of this slot "
                     f"left it out ({field}=None), so there is no value to hand over"
                 )
-            written_by = self._ops[int(f.op[slot])]
-            if not bool(current[i]):
+            if ready == _BLOCKED:
                 return (
                     f"{where}: the slot was released and reused between its write "
-                    f"({written_by}) and this read; the value belongs to the slot's "
-                    "previous request"
+                    f"({self._ops[written_by]}) and this read; the value belongs to the "
+                    "slot's previous request"
                 )
             return (
-                f"{where} on {_checker.name(actor)} reads the value {written_by} wrote on "
-                f"{_checker.name(int(writer[i]))}, but nothing orders the read after that "
-                "write (no fence wait, stream wait or event synchronize between them that "
-                "the checker was told of): the read may see the old value. Resolve through "
-                "the map on the stream that wrote, wait on its fence, or report the "
-                "engine's own waits (relay.debug.wait_event, synchronize_event, ...)"
+                f"{where} on {_checker.name(actor)} reads the value "
+                f"{self._ops[written_by]} wrote on {_checker.name(writer - 1)}, but nothing "
+                "orders the read after that write (no fence wait, stream wait or event "
+                "synchronize between them that the checker was told of): the read may see "
+                "the old value. Resolve through the map on the stream that wrote, wait on "
+                "its fence, or report the engine's own waits (relay.debug.wait_event, "
+                "synchronize_event, ...)"
             )
 
-        self._require(
-            ok,
-            lambda: (
-                f"{field}: {op} on {_checker.name(actor) if hb else 'its stream'} read a "
-                "row that was not written for this request since it was last consumed, was left "
-                "out, or whose write is not ordered before the read"
-            ),
-            problem,
+        self._require(ok, summary, problem)
+        table.index_put_(
+            (plan.fields, self._sink[rows].unsqueeze(1), self._consumed_columns),
+            self._consumed,
         )
-        # Positions not checked go to row 0, so no host sync is needed to drop them.
-        consumed = torch.where(checked, rows, 0)
-        f.state.index_fill_(0, consumed, _CONSUMED)
-        buf.index_fill_(0, consumed, poison(buf.dtype))
+        for name in names:
+            buf = buffers[name]
+            if buf is not None:
+                buf.index_fill_(0, rows, poison(buf.dtype))
 
     def publishing(self) -> None:
         """``publish`` is about to record the fence (before: the record may wake a waiter)."""
@@ -680,6 +801,15 @@ class DebugChecks:
             _checker.join(self._stream(), self._fence_clock)
 
     def release(self, indices: torch.Tensor) -> None:
-        """The requests in slots ``indices`` ended: their unread values are stale."""
+        """The requests in slots ``indices`` ended: their unread values are stale (READY
+        blocked, STATE kept: Note [Debug state table])."""
         rows = self._slots("release", indices)
-        self._generation.index_add_(0, rows, torch.ones_like(rows))
+        if rows.numel() == 0:
+            return
+        everything = self._all
+        if everything is None or everything[0] != len(self._ids):
+            planes = torch.arange(len(self._ids), device=self.device).unsqueeze(1)
+            everything = self._all = (len(self._ids), planes)
+        self._table.index_put_(
+            (everything[1], self._sink[rows], self._ready_column), self._blocked
+        )

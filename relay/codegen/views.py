@@ -169,16 +169,13 @@ class FieldView:
     write_stmt: str
     lazy_alloc_stmt: str | None
     clear_stmt: str | None
-    wrote_stmt: str
-    omitted_stmt: str | None
     # Resolves.
-    #: The ``if`` line guarding an optional read, in the resolve and in its debug block.
+    #: The ``if`` line guarding an optional read in the resolve.
     read_test: str | None
-    debug_read_test: str | None
-    #: The read itself: a gather, or the placeholder substitution, then host copies.
     #: The debug ``if`` of a resolve whose only read is this optional one (one ``if``,
     #: not two nested, as linters want).
     solo_debug_read_test: str | None
+    #: The read itself: a gather, or the placeholder substitution, then host copies.
     read_stmts: tuple[str, ...]
     #: The read hands the batch a local that ``resolve_future``'s gather block set
     #: (Note [Fused gather]): no ``if`` of its own, ``None`` already in the local.
@@ -192,8 +189,10 @@ class FieldView:
     fused_arg: str | None
     #: What an optional read hands over when the latest write did not carry it.
     none_stmts: tuple[str, ...]
-    read_stmt: str  # the debug-mode ``read`` report
-    solo_read_stmt: str  # the same under ``solo_debug_read_test``
+    #: The debug-mode ``read`` report of this field alone: a schedule resolve's, or a
+    #: placeholder's (its own rows and pending mask); gathers of ``resolve_future`` are
+    #: reported together (``MapView.forward_read_stmt``).
+    read_stmt: str
     never_stashed_stmt: str | None  # the error of a required lazy field read too early
     read_doc: tuple[str, ...]
     resolve_def: str | None  # the schedule resolve's ``def`` line
@@ -258,6 +257,11 @@ class MapView:
     fused: FusedView | None
     protocols: tuple[ProtocolView, ...]  # nested first, the batch protocol last
     debug_stmt: str
+    #: The debug reports of ``stash`` and ``publish`` (one each) and of the gathers
+    #: of ``resolve_future`` (one for all of them); ``None`` where there are none.
+    stash_wrote_stmt: str | None
+    publish_wrote_stmt: str | None
+    forward_read_stmt: str | None
     stash_def: str
     invalidate_def: str
     resolve_future_def: str
@@ -337,7 +341,6 @@ def _field_view(
     src = f.payload_name
     given = f"payload.{f.payload_name}" if lane is Lane.FORWARD else f.payload_name
     bind_stmt = f"{src} = {given}" if f.optional and lane is Lane.FORWARD else None
-    op = "stash" if lane is Lane.FORWARD else "publish"
     what = naming.string_literal(f"{schema.name}.{f.name}")
     field_literal = naming.string_literal(f.name)
     carried = f"self.{naming.carried_flag(f)}" if f.optional else None
@@ -382,23 +385,13 @@ def _field_view(
     clear_stmt = (
         call(_IN_IF, f"{buf}.index_fill_(", ["0", "slots", "0"]) if f.optional else None
     )
-    wrote_indent = _IN_IF2 if f.optional else _IN_IF
-    wrote_stmt = call(
-        wrote_indent, "self._debug.wrote(", [f'"{op}"', field_literal, buf, "indices"]
-    )
-    omitted_stmt = (
-        call(_IN_IF2, "self._debug.omitted(", [f'"{op}"', field_literal, "indices"])
-        if f.optional
-        else None
-    )
 
     # Resolves.
-    read_test = debug_read_test = solo_debug_read_test = None
+    read_test = solo_debug_read_test = None
     if presence is Presence.CARRIED:
         assert carried is not None
         test = f"{carried} and {buf} is not None" if lazy else carried
         read_test = condition(_BODY, "if", test)
-        debug_read_test = condition(_IN_IF, "if", test)
         solo_debug_read_test = condition(
             _BODY, "if", f"self._debug is not None and {test}"
         )
@@ -406,6 +399,8 @@ def _field_view(
     value = naming.value_local(f)
     at, pending, rows = naming.placeholder_locals(f)
     placeholder_stmts: tuple[str, ...] = ()
+    buffers = _buffers([(f.name, naming.buffer(f))])
+    read_args: list[str | Call]
     if read is ReadPlan.PLACEHOLDER:
         assert target is not None
         gather_stmt = call(read_indent, f"{value} = {buf}.index_select(", ["0", rows])
@@ -418,22 +413,22 @@ def _field_view(
                 read_indent, f"{at}.copy_(", [f"torch.where({pending}, {value}, {at})"]
             ),
         )
-        read_args = [f'"{reader}"', field_literal, buf, rows, pending]
+        read_args = [f'"{reader}"', rows, buffers, f"taken={pending}"]
         host_src = at
     elif lane is Lane.SCHEDULE:
         gather_stmt = call(
             read_indent, f"{value} = {buf}.index_select(", ["0", "indices"]
         )
-        read_args = [f'"{reader}"', field_literal, buf, "indices"]
+        read_args = [f'"{reader}"', "indices", buffers]
         host_src = value
     else:  # a forward gather; a field without a target is only stashed: this goes unused
         gather_stmt = call(
             read_indent, f"{target or value} = {buf}.index_select(", ["0", "indices"]
         )
-        read_args = [f'"{reader}"', field_literal, buf, "indices"]
+        read_args = [f'"{reader}"', "indices", buffers]
         host_src = value
 
-    read_stmt = call(read_indent + 4, "self._debug.read(", read_args)
+    read_stmt = call(_IN_IF, "self._debug.read(", read_args)
     # Note [Fused gather]: a packed map gathers every forward gather field in one block.
     in_block = (
         fused
@@ -520,10 +515,7 @@ def _field_view(
         write_stmt=write_stmt,
         lazy_alloc_stmt=lazy_alloc_stmt,
         clear_stmt=clear_stmt,
-        wrote_stmt=wrote_stmt,
-        omitted_stmt=omitted_stmt,
         read_test=read_test,
-        debug_read_test=debug_read_test,
         solo_debug_read_test=solo_debug_read_test,
         read_stmts=(*placeholder_stmts, *host)
         if placeholder_stmts
@@ -534,7 +526,6 @@ def _field_view(
         fused_arg=fused_arg,
         none_stmts=tuple(none),
         read_stmt=read_stmt,
-        solo_read_stmt=call(_IN_IF, "self._debug.read(", read_args),
         never_stashed_stmt=call(
             _IN_IF,
             "raise _rt.never_stashed(",
@@ -740,6 +731,69 @@ def _protocols(schema: Schema) -> tuple[ProtocolView, ...]:
     return tuple(views)
 
 
+def _buffers(fields: Sequence[tuple[str, str]]) -> Call:
+    """``{"topk_p": self.topk_p_buf, ...}`` from (field name, buffer attribute) pairs:
+    what a debug ``read`` report reads."""
+    return Call(
+        "{",
+        tuple(f"{naming.string_literal(name)}: self.{buf}" for name, buf in fields),
+        "}",
+    )
+
+
+def _carried(fields: Sequence[FieldView], flag: str) -> Call | None:
+    """``carried={"hidden_states": <flag>, ...}`` for the optional ``fields``: whether
+    this call carried (a write) or reads (a resolve) each; ``None`` when none is
+    optional. ``flag`` is ``"src"`` (the payload value is not None) or ``"carried"``
+    (the map's flag, Note [Optional fields])."""
+    optional = [f for f in fields if f.optional]
+    if not optional:
+        return None
+    return Call(
+        "carried={",
+        tuple(
+            f"{naming.string_literal(f.name)}: "
+            + (f"{f.src} is not None" if flag == "src" else str(f.carried))
+            for f in optional
+        ),
+        "}",
+    )
+
+
+def _wrote_stmt(op: str, fields: Sequence[FieldView]) -> str | None:
+    """The one debug ``wrote`` report of ``stash`` / ``publish``: every field it writes."""
+    if not fields:
+        return None
+    literals = tuple(naming.string_literal(f.name) for f in fields)
+    names = Call("(", literals, ",)" if len(literals) == 1 else ")")
+    args: list[str | Call] = [f'"{op}"', "indices", names]
+    carried = _carried(fields, "src")
+    if carried is not None:
+        args.append(carried)
+    return call(_IN_IF, "self._debug.wrote(", args)
+
+
+def _forward_read_stmt(fields: Sequence[FieldView]) -> str | None:
+    """The one debug ``read`` report of ``resolve_future``'s gathers (placeholders report
+    their own rows apart)."""
+    gathers = [
+        f
+        for f in fields
+        if f.lane is Lane.FORWARD and f.target is not None and not f.placeholder
+    ]
+    if not gathers:
+        return None
+    args: list[str | Call] = [
+        '"resolve_future"',
+        "indices",
+        _buffers([(f.name, f.buf) for f in gathers]),
+    ]
+    carried = _carried(gathers, "carried")
+    if carried is not None:
+        args.append(carried)
+    return call(_IN_IF, "self._debug.read(", args)
+
+
 def _names_literal(keyword: str, names: Sequence[str]) -> Call:
     """``keyword=("a", "b")``: a tuple of string literals that ruff may split."""
     literals = tuple(naming.string_literal(n) for n in names)
@@ -812,6 +866,13 @@ def map_view(schema: Schema, *, source: str) -> MapView:
         fused=_fused_view(groups, fields) if groups else None,
         protocols=protocols,
         debug_stmt=call(_IN_IF, "self._debug = _rt.DebugChecks(", debug_args),
+        stash_wrote_stmt=_wrote_stmt(
+            "stash", [f for f in fields if f.lane is Lane.FORWARD]
+        ),
+        publish_wrote_stmt=_wrote_stmt(
+            "publish", [f for f in fields if f.lane is Lane.SCHEDULE]
+        ),
+        forward_read_stmt=_forward_read_stmt(fields),
         stash_def=signature(
             "stash",
             [

@@ -36,7 +36,7 @@ def stash(
     """A stash of one field as the generated code does it: check, write, report."""
     d.check_slots("stash", idx)
     buf[idx.long()] = torch.as_tensor(value, dtype=buf.dtype, device=buf.device)
-    d.wrote("stash", field, buf, idx)
+    d.wrote("stash", idx, (field,))
 
 
 def resolve(
@@ -45,7 +45,7 @@ def resolve(
     """A gather resolve of one field as the generated code does it."""
     d.check_slots("resolve_future", idx)
     value = buf[idx.long()]
-    d.read("resolve_future", field, buf, idx)
+    d.read("resolve_future", idx, {field: buf})
     return value
 
 
@@ -168,7 +168,7 @@ def test_an_omitted_optional_field_read_is_reported() -> None:
     d = checks()
     buf = torch.zeros(POOL, 3)
     stash(d, "opt", buf, torch.tensor([1]), torch.ones(1, 3))
-    d.omitted("stash", "opt", torch.tensor([1]))
+    d.wrote("stash", torch.tensor([1]), ("opt",), carried={"opt": False})
     with pytest.raises(
         RelayDebugError,
         match=r"M\.opt: slot 1: .*latest stash of this slot left it out",
@@ -180,7 +180,7 @@ def test_a_stash_carrying_the_optional_field_again_makes_it_readable() -> None:
     """Omitted then carried: the newest stash wins and the value is handed over."""
     d = checks()
     buf = torch.zeros(POOL, 2)
-    d.omitted("stash", "opt", torch.tensor([1]))
+    d.wrote("stash", torch.tensor([1]), ("opt",), carried={"opt": False})
     stash(d, "opt", buf, torch.tensor([1]), [[1.0, 2.0]])
     assert resolve(d, "opt", buf, torch.tensor([1])).tolist() == [[1.0, 2.0]]
 
@@ -193,11 +193,12 @@ def test_taken_masks_the_positions_really_read() -> None:
     rows = torch.tensor(
         [2, 0, 0]
     )  # position 1 and 2 hold real tokens (row 0 after clamp)
-    d.read("resolve_future", "tok", buf, rows, torch.tensor([True, False, False]))
+    taken = torch.tensor([True, False, False])
+    d.read("resolve_future", rows, {"tok": buf}, taken=taken)
     with pytest.raises(RelayDebugError, match="slot 2"):
-        d.read("resolve_future", "tok", buf, rows, torch.tensor([True, False, False]))
+        d.read("resolve_future", rows, {"tok": buf}, taken=taken)
     d.read(
-        "resolve_future", "tok", buf, torch.tensor([3]), torch.tensor([False])
+        "resolve_future", torch.tensor([3]), {"tok": buf}, taken=torch.tensor([False])
     )  # not read
 
 
@@ -402,12 +403,12 @@ def test_the_modelled_fence_chains_two_publishing_streams(fake_streams: Any) -> 
         fake_streams.current = FakeStream(stream_id)
         d.check_slots("publish", torch.tensor([slot]))
         buf[slot] = slot
-        d.wrote("publish", "lens", buf, torch.tensor([slot]))
+        d.wrote("publish", torch.tensor([slot]), ("lens",))
         d.publishing()
     fake_streams.current = FakeStream(303)
     d.waited("resolve_lens")
     value = buf[torch.tensor([1, 2])]
-    d.read("resolve_lens", "lens", buf, torch.tensor([1, 2]))
+    d.read("resolve_lens", torch.tensor([1, 2]), {"lens": buf})
     assert value.tolist() == [1, 2]
 
 
