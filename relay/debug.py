@@ -376,7 +376,8 @@ def check_resolved(value: torch.Tensor, consumer: str) -> None:
 
 
 def _vector(values: list[int], device: torch.device) -> torch.Tensor:
-    """A host list as an int64 tensor on ``device``, copied without blocking the host."""
+    """A host list as an int64 tensor on ``device``, copied without blocking the host
+    (made on first use inside a step, which must not sync: tests/gpu/test_gpu_sync_free.py)."""
     host = torch.tensor(values, dtype=torch.int64)
     if device.type == "cpu":
         return host
@@ -509,7 +510,7 @@ class DebugChecks:
 
     def _plan(self, names: tuple[str, ...]) -> _Plan:
         planes = [self._field(name) for name in names]
-        return _Plan(names, torch.tensor(planes, device=self.device).unsqueeze(1))
+        return _Plan(names, _vector(planes, self.device).unsqueeze(1))
 
     def _op(self, op: str) -> int:
         try:
@@ -652,24 +653,17 @@ class DebugChecks:
     ) -> _Plan:
         plan = self._plan(fields)
         written = [carried is None or carried.get(f, True) for f in fields]
-        plan.tick = torch.tensor(
-            [[[0, 0, 1, int(w), 0]] for w in written], device=self.device
-        )
-        # The base stamp per actor: see _stamp.
-        plan.stamps[-2] = torch.tensor(
-            [
-                [
-                    [
-                        _WRITTEN if w else _OMITTED,
-                        0,
-                        0,
-                        0 if w else _BLOCKED,
-                        self._op(op),
-                    ]
-                ]
-                for w in written
-            ],
-            device=self.device,
+        shape = (len(fields), 1, _COLUMNS)
+        ticks = [[0, 0, 1, int(w), 0] for w in written]
+        plan.tick = _vector([v for t in ticks for v in t], self.device).reshape(shape)
+        # The stamp of the checker off (writer 0); _stamp derives each actor's from it.
+        op_id = self._op(op)
+        stamps = [
+            [_WRITTEN, 0, 0, 0, op_id] if w else [_OMITTED, 0, 0, _BLOCKED, op_id]
+            for w in written
+        ]
+        plan.stamps[-1] = _vector([v for t in stamps for v in t], self.device).reshape(
+            shape
         )
         return plan
 
@@ -678,7 +672,7 @@ class DebugChecks:
         still 0 (for an omitted field READY is _BLOCKED)."""
         stamp = plan.stamps.get(actor)
         if stamp is None:
-            stamp = plan.stamps[-2].clone()
+            stamp = plan.stamps[-1].clone()
             stamp[:, :, _WRITER] = actor + 1
             plan.stamps[actor] = stamp
         return stamp
