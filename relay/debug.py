@@ -8,13 +8,19 @@ methods, and only when the map was built with ``debug=True`` (``self._debug`` is
 ``None`` otherwise, so debug off costs one attribute test per method). The bookkeeping
 behind them is free to change.
 
-Per method, in this order:
+Per method, in this order, one report of its lane work (not one per field), so that the
+checks of a method are a fixed number of ops whatever its field count (Note [Debug state
+table]):
 
-- ``stash`` / ``publish``: ``check_slots`` (before anything is written), the writes,
-  then ``wrote`` for each field written and ``omitted`` for each optional field the
-  payload left out; ``publish`` calls ``publishing`` right before its fence record.
+- ``stash`` / ``publish``: ``check_slots`` (before anything is written), the writes, then
+  one ``wrote(op, indices, fields, carried=...)`` naming every field written, ``carried``
+  saying for each optional one whether this call carried it (one left out is marked
+  omitted); ``publish`` calls ``publishing`` right before its fence record.
 - ``invalidate``: ``check_slots(..., scratch_ok=False)`` before the placeholders.
-- ``resolve_future``: ``check_slots``, then per field the gather and ``read``.
+- ``resolve_future``: ``check_slots``, the gathers, then one ``read(op, indices,
+  buffers, carried=...)`` of every gathered field (``buffers``: field name -> buffer,
+  whose rows read are poisoned; ``carried``: whether each optional one was read), and
+  one ``read`` per placeholder field with its own rows and ``taken`` mask.
 - schedule resolves: the fence wait, ``waited``, ``check_slots``, the gather, ``read``.
 - ``release``: ``release``.
 
@@ -25,8 +31,8 @@ What debug mode checks (see docs/debugging.md for every message)
   written, written, consumed, omitted), so every legal value is accepted, NaN and -1
   included, and each written value is read exactly once. Rows read are filled with
   ``poison(dtype)`` again, so a stray read outside the map still looks wrong.
-- Generations: ``release`` bumps a slot's generation; a value written for the slot's
-  previous request is never handed to the next one.
+- Release: ``release`` marks the slots' unread values stale; a value written for the
+  slot's previous request is never handed to the next one.
 - Fence freshness: each schedule-side resolve waits on a publish made since its last wait.
 - Happens-before (Note [Happens-before in debug mode]): every write and read of a row is
   stamped with its stream and that stream's vector clock; a read not ordered after the
@@ -35,7 +41,7 @@ What debug mode checks (see docs/debugging.md for every message)
 Checks run on the device where they can (``torch._assert_async``, no host sync). On the
 CPU, where a check costs no sync, a failure raises ``DebugCheckFailed`` (a
 ``RelayDebugError``) naming the field, the slot and the operations; on other devices the
-device-side assert carries the field, the operation and the streams involved.
+device-side assert carries the fields of the call, the operation and the streams.
 
 Engines report their own stream waits and event synchronizes with ``record_event``,
 ``wait_event``, ``synchronize_event``, ``wait_stream`` and ``synchronize_stream``;
@@ -166,14 +172,9 @@ class _Checker:
         """The actor id of ``stream`` (``None``: the calling host thread); lock held."""
         key: Hashable
         if stream is None:
-            thread = threading.current_thread()
             key = ("host", threading.get_ident())
-            name = f"host thread {thread.name!r}"
-            device = False
         elif isinstance(stream, ThreadStream):
             key = ("thread-stream", stream.serial)
-            name = repr(stream)
-            device = False
         else:
             stream_id = getattr(stream, "stream_id", None)
             key = (
@@ -185,14 +186,19 @@ class _Checker:
                 if stream_id is not None
                 else ("stream", id(stream))
             )
-            name = f"stream {stream!r}"
-            device = True
         actor = self.ids.get(key)
         if actor is None:
+            # The name only now: the checks run this per operation.
+            if stream is None:
+                name = f"host thread {threading.current_thread().name!r}"
+            elif isinstance(stream, ThreadStream):
+                name = repr(stream)
+            else:
+                name = f"stream {stream!r}"
             actor = self.ids[key] = len(self.names)
             self.names.append(name)
             self.clocks.append({actor: 0})
-            self.device_actor.append(device)
+            self.device_actor.append(key[0] not in ("host", "thread-stream"))
             self.learned.append(0)
         if self.device_actor[actor]:
             # Launch edge: the work enqueued now follows what the enqueuing thread knows.
@@ -537,8 +543,8 @@ class DebugChecks:
         """Every element of ``ok`` must hold. On the CPU (no sync to pay) name the first
         failing element (its flat index) with ``detail``; elsewhere assert on the device
         with ``summary``."""
-        if ok.device.type == "cpu":
-            if not bool(ok.all()):
+        if ok.is_cpu:
+            if not ok.all().item():
                 first = int((~ok).reshape(-1).nonzero()[0, 0])
                 raise DebugCheckFailed(f"{self.owner}.{detail(first)}")
         else:
@@ -625,7 +631,7 @@ class DebugChecks:
         actor, clock, vector = _checker.tick(self._stream(), self.device)
         # Two writes of one row must be ordered, or which one a read sees is timing.
         block = table[plan.planes, rows]
-        ok = vector[block[..., _WRITER]] >= block[..., _CLOCK]
+        ok = vector.take(block[..., _WRITER]) >= block[..., _CLOCK]
 
         def summary() -> str:
             return (
@@ -712,7 +718,7 @@ class DebugChecks:
         hb = _checker.enabled
         if hb:
             actor, _, vector = _checker.tick(self._stream(), self.device)
-            ok = vector[block[..., _WRITER]] >= block[..., _READY]
+            ok = vector.take(block[..., _WRITER]) >= block[..., _READY]
         else:
             actor = -1
             ok = block[..., _READY] < _BLOCKED
