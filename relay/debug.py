@@ -486,6 +486,7 @@ class DebugChecks:
         self._consumed_columns = torch.tensor([_STATE, _READY], device=device)
         self._consumed = torch.tensor([_CONSUMED, _BLOCKED], device=device)
         self._ready_column = torch.tensor(_READY, device=device)
+        self._row0 = torch.tensor(0, device=device)
         self._blocked = torch.tensor(_BLOCKED, device=device)
         # Note [Happens-before in debug mode]: CpuEvents report themselves.
         self._model_fence = not isinstance(self._policy, CpuPolicy)
@@ -712,7 +713,7 @@ class DebugChecks:
             return
         if taken is not None:
             # Positions not read go to row 0, whose checks pass (no host sync to drop them).
-            rows = torch.where(taken.reshape(-1), rows, 0)
+            rows = torch.where(taken.reshape(-1), rows, self._row0)
         table = self._table
         block = table[plan.planes, rows]
         hb = _checker.enabled

@@ -35,6 +35,7 @@ from typing import Any
 
 import pytest
 import torch
+from debug_support import batch, payload_of, placeholder_map_class
 from relay_runtime_support import Batch, load_generated, slots
 
 from relay import debug
@@ -370,3 +371,22 @@ def test_more_fields_add_no_check_ops_but_the_poison_of_each(
         "resolve_future": SLOTS + READ[happens_before] + 1,
     }
     assert four == {"stash": one["stash"], "resolve_future": one["resolve_future"] + 3}
+
+
+def test_a_placeholder_read_adds_its_mask_and_invalidate_refuses_row_0(
+    happens_before: bool,
+) -> None:
+    """A placeholder field reports its own rows: one more op to drop the positions that
+    hold real tokens (``where``). invalidate's slot check has no padding to let through:
+    5 ops, not 7."""
+    cls = placeholder_map_class()
+    relay = cls("cpu", POOL, debug=True)
+    for _ in range(2):
+        relay.stash(slots(2, 3), payload_of(cls, tokens=torch.tensor([5, 6])))
+        b = batch(2, 3)
+        invalidate = count_ops(partial(relay.invalidate, b, b.req_pool_indices)).data
+        resolve_future = count_ops(partial(relay.resolve_future, b)).data
+    assert len(invalidate) == 1 + SLOTS - 2  # the placeholders (neg) + the slot check
+    # The substitution (lt, neg, clamp, gather, where, copy_) + check_slots + the mask
+    # + one read report + the poison of the one buffer.
+    assert len(resolve_future) == 6 + SLOTS + 1 + READ[happens_before] + 1
