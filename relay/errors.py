@@ -18,6 +18,7 @@ __all__ = [
     "SchemaError",
     "SchemaImportError",
     "SchemaIssue",
+    "SlotError",
 ]
 
 
@@ -76,6 +77,10 @@ class SchemaError(RelayError):
 
 class SchemaImportError(SchemaError):
     """A schema module could not be imported or holds no ``SCHEMA``."""
+
+
+class SlotError(RelayError, IndexError):
+    """A slot outside the map's pool, refused before anything was written."""
 
 
 class RelayDebugError(RelayError):

@@ -6,11 +6,15 @@ names here are part of the contract between the generator and the runtime.
 
 from __future__ import annotations
 
+import ctypes
+from typing import Any
+
+import numpy
 import torch
 
 from relay.debug import DebugChecks, poison
 from relay.device import Fence, HostMirror
-from relay.errors import RelayError
+from relay.errors import RelayError, SlotError
 from relay.fused import gather_rows, gather_rows_optional
 
 __all__ = [
@@ -18,6 +22,7 @@ __all__ = [
     "Fence",
     "HostMirror",
     "check_dim",
+    "check_host_slots",
     "check_rows",
     "gather_rows",
     "gather_rows_optional",
@@ -167,6 +172,63 @@ def never_stashed(owner: str, field: str) -> RelayError:
         f"{owner}.{field}: resolved before any stash allocated its buffer; "
         "stash a payload carrying it (the forward that produced the rows) first"
     )
+
+
+# Note [Slots on the host]
+# On the CPU an indexed write checks each index as it goes, so a slot outside the pool
+# would leave the rows before it written and the fields after it not: a half-written
+# stash. With debug off, the generated writes of a CPU map first read the slots on the
+# host, where they already are, without dispatching an op (``Tensor.numpy()`` would
+# dispatch a ``detach``): up to ``HOST_SLOTS_IN_PYTHON_MAX`` slots as a list (about
+# 1 us), above it a numpy view of the index memory read as unsigned, so that a
+# negative slot is a huge one and one ``argmax`` catches both ends (about 2.5 us at
+# any batch size). On CUDA a bad slot is a device-side assert, which ends the
+# process's CUDA context; checking first would need a host sync, so there only debug
+# mode checks (``DebugChecks.check_slots``, on the device).
+
+# Per index dtype: the unsigned C and numpy types to read it as, and the numpy type it is.
+_UNSIGNED: dict[
+    torch.dtype, tuple[type[ctypes._SimpleCData[int]], type[Any], type[Any]]
+] = {
+    torch.int64: (ctypes.c_uint64, numpy.uint64, numpy.int64),
+    torch.int32: (ctypes.c_uint32, numpy.uint32, numpy.int32),
+    torch.int16: (ctypes.c_uint16, numpy.uint16, numpy.int16),
+    torch.int8: (ctypes.c_uint8, numpy.uint8, numpy.int8),
+    torch.uint8: (ctypes.c_uint8, numpy.uint8, numpy.uint8),
+}
+
+
+#: Up to this many slots, ``check_host_slots`` reads them as a list: half the time of
+#: the numpy view at batch 1, the latency case overlap scheduling exists for.
+HOST_SLOTS_IN_PYTHON_MAX = 16
+
+
+def check_host_slots(what: str, indices: torch.Tensor, pool_size: int) -> None:
+    """Refuse a slot outside ``[0, pool_size)`` in host ``indices`` before any write
+    (Note [Slots on the host]). Other index dtypes are left to torch, which refuses
+    them before it writes anything."""
+    n = indices.numel()
+    if n <= HOST_SLOTS_IN_PYTHON_MAX:
+        values = indices.tolist()
+        if not values or (min(values) >= 0 and max(values) < pool_size):
+            return
+    kinds = _UNSIGNED.get(indices.dtype)
+    if kinds is None:
+        return
+    c_type, np_type, own_type = kinds
+    if indices.is_contiguous():
+        # A buffer numpy reads without a copy (typed Any: numpy's stubs omit ctypes).
+        memory: Any = (c_type * n).from_address(indices.data_ptr())
+        wide = numpy.frombuffer(memory, dtype=np_type)
+    else:
+        wide = indices.numpy().view(np_type)
+    at = int(wide.argmax())
+    if int(wide[at]) >= pool_size:
+        raise SlotError(
+            f"{what}: slot {int(wide.view(own_type)[at])} at position {at} is outside "
+            f"the pool [0, {pool_size}); slots are request-pool indices of this map (a "
+            "negative slot would wrap around). Nothing was written"
+        )
 
 
 #: Up to this many values, ``host_sum`` adds them in Python: no op is dispatched, which

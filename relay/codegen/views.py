@@ -294,6 +294,14 @@ class MapView:
     def optional_fields(self) -> list[FieldView]:
         return [f for f in self.fields if f.optional]
 
+    def host_slots_stmt(self, op: str) -> str:
+        """The debug-off slot check of a CPU write (Note [Slots on the host])."""
+        return call(
+            _IN_IF,
+            "_rt.check_host_slots(",
+            [naming.string_literal(f"{self.cls}.{op}"), "indices", "self.pool_size"],
+        )
+
     @property
     def publish_params(self) -> list[FieldView]:
         """Required schedule fields first (positional), then optional ones (default None)."""

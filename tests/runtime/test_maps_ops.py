@@ -20,6 +20,7 @@ import pytest
 import torch
 from relay_runtime_support import Batch, slots
 
+from relay.errors import SlotError
 from relay.maps.decode import DecodeFutureMap, DecodePayload
 from relay.maps.decode_seq_lens import DecodeSeqLensFutureMap, DecodeSeqLensPayload
 from relay.maps.eagle import EagleFutureMap, EaglePayload
@@ -31,7 +32,7 @@ from relay.maps.eagle_draft_probs import (
 from relay.maps.eagle_dsa import EagleDsaFutureMap, EagleDsaPayload
 from relay.maps.eagle_multilayer import EagleMultiLayerFutureMap, EagleMultiLayerPayload
 from relay.maps.eagle_packed import EaglePackedFutureMap, EaglePackedPayload
-from relay.opcount import count_ops, is_view_op
+from relay.opcount import OpCounts, count_ops, is_view_op
 from relay.runtime import HOST_SUM_IN_PYTHON_MAX
 
 POOL = 257
@@ -322,3 +323,51 @@ def test_zero_indices_dispatch_nothing() -> None:
         assert ops_of(partial(relay.resolve_future, batch)) == [], name
         if values:
             assert ops_of(partial(relay.publish, empty, **values)) == [], name
+
+
+def _tensors(relay: Any) -> dict[str, torch.Tensor]:
+    """A copy of every tensor a map holds: its buffers, packed blocks and host copies."""
+    return {k: v.clone() for k, v in vars(relay).items() if isinstance(v, torch.Tensor)}
+
+
+def _refusal(call: Callable[[], None]) -> tuple[str, OpCounts]:
+    """The ``SlotError`` message ``call`` raises and the ops it dispatched first."""
+    errors: list[str] = []
+
+    def attempt() -> None:
+        with pytest.raises(SlotError) as raised:
+            call()
+        errors.append(str(raised.value))
+
+    counts = count_ops(attempt)
+    return errors[0], counts
+
+
+@pytest.mark.parametrize(
+    ("bad", "dtype"),
+    [(-1, torch.int64), (POOL, torch.int64), (2**40, torch.int64), (-1, torch.int32)],
+)
+@pytest.mark.parametrize("n", [2, 32])
+def test_a_slot_outside_the_pool_is_refused_before_any_write(
+    n: int, bad: int, dtype: torch.dtype
+) -> None:
+    """Debug off, on the CPU, every bundled map: a stash or publish whose last slot is
+    outside the pool raises ``SlotError`` naming it, writes no row of any field (the
+    CPU kernels would have written the rows before it) and dispatches no op to check."""
+    for name, relay, payload, values, _ in _cases(n):
+        good = slots(*range(1, n + 1))
+        relay.stash(good, payload)  # allocates lazy buffers
+        if values:
+            relay.publish(good, **values)
+        before = _tensors(relay)
+        wrong = slots(*range(1, n), bad).to(dtype)
+        calls = [partial(relay.stash, wrong, payload)]
+        if values:
+            calls.append(partial(relay.publish, wrong, **values))
+        for call in calls:
+            error, counts = _refusal(call)
+            assert f"slot {bad} at position {n - 1} is outside the pool" in error, name
+            assert counts == OpCounts((), ()), name
+            after = _tensors(relay)
+            for k, v in before.items():
+                torch.testing.assert_close(after[k], v, rtol=0, atol=0, msg=name + k)
