@@ -400,8 +400,9 @@ def _vector(values: list[int], device: torch.device) -> torch.Tensor:
 # - READY is the clock of the row's write while the row may be read, and _BLOCKED
 #   (above every vector entry) once it may not: never written, consumed, omitted or
 #   released. So one compare, ``vector[WRITER] >= READY``, checks freshness and
-#   happens-before together; with the checker off, ``READY < _BLOCKED``. STATE only
-#   names the cause when a check fails; WRITTEN with READY _BLOCKED means released.
+#   happens-before together; with the checker off, ``READY < _BLOCKED``. STATE (never
+#   written, written, consumed, omitted) and OP (the writing method) only name the
+#   cause when a check fails; WRITTEN with READY _BLOCKED means released.
 # - WRITER is the writing actor + 1, and 0 for "no writer": every vector holds _OWN at
 #   index 0, so an unwritten row needs no clamp and no compare of its own. CLOCK keeps
 #   the write's clock after a read blocks READY: two unordered writes race even when a
@@ -409,6 +410,9 @@ def _vector(values: list[int], device: torch.device) -> torch.Tensor:
 # - Row 0 is the scratch row padded batches point at: its checks must always pass. It
 #   keeps WRITER 0 and READY 0 for ever, because every stamp goes through ``_sink``,
 #   which sends row 0 to the spare row P; the gathers read row 0 itself.
+# - One reduction per call: on the CPU a failure is read back and named (field, slot,
+#   operations, streams); elsewhere one device-side assert covers the call, so its
+#   summary names every field of the call, not the failing one.
 
 # Per-row state of one field (column STATE), kept apart from the values.
 _EMPTY = 0  # never written
