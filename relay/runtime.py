@@ -182,9 +182,15 @@ def never_stashed(owner: str, field: str) -> RelayError:
 # dispatch a ``detach``): up to ``HOST_SLOTS_IN_PYTHON_MAX`` slots as a list (about
 # 1 us), above it a numpy view of the index memory read as unsigned, so that a
 # negative slot is a huge one and one ``argmax`` catches both ends (about 2.5 us at
-# any batch size). On CUDA a bad slot is a device-side assert, which ends the
-# process's CUDA context; checking first would need a host sync, so there only debug
-# mode checks (``DebugChecks.check_slots``, on the device).
+# any batch size). A write skips it for the very tensor the map's latest
+# ``resolve_future`` gathered with: that ``index_select`` already refused any slot
+# outside the pool (on the CPU it checks every index before it writes its output), and
+# an engine stashes and publishes with the batch's slots tensor it resolved, so a
+# steady overlap loop pays nothing. (A tensor changed in place between the two could
+# still hold a bad slot; torch then refuses it as the write goes.) On CUDA a bad slot
+# is a device-side assert, which ends the process's CUDA context; checking first would
+# need a host sync, so there only debug mode checks (``DebugChecks.check_slots``, on
+# the device).
 
 # Per index dtype: the unsigned C and numpy types to read it as, and the numpy type it is.
 _UNSIGNED: dict[

@@ -53,6 +53,7 @@ RESERVED = frozenset(
         # attributes of the map
         "_debug",
         "_fence",
+        "_slots_gathered",
         "fused_gather",
     }
 )

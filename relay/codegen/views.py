@@ -294,6 +294,21 @@ class MapView:
     def optional_fields(self) -> list[FieldView]:
         return [f for f in self.fields if f.optional]
 
+    @property
+    def slots_gathered(self) -> bool:
+        """``resolve_future`` always gathers with the batch's slots, so its
+        ``index_select`` refuses any slot outside the pool (Note [Slots on the host])."""
+        return any(
+            f.read is ReadPlan.GATHER and f.presence is not Presence.CARRIED
+            for f in self.forward_resolved
+        )
+
+    def host_slots_test(self) -> str:
+        """When a write checks its slots on the host (Note [Slots on the host])."""
+        if self.slots_gathered:
+            return "elif indices is not self._slots_gathered and indices.is_cpu:"
+        return "elif indices.is_cpu:"
+
     def host_slots_stmt(self, op: str) -> str:
         """The debug-off slot check of a CPU write (Note [Slots on the host])."""
         return call(

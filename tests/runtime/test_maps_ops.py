@@ -20,6 +20,7 @@ import pytest
 import torch
 from relay_runtime_support import Batch, slots
 
+from relay import runtime
 from relay.errors import SlotError
 from relay.maps.decode import DecodeFutureMap, DecodePayload
 from relay.maps.decode_seq_lens import DecodeSeqLensFutureMap, DecodeSeqLensPayload
@@ -371,3 +372,37 @@ def test_a_slot_outside_the_pool_is_refused_before_any_write(
             after = _tensors(relay)
             for k, v in before.items():
                 torch.testing.assert_close(after[k], v, rtol=0, atol=0, msg=name + k)
+
+
+def test_a_write_skips_the_host_check_for_the_slots_resolve_future_gathered(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A stash or publish with the very tensor the latest resolve_future gathered with
+    (every slot refused or read by its index_select) is not checked again; any other
+    tensor is, even with equal values, and a resolve that raised vouches for nothing."""
+    checked: list[str] = []
+    real = runtime.check_host_slots
+
+    def spy(what: str, indices: torch.Tensor, pool_size: int) -> None:
+        checked.append(what)
+        real(what, indices, pool_size)
+
+    monkeypatch.setattr(runtime, "check_host_slots", spy)
+    relay = EagleFutureMap("cpu", POOL, topk=TOPK)
+    indices = slots(1, 2)
+    payload = EaglePayload(**_eagle_extras(2))
+    relay.stash(indices, payload)
+    relay.resolve_future(Batch(req_pool_indices=indices))
+    relay.publish(indices, torch.tensor([5, 6]))
+    relay.stash(indices, payload)
+    assert checked == ["EagleFutureMap.stash"]
+    relay.stash(indices.clone(), payload)
+    assert checked[-1] == "EagleFutureMap.stash" and len(checked) == 2
+    wrong = slots(1, POOL)
+    with pytest.raises(IndexError):
+        relay.resolve_future(Batch(req_pool_indices=wrong))
+    before = _tensors(relay)
+    with pytest.raises(SlotError, match=f"slot {POOL} at position 1"):
+        relay.stash(wrong, payload)
+    for k, v in before.items():
+        torch.testing.assert_close(_tensors(relay)[k], v, rtol=0, atol=0, msg=k)
