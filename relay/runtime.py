@@ -21,17 +21,20 @@ __all__ = [
     "DebugChecks",
     "Fence",
     "HostMirror",
+    "SlotsToken",
     "check_dim",
     "check_host_slots",
     "check_rows",
     "gather_rows",
     "gather_rows_optional",
+    "gathered_slots",
     "guard_non_negative",
     "guard_positive",
     "host_sum",
     "lazy_buffer",
     "never_stashed",
     "new_buffer",
+    "slots_vouched",
 ]
 
 
@@ -183,11 +186,13 @@ def never_stashed(owner: str, field: str) -> RelayError:
 # 1 us), above it a numpy view of the index memory read as unsigned, so that a
 # negative slot is a huge one and one ``argmax`` catches both ends (about 2.5 us at
 # any batch size). A write skips it for the very tensor the map's latest
-# ``resolve_future`` gathered with: that ``index_select`` already refused any slot
-# outside the pool (on the CPU it checks every index before it writes its output), and
-# an engine stashes and publishes with the batch's slots tensor it resolved, so a
-# steady overlap loop pays nothing. (A tensor changed in place between the two could
-# still hold a bad slot; torch then refuses it as the write goes.) On CUDA a bad slot
+# ``resolve_future`` gathered with, unchanged since (torch's version counter): that
+# ``index_select`` already refused any slot outside the pool (on the CPU it checks
+# every index before it writes its output), and an engine stashes and publishes with
+# the batch's slots tensor it resolved, so a steady overlap loop pays nothing.
+# Inference tensors keep no version counter, so for them the check always runs; so
+# does it after a change torch cannot see (through ``.numpy()`` or a raw pointer),
+# which is the one way left to slip a bad slot past it. On CUDA a bad slot
 # is a device-side assert, which ends the process's CUDA context; checking first would
 # need a host sync, so there only debug mode checks (``DebugChecks.check_slots``, on
 # the device).
@@ -202,6 +207,21 @@ _UNSIGNED: dict[
     torch.int8: (ctypes.c_uint8, numpy.uint8, numpy.int8),
     torch.uint8: (ctypes.c_uint8, numpy.uint8, numpy.uint8),
 }
+
+
+SlotsToken = tuple[torch.Tensor, int]
+
+
+def gathered_slots(indices: torch.Tensor) -> SlotsToken | None:
+    """What ``resolve_future`` remembers of the slots it gathered with, for
+    ``slots_vouched`` (Note [Slots on the host]); ``None`` for an inference tensor,
+    which keeps no version counter."""
+    return None if indices.is_inference() else (indices, indices._version)
+
+
+def slots_vouched(token: SlotsToken | None, indices: torch.Tensor) -> bool:
+    """Whether ``indices`` is the tensor ``token`` remembers, unchanged since."""
+    return token is not None and token[0] is indices and token[1] == indices._version
 
 
 #: Up to this many slots, ``check_host_slots`` reads them as a list: half the time of

@@ -306,7 +306,10 @@ class MapView:
     def host_slots_test(self) -> str:
         """When a write checks its slots on the host (Note [Slots on the host])."""
         if self.slots_gathered:
-            return "elif indices is not self._slots_gathered and indices.is_cpu:"
+            return (
+                "elif indices.is_cpu and not _rt.slots_vouched("
+                "self._slots_gathered, indices):"
+            )
         return "elif indices.is_cpu:"
 
     def host_slots_stmt(self, op: str) -> str:

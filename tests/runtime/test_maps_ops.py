@@ -377,9 +377,10 @@ def test_a_slot_outside_the_pool_is_refused_before_any_write(
 def test_a_write_skips_the_host_check_for_the_slots_resolve_future_gathered(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A stash or publish with the very tensor the latest resolve_future gathered with
-    (every slot refused or read by its index_select) is not checked again; any other
-    tensor is, even with equal values, and a resolve that raised vouches for nothing."""
+    """A stash or publish with the very tensor the latest resolve_future gathered with,
+    unchanged since (every slot refused or read by its index_select), is not checked
+    again; any other tensor is, even with equal values, as is one changed in place, an
+    inference tensor (no version counter), or one whose resolve raised."""
     checked: list[str] = []
     real = runtime.check_host_slots
 
@@ -398,6 +399,20 @@ def test_a_write_skips_the_host_check_for_the_slots_resolve_future_gathered(
     assert checked == ["EagleFutureMap.stash"]
     relay.stash(indices.clone(), payload)
     assert checked[-1] == "EagleFutureMap.stash" and len(checked) == 2
+    relay.resolve_future(Batch(req_pool_indices=indices))
+    indices[1] = POOL  # changed in place after the resolve: checked again
+    before = _tensors(relay)
+    with pytest.raises(SlotError, match=f"slot {POOL} at position 1"):
+        relay.stash(indices, payload)
+    for k, v in before.items():
+        torch.testing.assert_close(_tensors(relay)[k], v, rtol=0, atol=0, msg=k)
+    with torch.inference_mode():  # no version counter: never vouched for
+        fixed = slots(1, 2)
+    relay.stash(fixed, payload)
+    relay.resolve_future(Batch(req_pool_indices=fixed))
+    checked.clear()
+    relay.stash(fixed, payload)
+    assert checked == ["EagleFutureMap.stash"]
     wrong = slots(1, POOL)
     with pytest.raises(IndexError):
         relay.resolve_future(Batch(req_pool_indices=wrong))
