@@ -214,9 +214,11 @@ SlotsToken = tuple[torch.Tensor, int]
 
 def gathered_slots(indices: torch.Tensor) -> SlotsToken | None:
     """What ``resolve_future`` remembers of the slots it gathered with, for
-    ``slots_vouched`` (Note [Slots on the host]); ``None`` for an inference tensor,
-    which keeps no version counter."""
-    return None if indices.is_inference() else (indices, indices._version)
+    ``slots_vouched`` (Note [Slots on the host]); ``None`` off the CPU, where no write
+    checks its slots, and for an inference tensor, which keeps no version counter."""
+    if not indices.is_cpu or indices.is_inference():
+        return None
+    return indices, indices._version
 
 
 def slots_vouched(token: SlotsToken | None, indices: torch.Tensor) -> bool:
@@ -233,6 +235,8 @@ def check_host_slots(what: str, indices: torch.Tensor, pool_size: int) -> None:
     """Refuse a slot outside ``[0, pool_size)`` in host ``indices`` before any write
     (Note [Slots on the host]). Other index dtypes are left to torch, which refuses
     them before it writes anything."""
+    if indices.dim() != 1:
+        return  # one 0-dim slot is written whole or refused; torch refuses more dims
     n = indices.numel()
     if n <= HOST_SLOTS_IN_PYTHON_MAX:
         values = indices.tolist()
