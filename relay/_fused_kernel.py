@@ -1,11 +1,15 @@
 # mypy: ignore-errors
 # ruff: noqa: SIM102
 # Triton's kernel language is not Python that mypy can type; the typed surface is
-# relay.fused, which imports this module on its first CUDA call only. The nested ifs
+# relay.fused, which imports this module on its first kernel launch only. The nested ifs
 # keep a compile-time test (COUNT, a constexpr) apart from a run-time one (which).
 """The Triton kernel of ``relay.fused.gather_rows`` (Note [Fused gather] in relay/fused.py).
 
-NOT RUN YET: written without a GPU; ``tests/gpu/test_gpu_fused_gather.py`` checks it.
+CI runs it under Triton's interpreter on the CPU and compiles it for CUDA
+(``tests/runtime/test_fused_interpret.py``); on a GPU it is still untested until
+``tests/gpu/test_gpu_fused_gather.py`` runs there (``scripts/gpu_check.sh``). Only integer
+units are loaded and stored, so the interpreter (which computes in numpy) and the GPU copy
+the same bits.
 """
 
 import triton

@@ -20,8 +20,12 @@ Like sglang's kernel, it does not check slots: an out-of-range slot reads anothe
 row's memory instead of raising as ``index_select`` does. Debug mode checks every slot
 before a resolve reads anything (``DebugChecks.check_slots``).
 
-NOT RUN YET: written without a GPU; ``tests/gpu/test_gpu_fused_gather.py`` compares it
-with the torch path on CUDA for every bundled map's forward lane.
+Where it runs: CI runs the kernel on every run under Triton's interpreter
+(``TRITON_INTERPRET=1``, CPU tensors; ``tests/runtime/test_fused_interpret.py``), bit for
+bit against ``index_select`` over every dtype a relay buffer holds, and compiles it for
+CUDA (PTX and cubin, with the ptxas Triton ships) without a GPU. It has not run on a GPU
+yet: ``tests/gpu/test_gpu_fused_gather.py`` does that, in ``scripts/gpu_check.sh``
+(issue 15, part 2; docs/gpu.md).
 """
 
 from __future__ import annotations
@@ -52,21 +56,9 @@ def gather_rows(
 ) -> list[torch.Tensor]:
     """``[buf.index_select(0, indices) for buf in buffers]``, in one launch on CUDA when
     it can (Note [Fused gather])."""
-    if not _fusable(indices, buffers):
+    if not (_runs_kernel(indices) and _takes(indices, buffers) and triton_available()):
         return [buf.index_select(0, indices) for buf in buffers]
-    outputs = [
-        torch.empty(
-            (indices.numel(), *buf.shape[1:]), dtype=buf.dtype, device=buf.device
-        )
-        for buf in buffers
-    ]
-    for start in range(0, len(buffers), MAX_BUFFERS):
-        _launch(
-            indices,
-            buffers[start : start + MAX_BUFFERS],
-            outputs[start : start + MAX_BUFFERS],
-        )
-    return outputs
+    return _gather(_kernel(), indices, buffers)
 
 
 def gather_rows_optional(
@@ -87,22 +79,51 @@ def gather_rows_optional(
 
 @functools.cache
 def triton_available() -> bool:
-    """Whether Triton can be imported (checked once, on the first CUDA call)."""
+    """Whether Triton can be imported (checked once, on the first call the kernel could take)."""
     return importlib.util.find_spec("triton") is not None
 
 
-def _fusable(indices: torch.Tensor, buffers: Sequence[torch.Tensor]) -> bool:
-    if not indices.is_cuda or not buffers or indices.dim() != 1:
+def _runs_kernel(indices: torch.Tensor) -> bool:
+    """Whether the kernel runs where ``indices`` live: CUDA only (Triton's interpreter runs
+    it on the CPU too, but only the tests ask it to)."""
+    return indices.is_cuda
+
+
+def _takes(indices: torch.Tensor, buffers: Sequence[torch.Tensor]) -> bool:
+    """Whether the kernel takes these arguments, whatever the device: 1-D int32 or int64
+    slots, at most ``_GRID_LIMIT`` of them, and contiguous, non-complex buffers of at
+    least one dim beside them."""
+    if not buffers or indices.dim() != 1:
         return False
-    n = indices.numel()
-    if n == 0 or n > _GRID_LIMIT or indices.dtype not in (torch.int32, torch.int64):
+    if indices.numel() > _GRID_LIMIT or indices.dtype not in (torch.int32, torch.int64):
         return False
     for buf in buffers:
         if buf.device != indices.device or not buf.is_contiguous() or buf.dim() == 0:
             return False
         if buf.is_complex():  # torch views complex bytes differently; keep it simple
             return False
-    return triton_available()
+    return True
+
+
+def _gather(
+    kernel: Any, indices: torch.Tensor, buffers: Sequence[torch.Tensor]
+) -> list[torch.Tensor]:
+    """The kernel path of ``gather_rows`` for arguments ``_takes``: fresh outputs, filled
+    by one launch of ``kernel`` per ``MAX_BUFFERS`` buffers."""
+    outputs = [
+        torch.empty(
+            (indices.numel(), *buf.shape[1:]), dtype=buf.dtype, device=buf.device
+        )
+        for buf in buffers
+    ]
+    for start in range(0, len(buffers), MAX_BUFFERS):
+        _launch(
+            kernel,
+            indices,
+            buffers[start : start + MAX_BUFFERS],
+            outputs[start : start + MAX_BUFFERS],
+        )
+    return outputs
 
 
 def _units(buffers: Sequence[torch.Tensor]) -> int:
@@ -119,6 +140,7 @@ def _as_units(tensor: torch.Tensor, unit: int) -> torch.Tensor:
 
 
 def _launch(
+    kernel: Any,
     indices: torch.Tensor,
     buffers: Sequence[torch.Tensor],
     outputs: Sequence[torch.Tensor],
@@ -126,8 +148,8 @@ def _launch(
     unit = _units(buffers)
     n = indices.numel()
     widths = [math.prod(buf.shape[1:]) * buf.dtype.itemsize // unit for buf in buffers]
-    if max(widths) == 0:
-        return  # rows of width 0: nothing to copy
+    if n == 0 or max(widths) == 0:
+        return  # an empty batch, or rows of width 0: nothing to copy, nothing launched
     blocks = -(-max(widths) // _BLOCK)
     if blocks > _GRID_LIMIT:
         for buf, out in zip(buffers, outputs):
@@ -144,8 +166,15 @@ def _launch(
             ]
         else:  # unused: never read, the kernel is specialized on COUNT
             args += [first_src, first_dst, 0]
-    kernel = _kernel()
-    kernel[(len(buffers), n, blocks)](indices, *args, COUNT=len(buffers), BLOCK=_BLOCK)
+    # No float arithmetic happens (raw units are moved), so FP fusion is moot; naming it
+    # keeps Triton 3.9 from warning that its default will change.
+    kernel[(len(buffers), n, blocks)](
+        indices,
+        *args,
+        COUNT=len(buffers),
+        BLOCK=_BLOCK,
+        enable_fp_fusion=False,
+    )
 
 
 @functools.cache
