@@ -43,11 +43,6 @@ DIM_SIZES: dict[str, int] = {
 #: The dtype given to fields whose dtype comes from the payload (hidden states are bf16).
 FROM_PAYLOAD_DTYPE = torch.bfloat16
 
-#: Cycles of ``torch.cuda._sleep`` that keep a stream busy far longer than the host needs
-#: to enqueue and resolve one step (about 0.5-3 s across GPU clocks). Tests use it as a
-#: gate, never as a duration: they assert what is still pending, then synchronize.
-BUSY_CYCLES = 1_000_000_000
-
 
 class DriverError(AssertionError):
     """The generic driver cannot drive a bundled map; the message says what to add."""
@@ -352,7 +347,7 @@ def load_map(stem: str) -> BundledMap:
 
 # -- CUDA helpers ----------------------------------------------------------------------------
 
-# torch.cuda's Stream, Event and _sleep are untyped: the typed wrappers below are the one
+# torch.cuda's Stream and Event are untyped: the typed wrappers below are the one
 # place that calls them through Any.
 _cuda: Any = torch.cuda
 
@@ -373,11 +368,6 @@ def record(stream: torch.cuda.Stream) -> torch.cuda.Event:
 def is_done(event: torch.cuda.Event) -> bool:
     """Whether the work before ``event`` has finished (``Event.query``), without waiting."""
     return bool(_cuda.Event.query(event))
-
-
-def busy(cycles: int = BUSY_CYCLES) -> None:
-    """Keep the current stream busy for ``cycles`` GPU clock cycles (a gate, see BUSY_CYCLES)."""
-    _cuda._sleep(cycles)
 
 
 @contextmanager

@@ -1,22 +1,24 @@
 """What only CUDA has: real streams publishing and resolving concurrently with the fence
 chained, the host mirror copied on the private copy stream while the forward stream is
-still busy, and pinned host buffers reused safely across steps.
+still held, and pinned host buffers reused safely across steps.
 
-Streams are kept busy with ``torch.cuda._sleep``; a test asserts what is still pending
-(an event's ``query()``) or which values arrived, then synchronizes: the sleep is a gate
-that holds one side back, never a duration the test measures.
+Streams are held by gates the test opens (Note [Gated streams] in gate.py): while a gate
+is closed, whatever is queued behind it is pending for certain, on any GPU, so a test
+asserts what must already be done or still pending, then opens the gate and checks the
+values. A host call that must not wait for held work (the host copy) would block until
+the gate's guard ends the spin, and the gate then reports it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
+from gate import Gate
 from gpu_maps import (
-    BUSY_CYCLES,
     BundledMap,
-    busy,
     get_path,
     is_done,
     new_stream,
@@ -27,6 +29,8 @@ from gpu_maps import (
 pytestmark = pytest.mark.gpu
 
 POOL = 17
+
+Gates = Callable[[], Gate]
 
 
 def _with_schedule(bundled: BundledMap) -> None:
@@ -49,16 +53,17 @@ def _on(stream: torch.cuda.Stream) -> Any:
 
 
 def test_a_reused_event_moved_by_a_second_stream_drops_the_first(
-    cuda: torch.device,
+    cuda: torch.device, gates: Gates
 ) -> None:
     """The hazard the next test guards against is real here: an event re-recorded on a
     second stream no longer orders a reader after the first stream's write."""
     buffer = torch.zeros(2, dtype=torch.int64, device=cuda)
     first, second, reader = (new_stream(cuda) for _ in range(3))
     event = record(reader)  # one reusable event, as the fence has
+    gate = gates()
     torch.cuda.synchronize(cuda)
     with _on(first):
-        busy()
+        gate.hold()
         buffer[0] = 1
         event.record(first)
     with _on(second):
@@ -67,16 +72,20 @@ def test_a_reused_event_moved_by_a_second_stream_drops_the_first(
     with _on(reader):
         reader.wait_event(event)
         seen = buffer.clone()
-    reader.synchronize()
+    reader.synchronize()  # the reader waits for the second stream only
+    gate.open()
+    first.synchronize()
+    gate.check()
     assert seen.tolist() == [0, 2], "the reader should have run before the first write"
-    torch.cuda.synchronize(cuda)
+    assert buffer.tolist() == [1, 2]
 
 
 def test_two_publishing_streams_and_a_waiting_reader_see_both_publishes(
-    bundled: BundledMap, cuda: torch.device
+    bundled: BundledMap, cuda: torch.device, gates: Gates
 ) -> None:
-    """A publish from a second stream chains on the first one's record, so a reader stream
-    waiting on the fence sees both streams' rows, even while the first is held back."""
+    """A publish from a second stream chains on the first one's record: while the first
+    publish is held, the second stream waits for it (and so does a reader of the fence),
+    and after it the reader sees both streams' rows."""
     _with_schedule(bundled)
     relay = bundled.new(cuda, POOL)
     slots = random_slots(6, POOL, seed=1)
@@ -87,26 +96,41 @@ def test_two_publishing_streams_and_a_waiting_reader_see_both_publishes(
     second_values = {name: v[3:] for name, v in values.items()}
     first, second, reader = (new_stream(cuda) for _ in range(3))
     batch = bundled.batch(torch.tensor(slots, device=cuda))
+    gate = gates()
     torch.cuda.synchronize(cuda)  # inputs ready on every stream
 
     with _on(first):
-        busy()  # the gate: the first publish lands last
+        gate.hold()  # the first publish lands last
         bundled.publish(relay, first_rows, first_values)
     with _on(second):
         bundled.publish(relay, second_rows, second_values)
-    with _on(reader):
-        bundled.resolve_schedule(relay, batch)
+        second_published = record(second)
+    assert not is_done(second_published), (
+        "the second publish did not chain on the first one's record (Note [Fence chaining])"
+    )
+    if not bundled.mirrored:  # device-side resolves only: the host does not block
+        with _on(reader):
+            bundled.resolve_schedule(relay, batch)
+            resolved = record(reader)
+        assert not is_done(resolved), "the reader did not wait for the held publish"
+        gate.open()
+    else:  # a host-mirrored resolve blocks the host until both publishes have landed
+        gate.open()
+        with _on(reader):
+            bundled.resolve_schedule(relay, batch)
 
     torch.cuda.synchronize(cuda)
+    gate.check()
     bundled.check_schedule(batch, values, "reader after two publishers")
 
 
 def test_overlapped_steps_on_cuda_streams_hand_each_step_its_own_values(
-    bundled: BundledMap, cuda: torch.device
+    bundled: BundledMap, cuda: torch.device, gates: Gates
 ) -> None:
     """An overlap loop on two streams: the forward stream resolves, publishes mid-forward
-    and stashes; the scheduler's stream resolves each publish behind the fence and writes
-    the next batch's placeholders. Every step gets its own values."""
+    and stashes; the scheduler's stream resolves each publish behind the fence, while the
+    rest of the forward is held, and writes the next batch's placeholders. Every step gets
+    its own values."""
     relay = bundled.new(cuda, POOL)
     forward_stream, scheduler_stream = new_stream(cuda), new_stream(cuda)
     slots = random_slots(5, POOL, seed=2)
@@ -123,19 +147,38 @@ def test_overlapped_steps_on_cuda_streams_hand_each_step_its_own_values(
 
     for step in range(steps):
         batch = batches[step]
+        first_half, rest = gates(), gates()
         with _on(forward_stream):
             if step > 0 and bundled.forward:
-                relay.resolve_future(
-                    batch
-                )  # the previous forward's stash, in stream order
-            busy(BUSY_CYCLES // 20)  # the first half of the forward
+                # The previous forward's stash, in stream order.
+                relay.resolve_future(batch)
+            first_half.hold()
             bundled.publish(relay, indices, schedule[step])
-            busy(BUSY_CYCLES // 20)  # the rest of the forward
+            rest.hold()
             bundled.stash(relay, indices, forward[step])
+            forward_done = record(forward_stream)
+        if bundled.schedule and not bundled.mirrored:
+            with _on(scheduler_stream):
+                bundled.resolve_schedule(relay, batch)
+                resolved = record(scheduler_stream)
+            assert not is_done(resolved), (
+                f"step {step}: the scheduler's resolve did not wait for the publish"
+            )
+            first_half.open()
+        else:  # a host-mirrored resolve blocks the host until the publish lands
+            first_half.open()
+            with _on(scheduler_stream):
+                bundled.resolve_schedule(relay, batch)
         with _on(scheduler_stream):
-            bundled.resolve_schedule(relay, batch)  # behind the fence, not the forward
             if step + 1 < steps:
                 bundled.invalidate(relay, batches[step + 1], indices)
+        scheduler_stream.synchronize()  # behind the fence: the publish, not the forward
+        assert not is_done(forward_done), (
+            f"step {step}: the scheduler waited for the whole forward (the gate's guard "
+            "let it go)"
+        )
+        bundled.check_schedule(batch, schedule[step], f"step {step}, forward held")
+        rest.open()
         # The next forward reads placeholders the scheduler wrote on its own stream.
         forward_stream.wait_stream(scheduler_stream)
 
@@ -150,10 +193,10 @@ def test_overlapped_steps_on_cuda_streams_hand_each_step_its_own_values(
 
 
 def test_host_copy_waits_for_the_publish_not_for_the_whole_forward(
-    bundled: BundledMap, cuda: torch.device
+    bundled: BundledMap, cuda: torch.device, gates: Gates
 ) -> None:
     """resolve_seq_lens_cpu (and every host-mirrored resolve) returns the published values
-    while the forward stream is still busy after the publish."""
+    while the rest of the forward, after the publish, is held."""
     _with_mirror(bundled)
     relay = bundled.new(cuda, POOL)
     forward_stream, scheduler_stream = new_stream(cuda), new_stream(cuda)
@@ -163,22 +206,29 @@ def test_host_copy_waits_for_the_publish_not_for_the_whole_forward(
     # A first step allocates the copy stream and the pinned rows, outside the gate.
     bundled.publish(relay, indices, warm)
     bundled.resolve_schedule(relay, bundled.batch(indices))
+    rest = gates()
     torch.cuda.synchronize(cuda)
 
     batch = bundled.batch(indices)
     with _on(forward_stream):
         bundled.publish(relay, indices, values)
-        busy()  # the rest of the forward
+        rest.hold()  # the rest of the forward
         forward_done = record(forward_stream)
     with _on(scheduler_stream):
+        # Blocks the host for the host copy: were that copy ordered after the whole
+        # forward, it would return only when the gate's guard let the forward go.
         bundled.resolve_schedule(relay, batch)
     assert not is_done(forward_done), (
-        "the host copy waited for the whole forward, not for the publish"
+        "the host copy waited for the whole forward (the gate's guard let it go), not "
+        "for the publish"
     )
-    scheduler_stream.synchronize()  # the device-side target too; the forward stays busy
-    bundled.check_schedule(batch, values, "while the forward is busy")
+    scheduler_stream.synchronize()  # the device-side target too; the forward stays held
+    assert not is_done(forward_done), "the scheduler's stream waited for the forward"
+    bundled.check_schedule(batch, values, "while the forward is held")
+    rest.open()
     forward_stream.synchronize()
     assert is_done(forward_done)
+    rest.check()
 
 
 def test_host_copies_handed_out_survive_the_next_steps_copy(
@@ -196,8 +246,9 @@ def test_host_copies_handed_out_survive_the_next_steps_copy(
         batch = bundled.batch(indices)
         forward_stream.wait_stream(torch.cuda.current_stream(cuda))  # values are ready
         with _on(forward_stream):
-            busy(BUSY_CYCLES // 20)  # the next copy lands late, over the last
             bundled.publish(relay, indices, values)
+        # The host blocks here for this step's copy; the next step's copy into the same
+        # pinned rows comes after it has handed this step's tensors out.
         bundled.resolve_schedule(relay, batch)
         bundled.check_schedule(batch, values, f"step {step}")
         host = {

@@ -9,7 +9,6 @@ its loads and stores in numpy, moves the same bits a GPU does; what only a GPU s
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -258,12 +257,7 @@ def test_the_kernel_compiles_for_cuda(
         signature |= {f"s{k}": unit_type, f"d{k}": unit_type, f"w{k}": "i32"}
     signature |= {"COUNT": "constexpr", "BLOCK": "constexpr"}
     constants = {"COUNT": count, "BLOCK": BLOCK}
-    keyword = (
-        "constexprs"
-        if "constexprs" in inspect.signature(ASTSource).parameters
-        else "constants"
-    )
-    source = ASTSource(fn=module.gather, signature=signature, **{keyword: constants})
+    source = ASTSource(module.gather, signature, constants)
     compiled = triton.compile(
         source, target=GPUTarget("cuda", 90, 32), options={"enable_fp_fusion": False}
     )
