@@ -77,7 +77,14 @@ class Gate:
         # state[0]: the flag the host sets; state[1]: what the kernel reports.
         self.state = torch.zeros(2, dtype=torch.int32, device=device)
         self._one = torch.ones(1, dtype=torch.int32, pin_memory=self.on_gpu)
-        self._opener: Any = torch.cuda.Stream(device) if self.on_gpu else None
+        self._opener: Any = None
+        self._zeroed: Any = None
+        if self.on_gpu:
+            self._opener = torch.cuda.Stream(device)
+            # The zeros were queued on the current stream; the held stream and the opener
+            # wait for them on the device (a host sync here could meet a held stream).
+            self._zeroed = torch.cuda.Event()
+            self._zeroed.record(torch.cuda.current_stream(device))
         self.held = False
         self.opened = False
 
@@ -86,6 +93,10 @@ class Gate:
         (On the CPU, under the interpreter, this call itself spins until then.)"""
         assert not self.held, "a gate holds once; make another"
         self.held = True
+        if self._zeroed is not None:
+            stream = torch.cuda.current_stream(self.device)
+            stream.wait_event(self._zeroed)
+            self.state.record_stream(stream)
         self._kernel[(1,)](self.state, self._guard, TIMER=self.on_gpu, num_warps=1)
 
     def open(self) -> None:
@@ -97,6 +108,7 @@ class Gate:
         if self._opener is None:
             self.state[0] = 1
             return
+        self._opener.wait_event(self._zeroed)  # never overwritten by the zeros
         with torch.cuda.stream(self._opener):
             self.state[:1].copy_(self._one, non_blocking=True)
         self.state.record_stream(self._opener)
