@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# relay's GPU check (issue 11), one command from the repository root of a checkout:
+# relay's GPU check (issues 11 and 15), one command from the repository root of a checkout:
 #
 #     scripts/gpu_check.sh [RESULTS_DIR]
 #
-# Needs an NVIDIA GPU and python3 with torch (a CUDA build), attrs, jinja2, pytest and
-# hypothesis; no network and no install: relay is imported from the checkout
-# (PYTHONPATH=.). Results go to RESULTS_DIR, else $OUT, else ./gpu-results: one log per
-# step, summary.txt (PASS/FAIL/SKIP per step), pytest-gpu.xml and bench.json.
+# Needs an NVIDIA GPU and python3 with torch (a CUDA build, which brings triton), attrs,
+# jinja2, pytest and hypothesis; no network and no install: relay is imported from the
+# checkout (PYTHONPATH=.). Results go to RESULTS_DIR, else $OUT, else ./gpu-results: one
+# log per step, summary.txt (PASS/FAIL/SKIP per step, then the figures), figures.md (the
+# figures issue 15 asks to record), pytest-gpu.xml, bench.json and fused-bench.json.
 # Every step runs even when an earlier one failed; the exit status is 1 if any step
 # failed or timed out. Each step has its own time limit and the whole run stays under
 # GPU_CHECK_BUDGET_S seconds (default 580, under 10 minutes).
@@ -68,13 +69,17 @@ step_env() {
         ok=1
     fi
     "$PY" - <<'EOF'
-import platform, sys
+import importlib.metadata, platform, sys
 import attrs, hypothesis, jinja2, pytest, torch
 import relay
+try:
+    triton = importlib.metadata.version("triton")
+except importlib.metadata.PackageNotFoundError:
+    triton = "not installed (the fused gather and the gates of tests/gpu need it)"
 print(f"python {platform.python_version()}, torch {torch.__version__}, CUDA "
-      f"{torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}, attrs "
-      f"{attrs.__version__}, jinja2 {jinja2.__version__}, pytest {pytest.__version__}, "
-      f"hypothesis {hypothesis.__version__}")
+      f"{torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}, triton {triton}, "
+      f"attrs {attrs.__version__}, jinja2 {jinja2.__version__}, pytest "
+      f"{pytest.__version__}, hypothesis {hypothesis.__version__}")
 print(f"relay {getattr(relay, '__version__', '?')} from {relay.__file__}")
 if not torch.cuda.is_available():
     sys.exit("torch sees no CUDA device (a CPU build of torch, or no driver)")
@@ -117,6 +122,13 @@ step_bench() {
     shown "${RELAY[@]}" bench --device cuda --json "$RESULTS/bench.json"
 }
 
+step_fused_bench() {
+    # Issue 15, item 4: the packed EAGLE map with the fused gather against the baseline,
+    # launches and time per step at the bench's default shapes.
+    shown "$PY" scripts/gpu_fused_bench.py --device cuda --repeat "${GPU_CHECK_FUSED_REPEAT:-7}" \
+        --json "$RESULTS/fused-bench.json"
+}
+
 step_torch_sanitizer() {
     # torch's own CUDA sanitizer (CSAN): tensor accesses from streams not ordered by an
     # event or a synchronize; the relay's fences and host mirror are exactly that.
@@ -154,17 +166,20 @@ step_memcheck() {
 }
 
 export -f shown step_env step_generate_check step_pytest_gpu step_demo_decode step_demo_eagle \
-    step_bench step_torch_sanitizer find_compute_sanitizer compute_sanitizer step_racecheck \
-    step_memcheck
+    step_bench step_fused_bench step_torch_sanitizer find_compute_sanitizer compute_sanitizer \
+    step_racecheck step_memcheck
 
-# name, default limit in seconds (the defaults add up to the default budget)
+# name, default limit in seconds. The limits add up to more than the default budget: a
+# step gets at most what is left of it, so if the early steps are slow, the last ones are
+# reported "not run" and can be run alone (GPU_CHECK_STEPS) in a second call.
 STEPS=(
     env 20
     generate-check 30
-    pytest-gpu 120
+    pytest-gpu 150
     demo-decode 60
     demo-eagle 60
     bench 120
+    fused-bench 90
     torch-sanitizer 45
     racecheck 60
     memcheck 60
@@ -230,6 +245,11 @@ for ((i = 0; i < ${#STEPS[@]}; i += 2)); do
     selected "${STEPS[i]}" && run_step "${STEPS[i]}" "${STEPS[i + 1]}"
 done
 
+# The figures issue 15 asks to record, from the logs and JSON of whatever steps ran
+# (outside the budget: it only reads files).
+timeout 30 "$PY" "$ROOT/scripts/gpu_figures.py" "$RESULTS" >"$RESULTS/figures.md" 2>&1 ||
+    echo "(scripts/gpu_figures.py failed: see above)" >>"$RESULTS/figures.md"
+
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 {
     echo "relay GPU check: $(date -u +%Y-%m-%dT%H:%M:%SZ), ${GPU:-no GPU found}"
@@ -246,6 +266,8 @@ GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
     else
         echo "overall: FAIL ($FAILED of $RAN steps)"
     fi
+    echo
+    cat "$RESULTS/figures.md"
 } >"$SUMMARY"
 rm -rf "$HYPOTHESIS_STORAGE_DIRECTORY"
 echo
