@@ -99,7 +99,7 @@ def _same_bits(
         )
 
 
-@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64], ids=str)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_each_dtype_and_row_width_is_copied_bit_for_bit(
     kernel: Interpreted, dtype: torch.dtype, index_dtype: torch.dtype
@@ -140,7 +140,7 @@ def test_every_dtype_in_one_call(kernel: Interpreted) -> None:
     _same_bits(fused._gather(kernel, index, buffers), buffers, index)
 
 
-@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64], ids=str)
 def test_an_empty_batch_launches_nothing(
     kernel: Interpreted, index_dtype: torch.dtype
 ) -> None:
