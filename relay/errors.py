@@ -13,6 +13,7 @@ from __future__ import annotations
 import attrs
 
 __all__ = [
+    "CompositionError",
     "RelayDebugError",
     "RelayError",
     "SchemaError",
@@ -77,6 +78,21 @@ class SchemaError(RelayError):
 
 class SchemaImportError(SchemaError):
     """A schema module could not be imported or holds no ``SCHEMA``."""
+
+
+class CompositionError(RelayError, ValueError):
+    """``Schema.load`` or ``Schema.derive`` cannot build what a schema module asks for.
+
+    Raised while the schema module runs, at the line of the call; ``relay generate``
+    reports it as a located problem (exit 3) with ``fix``.
+    """
+
+    def __init__(self, file: str, line: int, problem: str, fix: str) -> None:
+        self.file = file
+        self.line = line
+        self.problem = problem
+        self.fix = fix
+        super().__init__(f"{file}:{line}: {problem}; fix: {fix}")
 
 
 class SlotError(RelayError, IndexError):

@@ -202,6 +202,8 @@ class Planned:
     content: str
     source: str  # the schema module, as messages show it
     schema_hash: str
+    #: Schema modules ``source`` builds on (``Schema.load``), as messages show them.
+    bases: tuple[str, ...] = ()
 
 
 def refuse_foreign(planned: Sequence[Planned]) -> None:
@@ -429,7 +431,11 @@ def _drift_of(item: Planned, on_disk: str, command: str) -> Drift:
         )
     elif found[0].schema_hash != item.schema_hash:
         kind = DriftKind.STALE
-        fix = f"{item.source} changed since {item.display} was generated: {regenerate}"
+        changed = item.source
+        # The hash covers the fields a base lends (Note [Schema composition]).
+        if item.bases:
+            changed += f" (or {', '.join(item.bases)}, which it builds on)"
+        fix = f"{changed} changed since {item.display} was generated: {regenerate}"
     elif found[1] != expected[1]:
         kind = DriftKind.GENERATOR
         fix = (
