@@ -46,7 +46,10 @@ class SchemaIssue:
     def __str__(self) -> str:
         subject = f"{self.schema}.{self.field}" if self.field else self.schema
         lead = f"{subject}: " if subject else ""
-        return f"{self.where}: error: {lead}{self.problem}\n    fix: {self.fix}"
+        # A name may hold a control character (the problem reported): never print it raw.
+        return _printable(f"{self.where}: error: {lead}{self.problem}") + (
+            f"\n    fix: {_printable(self.fix)}"
+        )
 
     def as_json(self) -> dict[str, object]:
         return {
@@ -57,6 +60,13 @@ class SchemaIssue:
             "message": self.problem,
             "fix": self.fix,
         }
+
+
+def _printable(text: str) -> str:
+    """``text`` with each unprintable character escaped as ``repr`` spells it (one line)."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
 
 
 def _count(n: int, noun: str) -> str:

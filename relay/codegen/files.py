@@ -248,10 +248,19 @@ def _reason(error: OSError) -> str:
     return error.strerror or str(error)
 
 
-def _write_fd(fd: int, data: bytes, mode: int) -> None:
+def _write_fd(fd: int, data: bytes) -> None:
     with os.fdopen(fd, "wb") as handle:  # closes ``fd`` however this ends
-        os.fchmod(handle.fileno(), mode)  # created 0600, as mkstemp does
         handle.write(data)
+
+
+def _fill(fd: int, data: bytes, mode: int) -> None:
+    """Give the new temp file ``fd`` its mode (it was created 0600) and its bytes."""
+    try:
+        os.fchmod(fd, mode)
+    except BaseException:
+        os.close(fd)
+        raise
+    _write_fd(fd, data)
 
 
 def _discard(paths: Iterable[Path]) -> None:
@@ -373,7 +382,7 @@ def _stage(item: Planned, made: list[Path]) -> _Staged | None:
         raise WriteError(f"cannot write {item.display}: {_reason(error)}") from None
     try:
         fd, temp = _open_temp(path.parent, made)
-        _write_fd(fd, data, mode)
+        _fill(fd, data, mode)
     except OSError as error:
         raise WriteError(f"cannot write {item.display}: {_reason(error)}") from None
     return _Staged(item, temp, previous)
@@ -414,7 +423,7 @@ def _put_back(done: Iterable[_Staged], made: list[Path]) -> None:
                 path.unlink(missing_ok=True)
                 continue
             fd, temp = _open_temp(path.parent, made)
-            _write_fd(fd, staged.previous, path.stat().st_mode & 0o777)
+            _fill(fd, staged.previous, path.stat().st_mode & 0o777)
             os.replace(temp, path)
         except OSError:
             try:
