@@ -98,9 +98,8 @@ def load_base(path: Path, site: SourceLocation) -> Schema:
     """
     session = _SESSION.get()
     if session is None:
-        return load(
-            _resolve_base(path, site, _shown_from_cwd), _shown_from_cwd(path)
-        ).schema
+        resolved = _resolve_base(path, site, _shown_from_cwd)
+        return load(resolved, _shown_from_cwd(resolved)).schema
     resolved = _resolve_base(path, site, session.show)
     if resolved in session.importing:
         chain = [*session.importing[session.importing.index(resolved) :], resolved]
@@ -119,12 +118,13 @@ def load_base(path: Path, site: SourceLocation) -> Schema:
 def _resolve_base(
     path: Path, site: SourceLocation, show: Callable[[Path], str]
 ) -> Path:
+    given = path.as_posix()
     if not path.is_absolute():
         if site.file.startswith("<"):
             raise CompositionError(
                 site.file,
                 site.line,
-                f"Schema.load({path.as_posix()!r}) is relative to the calling module's "
+                f"Schema.load({given!r}) is relative to the calling module's "
                 f"folder, but it was called from {site.file}, which has none",
                 "call it from a schema module file, or pass an absolute path",
             )
@@ -134,7 +134,7 @@ def _resolve_base(
         raise CompositionError(
             site.file,
             site.line,
-            f"Schema.load({path.name!r}): no such schema module {show(resolved)}",
+            f"Schema.load({given!r}): no such schema module {show(resolved)}",
             "the path is relative to the folder of the module that calls Schema.load; "
             "check its spelling",
         )
