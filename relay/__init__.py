@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from relay.errors import (
+        CompositionError,
         RelayDebugError,
         RelayError,
         SchemaError,
@@ -55,6 +56,7 @@ _HOMES = {
     "Resolve": "relay.schema",
     "Schema": "relay.schema",
     "SourceLocation": "relay.schema",
+    "CompositionError": "relay.errors",
     "RelayDebugError": "relay.errors",
     "RelayError": "relay.errors",
     "SchemaError": "relay.errors",
@@ -65,6 +67,7 @@ _HOMES = {
 __all__ = [
     "FROM_PAYLOAD",
     "Alloc",
+    "CompositionError",
     "Dim",
     "Field",
     "FromPayload",

@@ -13,6 +13,7 @@ from __future__ import annotations
 import attrs
 
 __all__ = [
+    "CompositionError",
     "RelayDebugError",
     "RelayError",
     "SchemaError",
@@ -45,7 +46,10 @@ class SchemaIssue:
     def __str__(self) -> str:
         subject = f"{self.schema}.{self.field}" if self.field else self.schema
         lead = f"{subject}: " if subject else ""
-        return f"{self.where}: error: {lead}{self.problem}\n    fix: {self.fix}"
+        # A name may hold a control character (the problem reported): never print it raw.
+        return _printable(f"{self.where}: error: {lead}{self.problem}") + (
+            f"\n    fix: {_printable(self.fix)}"
+        )
 
     def as_json(self) -> dict[str, object]:
         return {
@@ -56,6 +60,13 @@ class SchemaIssue:
             "message": self.problem,
             "fix": self.fix,
         }
+
+
+def _printable(text: str) -> str:
+    """``text`` with each unprintable character escaped as ``repr`` spells it (one line)."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
 
 
 def _count(n: int, noun: str) -> str:
@@ -77,6 +88,21 @@ class SchemaError(RelayError):
 
 class SchemaImportError(SchemaError):
     """A schema module could not be imported or holds no ``SCHEMA``."""
+
+
+class CompositionError(RelayError, ValueError):
+    """``Schema.load`` or ``Schema.derive`` cannot build what a schema module asks for.
+
+    Raised while the schema module runs, at the line of the call; ``relay generate``
+    reports it as a located problem (exit 3) with ``fix``.
+    """
+
+    def __init__(self, file: str, line: int, problem: str, fix: str) -> None:
+        self.file = file
+        self.line = line
+        self.problem = problem
+        self.fix = fix
+        super().__init__(f"{file}:{line}: {problem}; fix: {fix}")
 
 
 class SlotError(RelayError, IndexError):

@@ -3,7 +3,9 @@
 Declarations are plain attrs objects that accept what they are given and remember
 where they were written. Nothing is checked here: ``codegen`` validates a whole
 schema at once so that a user sees every mistake in one run, each naming the file
-and line below.
+and line below. ``Schema.load`` and ``Schema.derive`` build a schema from another
+module's fields (Note [Schema composition]); only what they cannot build at all
+(a missing file, a field name the base lacks) is refused on the spot.
 """
 
 from __future__ import annotations
@@ -12,11 +14,14 @@ import enum
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
 import attrs
 import torch
+
+from relay.errors import CompositionError
 
 __all__ = [
     "FROM_PAYLOAD",
@@ -201,4 +206,123 @@ class Schema:
     layout: Layout = Layout.SEPARATE
     declared_at: SourceLocation = attrs.field(
         factory=_declaration_site, kw_only=True, eq=False, repr=False
+    )
+
+    # Note [Schema composition]
+    # A variant builds on another schema module's SCHEMA: ``Schema.load`` imports
+    # that module by path (relay.codegen.loader: never through sys.path, never left
+    # in sys.modules, a cycle refused at the load line), and ``derive`` keeps every
+    # base Field object as it is, so each still carries the file and line that
+    # declared it and validation points there. Generated modules need no record of
+    # the base: the schema hash covers every field a schema ends up with, so an edit
+    # of the base makes each variant's module stale (relay.codegen.files).
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Schema:
+        """The ``SCHEMA`` of another schema module, to build on with ``derive``.
+
+        ``path`` is relative to the folder of the module that calls ``load`` (an
+        absolute path is taken as it is): ``Schema.load("eagle.py")`` beside
+        ``schemas/eagle_dsa.py`` loads ``schemas/eagle.py``. Raises
+        ``CompositionError`` (no such file, a cycle) or ``SchemaError`` (the base
+        module itself is broken).
+        """
+        # Imported here: codegen imports this module, and the runtime needs no loader.
+        from relay.codegen.loader import load_base
+
+        return load_base(Path(path), _declaration_site())
+
+    def field(self, name: str) -> Field:
+        """The field called ``name``; ``CompositionError`` (at the caller's line) if none is."""
+        for f in self.fields:
+            if _named(f) and f.name == name:
+                return f
+        site = _declaration_site()
+        raise CompositionError(
+            site.file, site.line, *_no_such_field(self, name, "field(...)")
+        )
+
+    def derive(
+        self,
+        *,
+        name: str,
+        doc: str,
+        add: Sequence[Field] = (),
+        before: str | None = None,
+        drop: Sequence[str] = (),
+        replace: Sequence[Field] = (),
+        indices: str | None = None,
+        layout: Layout | None = None,
+    ) -> Schema:
+        """A new schema made of this one's fields and the differences given.
+
+        ``drop`` removes fields by name; ``replace`` puts each given field where the
+        base field of the same name was; ``add`` inserts new fields before the field
+        named ``before`` (at the end without it). ``indices`` and ``layout`` default to
+        this schema's. Base fields are the same objects, so a problem in one is
+        reported at the base module's line; the new schema is declared where
+        ``derive`` is called. Raises ``CompositionError`` when a name given is not a
+        field of the schema.
+        """
+        site = _declaration_site()
+
+        def refuse(problem: str, fix: str) -> CompositionError:
+            return CompositionError(site.file, site.line, problem, fix)
+
+        if (
+            isinstance(drop, str)
+            or isinstance(add, Field)
+            or isinstance(replace, Field)
+        ):
+            raise refuse(
+                "derive(add=, drop=, replace=) each take a list",
+                'write drop=["hidden_states"] or add=[Field(...)]',
+            )
+        known = [f.name for f in self.fields if _named(f)]
+        for option, wanted in (
+            ("drop", list(drop)),
+            ("replace", [f.name for f in replace if _named(f)]),
+            ("before", [] if before is None else [before]),
+        ):
+            for missing in (n for n in wanted if n not in known):
+                raise refuse(*_no_such_field(self, missing, f"derive({option}=...)"))
+        swaps = {f.name: f for f in replace if _named(f)}
+        for both in (n for n in drop if n in swaps):
+            raise refuse(
+                f"derive() both drops and replaces {both!r}",
+                "keep it in one of drop=... or replace=...",
+            )
+        if before is not None and before in drop:
+            raise refuse(
+                f"derive(before={before!r}) names a field that drop=... removes",
+                "insert before another field, or keep it",
+            )
+        kept = [
+            swaps.get(f.name, f) if _named(f) else f
+            for f in self.fields
+            if not (_named(f) and f.name in drop)
+        ]
+        at = len(kept)
+        if before is not None:
+            at = next(i for i, f in enumerate(kept) if _named(f) and f.name == before)
+        return Schema(
+            name=name,
+            fields=[*kept[:at], *add, *kept[at:]],
+            doc=doc,
+            indices=self.indices if indices is None else indices,
+            layout=self.layout if layout is None else layout,
+            declared_at=site,
+        )
+
+
+def _named(f: object) -> bool:
+    """A ``Field`` whose name can be looked up (validation reports any other)."""
+    return isinstance(f, Field) and isinstance(f.name, str)
+
+
+def _no_such_field(schema: Schema, name: object, call: str) -> tuple[str, str]:
+    names = ", ".join(repr(f.name) for f in schema.fields if _named(f))
+    return (
+        f"{call} names {name!r}, but {schema.name} has no such field (it has {names})",
+        "name one of its fields",
     )

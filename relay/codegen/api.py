@@ -17,7 +17,7 @@ import attrs
 from relay.codegen import files
 from relay.codegen.config import Config, load_config, project_root
 from relay.codegen.files import Drift, Planned, WriteResult
-from relay.codegen.loader import describe, load_schema
+from relay.codegen.loader import describe, load
 from relay.codegen.render import render
 from relay.codegen.validate import validate
 from relay.errors import RelayError, SchemaError, SchemaImportError, SchemaIssue
@@ -178,10 +178,11 @@ def plan(job: Job) -> list[Planned]:
             issues.append(naming_issue)
             continue
         try:
-            schema = load_schema(path.resolve(), source)
+            loaded = load(path.resolve(), source, lambda f: display(f, job.root))
         except SchemaImportError as error:
             issues.extend(error.issues)
             continue
+        schema = loaded.schema
         only_imports = False
         try:
             found = validate(schema, lambda file: display(file, job.root))
@@ -231,9 +232,18 @@ def plan(job: Job) -> list[Planned]:
                 f"while generating {shown} from {display(loc.file, job.root)}:{loc.line}: "
                 f"{type(error).__name__}: {error}"
             ) from error
-        planned.append(Planned(out_path, shown, content, source, digest))
+        bases = tuple(display(b, job.root) for b in loaded.bases)
+        planned.append(Planned(out_path, shown, content, source, digest, bases))
     if issues:
-        raise (SchemaImportError if only_imports else SchemaError)(issues)
+        # A base module's problem reaches every variant built on it: say it once.
+        seen: set[tuple[object, ...]] = set()
+        unique = []
+        for issue in issues:
+            key = (issue.path, issue.line, issue.field, issue.problem, issue.fix)
+            if key not in seen:
+                seen.add(key)
+                unique.append(issue)
+        raise (SchemaImportError if only_imports else SchemaError)(unique)
     return planned
 
 

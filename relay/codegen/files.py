@@ -15,7 +15,8 @@ line is not relay's is not ours: relay never writes over it nor deletes it.
 
 Writing is all or nothing: every changed module is staged in a temp file beside its
 target first, and only when all are staged are they renamed into place (a failed
-rename puts back what the earlier ones replaced). Every failure is a ``WriteError``.
+rename puts back what the earlier ones replaced), with SIGINT and SIGTERM held
+meanwhile (Note [Interrupted writes]). Every failure is a ``WriteError``.
 """
 
 from __future__ import annotations
@@ -27,10 +28,13 @@ import hashlib
 import json
 import os
 import re
-import tempfile
-from collections.abc import Iterable, Sequence
+import secrets
+import signal
+import threading
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from types import FrameType
+from typing import TYPE_CHECKING, final
 
 import attrs
 
@@ -202,6 +206,8 @@ class Planned:
     content: str
     source: str  # the schema module, as messages show it
     schema_hash: str
+    #: Schema modules ``source`` builds on (``Schema.load``), as messages show them.
+    bases: tuple[str, ...] = ()
 
 
 def refuse_foreign(planned: Sequence[Planned]) -> None:
@@ -243,8 +249,95 @@ def _reason(error: OSError) -> str:
 
 
 def _write_fd(fd: int, data: bytes) -> None:
-    with os.fdopen(fd, "wb") as handle:
+    with os.fdopen(fd, "wb") as handle:  # closes ``fd`` however this ends
         handle.write(data)
+
+
+def _fill(fd: int, data: bytes, mode: int) -> None:
+    """Give the new temp file ``fd`` its mode (it was created 0600) and its bytes."""
+    try:
+        os.fchmod(fd, mode)
+    except BaseException:
+        os.close(fd)
+        raise
+    _write_fd(fd, data)
+
+
+def _discard(paths: Iterable[Path]) -> None:
+    """Delete every path, even when one deletion fails; then raise the first failure."""
+    failure: BaseException | None = None
+    for path in paths:
+        try:
+            path.unlink(missing_ok=True)
+        except BaseException as error:  # noqa: BLE001  (the others still go)
+            failure = failure or error
+    if failure is not None:
+        raise failure
+
+
+# Note [Interrupted writes]
+# A run stopped at any point (Ctrl-C, SIGTERM from CI or an editor, an error) leaves
+# no temp file and every target either as it was or, once all are renamed, as
+# generated: never a mix. Temp files are staged first, beside their targets; the
+# targets are then replaced in one short phase. While files are written, SIGINT and
+# SIGTERM are held (handlers can only be installed on the main thread, so a run on
+# another thread relies on the cleanup alone): one that arrives while staging stops
+# the run at the next file, after its temps are deleted; one that arrives while
+# renaming waits until every rename is done. The held signal is then delivered
+# through the handler it would have met (KeyboardInterrupt for SIGINT; SIGTERM's
+# default ends the process), so relay still stops as asked. Any exception raised
+# inside the phases (a full disk, or an interrupt no handler could hold) deletes
+# the temps and puts back what earlier renames replaced.
+
+_HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class _Interrupted(Exception):
+    """A held signal stopped the staging phase (delivered when the signals are restored)."""
+
+
+@final
+class _HeldSignals:
+    """SIGINT and SIGTERM recorded instead of handled, on the main thread, while active."""
+
+    def __init__(self) -> None:
+        self.pending: list[int] = []
+        self._saved: dict[int, signal.Handlers | Callable[..., object] | int] = {}
+
+    def _hold(self, signum: int, frame: FrameType | None) -> None:
+        self.pending.append(signum)
+
+    def __enter__(self) -> _HeldSignals:
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        for signum in _HELD_SIGNALS:
+            previous = signal.getsignal(signum)
+            # None: installed outside Python, so it could not be restored. An ignored
+            # signal stays ignored.
+            if previous is None or previous == signal.SIG_IGN:
+                continue
+            signal.signal(signum, self._hold)
+            self._saved[signum] = previous
+        return self
+
+    def checkpoint(self) -> None:
+        """Raise ``_Interrupted`` if a signal arrived: the caller cleans up and stops."""
+        if self.pending:
+            raise _Interrupted
+
+    def __exit__(self, kind: object, error: object, tb: object) -> None:
+        for signum, previous in self._saved.items():
+            signal.signal(signum, previous)
+        if self.pending:
+            # Delivered through the restored handler: KeyboardInterrupt, or the end of
+            # the process for SIGTERM's default. A handler that returns lets this go on.
+            signal.raise_signal(self.pending[0])
+        if isinstance(error, _Interrupted):
+            name = signal.Signals(self.pending[0]).name
+            raise WriteError(
+                f"interrupted by {name} before any generated file was replaced; nothing "
+                "was written"
+            ) from None
 
 
 @attrs.frozen
@@ -254,8 +347,9 @@ class _Staged:
     previous: bytes | None  # what the target held, to put back if a later rename fails
 
 
-def _stage(item: Planned) -> _Staged | None:
-    """Write ``item`` to a temp file beside its target; None when the target is current."""
+def _stage(item: Planned, made: list[Path]) -> _Staged | None:
+    """Write ``item`` to a temp file beside its target (listed in ``made``); None when the
+    target is current."""
     data = item.content.encode("utf-8")
     path = item.path
     misplaced = WriteError(
@@ -286,67 +380,78 @@ def _stage(item: Planned) -> _Staged | None:
         mode = 0o666 & ~_umask()  # a new file gets the mode any other new file would
     except OSError as error:
         raise WriteError(f"cannot write {item.display}: {_reason(error)}") from None
-    # A short, fixed-length temp name: a legal module name plus a suffix could be too long.
     try:
-        fd, temp = tempfile.mkstemp(prefix=".relay-", suffix=".tmp", dir=path.parent)
+        fd, temp = _open_temp(path.parent, made)
+        _fill(fd, data, mode)
     except OSError as error:
         raise WriteError(f"cannot write {item.display}: {_reason(error)}") from None
-    try:
-        os.fchmod(fd, mode)  # mkstemp creates 0600
-        _write_fd(fd, data)
-    except OSError as error:
-        Path(temp).unlink(missing_ok=True)
-        raise WriteError(f"cannot write {item.display}: {_reason(error)}") from None
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
-    return _Staged(item, Path(temp), previous)
+    return _Staged(item, temp, previous)
 
 
-def _put_back(done: Iterable[_Staged]) -> None:
-    """Best effort: restore what renamed files replaced (a failed run writes nothing)."""
+#: Temp files are named ``.relay-<random>.tmp`` beside their target: short and fixed in
+#: length, since a legal module name plus a suffix could be too long for the file system.
+_TEMP_PREFIX = ".relay-"
+
+
+def _open_temp(folder: Path, made: list[Path]) -> tuple[int, Path]:
+    """Create a new temp file in ``folder``, open for writing, mode 0600.
+
+    Its path joins ``made`` before it is created, so a cleanup finds it however the
+    creation ends (``tempfile.mkstemp`` names its file only once it has returned).
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(100):
+        temp = folder / f"{_TEMP_PREFIX}{secrets.token_hex(6)}.tmp"
+        made.append(temp)
+        try:
+            return os.open(temp, flags, 0o600), temp
+        except FileExistsError:
+            made.pop()
+    raise FileExistsError(errno.EEXIST, f"no free temp file name in {folder}")
+
+
+def _put_back(done: Iterable[_Staged], made: list[Path]) -> None:
+    """Best effort: restore what renamed files replaced (a failed run writes nothing).
+
+    Each target gets its old bytes back through a temp file and a rename, so a target
+    is never left half written; where no temp file can be made, it is rewritten in place.
+    """
     for staged in done:
+        path = staged.item.path
         try:
             if staged.previous is None:
-                staged.item.path.unlink(missing_ok=True)
-            else:
-                staged.item.path.write_bytes(staged.previous)
+                path.unlink(missing_ok=True)
+                continue
+            fd, temp = _open_temp(path.parent, made)
+            _fill(fd, staged.previous, path.stat().st_mode & 0o777)
+            os.replace(temp, path)
         except OSError:
-            pass
+            try:
+                path.write_bytes(staged.previous or b"")
+            except OSError:
+                pass
 
 
-def write_all(planned: Sequence[Planned], remove: Sequence[Path] = ()) -> WriteResult:
-    """Write every changed module of ``planned``, or none; then delete ``remove``.
-
-    Raises ``WriteError`` (one line, what failed and why) and leaves every file as it
-    was when any module cannot be written.
-    """
-    refuse_foreign(planned)
-    staged: list[_Staged] = []
-    unchanged: list[Path] = []
-    try:
-        for item in planned:
-            result = _stage(item)
-            if result is None:
-                unchanged.append(item.path)
-            else:
-                staged.append(result)
-    except BaseException:
-        for s in staged:
-            s.temp.unlink(missing_ok=True)
-        raise
+def _commit(staged: Sequence[_Staged], made: list[Path]) -> None:
+    """Rename every temp onto its target; on any failure put every target back."""
     done: list[_Staged] = []
-    for index, s in enumerate(staged):
-        try:
+    try:
+        for s in staged:
             os.replace(s.temp, s.item.path)
-        except OSError as error:
-            for rest in staged[index:]:
-                rest.temp.unlink(missing_ok=True)
-            _put_back(done)
+            done.append(s)
+    except BaseException as error:
+        # A rename that happened before the failure surfaced has no temp any more.
+        done += [s for s in staged[len(done) :] if not s.temp.exists()]
+        _put_back(done, made)
+        if isinstance(error, OSError):
+            failed = staged[min(len(done), len(staged) - 1)]
             raise WriteError(
-                f"cannot write {s.item.display}: {_reason(error)}"
+                f"cannot write {failed.item.display}: {_reason(error)}"
             ) from None
-        done.append(s)
+        raise
+
+
+def _remove(remove: Sequence[Path]) -> list[Path]:
     removed = []
     for path in remove:
         if not is_ours(path):  # never delete a file relay did not generate
@@ -358,6 +463,34 @@ def write_all(planned: Sequence[Planned], remove: Sequence[Path] = ()) -> WriteR
         except OSError as error:
             raise WriteError(f"cannot remove {path}: {_reason(error)}") from None
         removed.append(path)
+    return removed
+
+
+def write_all(planned: Sequence[Planned], remove: Sequence[Path] = ()) -> WriteResult:
+    """Write every changed module of ``planned``, or none; then delete ``remove``.
+
+    Raises ``WriteError`` (one line, what failed and why) and leaves every file as it
+    was when any module cannot be written. Interrupted, it leaves no temp file and
+    every target as it was, or all of them written (Note [Interrupted writes]).
+    """
+    refuse_foreign(planned)
+    staged: list[_Staged] = []
+    unchanged: list[Path] = []
+    made: list[Path] = []  # every temp file this run created (renamed ones are gone)
+    with _HeldSignals() as held:
+        try:
+            for item in planned:
+                held.checkpoint()
+                result = _stage(item, made)
+                if result is None:
+                    unchanged.append(item.path)
+                else:
+                    staged.append(result)
+            held.checkpoint()
+            _commit(staged, made)
+        finally:
+            _discard(made)
+        removed = _remove(remove)
     return WriteResult([s.item.path for s in staged], unchanged, removed)
 
 
@@ -429,7 +562,11 @@ def _drift_of(item: Planned, on_disk: str, command: str) -> Drift:
         )
     elif found[0].schema_hash != item.schema_hash:
         kind = DriftKind.STALE
-        fix = f"{item.source} changed since {item.display} was generated: {regenerate}"
+        changed = item.source
+        # The hash covers the fields a base lends (Note [Schema composition]).
+        if item.bases:
+            changed += f" (or {', '.join(item.bases)}, which it builds on)"
+        fix = f"{changed} changed since {item.display} was generated: {regenerate}"
     elif found[1] != expected[1]:
         kind = DriftKind.GENERATOR
         fix = (

@@ -3,21 +3,31 @@
 However a schema module's import ends (an exception, ``SystemExit``, a module-level
 ``__getattr__`` that raises), the result is a located ``SchemaImportError``; only
 ``KeyboardInterrupt`` passes through, since the user asked to stop.
+
+A schema module may build on another with ``Schema.load`` (Note [Schema composition]
+in ``relay/schema.py``): the base is imported here too, by path, relative to the
+module that asks; a cycle or a missing file is a located error at the ``load`` line,
+and a broken base is reported at its own lines.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import hashlib
 import importlib.util
 import io
+import os
 import re
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
-from relay.errors import SchemaImportError, SchemaIssue
-from relay.schema import Schema
+import attrs
+
+from relay.errors import CompositionError, SchemaError, SchemaImportError, SchemaIssue
+from relay.schema import Schema, SourceLocation
 
 
 def _module_name(path: Path) -> str:
@@ -30,12 +40,108 @@ def _fail(display: str, line: int | None, problem: str, fix: str) -> SchemaImpor
     return SchemaImportError([SchemaIssue(display, line, None, None, problem, fix)])
 
 
-def load_schema(path: Path, display: str) -> Schema:
-    """Import the schema module at ``path`` and return its ``SCHEMA``.
+@attrs.frozen
+class Loaded:
+    """A loaded schema and the schema modules it builds on (``Schema.load``), in load order."""
 
-    Raises ``SchemaImportError`` naming ``display`` (and the failing line of the
-    module, when the error was raised there) with the module's own error, briefly.
+    schema: Schema
+    bases: tuple[Path, ...]
+
+
+@attrs.define
+class _Session:
+    """One top-level load: how paths are shown, and the modules being imported now."""
+
+    show: Callable[[Path], str]
+    importing: list[Path] = attrs.Factory(list)  # outermost first: a cycle is refused
+    bases: list[Path] = attrs.Factory(list)
+
+
+_SESSION: contextvars.ContextVar[_Session | None] = contextvars.ContextVar(
+    "relay_schema_load", default=None
+)
+
+
+def _shown_from_cwd(path: Path) -> str:
+    """``path`` relative to the working folder when inside it, with forward slashes."""
+    try:
+        return path.resolve().relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return path.resolve().as_posix()
+
+
+def load(path: Path, display: str, show: Callable[[Path], str] | None = None) -> Loaded:
+    """Import the schema module at ``path``: its ``SCHEMA`` and the modules it builds on.
+
+    ``display`` names ``path`` in messages; ``show`` names any other file (a base
+    module). Raises ``SchemaImportError`` naming the file and, when the error was
+    raised there, the failing line, with the module's own error, briefly.
     """
+    session = _Session(show or _shown_from_cwd)
+    token = _SESSION.set(session)
+    try:
+        schema = _import(path, display, session)
+    finally:
+        _SESSION.reset(token)
+    return Loaded(schema, tuple(session.bases))
+
+
+def load_schema(path: Path, display: str) -> Schema:
+    """Import the schema module at ``path`` and return its ``SCHEMA`` (see ``load``)."""
+    return load(path, display).schema
+
+
+def load_base(path: Path, site: SourceLocation) -> Schema:
+    """``Schema.load``: the ``SCHEMA`` of the module at ``path``, relative to ``site``'s file.
+
+    Outside ``relay generate`` (``python schemas/eagle_dsa.py``) it starts its own load.
+    """
+    session = _SESSION.get()
+    if session is None:
+        resolved = _resolve_base(path, site, _shown_from_cwd)
+        return load(resolved, _shown_from_cwd(resolved)).schema
+    resolved = _resolve_base(path, site, session.show)
+    if resolved in session.importing:
+        chain = [*session.importing[session.importing.index(resolved) :], resolved]
+        raise CompositionError(
+            site.file,
+            site.line,
+            f"Schema.load({path.as_posix()!r}) makes a cycle: "
+            + " -> ".join(session.show(p) for p in chain),
+            "let both modules build on a third one that holds the fields they share",
+        )
+    if resolved not in session.bases:
+        session.bases.append(resolved)
+    return _import(resolved, session.show(resolved), session)
+
+
+def _resolve_base(
+    path: Path, site: SourceLocation, show: Callable[[Path], str]
+) -> Path:
+    given = path.as_posix()
+    if not path.is_absolute():
+        if site.file.startswith("<"):
+            raise CompositionError(
+                site.file,
+                site.line,
+                f"Schema.load({given!r}) is relative to the calling module's "
+                f"folder, but it was called from {site.file}, which has none",
+                "call it from a schema module file, or pass an absolute path",
+            )
+        path = Path(os.path.abspath(site.file)).parent / path
+    resolved = path.resolve()
+    if not resolved.is_file():
+        raise CompositionError(
+            site.file,
+            site.line,
+            f"Schema.load({given!r}): no such schema module {show(resolved)}",
+            "the path is relative to the folder of the module that calls Schema.load; "
+            "check its spelling",
+        )
+    return resolved
+
+
+def _import(path: Path, display: str, session: _Session) -> Schema:
     if not path.is_file():
         raise _fail(
             display,
@@ -54,6 +160,7 @@ def load_schema(path: Path, display: str) -> Schema:
         )
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
+    session.importing.append(path.resolve())
     rerun = f"run `python {display}` to see the full traceback, and mend the module"
     try:
         # What a schema module prints goes to stderr: stdout carries diffs and JSON.
@@ -62,6 +169,34 @@ def load_schema(path: Path, display: str) -> Schema:
             schema = getattr(module, "SCHEMA", None)
     except KeyboardInterrupt:
         raise
+    except CompositionError as error:  # Schema.load or derive refused its arguments
+        raise SchemaImportError(
+            [
+                SchemaIssue(
+                    session.show(Path(error.file)),
+                    error.line,
+                    None,
+                    None,
+                    error.problem,
+                    error.fix,
+                )
+            ]
+        ) from None
+    except SchemaError as error:  # a base module (Schema.load) did not load
+        bases = sorted({issue.path for issue in error.issues})
+        raise SchemaImportError(
+            [
+                *error.issues,
+                SchemaIssue(
+                    display,
+                    _line_in(path, error),
+                    None,
+                    None,
+                    f"builds on {', '.join(bases)}, which cannot be loaded",
+                    f"mend {', '.join(bases)} (its problems are listed with it)",
+                ),
+            ]
+        ) from None
     except SystemExit as error:
         raise _fail(
             display,
@@ -80,6 +215,7 @@ def load_schema(path: Path, display: str) -> Schema:
         ) from None
     finally:
         sys.modules.pop(name, None)
+        session.importing.pop()
     if not isinstance(schema, Schema):
         kind = type(schema).__name__
         got = (

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import torch
 
-from relay.codegen import naming
+from relay.codegen import hygiene, naming
 from relay.codegen.layout import packed_groups
 from relay.errors import SchemaIssue
 from relay.schema import (
@@ -109,6 +109,8 @@ def validate(schema: Schema, display: Callable[[str], str]) -> list[SchemaIssue]
             f"(got {_got(schema.indices)})",
             'write indices="req_pool_indices"',
         )
+    for owner, problem, fix in hygiene.problems(schema):
+        c.add(owner, problem, fix)
     if not schema.fields:
         c.add(
             None,

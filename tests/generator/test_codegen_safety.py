@@ -303,7 +303,7 @@ def test_read_only_folder(
     def refuse(*args: object, **kwargs: object) -> tuple[int, str]:
         raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
 
-    monkeypatch.setattr(files.tempfile, "mkstemp", refuse)
+    monkeypatch.setattr(files, "_open_temp", refuse)
     run = relay_cli("generate", cwd=project.root)
     assert_one_line_error(run, "cannot write maps/decode.py: Permission denied")
     assert os.listdir(project.maps) == []
