@@ -104,6 +104,8 @@ class ForwardBatch:
     #: Slots whose requests ended since the previous launch, released on the forward
     #: stream before this batch runs (after every forward that could still read them).
     released: torch.Tensor | None = None
+    #: The engine loop's step number (names the step's trace ranges).
+    step: int = 0
 
     @classmethod
     def idle(cls, device: torch.device) -> ForwardBatch:
