@@ -37,6 +37,9 @@ _SCHEDULER = {
     trace.HOST_WAIT: ("#D9D9D9", "host wait for forward N"),
 }
 _FORWARD_COLOUR = "#8172B3"
+_KERNEL_COLOUR = "#4D4D4D"
+#: How ``relay.engine.trace.load`` names a CUDA stream's row.
+_STREAM = "stream "
 #: The relay calls inside a forward: (colour, the name written on the first forward).
 _RELAY_CALLS = {
     trace.RELEASE: ("#937860", "release"),
@@ -75,7 +78,28 @@ def _panel_spans(run: Trace, steps: list[int]) -> tuple[list[Span], float, float
     start = forward[steps[0]].start
     end = forward[steps[-1]].end
     shown = [s for s in run.spans if s.start < end and s.end > start]
+    shown += [k for k in run.kernels if k.start < end and k.end > start]
     return shown, start, end
+
+
+def _row_of(span: Span) -> str:
+    """The row a span is drawn on: a role (the trace names threads ``role (tid)``)
+    or a CUDA stream."""
+    if span.row.startswith(_STREAM):
+        return span.row
+    if span.row.startswith(trace.FORWARD_THREAD):
+        return trace.FORWARD_THREAD
+    return trace.SCHEDULER_THREAD
+
+
+def _rows(spans: Sequence[Span]) -> list[str]:
+    """The panel's rows, top to bottom: the scheduler thread, the forward worker
+    (CPU overlap), then each CUDA stream that ran kernels."""
+    found = {_row_of(s) for s in spans}
+    rows = [trace.SCHEDULER_THREAD]
+    if trace.FORWARD_THREAD in found:
+        rows.append(trace.FORWARD_THREAD)
+    return rows + sorted(r for r in found if r.startswith(_STREAM))
 
 
 def timeline(data: Trace, path: Path, modes: Sequence[str]) -> None:
@@ -91,22 +115,24 @@ def timeline(data: Trace, path: Path, modes: Sequence[str]) -> None:
         for loop, run in (("sync", sync), ("overlap", overlap)):
             spans, start, end = _panel_spans(run, steps)
             panels.append((f"{mode}, {loop}", spans, start, end, steps))
-    width_ms = max(end - start for _, _, start, end, _ in panels) / 1000.0
-    heights = [
-        2 if any(s.row.startswith(trace.FORWARD_THREAD) for s in p[1]) else 1
-        for p in panels
-    ]
+    # One time scale per mode, sync and overlap alike: the shorter panel is faster.
+    mode_width = {
+        mode: max(end - start for t, _, start, end, _ in panels if t.startswith(mode))
+        / 1000.0
+        for mode in modes
+    }
+    heights = [len(_rows(p[1])) for p in panels]
     figure = Figure(figsize=(12, 1.1 + 1.05 * sum(heights)), layout="constrained")
     axes_list = figure.subplots(
         len(panels),
         1,
-        sharex=True,
         gridspec_kw={"height_ratios": heights},
         squeeze=False,
     )[:, 0]
     for axes, (title, spans, start, end, steps) in zip(axes_list, panels):
+        width_ms = mode_width[title.split(",")[0]]
         _draw_panel(axes, title, spans, start, end, steps, width_ms)
-    axes_list[-1].set_xlim(0, width_ms * 1.01)
+        axes.set_xlim(0, width_ms * 1.01)
     axes_list[-1].set_xlabel(
         "ms from the start of the first step's forward; numbers above the "
         "scheduler's blocks are the step whose batch it builds"
@@ -132,9 +158,7 @@ def _draw_panel(
     steps: list[int],
     width_ms: float,
 ) -> None:
-    rows = [trace.SCHEDULER_THREAD]
-    if any(s.row.startswith(trace.FORWARD_THREAD) for s in spans):
-        rows.append(trace.FORWARD_THREAD)
+    rows = _rows(spans)
     y_of = {row: len(rows) - 1 - i for i, row in enumerate(rows)}
     ms = (end - start) / 1000.0
     axes.set_title(
@@ -145,9 +169,10 @@ def _draw_panel(
     )
     labels = {
         trace.SCHEDULER_THREAD: "scheduler thread"
-        + ("\n(runs the forward too)" if len(rows) == 1 else ""),
+        + ("\n(runs the forward too)" if trace.FORWARD_THREAD not in rows else ""),
         trace.FORWARD_THREAD: "forward worker\n(thread)",
     }
+    labels.update({r: f"CUDA {r}\n(kernels)" for r in rows if r.startswith(_STREAM)})
     axes.set_yticks([y_of[r] for r in rows], [labels[r] for r in rows], fontsize=9)
     axes.set_ylim(-0.6, len(rows) - 0.4)
     for side in ("top", "right"):
@@ -157,17 +182,19 @@ def _draw_panel(
     def x(t: float) -> float:
         return (t - start) / 1000.0
 
-    def row_of(span: Span) -> str:
-        return (
-            trace.FORWARD_THREAD
-            if span.row.startswith(trace.FORWARD_THREAD)
-            else trace.SCHEDULER_THREAD
-        )
-
     for span in spans:
-        y = y_of[row_of(span)]
-        left, width = x(span.start), (span.end - span.start) / 1000.0
-        if span.what == trace.FORWARD:
+        row = _row_of(span)
+        y = y_of[row]
+        # Clipped to the window: a host wait may start before it or end after it.
+        left = x(max(span.start, start))
+        width = (min(span.end, end) - max(span.start, start)) / 1000.0
+        if row.startswith(_STREAM):
+            axes.broken_barh(
+                [(left, max(width, width_ms * 0.001))],
+                (y - 0.25, 0.5),
+                color=_KERNEL_COLOUR,
+            )
+        elif span.what == trace.FORWARD:
             axes.broken_barh(
                 [(left, width)], (y - 0.32, 0.64), color=_FORWARD_COLOUR, alpha=0.85
             )

@@ -69,3 +69,40 @@ def test_unwritable_trace_or_plot_is_bad_usage(
     captured = capsys.readouterr()
     assert captured.out == ""
     assert message in captured.err
+
+
+def test_timeline_draws_a_row_per_cuda_stream(tmp_path: Path) -> None:
+    """A trace with CUDA kernels (as on a GPU) gets one row per stream; the picture is written."""
+    pytest.importorskip("matplotlib")
+    spans: list[trace.Span] = []
+    kernels: list[trace.Span] = []
+    for loop, step_us in (("sync", 1000.0), ("overlap", 700.0)):
+        base = 100_000.0 if loop == "overlap" else 0.0
+        spans.append(trace.Span(f"{trace.RUN} decode {loop}", 0, "s", base, base + 9e4))
+        for step in range(1, 9):
+            t = base + step * step_us
+            spans += [
+                trace.Span(trace.BUILD, step, "scheduler thread (1)", t, t + 100),
+                trace.Span(
+                    trace.FORWARD, step, "scheduler thread (1)", t + 150, t + 300
+                ),
+                trace.Span(
+                    trace.RESOLVE_FUTURE, step, "scheduler thread (1)", t + 160, t + 170
+                ),
+            ]
+            kernels.append(trace.Span("gemm", 0, "stream 7", t + 200, t + 650))
+    data = trace.Trace(tuple(spans), tuple(kernels))
+    axes_rows: list[list[str]] = []
+    original = plot._rows
+
+    def spy(found: list[trace.Span]) -> list[str]:
+        rows = original(found)
+        axes_rows.append(rows)
+        return rows
+
+    picture = tmp_path / "gpu.png"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(plot, "_rows", spy)
+        plot.timeline(data, picture, ["decode"])
+    assert ["scheduler thread", "stream 7"] in axes_rows
+    assert picture.read_bytes().startswith(PNG_SIGNATURE)
