@@ -290,7 +290,7 @@ def _scheduler_for(max_running: int, max_context: int) -> SchedulerConfig:
 
 
 def bundled_schemas() -> list[Path] | None:
-    """The bundled ``decode`` and ``eagle`` schema modules, or None when relay is
+    """The bundled schema modules of ``MAP_MODULES``, or None when relay is
     installed without them (a wheel ships the generated maps, not ``schemas/``)."""
     import relay
 

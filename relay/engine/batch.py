@@ -89,7 +89,8 @@ class ForwardBatch:
     reqs: list[Request]
     #: (n,) int64 device slots, >= 1.
     req_pool_indices: torch.Tensor
-    #: Prefill: right-padded prompts (n, L). Decode: (n,) input tokens, or placeholders.
+    #: Prefill: right-padded prompts (n, L). Decode: (n,) input tokens, gathered by
+    #: the relay at the start of the forward (empty until then).
     input_ids: torch.Tensor
     #: Prefill: prompt lengths. Decode: lengths including the input token.
     seq_lens: torch.Tensor
