@@ -3,7 +3,7 @@
 One panel per loop, sync above overlap, one row per thread: the scheduler thread
 and, in the CPU overlap loop, the forward executor's worker thread (on CUDA, one
 row per CUDA stream with its kernels). The same steps (both loops build the
-same batches) on the same time scale, so the overlap panel is shorter by what
+same batches), on one time scale per mode, so the overlap panel is shorter by what
 overlap hides. The relay calls inside each forward are marked and named on it.
 """
 
@@ -27,7 +27,7 @@ MISSING = (
 #: Consecutive decode steps a panel shows.
 STEPS = 4
 
-#: The scheduler's work, drawn as blocks on its row: (what, colour, short label).
+#: The scheduler's work, drawn as blocks on its row: what -> (colour, key label).
 _SCHEDULER = {
     trace.BUILD: ("#4C72B0", "build batch N+1"),
     trace.HOST_SEQ_LENS: ("#DD8452", ""),
