@@ -167,12 +167,19 @@ def _draw_panel(
         fontsize=10,
         fontweight="bold",
     )
+    streams = [r for r in rows if r.startswith(_STREAM)]
+    role = (
+        ""
+        if trace.FORWARD_THREAD in rows
+        else "\n(launches the forwards)"
+        if streams
+        else "\n(runs the forward too)"
+    )
     labels = {
-        trace.SCHEDULER_THREAD: "scheduler thread"
-        + ("\n(runs the forward too)" if trace.FORWARD_THREAD not in rows else ""),
+        trace.SCHEDULER_THREAD: f"scheduler thread{role}",
         trace.FORWARD_THREAD: "forward worker\n(thread)",
     }
-    labels.update({r: f"CUDA {r}\n(kernels)" for r in rows if r.startswith(_STREAM)})
+    labels.update({r: f"CUDA {r}\n(kernels)" for r in streams})
     axes.set_yticks([y_of[r] for r in rows], [labels[r] for r in rows], fontsize=9)
     axes.set_ylim(-0.6, len(rows) - 0.4)
     for side in ("top", "right"):
