@@ -25,10 +25,11 @@ from typing import Any
 import attrs
 
 from relay.bench.sizes import DEFAULTS, PRESETS, Defaults
+from relay.cli.status import Exit
 
 __all__ = ["add_arguments", "run"]
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = Exit.OK, Exit.FAILED, Exit.USAGE
 
 
 def _int_list(text: str) -> tuple[int, ...]:

@@ -13,15 +13,14 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from relay.cli.status import Exit
 from relay.errors import RelayError, SchemaError
 
 if TYPE_CHECKING:
     from relay.codegen.api import Job
 
-EXIT_OK = 0
-EXIT_DRIFT = 1
-EXIT_USAGE = 2
-EXIT_INVALID_SCHEMA = 3
+EXIT_OK, EXIT_DRIFT, EXIT_USAGE = Exit.OK, Exit.DRIFT, Exit.USAGE
+EXIT_INVALID_SCHEMA = Exit.INVALID_SCHEMA
 
 _GENERATE_HELP = """\
 Generate one typed FutureMap module per schema module.

@@ -89,7 +89,8 @@ class ForwardBatch:
     reqs: list[Request]
     #: (n,) int64 device slots, >= 1.
     req_pool_indices: torch.Tensor
-    #: Prefill: right-padded prompts (n, L). Decode: (n,) input tokens, or placeholders.
+    #: Prefill: right-padded prompts (n, L). Decode: (n,) input tokens, gathered by
+    #: the relay at the start of the forward (empty until then).
     input_ids: torch.Tensor
     #: Prefill: prompt lengths. Decode: lengths including the input token.
     seq_lens: torch.Tensor
@@ -104,6 +105,8 @@ class ForwardBatch:
     #: Slots whose requests ended since the previous launch, released on the forward
     #: stream before this batch runs (after every forward that could still read them).
     released: torch.Tensor | None = None
+    #: The engine loop's step number (names the step's trace ranges).
+    step: int = 0
 
     @classmethod
     def idle(cls, device: torch.device) -> ForwardBatch:

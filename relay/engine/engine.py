@@ -24,17 +24,24 @@ import attrs
 import torch
 
 from relay.engine.batch import ForwardBatch, ForwardMode, StepOutput
-from relay.engine.lanes import Lane, make_lane
+from relay.engine.executors import ForwardExecutor, make_executor
 from relay.engine.maps import MapSource
 from relay.engine.model import KVCache, ModelConfig, TargetModel
 from relay.engine.runner import ModelRunner, SpecConfig
 from relay.engine.scheduler import Scheduler, SchedulerConfig, Vocabulary
+from relay.engine.trace import BUILD, HOST_WAIT, PROCESS, RUN, Ranges, ranges_for
 from relay.engine.workload import RequestSpec, WorkloadConfig, make_workload
 
 if TYPE_CHECKING:
     from relay.engine.relays import Relay
 
-__all__ = ["EngineConfig", "RunResult", "StepAgreement", "run_workload"]
+__all__ = [
+    "EngineConfig",
+    "RunResult",
+    "StepAgreement",
+    "ideal_speedup",
+    "run_workload",
+]
 
 #: ``progress(finished, total)`` after each processed step.
 Progress = Callable[[int, int], None]
@@ -62,6 +69,10 @@ class EngineConfig:
     #: within 1 ms of an op instead of up to 5 ms while the scheduler runs Python
     #: (shorter intervals measured slower: the threads thrash).
     switch_interval: float | None = 1e-3
+    #: Open a named range around each piece of each step's work, for a profiler
+    #: (``relay.engine.trace.record``); off, the ranges cost nothing (Note [Ranges
+    #: that cost nothing when off] in relay/engine/trace.py).
+    trace: bool = False
 
     @property
     def mode_name(self) -> str:
@@ -92,7 +103,7 @@ class RunResult:
 
     @property
     def occupancy(self) -> float:
-        """Share of wall time the forward lane was busy."""
+        """Share of wall time the forward executor was busy."""
         return (
             self.forward_busy_seconds / self.wall_seconds if self.wall_seconds else 0.0
         )
@@ -101,6 +112,16 @@ class RunResult:
     def accept_length(self) -> float:
         """Tokens emitted per request per decode step (accepted drafts + the bonus)."""
         return self.decode_tokens / self.decode_rows if self.decode_rows else 0.0
+
+
+def ideal_speedup(sync: RunResult) -> float:
+    """The overlap speedup a perfect overlap would give a synchronous run: there the
+    forward (busy) and the scheduler (the rest) take turns; overlapped, a step takes
+    the longer of the two."""
+    busy = sync.forward_busy_seconds
+    rest = sync.wall_seconds - busy
+    longer = max(busy, rest)
+    return sync.wall_seconds / longer if longer > 0 else 1.0
 
 
 class StepAgreement(Protocol):
@@ -115,16 +136,19 @@ class _SingleRank:
         return active, more
 
 
-def _make_relay(config: EngineConfig, pool_size: int, device: torch.device) -> Relay:
+def _make_relay(
+    config: EngineConfig, pool_size: int, device: torch.device, ranges: Ranges
+) -> Relay:
     from relay.engine.relays import DirectRelay, MapRelay
 
     if not config.overlap:
-        return DirectRelay(pool_size, device)
+        return DirectRelay(pool_size, device, ranges)
     maps = config.maps.load()  # Note [One set of map classes per run]
     if config.spec is None:
-        return MapRelay(maps.decode(device, pool_size, debug=config.debug), maps)
+        decode = maps.decode(device, pool_size, debug=config.debug)
+        return MapRelay(decode, maps, ranges)
     eagle = maps.eagle(device, pool_size, topk=config.spec.topk, debug=config.debug)
-    return MapRelay(eagle, maps)
+    return MapRelay(eagle, maps, ranges)
 
 
 def run_workload(
@@ -155,15 +179,19 @@ def run_workload(
     try:
         pool_size = config.scheduler.max_running + 1  # row 0 is the scratch row
         model = TargetModel(config.model, device)
-        lane = make_lane(device, overlap=config.overlap, cpu_threads=config.cpu_threads)
-        relay = _make_relay(config, pool_size, device)
+        ranges = ranges_for(config.trace)  # chosen once per run
+        executor = make_executor(
+            device, overlap=config.overlap, cpu_threads=config.cpu_threads
+        )
+        relay = _make_relay(config, pool_size, device, ranges)
         runner = ModelRunner(
             model,
             KVCache(config.model, pool_size, device),
             relay,
             spec=config.spec,
             step_sync=step_sync,
-            kernels_started=lane.kernels_started,
+            kernels_started=executor.kernels_started,
+            ranges=ranges,
         )
         runner.warm_up()
         lookahead = 1 if config.spec is None else config.spec.steps + 1
@@ -177,19 +205,22 @@ def run_workload(
             lookahead=lookahead,
             spec_topk=config.spec.topk if config.spec else 1,
         )
+        loop = "overlap" if config.overlap else "sync"
         try:
-            return _loop(
-                scheduler,
-                relay,
-                runner,
-                lane,
-                device,
-                agreement or _SingleRank(),
-                progress,
-                len(specs),
-            )
+            with ranges(f"{RUN} {config.mode_name} {loop}", 0):
+                return _loop(
+                    scheduler,
+                    relay,
+                    runner,
+                    executor,
+                    device,
+                    agreement or _SingleRank(),
+                    progress,
+                    len(specs),
+                    ranges,
+                )
         finally:
-            lane.close()
+            executor.close()
     finally:
         torch.set_num_threads(saved_threads)
         sys.setswitchinterval(saved_interval)
@@ -199,18 +230,22 @@ def _loop(
     scheduler: Scheduler,
     relay: Relay,
     runner: ModelRunner,
-    lane: Lane,
+    executor: ForwardExecutor,
     device: torch.device,
     agreement: StepAgreement,
     progress: Progress | None,
     total: int,
+    ranges: Ranges,
 ) -> RunResult:
     in_flight: tuple[ForwardBatch, StepOutput, object] | None = None
     steps = idle_steps = 0
     start = time.perf_counter()
     while True:
-        batch = scheduler.next_batch()
+        step = steps + 1  # the number this iteration's batch gets if it launches
+        with ranges(BUILD, step):
+            batch = scheduler.next_batch()
         if batch is not None and batch.mode is ForwardMode.DECODE:
+            batch.step = step
             relay.resolve_lengths(batch)
             if scheduler.cap_lengths(batch):
                 relay.prepare_inputs(batch)
@@ -227,21 +262,24 @@ def _loop(
                     device
                 )  # another rank has work: join its step
                 idle_steps += 1
+            batch.step = step
             batch.released = scheduler.take_released()
             relay.scheduled(batch)
             out = StepOutput()
-            handle = lane.launch(functools.partial(runner.forward, batch, out))
+            handle = executor.launch(functools.partial(runner.forward, batch, out))
             launched = (batch, out, handle)
             steps += 1
         if in_flight is not None:
             done_batch, done_out, done_handle = in_flight
-            lane.wait(done_handle)
-            scheduler.process(done_batch, done_out)
+            with ranges(HOST_WAIT, done_batch.step):
+                executor.wait(done_handle)
+            with ranges(PROCESS, done_batch.step):
+                scheduler.process(done_batch, done_out)
             if progress is not None:
                 progress(scheduler.finished, total)
         in_flight = launched
         scheduler.tick()
-    busy = lane.busy_seconds()
+    busy = executor.busy_seconds()
     wall = time.perf_counter() - start
     outputs = scheduler.outputs()
     reasons = Counter(

@@ -57,14 +57,14 @@ class MapSource:
 
     ``folder=None`` is the packaged ``relay.maps``; otherwise a folder holding
     ``decode.py``, ``decode_seq_lens.py`` and ``eagle.py`` generated from the bundled
-    schemas. Plain data,
-    so data-parallel ranks (spawned processes) load the same files.
+    schemas. Plain data, so data-parallel ranks (spawned processes) load the same
+    files.
     """
 
     folder: str | None = None
 
     def load(self) -> Maps:
-        """Import the two modules (once per content) and take their classes."""
+        """Import the modules of ``MAP_MODULES`` (once per content) and take their classes."""
         modules = {stem: self._module(stem) for stem in MAP_MODULES}
         decode, seq_lens, eagle = (modules[stem] for stem in MAP_MODULES)
         return Maps(

@@ -1,4 +1,4 @@
-"""Data-parallel ranks: one process each, with its own scheduler, maps and forward lane.
+"""Data-parallel ranks: one process each, with its own scheduler, maps and forward executor.
 
 Requests are dealt round-robin to ranks. Ranks share every step, as data-parallel
 attention does: each step the schedulers agree (on a gloo group, host tensors)

@@ -16,6 +16,13 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 from relay.engine.batch import ForwardBatch
+from relay.engine.trace import (
+    FENCE_WAIT,
+    HOST_SEQ_LENS,
+    RESOLVE_SEQ_LENS,
+    Ranges,
+    no_ranges,
+)
 
 if (
     TYPE_CHECKING
@@ -24,6 +31,13 @@ if (
     from relay.maps.decode import DecodeFutureMap
     from relay.maps.decode_seq_lens import DecodeSeqLensFutureMap
     from relay.maps.eagle import EagleFutureMap
+
+# Note [Tracing the fence wait]
+# The fence wait is inside the generated resolve_seq_lens_cpu, and ranges never go
+# inside generated code (Note [Ranges that cost nothing when off] in
+# relay/engine/trace.py). So a traced run waits on the map's fence itself first, in
+# a range of its own; the map's own wait then finds the newest publish complete and
+# returns at once. Only traced runs do this: with tracing off the map waits alone.
 
 __all__ = ["DirectRelay", "DraftOutput", "MapRelay", "Relay"]
 
@@ -72,11 +86,12 @@ class MapRelay:
         self,
         future_map: DecodeFutureMap | DecodeSeqLensFutureMap | EagleFutureMap,
         maps: Maps,
+        ranges: Ranges = no_ranges,
     ) -> None:
         self.map = future_map
-        self.maps = (
-            maps  # future_map's class and its payload classes, generated together
-        )
+        # future_map's class and its payload classes, generated together.
+        self.maps = maps
+        self.ranges = ranges
         # DecodeFutureMap relays tokens only: the host keeps each slot's next length.
         self._next_lens_cpu = (
             torch.zeros(future_map.pool_size, dtype=torch.int64)
@@ -86,14 +101,20 @@ class MapRelay:
 
     def resolve_lengths(self, batch: ForwardBatch) -> None:
         if self._next_lens_cpu is not None:
-            lens = self._next_lens_cpu[_host_slots(batch)]
-            batch.seq_lens_cpu = lens
-            batch.seq_lens = lens.to(batch.req_pool_indices.device)
-            batch.seq_lens_sum = int(lens.sum())
+            with self.ranges(HOST_SEQ_LENS, batch.step):
+                lens = self._next_lens_cpu[_host_slots(batch)]
+                batch.seq_lens_cpu = lens
+                batch.seq_lens = lens.to(batch.req_pool_indices.device)
+                batch.seq_lens_sum = int(lens.sum())
         elif isinstance(self.map, (self.maps.decode_seq_lens, self.maps.eagle)):
             # Blocks until the newest forward has published (not until it has finished),
             # also on a CPU worker stream (Note [Host order of CPU records]).
-            self.map.resolve_seq_lens_cpu(batch)
+            with self.ranges(RESOLVE_SEQ_LENS, batch.step):
+                if self.ranges is not no_ranges:
+                    # Note [Tracing the fence wait]
+                    with self.ranges(FENCE_WAIT, batch.step):
+                        self.map._fence.wait()
+                self.map.resolve_seq_lens_cpu(batch)
 
     def prepare_inputs(self, batch: ForwardBatch) -> None:
         pass  # every input is gathered by resolve_future on the forward stream
@@ -140,7 +161,10 @@ class MapRelay:
 class DirectRelay:
     """The synchronous hand-over: per-slot tensors read after the previous step finished."""
 
-    def __init__(self, pool_size: int, device: torch.device) -> None:
+    def __init__(
+        self, pool_size: int, device: torch.device, ranges: Ranges = no_ranges
+    ) -> None:
+        self.ranges = ranges
         self.tokens = torch.zeros(pool_size, dtype=torch.int64, device=device)
         self.seq_lens = torch.zeros(pool_size, dtype=torch.int64, device=device)
         self.draft: DraftOutput | None = (
@@ -149,9 +173,10 @@ class DirectRelay:
         self.pool_size = pool_size
 
     def resolve_lengths(self, batch: ForwardBatch) -> None:
-        batch.seq_lens = self.seq_lens[batch.req_pool_indices]
-        batch.seq_lens_cpu = batch.seq_lens.cpu()
-        batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
+        with self.ranges(HOST_SEQ_LENS, batch.step):
+            batch.seq_lens = self.seq_lens[batch.req_pool_indices]
+            batch.seq_lens_cpu = batch.seq_lens.cpu()
+            batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
 
     def prepare_inputs(self, batch: ForwardBatch) -> None:
         slots = batch.req_pool_indices

@@ -1,4 +1,4 @@
-"""The forward of one step, as it runs on the forward lane.
+"""The forward of one step, as it runs on the forward executor.
 
 Every forward starts by resolving the relay (decode batches), publishes the new
 lengths as soon as they exist, and ends by stashing what the next forward needs
@@ -15,6 +15,15 @@ import torch
 
 from relay.engine.batch import ForwardBatch, ForwardMode, StepOutput
 from relay.engine.model import DraftHead, Forwards, KVCache, TargetModel
+from relay.engine.trace import (
+    FORWARD,
+    PUBLISH,
+    RELEASE,
+    RESOLVE_FUTURE,
+    STASH,
+    Ranges,
+    no_ranges,
+)
 
 if (
     TYPE_CHECKING
@@ -46,7 +55,7 @@ class ModelRunner:
     ``step_sync(n)`` is called by every forward, idle ones included, with the
     number of tokens this rank runs: the data-parallel collective of a shared step.
     ``kernels_started()`` follows it, when the forward's kernels are about to run
-    (Note [Host turns on the CPU lane] in relay/engine/lanes.py).
+    (Note [Host turns on the CPU worker] in relay/engine/executors.py).
     """
 
     def __init__(
@@ -58,6 +67,7 @@ class ModelRunner:
         spec: SpecConfig | None = None,
         step_sync: Callable[[int], None] | None = None,
         kernels_started: Callable[[], None] | None = None,
+        ranges: Ranges = no_ranges,
     ) -> None:
         self.model = model
         self.kv = kv
@@ -68,6 +78,7 @@ class ModelRunner:
         )
         self.step_sync = step_sync
         self.kernels_started = kernels_started
+        self.ranges = ranges
 
     def warm_up(self) -> None:
         """Run each of the model's forwards twice on the scratch slot 0, before timing.
@@ -95,17 +106,39 @@ class ModelRunner:
 
     def forward(self, batch: ForwardBatch, out: StepOutput) -> None:
         """Run ``batch`` and fill ``out`` with host copies of its results."""
-        if batch.released is not None:
-            # On the forward stream: after every forward that could still read them.
-            self.relay.release(batch.released)
-        if batch.mode is ForwardMode.IDLE:
-            self._idle(batch)
-        elif batch.mode is ForwardMode.PREFILL:
-            self._prefill(batch, out)
-        elif self.spec is None:
-            self._decode(batch, out)
-        else:
-            self._verify_and_draft(batch, out, self.spec)
+        with self.ranges(FORWARD, batch.step):
+            if batch.released is not None:
+                # On the forward stream: after every forward that could still read them.
+                with self.ranges(RELEASE, batch.step):
+                    self.relay.release(batch.released)
+            if batch.mode is ForwardMode.IDLE:
+                self._idle(batch)
+            elif batch.mode is ForwardMode.PREFILL:
+                self._prefill(batch, out)
+            elif self.spec is None:
+                self._decode(batch, out)
+            else:
+                self._verify_and_draft(batch, out, self.spec)
+
+    def _resolve_future(self, batch: ForwardBatch) -> None:
+        with self.ranges(RESOLVE_FUTURE, batch.step):
+            self.relay.resolve_future(batch)
+
+    def _publish(
+        self, batch: ForwardBatch, slots: torch.Tensor, new_seq_lens: torch.Tensor
+    ) -> None:
+        with self.ranges(PUBLISH, batch.step):
+            self.relay.publish(slots, new_seq_lens)
+
+    def _stash(
+        self,
+        batch: ForwardBatch,
+        slots: torch.Tensor,
+        tokens: torch.Tensor,
+        draft: DraftOutput | None,
+    ) -> None:
+        with self.ranges(STASH, batch.step):
+            self.relay.stash(slots, tokens, draft)
 
     def _start_kernels(self, tokens: int) -> None:
         """The end of a forward's host-side prologue: the collective, then the kernels."""
@@ -125,8 +158,8 @@ class ModelRunner:
         # Empty operations, as a rank with requests would issue them: each is a no-op
         # on zero indices and allocates nothing.
         empty = batch.req_pool_indices
-        self.relay.resolve_future(batch)
-        self.relay.publish(empty, empty)
+        self._resolve_future(batch)
+        self._publish(batch, empty, empty)
         self._start_kernels(0)
         draft = None
         if self.spec is not None:
@@ -138,30 +171,30 @@ class ModelRunner:
                 torch.empty(0, self.spec.topk, dtype=torch.int64, device=empty.device),
                 torch.empty(0, h, dtype=self.model.config.dtype, device=empty.device),
             )
-        self.relay.stash(empty, empty, draft)
+        self._stash(batch, empty, empty, draft)
 
     def _prefill(self, batch: ForwardBatch, out: StepOutput) -> None:
         slots = batch.req_pool_indices
         new_seq_lens = batch.seq_lens + 1
         # Known before the model runs: publish first so the scheduler waits least.
-        self.relay.publish(slots, new_seq_lens)
+        self._publish(batch, slots, new_seq_lens)
         self._start_kernels(int(batch.seq_lens_sum))
         hidden, tokens = self.forwards.prefill(batch.input_ids, batch.seq_lens, slots)
-        self.relay.stash(slots, tokens, self._draft_extend(hidden, tokens))
+        self._stash(batch, slots, tokens, self._draft_extend(hidden, tokens))
         out.tokens = _to_host(tokens[:, None])
         out.counts = _to_host(torch.ones_like(tokens))
         out.new_seq_lens = _to_host(new_seq_lens)
 
     def _decode(self, batch: ForwardBatch, out: StepOutput) -> None:
         slots = batch.req_pool_indices
-        self.relay.resolve_future(batch)
+        self._resolve_future(batch)
         new_seq_lens = batch.seq_lens + 1
-        self.relay.publish(slots, new_seq_lens)  # as in _prefill: known up front
+        self._publish(batch, slots, new_seq_lens)  # as in _prefill: known up front
         self._start_kernels(len(batch))
         _, tokens = self.forwards.decode(
             batch.input_ids, batch.seq_lens, batch.max_seq_len, slots
         )
-        self.relay.stash(slots, tokens, None)
+        self._stash(batch, slots, tokens, None)
         out.tokens = _to_host(tokens[:, None])
         out.counts = _to_host(torch.ones_like(tokens))
         out.new_seq_lens = _to_host(new_seq_lens)
@@ -170,7 +203,7 @@ class ModelRunner:
         self, batch: ForwardBatch, out: StepOutput, spec: SpecConfig
     ) -> None:
         slots = batch.req_pool_indices
-        self.relay.resolve_future(batch)
+        self._resolve_future(batch)
         info = batch.spec_info
         assert info.hidden_states is not None, (
             "speculative decode before any prefill stashed"
@@ -188,11 +221,12 @@ class ModelRunner:
         new_seq_lens = batch.seq_lens + result.accept_lens + 1
         # on_publish: mid-forward, before the cache commit and the draft extension,
         # which overlap the scheduler's wait-free part of the next batch.
-        self.on_publish(slots, new_seq_lens)
+        with self.ranges(PUBLISH, batch.step):
+            self.on_publish(slots, new_seq_lens)
         draft = self.forwards.commit_and_extend(
             result, batch.seq_lens, slots, spec.topk
         )
-        self.relay.stash(slots, result.bonus, draft)
+        self._stash(batch, slots, result.bonus, draft)
         out.tokens = _to_host(result.tokens)
         out.counts = _to_host(result.accept_lens + 1)
         out.new_seq_lens = _to_host(new_seq_lens)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import relay
-from relay.cli import EXIT_BROKEN_PIPE, EXIT_USAGE, main
+from relay.cli import Exit, main
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -78,11 +78,11 @@ def test_python_dash_m_relay_is_the_command() -> None:
 
 def test_no_command_is_bad_usage(capsys: pytest.CaptureFixture[str]) -> None:
     """``relay`` alone prints the help and exits 2; an unknown command too."""
-    assert main([]) == EXIT_USAGE
+    assert main([]) == Exit.USAGE
     assert "generate" in capsys.readouterr().out
     with pytest.raises(SystemExit) as exit_info:
         main(["frobnicate"])
-    assert exit_info.value.code == EXIT_USAGE
+    assert exit_info.value.code == Exit.USAGE
 
 
 def test_help_lists_exit_statuses(capsys: pytest.CaptureFixture[str]) -> None:
@@ -109,7 +109,7 @@ def test_closed_pipe_ends_quietly() -> None:
         )
     finally:
         os.close(write)
-    assert done.returncode == EXIT_BROKEN_PIPE
+    assert done.returncode == Exit.BROKEN_PIPE
     assert done.stderr == ""
 
 
@@ -121,7 +121,7 @@ def test_demo_on_missing_cuda_is_one_line_and_exit_2(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """``relay demo --device cuda`` without CUDA: one line naming the fix, exit 2."""
-    assert main(["demo", "--device", "cuda"]) == EXIT_USAGE
+    assert main(["demo", "--device", "cuda"]) == Exit.USAGE
     captured = capsys.readouterr()
     lines = captured.err.splitlines()
     assert len(lines) == 1, captured.err
@@ -140,7 +140,7 @@ def test_demo_bad_usage_exits_2_without_traceback(
         code = main(["demo", *argv])
     except SystemExit as exit_info:  # argparse's own usage errors
         code = int(exit_info.code or 0)
-    assert code == EXIT_USAGE
+    assert code == Exit.USAGE
     err = capsys.readouterr().err
     assert "Traceback" not in err
     assert err.splitlines()[-1].startswith("relay demo: error:")
@@ -159,3 +159,30 @@ def test_readme_quickstart_output_is_what_the_example_prints() -> None:
         timeout=300,
     )
     assert done.stdout == shown
+
+
+def test_every_command_reports_with_one_set_of_exit_statuses() -> None:
+    """``generate`` and ``bench`` return the members of ``relay.cli.status.Exit``."""
+    from relay.bench import main as bench
+    from relay.codegen import cli as generate
+
+    assert generate.EXIT_DRIFT is Exit.DRIFT is Exit.FAILED
+    assert generate.EXIT_INVALID_SCHEMA is Exit.INVALID_SCHEMA
+    assert generate.EXIT_USAGE is bench.EXIT_USAGE is Exit.USAGE
+    assert bench.EXIT_FAILED is Exit.FAILED
+
+
+def test_the_engine_imports_nothing_from_the_cli() -> None:
+    """``relay.engine`` is a library: no module of it imports ``relay.cli``, even lazily."""
+    import ast
+
+    for path in sorted((REPO / "relay" / "engine").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                continue
+            for name in names:
+                assert not name.startswith("relay.cli"), f"{path.name} imports {name}"

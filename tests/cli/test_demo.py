@@ -10,6 +10,7 @@ from pathlib import Path
 import attrs
 import pytest
 
+from relay.cli.demo import ModeResult, bundled_schemas, main
 from relay.codegen import explicit_job, run_job
 from relay.engine import (
     EngineConfig,
@@ -20,7 +21,7 @@ from relay.engine import (
     WorkloadConfig,
     run_workload,
 )
-from relay.engine.demo import ModeResult, bundled_schemas, ideal_speedup, main
+from relay.engine.engine import ideal_speedup
 from relay.engine.maps import MapSource
 from relay.engine.relays import MapRelay
 
@@ -131,7 +132,7 @@ def test_demo_without_bundled_schemas_runs_the_packaged_maps(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Installed from a wheel (no schemas/ beside relay/): it says so and runs relay.maps."""
-    from relay.engine import demo
+    from relay.cli import demo
 
     monkeypatch.setattr(demo, "bundled_schemas", lambda: None)
     assert main([*TINY_DEMO, "--repeat", "1", "--mode", "decode"]) == 0

@@ -1,4 +1,4 @@
-"""The model's forwards: compiled and eager agree, and the CPU lane's host turns."""
+"""The model's forwards: compiled and eager agree, and the CPU worker's host turns."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from relay.engine import ModelConfig
-from relay.engine.lanes import ThreadLane
+from relay.engine.executors import WorkerExecutor
 from relay.engine.model import DraftHead, Forwards, KVCache, TargetModel
 
 CONFIG = ModelConfig(
@@ -103,7 +103,7 @@ def test_wait_returns_once_the_next_forward_runs_its_kernels(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """``wait(N)`` returns only after forward N+1 finished its host-side prologue."""
-    lane = ThreadLane()
+    lane = WorkerExecutor()
     events: list[str] = []
     host_waits = threading.Event()  # the host is blocked in ``wait`` on the worker
     host_resumed = threading.Event()
@@ -143,7 +143,7 @@ def test_wait_returns_once_the_next_forward_runs_its_kernels(
 
 def test_wait_does_not_hang_on_a_forward_without_kernels() -> None:
     """A forward that never calls ``kernels_started`` releases the host when it ends."""
-    lane = ThreadLane()
+    lane = WorkerExecutor()
     finished = threading.Event()
     try:
         first = lane.launch(lambda: None)

@@ -271,7 +271,7 @@ def test_host_wait_covers_a_record_queued_on_another_stream() -> None:
             gate.set()
 
 
-# A short guard for the two cases below: in the failing state each costs this long.
+# A short guard for the case below: in the failing (deadlocked) state it costs this long.
 _DEADLOCK_GUARD_S = 5.0
 
 
@@ -317,21 +317,35 @@ def test_two_streams_waiting_on_completed_events_do_not_deadlock() -> None:
     "(any of them may be about to record), so a queued task that itself blocks on the host "
     "deadlocks the pair (Note [Host order of CPU records] in relay/cpu_stream.py)",
 )
-def test_host_wait_is_not_held_up_by_unrelated_stream_work() -> None:
+def test_host_wait_is_not_held_up_by_unrelated_stream_work(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A host wait on an event recorded on C returns without waiting for stream D's task."""
     with thread_streams("C", "D") as (c, d):
         event = _recorded_on(c)
-        host_went_on = threading.Event()
-        answered: list[bool] = []
-        d_waiting = threading.Event()
+        d_running, d_released = threading.Event(), threading.Event()
+        blocked_on_d: list[int] = []
+        wait_on_d = d.wait_ticket
+
+        def host_waits_on_d(ticket: int, done: Callable[[], bool]) -> None:
+            # The gate: a host wait that would block on D's task says so and lets D go
+            # on, so the test ends at once in either state.
+            if not done():
+                blocked_on_d.append(ticket)
+                d_released.set()
+            wait_on_d(ticket, done)
+
+        monkeypatch.setattr(d, "wait_ticket", host_waits_on_d)
 
         def on_d() -> None:
-            d_waiting.set()
-            answered.append(host_went_on.wait(_DEADLOCK_GUARD_S))
+            d_running.set()
+            assert d_released.wait(GUARD_S)
 
         d.submit(on_d)
-        assert d_waiting.wait(GUARD_S)
-        event.synchronize()
-        host_went_on.set()
+        assert d_running.wait(GUARD_S)
+        try:
+            event.synchronize()
+        finally:
+            d_released.set()
         d.synchronize()
-        assert answered == [True], "the host wait blocked until D's task gave up"
+        assert blocked_on_d == [], "the host wait blocked on D's unrelated task"

@@ -1,5 +1,8 @@
 """``relay demo``: generate the bundled maps privately, import them, run the engine both ways.
 
+The command-line side of the reference engine (``relay.engine``, a library that
+imports nothing from here): flags, model presets, progress and the results table.
+
 The bundled schemas the engine runs (``decode``, ``decode_seq_lens``, ``eagle``) are
 generated into a private temporary folder and imported from there: the demo never
 reads or writes the caller's project (no ``[tool.relay]`` lookup, nothing written
@@ -7,7 +10,9 @@ under the working folder). For plain and speculative decoding it then runs the
 synchronous loop and the overlap loop on the same workload, each several times,
 interleaved, and prints throughput, the measured speedup beside the ideal one and
 their ratio (the efficiency), forward occupancy, acceptance length and whether
-every overlap run produced the synchronous run's tokens.
+every overlap run produced the synchronous run's tokens. With --trace or --plot
+it then runs each loop once more, traced, on the first requests of the workload,
+and writes a Chrome trace (Perfetto, chrome://tracing) or a timeline picture.
 
 Exit status: 0 ok, 1 some outputs differ, 2 bad usage or an unusable device (one
 line on stderr), 3 a bundled schema is invalid.
@@ -28,7 +33,9 @@ from typing import TYPE_CHECKING
 import attrs
 import torch
 
-from relay.engine.engine import EngineConfig, RunResult, run_workload
+from relay.cli.status import Exit
+from relay.engine import trace
+from relay.engine.engine import EngineConfig, RunResult, ideal_speedup, run_workload
 from relay.engine.maps import MAP_MODULES, MapSource
 from relay.engine.model import ModelConfig
 from relay.engine.runner import SpecConfig
@@ -42,17 +49,22 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MODEL_PRESETS",
+    "TRACE_REQUESTS",
     "ModeResult",
     "UsageError",
     "add_arguments",
     "bundled_schemas",
     "config_from_args",
-    "ideal_speedup",
+    "main",
     "resolve_device",
     "run",
 ]
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INVALID_SCHEMA = 0, 1, 2, 3
+#: Requests of the traced runs (--trace, --plot): enough to reach steady decoding,
+#: few enough that the trace stays a few MB.
+TRACE_REQUESTS = 24
+#: What ``--plot`` can write (matplotlib picks the format from the suffix).
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 
 #: Model sizes by name. ``small`` is the default and is sized for a 2-core CPU.
 MODEL_PRESETS: dict[str, ModelConfig] = {
@@ -189,6 +201,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="skip generation and run the packaged maps (relay.maps)",
     )
     parser.add_argument(
+        "--trace",
+        metavar="PATH",
+        type=Path,
+        help="afterwards, run each loop once more on the first "
+        f"{TRACE_REQUESTS} requests and write a Chrome trace of it (torch.profiler; "
+        "open in Perfetto or chrome://tracing): named ranges per step on the "
+        "scheduler thread and the forward worker",
+    )
+    parser.add_argument(
+        "--plot",
+        metavar="PATH.png",
+        type=Path,
+        help="afterwards, draw a timeline of a few steps of those traced runs, sync "
+        "above overlap (needs matplotlib: pip install 'relay-futuremap[plot]')",
+    )
+    parser.add_argument(
         "-q",
         "--quiet",
         action="store_true",
@@ -262,7 +290,7 @@ def _scheduler_for(max_running: int, max_context: int) -> SchedulerConfig:
 
 
 def bundled_schemas() -> list[Path] | None:
-    """The bundled ``decode`` and ``eagle`` schema modules, or None when relay is
+    """The bundled schema modules of ``MAP_MODULES``, or None when relay is
     installed without them (a wheel ships the generated maps, not ``schemas/``)."""
     import relay
 
@@ -305,16 +333,6 @@ def _private_maps(skip: bool, say: Callable[[str], None]) -> Iterator[MapSource]
         for path in result.written:
             say(f"   wrote {path.name}")
         yield MapSource(folder)
-
-
-def ideal_speedup(sync: RunResult) -> float:
-    """The overlap speedup a perfect overlap would give: in the synchronous loop the
-    forward (busy) and the scheduler (the rest) take turns; overlapped, a step takes
-    the longer of the two."""
-    busy = sync.forward_busy_seconds
-    rest = sync.wall_seconds - busy
-    longer = max(busy, rest)
-    return sync.wall_seconds / longer if longer > 0 else 1.0
 
 
 @attrs.frozen
@@ -525,31 +543,93 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     report = _Reporter(args.quiet)
     try:
-        resolve_device(args.device, args.ranks)  # before any work: exit 2 at once
+        # Before any work: exit 2 at once.
+        resolve_device(args.device, args.ranks)
+        _check_outputs(args)
         with _private_maps(args.no_generate, report.say) as source:
             base = config_from_args(args, source)
             report.say("2. import the generated maps")
             for path in base.maps.load().files:
                 report.say(f"   {path}")
             rows = _run_all(args, base, report)
+            if not args.quiet:
+                report.say("")
+            report.table(rows, args.ranks)
+            if args.trace is not None or args.plot is not None:
+                _trace_and_plot(args, base, report)
     except UsageError as error:
         print(f"relay demo: error: {error}", file=sys.stderr)
-        return EXIT_USAGE
+        return Exit.USAGE
     except (SchemaError, SchemaImportError) as error:
         print(f"relay demo: a bundled schema is invalid: {error}", file=sys.stderr)
-        return EXIT_INVALID_SCHEMA
+        return Exit.INVALID_SCHEMA
     except RelayError as error:
         print(f"relay demo: error: {error}", file=sys.stderr)
-        return EXIT_USAGE
-    if not args.quiet:
-        report.say("")
-    report.table(rows, args.ranks)
+        return Exit.USAGE
     ok = all(row.identical for row in rows)
     report.verdict(
         f"{'all outputs identical' if ok else 'OUTPUTS DIFFER'}; "
         f"demo took {time.perf_counter() - started:.1f} s"
     )
-    return EXIT_OK if ok else EXIT_FAILED
+    return Exit.OK if ok else Exit.FAILED
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """``UsageError`` for a --trace or --plot the demo could not write, before any run."""
+    for flag, path in (("--trace", args.trace), ("--plot", args.plot)):
+        if path is not None and not path.parent.is_dir():
+            raise UsageError(f"{flag} {path}: no folder {path.parent}")
+    if args.plot is None:
+        return
+    if args.plot.suffix.lower() not in PLOT_SUFFIXES:
+        raise UsageError(
+            f"--plot {args.plot}: the picture's name must end in "
+            + ", ".join(PLOT_SUFFIXES)
+        )
+    from relay.cli import plot
+
+    if not plot.available():
+        raise UsageError(plot.MISSING)
+
+
+def _trace_and_plot(
+    args: argparse.Namespace, base: EngineConfig, report: _Reporter
+) -> None:
+    """Run each loop of each mode once more, traced, and write the trace and the plot."""
+    modes = ["decode", "eagle"] if args.mode == "both" else [args.mode]
+    requests = min(base.workload.requests, TRACE_REQUESTS)
+    traced = attrs.evolve(
+        base,
+        workload=attrs.evolve(base.workload, requests=requests),
+        trace=True,
+    )
+    report.say("")
+    report.say(
+        f"4. trace each loop once more on the first {requests} requests"
+        + (" (one rank)" if args.ranks > 1 else "")
+    )
+    with tempfile.TemporaryDirectory(prefix="relay-trace-") as folder:
+        path = args.trace if args.trace is not None else Path(folder, "trace.json")
+        with trace.record(path, base.device):
+            for mode in modes:
+                spec = (
+                    SpecConfig(steps=args.spec_steps, topk=args.topk)
+                    if mode == "eagle"
+                    else None
+                )
+                for overlap in (False, True):
+                    run_workload(attrs.evolve(traced, spec=spec, overlap=overlap))
+        if args.trace is not None:
+            size = path.stat().st_size / 1e6
+            report.say(
+                f"   wrote the trace {path} ({size:.1f} MB): open it in "
+                "https://ui.perfetto.dev or chrome://tracing"
+            )
+        if args.plot is not None:
+            from relay.cli import plot
+
+            plot.timeline(trace.load(path), args.plot, modes)
+            report.say(f"   wrote the timeline {args.plot}")
 
 
 def _run_all(
@@ -584,7 +664,7 @@ def _run_all(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the demo without the ``relay`` CLI: ``python -m relay.engine.demo``."""
+    """``relay demo ARGV`` without the ``relay`` parser (tests call it in process)."""
     parser = argparse.ArgumentParser(prog="relay demo")
     add_arguments(parser)
     return run(parser.parse_args(argv))

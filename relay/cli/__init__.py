@@ -1,8 +1,10 @@
 """The ``relay`` command: generate, check, demo and bench.
 
-Each command's flags live beside its work (``relay.codegen.cli``,
-``relay.engine.demo``, ``relay.bench.main``) and are imported only when that
-command runs, so ``relay --help`` and ``relay --version`` never import torch.
+Each command's flags live in its own command module (``relay.codegen.cli``,
+``relay.cli.demo``, ``relay.bench.main``), imported only when that command runs,
+so ``relay --help`` and ``relay --version`` never import torch. The exit statuses
+of every command are ``relay.cli.status.Exit``. The libraries under the commands
+(``relay.codegen``, ``relay.engine``, ``relay.bench``) import nothing from here.
 """
 
 from __future__ import annotations
@@ -14,33 +16,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from relay import __version__
+from relay.cli.status import Exit
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-__all__ = [
-    "EXIT_BROKEN_PIPE",
-    "EXIT_DRIFT",
-    "EXIT_FAILED",
-    "EXIT_INVALID_SCHEMA",
-    "EXIT_OK",
-    "EXIT_USAGE",
-    "main",
-    "rich_console",
-]
-
-# Exit statuses, the same for every command (README "Commands").
-EXIT_OK = 0
-#: ``generate --check``: a generated file drifted; ``demo``/``bench``: a result is wrong
-#: (overlap outputs differ from the synchronous run's, values or memory differ).
-EXIT_FAILED = 1
-EXIT_DRIFT = EXIT_FAILED
-#: Bad usage or configuration, or an unusable device: one line on stderr, no traceback.
-EXIT_USAGE = 2
-EXIT_INVALID_SCHEMA = 3
-#: The reader of our output went away (``relay demo | head``): 128 + SIGPIPE, as a
-#: shell reports a command killed by the signal; nothing is printed.
-EXIT_BROKEN_PIPE = 141
+__all__ = ["Exit", "main", "rich_console"]
 
 _EPILOG = """\
 exit status: 0 ok; 1 generated files drifted (generate --check) or a result is
@@ -64,7 +45,7 @@ def _add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
 
         generate_cli.add_arguments(parser)
     elif command == "demo":
-        from relay.engine import demo
+        from relay.cli import demo
 
         demo.add_arguments(parser)
     elif command == "bench":
@@ -79,7 +60,7 @@ def _run(args: argparse.Namespace) -> int:
 
         return generate_cli.run(args)
     if args.command == "demo":
-        from relay.engine import demo
+        from relay.cli import demo
 
         return demo.run(args)
     from relay.bench import main as bench
@@ -142,17 +123,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(args_in)
         if args.command is None:
             parser.print_help()
-            return EXIT_USAGE
+            return Exit.USAGE
         return _run(args)
     except BrokenPipeError:
         # Output piped into `head` and the like: the reader left, which is not an
         # error. Point stdout at /dev/null so the interpreter's final flush is quiet.
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
-        return EXIT_BROKEN_PIPE
+        return Exit.BROKEN_PIPE
     except KeyboardInterrupt:
         print("relay: interrupted", file=sys.stderr)
-        return 130
+        return Exit.INTERRUPTED
 
 
 if __name__ == "__main__":

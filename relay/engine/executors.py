@@ -1,14 +1,17 @@
-"""Forward lanes: where a step's forward runs, how the host waits for it, busy time.
+"""Forward executors: where a step's forward runs, how the host waits for it, busy time.
 
-- ``InlineLane``: CPU, synchronous: the forward runs in the scheduler's thread.
-- ``ThreadLane``: CPU, overlap: forwards run in order on a ``ThreadStream`` worker,
-  so the scheduler's Python really runs while the forward's torch ops do.
-- ``CudaLane``: a private CUDA forward stream; synchronous mode waits after each
-  launch, overlap mode does not.
+(Not to be confused with a relay field's ``Lane``, the schema word for the forward
+and schedule halves of a map.)
 
-Each lane's own waits reach debug mode's happens-before checker: ThreadStreams report
-theirs, and ``CudaLane`` reports its stream wait, records and synchronizes through
-``relay.debug`` (free when the checker is off).
+- ``InlineExecutor``: CPU, synchronous: the forward runs in the scheduler's thread.
+- ``WorkerExecutor``: CPU, overlap: forwards run in order on a ``ThreadStream``
+  worker, so the scheduler's Python really runs while the forward's torch ops do.
+- ``CudaStreamExecutor``: a private CUDA forward stream; synchronous mode waits after
+  each launch, overlap mode does not.
+
+Each executor's own waits reach debug mode's happens-before checker: ThreadStreams
+report theirs, and ``CudaStreamExecutor`` reports its stream wait, records and
+synchronizes through ``relay.debug`` (free when the checker is off).
 """
 
 from __future__ import annotations
@@ -22,10 +25,16 @@ import torch
 from relay import debug
 from relay.cpu_stream import ThreadStream
 
-__all__ = ["CudaLane", "InlineLane", "Lane", "ThreadLane", "make_lane"]
+__all__ = [
+    "CudaStreamExecutor",
+    "ForwardExecutor",
+    "InlineExecutor",
+    "WorkerExecutor",
+    "make_executor",
+]
 
 
-# Note [Host turns on the CPU lane]
+# Note [Host turns on the CPU worker]
 # A CPU forward has a host-side part, in Python (relay resolve and publish, the
 # collective, the host copies), and its kernels, which run without the GIL (Note
 # [Forwards without the GIL] in relay/engine/model.py). While both threads run
@@ -41,7 +50,7 @@ __all__ = ["CudaLane", "InlineLane", "Lane", "ThreadLane", "make_lane"]
 _cuda: Any = torch.cuda
 
 
-class Lane(Protocol):
+class ForwardExecutor(Protocol):
     """Runs forwards in launch order."""
 
     def launch(self, fn: Callable[[], None]) -> Any:
@@ -51,17 +60,17 @@ class Lane(Protocol):
         """Block the host until the launch ``handle`` has finished (its host copies too)."""
 
     def kernels_started(self) -> None:
-        """Called by a forward, on the lane, when the host-side work before its kernels
-        is done (Note [Host turns on the CPU lane])."""
+        """Called by a forward, on the executor, when the host-side work before its kernels
+        is done (Note [Host turns on the CPU worker])."""
 
     def busy_seconds(self) -> float:
-        """Time the lane spent running forwards so far (waits for in-flight ones)."""
+        """Time the executor spent running forwards so far (waits for in-flight ones)."""
 
     def close(self) -> None:
         """Finish queued work and release threads or streams."""
 
 
-class InlineLane:
+class InlineExecutor:
     """Synchronous CPU: ``launch`` runs the forward before it returns."""
 
     def __init__(self) -> None:
@@ -86,7 +95,7 @@ class InlineLane:
         pass
 
 
-class ThreadLane:
+class WorkerExecutor:
     """Overlap on the CPU: forwards run on a ``ThreadStream`` worker thread."""
 
     def __init__(self, threads: int | None = None) -> None:
@@ -105,7 +114,7 @@ class ThreadLane:
         # order of CPU records]), and the next step is already queued behind this one.
         ticket = int(handle)
         self.stream.wait_ticket(ticket, lambda: False)
-        following = ticket + 1  # Note [Host turns on the CPU lane]
+        following = ticket + 1  # Note [Host turns on the CPU worker]
         if self.stream.submitted >= following:
             self.stream.wait_ticket(following, lambda: self._started >= following)
 
@@ -122,7 +131,7 @@ class ThreadLane:
         self.stream.close()
 
 
-class CudaLane:
+class CudaStreamExecutor:
     """A private CUDA forward stream; ``sync`` waits for each forward at launch."""
 
     def __init__(self, device: torch.device, *, sync: bool) -> None:
@@ -165,14 +174,14 @@ class CudaLane:
         debug.synchronize_stream(self.stream)
 
 
-def make_lane(
+def make_executor(
     device: torch.device, *, overlap: bool, cpu_threads: int | None = None
-) -> Lane:
-    """The lane for ``device`` and loop mode; ``cpu_threads`` for the CPU worker."""
+) -> ForwardExecutor:
+    """The executor for ``device`` and loop mode; ``cpu_threads`` for the CPU worker."""
     if device.type == "cuda":
-        return CudaLane(device, sync=not overlap)
+        return CudaStreamExecutor(device, sync=not overlap)
     if device.type != "cpu":
         raise ValueError(
             f"the reference engine runs on cpu or cuda, not {device.type!r}"
         )
-    return ThreadLane(cpu_threads) if overlap else InlineLane()
+    return WorkerExecutor(cpu_threads) if overlap else InlineExecutor()

@@ -1,0 +1,293 @@
+"""Named ranges of each step's work, recorded with ``torch.profiler`` (``relay demo --trace``).
+
+The engine opens a range around each piece of a step's work, named ``"<what> <step>"``
+(``"forward 12"``, ``"build batch 13"``), on the thread that does it: the scheduler
+thread builds batches, resolves lengths, waits for forwards and processes results;
+the forwards and the relay calls inside them run on the forward executor's worker
+thread (CPU overlap), or on the scheduler thread itself (CPU sync, and on CUDA, where
+that thread launches the kernels onto the forward stream). ``record`` writes them as
+a Chrome trace (Perfetto and ``chrome://tracing`` open it), with the threads named
+after their role; on CUDA the profiler adds each kernel on its stream.
+``load`` reads such a file back as ``Span``s, for tests and ``relay demo --plot``.
+
+Note [Ranges that cost nothing when off]
+A run chooses its ``Ranges`` once, when it starts (``ranges_for``): with tracing
+off every call site gets ``no_ranges``, which returns one shared, reusable
+``nullcontext`` and formats no name, so the hot loop pays one call and an empty
+``with`` per range and tests no flag. Ranges wrap the engine's calls into the
+generated maps, never code inside them: the maps stay as generated.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any, Protocol
+
+import attrs
+import torch
+
+__all__ = [
+    "BUILD",
+    "FENCE_WAIT",
+    "FORWARD",
+    "FORWARD_THREAD",
+    "HOST_SEQ_LENS",
+    "HOST_WAIT",
+    "KEPT_CATEGORIES",
+    "PROCESS",
+    "PUBLISH",
+    "RELEASE",
+    "RESOLVE_FUTURE",
+    "RESOLVE_SEQ_LENS",
+    "RUN",
+    "SCHEDULER_THREAD",
+    "STASH",
+    "Ranges",
+    "Span",
+    "Trace",
+    "load",
+    "no_ranges",
+    "ranges_for",
+    "record",
+]
+
+# What each range names (its step number follows, after a space).
+#: Scheduler: admit, filter and merge the running batch, pick the rows of step N.
+BUILD = "build batch"
+#: Scheduler: the schedule lane's resolve (``resolve_seq_lens_cpu``), and inside it
+#: the wait on the map's fence (the publish of the forward before).
+RESOLVE_SEQ_LENS = "resolve_seq_lens_cpu"
+FENCE_WAIT = "fence wait"
+#: Scheduler: lengths from the host (plain decoding), or read from the finished
+#: previous step (the synchronous loop).
+HOST_SEQ_LENS = "seq_lens on host"
+#: Scheduler: the host blocked until forward N (and its host copies) finished.
+HOST_WAIT = "host wait"
+#: Scheduler: step N's tokens appended, detokenized, requests finished.
+PROCESS = "process"
+#: The whole forward of step N, and the relay calls inside it.
+FORWARD = "forward"
+RESOLVE_FUTURE = "resolve_future"
+PUBLISH = "publish"
+STASH = "stash"
+RELEASE = "release"
+#: Scheduler thread: one whole run, named ``"run <mode> <loop>"`` with step 0.
+RUN = "run"
+
+#: Row names of the two threads (``record`` names the trace's threads with them).
+SCHEDULER_THREAD = "scheduler thread"
+FORWARD_THREAD = "forward worker"
+
+_NAME = re.compile(r"^(?P<what>[a-z_ ]+?) (?P<step>\d+)$")
+
+
+class Ranges(Protocol):
+    """Opens the range ``"<what> <step>"`` on the calling thread."""
+
+    def __call__(self, what: str, step: int) -> AbstractContextManager[object]: ...
+
+
+_OFF = contextlib.nullcontext()
+
+
+def no_ranges(what: str, step: int) -> AbstractContextManager[object]:
+    """Tracing off: the shared empty context (Note [Ranges that cost nothing when off])."""
+    return _OFF
+
+
+class _ProfilerRanges:
+    """Tracing on: a ``torch.profiler.record_function`` per range; remembers which
+    thread opened ranges, to name it in the trace."""
+
+    def __init__(self) -> None:
+        self.threads: dict[int, str] = {}
+
+    def __call__(self, what: str, step: int) -> AbstractContextManager[object]:
+        tid = threading.get_native_id()
+        if tid not in self.threads:
+            main = threading.current_thread() is threading.main_thread()
+            self.threads[tid] = SCHEDULER_THREAD if main else FORWARD_THREAD
+        return torch.profiler.record_function(f"{what} {step}")
+
+
+_ON = _ProfilerRanges()
+
+
+def ranges_for(tracing: bool) -> Ranges:
+    """The ranges of a run, chosen once when it starts."""
+    return _ON if tracing else no_ranges
+
+
+def _profile(device: torch.device) -> torch.profiler.profile:
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    options: dict[str, Any] = {}
+    try:
+        # Ranges opened on threads that exist before the profiler starts (a worker
+        # thread of an earlier run, or of this one) are dropped without it.
+        options["experimental_config"] = torch._C._profiler._ExperimentalConfig(
+            profile_all_threads=True
+        )
+    except (AttributeError, TypeError):  # older torch: the new threads only
+        pass
+    return torch.profiler.profile(activities=activities, **options)
+
+
+#: Trace event categories ``record`` keeps: the engine's ranges and, on a GPU, what
+#: ran on the device. Host-side torch ops (``cpu_op``, ``cuda_runtime``: about 60 per
+#: forward) are left out, which keeps a trace of a few dozen requests under 1 MB.
+KEPT_CATEGORIES = frozenset(
+    {
+        "user_annotation",
+        "gpu_user_annotation",
+        "kernel",
+        "gpu_memcpy",
+        "gpu_memset",
+    }
+)
+
+
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """Silence the profiler's own start and stop lines (written by C++ to fd 2)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+@contextlib.contextmanager
+def record(path: Path, device: torch.device | str = "cpu") -> Iterator[None]:
+    """Profile the block and write its Chrome trace to ``path``, threads named by role.
+
+    Runs inside the block trace only with ``EngineConfig(trace=True)``.
+    """
+    profiler = _profile(torch.device(device))
+    with _quiet_stderr():
+        profiler.start()
+    try:
+        yield
+    finally:
+        with _quiet_stderr():
+            profiler.stop()
+    profiler.export_chrome_trace(str(path))
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    kept = []
+    threads: set[tuple[Any, Any]] = set()
+    for event in data.get("traceEvents", []):
+        if event.get("ph") == "X":
+            if event.get("cat") not in KEPT_CATEGORIES:
+                continue
+            threads.add((event.get("pid"), event.get("tid")))
+        # Thread names are ours (below): the profiler's say "thread 1234 (python)",
+        # and a second profile in one process names only the first one's threads.
+        if not (event.get("ph") == "M" and event.get("name") == "thread_name"):
+            kept.append(event)
+    for pid, tid in sorted(threads, key=str):
+        role = _ON.threads.get(tid) if isinstance(tid, int) else None
+        name = f"{role} ({tid})" if role is not None else f"thread {tid}"
+        kept.append(
+            {
+                "ph": "M",
+                "name": "thread_name",
+                "pid": pid,
+                "tid": tid,
+                "args": {"name": name},
+            }
+        )
+    data["traceEvents"] = kept
+    Path(path).write_text(json.dumps(data), encoding="utf-8")
+
+
+@attrs.frozen
+class Span:
+    """One range of a trace: ``what`` of step ``step`` on thread (or stream) ``row``."""
+
+    what: str
+    step: int
+    row: str
+    #: Microseconds, on the trace's clock.
+    start: float
+    end: float
+
+    def overlaps(self, other: Span) -> bool:
+        """Whether the two ranges were open at the same time."""
+        return self.start < other.end and other.start < self.end
+
+
+@attrs.frozen
+class Trace:
+    """The engine's ranges in a trace file, and the device kernels if any."""
+
+    spans: tuple[Span, ...]
+    #: CUDA kernels, ``what`` = the kernel name, ``row`` = its stream, ``step`` = 0.
+    kernels: tuple[Span, ...]
+
+    def runs(self) -> dict[str, Trace]:
+        """The trace of each run (``"decode sync"``, ``"eagle overlap"``, ...)."""
+        found: dict[str, Trace] = {}
+        for run in self.spans:
+            if run.what.startswith(f"{RUN} "):
+
+                def inside(s: Span, run: Span = run) -> bool:
+                    return run.start <= s.start and s.end <= run.end
+
+                found[run.what.removeprefix(f"{RUN} ")] = Trace(
+                    tuple(s for s in self.spans if inside(s) and s is not run),
+                    tuple(k for k in self.kernels if inside(k)),
+                )
+        return found
+
+    def named(self, what: str) -> dict[int, Span]:
+        """The ``what`` range of each step (the last one, if a step has several)."""
+        return {s.step: s for s in self.spans if s.what == what}
+
+
+def load(path: Path) -> Trace:
+    """The engine's ranges (and kernels) of the Chrome trace at ``path``."""
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    events = data["traceEvents"] if isinstance(data, dict) else data
+    threads = {
+        (e.get("pid"), e.get("tid")): e["args"]["name"]
+        for e in events
+        if e.get("ph") == "M" and e.get("name") == "thread_name"
+    }
+    spans: list[Span] = []
+    kernels: list[Span] = []
+    for e in events:
+        if e.get("ph") != "X":
+            continue
+        start, end = float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))
+        row = threads.get((e.get("pid"), e.get("tid")), str(e.get("tid")))
+        if e.get("cat") == "kernel":
+            kernels.append(
+                Span(str(e["name"]), 0, f"stream {e.get('tid')}", start, end)
+            )
+            continue
+        if e.get("cat") != "user_annotation":
+            continue
+        name = str(e["name"])
+        if name.startswith(f"{RUN} "):
+            spans.append(Span(name.rsplit(" ", 1)[0], 0, row, start, end))
+            continue
+        match = _NAME.match(name)
+        if match is not None:
+            spans.append(Span(match["what"], int(match["step"]), row, start, end))
+    spans.sort(key=lambda s: (s.start, -s.end))
+    kernels.sort(key=lambda s: s.start)
+    return Trace(tuple(spans), tuple(kernels))
