@@ -13,6 +13,7 @@ import numpy
 import torch
 
 from relay.debug import DebugChecks, poison
+from relay.debug.messages import text
 from relay.device import Fence, HostMirror
 from relay.errors import RelayError, SlotError
 from relay.fused import gather_rows, gather_rows_optional
@@ -281,13 +282,17 @@ def host_sum(values: torch.Tensor) -> int:
 # with debug=True, so a map with debug off dispatches only the ops its work needs.
 
 
+# A guard on a floating field lets NaN through: it is not a value below the bound, and
+# a written value is handed over as written; only Guard.FINITE refuses NaN and inf.
+
+
 def guard_non_negative(value: torch.Tensor, what: str) -> None:
-    """Assert ``value >= 0`` on the device, without a host sync (debug mode)."""
-    torch._assert_async(
-        (value >= 0).all(), f"{what}: guard failed, values must be >= 0"
-    )
+    """Assert ``value >= 0`` on the device, without a host sync (debug mode); NaN passes."""
+    ok = (value < 0).logical_not_() if value.dtype.is_floating_point else value >= 0
+    torch._assert_async(ok.all(), text("guard_non_negative_summary", what=what))
 
 
 def guard_positive(value: torch.Tensor, what: str) -> None:
-    """Assert ``value > 0`` on the device, without a host sync (debug mode)."""
-    torch._assert_async((value > 0).all(), f"{what}: guard failed, values must be > 0")
+    """Assert ``value > 0`` on the device, without a host sync (debug mode); NaN passes."""
+    ok = (value <= 0).logical_not_() if value.dtype.is_floating_point else value > 0
+    torch._assert_async(ok.all(), text("guard_positive_summary", what=what))

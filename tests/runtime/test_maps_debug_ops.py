@@ -1,5 +1,5 @@
 """Debug mode's price in aten ops: the checks of one method are a fixed number of ops,
-whatever its field count (Note [Debug state table] in relay/debug.py).
+whatever its field count (Note [Debug state table] in relay/debug/state.py).
 
 A method in debug mode dispatches what it dispatches with debug off
 (tests/runtime/test_maps_ops.py) plus its checks. Data ops are counted with
@@ -84,15 +84,15 @@ def resolve(off: int, *, buffers: int) -> dict[bool, int]:
 
 @pytest.fixture(params=[True, False], ids=["checker-on", "checker-off"])
 def happens_before(request: pytest.FixtureRequest) -> Iterator[bool]:
-    """The checker on (the default) or off (``disable_happens_before``) for maps built in
-    the test, and on again afterwards."""
+    """The happens-before clocks installed for the test (``happens_before()``, as an
+    engine installs them) or not, and uninstalled afterwards."""
     on: bool = request.param
     if not on:
-        debug.disable_happens_before()
-    try:
+        assert not debug.happens_before_enabled()
         yield on
-    finally:
-        debug.enable_happens_before()
+        return
+    with debug.happens_before():
+        yield on
 
 
 def _eagle_extras(n: int) -> dict[str, torch.Tensor]:
@@ -262,6 +262,7 @@ def test_each_method_checks_in_a_fixed_number_of_ops(happens_before: bool) -> No
         assert _step_ops(relay, payload, values) == want, name
 
 
+@pytest.mark.usefixtures("clocks_on")
 def test_the_checks_of_an_eagle_step_are_these_ops() -> None:
     """The EAGLE step with hidden states, op by op (the checker on): a stash is 4 writes,
     2 guards and 15 ops of checks; resolve_future is 4 gathers, 4 poisons and 14."""
