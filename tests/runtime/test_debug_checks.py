@@ -4,6 +4,7 @@ apart from the values, slot checks, generations, fence freshness and happens-bef
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,15 +13,18 @@ from relay_runtime_support import GUARD_S, thread_streams
 
 import relay.cpu_stream
 from relay import RelayDebugError, debug
+from relay.codegen.loader import load_schema
 from relay.cpu_stream import CpuEvent
 from relay.debug import DebugChecks, poison
 from relay.device import register_policy
 from relay.maps.decode import DecodeFutureMap
+from relay.testing import check_lockstep
 
 # The ordering checks need the clocks, which an engine installs (a debug map does not).
 pytestmark = pytest.mark.usefixtures("clocks_on")
 
 POOL = 8
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def checks(device: torch.device | str = "cpu") -> DebugChecks:
@@ -488,5 +492,25 @@ def test_happens_before_blocks_count_their_holders() -> None:
             assert relay.cpu_stream.observer is not None
         assert not debug.happens_before_enabled()
         assert relay.cpu_stream.observer is None
+    finally:
+        debug.enable_happens_before()
+
+
+def test_the_lockstep_harness_installs_the_clocks_for_its_run_only() -> None:
+    """A debug-mode lockstep run checks stream order (the clocks on while it runs), and
+    leaves them as it found them."""
+    seen: list[bool] = []
+
+    class Probe(DecodeFutureMap):
+        def resolve_future(self, batch: Any) -> None:
+            seen.append(debug.happens_before_enabled())
+            super().resolve_future(batch)
+
+    schema = load_schema(ROOT / "schemas" / "decode.py", "schemas/decode.py")
+    debug.disable_happens_before()
+    try:
+        check_lockstep(schema, Probe, operations=200, steps=20, shrink=False)
+        assert seen and all(seen)
+        assert not debug.happens_before_enabled()
     finally:
         debug.enable_happens_before()
