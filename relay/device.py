@@ -57,8 +57,8 @@ class DevicePolicy(Protocol):
         """Order the reader (the scheduler's current stream, or the host) after ``event``."""
 
     def to_host(self, src: torch.Tensor, mirror: HostMirror) -> torch.Tensor:
-        """A host tensor with the values of ``src`` that no later relay write changes
-        (``src`` itself when it is already a host tensor the caller owns)."""
+        """A host tensor with the values of ``src`` that no later relay write changes,
+        never ``src`` itself (Note [CPU host mirror])."""
 
 
 class CpuPolicy:
@@ -80,10 +80,8 @@ class CpuPolicy:
         event.synchronize()
 
     def to_host(self, src: torch.Tensor, mirror: HostMirror) -> torch.Tensor:
-        # Note [CPU host mirror]: ``src`` is the resolve's own gather (or the batch's
-        # target), never a relay buffer, so no later relay write reaches it: hand it
-        # over as sglang's ``.cpu()`` does, without a copy.
-        return src
+        # Note [CPU host mirror]
+        return src.clone()
 
 
 class _SynchronizingEvent:
@@ -219,6 +217,19 @@ def policy_for(device: torch.device) -> DevicePolicy:
     return policy
 
 
+# Note [CPU host mirror]
+# A resolve sets the device target (``seq_lens``) and its host mirror (``seq_lens_cpu``,
+# "a host copy of it"). On the CPU the gathered tensor already lives on the host, and
+# handing it over as the mirror too (as sglang's ``.cpu()`` does) made the two one
+# tensor: an engine that advances both in place between steps
+# (``seq_lens.add_(1); seq_lens_cpu.add_(1)``, as schedulers do) counted twice. So the
+# mirror is a copy on every device. It is a fresh tensor, not a preallocated one
+# written each step: the batch keeps it after the next resolve (the scheduler may
+# still read step N's lengths while step N+1 resolves), as on CUDA, where the pinned
+# rows are cloned for the same reason. One ``clone`` per resolve; its cost is in
+# docs/schema.md ("Host mirrors").
+
+
 class HostMirror:
     """Per-field host-copy state: a pinned buffer (CUDA) reused across resolves."""
 
@@ -255,7 +266,8 @@ class HostMirror:
         return self._copy_done
 
     def copy(self, src: torch.Tensor) -> torch.Tensor:
-        """``src`` on the host, in a tensor the caller owns."""
+        """``src`` on the host, in a tensor the caller owns: never ``src`` itself, so
+        changing one in place leaves the other alone (Note [CPU host mirror])."""
         return self._policy.to_host(src, self)
 
 

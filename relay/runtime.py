@@ -13,11 +13,13 @@ import numpy
 import torch
 
 from relay.debug import DebugChecks, poison
+from relay.debug.messages import text
 from relay.device import Fence, HostMirror
 from relay.errors import RelayError, SlotError
 from relay.fused import gather_rows, gather_rows_optional
 
 __all__ = [
+    "SLOT_DTYPES",
     "DebugChecks",
     "Fence",
     "HostMirror",
@@ -105,20 +107,64 @@ def check_rows(
     a dtype that casts to the buffer's (or ``declared_dtype``) without losing values;
     it is cast only when its dtype differs.
 
-    Shapes and dtypes only, no values: free of device work. Without it, an indexed
-    write would broadcast a (n, 1) tensor into (n, topk) rows, or truncate floats
-    stored into an integer field, without a word.
+    Types, shapes and dtypes only, no values: it dispatches no torch op. Without it, an
+    indexed write would broadcast a (n, 1) tensor into (n, topk) rows, truncate floats
+    stored into an integer field, or truncate float indices to slots, without a word.
     """
-    if (
-        buf is not None
-        and value.dtype is buf.dtype
-        and value.shape[1:] == buf.shape[1:]
-        and value.shape[:1] == indices.shape
-    ):
-        return value  # the common case, kept cheap: it runs on every stash and publish
+    try:
+        if (
+            buf is not None
+            and value.dtype is buf.dtype
+            and value.shape[1:] == buf.shape[1:]
+            and value.shape[:1] == indices.shape
+            and indices.dtype in SLOT_DTYPES
+        ):
+            return value  # the common case, kept cheap: it runs on every field written
+    except AttributeError:
+        pass  # a value or indices that is no tensor: _refuse_rows names it
     _refuse_rows(what, value, indices, buf, declared_row, declared_dtype)
     want = buf.dtype if buf is not None else declared_dtype
     return value if want is None else value.to(want)
+
+
+#: Index dtypes a write takes as slots (``.long()`` keeps every value of them); a float
+#: or bool index would be truncated to a slot, a complex one lose its imaginary part.
+SLOT_DTYPES = frozenset(
+    {
+        torch.int64,
+        torch.int32,
+        torch.int16,
+        torch.int8,
+        torch.uint8,
+        torch.uint16,
+        torch.uint32,
+        torch.uint64,
+    }
+)
+
+
+def _refuse_types(what: str, value: object, indices: object) -> None:
+    """Raise unless ``value`` is a tensor and ``indices`` a tensor of integer slots."""
+    if not isinstance(value, torch.Tensor):
+        shown = repr(value)
+        shown = shown if len(shown) <= 40 else shown[:37] + "..."
+        raise RelayError(
+            f"{what}: got {shown} of type {type(value).__name__}, not a tensor; "
+            "payload values and publish arguments are torch.Tensors with one row per "
+            "slot (e.g. torch.as_tensor(values, device=...)). Nothing was written"
+        )
+    if not isinstance(indices, torch.Tensor):
+        raise RelayError(
+            f"{what}: indices must be a tensor of request-pool slots (got a "
+            f"{type(indices).__name__}), e.g. torch.tensor(slots, device=...). Nothing "
+            "was written"
+        )
+    if indices.dtype not in SLOT_DTYPES:
+        raise RelayError(
+            f"{what}: indices must be integer slots, got a {indices.dtype} tensor, which "
+            "a write would truncate to slots (bool ones to slots 0 and 1); pass "
+            "request-pool slots as int64 or int32. Nothing was written"
+        )
 
 
 def _refuse_rows(
@@ -130,6 +176,7 @@ def _refuse_rows(
     declared_dtype: torch.dtype | None,
 ) -> None:
     """The slow path of ``check_rows``: raise unless ``value`` is acceptable."""
+    _refuse_types(what, value, indices)
     got = tuple(value.shape)
     slots = indices.numel()
     if indices.dim() != 1:
@@ -281,13 +328,17 @@ def host_sum(values: torch.Tensor) -> int:
 # with debug=True, so a map with debug off dispatches only the ops its work needs.
 
 
+# A guard on a floating field lets NaN through: it is not a value below the bound, and
+# a written value is handed over as written; only Guard.FINITE refuses NaN and inf.
+
+
 def guard_non_negative(value: torch.Tensor, what: str) -> None:
-    """Assert ``value >= 0`` on the device, without a host sync (debug mode)."""
-    torch._assert_async(
-        (value >= 0).all(), f"{what}: guard failed, values must be >= 0"
-    )
+    """Assert ``value >= 0`` on the device, without a host sync (debug mode); NaN passes."""
+    ok = (value < 0).logical_not_() if value.dtype.is_floating_point else value >= 0
+    torch._assert_async(ok.all(), text("guard_non_negative_summary", what=what))
 
 
 def guard_positive(value: torch.Tensor, what: str) -> None:
-    """Assert ``value > 0`` on the device, without a host sync (debug mode)."""
-    torch._assert_async((value > 0).all(), f"{what}: guard failed, values must be > 0")
+    """Assert ``value > 0`` on the device, without a host sync (debug mode); NaN passes."""
+    ok = (value <= 0).logical_not_() if value.dtype.is_floating_point else value > 0
+    torch._assert_async(ok.all(), text("guard_positive_summary", what=what))

@@ -8,14 +8,17 @@ debug mode) are interleaved with each other and nothing else.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import attrs
 import torch
 
+from relay import debug
 from relay.bench.counts import StepCount, count_launches, count_step
 from relay.bench.sides import (
     Generated,
     Pair,
+    Side,
     Workload,
     baseline_side,
     compare_values,
@@ -26,6 +29,21 @@ from relay.bench.sizes import Defaults, Shape
 from relay.bench.timing import quantile, ratio, time_interleaved, timer_for
 
 __all__ = ["ConfigResult", "measure"]
+
+
+def _with_clocks(side: Side) -> Side:
+    """``side`` with the happens-before clocks installed around each call, as an engine
+    in debug mode runs: the other sides' fences report to no clocks."""
+
+    def wrap(call: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            with debug.happens_before():
+                call()
+
+        return run
+
+    calls = tuple((name, wrap(call)) for name, call in side.calls)
+    return attrs.evolve(side, calls=calls)
 
 
 @attrs.frozen
@@ -127,7 +145,9 @@ def measure(
             fns.append(("baseline (A/A)", twin.step))
         dbg_ops = None
         if debug:
-            dbg = generated_side(generated, shape, device, work, debug=True)
+            dbg = _with_clocks(
+                generated_side(generated, shape, device, work, debug=True)
+            )
             dbg.step()
             dbg_ops = count_step(dbg).ops
             fns.append((dbg.name, dbg.step))

@@ -13,6 +13,7 @@ through the map (lengths, behind its fence) and N's host copy once N is done.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
 import time
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Protocol
 import attrs
 import torch
 
+from relay import debug
 from relay.engine.batch import ForwardBatch, ForwardMode, StepOutput
 from relay.engine.executors import ForwardExecutor, make_executor
 from relay.engine.maps import MapSource
@@ -176,6 +178,11 @@ def run_workload(
             torch.set_num_threads(config.cpu_threads)
         if config.switch_interval is not None:
             sys.setswitchinterval(config.switch_interval)
+    clocks = contextlib.ExitStack()
+    if config.debug:
+        # Debug maps check stream order only while the clocks are installed, from
+        # before the lane's streams exist (docs/debugging.md).
+        clocks.enter_context(debug.happens_before())
     try:
         pool_size = config.scheduler.max_running + 1  # row 0 is the scratch row
         model = TargetModel(config.model, device)
@@ -222,6 +229,7 @@ def run_workload(
         finally:
             executor.close()
     finally:
+        clocks.close()
         torch.set_num_threads(saved_threads)
         sys.setswitchinterval(saved_interval)
 

@@ -9,7 +9,7 @@ One call checks a schema::
 
 Operations: stashes and publishes of random batches (size 0 included) into random
 slots, payload dtypes other than the buffer's (cast), optional fields carried by some
-writes and not others, NaN and -1 among the values where no guard forbids them;
+writes and not others, NaN, inf and -1 among the values where no guard forbids them;
 ``invalidate`` then ``resolve_future`` with placeholder positions mixed with real
 tokens; schedule-side resolves; releases and reuse of slots. Forward work runs on one
 CPU ``ThreadStream``, publishes on it or on a second one, schedule resolves on the host,
@@ -20,6 +20,7 @@ and any debug report is a failure too.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import math
 import random
@@ -252,7 +253,8 @@ class _Driver:
             if f.guard is not Guard.NONE:
                 value = value.abs() + 1
             elif n and self.rng.random() < 0.3:
-                value.view(-1)[0] = float("nan")  # a legal value, never a debug report
+                # Legal values, never a debug report (no Guard declared).
+                value.view(-1)[0] = self.rng.choice((math.nan, math.inf, -math.inf))
         else:
             low = {Guard.POSITIVE: 1, Guard.NON_NEGATIVE: 0}.get(f.guard, -2)
             value = torch.randint(low, 1000, shape, generator=g).to(
@@ -463,7 +465,38 @@ def run_lockstep(
     threads: bool = False,
 ) -> int:
     """Run ``steps`` operations drawn from ``data`` on a fresh map and model; returns the
-    number run. Use it inside your own ``@given(st.data())`` test."""
+    number run. Use it inside your own ``@given(st.data())`` test.
+
+    In debug mode the happens-before clocks are installed for the run (and left as they
+    were after it), so an unordered read or write fails it too."""
+    with debug_mode.happens_before() if debug else contextlib.nullcontext():
+        return _run(
+            schema,
+            map_cls,
+            data,
+            steps=steps,
+            pool_size=pool_size,
+            max_batch=max_batch,
+            dims=dims,
+            debug=debug,
+            device=device,
+            threads=threads,
+        )
+
+
+def _run(
+    schema: Schema,
+    map_cls: type[Any],
+    data: st.DataObject,
+    *,
+    steps: int,
+    pool_size: int,
+    max_batch: int,
+    dims: Mapping[str, int] | None,
+    debug: bool,
+    device: torch.device | str,
+    threads: bool,
+) -> int:
     forward, second = (
         ThreadStream("lockstep-forward"),
         ThreadStream("lockstep-publisher"),

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
+import relay.debug
 import relay.device
 
 
@@ -15,3 +16,12 @@ def isolated_policies(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(relay.device, "_FACTORIES", {})
     monkeypatch.setattr(relay.device, "_POLICIES", {})
     yield
+
+
+@pytest.fixture
+def clocks_on() -> Iterator[None]:
+    """The happens-before clocks installed for the test, as an engine installs them
+    (building a debug map does not), and uninstalled after it."""
+    with relay.debug.happens_before():
+        yield
+    assert not relay.debug.happens_before_enabled(), "a test left the clocks installed"

@@ -22,7 +22,8 @@ from relay import RelayDebugError
 from relay.maps.decode import DecodeFutureMap, DecodePayload
 from relay.maps.eagle import EagleFutureMap, EaglePayload
 
-pytestmark = needs_debug_contract
+# The ordering checks need the clocks, which an engine installs (a debug map does not).
+pytestmark = [needs_debug_contract, pytest.mark.usefixtures("clocks_on")]
 
 POOL = 9
 TOPK = 2

@@ -4,18 +4,27 @@ apart from the values, slot checks, generations, fence freshness and happens-bef
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from relay_runtime_support import GUARD_S, thread_streams
 
+import relay.cpu_stream
 from relay import RelayDebugError, debug
+from relay.codegen.loader import load_schema
 from relay.cpu_stream import CpuEvent
 from relay.debug import DebugChecks, poison
 from relay.device import register_policy
+from relay.maps.decode import DecodeFutureMap
+from relay.testing import check_lockstep
+
+# The ordering checks need the clocks, which an engine installs (a debug map does not).
+pytestmark = pytest.mark.usefixtures("clocks_on")
 
 POOL = 8
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def checks(device: torch.device | str = "cpu") -> DebugChecks:
@@ -437,13 +446,12 @@ def test_many_steps_on_two_ordered_streams_report_nothing() -> None:
     assert got == list(range(20))
 
 
-def test_the_checker_can_be_turned_off_for_measuring_its_cost() -> None:
-    """disable_happens_before: maps built after it skip the ordering checks, keep the others."""
+def test_without_the_clocks_the_other_checks_stay() -> None:
+    """With the clocks uninstalled, an unordered read passes; a second read is still caught."""
     debug.disable_happens_before()
     try:
         assert not debug.happens_before_enabled()
         d = checks()
-        assert not debug.happens_before_enabled(), "a debug map turned it back on"
         buf = torch.zeros(POOL, dtype=torch.int64)
         written = threading.Event()
 
@@ -454,11 +462,55 @@ def test_the_checker_can_be_turned_off_for_measuring_its_cost() -> None:
         with thread_streams("fwd") as (stream,):
             stream.submit(write)
             assert written.wait(GUARD_S)
-            assert resolve(d, "tok", buf, torch.tensor([6])).tolist() == [
-                1
-            ]  # not reported
+            assert resolve(d, "tok", buf, torch.tensor([6])).tolist() == [1]
         with pytest.raises(RelayDebugError, match="not written since"):
             resolve(d, "tok", buf, torch.tensor([6]))
     finally:
+        debug.enable_happens_before()  # for the fixture, which uninstalls its own
+
+
+def test_building_debug_checks_installs_no_clocks() -> None:
+    """A debug map leaves the process-wide clocks as it found them: off stays off."""
+    debug.disable_happens_before()
+    try:
+        checks()
+        DecodeFutureMap("cpu", 4, debug=True)
+        assert not debug.happens_before_enabled()
+        assert relay.cpu_stream.observer is None
+    finally:
         debug.enable_happens_before()
-    assert debug.happens_before_enabled()
+
+
+def test_happens_before_blocks_count_their_holders() -> None:
+    """Nested (or concurrent) ``happens_before()`` blocks keep the clocks on until the last ends."""
+    debug.disable_happens_before()
+    try:
+        with debug.happens_before():
+            with debug.happens_before():
+                assert debug.happens_before_enabled()
+            assert debug.happens_before_enabled()
+            assert relay.cpu_stream.observer is not None
+        assert not debug.happens_before_enabled()
+        assert relay.cpu_stream.observer is None
+    finally:
+        debug.enable_happens_before()
+
+
+def test_the_lockstep_harness_installs_the_clocks_for_its_run_only() -> None:
+    """A debug-mode lockstep run checks stream order (the clocks on while it runs), and
+    leaves them as it found them."""
+    seen: list[bool] = []
+
+    class Probe(DecodeFutureMap):
+        def resolve_future(self, batch: Any) -> None:
+            seen.append(debug.happens_before_enabled())
+            super().resolve_future(batch)
+
+    schema = load_schema(ROOT / "schemas" / "decode.py", "schemas/decode.py")
+    debug.disable_happens_before()
+    try:
+        check_lockstep(schema, Probe, operations=200, steps=20, shrink=False)
+        assert seen and all(seen)
+        assert not debug.happens_before_enabled()
+    finally:
+        debug.enable_happens_before()

@@ -442,3 +442,48 @@ def test_policies_are_restored_after_isolation() -> None:
     assert relay.device._FACTORIES.get("cpu") is None
     assert isinstance(policy_for(torch.device("cpu")), CpuPolicy)
     assert not isinstance(policy_for(torch.device("cpu")), RecordingPolicy)
+
+
+# -- the host mirror (Note [CPU host mirror]) ------------------------------------------
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_the_host_mirror_is_a_copy_an_engine_may_advance_in_place(device: str) -> None:
+    """``seq_lens`` and its host copy ``seq_lens_cpu`` are distinct tensors on every device:
+    a scheduler advancing both in place between steps counts each once."""
+    relay = EagleFutureMap(device, POOL, topk=2)
+    indices = slots(2, 5).to(device)
+    relay.publish(indices, torch.tensor([7, 11], device=device))
+    batch = batch_of(2, 5)
+    batch.req_pool_indices = indices
+    relay.resolve_seq_lens_cpu(batch)
+    assert batch.seq_lens_cpu.device.type == "cpu"
+    assert batch.seq_lens_cpu.untyped_storage().data_ptr() != (
+        batch.seq_lens.untyped_storage().data_ptr()
+    )
+    batch.seq_lens.add_(1)
+    batch.seq_lens_cpu.add_(1)
+    assert batch.seq_lens.tolist() == [8, 12]
+    assert batch.seq_lens_cpu.tolist() == [8, 12]
+    assert batch.seq_lens_sum == 18  # summed before the advance
+
+
+def test_a_host_mirror_outlives_the_next_resolve() -> None:
+    """Step N's ``seq_lens_cpu`` keeps its values while step N+1 resolves (the scheduler
+    may still read it): each resolve hands over a fresh host tensor."""
+    relay = DecodeFutureMap("cpu", POOL)
+    first, second = batch_of(1, 2), batch_of(1, 2)
+    relay.publish(slots(1, 2), torch.tensor([3, 4]))
+    relay.resolve_seq_lens_cpu(first)
+    relay.publish(slots(1, 2), torch.tensor([5, 6]))
+    relay.resolve_seq_lens_cpu(second)
+    assert first.seq_lens_cpu.tolist() == [3, 4]
+    assert second.seq_lens_cpu.tolist() == [5, 6]
+
+
+def test_the_cpu_policy_hands_over_a_copy() -> None:
+    """``CpuPolicy.to_host`` never returns its argument, nor a view of it."""
+    src = torch.arange(4)
+    copy = CpuPolicy().to_host(src, HostMirror(torch.device("cpu"), POOL))
+    assert copy is not src and copy.data_ptr() != src.data_ptr()
+    assert torch.equal(copy, src)

@@ -1,5 +1,5 @@
 """Debug mode's price in aten ops: the checks of one method are a fixed number of ops,
-whatever its field count (Note [Debug state table] in relay/debug.py).
+whatever its field count (Note [Debug state table] in relay/debug/state.py).
 
 A method in debug mode dispatches what it dispatches with debug off
 (tests/runtime/test_maps_ops.py) plus its checks. Data ops are counted with
@@ -60,6 +60,8 @@ N = 4
 
 #: check_slots, whatever the method.
 SLOTS = 7
+#: The host mirror of a schedule field on the CPU: one ``clone`` (Note [CPU host mirror]).
+HOST_COPY = 1
 #: The one write report of a stash or publish: checker on, checker off.
 WROTE = {True: 8, False: 2}
 #: The one read report of a resolve, before the poison of each buffer read.
@@ -84,15 +86,15 @@ def resolve(off: int, *, buffers: int) -> dict[bool, int]:
 
 @pytest.fixture(params=[True, False], ids=["checker-on", "checker-off"])
 def happens_before(request: pytest.FixtureRequest) -> Iterator[bool]:
-    """The checker on (the default) or off (``disable_happens_before``) for maps built in
-    the test, and on again afterwards."""
+    """The happens-before clocks installed for the test (``happens_before()``, as an
+    engine installs them) or not, and uninstalled afterwards."""
     on: bool = request.param
     if not on:
-        debug.disable_happens_before()
-    try:
+        assert not debug.happens_before_enabled()
         yield on
-    finally:
-        debug.enable_happens_before()
+        return
+    with debug.happens_before():
+        yield on
 
 
 def _eagle_extras(n: int) -> dict[str, torch.Tensor]:
@@ -105,8 +107,8 @@ def _eagle_extras(n: int) -> dict[str, torch.Tensor]:
 
 def _cases() -> list[tuple[str, Any, Any, dict[str, torch.Tensor], Expected]]:
     """(name, debug map, payload, publish values, expected data ops per method) of every
-    bundled map, at batch N (the host sum in Python: the schedule resolves' gather is
-    their only op with debug off)."""
+    bundled map, at batch N (the host sum in Python: the schedule resolves' gather and
+    host mirror copy are their only ops with debug off)."""
     lens = {"new_seq_lens": torch.full((N,), 5, dtype=torch.int64)}
     hidden = torch.rand(N, HIDDEN).to(torch.bfloat16)
     return [
@@ -129,7 +131,7 @@ def _cases() -> list[tuple[str, Any, Any, dict[str, torch.Tensor], Expected]]:
                 "stash": write(1, guards=1),  # output_tokens >= 0
                 "publish": write(1, guards=1),  # new_seq_lens > 0
                 "resolve_future": resolve(1, buffers=1),
-                "resolve_seq_lens_cpu": resolve(1, buffers=1),
+                "resolve_seq_lens_cpu": resolve(1 + HOST_COPY, buffers=1),
             },
         ),
         (
@@ -141,7 +143,7 @@ def _cases() -> list[tuple[str, Any, Any, dict[str, torch.Tensor], Expected]]:
                 "stash": write(4, guards=2),  # output_tokens, topk_index >= 0
                 "publish": write(1, guards=1),  # new_seq_lens > 0
                 "resolve_future": resolve(4, buffers=4),
-                "resolve_seq_lens_cpu": resolve(1, buffers=1),
+                "resolve_seq_lens_cpu": resolve(1 + HOST_COPY, buffers=1),
             },
         ),
         (
@@ -154,7 +156,7 @@ def _cases() -> list[tuple[str, Any, Any, dict[str, torch.Tensor], Expected]]:
                 "stash": write(3, guards=2),
                 "publish": write(1, guards=1),
                 "resolve_future": resolve(3, buffers=3),  # hidden states not read
-                "resolve_seq_lens_cpu": resolve(1, buffers=1),
+                "resolve_seq_lens_cpu": resolve(1 + HOST_COPY, buffers=1),
             },
         ),
         (
@@ -166,7 +168,7 @@ def _cases() -> list[tuple[str, Any, Any, dict[str, torch.Tensor], Expected]]:
                 "stash": write(3, guards=2),
                 "publish": write(1, guards=1),
                 "resolve_future": resolve(3, buffers=3),
-                "resolve_seq_lens_cpu": resolve(1, buffers=1),
+                "resolve_seq_lens_cpu": resolve(1 + HOST_COPY, buffers=1),
             },
         ),
         (
@@ -180,7 +182,7 @@ def _cases() -> list[tuple[str, Any, Any, dict[str, torch.Tensor], Expected]]:
                 "stash": write(5, guards=2),
                 "publish": write(1, guards=1),
                 "resolve_future": resolve(5, buffers=5),
-                "resolve_seq_lens_cpu": resolve(1, buffers=1),
+                "resolve_seq_lens_cpu": resolve(1 + HOST_COPY, buffers=1),
             },
         ),
         (
@@ -196,7 +198,7 @@ def _cases() -> list[tuple[str, Any, Any, dict[str, torch.Tensor], Expected]]:
                 "stash": write(5, guards=3),  # dsa_topk_indices >= 0 too, when carried
                 "publish": write(1, guards=1),
                 "resolve_future": resolve(5, buffers=5),
-                "resolve_seq_lens_cpu": resolve(1, buffers=1),
+                "resolve_seq_lens_cpu": resolve(1 + HOST_COPY, buffers=1),
             },
         ),
         (
@@ -210,8 +212,8 @@ def _cases() -> list[tuple[str, Any, Any, dict[str, torch.Tensor], Expected]]:
                 "stash": write(4, guards=2),
                 "publish": write(2, guards=1),  # two fields, one report
                 "resolve_future": resolve(4, buffers=4),
-                "resolve_seq_lens_cpu": resolve(1, buffers=1),
-                "resolve_draft_confidence_cpu": resolve(1, buffers=1),
+                "resolve_seq_lens_cpu": resolve(1 + HOST_COPY, buffers=1),
+                "resolve_draft_confidence_cpu": resolve(1 + HOST_COPY, buffers=1),
             },
         ),
         (
@@ -224,7 +226,7 @@ def _cases() -> list[tuple[str, Any, Any, dict[str, torch.Tensor], Expected]]:
                 "publish": write(1, guards=1),
                 # 3 gathers (one per dtype group); each field's column view is poisoned.
                 "resolve_future": resolve(3, buffers=4),
-                "resolve_seq_lens_cpu": resolve(1, buffers=1),
+                "resolve_seq_lens_cpu": resolve(1 + HOST_COPY, buffers=1),
             },
         ),
     ]
@@ -262,6 +264,7 @@ def test_each_method_checks_in_a_fixed_number_of_ops(happens_before: bool) -> No
         assert _step_ops(relay, payload, values) == want, name
 
 
+@pytest.mark.usefixtures("clocks_on")
 def test_the_checks_of_an_eagle_step_are_these_ops() -> None:
     """The EAGLE step with hidden states, op by op (the checker on): a stash is 4 writes,
     2 guards and 15 ops of checks; resolve_future is 4 gathers, 4 poisons and 14."""

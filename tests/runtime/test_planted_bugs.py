@@ -23,7 +23,8 @@ from relay.maps.eagle import EagleFutureMap, EaglePayload
 from relay.schema import Field, Lane, Resolve, Schema
 from relay.testing import Namespace, load_map_class
 
-pytestmark = needs_debug_contract
+# The ordering checks need the clocks, which an engine installs (a debug map does not).
+pytestmark = [needs_debug_contract, pytest.mark.usefixtures("clocks_on")]
 
 POOL = 9
 TOPK = 2

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import torch
 from debug_support import (
     batch,
@@ -20,7 +21,8 @@ from relay.maps.decode import DecodeFutureMap, DecodePayload
 from relay.maps.eagle import EagleFutureMap, EaglePayload
 from relay.maps.eagle_confidence import EagleConfidenceFutureMap
 
-pytestmark = needs_debug_contract
+# The ordering checks need the clocks, which an engine installs (a debug map does not).
+pytestmark = [needs_debug_contract, pytest.mark.usefixtures("clocks_on")]
 
 _SETTINGS = settings(
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]

@@ -1,0 +1,125 @@
+"""Every message debug mode reports, in one table.
+
+docs/debugging.md quotes each text verbatim with its likely causes, and
+tests/runtime/test_debug_messages.py raises each one; a test keeps the three equal.
+The fields in braces are filled by ``text``: ``owner`` is the map's class name, ``op``
+the map method, ``field`` one field, ``fields`` the fields one call reports, ``stream``
+and ``writer_stream`` the streams' names, ``writer_op`` the method that wrote.
+
+Texts ending in ``_summary`` are what a device-side assert carries off the CPU, where
+reading the failing element back would cost a host sync: they name every field of the
+call, not the slot. The others are raised on the CPU and name the slot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Final
+
+__all__ = ["MESSAGES", "text"]
+
+_SLOTS_ARE = (
+    "(slots are request-pool indices of this map, which has {pool} rows; a negative "
+    "slot would wrap around)"
+)
+_SCRATCH = "(row 0 is the scratch row: placeholder 0 would read as token 0)"
+
+MESSAGES: Final[Mapping[str, str]] = MappingProxyType(
+    {
+        # -- slots, before anything is written ----------------------------------------
+        "indices_dtype": (
+            "{owner}.{op}: indices must be integer slots, got a {dtype} tensor; pass "
+            "request-pool slots as int64 or int32"
+        ),
+        "slot_outside": (
+            "{owner}.{op}: slots must be in [0, {pool}); slot {slot} at position "
+            "{position} is not " + _SLOTS_ARE
+        ),
+        "slot_outside_no_scratch": (
+            "{owner}.{op}: slots must be in [1, {pool}) "
+            + _SCRATCH
+            + "; slot {slot} at "
+            "position {position} is not " + _SLOTS_ARE
+        ),
+        "slot_twice": (
+            "{owner}.{op}: slot {slot} appears twice in one batch; each request holds one "
+            "slot, so a repeat means two requests share it (a stash would keep one value, "
+            "a resolve would consume one value twice)"
+        ),
+        "slots_summary": (
+            "{owner}.{op}: slots must be in [0, {pool}), and no slot may appear twice in "
+            "one batch, row 0 excepted (padding)"
+        ),
+        "slots_no_scratch_summary": (
+            "{owner}.{op}: slots must be in [1, {pool}) "
+            + _SCRATCH
+            + ", and no slot may "
+            "appear twice in one batch"
+        ),
+        # -- reads: freshness and order -------------------------------------------------
+        "never_written": (
+            "{owner}.{field}: slot {slot}: {op} reads a row that was never written: no "
+            "stash or publish wrote this slot before the read"
+        ),
+        "consumed": (
+            "{owner}.{field}: slot {slot}: {op} reads a row that was not written since it "
+            "was last consumed (a stash or publish is missing, or the slot is read twice)"
+        ),
+        "omitted": (
+            "{owner}.{field}: slot {slot}: {op} reads the optional field, but the latest "
+            "stash of this slot left it out ({field}=None), so there is no value to hand "
+            "over"
+        ),
+        "released": (
+            "{owner}.{field}: slot {slot}: {op}: the slot was released and reused between "
+            "its write ({writer_op}) and this read; the value belongs to the slot's "
+            "previous request"
+        ),
+        "unordered_read": (
+            "{owner}.{field}: slot {slot}: {op} on {stream} reads the value {writer_op} "
+            "wrote on {writer_stream}, but nothing orders the read after that write (no "
+            "fence wait, stream wait or event synchronize between them that the checker "
+            "was told of): the read may see the old value. Resolve through the map on the "
+            "stream that wrote, wait on its fence, or report the engine's own waits "
+            "(relay.debug.wait_event, synchronize_event, ...)"
+        ),
+        "read_summary": (
+            "{owner}.{fields}: {op} on {stream} read a row that was not written for this "
+            "request since it was last consumed, was left out, or whose write is not "
+            "ordered before the read"
+        ),
+        # -- writes: order ----------------------------------------------------------------
+        "unordered_write": (
+            "{owner}.{field}: slot {slot}: {op} on {stream} overwrites the value "
+            "{writer_op} wrote on {writer_stream}, and nothing orders the two writes (no "
+            "stream wait or event between them): which value the next read sees depends "
+            "on timing. Write from one stream, or order the streams."
+        ),
+        "write_summary": (
+            "{owner}.{fields}: {op} on {stream} overwrites a row written on another "
+            "stream with no order between the writes"
+        ),
+        # -- the fence --------------------------------------------------------------------
+        "stale_fence": (
+            "{owner}.{op}: fence waited on with no publish since the last wait; the rows "
+            "it would read are stale. Call publish(...) for this step before resolving."
+        ),
+        # -- guards (Note [Guards in debug mode] in relay/runtime.py) ------------------
+        "guard_non_negative_summary": "{what}: guard failed, values must be >= 0",
+        "guard_positive_summary": "{what}: guard failed, values must be > 0",
+        # -- an engine's host reads of placeholder targets (check_resolved) -------------
+        "placeholder": (
+            "{consumer}: position {position} holds the placeholder {placeholder} (slot "
+            "{slot}), not a value: the host read the target after invalidate and before "
+            "the resolve replaced it. Read it after resolve_future (on the forward "
+            "stream, then a host copy), or read the value the relay hands over instead."
+        ),
+        "placeholder_summary": "{consumer}: read a placeholder (-slot) not resolved yet",
+    }
+)
+
+
+def text(key: str, **fields: object) -> str:
+    """The message ``key`` of ``MESSAGES`` with its fields filled in."""
+    return MESSAGES[key].format(**fields)

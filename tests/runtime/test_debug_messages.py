@@ -1,0 +1,257 @@
+"""Every debug-mode message (``relay.debug.messages.MESSAGES``) raised by the check that
+owns it, word for word, and quoted in docs/debugging.md."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from relay_runtime_support import GUARD_S, thread_streams
+
+from relay import RelayDebugError, runtime
+from relay.debug import MESSAGES, DebugChecks, check_resolved, poison
+from relay.debug.messages import text
+
+# The ordering checks need the clocks, which an engine installs (a debug map does not).
+pytestmark = pytest.mark.usefixtures("clocks_on")
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "debugging.md"
+POOL = 8
+HOST = f"host thread {threading.current_thread().name!r}"
+
+
+def checks(*, named: bool = True) -> DebugChecks:
+    """Checks of map ``M`` (forward ``tok``, optional ``opt``; schedule ``lens``);
+    ``named=False`` asks for the device-side assert's summaries, as off the CPU."""
+    d = DebugChecks(
+        torch.device("cpu"),
+        POOL,
+        "M",
+        forward=("tok", "opt"),
+        schedule=("lens",),
+        consumers=("resolve_lens",),
+    )
+    d.name_failures = named
+    return d
+
+
+def rows(*slots: int) -> torch.Tensor:
+    """An int64 slots tensor."""
+    return torch.tensor(slots)
+
+
+def buf() -> torch.Tensor:
+    """A poisoned int64 buffer of the pool."""
+    return torch.full((POOL,), poison(torch.int64))
+
+
+def write_on_stream(d: DebugChecks, fields: tuple[str, ...], slot: int) -> str:
+    """``stash`` of ``fields`` at ``slot`` on a ThreadStream, with no order back to the
+    host (a gate the clocks cannot see); the stream's name."""
+    done = threading.Event()
+    with thread_streams("fwd") as (stream,):
+
+        def write() -> None:
+            d.wrote("stash", rows(slot), fields)
+            done.set()
+
+        stream.submit(write)
+        assert done.wait(GUARD_S)
+    return "ThreadStream('fwd')"
+
+
+def _indices_dtype() -> tuple[str, Callable[[], object]]:
+    want = text("indices_dtype", owner="M", op="stash", dtype=torch.float32)
+    return want, lambda: checks().check_slots("stash", torch.tensor([1.0]))
+
+
+def _slot_outside() -> tuple[str, Callable[[], object]]:
+    want = text("slot_outside", owner="M", op="stash", pool=POOL, slot=9, position=1)
+    return want, lambda: checks().check_slots("stash", rows(1, 9))
+
+
+def _slot_outside_no_scratch() -> tuple[str, Callable[[], object]]:
+    want = text(
+        "slot_outside_no_scratch",
+        owner="M",
+        op="invalidate",
+        pool=POOL,
+        slot=0,
+        position=0,
+    )
+    return want, lambda: checks().check_slots("invalidate", rows(0), scratch_ok=False)
+
+
+def _slot_twice() -> tuple[str, Callable[[], object]]:
+    want = text("slot_twice", owner="M", op="publish", slot=3)
+    return want, lambda: checks().check_slots("publish", rows(3, 3))
+
+
+def _slots_summary() -> tuple[str, Callable[[], object]]:
+    want = text("slots_summary", owner="M", op="stash", pool=POOL)
+    return want, lambda: checks(named=False).check_slots("stash", rows(-1))
+
+
+def _slots_no_scratch_summary() -> tuple[str, Callable[[], object]]:
+    want = text("slots_no_scratch_summary", owner="M", op="invalidate", pool=POOL)
+    return want, lambda: checks(named=False).check_slots(
+        "invalidate", rows(0), scratch_ok=False
+    )
+
+
+def _never_written() -> tuple[str, Callable[[], object]]:
+    want = text("never_written", owner="M", field="tok", slot=2, op="resolve_future")
+    return want, lambda: checks().read("resolve_future", rows(2), {"tok": buf()})
+
+
+def _consumed() -> tuple[str, Callable[[], object]]:
+    d = checks()
+    d.wrote("stash", rows(2), ("tok",))
+    d.read("resolve_future", rows(2), {"tok": buf()})
+    want = text("consumed", owner="M", field="tok", slot=2, op="resolve_future")
+    return want, lambda: d.read("resolve_future", rows(2), {"tok": buf()})
+
+
+def _omitted() -> tuple[str, Callable[[], object]]:
+    d = checks()
+    d.wrote("stash", rows(4), ("tok", "opt"), carried={"opt": False})
+    want = text("omitted", owner="M", field="opt", slot=4, op="resolve_future")
+    return want, lambda: d.read("resolve_future", rows(4), {"opt": buf()})
+
+
+def _released() -> tuple[str, Callable[[], object]]:
+    d = checks()
+    d.wrote("stash", rows(5), ("tok",))
+    d.release(rows(5))
+    want = text(
+        "released",
+        owner="M",
+        field="tok",
+        slot=5,
+        op="resolve_future",
+        writer_op="stash",
+    )
+    return want, lambda: d.read("resolve_future", rows(5), {"tok": buf()})
+
+
+def _unordered_read() -> tuple[str, Callable[[], object]]:
+    d = checks()
+    stream = write_on_stream(d, ("tok",), 6)
+    want = text(
+        "unordered_read",
+        owner="M",
+        field="tok",
+        slot=6,
+        op="resolve_future",
+        stream=HOST,
+        writer_op="stash",
+        writer_stream=stream,
+    )
+    return want, lambda: d.read("resolve_future", rows(6), {"tok": buf()})
+
+
+def _read_summary() -> tuple[str, Callable[[], object]]:
+    want = text(
+        "read_summary", owner="M", fields="tok, opt", op="resolve_future", stream=HOST
+    )
+    return want, lambda: checks(named=False).read(
+        "resolve_future", rows(1), {"tok": buf(), "opt": buf()}
+    )
+
+
+def _unordered_write() -> tuple[str, Callable[[], object]]:
+    d = checks()
+    stream = write_on_stream(d, ("tok",), 7)
+    want = text(
+        "unordered_write",
+        owner="M",
+        field="tok",
+        slot=7,
+        op="stash",
+        stream=HOST,
+        writer_op="stash",
+        writer_stream=stream,
+    )
+    return want, lambda: d.wrote("stash", rows(7), ("tok",))
+
+
+def _write_summary() -> tuple[str, Callable[[], object]]:
+    d = checks(named=False)
+    write_on_stream(d, ("tok", "opt"), 7)
+    want = text("write_summary", owner="M", fields="tok, opt", op="stash", stream=HOST)
+    return want, lambda: d.wrote("stash", rows(7), ("tok", "opt"))
+
+
+def _stale_fence() -> tuple[str, Callable[[], object]]:
+    want = text("stale_fence", owner="M", op="resolve_lens")
+    return want, lambda: checks().waited("resolve_lens")
+
+
+def _guard_non_negative_summary() -> tuple[str, Callable[[], object]]:
+    want = text("guard_non_negative_summary", what="M.tok")
+    return want, lambda: runtime.guard_non_negative(rows(1, -1), "M.tok")
+
+
+def _guard_positive_summary() -> tuple[str, Callable[[], object]]:
+    want = text("guard_positive_summary", what="M.lens")
+    return want, lambda: runtime.guard_positive(rows(1, 0), "M.lens")
+
+
+def _placeholder() -> tuple[str, Callable[[], object]]:
+    want = text("placeholder", consumer="penalty", position=1, placeholder=-3, slot=3)
+    return want, lambda: check_resolved(rows(7, -3), "penalty")
+
+
+def _placeholder_summary() -> tuple[str, Callable[[], object]]:
+    want = text("placeholder_summary", consumer="penalty")
+    return want, lambda: check_resolved(rows(7, -3), "penalty", name_failures=False)
+
+
+#: Per message: the expected text and the call that must raise it.
+TRIGGERS: dict[str, Callable[[], tuple[str, Callable[[], object]]]] = {
+    "indices_dtype": _indices_dtype,
+    "slot_outside": _slot_outside,
+    "slot_outside_no_scratch": _slot_outside_no_scratch,
+    "slot_twice": _slot_twice,
+    "slots_summary": _slots_summary,
+    "slots_no_scratch_summary": _slots_no_scratch_summary,
+    "never_written": _never_written,
+    "consumed": _consumed,
+    "omitted": _omitted,
+    "released": _released,
+    "unordered_read": _unordered_read,
+    "read_summary": _read_summary,
+    "unordered_write": _unordered_write,
+    "write_summary": _write_summary,
+    "stale_fence": _stale_fence,
+    "guard_non_negative_summary": _guard_non_negative_summary,
+    "guard_positive_summary": _guard_positive_summary,
+    "placeholder": _placeholder,
+    "placeholder_summary": _placeholder_summary,
+}
+
+
+def test_every_message_has_a_trigger() -> None:
+    """The table and the triggers below name the same messages."""
+    assert sorted(TRIGGERS) == sorted(MESSAGES)
+
+
+@pytest.mark.parametrize("key", sorted(TRIGGERS))
+def test_each_message_is_raised_word_for_word(key: str) -> None:
+    """The check behind each message raises exactly its text: a ``RelayDebugError``
+    where it is named on the host, the device-side assert's ``RuntimeError`` for a
+    summary."""
+    want, call = TRIGGERS[key]()
+    error = RuntimeError if key.endswith("_summary") else RelayDebugError
+    with pytest.raises(error) as caught:
+        call()
+    assert str(caught.value) == want
+
+
+@pytest.mark.parametrize("key", sorted(MESSAGES))
+def test_each_message_is_quoted_in_the_docs(key: str) -> None:
+    """docs/debugging.md quotes every message verbatim (fields in braces)."""
+    assert f"`{MESSAGES[key]}`" in DOCS.read_text(encoding="utf-8")
