@@ -142,6 +142,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"torch intra-op threads while timing (default {default.threads}; "
         "0 keeps torch's setting)",
     )
+    parser.add_argument(
+        "--no-floor",
+        action="store_true",
+        help="skip the floor (the generated map's torch calls written bare; CPU only)",
+    )
     parser.add_argument("--seed", type=int, default=None, help="seed of the workloads")
     parser.add_argument(
         "--json",
@@ -300,6 +305,7 @@ def run(args: argparse.Namespace) -> int:
                     defaults,
                     debug=not args.no_debug,
                     control=not args.no_control,
+                    floor=not args.no_floor,
                 )
                 report.results.append(result)
                 advance(
