@@ -1,0 +1,310 @@
+"""Where a generated method's time goes: ``relay bench --breakdown``.
+
+For one map at one shape (debug off), each method the bench's step calls is timed
+against its floor (``relay.bench.floor``: the same torch calls, bare), and then
+statement by statement: the method's own source is split into its top-level
+statements, each compiled into a function of its own over the method's arguments
+and locals (Note [Statement timing]), run in order once to reach the steady state
+of a step, then timed interleaved with the whole methods, the floor's methods and an
+empty function. A statement's cost is its median time less the empty function's
+(the call and the loop). Each statement is also counted: the aten ops it
+dispatches, so the rows that are torch work and the rows that are relay's Python
+are told apart by what they do, not by reading them.
+
+The statements come from the generated module as it is, so the figures can be taken
+again after the generator changes, with no change here.
+"""
+
+from __future__ import annotations
+
+import ast
+import gc
+import inspect
+import statistics
+import textwrap
+import time
+from collections.abc import Callable, Sequence
+from typing import IO, Any
+
+import attrs
+import torch
+
+from relay.bench.floor import floor_side
+from relay.bench.sides import Generated, Side, Workload, generated_side, pair_named
+from relay.bench.sizes import Shape
+from relay.opcount import count_ops
+
+__all__ = [
+    "MethodBreakdown",
+    "StatementCost",
+    "breakdown",
+    "render_breakdown",
+]
+
+# Note [Statement timing]
+# A statement is timed as the body of a function whose globals are one namespace
+# holding the method's module globals, its arguments (``self``, ``indices``, ``batch``,
+# ``payload``...) and every local an earlier statement assigned (each statement
+# function declares the names it assigns ``global``, so the next one sees them).
+# Reading a name there is a dict lookup, a few ns dearer than the method's fast
+# locals; the method's own time is measured whole beside it, so the sum of its
+# statements is checked against it, and the difference is reported as the rest.
+# An ``if`` statement also gets a row for each test of its chain (``if``/``elif``),
+# timed as an expression: the debug branches and the host-slot test are such tests.
+
+
+@attrs.frozen
+class StatementCost:
+    """One statement (or one ``if`` test) of a method: its median time less the empty
+    function's, in ns, and the aten ops it dispatched when run once."""
+
+    source: str
+    ns: float
+    ops: tuple[str, ...]
+    #: Nesting: 0 a top-level statement, 1 a test inside an ``if`` chain.
+    level: int = 0
+
+
+@attrs.frozen
+class MethodBreakdown:
+    """One method of one map: whole times (ns) and its statements."""
+
+    schema: str
+    shape: Shape
+    method: str
+    generated_ns: float
+    floor_ns: float
+    statements: tuple[StatementCost, ...]
+    #: Times in ns of extra named items (payload construction), shown apart.
+    extras: tuple[tuple[str, float], ...] = ()
+
+    @property
+    def overhead_ns(self) -> float:
+        """Generated less floor: relay's Python in this method."""
+        return self.generated_ns - self.floor_ns
+
+    @property
+    def python_ns(self) -> float:
+        """The sum of the top-level statements that dispatch no op."""
+        return sum(s.ns for s in self.statements if s.level == 0 and not s.ops)
+
+
+def _method_args(
+    method: str, side: Side, payload_cls: type[Any], work: Workload
+) -> dict[str, Any]:
+    """The arguments the bench's step passes ``method``, by parameter name."""
+    fn = getattr(side.map, method)
+    names = list(inspect.signature(fn).parameters)
+    args: dict[str, Any] = {}
+    for name in names:
+        if name == "batch":
+            args[name] = side.batch
+        elif name == "indices":
+            args[name] = work.indices
+        elif name == "payload":
+            fields = [f.name for f in attrs.fields(payload_cls)]
+            args[name] = payload_cls(**{f: work.values[f] for f in fields})
+        else:
+            args[name] = work.values[name]
+    return args
+
+
+def _assigned(node: ast.AST) -> list[str]:
+    """Names ``node`` binds (assignment targets, anywhere inside it)."""
+    names = {
+        n.id
+        for n in ast.walk(node)
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)
+    }
+    return sorted(names)
+
+
+def _compile(node: ast.stmt, namespace: dict[str, Any], tag: str) -> Callable[[], Any]:
+    """``node`` as the body of a function over ``namespace`` (Note [Statement timing])."""
+    names = _assigned(node)
+    lines = [f"def {tag}():"]
+    if names:
+        lines.append(f"    global {', '.join(names)}")
+    lines.append(textwrap.indent(ast.unparse(node), "    "))
+    code = compile("\n".join(lines) + "\n", f"<relay bench --breakdown {tag}>", "exec")
+    exec(code, namespace)
+    compiled: Callable[[], Any] = namespace.pop(tag)
+    return compiled
+
+
+def _statements(fn: Callable[..., Any]) -> list[ast.stmt]:
+    """The top-level statements of ``fn``'s source, its docstring left out."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    func = tree.body[0]
+    assert isinstance(func, ast.FunctionDef)
+    body = list(func.body)
+    first = body[0] if body else None
+    if (
+        isinstance(first, ast.Expr)
+        and isinstance(first.value, ast.Constant)
+        and isinstance(first.value.value, str)
+    ):
+        body = body[1:]
+    return body
+
+
+def _tests(node: ast.stmt) -> list[ast.expr]:
+    """The tests of an ``if``/``elif`` chain."""
+    tests: list[ast.expr] = []
+    while isinstance(node, ast.If):
+        tests.append(node.test)
+        node = node.orelse[0] if len(node.orelse) == 1 else None  # type: ignore[assignment]
+    return tests
+
+
+def _one_line(node: ast.AST, width: int = 72) -> str:
+    text = " ".join(ast.unparse(node).split())
+    if isinstance(node, ast.If):
+        text = "if " + " ".join(ast.unparse(node.test).split()) + ": ..."
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _time_all(
+    fns: Sequence[Callable[[], Any]], *, repeat: int, sample_ns: int
+) -> list[float]:
+    """Median ns per call of each function: each sample ``inner`` calls, ``inner``
+    calibrated per function to about ``sample_ns``; repeats interleaved, the order
+    rotating; the garbage collector off."""
+    inners = []
+    for fn in fns:
+        for _ in range(3):
+            fn()
+        start = time.perf_counter_ns()
+        for _ in range(10):
+            fn()
+        probe = max(1, (time.perf_counter_ns() - start) // 10)
+        inners.append(max(1, min(100_000, sample_ns // probe)))
+    samples: list[list[float]] = [[] for _ in fns]
+    order = list(range(len(fns)))
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for r in range(repeat):
+            shift = r % len(order)
+            for i in order[shift:] + order[:shift]:
+                fn, inner = fns[i], inners[i]
+                start = time.perf_counter_ns()
+                for _ in range(inner):
+                    fn()
+                samples[i].append((time.perf_counter_ns() - start) / inner)
+    finally:
+        if was_enabled:
+            gc.enable()
+    return [statistics.median(s) for s in samples]
+
+
+def breakdown(
+    schema: str,
+    shape: Shape,
+    *,
+    generated: Generated | None = None,
+    repeat: int = 200,
+    sample_us: float = 50.0,
+    seed: int = 0,
+) -> list[MethodBreakdown]:
+    """Per method of the bench's step, generated against floor and statement by
+    statement, on the CPU (debug off). ``generated`` overrides the bundled module
+    (for instance a hand-edited copy, to price a leaner method before the generator
+    emits it); its step must dispatch the floor's ops."""
+    device = torch.device("cpu")
+    pair = pair_named(schema)
+    gen = generated or Generated.load(schema)
+    work = Workload.random(
+        shape, device, torch.Generator().manual_seed(seed), spec=pair.spec
+    )
+    side = generated_side(gen, shape, device, work)
+    bare = floor_side(schema, shape, device, work)
+    side.step()
+    bare.step()
+    floor_calls = dict(bare.calls)
+    methods = [name for name, _ in side.calls if hasattr(side.map, name)]
+
+    plan: list[tuple[str, Callable[[], Any]]] = [("empty", lambda: None)]
+    layout: dict[str, list[tuple[int, str, int, tuple[str, ...]]]] = {}
+    extras: dict[str, list[tuple[str, int]]] = {}
+    for method in methods:
+        fn = getattr(side.map, method)
+        args = _method_args(method, side, gen.payload_cls, work)
+        bound = getattr(side.map, method)
+        plan.append((f"{method}:generated", lambda b=bound, a=args: b(**a)))
+        plan.append((f"{method}:floor", floor_calls[method]))
+        if "payload" in args:
+            fields = dict(work.values)
+            names = [f.name for f in attrs.fields(gen.payload_cls)]
+            kwargs = {n: fields[n] for n in names}
+            make = gen.payload_cls
+            extras.setdefault(method, []).append(
+                (f"{make.__name__}(**fields) (built by the caller)", len(plan))
+            )
+            plan.append(("payload", lambda m=make, k=kwargs: m(**k)))
+        namespace: dict[str, Any] = dict(vars(inspect.getmodule(fn)))
+        namespace.update(self=side.map, **args)
+        rows: list[tuple[int, str, int, tuple[str, ...]]] = []
+        for n, node in enumerate(_statements(fn)):
+            run = _compile(node, namespace, f"_s{n}")
+            ops = count_ops(run).data  # runs it once: later statements see its locals
+            rows.append((len(plan), _one_line(node), 0, ops))
+            plan.append((f"{method}:{n}", run))
+            for t, test in enumerate(_tests(node)):
+                expr = ast.Expr(value=test)
+                check = _compile(expr, namespace, f"_s{n}t{t}")
+                word = "if" if t == 0 else "elif"
+                rows.append((len(plan), f"{word} {_one_line(test)}", 1, ()))
+                plan.append((f"{method}:{n}:test{t}", check))
+        layout[method] = rows
+
+    medians = _time_all(
+        [fn for _, fn in plan], repeat=repeat, sample_ns=int(sample_us * 1000)
+    )
+    empty = medians[0]
+    by_name = {name: m for (name, _), m in zip(plan, medians)}
+    out: list[MethodBreakdown] = []
+    for method in methods:
+        statements = tuple(
+            StatementCost(source, medians[i] - empty, ops, level)
+            for i, source, level, ops in layout[method]
+        )
+        out.append(
+            MethodBreakdown(
+                schema=schema,
+                shape=shape,
+                method=method,
+                generated_ns=by_name[f"{method}:generated"] - empty,
+                floor_ns=by_name[f"{method}:floor"] - empty,
+                statements=statements,
+                extras=tuple(
+                    (label, medians[i] - empty) for label, i in extras.get(method, [])
+                ),
+            )
+        )
+    return out
+
+
+def render_breakdown(results: Sequence[MethodBreakdown], file: IO[str]) -> None:
+    """Plain text: per method the whole times, then one row per statement."""
+    for r in results:
+        ratio = r.generated_ns / r.floor_ns if r.floor_ns > 0 else float("nan")
+        print(
+            f"\n{r.schema} {r.shape.label} {r.method}: generated "
+            f"{r.generated_ns / 1000:.2f} us, floor {r.floor_ns / 1000:.2f} us, "
+            f"relay's Python {r.overhead_ns / 1000:.2f} us ({ratio:.2f}x)",
+            file=file,
+        )
+        for s in r.statements:
+            indent = "    " * (s.level + 1)
+            ops = ", ".join(s.ops) if s.ops else ("-" if s.level == 0 else "")
+            print(f"{s.ns / 1000:8.3f} us  {indent}{s.source}  [{ops}]", file=file)
+        rest = r.overhead_ns - r.python_ns
+        print(
+            f"{r.python_ns / 1000:8.3f} us  statements without ops (relay's Python)\n"
+            f"{rest / 1000:8.3f} us  the rest of the overhead (inside op statements, "
+            "the call, locals)",
+            file=file,
+        )
+        for label, ns in r.extras:
+            print(f"{ns / 1000:8.3f} us  + {label}", file=file)
