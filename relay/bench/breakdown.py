@@ -153,9 +153,10 @@ def _statements(fn: Callable[..., Any]) -> list[ast.stmt]:
 def _tests(node: ast.stmt) -> list[ast.expr]:
     """The tests of an ``if``/``elif`` chain."""
     tests: list[ast.expr] = []
-    while isinstance(node, ast.If):
-        tests.append(node.test)
-        node = node.orelse[0] if len(node.orelse) == 1 else None  # type: ignore[assignment]
+    current: ast.stmt | None = node
+    while isinstance(current, ast.If):
+        tests.append(current.test)
+        current = current.orelse[0] if len(current.orelse) == 1 else None
     return tests
 
 
@@ -200,6 +201,62 @@ def _time_all(
     return [statistics.median(s) for s in samples]
 
 
+#: A row of a method: (index of its function in the plan, source, level, ops).
+_Row = tuple[int, str, int, tuple[str, ...]]
+
+
+@attrs.define
+class _Plan:
+    """Everything to time, in one list, and which entries make up each method."""
+
+    fns: list[tuple[str, Callable[[], Any]]] = attrs.field(
+        factory=lambda: [("empty", lambda: None)]
+    )
+    rows: dict[str, list[_Row]] = attrs.field(factory=dict)
+    extras: dict[str, list[tuple[str, int]]] = attrs.field(factory=dict)
+
+    def add(self, name: str, fn: Callable[[], Any]) -> int:
+        self.fns.append((name, fn))
+        return len(self.fns) - 1
+
+
+def _plan_method(
+    plan: _Plan,
+    method: str,
+    side: Side,
+    floor_call: Callable[[], None],
+    gen: Generated,
+    work: Workload,
+) -> None:
+    """Add ``method`` to ``plan``: whole (generated and floor), the payload its caller
+    builds, and each statement and ``if`` test, run once in order (Note [Statement
+    timing]) and counted."""
+    fn = getattr(side.map, method)
+    args = _method_args(method, side, gen.payload_cls, work)
+    # Positional, as the bench's step calls it (relay.bench.sides.build_side).
+    plan.add(f"{method}:generated", functools.partial(fn, *args.values()))
+    plan.add(f"{method}:floor", floor_call)
+    if "payload" in args:
+        make: Callable[..., Any] = gen.payload_cls
+        kwargs = {f.name: work.values[f.name] for f in attrs.fields(gen.payload_cls)}
+        label = f"{gen.payload_cls.__name__}(**fields) (built by the caller)"
+        index = plan.add("payload", functools.partial(make, **kwargs))
+        plan.extras.setdefault(method, []).append((label, index))
+    namespace: dict[str, Any] = dict(vars(inspect.getmodule(fn)))
+    namespace.update(self=side.map, **args)
+    rows: list[_Row] = []
+    for n, node in enumerate(_statements(fn)):
+        run = _compile(node, namespace, f"_s{n}")
+        ops = count_ops(run).data  # runs it once: later statements see its locals
+        rows.append((plan.add(f"{method}:{n}", run), _one_line(node), 0, ops))
+        for t, test in enumerate(_tests(node)):
+            check = _compile(ast.Expr(value=test), namespace, f"_s{n}t{t}")
+            word = "if" if t == 0 else "elif"
+            index = plan.add(f"{method}:{n}:test{t}", check)
+            rows.append((index, f"{word} {_one_line(test)}", 1, ()))
+    plan.rows[method] = rows
+
+
 def breakdown(
     schema: str,
     shape: Shape,
@@ -225,69 +282,31 @@ def breakdown(
     bare.step()
     floor_calls = dict(bare.calls)
     methods = [name for name, _ in side.calls if hasattr(side.map, name)]
-
-    plan: list[tuple[str, Callable[[], Any]]] = [("empty", lambda: None)]
-    layout: dict[str, list[tuple[int, str, int, tuple[str, ...]]]] = {}
-    extras: dict[str, list[tuple[str, int]]] = {}
+    plan = _Plan()
     for method in methods:
-        fn = getattr(side.map, method)
-        args = _method_args(method, side, gen.payload_cls, work)
-        # Positional, as the bench's step calls it (relay.bench.sides.build_side).
-        plan.append((f"{method}:generated", functools.partial(fn, *args.values())))
-        plan.append((f"{method}:floor", floor_calls[method]))
-        if "payload" in args:
-            fields = dict(work.values)
-            names = [f.name for f in attrs.fields(gen.payload_cls)]
-            kwargs = {n: fields[n] for n in names}
-            make: Callable[..., Any] = gen.payload_cls
-            extras.setdefault(method, []).append(
-                (
-                    f"{gen.payload_cls.__name__}(**fields) (built by the caller)",
-                    len(plan),
-                )
-            )
-            plan.append(("payload", functools.partial(make, **kwargs)))
-        namespace: dict[str, Any] = dict(vars(inspect.getmodule(fn)))
-        namespace.update(self=side.map, **args)
-        rows: list[tuple[int, str, int, tuple[str, ...]]] = []
-        for n, node in enumerate(_statements(fn)):
-            run = _compile(node, namespace, f"_s{n}")
-            ops = count_ops(run).data  # runs it once: later statements see its locals
-            rows.append((len(plan), _one_line(node), 0, ops))
-            plan.append((f"{method}:{n}", run))
-            for t, test in enumerate(_tests(node)):
-                expr = ast.Expr(value=test)
-                check = _compile(expr, namespace, f"_s{n}t{t}")
-                word = "if" if t == 0 else "elif"
-                rows.append((len(plan), f"{word} {_one_line(test)}", 1, ()))
-                plan.append((f"{method}:{n}:test{t}", check))
-        layout[method] = rows
-
+        _plan_method(plan, method, side, floor_calls[method], gen, work)
     medians = _time_all(
-        [fn for _, fn in plan], repeat=repeat, sample_ns=int(sample_us * 1000)
+        [fn for _, fn in plan.fns], repeat=repeat, sample_ns=int(sample_us * 1000)
     )
     empty = medians[0]
-    by_name = {name: m for (name, _), m in zip(plan, medians)}
-    out: list[MethodBreakdown] = []
-    for method in methods:
-        statements = tuple(
-            StatementCost(source, medians[i] - empty, ops, level)
-            for i, source, level, ops in layout[method]
+    by_name = {name: m for (name, _), m in zip(plan.fns, medians)}
+    return [
+        MethodBreakdown(
+            schema=schema,
+            shape=shape,
+            method=method,
+            generated_ns=by_name[f"{method}:generated"] - empty,
+            floor_ns=by_name[f"{method}:floor"] - empty,
+            statements=tuple(
+                StatementCost(source, medians[i] - empty, ops, level)
+                for i, source, level, ops in plan.rows[method]
+            ),
+            extras=tuple(
+                (label, medians[i] - empty) for label, i in plan.extras.get(method, [])
+            ),
         )
-        out.append(
-            MethodBreakdown(
-                schema=schema,
-                shape=shape,
-                method=method,
-                generated_ns=by_name[f"{method}:generated"] - empty,
-                floor_ns=by_name[f"{method}:floor"] - empty,
-                statements=statements,
-                extras=tuple(
-                    (label, medians[i] - empty) for label, i in extras.get(method, [])
-                ),
-            )
-        )
-    return out
+        for method in methods
+    ]
 
 
 def render_breakdown(results: Sequence[MethodBreakdown], file: IO[str]) -> None:
