@@ -394,8 +394,9 @@ def _run_breakdown(args: argparse.Namespace) -> int:
     print(
         f"relay bench --breakdown: cpu, torch {torch.__version__}, {threads or saved_threads} "
         f"thread(s), {repeat} interleaved repeats of ~{sample_ms} ms per row, "
-        f"load average {os.getloadavg()[0]:.2f}; times are medians less an empty "
-        "call's. Provisional on a shared machine: compare rows of one run."
+        f"load average {os.getloadavg()[0]:.2f}; times are 20th percentiles less an "
+        "empty call's (Note [Low quantile]). Provisional on a shared machine: compare "
+        "rows of one run."
     )
     render_breakdown(results, sys.stdout)
     if args.json is not None:
