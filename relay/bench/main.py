@@ -152,6 +152,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"H={BREAKDOWN.preset.hidden[0]}, {BREAKDOWN.repeat} repeats)",
     )
     parser.add_argument(
+        "--quantile",
+        type=float,
+        default=None,
+        metavar="Q",
+        help=f"with --breakdown: the quantile of each row's samples (default "
+        f"{BREAKDOWN.quantile}: a low one, as other processes only add time; 0.5 "
+        "on an idle machine)",
+    )
+    parser.add_argument(
         "--no-floor",
         action="store_true",
         help="skip the floor (the generated map's torch calls written bare; CPU only)",
@@ -363,8 +372,11 @@ def _run_breakdown(args: argparse.Namespace) -> int:
         )
     repeat = BREAKDOWN.repeat if args.repeat is None else args.repeat
     sample_ms = BREAKDOWN.sample_ms if args.sample_ms is None else args.sample_ms
-    if repeat < 1 or sample_ms <= 0:
-        return _usage("--repeat must be >= 1 and --sample-ms > 0")
+    q = BREAKDOWN.quantile if args.quantile is None else args.quantile
+    if repeat < 1 or sample_ms <= 0 or not 0 <= q <= 1:
+        return _usage(
+            "--repeat must be >= 1, --sample-ms > 0 and --quantile between 0 and 1"
+        )
     preset = BREAKDOWN.preset.narrowed(
         pool=args.pool, batch=args.batch, topk=args.topk, hidden=args.hidden
     )
@@ -385,6 +397,7 @@ def _run_breakdown(args: argparse.Namespace) -> int:
                     generated=gen,
                     repeat=repeat,
                     sample_us=sample_ms * 1000,
+                    q=q,
                     seed=args.seed or 0,
                 )
     finally:
@@ -394,9 +407,10 @@ def _run_breakdown(args: argparse.Namespace) -> int:
     print(
         f"relay bench --breakdown: cpu, torch {torch.__version__}, {threads or saved_threads} "
         f"thread(s), {repeat} interleaved repeats of ~{sample_ms} ms per row, "
-        f"load average {os.getloadavg()[0]:.2f}; times are 20th percentiles less an "
-        "empty call's (Note [Low quantile]). Provisional on a shared machine: compare "
-        "rows of one run."
+        f"load average {os.getloadavg()[0]:.2f}; each time is the {q:g} quantile of "
+        "its samples less an empty call's (Note [Low quantile] in "
+        "relay/bench/breakdown.py). Provisional on a shared machine: compare rows of "
+        "one run."
     )
     render_breakdown(results, sys.stdout)
     if args.json is not None:

@@ -175,6 +175,8 @@ class BreakdownDefaults:
     #: Target length of one sample of one statement or method: long enough that the
     #: first call of a sample (colder caches) weighs little in it.
     sample_ms: float = 0.3
+    #: Each row's figure: this quantile of its samples (Note [Low quantile]).
+    quantile: float = 0.1
 
 
 BREAKDOWN = BreakdownDefaults()

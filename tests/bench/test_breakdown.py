@@ -63,12 +63,18 @@ def test_breakdown_command_writes_json(
 
 @pytest.mark.parametrize(
     "argv",
-    [["--device", "meta"], ["--schema", "no_such_schema"], ["--repeat", "0"]],
-    ids=["not-cpu", "unknown-schema", "repeat-0"],
+    [
+        ["--device", "meta"],
+        ["--schema", "no_such_schema"],
+        ["--repeat", "0"],
+        ["--quantile", "2"],
+    ],
+    ids=["not-cpu", "unknown-schema", "repeat-0", "quantile-2"],
 )
 def test_breakdown_bad_usage_exits_2(
     argv: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A device other than the CPU, a schema without a floor, or no repeats exit 2."""
+    """A device other than the CPU, a schema without a floor, no repeats or a quantile
+    outside [0, 1] exit 2."""
     assert main(["bench", "--breakdown", *argv]) == 2
     assert capsys.readouterr().err.startswith("relay bench: ")
