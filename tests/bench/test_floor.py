@@ -17,6 +17,8 @@ from relay.bench.counts import StepCount, count_step
 from relay.bench.floor import FLOORS, compare_floor, floor_side, has_floor
 from relay.bench.sides import Generated, Pair, Workload, discover, generated_side
 from relay.bench.sizes import Shape
+from relay.cpu_stream import CpuEvent
+from relay.device import HostMirror, policy_for
 
 CPU = torch.device("cpu")
 FOUND, _ = discover()
@@ -106,3 +108,12 @@ def test_no_floor_off_the_cpu() -> None:
     work = Workload.random(shape, CPU, torch.Generator().manual_seed(0), spec=False)
     with pytest.raises(LookupError, match="relay/bench/floor.py"):
         floor_side("decode", shape, torch.device("meta"), work)
+
+
+def test_floor_fence_and_host_copy_are_the_cpu_policy() -> None:
+    """The floor's bare fence is a ``CpuEvent`` and its host copy is none, as the CPU
+    device policy does: a change there dispatches no op, so the op check cannot see it."""
+    policy = policy_for(CPU)
+    assert type(policy.new_event()) is CpuEvent
+    rows = torch.arange(3)
+    assert HostMirror(CPU, 8).copy(rows) is rows
