@@ -2,8 +2,10 @@
 
 One module per job: ``sizes`` (shapes, presets, every default), ``baseline`` (the
 hand-written maps), ``sides`` (which map is compared with which, and how a step is
-driven), ``counts`` (dispatched ops, bytes, kernel launches), ``timing`` (timers and
-interleaving), ``measure`` (one pair at one shape: values, counts, time),
+driven), ``floor`` (each map's step as its bare torch calls), ``breakdown`` (where a
+method's time goes, statement by statement: ``relay bench --breakdown``), ``counts``
+(dispatched ops, bytes, kernel launches), ``timing`` (timers and interleaving),
+``measure`` (one pair at one shape: values, counts, time),
 ``codegen_speed`` (generation time against schema size), ``report`` (results and
 tables) and ``main`` (the command line). See docs/bench.md.
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import attrs
 
-from relay.bench.sizes import DEFAULTS, PRESETS, Defaults
+from relay.bench.sizes import BREAKDOWN, DEFAULTS, PRESETS, Defaults
 from relay.cli.status import Exit
 
 __all__ = ["add_arguments", "run"]
@@ -143,6 +143,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"torch intra-op threads while timing (default {default.threads}; "
         "0 keeps torch's setting)",
     )
+    parser.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="instead of the comparison: where each generated method's time goes "
+        "against its floor, statement by statement (CPU, debug off; default "
+        f"{', '.join(BREAKDOWN.schemas)} at P={BREAKDOWN.preset.pool[0]} "
+        f"B={BREAKDOWN.preset.batch[0]} K={BREAKDOWN.preset.topk[0]} "
+        f"H={BREAKDOWN.preset.hidden[0]}, {BREAKDOWN.repeat} repeats)",
+    )
+    parser.add_argument(
+        "--quantile",
+        type=float,
+        default=None,
+        metavar="Q",
+        help=f"with --breakdown: the quantile of each row's samples (default "
+        f"{BREAKDOWN.quantile}: a low one, as other processes only add time; 0.5 "
+        "on an idle machine)",
+    )
+    parser.add_argument(
+        "--no-floor",
+        action="store_true",
+        help="skip the floor (the generated map's torch calls written bare; CPU only)",
+    )
     parser.add_argument("--seed", type=int, default=None, help="seed of the workloads")
     parser.add_argument(
         "--json",
@@ -231,6 +254,8 @@ def run(args: argparse.Namespace) -> int:
     from relay.bench.sides import PAIRS, discover
     from relay.bench.timing import copy_bandwidth
 
+    if args.breakdown:
+        return _run_breakdown(args)
     defaults = _defaults(args)
     if defaults.repeat < 1 or defaults.sample_ms <= 0 or defaults.warmup < 0:
         return _usage("--repeat must be >= 1, --sample-ms > 0 and --warmup >= 0")
@@ -301,6 +326,7 @@ def run(args: argparse.Namespace) -> int:
                     defaults,
                     debug=not args.no_debug,
                     control=not args.no_control,
+                    floor=not args.no_floor,
                 )
                 report.results.append(result)
                 advance(
@@ -327,6 +353,74 @@ def run(args: argparse.Namespace) -> int:
         )
         print(f"wrote {args.json}")
     return EXIT_FAILED if report.failures else EXIT_OK
+
+
+def _run_breakdown(args: argparse.Namespace) -> int:
+    """``relay bench --breakdown``: per method and statement, on the CPU."""
+    import torch
+
+    from relay.bench.breakdown import breakdown, breakdown_json, render_breakdown
+    from relay.bench.floor import FLOORS
+    from relay.bench.sides import discover
+
+    if args.device != "cpu":
+        return _usage("--breakdown times Python on the CPU: leave --device out")
+    schemas = args.schema or BREAKDOWN.schemas
+    unknown = [s for s in schemas if s not in FLOORS]
+    if unknown:
+        return _usage(
+            f"no floor for {', '.join(unknown)}; choose from {', '.join(FLOORS)}"
+        )
+    repeat = BREAKDOWN.repeat if args.repeat is None else args.repeat
+    sample_ms = BREAKDOWN.sample_ms if args.sample_ms is None else args.sample_ms
+    q = BREAKDOWN.quantile if args.quantile is None else args.quantile
+    if repeat < 1 or sample_ms <= 0 or not 0 <= q <= 1:
+        return _usage(
+            "--repeat must be >= 1, --sample-ms > 0 and --quantile between 0 and 1"
+        )
+    preset = BREAKDOWN.preset.narrowed(
+        pool=args.pool, batch=args.batch, topk=args.topk, hidden=args.hidden
+    )
+    found, skipped = discover(schemas)
+    if skipped:
+        return _usage("; ".join(f"{p.schema}: {why}" for p, why in skipped))
+    saved_threads = torch.get_num_threads()
+    threads = DEFAULTS["default"].threads if args.threads is None else args.threads
+    if threads > 0:
+        torch.set_num_threads(threads)
+    results = []
+    try:
+        for pair, gen in found:
+            for shape in preset.shapes(spec=pair.spec):
+                results += breakdown(
+                    pair.schema,
+                    shape,
+                    generated=gen,
+                    repeat=repeat,
+                    sample_us=sample_ms * 1000,
+                    q=q,
+                    seed=args.seed or 0,
+                )
+    finally:
+        torch.set_num_threads(saved_threads)
+    if not results:
+        return _usage("no shape fits: a pool of P rows holds at most P - 1 requests")
+    print(
+        f"relay bench --breakdown: cpu, torch {torch.__version__}, {threads or saved_threads} "
+        f"thread(s), {repeat} interleaved repeats of ~{sample_ms} ms per row, "
+        f"load average {os.getloadavg()[0]:.2f}; each time is the {q:g} quantile of "
+        "its samples less an empty call's (Note [Low quantile] in "
+        "relay/bench/breakdown.py). Provisional on a shared machine: compare rows of "
+        "one run."
+    )
+    render_breakdown(results, sys.stdout)
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(
+            json.dumps(breakdown_json(results), indent=2) + "\n", encoding="utf-8"
+        )
+        print(f"wrote {args.json}")
+    return EXIT_OK
 
 
 def _meta(device: Any, defaults: Defaults, torch: Any) -> dict[str, Any]:

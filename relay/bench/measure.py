@@ -1,8 +1,8 @@
 """One configuration (a pair at a shape) measured: values, counts, then interleaved time.
 
 Everything of one configuration is measured in one place and in this order, so the
-time series of its four sides (baseline, generated, the A/A baseline, generated in
-debug mode) are interleaved with each other and nothing else.
+time series of its five sides (baseline, generated, the floor, the A/A baseline,
+generated in debug mode) are interleaved with each other and nothing else.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import torch
 
 from relay import debug
 from relay.bench.counts import StepCount, count_launches, count_step
+from relay.bench.floor import compare_floor, floor_side, has_floor
 from relay.bench.sides import (
     Generated,
     Pair,
@@ -53,7 +54,9 @@ class ConfigResult:
     ``ratio`` is generated / baseline (median of per-repeat ratios, ``ratio_p25`` and
     ``ratio_p75`` its spread); ``control`` the same for a second baseline against
     the first (A/A: 1.00x up to noise); ``debug_ratio`` the generated map in debug
-    mode against itself with debug off. ``error`` is set when a side raised.
+    mode against itself with debug off; ``floor_ratio`` generated / the floor (its
+    bare torch calls, ``relay.bench.floor``), ``floor_p25`` and ``floor_p75`` its
+    spread. ``error`` is set when a side raised.
     """
 
     schema: str
@@ -70,6 +73,11 @@ class ConfigResult:
     ratio_p75: float = 0.0
     control: float | None = None
     debug_ratio: float | None = None
+    floor: StepCount | None = None
+    floor_ns: float | None = None
+    floor_ratio: float | None = None
+    floor_p25: float | None = None
+    floor_p75: float | None = None
     launches_baseline: float | None = None
     launches_generated: float | None = None
     inner: int = 0
@@ -100,6 +108,19 @@ class ConfigResult:
         within = self.ratio <= 1 + (self.noise or 0.0)
         return within and self.generated.ops <= self.baseline.ops
 
+    @property
+    def floor_ops_match(self) -> bool | None:
+        """Whether the floor dispatched exactly the generated map's ops, method by
+        method (data ops in order, and view counts): if not, ``floor_ratio`` compares
+        different work. None when the floor was not run."""
+        if self.floor is None or self.generated is None:
+            return None
+        return _op_lists(self.floor) == _op_lists(self.generated)
+
+
+def _op_lists(count: StepCount) -> list[tuple[str, tuple[str, ...], int]]:
+    return [(m.method, m.ops, m.views) for m in count.methods]
+
 
 def measure(
     pair: Pair,
@@ -110,8 +131,10 @@ def measure(
     *,
     debug: bool = True,
     control: bool = True,
+    floor: bool = True,
 ) -> ConfigResult:
-    """Check values (debug off and on), count one step of each side, then time them.
+    """Check values (debug off and on, and the floor's), count one step of each side,
+    then time them. The floor runs where ``relay.bench.floor`` has one (the CPU).
 
     A side that raises is reported in ``error`` instead of ending the run.
     """
@@ -135,11 +158,27 @@ def measure(
                 seed=defaults.seed,
                 debug=True,
             )
+        with_floor = floor and has_floor(pair.schema, device)
+        if with_floor:
+            problems += compare_floor(
+                pair.schema,
+                generated,
+                shape,
+                device,
+                steps=defaults.check_steps,
+                seed=defaults.seed,
+            )
         work = Workload.random(
             shape, device, torch.Generator().manual_seed(defaults.seed), spec=pair.spec
         )
         base, gen = sides_for(pair, generated, shape, device, work)
         fns = [(base.name, base.step), (gen.name, gen.step)]
+        floor_count = None
+        if with_floor:
+            bare = floor_side(pair.schema, shape, device, work)
+            bare.step()
+            floor_count = count_step(bare)
+            fns.append((bare.name, bare.step))
         if control:
             twin = baseline_side(pair, shape, device, work)
             fns.append(("baseline (A/A)", twin.step))
@@ -180,6 +219,12 @@ def measure(
     per_repeat = [gs / bs for gs, bs in zip(g.samples, b.samples)]
     twin_series = by_name.get("baseline (A/A)")
     dbg_series = by_name.get("generated+debug")
+    floor_series = by_name.get("floor")
+    per_floor = (
+        []
+        if floor_series is None
+        else [gs / fs for gs, fs in zip(g.samples, floor_series.samples)]
+    )
     return ConfigResult(
         schema=pair.schema,
         shape=shape,
@@ -195,6 +240,11 @@ def measure(
         ratio_p75=quantile(per_repeat, 0.75),
         control=None if twin_series is None else ratio(twin_series, b),
         debug_ratio=None if dbg_series is None else ratio(dbg_series, g),
+        floor=floor_count,
+        floor_ns=None if floor_series is None else floor_series.median,
+        floor_ratio=quantile(per_floor, 0.5) if per_floor else None,
+        floor_p25=quantile(per_floor, 0.25) if per_floor else None,
+        floor_p75=quantile(per_floor, 0.75) if per_floor else None,
         launches_baseline=launches[0],
         launches_generated=launches[1],
         inner=inner,

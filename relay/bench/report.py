@@ -17,7 +17,10 @@ from relay.bench.codegen_speed import GenerationTime
 from relay.bench.counts import StepCount
 from relay.bench.measure import ConfigResult
 
-__all__ = ["Report"]
+__all__ = ["FLOOR_TARGET", "Report"]
+
+#: Issue 17's target: relay's own Python within 1.3x of the bare torch calls.
+FLOOR_TARGET = 1.30
 
 
 @attrs.define
@@ -86,6 +89,12 @@ class Report:
                     "ratio_p75": r.ratio_p75,
                     "control": r.control,
                     "debug_ratio": r.debug_ratio,
+                    "floor": count(r.floor),
+                    "floor_ns": r.floor_ns,
+                    "floor_ratio": r.floor_ratio,
+                    "floor_ratio_p25": r.floor_p25,
+                    "floor_ratio_p75": r.floor_p75,
+                    "floor_ops_match": r.floor_ops_match,
                     "launches_baseline": r.launches_baseline,
                     "launches_generated": r.launches_generated,
                     "meets_target": r.meets_target(),
@@ -210,6 +219,8 @@ class Report:
             "base us",
             "gen/base",
             "A/A",
+            "floor us",
+            "gen/floor",
             "debug/off",
             "ops gen/base",
             "target",
@@ -242,7 +253,7 @@ class Report:
                 str(s.hidden) if s.topk else "-",
             ]
             if r.error is not None or r.baseline is None or r.generated is None:
-                steps.add_row(*shape, "FAILED", "", "", "", "", "")
+                steps.add_row(*shape, "FAILED", "", "", "", "", "", "", "")
                 continue
             target = {True: "yes", False: "no", None: ""}[r.meets_target()]
             steps.add_row(
@@ -250,6 +261,8 @@ class Report:
                 f"{r.baseline_ns / 1000:.1f}",
                 f"{r.ratio:.2f}x",
                 "" if r.noise is None else f"±{r.noise:.0%}",
+                "" if r.floor_ns is None else f"{r.floor_ns / 1000:.1f}",
+                _floor_cell(r),
                 "" if r.debug_ratio is None else f"{r.debug_ratio:.2f}x",
                 f"{r.generated.ops} / {r.baseline.ops}",
                 target if r.ok else "VALUES DIFFER",
@@ -276,7 +289,10 @@ class Report:
             "base us: the baseline's time per step, for scale. A/A: how far a second "
             "baseline timed like the first strays from 1.00x (the noise). debug/off: the "
             "generated map built with debug=True against itself with debug off. target: no "
-            "more ops than the baseline and gen/base <= 1.00x within the A/A noise."
+            "more ops than the baseline and gen/base <= 1.00x within the A/A noise. "
+            "floor: the generated map's torch calls written bare (relay/bench/floor.py), "
+            "timed interleaved with the others; gen/floor is relay's own Python on top "
+            "of them (issue 17's target: <= 1.30x)."
         )
         console.print()
         console.print(traffic)
@@ -345,6 +361,9 @@ class Report:
             "min",
             "max",
             "A/A range",
+            "gen/floor geomean",
+            "gen/floor max",
+            "<= 1.30x floor",
             "debug/off geomean",
             "ops gen/base",
             "targets met",
@@ -364,17 +383,37 @@ class Report:
                 }
             )
             met = sum(1 for r in rows if r.meets_target())
+            floors = [
+                r.floor_ratio
+                for r in rows
+                if r.floor_ratio is not None and r.floor_ops_match
+            ]
             t.add_row(
                 schema,
                 f"{_geomean(ratios):.2f}x",
                 f"{min(ratios):.2f}x",
                 f"{max(ratios):.2f}x",
                 f"{min(controls):.2f}x..{max(controls):.2f}x" if controls else "",
+                f"{_geomean(floors):.2f}x" if floors else "",
+                f"{max(floors):.2f}x" if floors else "",
+                f"{sum(1 for f in floors if f <= FLOOR_TARGET)} of {len(floors)}"
+                if floors
+                else "",
                 f"{_geomean(debugs):.2f}x" if debugs else "",
                 ", ".join(f"{g}/{b}" for g, b in ops),
                 f"{met} of {len(rows)}",
             )
         return t
+
+
+def _floor_cell(r: ConfigResult) -> str:
+    """gen/floor, or why it is missing: no floor here, or a floor whose ops differ
+    from the generated map's (then the ratio compares different work)."""
+    if r.floor_ratio is None:
+        return "-"
+    if not r.floor_ops_match:
+        return f"{r.floor_ratio:.2f}x (ops differ)"
+    return f"{r.floor_ratio:.2f}x"
 
 
 def _geomean(values: Sequence[float]) -> float:

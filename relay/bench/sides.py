@@ -36,7 +36,9 @@ __all__ = [
     "compare_values",
     "discover",
     "generated_side",
+    "observed",
     "pair_named",
+    "same_value",
     "sides_for",
 ]
 
@@ -428,7 +430,7 @@ def sides_for(
 # Same values
 
 
-def _observed(side: Side, both_relay_seq_lens: bool) -> Iterator[tuple[str, object]]:
+def observed(side: Side, both_relay_seq_lens: bool) -> Iterator[tuple[str, object]]:
     batch = side.batch
     yield "next tokens", batch.next_tokens()
     spec = batch.spec_info
@@ -440,7 +442,7 @@ def _observed(side: Side, both_relay_seq_lens: bool) -> Iterator[tuple[str, obje
     yield "seq_lens_sum", batch.seq_lens_sum
 
 
-def _same(a: object, b: object) -> bool:
+def same_value(a: object, b: object) -> bool:
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
         return (
             a.dtype == b.dtype
@@ -480,18 +482,18 @@ def compare_values(
         base.step()
         gen.step()
         work.advance()
-        want, got = dict(_observed(base, both)), dict(_observed(gen, both))
+        want, got = dict(observed(base, both)), dict(observed(gen, both))
         problems += [
             f"{where} step {step}: {key} differs (baseline {want[key]!r:.60}, "
             f"generated {got[key]!r:.60})"
             for key in want
-            if not _same(want[key], got[key])
+            if not same_value(want[key], got[key])
         ]
         if not debug:
             gen_bufs = gen.buffers()
             problems += [
                 f"{where} step {step}: {key} differs"
                 for key, buf in base.buffers().items()
-                if key in gen_bufs and not _same(buf, gen_bufs[key])
+                if key in gen_bufs and not same_value(buf, gen_bufs[key])
             ]
     return problems

@@ -12,6 +12,7 @@ from collections.abc import Iterator, Sequence
 import attrs
 
 __all__ = [
+    "BREAKDOWN",
     "DEFAULTS",
     "PRESETS",
     "Defaults",
@@ -157,3 +158,25 @@ DEFAULTS: dict[str, Defaults] = {
         bandwidth_mb=32,
     ),
 }
+
+
+@attrs.frozen
+class BreakdownDefaults:
+    """``relay bench --breakdown``: which maps, at which shape, how long."""
+
+    #: Schemas broken down when ``--schema`` is not given.
+    schemas: tuple[str, ...] = ("decode", "eagle")
+    #: Sizes when no size flag is given: batch 1, the latency case.
+    preset: Preset = Preset(
+        pool=(4097,), batch=(1,), topk=(1,), hidden=(4096,), fields=()
+    )
+    #: Interleaved repeats; each statement's figure is the median over them.
+    repeat: int = 100
+    #: Target length of one sample of one statement or method: long enough that the
+    #: first call of a sample (colder caches) weighs little in it.
+    sample_ms: float = 0.3
+    #: Each row's figure: this quantile of its samples (Note [Low quantile]).
+    quantile: float = 0.1
+
+
+BREAKDOWN = BreakdownDefaults()

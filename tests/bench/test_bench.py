@@ -187,7 +187,8 @@ def test_cuda_without_cuda_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_quick_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``relay bench --quick`` exits 0 with every generated pair at every quick shape,
-    op counts per method, and the generator table; piped, it prints plain tables."""
+    op counts per method, the floor, and the generator table; piped, it prints plain
+    tables."""
     out_json = tmp_path / "bench.json"
     assert main(["bench", "--quick", "-q", "--json", str(out_json)]) == 0
     data = json.loads(out_json.read_text())
@@ -203,11 +204,14 @@ def test_quick_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
             config["ratio"] > 0 and config["control"] > 0 and config["debug_ratio"] > 0
         )
         assert config["launches_baseline"] is None  # CPU: no kernel launches to count
+        assert config["floor_ratio"] > 0 and config["floor_ops_match"] is True
+        assert config["floor"]["ops"] == config["generated"]["ops"]
     assert [g["fields"] for g in data["generation"]["sizes"]] == list(quick.fields)
     assert data["copy_bandwidth_bytes_per_s"] > 0
     out = capsys.readouterr().out
     assert "\x1b[" not in out  # not a terminal: no colour codes
     assert "| schema / method" in out and "index_put_" in out
+    assert "gen/floor" in out and "ops differ" not in out
     assert "values: generated == baseline" in out
 
 
