@@ -17,6 +17,7 @@ import attrs
 from relay.codegen import files
 from relay.codegen.config import Config, load_config, project_root
 from relay.codegen.files import Drift, Planned, WriteResult
+from relay.codegen.formatting import FormatError
 from relay.codegen.loader import describe, load_schema
 from relay.codegen.render import render
 from relay.codegen.validate import validate
@@ -223,7 +224,10 @@ def plan(job: Job) -> list[Planned]:
             content = render(
                 schema, source=source, command=job.command_for(path), schema_hash=digest
             )
-        except KeyboardInterrupt:
+        except (
+            KeyboardInterrupt,
+            FormatError,
+        ):  # the pinned formatter is missing: exit 2
             raise
         except BaseException as error:  # a generator bug: say what was being generated
             loc = schema.declared_at

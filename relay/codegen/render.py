@@ -7,6 +7,7 @@ from pathlib import Path
 import jinja2
 
 from relay.codegen import files
+from relay.codegen.formatting import format_module
 from relay.codegen.views import MapView, map_view
 from relay.schema import Schema
 
@@ -40,7 +41,10 @@ def render_body(view: MapView, env: jinja2.Environment | None = None) -> str:
 def render(
     schema: Schema, *, source: str, command: str, schema_hash: str | None = None
 ) -> str:
-    """The whole generated module of a validated ``schema``, header included."""
-    body = render_body(map_view(schema, source=source))
+    """The whole generated module of a validated ``schema``, header included: the
+    template's statements laid out by the pinned formatter (Note [Formatter pin])."""
+    body = format_module(
+        render_body(map_view(schema, source=source)), Path(source).stem + ".py"
+    )
     digest = schema_hash if schema_hash is not None else files.schema_hash(schema)
     return files.compose(body, source=source, command=command, schema_hash=digest)

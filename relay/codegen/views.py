@@ -1,12 +1,11 @@
 """Views: exactly what the template needs, computed once from a validated schema.
 
 The template only fills holes, loops and branches on typed plans; every decision
-(which methods exist, how a field is written and read, what a line says and where
-it wraps) is made here, in Python, where it can be read and tested.
+(which methods exist, how a field is written and read, what a line says) is made
+here, in Python, where it can be read and tested.
 
-Statements whose length depends on the schema's names are spelled here already
-wrapped the way ``ruff format`` (and black) would wrap them at their indentation,
-so formatters leave generated modules alone.
+Statements are spelled on one line each, however long: the pinned formatter lays the
+module out afterwards (Note [Formatter pin] in ``formatting.py``).
 """
 
 from __future__ import annotations
@@ -20,13 +19,7 @@ from relay.codegen import naming
 from relay.codegen.layout import Member, PackedGroup, packed_groups
 from relay.schema import Alloc, Field, FromPayload, Guard, Lane, Resolve, Schema
 
-#: ruff's and black's default line length.
-WIDTH = 88
-
 _GUARDS = {Guard.POSITIVE: "guard_positive", Guard.NON_NEGATIVE: "guard_non_negative"}
-
-# Indentation of a method body, and of one and two levels of ``if`` inside it.
-_BODY, _IN_IF, _IN_IF2 = 8, 12, 16
 
 
 class WritePlan(enum.Enum):
@@ -68,68 +61,18 @@ class Presence(enum.Enum):
     ALLOCATED = "allocated"
 
 
-def _fits(indent: int, text: str) -> bool:
-    return indent + len(text) <= WIDTH
+def _join(opener: str, args: Sequence[str], closer: str = ")") -> str:
+    """``opener`` + the arguments + ``closer`` on one line: ruff lays it out."""
+    return opener + ", ".join(args) + closer
 
 
-@attrs.frozen
-class Call:
-    """A call (or bracketed literal) that ``call`` may split over lines."""
-
-    opener: str
-    args: tuple[str | Call, ...]
-    closer: str = ")"
-
-    def flat(self) -> str:
-        return self.opener + ", ".join(_flat(a) for a in self.args) + self.closer
+def _if(test: str) -> str:
+    return f"if {test}:"
 
 
-def _flat(arg: str | Call) -> str:
-    return arg if isinstance(arg, str) else arg.flat()
-
-
-def call(
-    indent: int, opener: str, args: Sequence[str | Call], closer: str = ")"
-) -> str:
-    """``opener`` + args + ``closer`` as ruff formats it at ``indent``: on one line, else
-    the arguments together on one indented line, else one per line with a trailing
-    comma (a ``Call`` argument split in turn). Continuation lines are indented
-    relative to the first."""
-    joined = ", ".join(_flat(a) for a in args)
-    if _fits(indent, opener + joined + closer):
-        return opener + joined + closer
-    target, equals, value = opener.rpartition(" = ")
-    if equals and not _fits(indent, opener):
-        # The call's head does not fit: ruff parenthesizes the whole right-hand side.
-        inner = call(indent + 4, value, args, closer).replace("\n", "\n    ")
-        return f"{target} = (\n    {inner}\n)"
-    if _fits(indent + 4, joined):
-        return f"{opener}\n    {joined}\n{closer}"
-    lines = [opener]
-    for arg in args:
-        if isinstance(arg, Call) and not _fits(indent + 4, arg.flat() + ","):
-            text = call(indent + 4, arg.opener, arg.args, arg.closer)
-        else:
-            text = _flat(arg)
-        lines.append("    " + text.replace("\n", "\n    ") + ",")
-    lines.append(closer)
-    return "\n".join(lines)
-
-
-def signature(name: str, params: Sequence[str], returns: str) -> str:
-    """A method's ``def`` line at class-body indentation, wrapped as ruff does."""
-    return call(4, f"def {name}(", params, f") -> {returns}:")
-
-
-def condition(indent: int, keyword: str, test: str) -> str:
-    """``if test:`` as ruff formats it: parenthesized over three lines when too long."""
-    if _fits(indent, f"{keyword} {test}:"):
-        return f"{keyword} {test}:"
-    parts = test.split(" and ")
-    if len(parts) > 1 and not _fits(indent + 4, test):
-        inner = "\n    ".join([parts[0], *(f"and {p}" for p in parts[1:])])
-        return f"{keyword} (\n    {inner}\n):"
-    return f"{keyword} (\n    {test}\n):"
+def _def(name: str, params: Sequence[str], returns: str) -> str:
+    """A method's ``def`` line."""
+    return f"def {name}({', '.join(params)}) -> {returns}:"
 
 
 @attrs.frozen
@@ -225,11 +168,8 @@ class Attribute:
 
     @property
     def getter(self) -> str:
-        """The read-only property's ``def`` line, wrapped as ruff does."""
-        line = f"def {self.name}(self) -> {self.type}: ..."
-        if _fits(4, line):
-            return line
-        return f"def {self.name}(\n    self,\n) -> {self.type}: ..."
+        """The read-only property's ``def`` line."""
+        return f"def {self.name}(self) -> {self.type}: ..."
 
 
 @attrs.frozen
@@ -314,8 +254,7 @@ class MapView:
 
     def host_slots_stmt(self, op: str) -> str:
         """The debug-off slot check of a CPU write (Note [Slots on the host])."""
-        return call(
-            _IN_IF,
+        return _join(
             "_rt.check_host_slots(",
             [naming.string_literal(f"{self.cls}.{op}"), "indices", "self.pool_size"],
         )
@@ -381,23 +320,18 @@ def _field_view(
     row = naming.declared_row(f)
 
     # stash / publish: the checks sit under ``if src is not None:`` for optional fields.
-    check_indent = _IN_IF if f.optional else _BODY
     check_args = [what, src if f.optional else given, "indices", buf]
     if lazy:
         check_args += [row, dtype or "None"]
-    check_stmt = call(check_indent, f"{src} = _rt.check_rows(", check_args)
+    check_stmt = _join(f"{src} = _rt.check_rows(", check_args)
     guard_stmt = None
     if f.guard in _GUARDS:
-        guard_indent = _IN_IF2 if f.optional else _IN_IF
-        guard_stmt = call(guard_indent, f"_rt.{_GUARDS[f.guard]}(", [src, what])
+        guard_stmt = _join(f"_rt.{_GUARDS[f.guard]}(", [src, what])
 
-    write_indent = _IN_IF if f.optional else _BODY
-    write_stmt = call(write_indent, f"{buf}.index_copy_(", ["0", "slots", src])
+    write_stmt = _join(f"{buf}.index_copy_(", ["0", "slots", src])
     lazy_alloc_stmt = None
     if lazy:
-        alloc_indent = _IN_IF2 if f.optional else _IN_IF
-        lazy_alloc_stmt = call(
-            alloc_indent,
+        lazy_alloc_stmt = _join(
             f"{buf} = _rt.lazy_buffer(",
             [
                 what,
@@ -409,7 +343,7 @@ def _field_view(
             ],
         )
     clear_stmt = (
-        call(_IN_IF, f"{buf}.index_fill_(", ["0", "slots", "0"]) if f.optional else None
+        _join(f"{buf}.index_fill_(", ["0", "slots", "0"]) if f.optional else None
     )
 
     # Resolves.
@@ -417,44 +351,37 @@ def _field_view(
     if presence is Presence.CARRIED:
         assert carried is not None
         test = f"{carried} and {buf} is not None" if lazy else carried
-        read_test = condition(_BODY, "if", test)
-        solo_debug_read_test = condition(
-            _BODY, "if", f"self._debug is not None and {test}"
-        )
-    read_indent = _IN_IF if presence is Presence.CARRIED else _BODY
+        read_test = _if(test)
+        solo_debug_read_test = _if(f"self._debug is not None and {test}")
     value = naming.value_local(f)
     at, pending, rows = naming.placeholder_locals(f)
     placeholder_stmts: tuple[str, ...] = ()
     buffers = _buffers([(f.name, naming.buffer(f))])
-    read_args: list[str | Call]
+    read_args: list[str]
     if read is ReadPlan.PLACEHOLDER:
         assert target is not None
-        gather_stmt = call(read_indent, f"{value} = {buf}.index_select(", ["0", rows])
+        gather_stmt = _join(f"{value} = {buf}.index_select(", ["0", rows])
         placeholder_stmts = (
             f"{at} = {target}",
             f"{pending} = {at} < 0",
             f"{rows} = {at}.neg().clamp(min=0)",
             gather_stmt,
-            call(
-                read_indent, f"{at}.copy_(", [f"torch.where({pending}, {value}, {at})"]
-            ),
+            _join(f"{at}.copy_(", [f"torch.where({pending}, {value}, {at})"]),
         )
         read_args = [f'"{reader}"', rows, buffers, f"taken={pending}"]
         host_src = at
     elif lane is Lane.SCHEDULE:
-        gather_stmt = call(
-            read_indent, f"{value} = {buf}.index_select(", ["0", "indices"]
-        )
+        gather_stmt = _join(f"{value} = {buf}.index_select(", ["0", "indices"])
         read_args = [f'"{reader}"', "indices", buffers]
         host_src = value
     else:  # a forward gather; a field without a target is only stashed: this goes unused
-        gather_stmt = call(
-            read_indent, f"{target or value} = {buf}.index_select(", ["0", "indices"]
+        gather_stmt = _join(
+            f"{target or value} = {buf}.index_select(", ["0", "indices"]
         )
         read_args = [f'"{reader}"', "indices", buffers]
         host_src = value
 
-    read_stmt = call(_IN_IF, "self._debug.read(", read_args)
+    read_stmt = _join("self._debug.read(", read_args)
     # Note [Fused gather]: a packed map gathers every forward gather field in one block.
     in_block = (
         fused
@@ -467,7 +394,7 @@ def _field_view(
     fused_arg: str | None = None
     if in_block and member is None:
         fused_arg = buf
-        local_gather = call(_IN_IF, f"{value} = {buf}.index_select(", ["0", "indices"])
+        local_gather = _join(f"{value} = {buf}.index_select(", ["0", "indices"])
         local_gather_stmts = (local_gather,)
         if presence is Presence.CARRIED:
             assert carried is not None
@@ -475,9 +402,9 @@ def _field_view(
             fused_arg = f"{buf} if {carried} else None"
             local_gather_stmts = (
                 f"{value} = None",
-                condition(_IN_IF, "if", test)
+                _if(test)
                 + "\n    "
-                + call(_IN_IF2, f"{value} = {buf}.index_select(", ["0", "indices"]),
+                + _join(f"{value} = {buf}.index_select(", ["0", "indices"]),
             )
     host: list[str] = []
     none: list[str] = []
@@ -485,15 +412,12 @@ def _field_view(
         host.append(f"{target} = {value}")
     if f.host_mirror is not None:
         mirror = f"batch.{f.host_mirror}"
-        host.append(call(read_indent, f"{mirror} = self.{host_attr}.copy(", [host_src]))
+        host.append(_join(f"{mirror} = self.{host_attr}.copy(", [host_src]))
         if f.host_sum is not None:
-            host.append(
-                call(read_indent, f"batch.{f.host_sum} = _rt.host_sum(", [mirror])
-            )
+            host.append(_join(f"batch.{f.host_sum} = _rt.host_sum(", [mirror]))
     elif f.host_sum is not None:
         host.append(
-            call(
-                read_indent,
+            _join(
                 f"batch.{f.host_sum} = _rt.host_sum(",
                 [f"self.{host_attr}.copy({host_src})"],
             )
@@ -522,16 +446,15 @@ def _field_view(
         host_mirror=f"batch.{f.host_mirror}" if f.host_mirror else None,
         host_sum=f"batch.{f.host_sum}" if f.host_sum else None,
         host_attr=host_attr,
-        host_init=call(
-            _BODY, f"self.{host_attr} = _rt.HostMirror(", ["self.device", "pool_size"]
+        host_init=_join(
+            f"self.{host_attr} = _rt.HostMirror(", ["self.device", "pool_size"]
         )
         if host_attr
         else None,
         resolve_method=method,
         doc=naming.doc_text(f.doc) or f.name,
         summary=naming.escape_doc(_summary(f)),
-        alloc_stmt=call(
-            _BODY,
+        alloc_stmt=_join(
             f"{buf}: torch.Tensor = _rt.new_buffer(",
             [naming.eager_shape(f), dtype or "None", "self.device", "debug"],
         ),
@@ -552,15 +475,14 @@ def _field_view(
         fused_arg=fused_arg,
         none_stmts=tuple(none),
         read_stmt=read_stmt,
-        never_stashed_stmt=call(
-            _IN_IF,
+        never_stashed_stmt=_join(
             "raise _rt.never_stashed(",
             [naming.string_literal(schema.name), field_literal],
         )
         if presence is Presence.ALLOCATED
         else None,
         read_doc=_read_doc(f),
-        resolve_def=signature(
+        resolve_def=_def(
             method, ["self", f"batch: {naming.batch_protocol(schema)}"], "None"
         )
         if method
@@ -572,16 +494,14 @@ def _column(f: Field, buf: str, group: PackedGroup, member: Member) -> str:
     """The field's fixed view of its group's buffer (Note [Packed layout])."""
     packed = f"self.{naming.packed_buffer(group.dtype)}"
     if not f.shape:
-        return call(
-            _BODY, f"{buf}: torch.Tensor = {packed}.select(", ["1", member.start]
-        )
+        return _join(f"{buf}: torch.Tensor = {packed}.select(", ["1", member.start])
     narrow = ["1", member.start, member.width]
     if len(f.shape) == 1:
-        return call(_BODY, f"{buf}: torch.Tensor = {packed}.narrow(", narrow)
+        return _join(f"{buf}: torch.Tensor = {packed}.narrow(", narrow)
     dims = naming.shape_literal(tuple(str(d) for d in f.shape))
-    columns = Call(f"{packed}.narrow(", tuple(narrow))
+    columns = _join(f"{packed}.narrow(", tuple(narrow))
     # torch.unflatten, not the method: torch types the function, not Tensor.unflatten.
-    return call(_BODY, f"{buf}: torch.Tensor = torch.unflatten(", [columns, "1", dims])
+    return _join(f"{buf}: torch.Tensor = torch.unflatten(", [columns, "1", dims])
 
 
 def _packed_read(f: Field, target: str | None) -> str:
@@ -592,8 +512,7 @@ def _packed_read(f: Field, target: str | None) -> str:
         return f"{target} = {local}.squeeze(1)"
     if len(f.shape) == 1:
         return f"{target} = {local}"
-    return call(
-        _BODY,
+    return _join(
         f"{target} = torch.unflatten(",
         [local, "1", f"self.{naming.buffer(f)}.shape[1:]"],
     )
@@ -617,8 +536,7 @@ def _group_view(group: PackedGroup) -> GroupView:
     names = [m.field.name for m in group.members]
     locals_ = ", ".join(naming.value_local(m.field) for m in group.members)
     return GroupView(
-        alloc_stmt=call(
-            _BODY,
+        alloc_stmt=_join(
             f"{packed}: torch.Tensor = _rt.new_buffer(",
             [f"(pool_size, {group.columns})", dtype, "self.device", "debug"],
         ),
@@ -626,7 +544,7 @@ def _group_view(group: PackedGroup) -> GroupView:
             f"Rows of {', '.join(names)} ({dtype}) side by side (Note [Packed layout])."
         ),
         widths_stmt=f"{widths} = {naming.shape_literal(tuple(m.width for m in group.members))}",
-        split_stmt=call(_BODY, f"{locals_} = {rows}.split_with_sizes(", [widths, "1"]),
+        split_stmt=_join(f"{locals_} = {rows}.split_with_sizes(", [widths, "1"]),
     )
 
 
@@ -648,8 +566,7 @@ def _fused_view(
     optional: list[str] = []
     optional_args: list[str] = []
     torch_stmts = [
-        call(
-            _IN_IF,
+        _join(
             f"{naming.packed_rows(g.dtype)} = self.{naming.packed_buffer(g.dtype)}"
             ".index_select(",
             ["0", "indices"],
@@ -666,8 +583,8 @@ def _fused_view(
     def targets(names: list[str]) -> str:
         return f"({names[0]},)" if len(names) == 1 else ", ".join(names)
 
-    def literal(args: list[str]) -> Call:
-        return Call("(", tuple(args), ",)" if len(args) == 1 else ")")
+    def literal(args: list[str]) -> str:
+        return _join("(", tuple(args), ",)" if len(args) == 1 else ")")
 
     if optional:
         both = ", ".join(
@@ -675,7 +592,7 @@ def _fused_view(
             for names in (required, optional)
         )
         head = f"{both} = _rt.gather_rows_optional("
-        args: list[str | Call] = [
+        args: list[str] = [
             "indices",
             literal(required_args),
             literal(optional_args),
@@ -683,7 +600,7 @@ def _fused_view(
     else:
         head = f"{targets(required)} = _rt.gather_rows("
         args = ["indices", literal(required_args)]
-    return FusedView(call_stmt=call(_IN_IF, head, args), torch_stmts=tuple(torch_stmts))
+    return FusedView(call_stmt=_join(head, args), torch_stmts=tuple(torch_stmts))
 
 
 def _read_doc(f: Field) -> tuple[str, ...]:
@@ -757,17 +674,17 @@ def _protocols(schema: Schema) -> tuple[ProtocolView, ...]:
     return tuple(views)
 
 
-def _buffers(fields: Sequence[tuple[str, str]]) -> Call:
+def _buffers(fields: Sequence[tuple[str, str]]) -> str:
     """``{"topk_p": self.topk_p_buf, ...}`` from (field name, buffer attribute) pairs:
     what a debug ``read`` report reads."""
-    return Call(
+    return _join(
         "{",
         tuple(f"{naming.string_literal(name)}: self.{buf}" for name, buf in fields),
         "}",
     )
 
 
-def _carried(fields: Sequence[FieldView], flag: str) -> Call | None:
+def _carried(fields: Sequence[FieldView], flag: str) -> str | None:
     """``carried={"hidden_states": <flag>, ...}`` for the optional ``fields``: whether
     this call carried (a write) or reads (a resolve) each; ``None`` when none is
     optional. ``flag`` is ``"src"`` (the payload value is not None) or ``"carried"``
@@ -775,7 +692,7 @@ def _carried(fields: Sequence[FieldView], flag: str) -> Call | None:
     optional = [f for f in fields if f.optional]
     if not optional:
         return None
-    return Call(
+    return _join(
         "carried={",
         tuple(
             f"{naming.string_literal(f.name)}: "
@@ -791,12 +708,12 @@ def _wrote_stmt(op: str, fields: Sequence[FieldView]) -> str | None:
     if not fields:
         return None
     literals = tuple(naming.string_literal(f.name) for f in fields)
-    names = Call("(", literals, ",)" if len(literals) == 1 else ")")
-    args: list[str | Call] = [f'"{op}"', "indices", names]
+    names = _join("(", literals, ",)" if len(literals) == 1 else ")")
+    args: list[str] = [f'"{op}"', "indices", names]
     carried = _carried(fields, "src")
     if carried is not None:
         args.append(carried)
-    return call(_IN_IF, "self._debug.wrote(", args)
+    return _join("self._debug.wrote(", args)
 
 
 def _forward_read_stmt(fields: Sequence[FieldView]) -> str | None:
@@ -809,7 +726,7 @@ def _forward_read_stmt(fields: Sequence[FieldView]) -> str | None:
     ]
     if not gathers:
         return None
-    args: list[str | Call] = [
+    args: list[str] = [
         '"resolve_future"',
         "indices",
         _buffers([(f.name, f.buf) for f in gathers]),
@@ -817,15 +734,15 @@ def _forward_read_stmt(fields: Sequence[FieldView]) -> str | None:
     carried = _carried(gathers, "carried")
     if carried is not None:
         args.append(carried)
-    return call(_IN_IF, "self._debug.read(", args)
+    return _join("self._debug.read(", args)
 
 
-def _names_literal(keyword: str, names: Sequence[str]) -> Call:
+def _names_literal(keyword: str, names: Sequence[str]) -> str:
     """``keyword=("a", "b")``: a tuple of string literals that ruff may split."""
     literals = tuple(naming.string_literal(n) for n in names)
     if len(literals) == 1:
-        return Call(f"{keyword}=(", literals, ",)")
-    return Call(f"{keyword}=(", literals)
+        return _join(f"{keyword}=(", literals, ",)")
+    return _join(f"{keyword}=(", literals)
 
 
 def map_view(schema: Schema, *, source: str) -> MapView:
@@ -852,7 +769,7 @@ def map_view(schema: Schema, *, source: str) -> MapView:
     consumers = [
         naming.resolve_method(f) for f in schema.fields if f.lane is Lane.SCHEDULE
     ]
-    debug_args: list[str | Call] = ["self.device", "self.pool_size", cls_literal]
+    debug_args: list[str] = ["self.device", "self.pool_size", cls_literal]
     if forward:
         debug_args.append(_names_literal("forward", forward))
     if schedule:
@@ -874,14 +791,12 @@ def map_view(schema: Schema, *, source: str) -> MapView:
         batch_cls=naming.batch_protocol(schema),
         indices=f"batch.{schema.indices}",
         dims=dims,
-        pool_check=call(
-            _BODY,
+        pool_check=_join(
             "self.pool_size = _rt.check_dim(",
             [cls_literal, '"pool_size"', "pool_size"],
         ),
         dim_checks=tuple(
-            call(
-                _BODY,
+            _join(
                 f"{d} = _rt.check_dim(",
                 [cls_literal, naming.string_literal(d), d],
             )
@@ -891,7 +806,7 @@ def map_view(schema: Schema, *, source: str) -> MapView:
         groups=tuple(_group_view(g) for g in groups),
         fused=_fused_view(groups, fields) if groups else None,
         protocols=protocols,
-        debug_stmt=call(_IN_IF, "self._debug = _rt.DebugChecks(", debug_args),
+        debug_stmt=_join("self._debug = _rt.DebugChecks(", debug_args),
         stash_wrote_stmt=_wrote_stmt(
             "stash", [f for f in fields if f.lane is Lane.FORWARD]
         ),
@@ -899,7 +814,7 @@ def map_view(schema: Schema, *, source: str) -> MapView:
             "publish", [f for f in fields if f.lane is Lane.SCHEDULE]
         ),
         forward_read_stmt=_forward_read_stmt(fields),
-        stash_def=signature(
+        stash_def=_def(
             "stash",
             [
                 "self",
@@ -908,7 +823,7 @@ def map_view(schema: Schema, *, source: str) -> MapView:
             ],
             "None",
         ),
-        invalidate_def=signature(
+        invalidate_def=_def(
             "invalidate",
             [
                 "self",
@@ -917,7 +832,7 @@ def map_view(schema: Schema, *, source: str) -> MapView:
             ],
             "None",
         ),
-        resolve_future_def=signature(
+        resolve_future_def=_def(
             "resolve_future",
             ["self", f"batch: {naming.batch_protocol(schema)}"],
             "None",
