@@ -760,8 +760,8 @@ def map_view(schema: Schema, *, source: str) -> MapView:
         _field_view(schema, f, member_of.get(f.name), bool(groups))
         for f in schema.fields
     )
-    cleaned = naming.doc_text(schema.doc)
-    first_line = cleaned.splitlines()[0] if cleaned else schema.name
+    cleaned = naming.clean_doc(schema.doc)
+    first_line = cleaned.split("\n")[0] if cleaned else schema.name
     cls_literal = naming.string_literal(schema.name)
     dims = tuple(naming.symbolic_dims(schema.fields))
     forward = [f.name for f in schema.fields if f.lane is Lane.FORWARD]
@@ -786,7 +786,7 @@ def map_view(schema: Schema, *, source: str) -> MapView:
         ),
         cls=schema.name,
         cls_literal=cls_literal,
-        doc=cleaned or schema.name,
+        doc=naming.escape_doc(cleaned) or schema.name,
         payload_cls=naming.payload_class(schema),
         batch_cls=naming.batch_protocol(schema),
         indices=f"batch.{schema.indices}",

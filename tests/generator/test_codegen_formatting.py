@@ -8,9 +8,9 @@ import sys
 from collections.abc import Callable, Iterator
 
 import pytest
-from codegen_support import Project, Run
+from codegen_support import Project, Run, line_of
 
-from relay.codegen import files, formatting
+from relay.codegen import files, formatting, naming
 
 #: The issue's case: a 37-character optional lazy forward field, gathered into
 #: ``spec_info.<same name>``, as real engines name their extras.
@@ -132,4 +132,37 @@ def test_another_ruff_version_is_refused_with_the_fix(
         formatting.ruff_binary.cache_clear()
     assert run.code == 2
     assert "run `pip install ruff==0.0.1` in this environment" in run.err
+    assert not project.maps.exists() or list(project.maps.iterdir()) == []
+
+
+def test_a_module_python_cannot_compile_is_a_located_error(
+    project: Project,
+    relay_cli: Callable[..., Run],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A generator bug that would emit broken code (here: a buffer named with a hyphen)
+    exits 3 naming the schema, the field and its line, and writes no file at all."""
+    path = project.schema_module(
+        "bad",
+        [
+            'Field("tokens", lane=Lane.FORWARD, dtype=torch.int64, target="input_ids"),',
+            'Field("seq", lane=Lane.SCHEDULE, dtype=torch.int64, target="seq_lens"),',
+        ],
+    )
+    project.schema_module("good", REALISTIC[:1], name="GoodFutureMap")
+    real = naming.buffer
+    monkeypatch.setattr(
+        naming,
+        "buffer",
+        lambda f: f"{f.name}-buf" if f.name == "tokens" else real(f),
+    )
+    run = relay_cli("generate", cwd=project.root)
+    assert run.code == 3, run.err
+    line = line_of(path, '"tokens"')
+    assert run.err.startswith(
+        f"schemas/bad.py:{line}: error: BadFutureMap.tokens: the generated module "
+        "maps/bad.py would not compile (SyntaxError: "
+    ), run.err
+    assert "nothing was written" in run.err
+    assert "fix: this is a relay bug" in run.err
     assert not project.maps.exists() or list(project.maps.iterdir()) == []
