@@ -28,6 +28,7 @@ __all__ = [
     "gather_rows",
     "gather_rows_optional",
     "gathered_slots",
+    "guard_finite",
     "guard_non_negative",
     "guard_positive",
     "host_sum",
@@ -291,3 +292,12 @@ def guard_non_negative(value: torch.Tensor, what: str) -> None:
 def guard_positive(value: torch.Tensor, what: str) -> None:
     """Assert ``value > 0`` on the device, without a host sync (debug mode)."""
     torch._assert_async((value > 0).all(), f"{what}: guard failed, values must be > 0")
+
+
+def guard_finite(value: torch.Tensor, what: str) -> None:
+    """Assert no NaN or infinity in ``value`` on the device, without a host sync (debug
+    mode)."""
+    torch._assert_async(
+        torch.isfinite(value).all(),
+        f"{what}: guard failed, values must be finite (no NaN, no inf)",
+    )

@@ -137,8 +137,8 @@ def every_combination(layout: Layout) -> Schema:
     for lane, alloc, resolve, guard, optional in itertools.product(
         Lane, Alloc, Resolve, Guard, [False, True]
     ):
-        if resolve is Resolve.PLACEHOLDER and optional:
-            continue  # placeholders need a value on every step (validation refuses it)
+        if resolve is Resolve.PLACEHOLDER and (optional or guard is Guard.FINITE):
+            continue  # placeholders: required integer fields (validation refuses it)
         i = len(declared)
         stem = f"c{i}_{lane.value}_{alloc.value}_{resolve.value}_{guard.value}"
         stem = (stem + "_" * 60)[:60]
@@ -147,7 +147,9 @@ def every_combination(layout: Layout) -> Schema:
             Field(
                 stem,
                 lane=lane,
-                dtype=torch.int64 if placeholder or i % 2 else torch.float32,
+                dtype=torch.int64
+                if placeholder or (i % 2 and guard is not Guard.FINITE)
+                else torch.float32,
                 shape=() if placeholder else ("topk",),
                 alloc=alloc,
                 optional=optional,
