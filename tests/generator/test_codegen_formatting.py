@@ -3,14 +3,19 @@ leave alone, and the formatter's version is part of the generator's identity."""
 
 from __future__ import annotations
 
+import inspect
 import subprocess
 import sys
+import types
 from collections.abc import Callable, Iterator
 
 import pytest
+import torch
 from codegen_support import Project, Run, line_of
 
 from relay.codegen import files, formatting, naming
+from relay.codegen.render import render
+from relay.schema import Field, Lane, Schema
 
 #: The issue's case: a 37-character optional lazy forward field, gathered into
 #: ``spec_info.<same name>``, as real engines name their extras.
@@ -166,3 +171,49 @@ def test_a_module_python_cannot_compile_is_a_located_error(
     assert "nothing was written" in run.err
     assert "fix: this is a relay bug" in run.err
     assert not project.maps.exists() or list(project.maps.iterdir()) == []
+
+
+DOCS = [
+    "A path C:\\relay\\maps and a regex \\d+\\s*: \"quoted\", 'single'.",
+    '"""Triple quotes""" and """"four"""" and a trailing quote"',
+    "\\",
+    "ends in a backslash \\",
+    'a "\\"" mix \\\\" of both\n\n    indented second paragraph with \\n spelled out',
+    '"leading quote',
+]
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_docs_with_backslashes_and_quotes_round_trip(doc: str) -> None:
+    """The schema's doc text comes back exactly: the class doc string opens with it (as
+    inspect.getdoc shows doc strings), and the module doc string's first line is its
+    first line; ruff format leaves the module alone."""
+    schema = Schema(
+        name="DocFutureMap",
+        doc=doc,
+        fields=[
+            Field(
+                "tokens",
+                lane=Lane.FORWARD,
+                dtype=torch.int64,
+                target="input_ids",
+                doc=doc,
+            )
+        ],
+    )
+    content = render(schema, source="schemas/doc.py", command="relay generate")
+    module = types.ModuleType("relay_doc_map")
+    exec(compile(content, "doc.py", "exec"), module.__dict__)
+    expected = inspect.cleandoc(doc)
+    class_doc = inspect.getdoc(module.DocFutureMap)
+    assert class_doc is not None
+    assert class_doc.startswith(expected + "\n\nBuffers have ``pool_size`` rows")
+    assert module.__doc__.split("\n")[0] == expected.split("\n")[0]
+    fmt = subprocess.run(
+        [str(formatting.ruff_binary()), "format", "--check", "--isolated", "-"],
+        input=content,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert fmt.returncode == 0, fmt.stdout + fmt.stderr

@@ -8,6 +8,7 @@ width. The draw is derandomized, so CI runs the same examples every time.
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import subprocess
 import tempfile
@@ -198,6 +199,10 @@ def _ruff(*args: str, text: str) -> subprocess.CompletedProcess[str]:
 def _import(schema: Schema, content: str) -> types.ModuleType:
     module = types.ModuleType("relay_prop_map")
     exec(compile(content, "prop.py", "exec"), module.__dict__)
+    cls_doc = inspect.getdoc(getattr(module, schema.name))
+    assert cls_doc is not None
+    # As inspect.getdoc shows it, less trailing blanks (formatters strip them).
+    assert cls_doc.startswith(naming.clean_doc(schema.doc) or schema.name)
     dims = {dim: 2 for dim in naming.symbolic_dims(schema.fields)}
     relay_map = getattr(module, schema.name)("cpu", 4, **dims)
     assert relay_map.pool_size == 4
