@@ -7,7 +7,7 @@ names here are part of the contract between the generator and the runtime.
 from __future__ import annotations
 
 import ctypes
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy
 import torch
@@ -25,6 +25,7 @@ __all__ = [
     "check_dim",
     "check_host_slots",
     "check_rows",
+    "debug_class",
     "gather_rows",
     "gather_rows_optional",
     "gathered_slots",
@@ -280,6 +281,33 @@ def host_sum(values: torch.Tensor) -> int:
 # A guard is three device ops (compare, all, assert) per field per write; sglang runs
 # such checks only in its CI mode. Generated maps call these helpers only when built
 # with debug=True, so a map with debug off dispatches only the ops its work needs.
+
+
+# Note [Two shapes]
+# A generated map is two classes: the public one runs its work alone (debug off); a
+# private subclass runs the same work inside debug mode's checks. A map built with
+# debug=True becomes an instance of the subclass in its constructor, so no method
+# runs a debug branch with debug off (relay/codegen/methods.py builds both bodies).
+
+_DEBUG_CLASSES: dict[tuple[type, type], type] = {}
+
+_MapT = TypeVar("_MapT")
+
+
+def debug_class(cls: type[_MapT], debug: type[_MapT]) -> type[_MapT]:
+    """The class a map of class ``cls`` built with ``debug=True`` becomes: the generated
+    ``debug`` subclass, or, for an engine's own subclass of the map, one class deriving
+    from both (its overrides run around the debug-mode methods), made once."""
+    if issubclass(cls, debug):
+        return cls
+    if debug.__bases__ == (cls,):
+        return debug
+    key = (cls, debug)
+    both = _DEBUG_CLASSES.get(key)
+    if both is None:
+        attributes = {"__module__": cls.__module__, "__qualname__": cls.__qualname__}
+        both = _DEBUG_CLASSES[key] = type(cls.__name__, (cls, debug), attributes)
+    return both
 
 
 def guard_non_negative(value: torch.Tensor, what: str) -> None:

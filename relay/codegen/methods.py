@@ -2,7 +2,16 @@
 
 A body is a list of plain statements, nested blocks indented four spaces relative to
 the method body; the template indents them into place and the pinned formatter lays
-them out. ``Shape`` says which generated class a body is for (Note [Two shapes]).
+them out. ``Shape`` says which generated class a body is for.
+
+Note [Two shapes] (in ``relay/runtime.py``): the public class (``EagleFutureMap``) is
+debug mode off, each method holding only its work: the checks that cost no op (row
+shapes, the host slot check on the CPU), the writes, the gathers, the fence. Built with
+``debug=True``, the constructor makes the map an instance of the private subclass
+(``_EagleFutureMapDebug``, via ``relay.runtime.debug_class``): the same work with debug
+mode's checks and reports around it, through ``relay.runtime.DebugChecks`` and the
+guard helpers. The API, the payload and batch types and what mypy sees are one
+class's; ``isinstance`` holds for both.
 """
 
 from __future__ import annotations
@@ -29,10 +38,12 @@ __all__ = [
 
 
 class Shape(enum.Enum):
-    """Which class a body belongs to."""
+    """Which class a body belongs to (Note [Two shapes])."""
 
-    #: One class: each debug check behind ``if self._debug is not None``.
-    INLINE = "inline"
+    #: The public class: debug mode off, the work alone.
+    OFF = "off"
+    #: The debug-mode subclass: the same work inside debug mode's checks.
+    DEBUG = "debug"
 
 
 def _indent(lines: Sequence[str]) -> list[str]:
@@ -40,15 +51,13 @@ def _indent(lines: Sequence[str]) -> list[str]:
 
 
 def _debug(lines: Sequence[str], shape: Shape) -> list[str]:
-    """Debug-mode statements, as ``shape`` runs them."""
-    if not lines:
-        return []
-    return ["if self._debug is not None:", *_indent(lines)]
+    """Debug-mode statements: there in the debug subclass, absent with debug off."""
+    return list(lines) if shape is Shape.DEBUG else []
 
 
 def _debug_flag(shape: Shape) -> str:
     """Whether the map checks, as source (a new lazy buffer starts poisoned then)."""
-    return "self._debug is not None"
+    return str(shape is Shape.DEBUG)
 
 
 # --- stash / publish ---------------------------------------------------------------------
@@ -127,11 +136,10 @@ def write(
         "_rt.check_host_slots(",
         [naming.string_literal(f"{cls}.{op}"), "indices", "self.pool_size"],
     )
-    lines += [
-        *_debug(checks, shape),
-        f"el{host_slots_test}",
-        f"    {host_check}",
-    ]
+    if shape is Shape.DEBUG:
+        lines += checks
+    else:  # Note [Slots on the host] in runtime.py
+        lines += [host_slots_test, f"    {host_check}"]
     lines.append("slots = indices if indices.dtype is torch.int64 else indices.long()")
     for f in fields:
         lines += _write_field(f, shape)
@@ -202,13 +210,11 @@ def _read_report(f: FieldView) -> str:
 def _reports(reads: Sequence[FieldView], group: str | None, shape: Shape) -> list[str]:
     """The debug reports of a resolve: ``group`` for every gather at once where set
     (resolve_future), then each placeholder's own."""
+    if shape is Shape.OFF:
+        return []
     if len(reads) == 1 and reads[0].optional and group is None:
-        # The only read is optional: one ``if``, not two nested.
-        report = _read_report(reads[0])
-        return [
-            f"if self._debug is not None and {_carried_test(reads[0])}:",
-            f"    {report}",
-        ]
+        # The only read is optional: reported when it was handed over.
+        return [f"if {_carried_test(reads[0])}:", f"    {_read_report(reads[0])}"]
     own = [_read_report(f) for f in reads if f.placeholder or group is None]
     return _debug([*([group] if group else []), *own], shape)
 
@@ -267,7 +273,8 @@ def resolve_future(
         for f in reads:
             lines += _read_field(schema, f)
     lines += _reports(reads, _group_report(reads), shape)
-    if slots_gathered:
+    if slots_gathered and shape is Shape.OFF:
+        # Debug mode checks every write's slots; only the work remembers the gather.
         lines.append("self._slots_gathered = _rt.gathered_slots(indices)")
     return lines
 
@@ -305,7 +312,6 @@ def invalidate(placeholders: Sequence[FieldView], shape: Shape) -> list[str]:
 
 def release(shape: Shape) -> list[str]:
     """Nothing with debug off; debug mode marks the slots' unread values stale."""
-    return [
-        "if self._debug is not None and indices.numel() > 0:",
-        "    self._debug.release(indices)",
-    ]
+    return _debug(
+        ["if indices.numel() > 0:", "    self._debug.release(indices)"], shape
+    )

@@ -36,6 +36,7 @@ RESERVED = frozenset(
         "__all__",
         # methods
         "__init__",
+        "__class__",
         "stash",
         "publish",
         "invalidate",
@@ -113,6 +114,11 @@ def prefix(schema: Schema) -> str:
 
 def payload_class(schema: Schema) -> str:
     return f"{prefix(schema)}Payload"
+
+
+def debug_class(schema: Schema) -> str:
+    """``_EagleFutureMapDebug``: the map's debug-mode subclass (Note [Two shapes])."""
+    return f"_{schema.name}Debug"
 
 
 def batch_protocol(schema: Schema) -> str:
@@ -202,6 +208,7 @@ def bound_names(schema: Schema) -> frozenset[str]:
     class, method, attribute, parameter and local names minted from the schema."""
     names = set(RESERVED)
     names.update({schema.name, payload_class(schema), batch_protocol(schema)})
+    names.add(debug_class(schema))
     names.update(_path_names(schema, schema.indices))
     for f in schema.fields:
         names.update({buffer(f), host_mirror(f), carried_flag(f), f.payload_name})

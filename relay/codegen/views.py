@@ -354,8 +354,16 @@ class MapView:
     resolve_future_def: str
     fence_stmt: str | None
     exports: tuple[str, ...]
-    #: Method bodies (``methods.py``), by method name.
+    #: Method bodies (``methods.py``), by method name: the public class (debug off) and
+    #: its debug-mode subclass (Note [Two shapes] in ``methods.py``).
     bodies: dict[str, tuple[str, ...]]
+    debug_bodies: dict[str, tuple[str, ...]]
+    #: Each method's ``def`` line, by method name, in the order the class defines them.
+    defs: dict[str, str]
+    #: The debug-mode subclass.
+    debug_cls: str
+    #: The constructor's parameters after ``self``.
+    init_params: str
 
     @property
     def forward(self) -> list[FieldView]:
@@ -584,5 +592,43 @@ def map_view(schema: Schema, *, source: str) -> MapView:
         if any(f.lane is Lane.SCHEDULE for f in schema.fields)
         else None,
         exports=_exports(schema, protocols),
-        bodies=_bodies(schema, fields, groups, fused, Shape.INLINE),
+        bodies=_bodies(schema, fields, groups, fused, Shape.OFF),
+        debug_bodies=_bodies(schema, fields, groups, fused, Shape.DEBUG),
+        defs=_defs(schema, fields),
+        debug_cls=naming.debug_class(schema),
+        init_params=", ".join(
+            [
+                "device: torch.device | str",
+                "pool_size: int",
+                "*",
+                *(f"{d}: int" for d in dims),
+                "debug: bool = False",
+            ]
+        ),
     )
+
+
+def _defs(schema: Schema, fields: Sequence[FieldView]) -> dict[str, str]:
+    """Every method's ``def`` line, in the order the class defines them."""
+    batch = f"batch: {naming.batch_protocol(schema)}"
+    indices = "indices: torch.Tensor"
+    defs = {}
+    if any(f.lane is Lane.FORWARD for f in fields):
+        payload = f"payload: {naming.payload_class(schema)}"
+        defs["stash"] = _def("stash", ["self", indices, payload], "None")
+    publish = _publish_params(fields)
+    if publish:
+        params = [
+            f"{f.payload_name}: {f.value_type}" + (" = None" if f.optional else "")
+            for f in publish
+        ]
+        defs["publish"] = _def("publish", ["self", indices, *params], "None")
+    if any(f.placeholder for f in fields):
+        defs["invalidate"] = _def("invalidate", ["self", batch, indices], "None")
+    defs["release"] = _def("release", ["self", indices], "None")
+    if any(f.lane is Lane.FORWARD and f.target is not None for f in fields):
+        defs["resolve_future"] = _def("resolve_future", ["self", batch], "None")
+    for f in fields:
+        if f.lane is Lane.SCHEDULE:
+            defs[f.names.reader] = _def(f.names.reader, ["self", batch], "None")
+    return defs
