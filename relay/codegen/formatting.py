@@ -19,6 +19,7 @@ folder it runs in).
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 import shutil
 import subprocess
@@ -40,10 +41,21 @@ class FormatError(RelayError):
     """The pinned formatter is missing, another version, or refused a module."""
 
 
+def _packaged() -> list[Path]:
+    """The binary of the installed ``ruff`` package, as ``python -m ruff`` finds it (also
+    where the package comes from another environment's site-packages)."""
+    try:
+        find: object = getattr(importlib.import_module("ruff"), "find_ruff_bin", None)
+        return [Path(str(find()))] if callable(find) else []
+    except (ImportError, OSError):
+        return []
+
+
 def _candidates() -> list[Path]:
-    """Where pip puts ruff's binary: beside this interpreter, its scheme's scripts, PATH."""
+    """Where pip puts ruff's binary: the ruff package's own answer, beside this
+    interpreter, its scheme's scripts, PATH."""
     exe = "ruff" + (".exe" if os.name == "nt" else "")
-    found = [Path(sys.executable).parent / exe]
+    found = [*_packaged(), Path(sys.executable).parent / exe]
     for scheme in (
         sysconfig.get_default_scheme(),
         sysconfig.get_preferred_scheme("user"),
