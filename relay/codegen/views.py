@@ -79,7 +79,6 @@ class FieldView:
     #: What the fused gather is given for this field (``None`` when not in the block).
     fused_arg: str | None
     read_doc: tuple[str, ...]
-    resolve_def: str | None  # the schedule resolve's ``def`` line
 
     @property
     def placeholder(self) -> bool:
@@ -158,11 +157,6 @@ def _field_view(
         src_local=n.value,
         fused_arg=fused_arg,
         read_doc=_read_doc(f),
-        resolve_def=_def(
-            method, ["self", f"batch: {naming.batch_protocol(schema)}"], "None"
-        )
-        if method
-        else None,
     )
 
 
@@ -335,10 +329,8 @@ class ProtocolView:
 class MapView:
     module_doc: str
     cls: str
-    cls_literal: str
     doc: str
     payload_cls: str
-    batch_cls: str
     indices: str  # "batch.req_pool_indices"
     dims: tuple[str, ...]
     pool_check: str
@@ -349,9 +341,6 @@ class MapView:
     fused: bool
     protocols: tuple[ProtocolView, ...]  # nested first, the batch protocol last
     debug_stmt: str
-    stash_def: str
-    invalidate_def: str
-    resolve_future_def: str
     fence_stmt: str | None
     exports: tuple[str, ...]
     #: Method bodies (``methods.py``), by method name: the public class (debug off) and
@@ -553,16 +542,13 @@ def map_view(schema: Schema, *, source: str) -> MapView:
     cls_literal = naming.string_literal(schema.name)
     dims = tuple(naming.symbolic_dims(schema.fields))
     protocols = _protocols(schema)
-    batch = f"batch: {naming.batch_protocol(schema)}"
     return MapView(
         module_doc=naming.doc_text(
             f"{first_line}\n\nGenerated from {source} by relay; see docs/generated.md."
         ),
         cls=schema.name,
-        cls_literal=cls_literal,
         doc=naming.escape_doc(cleaned) or schema.name,
         payload_cls=naming.payload_class(schema),
-        batch_cls=naming.batch_protocol(schema),
         indices=f"batch.{schema.indices}",
         dims=dims,
         pool_check=f'self.pool_size = _rt.check_dim({cls_literal}, "pool_size", pool_size)',
@@ -575,19 +561,6 @@ def map_view(schema: Schema, *, source: str) -> MapView:
         fused=fused is not None,
         protocols=protocols,
         debug_stmt=_debug_stmt(schema),
-        stash_def=_def(
-            "stash",
-            [
-                "self",
-                "indices: torch.Tensor",
-                f"payload: {naming.payload_class(schema)}",
-            ],
-            "None",
-        ),
-        invalidate_def=_def(
-            "invalidate", ["self", batch, "indices: torch.Tensor"], "None"
-        ),
-        resolve_future_def=_def("resolve_future", ["self", batch], "None"),
         fence_stmt="self._fence = _rt.Fence(self.device)"
         if any(f.lane is Lane.SCHEDULE for f in schema.fields)
         else None,
