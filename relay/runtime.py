@@ -7,7 +7,7 @@ names here are part of the contract between the generator and the runtime.
 from __future__ import annotations
 
 import ctypes
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy
 import torch
@@ -27,9 +27,11 @@ __all__ = [
     "check_dim",
     "check_host_slots",
     "check_rows",
+    "debug_class",
     "gather_rows",
     "gather_rows_optional",
     "gathered_slots",
+    "guard_finite",
     "guard_non_negative",
     "guard_positive",
     "host_sum",
@@ -328,10 +330,35 @@ def host_sum(values: torch.Tensor) -> int:
 # with debug=True, so a map with debug off dispatches only the ops its work needs.
 
 
+# Note [Two shapes]
+# A generated map is two classes: the public one runs its work alone (debug off); a
+# private subclass runs the same work inside debug mode's checks. A map built with
+# debug=True becomes an instance of the subclass in its constructor, so no method
+# runs a debug branch with debug off (relay/codegen/methods.py builds both bodies).
+
+_DEBUG_CLASSES: dict[tuple[type, type], type] = {}
+
+_MapT = TypeVar("_MapT")
+
+
+def debug_class(cls: type[_MapT], debug: type[_MapT]) -> type[_MapT]:
+    """The class a map of class ``cls`` built with ``debug=True`` becomes: the generated
+    ``debug`` subclass, or, for an engine's own subclass of the map, one class deriving
+    from both (its overrides run around the debug-mode methods), made once."""
+    if issubclass(cls, debug):
+        return cls
+    if debug.__bases__ == (cls,):
+        return debug
+    key = (cls, debug)
+    both = _DEBUG_CLASSES.get(key)
+    if both is None:
+        attributes = {"__module__": cls.__module__, "__qualname__": cls.__qualname__}
+        both = _DEBUG_CLASSES[key] = type(cls.__name__, (cls, debug), attributes)
+    return both
+
+
 # A guard on a floating field lets NaN through: it is not a value below the bound, and
 # a written value is handed over as written; only Guard.FINITE refuses NaN and inf.
-
-
 def guard_non_negative(value: torch.Tensor, what: str) -> None:
     """Assert ``value >= 0`` on the device, without a host sync (debug mode); NaN passes."""
     ok = (value < 0).logical_not_() if value.dtype.is_floating_point else value >= 0
@@ -342,3 +369,11 @@ def guard_positive(value: torch.Tensor, what: str) -> None:
     """Assert ``value > 0`` on the device, without a host sync (debug mode); NaN passes."""
     ok = (value <= 0).logical_not_() if value.dtype.is_floating_point else value > 0
     torch._assert_async(ok.all(), text("guard_positive_summary", what=what))
+
+
+def guard_finite(value: torch.Tensor, what: str) -> None:
+    """Assert no NaN or infinity in ``value`` on the device, without a host sync (debug
+    mode)."""
+    torch._assert_async(
+        torch.isfinite(value).all(), text("guard_finite_summary", what=what)
+    )

@@ -70,11 +70,17 @@ class Resolve(enum.Enum):
 
 
 class Guard(enum.Enum):
-    """A value check applied with ``torch._assert_async`` (no host sync) on every write."""
+    """A value check of every stash or publish, in debug mode only: with
+    ``torch._assert_async`` (no host sync), naming the field. A map built with debug off
+    runs no guard (Note [Guards in debug mode] in ``relay/runtime.py``)."""
 
     NONE = "none"
+    #: Every value >= 0 (integer or floating fields).
     NON_NEGATIVE = "non_negative"
+    #: Every value > 0 (integer or floating fields).
     POSITIVE = "positive"
+    #: No NaN and no infinity (floating fields).
+    FINITE = "finite"
 
 
 class Layout(enum.Enum):
@@ -172,7 +178,7 @@ class Field:
     host_mirror: str | None = None
     #: Schedule lane: batch attribute that receives the host sum as an int (``seq_lens_sum``).
     host_sum: str | None = None
-    #: Value check on every stash or publish.
+    #: Value check on every stash or publish, in debug mode.
     guard: Guard = Guard.NONE
     #: Doc string carried into the generated code.
     doc: str = ""

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import keyword
 import os
-from collections.abc import Sequence
+import re
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import attrs
@@ -17,10 +18,12 @@ import attrs
 from relay.codegen import files
 from relay.codegen.config import Config, load_config, project_root
 from relay.codegen.files import Drift, Planned, WriteResult
+from relay.codegen.formatting import FormatError
 from relay.codegen.loader import describe, load
-from relay.codegen.render import render
+from relay.codegen.render import BrokenModule, render
 from relay.codegen.validate import validate
 from relay.errors import RelayError, SchemaError, SchemaImportError, SchemaIssue
+from relay.schema import Schema
 
 __all__ = [
     "GenerateResult",
@@ -160,6 +163,27 @@ def _file_name_issue(path: Path, source: str) -> SchemaIssue | None:
     return None
 
 
+def _broken(
+    schema: Schema, error: BrokenModule, shown: str, where: Callable[[str], str]
+) -> SchemaIssue:
+    """A module Python cannot compile, located at the field its broken line spells (the
+    longest such name), else at the schema (Note [Compiled before written])."""
+    words = set(re.findall(r"\w+", error.line))
+    named = [f for f in schema.fields if f.name in words or f.payload_name in words]
+    field = max(named, key=lambda f: len(f.name), default=None)
+    loc = field.declared_at if field is not None else schema.declared_at
+    return SchemaIssue(
+        where(loc.file),
+        loc.line,
+        str(schema.name),
+        field.name if field is not None else None,
+        f"the generated module {shown} would not compile ({error.reason} at its line "
+        f"{error.lineno}: {error.line.strip()[:160]!r}); nothing was written",
+        "this is a relay bug: please report it with the schema; meanwhile a plainer "
+        "name for the field usually avoids it",
+    )
+
+
 def plan(job: Job) -> list[Planned]:
     """Load, validate and render every schema of ``job``; writes nothing.
 
@@ -224,8 +248,12 @@ def plan(job: Job) -> list[Planned]:
             content = render(
                 schema, source=source, command=job.command_for(path), schema_hash=digest
             )
-        except KeyboardInterrupt:
+        # The pinned formatter is missing or another version: exit 2 with the fix.
+        except (KeyboardInterrupt, FormatError):
             raise
+        except BrokenModule as error:
+            issues.append(_broken(schema, error, shown, lambda f: display(f, job.root)))
+            continue
         except BaseException as error:  # a generator bug: say what was being generated
             loc = schema.declared_at
             raise RelayError(

@@ -9,8 +9,9 @@ A generated module is a four-line header and the body the template rendered
     # body-hash: sha256:<the text below the header>
 
 The schema hash says which declaration a file was generated from; the body hash
-lets ``--check`` tell a hand edit (the body no longer matches its own hash) from a
-file another generator version wrote (intact, but different). A file whose first
+(which covers the generator's identity, Note [Formatter pin]) lets ``--check`` tell a
+hand edit (the body no longer matches its own hash) from a file another generator
+version wrote (intact, but different). A file whose first
 line is not relay's is not ours: relay never writes over it nor deletes it.
 
 Writing is all or nothing: every changed module is staged in a temp file beside its
@@ -38,6 +39,7 @@ from typing import TYPE_CHECKING, final
 
 import attrs
 
+from relay.codegen.formatting import GENERATOR
 from relay.errors import RelayError
 from relay.schema import FromPayload, Schema
 
@@ -95,8 +97,18 @@ def schema_hash(schema: Schema) -> str:
 
 
 def body_hash(body: str) -> str:
-    """sha256 of a module's text below its header."""
-    return "sha256:" + hashlib.sha256(body.encode("utf-8")).hexdigest()
+    """sha256 of the generator's identity and a module's text below its header: a
+    module another formatter version laid out is stale (Note [Formatter pin])."""
+    blob = f"{GENERATOR}\n{body}".encode()
+    return "sha256:" + hashlib.sha256(blob).hexdigest()
+
+
+def _intact_hashes(body: str) -> tuple[str, str]:
+    """The body hashes under which ``body`` is intact: this generator's, and that of
+    relay before the formatter pin (a plain sha256 of the body), so a module it wrote
+    reads as another relay version's, never as a hand edit."""
+    legacy = "sha256:" + hashlib.sha256(body.encode("utf-8")).hexdigest()
+    return body_hash(body), legacy
 
 
 # --- the header ------------------------------------------------------------------------------
@@ -554,7 +566,21 @@ def _drift_of(item: Planned, on_disk: str, command: str) -> Drift:
     assert expected is not None, "the generator wrote a header it cannot read back"
     found = parse(on_disk)
     regenerate = f"run `{command}` and commit {item.display}"
-    if found is None or found[0].body_hash != body_hash(found[1]):
+    # Our very bytes under another generator's body hash: another formatter version
+    # laid it out the same way (Note [Formatter pin]).
+    relabelled = (
+        found is not None
+        and found[1] == expected[1]
+        and found[0].schema_hash == item.schema_hash
+        and found[0].body_hash != expected[0].body_hash
+    )
+    if relabelled:
+        kind = DriftKind.GENERATOR
+        fix = (
+            f"the generator changed since {item.display} was generated (a relay upgrade): "
+            f"{regenerate}"
+        )
+    elif found is None or found[0].body_hash not in _intact_hashes(found[1]):
         kind = DriftKind.HAND_EDITED
         fix = (
             f"generated files are never edited by hand: change {item.source}, then run "

@@ -36,6 +36,7 @@ RESERVED = frozenset(
         "__all__",
         # methods
         "__init__",
+        "__class__",
         "stash",
         "publish",
         "invalidate",
@@ -113,6 +114,11 @@ def prefix(schema: Schema) -> str:
 
 def payload_class(schema: Schema) -> str:
     return f"{prefix(schema)}Payload"
+
+
+def debug_class(schema: Schema) -> str:
+    """``_EagleFutureMapDebug``: the map's debug-mode subclass (Note [Two shapes])."""
+    return f"_{schema.name}Debug"
 
 
 def batch_protocol(schema: Schema) -> str:
@@ -202,6 +208,7 @@ def bound_names(schema: Schema) -> frozenset[str]:
     class, method, attribute, parameter and local names minted from the schema."""
     names = set(RESERVED)
     names.update({schema.name, payload_class(schema), batch_protocol(schema)})
+    names.add(debug_class(schema))
     names.update(_path_names(schema, schema.indices))
     for f in schema.fields:
         names.update({buffer(f), host_mirror(f), carried_flag(f), f.payload_name})
@@ -267,6 +274,8 @@ def describe_shape(shape: tuple[Dim, ...]) -> str:
 # whole (escaping one character at a time dominated generating 1,000-field schemas).
 _PLAIN_LITERAL = re.compile(r"[ !#-\[\]-~]*")
 _PLAIN_DOC = re.compile(r"[\t\n -\[\]-~]*")
+#: The quotes of a doc string's body that must be escaped.
+_QUOTES = re.compile(r'\A"|"(?=")|"\Z')
 
 
 def string_literal(text: str) -> str:
@@ -299,13 +308,19 @@ def _escape(ch: str, quote: str) -> str:
     return ch
 
 
-def doc_text(text: str) -> str:
-    """The body of a ``\"\"\"`` doc string that reads back as ``text`` after
-    ``inspect.cleandoc``: backslashes, quotes, control characters and lone
-    surrogates escaped, newlines kept."""
+def clean_doc(text: str) -> str:
+    """``text`` as ``inspect.getdoc`` shows a doc string: ``inspect.cleandoc``, with no
+    trailing blanks (a formatter strips them from doc strings)."""
     # cleandoc splits on "\n" only: other line breaks stay inside a line, escaped.
     lines = [line.rstrip() for line in inspect.cleandoc(text).split("\n")]
-    return escape_doc("\n".join(lines).rstrip())
+    return "\n".join(lines).rstrip()
+
+
+def doc_text(text: str) -> str:
+    """The body of a ``\"\"\"`` doc string that reads back as ``clean_doc(text)``
+    after ``inspect.cleandoc``: backslashes, quotes, control characters and lone
+    surrogates escaped, newlines kept."""
+    return escape_doc(clean_doc(text))
 
 
 def doc_problem(text: str) -> str | None:
@@ -326,9 +341,10 @@ def doc_problem(text: str) -> str | None:
 def escape_doc(text: str) -> str:
     """``text`` made safe inside ``\"\"\"``, kept as written otherwise."""
     body = text if _PLAIN_DOC.fullmatch(text) else "".join(_doc_char(ch) for ch in text)
-    if body.endswith('"'):
-        body = body[:-1] + '\\"'  # else it would merge with the closing quotes
-    return body.replace('"""', '\\"""')
+    # No two unescaped quotes side by side, so no run of them ends the string early;
+    # nor one first (a formatter would pad it with a space) or last (it would merge
+    # with the closing quotes). ``body`` holds no escaped quote yet.
+    return _QUOTES.sub(r'\\"', body) if '"' in body else body
 
 
 def _doc_char(ch: str) -> str:

@@ -7,8 +7,36 @@ from pathlib import Path
 import jinja2
 
 from relay.codegen import files
+from relay.codegen.formatting import FormatError, format_module
 from relay.codegen.views import MapView, map_view
+from relay.errors import RelayError
 from relay.schema import Schema
+
+
+class BrokenModule(RelayError):
+    """A generated module Python cannot compile: a generator bug a schema exposed.
+
+    ``api.plan`` turns it into a located schema issue (exit 3); nothing is written.
+    """
+
+    def __init__(self, reason: str, lineno: int | None, line: str) -> None:
+        self.reason = reason
+        self.lineno = lineno
+        self.line = line
+        super().__init__(f"line {lineno}: {reason}: {line.strip()}")
+
+
+def compiled(text: str, name: str) -> None:
+    """``BrokenModule`` unless Python compiles ``text`` (Note [Compiled before written])."""
+    try:
+        compile(text, name, "exec", dont_inherit=True)
+    except (SyntaxError, ValueError) as error:
+        lineno = getattr(error, "lineno", None)
+        lines = text.splitlines()
+        line = lines[lineno - 1] if lineno and 0 < lineno <= len(lines) else ""
+        reason = getattr(error, "msg", None) or str(error)
+        raise BrokenModule(f"{type(error).__name__}: {reason}", lineno, line) from None
+
 
 TEMPLATES = Path(__file__).parent / "templates"
 TEMPLATE = "map.py.jinja"
@@ -40,7 +68,19 @@ def render_body(view: MapView, env: jinja2.Environment | None = None) -> str:
 def render(
     schema: Schema, *, source: str, command: str, schema_hash: str | None = None
 ) -> str:
-    """The whole generated module of a validated ``schema``, header included."""
-    body = render_body(map_view(schema, source=source))
+    """The whole generated module of a validated ``schema``, header included: the
+    template's statements laid out by the pinned formatter (Note [Formatter pin])."""
+    # Note [Compiled before written]: no module Python cannot compile ever reaches the
+    # disk. The laid-out module is compiled; when the formatter refuses the rendered
+    # text, Python says where it is broken.
+    name = Path(source).stem + ".py"
+    text = render_body(map_view(schema, source=source))
+    try:
+        body = format_module(text, name)
+    except FormatError:
+        compiled(text, name)
+        raise
     digest = schema_hash if schema_hash is not None else files.schema_hash(schema)
-    return files.compose(body, source=source, command=command, schema_hash=digest)
+    module = files.compose(body, source=source, command=command, schema_hash=digest)
+    compiled(module, name)
+    return module

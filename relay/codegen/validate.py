@@ -13,7 +13,8 @@ from collections.abc import Callable
 
 import torch
 
-from relay.codegen import hygiene, naming
+from relay.codegen import hygiene, kinds, naming
+from relay.codegen.kinds.base import Problem
 from relay.codegen.layout import packed_groups
 from relay.errors import SchemaIssue
 from relay.schema import (
@@ -162,6 +163,13 @@ def _check_layout(c: _Collector) -> None:
 
 
 def _check_field(c: _Collector, f: Field) -> None:
+    _check_name(c, f)
+    _check_options(c, f)
+    _check_shape(c, f)
+    _check_target(c, f)
+
+
+def _check_name(c: _Collector, f: Field) -> None:
     name = f.name
     if not isinstance(name, str) or not name.isidentifier():
         c.add(
@@ -182,6 +190,10 @@ def _check_field(c: _Collector, f: Field) -> None:
     elif (problem := naming.identifier_problem(name)) is not None:
         c.add(f, f"field name {name!r} {problem}", "rename the field")
 
+
+def _check_options(c: _Collector, f: Field) -> None:
+    """Lane, alloc, dtype, optional, source, resolve, guard and doc, and what the kinds
+    of the field refuse (Note [Kinds])."""
     if not isinstance(f.lane, Lane):
         c.add(
             f,
@@ -195,21 +207,16 @@ def _check_field(c: _Collector, f: Field) -> None:
             f"alloc must be Alloc.EAGER or Alloc.LAZY (got {_got(f.alloc)})",
             "write alloc=Alloc.EAGER (at construction) or alloc=Alloc.LAZY (first payload)",
         )
-    if isinstance(f.dtype, FromPayload):
-        if f.alloc is Alloc.EAGER:
-            c.add(
-                f,
-                "dtype=FROM_PAYLOAD needs a lazily allocated field, but alloc is Alloc.EAGER",
-                "add alloc=Alloc.LAZY, or give a fixed dtype such as torch.bfloat16",
-            )
-    elif not isinstance(f.dtype, torch.dtype):
+    else:
+        _add_all(c, f, kinds.alloc(f).problems(f))
+    if not isinstance(f.dtype, (torch.dtype, FromPayload)):
         c.add(
             f,
             f"dtype must be a torch.dtype such as {_DTYPE_HINT}, or FROM_PAYLOAD "
             f"(got {_got(f.dtype)})",
             "write dtype=torch.<name>, e.g. dtype=torch.int64",
         )
-    else:
+    elif isinstance(f.dtype, torch.dtype):
         unusable = _unusable(f.dtype)
         if unusable is not None:
             c.add(
@@ -218,19 +225,6 @@ def _check_field(c: _Collector, f: Field) -> None:
                 f"index its rows ({unusable})",
                 f"use a dtype torch indexes, such as {_DTYPE_HINT}",
             )
-        if (
-            isinstance(f.guard, Guard)
-            and f.guard is not Guard.NONE
-            and (f.dtype == torch.bool or f.dtype.is_complex)
-        ):
-            c.add(
-                f,
-                f"guard={f.guard} compares values with 0, which {f.dtype} values cannot "
-                f"be checked by (got guard={f.guard} with dtype={f.dtype})",
-                "remove the guard, or give the field a real integer or float dtype",
-            )
-
-    _check_shape(c, f)
 
     if not isinstance(f.optional, bool):
         c.add(
@@ -258,12 +252,18 @@ def _check_field(c: _Collector, f: Field) -> None:
         c.add(
             f,
             f"guard must be a Guard such as Guard.POSITIVE (got {_got(f.guard)})",
-            "write guard=Guard.NONE, Guard.NON_NEGATIVE or Guard.POSITIVE",
+            "write guard=Guard.NONE, Guard.NON_NEGATIVE, Guard.POSITIVE or Guard.FINITE",
         )
+    elif isinstance(f.dtype, (torch.dtype, FromPayload)):
+        _add_all(c, f, kinds.guard(f).problems(f))
     if not isinstance(f.doc, str):
         c.add(f, f"doc must be a str (got {_got(f.doc)})", 'write doc="..."')
 
-    _check_target(c, f)
+
+def _add_all(c: _Collector, f: Field, problems: list[Problem]) -> None:
+    """The problems a kind found with ``f`` (Note [Kinds])."""
+    for problem, fix in problems:
+        c.add(f, problem, fix)
 
 
 def _check_shape(c: _Collector, f: Field) -> None:
@@ -310,51 +310,8 @@ def _check_target(c: _Collector, f: Field) -> None:
             "a schedule field needs a target on the batch to resolve into (got target=None)",
             'add target="<batch attribute>", e.g. target="seq_lens"',
         )
-    if f.resolve is Resolve.PLACEHOLDER:
-        if isinstance(f.dtype, FromPayload):
-            c.add(
-                f,
-                "resolve=Resolve.PLACEHOLDER needs a fixed integer dtype, since "
-                "placeholders are negative slots (got dtype=FROM_PAYLOAD)",
-                "give dtype=torch.int64, or use resolve=Resolve.GATHER",
-            )
-        elif isinstance(f.dtype, torch.dtype) and not _is_int_dtype(f.dtype):
-            c.add(
-                f,
-                f"resolve=Resolve.PLACEHOLDER needs an integer dtype, since placeholders "
-                f"are negative slots (got {f.dtype})",
-                "use resolve=Resolve.GATHER for this field",
-            )
-        elif isinstance(f.dtype, torch.dtype) and not _is_signed_int_dtype(f.dtype):
-            c.add(
-                f,
-                f"resolve=Resolve.PLACEHOLDER needs a signed integer dtype, since "
-                f"placeholders are negative slots (got {f.dtype})",
-                "give a signed dtype such as torch.int64, or use resolve=Resolve.GATHER",
-            )
-        if f.optional is True:
-            c.add(
-                f,
-                "resolve=Resolve.PLACEHOLDER needs the value on every step: a step whose "
-                "payload omits an optional field would leave the placeholders (-slot) that "
-                "invalidate wrote, or a previous step's value, for the forward "
-                "(got optional=True)",
-                "make the field required (optional=False), or use resolve=Resolve.GATHER",
-            )
-        if isinstance(f.shape, tuple) and f.shape:
-            c.add(
-                f,
-                f"resolve=Resolve.PLACEHOLDER needs one value per slot, shape=() "
-                f"(got shape={f.shape!r})",
-                "use resolve=Resolve.GATHER for rows",
-            )
-        if f.target is None:
-            c.add(
-                f,
-                "resolve=Resolve.PLACEHOLDER needs a target holding the placeholders "
-                "(got target=None)",
-                'add target="input_ids" (or another batch tensor)',
-            )
+    if isinstance(f.resolve, Resolve):
+        _add_all(c, f, kinds.resolve(f).problems(f))
     for option in ("host_mirror", "host_sum"):
         value = getattr(f, option)
         if value is None:
@@ -460,6 +417,11 @@ def _check_unique(c: _Collector, fields: list[Field]) -> None:
                 )
                 continue
             first_path[path] = (f, role)
+    _check_paths(c, first_path)
+
+
+def _check_paths(c: _Collector, first_path: dict[str, tuple[Field, str]]) -> None:
+    """Every path a field resolves into, against the others and the generated names."""
     # A path cannot be both an attribute and the owner of nested attributes, and the
     # indices attribute is read, never written.
     taken = {

@@ -108,6 +108,9 @@ MESSAGES: Final[Mapping[str, str]] = MappingProxyType(
         # -- guards (Note [Guards in debug mode] in relay/runtime.py) ------------------
         "guard_non_negative_summary": "{what}: guard failed, values must be >= 0",
         "guard_positive_summary": "{what}: guard failed, values must be > 0",
+        "guard_finite_summary": (
+            "{what}: guard failed, values must be finite (no NaN, no inf)"
+        ),
         # -- an engine's host reads of placeholder targets (check_resolved) -------------
         "placeholder": (
             "{consumer}: position {position} holds the placeholder {placeholder} (slot "

@@ -2,7 +2,9 @@
 
 Written for obviousness, not speed: plain dicts of per-slot row tensors, no buffers,
 no streams, no debug bookkeeping. It follows the schema declarations directly, so it
-works for any schema. The lockstep harness (``relay.testing.lockstep``) runs it beside
+works for any schema; what a kind means (how a resolve hands a value over, what a
+guard accepts, when a buffer's dtype is known) is the kind's own reference behaviour
+(Note [Kinds] in ``relay/codegen/kinds/__init__.py``). The lockstep harness (``relay.testing.lockstep``) runs it beside
 a generated map and compares every value they hand over.
 """
 
@@ -13,8 +15,9 @@ from typing import Any
 
 import torch
 
+from relay.codegen import kinds
 from relay.schema import Field as FieldDecl
-from relay.schema import FromPayload, Lane, Resolve, Schema
+from relay.schema import Lane, Schema
 
 __all__ = ["ModelError", "ReferenceRelay", "get_path", "set_path"]
 
@@ -54,8 +57,7 @@ class ReferenceRelay:
         }
         #: The dtype of each field: declared, or taken from the first payload carrying it.
         self.dtype: dict[str, torch.dtype | None] = {
-            f.name: None if isinstance(f.dtype, FromPayload) else f.dtype
-            for f in schema.fields
+            f.name: kinds.alloc(f).initial_dtype(f) for f in schema.fields
         }
         #: Optional fields: whether the latest non-empty write carried them.
         self.carried: dict[str, bool] = {
@@ -110,13 +112,12 @@ class ReferenceRelay:
         if indices.numel() == 0:
             return
         for f in self.schema.fields:
-            if f.resolve is Resolve.PLACEHOLDER and f.target is not None:
-                slots = [int(s) for s in indices.tolist()]
-                set_path(
-                    batch,
-                    f.target,
-                    torch.tensor([-s for s in slots], dtype=indices.dtype),
-                )
+            kinds.resolve(f).model_invalidate(f, batch, indices)
+
+    def accepts(self, field: str, value: torch.Tensor) -> bool:
+        """Whether debug mode lets ``value`` be written into ``field`` (its guard)."""
+        f = self.fields[field]
+        return kinds.guard(f).accepts(value)
 
     # -- reads -------------------------------------------------------------------------
     def row(self, field: str, slot: int) -> torch.Tensor:
@@ -148,26 +149,9 @@ class ReferenceRelay:
         slots = [int(s) for s in get_path(batch, self.schema.indices).tolist()]
         if not slots:
             return
-        value: torch.Tensor | None
-        if not self.hands_over(f.name):
-            value = None
-        elif f.resolve is Resolve.PLACEHOLDER:
-            assert f.target is not None
-            current = get_path(batch, f.target)
-            value = (
-                torch.stack(
-                    [
-                        self.row(f.name, -x).to(current.dtype)
-                        if x < 0
-                        else torch.tensor(x, dtype=current.dtype)
-                        for x in current.tolist()
-                    ]
-                )
-                if current.numel()
-                else current.clone()
-            )
-        else:
-            value = torch.stack([self.row(f.name, slot) for slot in slots])
+        value: torch.Tensor | None = None
+        if self.hands_over(f.name):
+            value = kinds.resolve(f).model_value(self, f, batch, slots)
         if f.target is not None:
             set_path(batch, f.target, value)
         if f.host_mirror is not None:

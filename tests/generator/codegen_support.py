@@ -140,3 +140,23 @@ def compare_golden(path: Path, fresh: str, update: bool) -> None:
             f"{shown}",
             pytrace=False,
         )
+
+
+def mypy_strict(paths: Sequence[Path]) -> subprocess.CompletedProcess[str]:
+    """`mypy --strict` over ``paths`` in one run, from the repository (its cache, which
+    `mypy --strict` in CI has warmed, so torch's stubs are not analysed again)."""
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--strict",
+            "--no-error-summary",
+            *sorted(str(p) for p in paths),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )

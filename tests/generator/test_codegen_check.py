@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -247,3 +248,29 @@ def test_repository_maps_are_up_to_date(relay_cli: Callable[..., Run]) -> None:
     run = relay_cli("generate", "--check", cwd=REPO)
     assert run.code == 0, run.out + run.err
     assert run.out.endswith("generated module(s) up to date\n")
+
+
+def test_file_from_relay_before_the_formatter_pin(
+    generated: Project, relay_cli: Callable[..., Run]
+) -> None:
+    """A module relay wrote before its body hash covered the formatter (a plain sha256 of
+    the body) is stale from another relay version, not hand-edited."""
+    target = generated.maps / "eagle.py"
+    parsed = files.parse(target.read_text())
+    assert parsed is not None
+    header, body = parsed
+    older = body.replace(
+        "        self.debug = debug\n", "        self.debug = bool(debug)\n"
+    )
+    plain = "sha256:" + hashlib.sha256(older.encode()).hexdigest()
+    lines = files.compose(
+        older,
+        source=header.source,
+        command=header.command,
+        schema_hash=header.schema_hash,
+    ).split("\n")
+    lines[3] = f"# body-hash: {plain}"
+    target.write_text("\n".join(lines))
+    run = check(generated, relay_cli)
+    assert run.code == 1
+    assert "maps/eagle.py: stale (another relay version generated it)" in run.err

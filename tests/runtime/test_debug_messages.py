@@ -200,6 +200,11 @@ def _guard_positive_summary() -> tuple[str, Callable[[], object]]:
     return want, lambda: runtime.guard_positive(rows(1, 0), "M.lens")
 
 
+def _guard_finite_summary() -> tuple[str, Callable[[], object]]:
+    want = text("guard_finite_summary", what="M.p")
+    return want, lambda: runtime.guard_finite(torch.tensor([0.5, float("nan")]), "M.p")
+
+
 def _placeholder() -> tuple[str, Callable[[], object]]:
     want = text("placeholder", consumer="penalty", position=1, placeholder=-3, slot=3)
     return want, lambda: check_resolved(rows(7, -3), "penalty")
@@ -229,6 +234,7 @@ TRIGGERS: dict[str, Callable[[], tuple[str, Callable[[], object]]]] = {
     "stale_fence": _stale_fence,
     "guard_non_negative_summary": _guard_non_negative_summary,
     "guard_positive_summary": _guard_positive_summary,
+    "guard_finite_summary": _guard_finite_summary,
     "placeholder": _placeholder,
     "placeholder_summary": _placeholder_summary,
 }

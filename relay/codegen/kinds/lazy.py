@@ -1,0 +1,39 @@
+"""``Alloc.LAZY``: the buffer is made by the first non-empty write that carries the
+field, with that payload's row shape (and dtype, for ``FROM_PAYLOAD``)."""
+
+from __future__ import annotations
+
+from relay.codegen import naming
+from relay.codegen.kinds.base import AllocKind, Names, join
+from relay.schema import Alloc, Schema
+
+
+class Lazy(AllocKind):
+    alloc = Alloc.LAZY
+    lazy = True
+
+    def init(self, n: Names) -> list[str]:
+        return [f"{n.buf}: torch.Tensor | None = None"]
+
+    def check_args(self, n: Names) -> list[str]:
+        return [n.row, n.dtype or "None"]
+
+    def write(self, n: Names, debug: str) -> list[str]:
+        args = [n.what, "self.pool_size", n.row, n.dtype or "None", n.src, debug]
+        return [
+            f"if {n.buf} is None:",
+            "    " + join(f"{n.buf} = _rt.lazy_buffer(", args),
+            f"{n.buf}.index_copy_(0, slots, {n.src})",
+        ]
+
+    def before_read(self, schema: Schema, n: Names) -> list[str]:
+        # A required lazy field read before its first stash has no buffer to read.
+        owner = naming.string_literal(schema.name)
+        field = naming.string_literal(n.field.name)
+        return [
+            f"if {n.buf} is None:",
+            f"    raise _rt.never_stashed({owner}, {field})",
+        ]
+
+
+KIND = Lazy()

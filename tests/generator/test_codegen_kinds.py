@@ -1,0 +1,149 @@
+"""One module per kind (Note [Kinds]): every kind is registered, and Guard.FINITE, added
+as a kind module, a runtime helper and docs, works end to end."""
+
+from __future__ import annotations
+
+import ast
+import math
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from relay.codegen import kinds
+from relay.codegen.render import render
+from relay.codegen.validate import validate
+from relay.schema import FROM_PAYLOAD, Alloc, Field, Guard, Lane, Resolve, Schema
+from relay.testing.model import ReferenceRelay
+
+KINDS = Path(kinds.__file__).parent
+
+
+def test_every_kind_has_its_own_module() -> None:
+    """Each Resolve, Guard and Alloc member maps to a kind of its own module, which names
+    the member it implements."""
+    for member, kind in [
+        *(
+            (
+                g,
+                kinds.guard(
+                    Field("x", lane=Lane.FORWARD, dtype=torch.float32, guard=g)
+                ),
+            )
+            for g in Guard
+        ),
+        *(
+            (
+                r,
+                kinds.resolve(
+                    Field("x", lane=Lane.FORWARD, dtype=torch.int64, resolve=r)
+                ),
+            )
+            for r in Resolve
+        ),
+        *(
+            (a, kinds.alloc(Field("x", lane=Lane.FORWARD, dtype=torch.int64, alloc=a)))
+            for a in Alloc
+        ),
+    ]:
+        module = type(kind).__module__.rsplit(".", 1)[-1]
+        assert (KINDS / f"{module}.py").is_file()
+        assert member.value in module or member.value in type(kind).__name__.lower()
+
+
+FINITE = Schema(
+    name="FiniteFutureMap",
+    fields=[
+        Field(
+            "hidden_states",
+            lane=Lane.FORWARD,
+            dtype=torch.float32,
+            shape=("hidden",),
+            target="spec_info.hidden_states",
+            guard=Guard.FINITE,
+        ),
+        Field(
+            "probs",
+            lane=Lane.FORWARD,
+            dtype=FROM_PAYLOAD,
+            alloc=Alloc.LAZY,
+            optional=True,
+            shape=(2,),
+            target="spec_info.probs",
+            guard=Guard.FINITE,
+        ),
+    ],
+)
+
+
+@pytest.fixture(scope="module")
+def finite() -> types.ModuleType:
+    """The generated module of a schema with two Guard.FINITE fields."""
+    module = types.ModuleType("relay_finite_map")
+    content = render(FINITE, source="schemas/finite.py", command="relay generate")
+    exec(compile(content, "finite.py", "exec"), module.__dict__)
+    return module
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("field", ["hidden_states", "probs"])
+def test_finite_guard_refuses_nan_and_inf_in_debug_mode(
+    finite: types.ModuleType, bad: float, field: str
+) -> None:
+    """In debug mode NaN and infinities are refused, naming the field, and the model says
+    the same; with debug off nothing is checked and the value is written as given."""
+    values = {
+        "hidden_states": torch.zeros(2, 3),
+        "probs": torch.zeros(2, 2, dtype=torch.bfloat16),
+    }
+    values[field][1, 0] = bad
+    payload = finite.FinitePayload(**values)
+    slots = torch.tensor([1, 2])
+    assert not ReferenceRelay(FINITE).accepts(field, values[field])
+    relay = finite.FiniteFutureMap("cpu", 4, hidden=3, debug=True)
+    with pytest.raises(
+        RuntimeError,
+        match=rf"FiniteFutureMap\.{field}: guard failed, values must be finite",
+    ):
+        relay.stash(slots, payload)
+    plain = finite.FiniteFutureMap("cpu", 4, hidden=3)
+    plain.stash(slots, payload)
+    written = getattr(plain, f"{field}_buf")[2, 0].item()
+    assert math.isnan(written) if math.isnan(bad) else written == bad
+
+
+def test_finite_guard_accepts_finite_values(finite: types.ModuleType) -> None:
+    """Finite values, negative and zero included, pass the guard in debug mode."""
+    values = {"hidden_states": torch.tensor([[-1.0, 0.0, 3.5]]), "probs": None}
+    assert ReferenceRelay(FINITE).accepts("hidden_states", values["hidden_states"])
+    relay = finite.FiniteFutureMap("cpu", 4, hidden=3, debug=True)
+    relay.stash(torch.tensor([3]), finite.FinitePayload(**values))
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool])
+def test_finite_guard_on_a_non_floating_field_is_refused(dtype: torch.dtype) -> None:
+    """Guard.FINITE on an integer or bool field is a located schema issue with the fix."""
+    field = Field("tokens", lane=Lane.FORWARD, dtype=dtype, guard=Guard.FINITE)
+    (issue,) = validate(Schema("BadFutureMap", [field]), str)
+    assert issue.field == "tokens"
+    assert issue.problem == (
+        "guard=Guard.FINITE refuses NaN and infinities, which only floating values hold "
+        f"(got dtype={dtype})"
+    )
+    assert issue.fix.startswith("remove the guard, or give the field a floating dtype")
+
+
+def test_no_generator_function_is_over_80_lines() -> None:
+    """Every function of relay/codegen/ fits in 80 lines, so each reads in one screen."""
+    long = []
+    for path in sorted(KINDS.parent.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                assert node.end_lineno is not None
+                lines = node.end_lineno - node.lineno + 1
+                if lines > 80:
+                    long.append(
+                        f"{path.name}:{node.lineno} {node.name} ({lines} lines)"
+                    )
+    assert long == []
