@@ -11,6 +11,7 @@ bundled maps are not copied here: ``relay generate --check`` already guards them
 from __future__ import annotations
 
 import itertools
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,7 +21,7 @@ import pytest
 from codegen_support import GOLDEN, compare_golden, mypy_strict
 from jinja2 import nodes
 
-from relay.codegen import explicit_job, plan
+from relay.codegen import explicit_job, formatting, plan
 from relay.codegen.files import Planned, parse
 from relay.codegen.formatting import format_module
 from relay.codegen.loader import load_schema
@@ -239,3 +240,21 @@ def test_update_rewrites_golden(tmp_path: Path) -> None:
     path.write_text("old\n")
     compare_golden(path, "new\n", update=True)
     assert path.read_bytes() == b"new\n"
+
+
+def test_corpus_is_left_alone_by_ruff(
+    fresh: dict[str, Planned], tmp_path: Path
+) -> None:
+    """ruff format --check and ruff check, at ruff's defaults, change and find nothing in
+    any corpus module (relay a third-party package, as in a user's project)."""
+    for stem, item in fresh.items():
+        (tmp_path / f"{stem}.py").write_text(item.content, encoding="utf-8")
+    for args in (["format", "--check"], ["check"]):
+        done = subprocess.run(
+            [str(formatting.ruff_binary()), *args, "--isolated", "."],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
