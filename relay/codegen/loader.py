@@ -170,33 +170,9 @@ def _import(path: Path, display: str, session: _Session) -> Schema:
     except KeyboardInterrupt:
         raise
     except CompositionError as error:  # Schema.load or derive refused its arguments
-        raise SchemaImportError(
-            [
-                SchemaIssue(
-                    session.show(Path(error.file)),
-                    error.line,
-                    None,
-                    None,
-                    error.problem,
-                    error.fix,
-                )
-            ]
-        ) from None
+        raise _composition_failed(error, session) from None
     except SchemaError as error:  # a base module (Schema.load) did not load
-        bases = sorted({issue.path for issue in error.issues})
-        raise SchemaImportError(
-            [
-                *error.issues,
-                SchemaIssue(
-                    display,
-                    _line_in(path, error),
-                    None,
-                    None,
-                    f"builds on {', '.join(bases)}, which cannot be loaded",
-                    f"mend {', '.join(bases)} (its problems are listed with it)",
-                ),
-            ]
-        ) from None
+        raise _base_failed(error, path, display) from None
     except SystemExit as error:
         raise _fail(
             display,
@@ -217,19 +193,57 @@ def _import(path: Path, display: str, session: _Session) -> Schema:
         sys.modules.pop(name, None)
         session.importing.pop()
     if not isinstance(schema, Schema):
-        kind = type(schema).__name__
-        got = (
-            "nothing"
-            if schema is None
-            else f"{'an' if kind[0] in 'aeiouAEIOU' else 'a'} {kind}"
-        )
-        raise _fail(
-            display,
-            1,
-            f"a schema module must define SCHEMA = Schema(...) (got {got})",
-            "assign the schema declaration to a module-level name SCHEMA",
-        )
+        raise _not_a_schema(schema, display)
     return schema
+
+
+def _composition_failed(error: CompositionError, session: _Session) -> SchemaError:
+    """A located issue at the ``Schema.load`` or ``derive`` call that refused."""
+    return SchemaImportError(
+        [
+            SchemaIssue(
+                session.show(Path(error.file)),
+                error.line,
+                None,
+                None,
+                error.problem,
+                error.fix,
+            )
+        ]
+    )
+
+
+def _base_failed(error: SchemaError, path: Path, display: str) -> SchemaError:
+    """The base's own issues, then one at the line of ``path`` that loads it."""
+    bases = sorted({issue.path for issue in error.issues})
+    return SchemaImportError(
+        [
+            *error.issues,
+            SchemaIssue(
+                display,
+                _line_in(path, error),
+                None,
+                None,
+                f"builds on {', '.join(bases)}, which cannot be loaded",
+                f"mend {', '.join(bases)} (its problems are listed with it)",
+            ),
+        ]
+    )
+
+
+def _not_a_schema(value: object, display: str) -> SchemaError:
+    kind = type(value).__name__
+    got = (
+        "nothing"
+        if value is None
+        else f"{'an' if kind[0] in 'aeiouAEIOU' else 'a'} {kind}"
+    )
+    return _fail(
+        display,
+        1,
+        f"a schema module must define SCHEMA = Schema(...) (got {got})",
+        "assign the schema declaration to a module-level name SCHEMA",
+    )
 
 
 _HINT = re.compile(r"\. Did you mean: .+\?$")
