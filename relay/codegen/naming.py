@@ -51,10 +51,15 @@ RESERVED = frozenset(
         "payload",
         "batch",
         "slots",
+        "index_shape",
+        "vouched",
+        "host",
         # attributes of the map
         "_debug",
         "_fence",
         "_slots_gathered",
+        "_gathered",
+        "_gathered_version",
         "fused_gather",
     }
 )
@@ -173,6 +178,16 @@ def host_mirror(field: Field) -> str:
 def carried_flag(field: Field) -> str:
     """The private flag of an optional field: whether the latest write carried it."""
     return f"_{field.name}_carried"
+
+
+def row_cache(field: Field) -> str:
+    """The attribute holding a field's row dims for the inline row check."""
+    return f"_{field.name}_row"
+
+
+def dtype_cache(field: Field) -> str:
+    """The attribute holding a lazy field's buffer dtype (``None`` before allocation)."""
+    return f"_{field.name}_dtype"
 
 
 def value_local(field: Field) -> str:
