@@ -19,10 +19,10 @@ from relay.errors import RelayError, SlotError
 from relay.fused import gather_rows, gather_rows_optional
 
 __all__ = [
+    "NO_ROWS",
     "SLOT_DTYPES",
     "DebugChecks",
     "Fence",
-    "NO_ROWS",
     "HostMirror",
     "SlotsToken",
     "check_dim",

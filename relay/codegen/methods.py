@@ -175,8 +175,15 @@ def write(
         for f in fields:
             lines += _fast_check(f)
         first = fields[0].names.what if fields else naming.string_literal(cls)
-        args = [naming.string_literal(f"{cls}.{op}"), first, "indices", "self.pool_size"]
-        vouch = "indices is self._gathered and indices._version == self._gathered_version"
+        args = [
+            naming.string_literal(f"{cls}.{op}"),
+            first,
+            "indices",
+            "self.pool_size",
+        ]
+        vouch = (
+            "indices is self._gathered and indices._version == self._gathered_version"
+        )
         slow = join("_rt.write_slots(", args)
         if vouched:  # Note [Vouched slots] in runtime.py
             lines += [f"vouched = {vouch}", f"slots = indices if vouched else {slow}"]
@@ -216,7 +223,9 @@ def _host(f: FieldView, source: str) -> list[str]:
     if field.host_mirror is not None:
         stmts.append(f"batch.{field.host_mirror} = host")
     dtype = field.dtype
-    if isinstance(dtype, torch.dtype) and not (dtype.is_floating_point or dtype.is_complex):
+    if isinstance(dtype, torch.dtype) and not (
+        dtype.is_floating_point or dtype.is_complex
+    ):
         # relay.runtime.host_sum inlined for integers: no op up to its Python maximum.
         most = HOST_SUM_IN_PYTHON_MAX
         total = f"sum(host.tolist()) if host.numel() <= {most} else int(host.sum())"
