@@ -14,13 +14,14 @@ import torch
 
 from relay.debug import DebugChecks, poison
 from relay.debug.messages import text
-from relay.device import Fence, HostMirror
+from relay.device import CpuFence, Fence, HostMirror, new_fence
 from relay.errors import RelayError, SlotError
 from relay.fused import gather_rows, gather_rows_optional
 
 __all__ = [
     "NO_ROWS",
     "SLOT_DTYPES",
+    "CpuFence",
     "DebugChecks",
     "Fence",
     "HostMirror",
@@ -39,6 +40,7 @@ __all__ = [
     "lazy_buffer",
     "never_stashed",
     "new_buffer",
+    "new_fence",
     "slots_vouched",
     "write_slots",
 ]

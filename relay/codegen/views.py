@@ -560,7 +560,7 @@ def map_view(schema: Schema, *, source: str) -> MapView:
         fused=fused is not None,
         protocols=protocols,
         debug_stmt=_debug_stmt(schema),
-        fence_stmt="self._fence = _rt.Fence(self.device)"
+        fence_stmt="self._fence = _rt.new_fence(self.device, debug)"
         if any(f.lane is Lane.SCHEDULE for f in schema.fields)
         else None,
         cache_stmts=tuple(

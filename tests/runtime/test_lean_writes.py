@@ -1,15 +1,20 @@
-"""The debug-off fast paths of the writes (Note [Checked values], Note [Vouched slots]):
-whatever they let through untested is refused on the slow path, before any write."""
+"""The debug-off fast paths (Note [Checked values], Note [Vouched slots], Note [Bare
+CPU fence]): whatever they let through untested is refused on the slow path, before
+any write, and the bare fence orders as the chained one."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
 import torch
-from relay_runtime_support import Batch, eagle_payload, slots
+from relay_runtime_support import Batch, eagle_payload, gated, slots, thread_streams
 
+import relay.device as device_module
 from relay import RelayError
+from relay.cpu_stream import CpuEvent
+from relay.device import CpuFence, CpuPolicy, Fence
 from relay.errors import SlotError
 from relay.maps.decode import DecodeFutureMap, DecodePayload
 from relay.maps.eagle import EagleFutureMap
@@ -123,3 +128,58 @@ def test_a_tensor_subclass_takes_the_slow_path_and_is_written() -> None:
     value = torch.nn.Parameter(torch.tensor([5, 6]), requires_grad=False)
     relay.stash(slots(1, 2), DecodePayload(next_token_ids=value))
     assert relay.output_tokens_buf[1:3].tolist() == [5, 6]
+
+
+# -- Note [Bare CPU fence] ---------------------------------------------------------------------
+
+
+def test_a_debug_off_cpu_map_records_and_waits_on_the_bare_event() -> None:
+    """After the first publish, the fence's record and wait are the CpuEvent's own
+    methods; no event exists before it; debug mode keeps the chained Fence."""
+    relay = EagleFutureMap("cpu", POOL, topk=TOPK)
+    assert isinstance(relay._fence, CpuFence) and not relay._fence.created
+    relay.publish(slots(1), torch.tensor([4]))
+    record, wait = relay._fence.record, relay._fence.wait
+    assert isinstance(record.__self__, CpuEvent)  # type: ignore[attr-defined]
+    assert record.__func__ is CpuEvent.record  # type: ignore[attr-defined]
+    assert wait.__func__ is CpuEvent.synchronize  # type: ignore[attr-defined]
+    batch = Batch(req_pool_indices=slots(1))
+    relay.resolve_seq_lens_cpu(batch)
+    assert batch.seq_lens_sum == 4
+    assert type(EagleFutureMap("cpu", POOL, topk=TOPK, debug=True)._fence) is Fence
+
+
+def test_a_registered_cpu_policy_keeps_the_policy_fence(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A CPU device whose policy is not the stock CpuPolicy gets Fence, which calls it."""
+    calls: list[str] = []
+
+    class Logged(CpuPolicy):
+        def record(self, event: Any, stream: Any) -> None:
+            calls.append("record")
+            super().record(event, stream)
+
+    monkeypatch.setattr(device_module, "_POLICIES", {})
+    monkeypatch.setitem(device_module._FACTORIES, "cpu", lambda device: Logged())
+    relay = EagleFutureMap("cpu", POOL, topk=TOPK)
+    relay.publish(slots(1), torch.tensor([4]))
+    assert type(relay._fence) is Fence and calls == ["record"]
+
+
+def test_publishes_from_two_streams_are_both_waited_for() -> None:
+    """Two thread streams publish (the second queued behind a gate the first opens); the
+    host's resolve waits for both: chaining is the CpuEvent's own."""
+    relay = EagleFutureMap("cpu", POOL, topk=TOPK)
+    gate = threading.Event()
+    with thread_streams("forward", "draft") as (forward, draft):
+        draft.submit(gated(gate, lambda: relay.publish(slots(2), torch.tensor([6]))))
+
+        def first() -> None:
+            relay.publish(slots(1), torch.tensor([4]))
+            gate.set()
+
+        forward.submit(first)
+        batch = Batch(req_pool_indices=slots(1, 2))
+        relay.resolve_seq_lens_cpu(batch)
+        assert batch.seq_lens.tolist() == [4, 6] and batch.seq_lens_sum == 10
