@@ -54,8 +54,14 @@ def _module_bindings(tree: ast.Module) -> tuple[set[str], set[str]]:
 
 
 def _minted(schema: Schema) -> set[str]:
-    """The classes naming mints from ``schema``: the map, payload and Protocols."""
-    names = {schema.name, naming.payload_class(schema), naming.batch_protocol(schema)}
+    """The classes naming mints from ``schema``: the map, its debug subclass, the
+    payload and the Protocols."""
+    names = {
+        schema.name,
+        naming.debug_class(schema),
+        naming.payload_class(schema),
+        naming.batch_protocol(schema),
+    }
     paths = [schema.indices]
     for f in schema.fields:
         paths += [p for p in (f.target, f.host_mirror, f.host_sum) if p is not None]
