@@ -57,7 +57,6 @@ RESERVED = frozenset(
         # attributes of the map
         "_debug",
         "_fence",
-        "_slots_gathered",
         "_gathered",
         "_gathered_version",
         "fused_gather",
@@ -227,6 +226,7 @@ def bound_names(schema: Schema) -> frozenset[str]:
     names.update(_path_names(schema, schema.indices))
     for f in schema.fields:
         names.update({buffer(f), host_mirror(f), carried_flag(f), f.payload_name})
+        names.update({row_cache(f), dtype_cache(f)})
         names.add(value_local(f))
         names.update(placeholder_locals(f))
         for path in (f.target, f.host_mirror, f.host_sum):
