@@ -208,24 +208,7 @@ def plan(job: Job) -> list[Planned]:
             continue
         schema = loaded.schema
         only_imports = False
-        try:
-            found = validate(schema, lambda file: display(file, job.root))
-        except KeyboardInterrupt:
-            raise
-        # A hostile value (even a SystemExit) broke a check: a located error, exit 3.
-        except BaseException as error:  # noqa: BLE001
-            loc = schema.declared_at
-            found = [
-                SchemaIssue(
-                    display(loc.file, job.root),
-                    loc.line,
-                    None,
-                    None,
-                    f"the schema could not be validated: {describe(error)}",
-                    "declare the schema with plain values (str, int, enums, "
-                    "torch dtypes)",
-                )
-            ]
+        found = _validated(schema, job)
         out_path = job.out / f"{path.stem}.py"
         if out_path in targets:
             found.append(
@@ -263,16 +246,42 @@ def plan(job: Job) -> list[Planned]:
         bases = tuple(display(b, job.root) for b in loaded.bases)
         planned.append(Planned(out_path, shown, content, source, digest, bases))
     if issues:
-        # A base module's problem reaches every variant built on it: say it once.
-        seen: set[tuple[object, ...]] = set()
-        unique = []
-        for issue in issues:
-            key = (issue.path, issue.line, issue.field, issue.problem, issue.fix)
-            if key not in seen:
-                seen.add(key)
-                unique.append(issue)
-        raise (SchemaImportError if only_imports else SchemaError)(unique)
+        raise (SchemaImportError if only_imports else SchemaError)(_unique(issues))
     return planned
+
+
+def _validated(schema: Schema, job: Job) -> list[SchemaIssue]:
+    """``validate``'s issues; a check that a hostile value broke is one located issue."""
+    try:
+        return validate(schema, lambda file: display(file, job.root))
+    except KeyboardInterrupt:
+        raise
+    # A hostile value (even a SystemExit) broke a check: a located error, exit 3.
+    except BaseException as error:  # noqa: BLE001
+        loc = schema.declared_at
+        return [
+            SchemaIssue(
+                display(loc.file, job.root),
+                loc.line,
+                None,
+                None,
+                f"the schema could not be validated: {describe(error)}",
+                "declare the schema with plain values (str, int, enums, torch dtypes)",
+            )
+        ]
+
+
+def _unique(issues: list[SchemaIssue]) -> list[SchemaIssue]:
+    """``issues`` without repeats: a base module's problem reaches every variant built
+    on it, and is said once."""
+    seen: set[tuple[object, ...]] = set()
+    unique = []
+    for issue in issues:
+        key = (issue.path, issue.line, issue.field, issue.problem, issue.fix)
+        if key not in seen:
+            seen.add(key)
+            unique.append(issue)
+    return unique
 
 
 def orphans(job: Job, planned: Sequence[Planned]) -> list[Path]:

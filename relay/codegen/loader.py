@@ -216,6 +216,11 @@ def _import(path: Path, display: str, session: _Session) -> Schema:
     finally:
         sys.modules.pop(name, None)
         session.importing.pop()
+    return _declared(schema, display)
+
+
+def _declared(schema: object, display: str) -> Schema:
+    """The module's ``SCHEMA``, refused unless it is a ``Schema``."""
     if not isinstance(schema, Schema):
         kind = type(schema).__name__
         got = (
