@@ -25,12 +25,14 @@ __all__ = [
     "DebugChecks",
     "Fence",
     "HostMirror",
+    "SlotsToken",
     "check_dim",
     "check_host_slots",
     "check_rows",
     "debug_class",
     "gather_rows",
     "gather_rows_optional",
+    "gathered_slots",
     "guard_finite",
     "guard_non_negative",
     "guard_positive",
@@ -39,6 +41,7 @@ __all__ = [
     "never_stashed",
     "new_buffer",
     "new_fence",
+    "slots_vouched",
     "write_slots",
 ]
 
@@ -259,7 +262,7 @@ def never_stashed(owner: str, field: str) -> RelayError:
 # 1 us), above it a numpy view of the index memory read as unsigned, so that a
 # negative slot is a huge one and one ``argmax`` catches both ends (about 2.5 us at
 # any batch size). A write skips it for the very tensor the map's latest
-# ``resolve_future`` gathered with, unchanged since (Note [Vouched slots]): that
+# ``resolve_future`` gathered with, unchanged since (torch's version counter): that
 # ``index_select`` already refused any slot outside the pool (on the CPU it checks
 # every index before it writes its output), and an engine stashes and publishes with
 # the batch's slots tensor it resolved, so a steady overlap loop pays nothing.
@@ -280,6 +283,9 @@ _UNSIGNED: dict[
     torch.int8: (ctypes.c_uint8, numpy.uint8, numpy.int8),
     torch.uint8: (ctypes.c_uint8, numpy.uint8, numpy.uint8),
 }
+
+
+SlotsToken = tuple[torch.Tensor, int]
 
 
 # Note [Vouched slots]
@@ -307,6 +313,20 @@ def write_slots(
     if indices.is_cpu:
         check_host_slots(what, indices, pool_size)
     return indices if indices.dtype is torch.int64 else indices.long()
+
+
+def gathered_slots(indices: torch.Tensor) -> SlotsToken | None:
+    """What ``resolve_future`` remembers of the slots it gathered with, for
+    ``slots_vouched`` (Note [Slots on the host]); ``None`` off the CPU, where no write
+    checks its slots, and for an inference tensor, which keeps no version counter."""
+    if not indices.is_cpu or indices.is_inference():
+        return None
+    return indices, indices._version
+
+
+def slots_vouched(token: SlotsToken | None, indices: torch.Tensor) -> bool:
+    """Whether ``indices`` is the tensor ``token`` remembers, unchanged since."""
+    return token is not None and token[0] is indices and token[1] == indices._version
 
 
 #: Up to this many slots, ``check_host_slots`` reads them as a list: half the time of
