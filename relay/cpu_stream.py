@@ -263,6 +263,8 @@ class CpuEvent:
 
     def synchronize(self) -> None:
         """Block the calling thread until the newest record has completed."""
+        if not _live_streams and observer is None:
+            return  # no stream can hold pending work and nothing to report: synchronous
         current = current_cpu_stream()
         # See Note [Host order of CPU records].
         before = current.running_order if current is not None else None

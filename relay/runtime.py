@@ -14,12 +14,14 @@ import torch
 
 from relay.debug import DebugChecks, poison
 from relay.debug.messages import text
-from relay.device import Fence, HostMirror
+from relay.device import CpuFence, Fence, HostMirror, new_fence
 from relay.errors import RelayError, SlotError
 from relay.fused import gather_rows, gather_rows_optional
 
 __all__ = [
+    "NO_ROWS",
     "SLOT_DTYPES",
+    "CpuFence",
     "DebugChecks",
     "Fence",
     "HostMirror",
@@ -38,7 +40,9 @@ __all__ = [
     "lazy_buffer",
     "never_stashed",
     "new_buffer",
+    "new_fence",
     "slots_vouched",
+    "write_slots",
 ]
 
 
@@ -66,6 +70,19 @@ def new_buffer(
 # written; it returns the value in the buffer's dtype, so the generated write is one
 # ``index_copy_`` and a value already in that dtype (the common case) costs no ``.to``
 # call at all (about as much Python time as the write itself at batch 1).
+# With debug off, the generated method first tests the common case inline, one line
+# per field (``v.dtype is not torch.int64 or v.shape != index_shape``, the indices'
+# shape read once, plus the buffer's row dims), and calls check_rows only when it
+# fails: a value that is no tensor (tested first, ``type(v) is not torch.Tensor``, as
+# a list has no ``.dtype``; a tensor subclass takes the slow path), of another dtype or
+# shape, or indices that are no tensor (``index_shape`` is then ``NO_ROWS``, which no
+# shape equals). check_rows
+# stays the one place that accepts, casts or refuses, so every refusal and message is
+# the same in both shapes; float and bool indices are refused by ``write_slots``
+# with the first field's name, before any write.
+
+#: The ``index_shape`` of indices that are no tensor: no value's shape equals it.
+NO_ROWS = torch.Size((-1,))
 
 
 def lazy_buffer(
@@ -155,6 +172,11 @@ def _refuse_types(what: str, value: object, indices: object) -> None:
             "payload values and publish arguments are torch.Tensors with one row per "
             "slot (e.g. torch.as_tensor(values, device=...)). Nothing was written"
         )
+    _refuse_indices(what, indices)
+
+
+def _refuse_indices(what: str, indices: object) -> None:
+    """Raise unless ``indices`` is a tensor of integer slots."""
     if not isinstance(indices, torch.Tensor):
         raise RelayError(
             f"{what}: indices must be a tensor of request-pool slots (got a "
@@ -166,6 +188,15 @@ def _refuse_types(what: str, value: object, indices: object) -> None:
             f"{what}: indices must be integer slots, got a {indices.dtype} tensor, which "
             "a write would truncate to slots (bool ones to slots 0 and 1); pass "
             "request-pool slots as int64 or int32. Nothing was written"
+        )
+
+
+def _refuse_dims(what: str, indices: torch.Tensor) -> None:
+    """Raise unless ``indices`` is one slot per row."""
+    if indices.dim() != 1:
+        raise RelayError(
+            f"{what}: indices must be one slot per row, a 1-D tensor (got shape "
+            f"{tuple(indices.shape)})"
         )
 
 
@@ -181,11 +212,7 @@ def _refuse_rows(
     _refuse_types(what, value, indices)
     got = tuple(value.shape)
     slots = indices.numel()
-    if indices.dim() != 1:
-        raise RelayError(
-            f"{what}: indices must be one slot per row, a 1-D tensor (got shape "
-            f"{tuple(indices.shape)})"
-        )
+    _refuse_dims(what, indices)
     if buf is not None:
         expected: tuple[int | str, ...] = (slots, *buf.shape[1:])
         ok = got == expected
@@ -235,7 +262,7 @@ def never_stashed(owner: str, field: str) -> RelayError:
 # 1 us), above it a numpy view of the index memory read as unsigned, so that a
 # negative slot is a huge one and one ``argmax`` catches both ends (about 2.5 us at
 # any batch size). A write skips it for the very tensor the map's latest
-# ``resolve_future`` gathered with, unchanged since (torch's version counter): that
+# ``resolve_future`` gathered with, unchanged since (Note [Vouched slots]): that
 # ``index_select`` already refused any slot outside the pool (on the CPU it checks
 # every index before it writes its output), and an engine stashes and publishes with
 # the batch's slots tensor it resolved, so a steady overlap loop pays nothing.
@@ -259,6 +286,38 @@ _UNSIGNED: dict[
 
 
 SlotsToken = tuple[torch.Tensor, int]
+
+
+# Note [Vouched slots]
+# With debug off, ``resolve_future`` remembers the int64 slots tensor it gathered with
+# and its version (``_gathered``, ``_gathered_version``): its ``index_select`` refused
+# any slot outside the pool, and the tensor held at least one slot. A write given that
+# very tensor, unchanged since, indexes with it as is (one identity and one version
+# test); any other goes through ``write_slots``, which does everything the vouched
+# tensor is known to pass. An inference tensor keeps no version counter (reading it
+# raises RuntimeError), so it is never vouched for and always checked.
+
+
+def write_slots(
+    what: str, first: str, indices: torch.Tensor, pool_size: int
+) -> torch.Tensor | None:
+    """The slots a write indexes with, for indices ``resolve_future`` did not vouch
+    for (Note [Vouched slots]): ``None`` for zero slots (nothing to write), else int64
+    slots, checked on the host on the CPU (Note [Slots on the host]). Refuses
+    indices that are no tensor of integers, named as the field ``first``'s, before any
+    write."""
+    if type(indices) is not torch.Tensor or indices.dtype not in SLOT_DTYPES:
+        _refuse_indices(first, indices)
+    if indices.numel() == 0:
+        return None
+    if indices.is_cpu:
+        check_host_slots(what, indices, pool_size)
+    return indices if indices.dtype is torch.int64 else indices.long()
+
+
+# ``gathered_slots`` and ``slots_vouched`` are what modules generated by an earlier relay
+# call (before Note [Vouched slots]); kept so such a module still runs until it is
+# regenerated.
 
 
 def gathered_slots(indices: torch.Tensor) -> SlotsToken | None:

@@ -251,7 +251,7 @@ def plan(job: Job) -> list[Planned]:
 
 
 def _validated(schema: Schema, job: Job) -> list[SchemaIssue]:
-    """``validate``'s issues; a check broken by a hostile value is one located issue."""
+    """``validate``'s issues; a check that a hostile value broke is one located issue."""
     try:
         return validate(schema, lambda file: display(file, job.root))
     except KeyboardInterrupt:
@@ -272,8 +272,8 @@ def _validated(schema: Schema, job: Job) -> list[SchemaIssue]:
 
 
 def _unique(issues: list[SchemaIssue]) -> list[SchemaIssue]:
-    """``issues`` in order, each once: a base module's problem reaches every variant
-    built on it."""
+    """``issues`` without repeats: a base module's problem reaches every variant built
+    on it, and is said once."""
     seen: set[tuple[object, ...]] = set()
     unique = []
     for issue in issues:

@@ -170,9 +170,33 @@ def _import(path: Path, display: str, session: _Session) -> Schema:
     except KeyboardInterrupt:
         raise
     except CompositionError as error:  # Schema.load or derive refused its arguments
-        raise _composition_failed(error, session) from None
+        raise SchemaImportError(
+            [
+                SchemaIssue(
+                    session.show(Path(error.file)),
+                    error.line,
+                    None,
+                    None,
+                    error.problem,
+                    error.fix,
+                )
+            ]
+        ) from None
     except SchemaError as error:  # a base module (Schema.load) did not load
-        raise _base_failed(error, path, display) from None
+        bases = sorted({issue.path for issue in error.issues})
+        raise SchemaImportError(
+            [
+                *error.issues,
+                SchemaIssue(
+                    display,
+                    _line_in(path, error),
+                    None,
+                    None,
+                    f"builds on {', '.join(bases)}, which cannot be loaded",
+                    f"mend {', '.join(bases)} (its problems are listed with it)",
+                ),
+            ]
+        ) from None
     except SystemExit as error:
         raise _fail(
             display,
@@ -192,58 +216,25 @@ def _import(path: Path, display: str, session: _Session) -> Schema:
     finally:
         sys.modules.pop(name, None)
         session.importing.pop()
+    return _declared(schema, display)
+
+
+def _declared(schema: object, display: str) -> Schema:
+    """The module's ``SCHEMA``, refused unless it is a ``Schema``."""
     if not isinstance(schema, Schema):
-        raise _not_a_schema(schema, display)
+        kind = type(schema).__name__
+        got = (
+            "nothing"
+            if schema is None
+            else f"{'an' if kind[0] in 'aeiouAEIOU' else 'a'} {kind}"
+        )
+        raise _fail(
+            display,
+            1,
+            f"a schema module must define SCHEMA = Schema(...) (got {got})",
+            "assign the schema declaration to a module-level name SCHEMA",
+        )
     return schema
-
-
-def _composition_failed(error: CompositionError, session: _Session) -> SchemaError:
-    """A located issue at the ``Schema.load`` or ``derive`` call that refused."""
-    return SchemaImportError(
-        [
-            SchemaIssue(
-                session.show(Path(error.file)),
-                error.line,
-                None,
-                None,
-                error.problem,
-                error.fix,
-            )
-        ]
-    )
-
-
-def _base_failed(error: SchemaError, path: Path, display: str) -> SchemaError:
-    """The base's own issues, then one at the line of ``path`` that loads it."""
-    bases = sorted({issue.path for issue in error.issues})
-    return SchemaImportError(
-        [
-            *error.issues,
-            SchemaIssue(
-                display,
-                _line_in(path, error),
-                None,
-                None,
-                f"builds on {', '.join(bases)}, which cannot be loaded",
-                f"mend {', '.join(bases)} (its problems are listed with it)",
-            ),
-        ]
-    )
-
-
-def _not_a_schema(value: object, display: str) -> SchemaError:
-    kind = type(value).__name__
-    got = (
-        "nothing"
-        if value is None
-        else f"{'an' if kind[0] in 'aeiouAEIOU' else 'a'} {kind}"
-    )
-    return _fail(
-        display,
-        1,
-        f"a schema module must define SCHEMA = Schema(...) (got {got})",
-        "assign the schema declaration to a module-level name SCHEMA",
-    )
 
 
 _HINT = re.compile(r"\. Did you mean: .+\?$")

@@ -17,11 +17,15 @@ class's; ``isinstance`` holds for both.
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+import torch
+
 from relay.codegen import kinds, naming
 from relay.codegen.kinds.base import join
+from relay.runtime import HOST_SUM_IN_PYTHON_MAX
 from relay.schema import Schema
 
 if TYPE_CHECKING:
@@ -75,6 +79,29 @@ def _check(f: FieldView) -> list[str]:
     return [*bind, f"if {n.src} is not None:", f"    {check}"]
 
 
+def _fast_check(f: FieldView) -> list[str]:
+    """Debug off: the common case of ``_check`` tested inline, ``check_rows`` called
+    only when it fails (Note [Checked values] in runtime.py)."""
+    n = f.names
+    alloc = kinds.alloc(f.field)
+    args = [n.what, n.src, "indices", n.buf, *alloc.check_args(n)]
+    dtype = f"self.{naming.dtype_cache(f.field)}" if alloc.lazy else n.dtype
+    shape = "index_shape"
+    if f.field.shape:
+        shape += f" + self.{naming.row_cache(f.field)}"
+    common = [
+        f"type({n.src}) is not torch.Tensor",
+        f"{n.src}.dtype is not {dtype}",
+        f"{n.src}.shape != {shape}",
+    ]
+    test = " or ".join(common)
+    bind = [f"{n.src} = {n.given}"] if n.src != n.given else []
+    check = join(f"{n.src} = _rt.check_rows(", args)
+    if f.optional:
+        return [*bind, f"if {n.src} is not None and ({test}):", f"    {check}"]
+    return [*bind, f"if {test}:", f"    {check}"]
+
+
 def _guard(f: FieldView) -> list[str]:
     stmt = kinds.guard(f.field).statement(f.names)
     if stmt is None:
@@ -87,7 +114,7 @@ def _guard(f: FieldView) -> list[str]:
 def _write_field(f: FieldView, shape: Shape) -> list[str]:
     n = f.names
     alloc = kinds.alloc(f.field)
-    stmts = alloc.write(n, _debug_flag(shape))
+    stmts = alloc.write(n, _debug_flag(shape), cache=shape is Shape.OFF)
     if not f.optional:
         return stmts
     return [
@@ -120,27 +147,49 @@ def _names(names: Sequence[str]) -> str:
 
 
 def write(
-    cls: str, op: str, fields: Sequence[FieldView], host_slots_test: str, shape: Shape
+    cls: str,
+    op: str,
+    fields: Sequence[FieldView],
+    vouched: bool,
+    shape: Shape,
 ) -> list[str]:
     """``stash`` or ``publish``: every check before any write, then the writes; publish
-    records the fence."""
+    records the fence. ``vouched``: whether ``resolve_future`` vouches for its slots
+    (Note [Vouched slots] in runtime.py)."""
     records = op == "publish"
     lines = ["# Every check before any write: a refused call leaves the map as it was."]
-    for f in fields:
-        lines += _check(f)
-    lines += ["if indices.numel() == 0:", "    return"]
-    checks = [f'self._debug.check_slots("{op}", indices)']
-    for f in fields:
-        checks += _guard(f)
-    host_check = join(
-        "_rt.check_host_slots(",
-        [naming.string_literal(f"{cls}.{op}"), "indices", "self.pool_size"],
-    )
     if shape is Shape.DEBUG:
-        lines += checks
-    else:  # Note [Slots on the host] in runtime.py
-        lines += [host_slots_test, f"    {host_check}"]
-    lines.append("slots = indices if indices.dtype is torch.int64 else indices.long()")
+        for f in fields:
+            lines += _check(f)
+        lines += ["if indices.numel() == 0:", "    return"]
+        lines.append(f'self._debug.check_slots("{op}", indices)')
+        for f in fields:
+            lines += _guard(f)
+        lines.append(
+            "slots = indices if indices.dtype is torch.int64 else indices.long()"
+        )
+    else:
+        lines.append(
+            "index_shape = indices.shape if type(indices) is torch.Tensor else _rt.NO_ROWS"
+        )
+        for f in fields:
+            lines += _fast_check(f)
+        first = fields[0].names.what if fields else naming.string_literal(cls)
+        args = [
+            naming.string_literal(f"{cls}.{op}"),
+            first,
+            "indices",
+            "self.pool_size",
+        ]
+        vouch = (
+            "indices is self._gathered and indices._version == self._gathered_version"
+        )
+        slow = join("_rt.write_slots(", args)
+        if vouched:  # Note [Vouched slots] in runtime.py
+            lines += [f"vouched = {vouch}", f"slots = indices if vouched else {slow}"]
+        else:
+            lines.append(f"slots = {slow}")
+        lines += ["if slots is None:", "    return"]
     for f in fields:
         lines += _write_field(f, shape)
     wrote = [f'"{op}"', "indices", _names([f.name for f in fields])]
@@ -165,15 +214,25 @@ def _buffers(fields: Sequence[FieldView]) -> str:
 def _host(f: FieldView, source: str) -> list[str]:
     """The host mirror and host sum of a schedule field, copied from ``source``."""
     n, field = f.names, f.field
+    if field.host_mirror is None and field.host_sum is None:
+        return []
+    copy = f"{n.host}.copy({source})"
+    if field.host_sum is None:
+        return [f"batch.{field.host_mirror} = {copy}"]
+    stmts = [f"host = {copy}"]
     if field.host_mirror is not None:
-        mirror = f"batch.{field.host_mirror}"
-        stmts = [f"{mirror} = {n.host}.copy({source})"]
-        if field.host_sum is not None:
-            stmts.append(f"batch.{field.host_sum} = _rt.host_sum({mirror})")
-        return stmts
-    if field.host_sum is not None:
-        return [f"batch.{field.host_sum} = _rt.host_sum({n.host}.copy({source}))"]
-    return []
+        stmts.append(f"batch.{field.host_mirror} = host")
+    dtype = field.dtype
+    if isinstance(dtype, torch.dtype) and not (
+        dtype.is_floating_point or dtype.is_complex
+    ):
+        # relay.runtime.host_sum inlined for integers: no op up to its Python maximum.
+        most = HOST_SUM_IN_PYTHON_MAX
+        total = f"sum(host.tolist()) if host.numel() <= {most} else int(host.sum())"
+    else:
+        total = "_rt.host_sum(host)"
+    stmts.append(f"batch.{field.host_sum} = {total}")
+    return stmts
 
 
 def _carried_test(f: FieldView) -> str:
@@ -251,6 +310,23 @@ def _fused(
     return lines
 
 
+def _nested_once(lines: list[str], taken: set[str]) -> list[str]:
+    """``spec_info = batch.spec_info`` once, after the zero-slots return, where the
+    resolve hands several attributes of one nested batch object over (each
+    ``batch.spec_info.x`` would read it again); ``taken``: locals it must not shadow."""
+    counts: dict[str, int] = {}
+    for line in lines:
+        for name in re.findall(r"\bbatch\.(\w+)\.", line):
+            counts[name] = counts.get(name, 0) + 1
+    for name, count in counts.items():
+        if count < 2 or name in taken or name in naming.RESERVED:
+            continue
+        at = lines.index("    return") + 1
+        lines = [line.replace(f"batch.{name}.", f"{name}.") for line in lines]
+        lines.insert(at, f"{name} = batch.{name}")
+    return lines
+
+
 def resolve_future(
     schema: Schema,
     reads: Sequence[FieldView],
@@ -275,8 +351,16 @@ def resolve_future(
     lines += _reports(reads, _group_report(reads), shape)
     if slots_gathered and shape is Shape.OFF:
         # Debug mode checks every write's slots; only the work remembers the gather.
-        lines.append("self._slots_gathered = _rt.gathered_slots(indices)")
-    return lines
+        lines += [
+            "try:",
+            "    self._gathered_version = indices._version",
+            "except RuntimeError:  # an inference tensor keeps no version counter",
+            "    self._gathered = None",
+            "else:",
+            "    # Vouched for as int64 only: a write then indexes with it as is.",
+            "    self._gathered = indices if indices.dtype is torch.int64 else None",
+        ]
+    return _nested_once(lines, {f.name for f in schema.fields})
 
 
 def resolve_schedule(schema: Schema, f: FieldView, shape: Shape) -> list[str]:

@@ -51,10 +51,14 @@ RESERVED = frozenset(
         "payload",
         "batch",
         "slots",
+        "index_shape",
+        "vouched",
+        "host",
         # attributes of the map
         "_debug",
         "_fence",
-        "_slots_gathered",
+        "_gathered",
+        "_gathered_version",
         "fused_gather",
     }
 )
@@ -175,6 +179,16 @@ def carried_flag(field: Field) -> str:
     return f"_{field.name}_carried"
 
 
+def row_cache(field: Field) -> str:
+    """The attribute holding a field's row dims for the inline row check."""
+    return f"_{field.name}_row"
+
+
+def dtype_cache(field: Field) -> str:
+    """The attribute holding a lazy field's buffer dtype (``None`` before allocation)."""
+    return f"_{field.name}_dtype"
+
+
 def value_local(field: Field) -> str:
     """The local holding a schedule field's gathered rows (fields never shadow locals:
     ``indices``, ``slots``, ``batch`` and ``self`` are reserved)."""
@@ -212,6 +226,7 @@ def bound_names(schema: Schema) -> frozenset[str]:
     names.update(_path_names(schema, schema.indices))
     for f in schema.fields:
         names.update({buffer(f), host_mirror(f), carried_flag(f), f.payload_name})
+        names.update({row_cache(f), dtype_cache(f)})
         names.add(value_local(f))
         names.update(placeholder_locals(f))
         for path in (f.target, f.host_mirror, f.host_sum):

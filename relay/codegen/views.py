@@ -342,6 +342,8 @@ class MapView:
     protocols: tuple[ProtocolView, ...]  # nested first, the batch protocol last
     debug_stmt: str
     fence_stmt: str | None
+    #: What the inline row checks compare with (Note [Checked values] in runtime.py).
+    cache_stmts: tuple[str, ...]
     exports: tuple[str, ...]
     #: Method bodies (``methods.py``), by method name: the public class (debug off) and
     #: its debug-mode subclass (Note [Two shapes] in ``methods.py``).
@@ -487,13 +489,10 @@ def _bodies(
     """Every method body of one generated class (``methods.py``), by method name."""
     forward = [f for f in fields if f.lane is Lane.FORWARD]
     slots_gathered = _slots_gathered(fields)
-    host_test = "if indices.is_cpu:"
-    if slots_gathered:
-        host_test = "if indices.is_cpu and not _rt.slots_vouched(self._slots_gathered, indices):"
     bodies = {
-        "stash": methods.write(schema.name, "stash", forward, host_test, shape),
+        "stash": methods.write(schema.name, "stash", forward, slots_gathered, shape),
         "publish": methods.write(
-            schema.name, "publish", _publish_params(fields), host_test, shape
+            schema.name, "publish", _publish_params(fields), slots_gathered, shape
         ),
         "invalidate": methods.invalidate([f for f in fields if f.placeholder], shape),
         "release": methods.release(shape),
@@ -561,9 +560,12 @@ def map_view(schema: Schema, *, source: str) -> MapView:
         fused=fused is not None,
         protocols=protocols,
         debug_stmt=_debug_stmt(schema),
-        fence_stmt="self._fence = _rt.Fence(self.device)"
+        fence_stmt="self._fence = _rt.new_fence(self.device, debug)"
         if any(f.lane is Lane.SCHEDULE for f in schema.fields)
         else None,
+        cache_stmts=tuple(
+            stmt for f in fields for stmt in kinds.alloc(f.field).init_cache(f.names)
+        ),
         exports=_exports(schema, protocols),
         bodies=_bodies(schema, fields, groups, fused, Shape.OFF),
         debug_bodies=_bodies(schema, fields, groups, fused, Shape.DEBUG),

@@ -54,8 +54,8 @@ def _module_bindings(tree: ast.Module) -> tuple[set[str], set[str]]:
 
 
 def _minted(schema: Schema) -> set[str]:
-    """The classes naming mints from ``schema``: the map, its debug subclass, payload
-    and Protocols."""
+    """The classes naming mints from ``schema``: the map, its debug subclass, the
+    payload and the Protocols."""
     names = {
         schema.name,
         naming.debug_class(schema),

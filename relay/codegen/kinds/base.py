@@ -114,13 +114,20 @@ class AllocKind:
         """The constructor's statements for the buffer."""
         raise NotImplementedError
 
+    def init_cache(self, n: Names) -> list[str]:
+        """The constructor's statements for what the inline row check compares with
+        (Note [Checked values] in runtime.py): the row dims, a lazy field's dtype."""
+        return []
+
     def check_args(self, n: Names) -> list[str]:
         """``check_rows``'s arguments after the buffer (a lazy row's declared shape)."""
         return []
 
-    def write(self, n: Names, debug: str) -> list[str]:
+    def write(self, n: Names, debug: str, *, cache: bool) -> list[str]:
         """The write of the checked value into rows ``slots`` (``debug``: whether the
-        map checks, as source: a new lazy buffer then starts poisoned)."""
+        map checks, as source: a new lazy buffer then starts poisoned; ``cache``:
+        whether a new buffer's dtype and row are kept for the inline check of Note
+        [Checked values] in runtime.py)."""
         raise NotImplementedError
 
     def before_read(self, schema: Schema, n: Names) -> list[str]:

@@ -29,7 +29,13 @@ class Eager(AllocKind):
         args = [shape, n.dtype or "None", "self.device", "debug"]
         return [join(f"{n.buf}: torch.Tensor = _rt.new_buffer(", args)]
 
-    def write(self, n: Names, debug: str) -> list[str]:
+    def init_cache(self, n: Names) -> list[str]:
+        if not n.field.shape:
+            return []
+        row = naming.shape_literal(tuple(str(d) for d in n.field.shape))
+        return [f"self.{naming.row_cache(n.field)} = {row}"]
+
+    def write(self, n: Names, debug: str, *, cache: bool) -> list[str]:
         return [f"{n.buf}.index_copy_(0, slots, {n.src})"]
 
 

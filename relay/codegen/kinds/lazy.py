@@ -18,11 +18,24 @@ class Lazy(AllocKind):
     def check_args(self, n: Names) -> list[str]:
         return [n.row, n.dtype or "None"]
 
-    def write(self, n: Names, debug: str) -> list[str]:
+    def init_cache(self, n: Names) -> list[str]:
+        # No dtype equals None and no shape NO_ROWS: the check's slow path until the
+        # first write allocates the buffer.
+        stmts = [f"self.{naming.dtype_cache(n.field)}: torch.dtype | None = None"]
+        if n.field.shape:
+            row = f"self.{naming.row_cache(n.field)}: tuple[int, ...]"
+            stmts.append(f"{row} = _rt.NO_ROWS")
+        return stmts
+
+    def write(self, n: Names, debug: str, *, cache: bool) -> list[str]:
         args = [n.what, "self.pool_size", n.row, n.dtype or "None", n.src, debug]
+        kept = [f"    self.{naming.dtype_cache(n.field)} = {n.buf}.dtype"]
+        if n.field.shape:
+            kept.append(f"    self.{naming.row_cache(n.field)} = {n.buf}.shape[1:]")
         return [
             f"if {n.buf} is None:",
             "    " + join(f"{n.buf} = _rt.lazy_buffer(", args),
+            *(kept if cache else []),
             f"{n.buf}.index_copy_(0, slots, {n.src})",
         ]
 
