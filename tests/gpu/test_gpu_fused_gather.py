@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from fused_support import assert_same_bits, raw_bytes
 from gpu_maps import BundledMap, random_slots
 
 from relay.fused import MAX_BUFFERS, gather_rows, triton_available
@@ -17,26 +18,6 @@ from relay.schema import Lane
 pytestmark = pytest.mark.gpu
 
 POOL = 17
-
-
-def _bytes(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.contiguous().reshape(-1).view(torch.uint8)
-
-
-def _same_bits(
-    got: list[torch.Tensor], buffers: list[torch.Tensor], index: torch.Tensor
-) -> None:
-    assert len(got) == len(buffers)
-    for k, (out, buf) in enumerate(zip(got, buffers)):
-        want = buf.index_select(0, index)
-        assert (out.shape, out.dtype, out.device) == (
-            want.shape,
-            want.dtype,
-            want.device,
-        ), k
-        assert torch.equal(_bytes(out), _bytes(want)), (
-            f"buffer {k} ({buf.dtype}) differs"
-        )
 
 
 def _forward_buffers(bundled: BundledMap, relay: object) -> list[torch.Tensor]:
@@ -74,7 +55,7 @@ def test_the_kernel_is_the_path_taken(cuda: torch.device) -> None:
         "index_select" in name or "indexSelect" in name for name in kernels
     ), kernels
     assert sum("gather" in name for name in kernels) == 1, kernels
-    _same_bits(got, buffers, index)
+    assert_same_bits(got, buffers, index)
 
 
 def test_every_bundled_maps_forward_lane_matches_the_torch_path(
@@ -93,7 +74,7 @@ def test_every_bundled_maps_forward_lane_matches_the_torch_path(
         assert buffers == []
         return
     for index in (indices, torch.cat([indices[:2], indices.new_zeros(1)]).int()):
-        _same_bits(gather_rows(index, buffers), buffers, index)
+        assert_same_bits(gather_rows(index, buffers), buffers, index)
 
 
 def test_mixed_dtypes_wide_rows_and_more_buffers_than_one_launch(
@@ -118,7 +99,7 @@ def test_mixed_dtypes_wide_rows_and_more_buffers_than_one_launch(
     buffers = buffers + [b.clone() for b in buffers]
     assert len(buffers) > MAX_BUFFERS
     index = torch.tensor([2, 1, 32, 0, 2, 7], device=cuda)
-    _same_bits(gather_rows(index, buffers), buffers, index)
+    assert_same_bits(gather_rows(index, buffers), buffers, index)
 
 
 def test_what_the_kernel_does_not_take_runs_the_torch_path(cuda: torch.device) -> None:
@@ -126,7 +107,7 @@ def test_what_the_kernel_does_not_take_runs_the_torch_path(cuda: torch.device) -
     packed = torch.arange(60, device=cuda).reshape(20, 3)
     column = packed[:, 1:]
     index = torch.tensor([5, 6], device=cuda)
-    _same_bits(gather_rows(index, [column]), [column], index)
+    assert_same_bits(gather_rows(index, [column]), [column], index)
 
 
 def test_packed_maps_built_with_fused_gather_resolve_what_the_torch_path_does(
@@ -162,7 +143,7 @@ def test_packed_maps_built_with_fused_gather_resolve_what_the_torch_path_does(
             if plain is None or fused is None:
                 assert plain is None and fused is None, f.name
                 continue
-            assert torch.equal(_bytes(plain), _bytes(fused)), f.name
+            assert torch.equal(raw_bytes(plain), raw_bytes(fused)), f.name
 
 
 def _get(obj: object, path: str) -> torch.Tensor | None:

@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import torch
 
@@ -105,3 +106,21 @@ def load_generated(schema: Schema, tmp_path: Path, module: str) -> ModuleType:
     loaded = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(loaded)
     return loaded
+
+
+def buffer_copies(relay: Any) -> dict[str, torch.Tensor]:
+    """A copy of every allocated buffer of ``relay``, to show a refused call wrote
+    nothing (``buffers_unchanged``)."""
+    return {
+        name: value.clone()
+        for name, value in vars(relay).items()
+        if name.endswith("_buf") and isinstance(value, torch.Tensor)
+    }
+
+
+def buffers_unchanged(relay: Any, before: dict[str, torch.Tensor]) -> bool:
+    """Whether every buffer of ``relay`` still holds what ``before`` copied (NaN equal)."""
+    return all(
+        torch.equal(before[name].nan_to_num(7.0), getattr(relay, name).nan_to_num(7.0))
+        for name in before
+    )

@@ -10,12 +10,13 @@ its loads and stores in numpy, moves the same bits a GPU does; what only a GPU s
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from fused_support import assert_same_bits, raw_bytes
 from relay_runtime_support import Batch, eagle_payload, slots
 from triton_interpret import REPO, Interpreted, load_module
 
@@ -79,26 +80,6 @@ def _random(shape: tuple[int, ...], dtype: torch.dtype, seed: int) -> torch.Tens
     return raw.view(dtype).reshape(shape)
 
 
-def _bytes(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.contiguous().reshape(-1).view(torch.uint8)
-
-
-def _same_bits(
-    got: Sequence[torch.Tensor], buffers: Sequence[torch.Tensor], index: torch.Tensor
-) -> None:
-    assert len(got) == len(buffers)
-    for k, (out, buf) in enumerate(zip(got, buffers)):
-        want = buf.index_select(0, index)
-        assert (out.shape, out.dtype, out.device) == (
-            want.shape,
-            want.dtype,
-            want.device,
-        ), f"buffer {k}"
-        assert torch.equal(_bytes(out), _bytes(want)), (
-            f"buffer {k} ({buf.dtype}, row {tuple(buf.shape[1:])}) differs"
-        )
-
-
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64], ids=str)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_each_dtype_and_row_width_is_copied_bit_for_bit(
@@ -110,7 +91,7 @@ def test_each_dtype_and_row_width_is_copied_bit_for_bit(
     for seed, row in enumerate(ROWS):
         buffer = _random((POOL, *row), dtype, seed)
         assert fused._takes(index, [buffer])
-        _same_bits(fused._gather(kernel, index, [buffer]), [buffer], index)
+        assert_same_bits(fused._gather(kernel, index, [buffer]), [buffer], index)
     assert len(kernel.launches) == len(ROWS)
 
 
@@ -126,7 +107,7 @@ def test_one_launch_gathers_up_to_eight_buffers_of_mixed_dtypes(
         _random((POOL, *rows[k % len(rows)]), DTYPES[(3 * k + count) % len(DTYPES)], k)
         for k in range(count)
     ]
-    _same_bits(fused._gather(kernel, index, buffers), buffers, index)
+    assert_same_bits(fused._gather(kernel, index, buffers), buffers, index)
     assert len(kernel.launches) == -(-count // fused.MAX_BUFFERS)
     assert kernel.launches[0][0] == min(count, fused.MAX_BUFFERS)  # axis 0: the buffer
 
@@ -137,7 +118,7 @@ def test_every_dtype_in_one_call(kernel: Interpreted) -> None:
     buffers = [
         _random((POOL, 2 * BLOCK + k), dtype, k) for k, dtype in enumerate(DTYPES)
     ]
-    _same_bits(fused._gather(kernel, index, buffers), buffers, index)
+    assert_same_bits(fused._gather(kernel, index, buffers), buffers, index)
 
 
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64], ids=str)
@@ -148,7 +129,7 @@ def test_an_empty_batch_launches_nothing(
     launch."""
     index = torch.empty(0, dtype=index_dtype)
     buffers = [_random((POOL, 4), torch.bfloat16, 0), _random((POOL,), torch.bool, 1)]
-    _same_bits(fused._gather(kernel, index, buffers), buffers, index)
+    assert_same_bits(fused._gather(kernel, index, buffers), buffers, index)
     assert kernel.launches == []
 
 
@@ -156,7 +137,7 @@ def test_rows_of_width_zero_launch_nothing(kernel: Interpreted) -> None:
     """Buffers whose rows hold no element: empty rows per slot, and no launch."""
     index = torch.tensor(SLOTS)
     buffers = [torch.empty(POOL, 0, dtype=torch.float16), torch.empty(POOL, 3, 0)]
-    _same_bits(fused._gather(kernel, index, buffers), buffers, index)
+    assert_same_bits(fused._gather(kernel, index, buffers), buffers, index)
     assert kernel.launches == []
 
 
@@ -167,7 +148,7 @@ def test_gather_rows_takes_the_kernel_where_it_can(kernel: Interpreted) -> None:
     buffer or none are refused too."""
     index = torch.tensor(SLOTS)
     buffers = [_random((POOL, 3), torch.float32, 0), _random((POOL,), torch.int64, 1)]
-    _same_bits(fused.gather_rows(index, buffers), buffers, index)
+    assert_same_bits(fused.gather_rows(index, buffers), buffers, index)
     assert len(kernel.launches) == 1
 
     packed = _random((POOL, 4), torch.int64, 2)
@@ -180,7 +161,7 @@ def test_gather_rows_takes_the_kernel_where_it_can(kernel: Interpreted) -> None:
     ]
     for slots_, bufs in refused:
         assert not fused._takes(slots_, bufs)
-        _same_bits(fused.gather_rows(slots_, bufs), bufs, slots_)
+        assert_same_bits(fused.gather_rows(slots_, bufs), bufs, slots_)
     assert not fused._takes(index.reshape(2, 3), buffers)
     assert not fused._takes(index.to(torch.int16), buffers)
     assert not fused._takes(index, [torch.tensor(1.0)])
@@ -226,9 +207,9 @@ def test_packed_eagle_with_the_kernel_resolves_what_eagle_resolves(
             if want is None or got is None:
                 assert want is None and got is None, name
                 continue
-            assert got.dtype == want.dtype and torch.equal(_bytes(got), _bytes(want)), (
-                f"step {step}: {name}"
-            )
+            assert got.dtype == want.dtype and torch.equal(
+                raw_bytes(got), raw_bytes(want)
+            ), f"step {step}: {name}"
     assert len(kernel.launches) == 4  # one launch per resolve, whatever it carried
 
 

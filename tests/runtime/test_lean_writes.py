@@ -9,7 +9,15 @@ from typing import Any
 
 import pytest
 import torch
-from relay_runtime_support import Batch, eagle_payload, gated, slots, thread_streams
+from relay_runtime_support import (
+    Batch,
+    buffer_copies,
+    buffers_unchanged,
+    eagle_payload,
+    gated,
+    slots,
+    thread_streams,
+)
 
 import relay.device as device_module
 from relay import RelayError
@@ -21,20 +29,6 @@ from relay.maps.eagle import EagleFutureMap
 
 POOL = 9
 TOPK = 2
-
-
-def buffers(relay: Any) -> dict[str, torch.Tensor]:
-    """A copy of every allocated buffer of ``relay``."""
-    return {
-        name: value.clone()
-        for name, value in vars(relay).items()
-        if name.endswith("_buf") and isinstance(value, torch.Tensor)
-    }
-
-
-def unchanged(relay: Any, before: dict[str, torch.Tensor]) -> bool:
-    """Whether every buffer ``before`` copied still holds the same values."""
-    return all(torch.equal(v, getattr(relay, k)) for k, v in before.items())
 
 
 def resolved(relay: Any, indices: torch.Tensor) -> Batch:
@@ -53,14 +47,14 @@ def test_a_vouched_slots_tensor_changed_in_place_is_checked_again() -> None:
     relay.stash(indices, eagle_payload(2, TOPK, base=3))  # vouched: written as is
     assert relay.output_tokens_buf[1:3].tolist() == [3, 4]
     indices[1] = POOL
-    before = buffers(relay)
+    before = buffer_copies(relay)
     with pytest.raises(
         SlotError, match=r"^EagleFutureMap\.stash: slot 9 at position 1"
     ):
         relay.stash(indices, eagle_payload(2, TOPK, base=5))
     with pytest.raises(SlotError, match=r"^EagleFutureMap\.publish: slot 9"):
         relay.publish(indices, torch.tensor([4, 4]))
-    assert unchanged(relay, before)
+    assert buffers_unchanged(relay, before)
 
 
 def test_inference_tensor_slots_are_always_checked() -> None:
@@ -74,10 +68,10 @@ def test_inference_tensor_slots_are_always_checked() -> None:
         good = torch.tensor([1, 2])
     resolved(relay, good)
     assert relay._gathered is None
-    before = buffers(relay)
+    before = buffer_copies(relay)
     with pytest.raises(SlotError, match=r"^DecodeFutureMap\.stash: slot 12"):
         relay.stash(indices, DecodePayload(next_token_ids=slots(5, 6)))
-    assert unchanged(relay, before)
+    assert buffers_unchanged(relay, before)
 
 
 def test_int32_gathered_slots_are_cast_not_vouched() -> None:
@@ -96,7 +90,7 @@ def test_lazy_field_checked_against_its_buffer_after_allocation() -> None:
     relay = EagleFutureMap("cpu", POOL, topk=TOPK)
     hidden = torch.ones(2, 4, dtype=torch.bfloat16)
     relay.stash(slots(1, 2), eagle_payload(2, TOPK, hidden=hidden))
-    before = buffers(relay)
+    before = buffer_copies(relay)
     for bad, message in (
         (torch.ones(2, 5, dtype=torch.bfloat16), r"got a tensor of shape \(2, 5\)"),
         (torch.ones(2, 4, dtype=torch.complex64), r"got torch\.complex64 values"),
@@ -106,7 +100,7 @@ def test_lazy_field_checked_against_its_buffer_after_allocation() -> None:
             RelayError, match=rf"^EagleFutureMap\.hidden_states: {message}"
         ):
             relay.stash(slots(3, 4), eagle_payload(2, TOPK, hidden=bad))  # type: ignore[arg-type]
-    assert unchanged(relay, before)
+    assert buffers_unchanged(relay, before)
     # Another float dtype is cast, as check_rows does.
     relay.stash(slots(3), eagle_payload(1, TOPK, hidden=torch.full((1, 4), 2.0)))
     assert relay.hidden_states_buf is not None

@@ -5,11 +5,17 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
-from relay_runtime_support import batch_of, eagle_payload, load_generated, slots
+from relay_runtime_support import (
+    batch_of,
+    buffer_copies,
+    buffers_unchanged,
+    eagle_payload,
+    load_generated,
+    slots,
+)
 
 from relay import RelayError
 from relay.maps.decode_seq_lens import DecodeSeqLensFutureMap, DecodeSeqLensPayload
@@ -22,23 +28,6 @@ POOL = 9
 TOPK = 2
 
 
-def buffers(relay: Any) -> dict[str, torch.Tensor]:
-    """A copy of every buffer of ``relay``, to show a refused call wrote nothing."""
-    return {
-        name: value.clone()
-        for name, value in vars(relay).items()
-        if name.endswith("_buf") and isinstance(value, torch.Tensor)
-    }
-
-
-def unchanged(relay: Any, before: dict[str, torch.Tensor]) -> bool:
-    """Whether every buffer of ``relay`` still holds what ``before`` copied (NaN equal)."""
-    return all(
-        torch.equal(before[name].nan_to_num(7.0), getattr(relay, name).nan_to_num(7.0))
-        for name in before
-    )
-
-
 @pytest.mark.parametrize("debug", [False, True], ids=["debug-off", "debug-on"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bool])
 def test_non_integer_indices_are_refused_before_any_write(
@@ -46,7 +35,7 @@ def test_non_integer_indices_are_refused_before_any_write(
 ) -> None:
     """A float or bool slots tensor is refused naming the map and field, not truncated."""
     relay = EagleFutureMap("cpu", POOL, topk=TOPK, debug=debug)
-    before = buffers(relay)
+    before = buffer_copies(relay)
     indices = torch.tensor([1.7, 2.2]).to(dtype)
     with pytest.raises(
         RelayError,
@@ -58,14 +47,14 @@ def test_non_integer_indices_are_refused_before_any_write(
         RelayError, match=r"^EagleFutureMap\.new_seq_lens: indices must be integer"
     ):
         relay.publish(indices, torch.tensor([3, 4]))
-    assert unchanged(relay, before)
+    assert buffers_unchanged(relay, before)
 
 
 @pytest.mark.parametrize("debug", [False, True], ids=["debug-off", "debug-on"])
 def test_values_that_are_not_tensors_are_refused_naming_the_field(debug: bool) -> None:
     """A list in a payload or a Python int to publish is a RelayError, not an AttributeError."""
     relay = DecodeSeqLensFutureMap("cpu", POOL, debug=debug)
-    before = buffers(relay)
+    before = buffer_copies(relay)
     with pytest.raises(
         RelayError,
         match=r"^DecodeSeqLensFutureMap\.output_tokens: got \[4, 5\] of type list, not "
@@ -83,7 +72,7 @@ def test_values_that_are_not_tensors_are_refused_naming_the_field(debug: bool) -
         r"request-pool slots \(got a list\)",
     ):
         relay.stash([1, 2], DecodeSeqLensPayload(next_token_ids=slots(4, 5)))  # type: ignore[arg-type]
-    assert unchanged(relay, before)
+    assert buffers_unchanged(relay, before)
 
 
 def test_integer_index_dtypes_are_all_still_taken() -> None:
