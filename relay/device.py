@@ -235,12 +235,19 @@ def policy_for(device: torch.device) -> DevicePolicy:
 class HostMirror:
     """Per-field host-copy state: a pinned buffer (CUDA) reused across resolves."""
 
+    copy: Callable[[torch.Tensor], torch.Tensor]
+    """``src`` on the host, in a tensor the caller owns: never ``src`` itself, so
+    changing one in place leaves the other alone (Note [CPU host mirror]). With the
+    stock CPU policy it is ``Tensor.clone`` itself: the resolve's call is the op."""
+
     def __init__(self, device: torch.device, pool_size: int) -> None:
         self.device = device
         self.pool_size = pool_size
         self._policy = policy_for(device)
         self._pinned: torch.Tensor | None = None
         self._copy_done: Any = None
+        bare = type(self._policy) is CpuPolicy
+        self.copy = torch.Tensor.clone if bare else self._to_host
 
     def pinned_rows(self, like: torch.Tensor) -> torch.Tensor:
         """Pinned host rows shaped like ``like`` (allocated on first use; needs CUDA)."""
@@ -267,9 +274,7 @@ class HostMirror:
             self._copy_done = self._policy.new_event()
         return self._copy_done
 
-    def copy(self, src: torch.Tensor) -> torch.Tensor:
-        """``src`` on the host, in a tensor the caller owns: never ``src`` itself, so
-        changing one in place leaves the other alone (Note [CPU host mirror])."""
+    def _to_host(self, src: torch.Tensor) -> torch.Tensor:
         return self._policy.to_host(src, self)
 
 

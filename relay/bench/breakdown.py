@@ -24,7 +24,7 @@ import gc
 import inspect
 import textwrap
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import IO, Any
 
 import attrs
@@ -60,6 +60,15 @@ __all__ = [
 # loaded development machine the runtime helpers saved by a hand-edited leaner method
 # were up to twice what their rows said. The rows say where to look; time a leaner
 # copy (``generated=``) to price a cut.
+
+# Note [Path taken]
+# A method's rows are the statements its call runs in the bench's step, in order: the
+# body and else block of a ``try`` (its handlers are the refusals' path), and of an
+# ``if`` whose body returns, the test (a row of its own) and then the branch it takes,
+# up to the first ``return``; statements after it do not run and get no row. So the
+# fast path of a write (Note [Fast writes] in relay/runtime.py) is timed as it runs,
+# and the checked path behind it is not. Any other ``if`` is one statement, with a
+# row per test below it.
 
 # Note [Two passes]
 # Whole methods (generated and floor) and payloads are timed in one interleaved pass,
@@ -147,8 +156,18 @@ def _assigned(node: ast.AST) -> list[str]:
     return sorted(names)
 
 
+class _Unannotated(ast.NodeTransformer):
+    """``x: T = v`` as ``x = v``: a name declared ``global`` takes no annotation."""
+
+    def visit_AnnAssign(self, node: ast.AnnAssign) -> ast.stmt:
+        if node.value is None:
+            return ast.Pass()
+        return ast.copy_location(ast.Assign([node.target], node.value), node)
+
+
 def _compile(node: ast.stmt, namespace: dict[str, Any], tag: str) -> Callable[[], Any]:
     """``node`` as the body of a function over ``namespace`` (Note [Statement timing])."""
+    node = ast.fix_missing_locations(_Unannotated().visit(node))
     names = _assigned(node)
     lines = [f"def {tag}():"]
     if names:
@@ -174,6 +193,36 @@ def _statements(fn: Callable[..., Any]) -> list[ast.stmt]:
     ):
         body = body[1:]
     return body
+
+
+def _returns(node: ast.stmt) -> bool:
+    return any(isinstance(n, ast.Return) for n in ast.walk(node))
+
+
+def _taken(
+    nodes: Sequence[ast.stmt], namespace: dict[str, Any], tag: str
+) -> Generator[ast.stmt | ast.expr, None, bool]:
+    """The statements a call runs, in order (Note [Path taken]), as it runs them: the
+    caller runs each before asking for the next, so a test is evaluated over the
+    locals of the statements before it. Returns whether the path ended in a
+    ``return``."""
+    for n, node in enumerate(nodes):
+        if isinstance(node, ast.Try) and node.handlers and not node.finalbody:
+            # Its else block runs after the body when nothing was raised.
+            for part, block in enumerate((node.body, node.orelse)):
+                if (yield from _taken(block, namespace, f"{tag}_{n}_{part}")):
+                    return True
+        elif isinstance(node, ast.If) and _returns(node):
+            yield node.test
+            holds = _compile(ast.Return(value=node.test), namespace, f"{tag}_{n}t")
+            branch = node.body if holds() else node.orelse
+            if (yield from _taken(branch, namespace, f"{tag}_{n}b")):
+                return True
+        elif isinstance(node, ast.Return):
+            return True
+        else:
+            yield node
+    return False
 
 
 def _tests(node: ast.stmt) -> list[ast.expr]:
@@ -294,7 +343,12 @@ def _plan_method(
     namespace: dict[str, Any] = dict(vars(inspect.getmodule(fn)))
     namespace.update(self=side.map, **args)
     rows: list[_Row] = []
-    for n, node in enumerate(_statements(fn)):
+    for n, node in enumerate(_taken(_statements(fn), namespace, "_p")):
+        if isinstance(node, ast.expr):  # the test of an if on the path
+            holds = _compile(ast.Expr(value=node), namespace, f"_s{n}")
+            index = plan.add(f"{method}:{n}", holds)
+            rows.append((index, f"if {_one_line(node)}:", 0, count_ops(holds).data))
+            continue
         run = _compile(node, namespace, f"_s{n}")
         ops = count_ops(run).data  # runs it once: later statements see its locals
         rows.append((plan.add(f"{method}:{n}", run), _one_line(node), 0, ops))

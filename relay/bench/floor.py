@@ -42,7 +42,7 @@ __all__ = ["FLOORS", "FloorMap", "compare_floor", "floor_side", "has_floor"]
 # the optional hidden state is carried (``hidden_states is not None``, the carried
 # flag), whether its lazy buffer exists yet, and which host sum fits the batch (a
 # Python sum of ``tolist()`` up to ``relay.runtime.HOST_SUM_IN_PYTHON_MAX`` values,
-# ``int(t.sum())`` above: the same ops the generated map dispatches at that batch).
+# numpy's above: the same calls the generated map makes at that batch).
 # Those decisions are part of relay's cost, so the floor leaves them out: it is the
 # least a step of that design can cost, a lower bound and never a strawman. What it
 # keeps is what any caller pays: one Python call per method (the driver's, the same
@@ -139,7 +139,7 @@ def _schedule_lane(
             batch.seq_lens = rows
             host = rows.clone()
             batch.seq_lens_cpu = host
-            batch.seq_lens_sum = int(host.sum())
+            batch.seq_lens_sum = int(host.numpy().sum())
 
     return lens, publish, resolve_seq_lens_cpu
 

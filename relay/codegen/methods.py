@@ -102,6 +102,58 @@ def _fast_check(f: FieldView) -> list[str]:
     return [*bind, f"if {test}:", f"    {check}"]
 
 
+def _fast_test(f: FieldView, torch_checks: bool) -> str:
+    """The fast path's test of ``f``'s value (Note [Fast writes] in runtime.py): its
+    number of dims where ``torch_checks`` (the first write, whose own checks refuse
+    before writing anything), else its dtype and whole shape."""
+    n = f.names
+    alloc = kinds.alloc(f.field)
+    if torch_checks:
+        return f"{n.src}.ndim == {1 + len(f.field.shape)}"
+    dtype = f"self.{naming.dtype_cache(f.field)}" if alloc.lazy else n.dtype
+    shape = "index_shape"
+    if f.field.shape:
+        shape += f" + self.{naming.row_cache(f.field)}"
+    test = f"{n.src}.dtype is {dtype} and {n.src}.shape == {shape}"
+    return f"({n.src} is None or ({test}))" if f.optional else test
+
+
+def _fast_write(fields: Sequence[FieldView], records: bool) -> list[str]:
+    """Debug off, slots ``resolve_future`` vouched for: the writes after the tests that
+    let them run as they are, else on to the checked path (Note [Fast writes])."""
+    first = fields[0]
+    torch_checks = not first.optional and not kinds.alloc(first.field).lazy
+    tests = [_fast_test(f, torch_checks and f is first) for f in fields]
+    binds = [
+        f"{f.names.src} = {f.names.given}"
+        for f in fields
+        if f.names.src != f.names.given
+    ]
+    if any("index_shape" in test for test in tests):
+        # A plain tuple: vouched slots are a vector, and a tuple adds to a row in a
+        # third of the time a torch.Size does (Note [Fast writes]).
+        binds.insert(0, "index_shape: tuple[int, ...] = (indices.numel(),)")
+    writes = []
+    for f in fields:
+        writes += _write_field(f, Shape.OFF, fast=True)
+    if records:
+        writes.append("self._fence.record()")
+    vouch = "indices is self._gathered and indices._version == self._gathered_version"
+    if binds:  # the values' tests read what the binds take from the payload
+        body = [f"if {vouch}:", *_indent([*binds, f"if {' and '.join(tests)}:"])]
+    else:
+        body = [f"if {' and '.join([vouch, *tests])}:"]
+    depth = "    " * (len(body) - len(binds))
+    written = [depth + line for line in [*writes, "return"]]
+    return [
+        "# Note [Fast writes] in relay/runtime.py.",
+        "try:",
+        *_indent([*body, *written]),
+        "except (AttributeError, IndexError, RuntimeError, TypeError):",
+        "    pass  # the checked path below refuses it, or writes it again whole",
+    ]
+
+
 def _guard(f: FieldView) -> list[str]:
     stmt = kinds.guard(f.field).statement(f.names)
     if stmt is None:
@@ -111,10 +163,17 @@ def _guard(f: FieldView) -> list[str]:
     return [stmt]
 
 
-def _write_field(f: FieldView, shape: Shape) -> list[str]:
+def _write_field(f: FieldView, shape: Shape, *, fast: bool = False) -> list[str]:
+    """The write of ``f``'s checked value into rows ``slots``; ``fast``: on the fast
+    path (Note [Fast writes] in runtime.py), into rows ``indices``, whose test saw the
+    buffer made."""
     n = f.names
     alloc = kinds.alloc(f.field)
-    stmts = alloc.write(n, _debug_flag(shape), cache=shape is Shape.OFF)
+    if fast:
+        stmts = alloc.fast_write(n)
+    else:
+        stmts = alloc.write(n, _debug_flag(shape), cache=shape is Shape.OFF)
+    slots = "indices" if fast else "slots"
     if not f.optional:
         return stmts
     return [
@@ -123,7 +182,7 @@ def _write_field(f: FieldView, shape: Shape) -> list[str]:
         *_indent(stmts),
         f"elif {n.buf} is not None:" if alloc.lazy else "else:",
         "    # Note [Optional fields]: no earlier value survives an omission.",
-        f"    {n.buf}.index_fill_(0, slots, 0)",
+        f"    {n.buf}.index_fill_(0, {slots}, 0)",
     ]
 
 
@@ -169,6 +228,8 @@ def write(
             "slots = indices if indices.dtype is torch.int64 else indices.long()"
         )
     else:
+        if vouched and fields:
+            lines[:0] = _fast_write(fields, records)
         lines.append(
             "index_shape = indices.shape if type(indices) is torch.Tensor else _rt.NO_ROWS"
         )
@@ -183,6 +244,7 @@ def write(
         ]
         vouch = (
             "indices is self._gathered and indices._version == self._gathered_version"
+            " and indices.dtype is torch.int64"
         )
         slow = join("_rt.write_slots(", args)
         if vouched:  # Note [Vouched slots] in runtime.py
@@ -226,9 +288,11 @@ def _host(f: FieldView, source: str) -> list[str]:
     if isinstance(dtype, torch.dtype) and not (
         dtype.is_floating_point or dtype.is_complex
     ):
-        # relay.runtime.host_sum inlined for integers: no op up to its Python maximum.
+        # relay.runtime.host_sum inlined for integers: it dispatches no op.
         most = HOST_SUM_IN_PYTHON_MAX
-        total = f"sum(host.tolist()) if host.numel() <= {most} else int(host.sum())"
+        total = (
+            f"sum(host.tolist()) if host.numel() <= {most} else int(host.numpy().sum())"
+        )
     else:
         total = "_rt.host_sum(host)"
     stmts.append(f"batch.{field.host_sum} = {total}")
@@ -357,8 +421,8 @@ def resolve_future(
             "except RuntimeError:  # an inference tensor keeps no version counter",
             "    self._gathered = None",
             "else:",
-            "    # Vouched for as int64 only: a write then indexes with it as is.",
-            "    self._gathered = indices if indices.dtype is torch.int64 else None",
+            "    # Vouched for as a vector only (Note [Vouched slots]).",
+            "    self._gathered = indices if indices.ndim == 1 else None",
         ]
     return _nested_once(lines, {f.name for f in schema.fields})
 

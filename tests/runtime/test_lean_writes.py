@@ -1,12 +1,17 @@
-"""The debug-off fast paths (Note [Checked values], Note [Vouched slots], Note [Bare
-CPU fence]): whatever they let through untested is refused on the slow path, before
-any write, and the bare fence orders as the chained one."""
+"""The debug-off fast paths (Note [Checked values], Note [Vouched slots], Note [Fast
+writes], Note [Bare CPU fence]): whatever they let through untested is refused on the
+slow path, before any write, and the bare fence orders as the chained one."""
 
 from __future__ import annotations
 
+import inspect
+import sys
 import threading
+from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
+import attrs
 import pytest
 import torch
 from relay_runtime_support import (
@@ -25,7 +30,7 @@ from relay.cpu_stream import CpuEvent
 from relay.device import CpuFence, CpuPolicy, Fence
 from relay.errors import SlotError
 from relay.maps.decode import DecodeFutureMap, DecodePayload
-from relay.maps.eagle import EagleFutureMap
+from relay.maps.eagle import EagleFutureMap, EaglePayload
 
 POOL = 9
 TOPK = 2
@@ -74,14 +79,146 @@ def test_inference_tensor_slots_are_always_checked() -> None:
     assert buffers_unchanged(relay, before)
 
 
-def test_int32_gathered_slots_are_cast_not_vouched() -> None:
-    """Int32 slots are never vouched for: each write casts and checks them."""
-    relay = DecodeFutureMap("cpu", POOL)
+def test_int32_gathered_slots_are_cast_on_every_write() -> None:
+    """Int32 slots resolve_future gathered with are refused by the fast path's
+    ``index_copy_`` before it writes; the checked path casts and checks them, and
+    still refuses a bad later field with nothing written."""
+    relay = EagleFutureMap("cpu", POOL, topk=TOPK)
     indices = torch.tensor([3, 4], dtype=torch.int32)
     resolved(relay, indices)
-    assert relay._gathered is None
-    relay.stash(indices, DecodePayload(next_token_ids=slots(7, 8)))
+    relay.stash(indices, eagle_payload(2, TOPK, base=7))
     assert relay.output_tokens_buf[3:5].tolist() == [7, 8]
+    before = buffer_copies(relay)
+    bad = attrs.evolve(eagle_payload(2, TOPK, base=9), topk_p=torch.ones(2, 1))
+    with pytest.raises(RelayError, match=r"^EagleFutureMap\.topk_p: got a tensor"):
+        relay.stash(indices, bad)
+    assert buffers_unchanged(relay, before)
+
+
+# -- Note [Fast writes] ------------------------------------------------------------------
+
+
+def _eagle(n: int, **change: object) -> EaglePayload:
+    """An EAGLE payload for ``n`` slots with the given fields replaced."""
+    payload = eagle_payload(n, TOPK, base=5, hidden=torch.ones(n, 4))
+    return attrs.evolve(payload, **change)
+
+
+#: Payloads for slots (1, 2) (one slot where the case says so): what the steady state
+#: (slots vouched for) must do exactly as the checked path does.
+FAST_CASES: dict[str, tuple[int, Callable[[], EaglePayload]]] = {
+    "accepted": (2, lambda: _eagle(2)),
+    "first field cast from int32": (
+        2,
+        lambda: _eagle(2, bonus_tokens=torch.tensor([7, 8], dtype=torch.int32)),
+    ),
+    "later field cast from float64": (
+        2,
+        lambda: _eagle(2, topk_p=torch.ones(2, TOPK, dtype=torch.float64)),
+    ),
+    "hidden state omitted": (2, lambda: _eagle(2, hidden_states=None)),
+    "first field 0-dim for one slot": (1, lambda: _eagle(1, bonus_tokens=slots(7)[0])),
+    "first field a list": (2, lambda: _eagle(2, bonus_tokens=[7, 8])),
+    "first field fractional floats": (
+        2,
+        lambda: _eagle(2, bonus_tokens=torch.tensor([7.5, 8.0])),
+    ),
+    "first field one row short": (2, lambda: _eagle(2, bonus_tokens=slots(7))),
+    "later field (n, 1) for top-k 2": (2, lambda: _eagle(2, topk_p=torch.ones(2, 1))),
+    "later field float into int": (
+        2,
+        lambda: _eagle(2, topk_index=torch.full((2, TOPK), 0.5)),
+    ),
+    "last field another width": (2, lambda: _eagle(2, hidden_states=torch.ones(2, 5))),
+    "last field a tuple": (2, lambda: _eagle(2, hidden_states=(1.0, 2.0))),
+}
+
+
+def _outcome(relay: Any, indices: torch.Tensor, payload: EaglePayload) -> object:
+    """What a stash did: the error message, or the buffers it left."""
+    try:
+        relay.stash(indices, payload)
+    except RelayError as error:
+        return str(error)
+    return {k: v.tolist() for k, v in buffer_copies(relay).items()}
+
+
+@pytest.mark.parametrize("case", sorted(FAST_CASES))
+def test_the_fast_path_does_what_the_checked_path_does(case: str) -> None:
+    """With slots resolve_future vouched for, a stash accepts, casts or refuses (with
+    the same message, nothing written) exactly as with slots it did not: a refused
+    later field never follows a written first one."""
+    n, make = FAST_CASES[case]
+    outcomes = []
+    for vouched in (True, False):
+        relay = EagleFutureMap("cpu", POOL, topk=TOPK)
+        relay.stash(slots(1, 2, 3), eagle_payload(3, TOPK, hidden=torch.zeros(3, 4)))
+        indices = slots(*range(1, n + 1))
+        resolved(relay, indices if vouched else slots(*range(1, n + 1)))
+        assert (relay._gathered is indices) is vouched
+        before = buffer_copies(relay)
+        outcome = _outcome(relay, indices, make())
+        if isinstance(outcome, str):
+            assert buffers_unchanged(relay, before), outcome
+        outcomes.append(outcome)
+    assert outcomes[0] == outcomes[1]
+
+
+def test_a_refused_publish_on_vouched_slots_writes_nothing() -> None:
+    """publish's fast path: a (n, 1) value is refused as the checked path refuses it."""
+    relay = EagleFutureMap("cpu", POOL, topk=TOPK)
+    indices = slots(1, 2)
+    resolved(relay, indices)
+    before = buffer_copies(relay)
+    with pytest.raises(
+        RelayError, match=r"^EagleFutureMap\.new_seq_lens: got a tensor"
+    ):
+        relay.publish(indices, torch.tensor([[4], [5]]))
+    assert buffers_unchanged(relay, before) and not relay._fence.created
+    relay.publish(indices, torch.tensor([4, 5]))
+    assert relay.new_seq_lens_buf[1:3].tolist() == [4, 5] and relay._fence.created
+
+
+def _lines_run(call: Callable[[], None], code: Any) -> set[int]:
+    """The line numbers of ``code`` that ``call`` runs."""
+    lines: set[int] = set()
+
+    def trace(frame: FrameType, event: str, arg: object) -> Any:
+        if frame.f_code is not code:
+            return None
+        if event == "line":
+            lines.add(frame.f_lineno)
+        return trace
+
+    sys.settrace(trace)
+    try:
+        call()
+    finally:
+        sys.settrace(None)
+    return lines
+
+
+@pytest.mark.parametrize("relay_map", ["decode", "eagle"])
+def test_the_steady_state_write_takes_the_fast_path(relay_map: str) -> None:
+    """A stash with the slots tensor resolve_future gathered with never reaches the
+    checked path (its first line, the index shape read, does not run); with another
+    tensor of the same slots it does."""
+    if relay_map == "decode":
+        relay: Any = DecodeFutureMap("cpu", POOL)
+        payload: Any = DecodePayload(next_token_ids=slots(7, 8))
+    else:
+        relay = EagleFutureMap("cpu", POOL, topk=TOPK)
+        payload = _eagle(2)
+        relay.stash(slots(1, 2), payload)  # the hidden state's buffer exists
+    code = type(relay).stash.__code__
+    lines, start = inspect.getsourcelines(code)
+    checked = start + next(
+        i for i, line in enumerate(lines) if "index_shape = indices.shape if" in line
+    )
+    indices = slots(1, 2)
+    resolved(relay, indices)
+    assert checked not in _lines_run(lambda: relay.stash(indices, payload), code)
+    assert checked in _lines_run(lambda: relay.stash(slots(1, 2), payload), code)
 
 
 def test_lazy_field_checked_against_its_buffer_after_allocation() -> None:

@@ -130,6 +130,11 @@ class AllocKind:
         [Checked values] in runtime.py)."""
         raise NotImplementedError
 
+    def fast_write(self, n: Names) -> list[str]:
+        """The write on the fast path (Note [Fast writes] in runtime.py), whose test
+        saw the buffer made: a lazy field's dtype is set only once it is."""
+        return [f"{n.buf}.index_copy_(0, indices, {n.src})"]
+
     def before_read(self, schema: Schema, n: Names) -> list[str]:
         """What a resolve of a required field runs before reading the buffer."""
         return []
