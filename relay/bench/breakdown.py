@@ -33,7 +33,7 @@ import torch
 from relay.bench.floor import floor_side
 from relay.bench.sides import Generated, Side, Workload, generated_side, pair_named
 from relay.bench.sizes import Shape
-from relay.bench.timing import quantile
+from relay.bench.timing import balanced_orders, quantile
 from relay.opcount import count_ops
 
 __all__ = [
@@ -247,7 +247,8 @@ def _time_all(
 ) -> list[float]:
     """The ``q`` quantile over repeats of each function's ns per call: each sample
     ``inner`` calls, ``inner`` calibrated per function to about ``sample_ns``; repeats
-    interleaved, the order rotating; the garbage collector off."""
+    interleaved, the orders balanced over repeats (Note [Balanced order] in
+    relay/bench/timing.py); the garbage collector off."""
     inners = []
     for fn in fns:
         for _ in range(3):
@@ -258,13 +259,11 @@ def _time_all(
         probe = max(1, (time.perf_counter_ns() - start) // 10)
         inners.append(max(1, min(100_000, sample_ns // probe)))
     samples: list[list[float]] = [[] for _ in fns]
-    order = list(range(len(fns)))
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        for r in range(repeat):
-            shift = r % len(order)
-            for i in order[shift:] + order[:shift]:
+        for order in balanced_orders(len(fns), repeat):
+            for i in order:
                 fn, inner = fns[i], inners[i]
                 start = time.perf_counter_ns()
                 for _ in range(inner):

@@ -11,7 +11,7 @@ import gc
 import math
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
 import attrs
@@ -23,6 +23,7 @@ __all__ = [
     "Series",
     "SyncedHostTimer",
     "Timer",
+    "balanced_orders",
     "copy_bandwidth",
     "quantile",
     "ratio",
@@ -117,6 +118,33 @@ def ratio(num: Series, den: Series) -> float:
     return statistics.median(n / d for n, d in zip(num.samples, den.samples))
 
 
+# Note [Balanced order]
+# A sample's time depends on what ran just before it: the sides share the caches, and
+# one that follows a side which evicted them (the baseline's step allocates more, its
+# buffers are other memory) starts colder. Rotating a fixed order keeps every side's
+# predecessor the same in every repeat (generated always after the baseline, the floor
+# always after generated), which biases each ratio the same way in every repeat, so
+# the median keeps it: on the development machine EAGLE at batch 1 read gen/floor
+# 1.31x-1.38x rotated and 1.21x-1.24x in shuffled orders, where an identical copy of
+# the generated map read 1.01x against it. The orders are rows of a Williams design
+# (the crossover trials' answer to carryover): each side follows each other side
+# equally often, so what comes before weighs on every side alike.
+
+
+def balanced_orders(count: int, repeat: int) -> Iterator[list[int]]:
+    """``repeat`` orders of ``range(count)`` from a Williams design (Note [Balanced
+    order]): over every ``count`` repeats (``2 * count`` for an odd count) each side
+    comes right after each other side exactly as often, and first as often as any."""
+    first = [0]
+    for k in range(1, count):
+        first.append((k + 1) // 2 if k % 2 else count - k // 2)
+    rows = [[(i + r) % count for i in first] for r in range(count)]
+    if count % 2:
+        rows += [row[::-1] for row in rows]
+    for r in range(repeat):
+        yield rows[r % len(rows)]
+
+
 def time_interleaved(
     fns: Sequence[tuple[str, Callable[[], None]]],
     timer: Timer,
@@ -131,7 +159,8 @@ def time_interleaved(
     Warmup first (lazy allocation, allocator caches, first dispatch). One sample is
     ``inner`` back-to-back calls, ``inner`` calibrated on the first function so a
     sample lasts about ``target_ns``. Within a repeat each function runs once, the
-    order rotating between repeats. The garbage collector is off while timing.
+    orders balanced over repeats (Note [Balanced order]). The garbage collector is off
+    while timing.
     """
     for _, fn in fns:
         for _ in range(warmup):
@@ -140,13 +169,11 @@ def time_interleaved(
     probe = int(statistics.median(timer.measure(fns[0][1], 1) for _ in range(5)))
     inner = max(1, min(10_000, target_ns // max(probe, 1)))
     series = [Series(name) for name, _ in fns]
-    order = list(range(len(fns)))
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        for r in range(repeat):
-            turn = order[r % len(order) :] + order[: r % len(order)]
-            for i in turn:
+        for order in balanced_orders(len(fns), repeat):
+            for i in order:
                 series[i].samples.append(timer.measure(fns[i][1], inner) / inner)
     finally:
         if was_enabled:
