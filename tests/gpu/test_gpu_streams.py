@@ -192,6 +192,36 @@ def test_overlapped_steps_on_cuda_streams_hand_each_step_its_own_values(
 # -- the host mirror: private copy stream, pinned rows ----------------------------------------
 
 
+def test_the_schedulers_stream_waits_on_the_fence_for_a_held_publish(
+    bundled: BundledMap, cuda: torch.device, gates: Gates
+) -> None:
+    """The fence's device-side wait orders the scheduler's stream after a publish on
+    the forward stream: while the publish is held, work the scheduler's stream queues
+    after the wait is pending; opened, the resolve hands over the published values."""
+    _with_schedule(bundled)
+    relay = bundled.new(cuda, POOL)
+    forward_stream, scheduler_stream = new_stream(cuda), new_stream(cuda)
+    indices = torch.tensor(random_slots(3, POOL, seed=5), device=cuda)
+    values = bundled.values(bundled.schedule, 3, 501, cuda)
+    gate = gates()
+    torch.cuda.synchronize(cuda)
+
+    with _on(forward_stream):
+        gate.hold()  # the forward's work before the publish
+        bundled.publish(relay, indices, values)
+    with _on(scheduler_stream):
+        relay._fence.wait()  # what every schedule resolve does first
+        waited = record(scheduler_stream)
+    assert not is_done(waited), "the scheduler's stream did not wait on the fence"
+    gate.open()  # before the resolve: a host-mirrored one blocks the host
+    batch = bundled.batch(indices)
+    with _on(scheduler_stream):
+        bundled.resolve_schedule(relay, batch)
+    torch.cuda.synchronize(cuda)
+    gate.check()
+    bundled.check_schedule(batch, values, "behind the fence")
+
+
 def test_host_copy_waits_for_the_publish_not_for_the_whole_forward(
     bundled: BundledMap, cuda: torch.device, gates: Gates
 ) -> None:

@@ -333,24 +333,6 @@ def test_scheduler_wait_covers_the_very_first_publish() -> None:
 
 
 @pytest.mark.gpu
-def test_cuda_fence_orders_the_scheduler_after_a_publish_on_another_stream() -> None:
-    """On CUDA the scheduler's stream waits on the fence recorded by the forward stream."""
-    device = torch.device("cuda")
-    relay = DecodeFutureMap(device, POOL)
-    forward = torch.cuda.Stream(device)
-    indices = slots(1, 2).to(device)
-    with torch.cuda.stream(forward):
-        torch.cuda._sleep(50_000_000)  # keep the forward stream busy before the write
-        relay.publish(indices, torch.tensor([7, 8], device=device))
-    batch = batch_of(2, 1)
-    batch.req_pool_indices = batch.req_pool_indices.to(device)
-    relay.resolve_seq_lens_cpu(batch)
-    assert batch.seq_lens_cpu.device.type == "cpu"
-    assert batch.seq_lens_cpu.tolist() == [8, 7] and batch.seq_lens_sum == 15
-    assert batch.seq_lens.device.type == "cuda"
-
-
-@pytest.mark.gpu
 def test_cuda_host_mirror_goes_through_pinned_rows() -> None:
     """The host copy is made through a pinned mirror and handed out as a private tensor."""
     device = torch.device("cuda")
