@@ -52,22 +52,29 @@ def _name_list(text: str) -> tuple[str, ...]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The ``relay bench`` flags."""
+    """The ``relay bench`` flags, in three groups of its help."""
+    _size_arguments(parser.add_argument_group("what to compare"))
+    _timing_arguments(parser.add_argument_group("timing"))
+    _report_arguments(parser.add_argument_group("sides and report"))
+
+
+def _size_arguments(group: argparse._ArgumentGroup) -> None:
+    """Maps, sizes and device."""
     default, quick = DEFAULTS["default"], DEFAULTS["quick"]
-    parser.add_argument(
+    group.add_argument(
         "--quick",
         action="store_true",
         help=f"the '{quick.preset}' sizes, {quick.repeat} repeats, a short "
         "generator table: seconds, for tests and a first look",
     )
-    parser.add_argument(
+    group.add_argument(
         "--sizes",
         choices=sorted(PRESETS),
         default=None,
         help=f"size preset (default: '{default.preset}', or "
         f"'{quick.preset}' with --quick)",
     )
-    parser.add_argument(
+    group.add_argument(
         "--schema",
         type=_name_list,
         default=None,
@@ -75,51 +82,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="bundled schemas to compare, comma-separated (default: every "
         "one with a declared baseline)",
     )
-    parser.add_argument("--pool", type=_int_list, metavar="P,...", help="pool sizes P")
-    parser.add_argument(
+    group.add_argument("--pool", type=_int_list, metavar="P,...", help="pool sizes P")
+    group.add_argument(
         "--batch",
         type=_int_list,
         metavar="B,...",
         help="batch sizes B (those > P - 1 are skipped)",
     )
-    parser.add_argument(
+    group.add_argument(
         "--topk", type=_int_list, metavar="K,...", help="top-k (EAGLE maps)"
     )
-    parser.add_argument(
+    group.add_argument(
         "--hidden",
         type=_int_list,
         metavar="H,...",
         help="hidden sizes, bf16 (EAGLE maps; 0 = not relayed)",
     )
-    parser.add_argument(
+    group.add_argument(
         "--device",
         default="cpu",
         help="torch device, e.g. cpu or cuda:0 (default: cpu); on CUDA the "
         "report adds kernel launches per step",
     )
-    parser.add_argument(
-        "--repeat",
-        type=int,
-        default=None,
-        metavar="N",
-        help=f"timed samples per side (default {default.repeat}, "
-        f"{quick.repeat} with --quick)",
-    )
-    parser.add_argument(
-        "--warmup",
-        type=int,
-        default=None,
-        metavar="N",
-        help=f"untimed steps per side first (default {default.warmup})",
-    )
-    parser.add_argument(
-        "--sample-ms",
-        type=float,
-        default=None,
-        metavar="MS",
-        help=f"target length of one sample (default {default.sample_ms})",
-    )
-    parser.add_argument(
+    group.add_argument(
         "--fields",
         type=_int_list,
         default=None,
@@ -127,15 +112,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="field counts of the generator-speed table (default: the "
         "preset's; 0 skips the table)",
     )
-    parser.add_argument(
-        "--no-debug", action="store_true", help="skip the generated map in debug mode"
+
+
+def _timing_arguments(group: argparse._ArgumentGroup) -> None:
+    """How each side is timed."""
+    default, quick = DEFAULTS["default"], DEFAULTS["quick"]
+    group.add_argument(
+        "--repeat",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"timed samples per side (default {default.repeat}, "
+        f"{quick.repeat} with --quick)",
     )
-    parser.add_argument(
-        "--no-control",
-        action="store_true",
-        help="skip the A/A control (a second baseline timed like the first)",
+    group.add_argument(
+        "--warmup",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"untimed steps per side first (default {default.warmup})",
     )
-    parser.add_argument(
+    group.add_argument(
+        "--sample-ms",
+        type=float,
+        default=None,
+        metavar="MS",
+        help=f"target length of one sample (default {default.sample_ms})",
+    )
+    group.add_argument(
         "--threads",
         type=int,
         default=None,
@@ -143,7 +147,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"torch intra-op threads while timing (default {default.threads}; "
         "0 keeps torch's setting)",
     )
-    parser.add_argument(
+    group.add_argument("--seed", type=int, default=None, help="seed of the workloads")
+
+
+def _report_arguments(group: argparse._ArgumentGroup) -> None:
+    """Which sides run, and what is reported where."""
+    group.add_argument(
+        "--no-debug", action="store_true", help="skip the generated map in debug mode"
+    )
+    group.add_argument(
+        "--no-control",
+        action="store_true",
+        help="skip the A/A control (a second baseline timed like the first)",
+    )
+    group.add_argument(
+        "--no-floor",
+        action="store_true",
+        help="skip the floor (the generated map's torch calls written bare; CPU only)",
+    )
+    group.add_argument(
         "--breakdown",
         action="store_true",
         help="instead of the comparison: where each generated method's time goes "
@@ -152,7 +174,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"B={BREAKDOWN.preset.batch[0]} K={BREAKDOWN.preset.topk[0]} "
         f"H={BREAKDOWN.preset.hidden[0]}, {BREAKDOWN.repeat} repeats)",
     )
-    parser.add_argument(
+    group.add_argument(
         "--quantile",
         type=float,
         default=None,
@@ -161,19 +183,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"{BREAKDOWN.quantile}: a low one, as other processes only add time; 0.5 "
         "on an idle machine)",
     )
-    parser.add_argument(
-        "--no-floor",
-        action="store_true",
-        help="skip the floor (the generated map's torch calls written bare; CPU only)",
-    )
-    parser.add_argument("--seed", type=int, default=None, help="seed of the workloads")
-    parser.add_argument(
+    group.add_argument(
         "--json",
         type=Path,
         metavar="PATH",
         help="also write every figure to PATH as JSON",
     )
-    parser.add_argument(
+    group.add_argument(
         "-q",
         "--quiet",
         action="store_true",
@@ -244,47 +260,59 @@ def _progress(total: int, *, quiet: bool) -> Iterator[Callable[[str], None]]:
         yield live
 
 
-def run(args: argparse.Namespace) -> int:
-    """Run ``relay bench`` with parsed ``args``; returns the exit status."""
+@attrs.frozen
+class _Plan:
+    """What a ``relay bench`` run compares: the device, the generated maps found (and
+    those skipped, with why), every configuration, the generator table's sizes."""
+
+    device: Any
+    found: list[tuple[Any, Any]]
+    skipped: list[tuple[Any, str]]
+    configs: list[tuple[Any, Any, Any]]
+    fields: tuple[int, ...]
+
+
+def _device(name: str) -> Any:
+    """The torch device ``name`` names, or a usage message saying why not."""
     import torch
 
-    from relay.bench.codegen_speed import generation_times
-    from relay.bench.measure import measure
-    from relay.bench.report import Report
-    from relay.bench.sides import PAIRS, discover
-    from relay.bench.timing import copy_bandwidth
-
-    if args.breakdown:
-        return _run_breakdown(args)
-    defaults = _defaults(args)
-    if defaults.repeat < 1 or defaults.sample_ms <= 0 or defaults.warmup < 0:
-        return _usage("--repeat must be >= 1, --sample-ms > 0 and --warmup >= 0")
     try:
-        device = torch.device(args.device)
+        device = torch.device(name)
     except RuntimeError as error:
-        return _usage(f"bad --device {args.device!r}: {error}")
+        return f"bad --device {name!r}: {error}"
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            return _usage("--device cuda, but torch sees no CUDA device")
+            return "--device cuda, but torch sees no CUDA device"
         if device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def _plan(args: argparse.Namespace, defaults: Defaults) -> _Plan | str:
+    """The run's plan, or a usage message saying what is wrong with ``args``."""
+    from relay.bench.sides import PAIRS, discover
+
+    if defaults.repeat < 1 or defaults.sample_ms <= 0 or defaults.warmup < 0:
+        return "--repeat must be >= 1, --sample-ms > 0 and --warmup >= 0"
+    device = _device(args.device)
+    if isinstance(device, str):
+        return device
     known = [p.schema for p in PAIRS]
-    if args.schema is not None:
-        unknown = [s for s in args.schema if s not in known]
-        if unknown:
-            return _usage(
-                f"no baseline is declared for {', '.join(unknown)}; "
-                f"choose from {', '.join(known)}"
-            )
+    unknown = [s for s in args.schema or () if s not in known]
+    if unknown:
+        return (
+            f"no baseline is declared for {', '.join(unknown)}; "
+            f"choose from {', '.join(known)}"
+        )
     preset = PRESETS[defaults.preset].narrowed(
         pool=args.pool, batch=args.batch, topk=args.topk, hidden=args.hidden
     )
     if any(k < 1 for k in preset.topk):
-        return _usage("--topk must be >= 1")
+        return "--topk must be >= 1"
     if any(p < 2 for p in preset.pool) or any(b < 1 for b in preset.batch):
-        return _usage("--pool must be >= 2 (row 0 is scratch) and --batch >= 1")
+        return "--pool must be >= 2 (row 0 is scratch) and --batch >= 1"
     if not any(True for _ in preset.shapes(spec=False)):
-        return _usage(
+        return (
             f"no shape fits: a pool of P rows holds at most P - 1 requests "
             f"(pools {preset.pool}, batches {preset.batch})"
         )
@@ -298,26 +326,33 @@ def run(args: argparse.Namespace) -> int:
         preset.fields if args.fields is None else tuple(n for n in args.fields if n > 0)
     )
     if not configs and not fields:
-        return _usage(
+        return (
             "nothing to run: no generated map fits these sizes (every batch is "
             "larger than P - 1, or the schemas are not generated)"
         )
+    return _Plan(device, found, skipped, configs, fields)
 
-    start = time.perf_counter()
+
+def _measure_all(
+    plan: _Plan, args: argparse.Namespace, defaults: Defaults, report: Any
+) -> None:
+    """Measure every configuration and the generator table into ``report``, with
+    progress, on ``defaults.threads`` torch threads."""
+    import torch
+
+    from relay.bench.codegen_speed import generation_times
+    from relay.bench.measure import measure
+    from relay.bench.timing import copy_bandwidth
+
+    device = plan.device
     saved_threads = torch.get_num_threads()
     if defaults.threads > 0:
         torch.set_num_threads(defaults.threads)
-    report = Report(
-        meta=_meta(device, defaults, torch),
-        pairs=[(pair.schema, pair.design) for pair, _ in found],
-        skipped=[(pair.schema, why) for pair, why in skipped],
-    )
     try:
         report.copy_bandwidth = copy_bandwidth(device, defaults.bandwidth_mb)
-        with _progress(
-            len(configs) + (1 if fields else 0), quiet=args.quiet
-        ) as advance:
-            for pair, gen, shape in configs:
+        steps = len(plan.configs) + (1 if plan.fields else 0)
+        with _progress(steps, quiet=args.quiet) as advance:
+            for pair, gen, shape in plan.configs:
                 result = measure(
                     pair,
                     gen,
@@ -333,8 +368,9 @@ def run(args: argparse.Namespace) -> int:
                     f"{pair.schema} {shape.label}: "
                     + (f"{result.ratio:.2f}x" if result.ok else "FAILED")
                 )
-            if fields:
-                report.generation_first, report.generation = generation_times(fields)
+            if plan.fields:
+                first, table = generation_times(plan.fields)
+                report.generation_first, report.generation = first, table
                 advance("generator speed")
         # Probed again at the end: the best of both, so a busy moment at the start
         # does not set the physical limit too low.
@@ -343,9 +379,30 @@ def run(args: argparse.Namespace) -> int:
         )
     finally:
         torch.set_num_threads(saved_threads)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``relay bench`` with parsed ``args``; returns the exit status."""
+    import torch
+
+    from relay.bench.report import Report
+
+    if args.breakdown:
+        return _run_breakdown(args)
+    defaults = _defaults(args)
+    plan = _plan(args, defaults)
+    if isinstance(plan, str):
+        return _usage(plan)
+    start = time.perf_counter()
+    report = Report(
+        meta=_meta(plan.device, defaults, torch),
+        pairs=[(pair.schema, pair.design) for pair, _ in plan.found],
+        skipped=[(pair.schema, why) for pair, why in plan.skipped],
+    )
+    _measure_all(plan, args, defaults, report)
     report.meta["seconds"] = round(time.perf_counter() - start, 2)
     report.render(sys.stdout, terminal=sys.stdout.isatty())
-    print(f"\n{len(configs)} configuration(s) in {report.meta['seconds']:.1f} s")
+    print(f"\n{len(plan.configs)} configuration(s) in {report.meta['seconds']:.1f} s")
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(

@@ -27,7 +27,7 @@ from relay.bench.sides import (
     sides_for,
 )
 from relay.bench.sizes import Defaults, Shape
-from relay.bench.timing import quantile, ratio, time_interleaved, timer_for
+from relay.bench.timing import Series, quantile, ratio, time_interleaved, timer_for
 
 __all__ = ["ConfigResult", "measure"]
 
@@ -122,6 +122,77 @@ def _op_lists(count: StepCount) -> list[tuple[str, tuple[str, ...], int]]:
     return [(m.method, m.ops, m.views) for m in count.methods]
 
 
+def _check_values(
+    pair: Pair,
+    generated: Generated,
+    shape: Shape,
+    device: torch.device,
+    defaults: Defaults,
+    *,
+    debug: bool,
+    with_floor: bool,
+) -> list[str]:
+    """Every difference from the baseline (debug off, and on) and from the floor."""
+    steps, seed = defaults.check_steps, defaults.seed
+    problems = compare_values(pair, generated, shape, device, steps=steps, seed=seed)
+    if debug:
+        problems += compare_values(
+            pair, generated, shape, device, steps=steps, seed=seed, debug=True
+        )
+    if with_floor:
+        problems += compare_floor(
+            pair.schema, generated, shape, device, steps=steps, seed=seed
+        )
+    return problems
+
+
+@attrs.define
+class _Timed:
+    """What one configuration times, and what was counted on the way."""
+
+    fns: list[tuple[str, Callable[[], None]]]
+    base: Side
+    gen: Side
+    floor_count: StepCount | None = None
+    debug_ops: int | None = None
+
+
+def _sides(
+    pair: Pair,
+    generated: Generated,
+    shape: Shape,
+    device: torch.device,
+    defaults: Defaults,
+    *,
+    debug: bool,
+    control: bool,
+    with_floor: bool,
+) -> _Timed:
+    """The sides to time, each primed and stepped once; the floor and debug mode
+    counted."""
+    work = Workload.random(
+        shape, device, torch.Generator().manual_seed(defaults.seed), spec=pair.spec
+    )
+    base, gen = sides_for(pair, generated, shape, device, work)
+    timed = _Timed([(base.name, base.step), (gen.name, gen.step)], base, gen)
+    if with_floor:
+        bare = floor_side(pair.schema, shape, device, work)
+        bare.step()
+        timed.floor_count = count_step(bare)
+        timed.fns.append((bare.name, bare.step))
+    if control:
+        twin = baseline_side(pair, shape, device, work)
+        timed.fns.append(("baseline (A/A)", twin.step))
+    if debug:
+        dbg = _with_clocks(generated_side(generated, shape, device, work, debug=True))
+        dbg.step()
+        timed.debug_ops = count_step(dbg).ops
+        timed.fns.append((dbg.name, dbg.step))
+    base.step()
+    gen.step()
+    return timed
+
+
 def measure(
     pair: Pair,
     generated: Generated,
@@ -139,68 +210,36 @@ def measure(
     A side that raises is reported in ``error`` instead of ending the run.
     """
     start = time.perf_counter()
+    with_floor = floor and has_floor(pair.schema, device)
     try:
-        problems = compare_values(
+        problems = _check_values(
             pair,
             generated,
             shape,
             device,
-            steps=defaults.check_steps,
-            seed=defaults.seed,
+            defaults,
+            debug=debug,
+            with_floor=with_floor,
         )
-        if debug:
-            problems += compare_values(
-                pair,
-                generated,
-                shape,
-                device,
-                steps=defaults.check_steps,
-                seed=defaults.seed,
-                debug=True,
-            )
-        with_floor = floor and has_floor(pair.schema, device)
-        if with_floor:
-            problems += compare_floor(
-                pair.schema,
-                generated,
-                shape,
-                device,
-                steps=defaults.check_steps,
-                seed=defaults.seed,
-            )
-        work = Workload.random(
-            shape, device, torch.Generator().manual_seed(defaults.seed), spec=pair.spec
+        timed = _sides(
+            pair,
+            generated,
+            shape,
+            device,
+            defaults,
+            debug=debug,
+            control=control,
+            with_floor=with_floor,
         )
-        base, gen = sides_for(pair, generated, shape, device, work)
-        fns = [(base.name, base.step), (gen.name, gen.step)]
-        floor_count = None
-        if with_floor:
-            bare = floor_side(pair.schema, shape, device, work)
-            bare.step()
-            floor_count = count_step(bare)
-            fns.append((bare.name, bare.step))
-        if control:
-            twin = baseline_side(pair, shape, device, work)
-            fns.append(("baseline (A/A)", twin.step))
-        dbg_ops = None
-        if debug:
-            dbg = _with_clocks(
-                generated_side(generated, shape, device, work, debug=True)
-            )
-            dbg.step()
-            dbg_ops = count_step(dbg).ops
-            fns.append((dbg.name, dbg.step))
-        base.step()
-        gen.step()
-        base_count, gen_count = count_step(base), count_step(gen)
+        base_count, gen_count = count_step(timed.base), count_step(timed.gen)
         launches: tuple[float | None, float | None] = (None, None)
         if device.type == "cuda":
             launches = (
-                count_launches(base.step, device),
-                count_launches(gen.step, device),
+                count_launches(timed.base.step, device),
+                count_launches(timed.gen.step, device),
             )
         series, inner = time_interleaved(
-            fns,
+            timed.fns,
             timer_for(device),
             repeat=defaults.repeat,
             warmup=defaults.warmup,
@@ -214,7 +253,33 @@ def measure(
             error=f"{type(error).__name__}: {error}",
             seconds=time.perf_counter() - start,
         )
-    by_name = {s.name: s for s in series}
+    return _result(
+        pair.schema,
+        shape,
+        problems,
+        {s.name: s for s in series},
+        (base_count, gen_count, timed.floor_count, timed.debug_ops),
+        launches,
+        inner=inner,
+        repeat=defaults.repeat,
+        seconds=time.perf_counter() - start,
+    )
+
+
+def _result(
+    schema: str,
+    shape: Shape,
+    problems: list[str],
+    by_name: dict[str, Series],
+    counts: tuple[StepCount, StepCount, StepCount | None, int | None],
+    launches: tuple[float | None, float | None],
+    *,
+    inner: int,
+    repeat: int,
+    seconds: float,
+) -> ConfigResult:
+    """The ratios of the timed series, with the counts, as one ``ConfigResult``."""
+    base_count, gen_count, floor_count, dbg_ops = counts
     b, g = by_name["baseline"], by_name["generated"]
     per_repeat = [gs / bs for gs, bs in zip(g.samples, b.samples)]
     twin_series = by_name.get("baseline (A/A)")
@@ -226,7 +291,7 @@ def measure(
         else [gs / fs for gs, fs in zip(g.samples, floor_series.samples)]
     )
     return ConfigResult(
-        schema=pair.schema,
+        schema=schema,
         shape=shape,
         problems=tuple(problems),
         baseline=base_count,
@@ -248,6 +313,6 @@ def measure(
         launches_baseline=launches[0],
         launches_generated=launches[1],
         inner=inner,
-        repeat=defaults.repeat,
-        seconds=time.perf_counter() - start,
+        repeat=repeat,
+        seconds=seconds,
     )

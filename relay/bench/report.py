@@ -212,10 +212,33 @@ class Report:
 
     def _print_steps(self, console: Any, table: Any) -> None:
         """The per-shape tables: time and ops, then memory traffic (and launches)."""
-        shape_columns = ("schema", "P", "B", "K", "H")
+        console.print(self._steps_table(table))
+        console.print(
+            "base us: the baseline's time per step, for scale. A/A: how far a second "
+            "baseline timed like the first strays from 1.00x (the noise). debug/off: the "
+            "generated map built with debug=True against itself with debug off. target: no "
+            "more ops than the baseline and gen/base <= 1.00x within the A/A noise. "
+            "floor: the generated map's torch calls written bare (relay/bench/floor.py), "
+            "timed interleaved with the others; gen/floor is relay's own Python on top "
+            "of them (issue 17's target: <= 1.30x)."
+        )
+        console.print()
+        console.print(self._traffic_table(table))
+        console.print(
+            "KB: the bytes each side's ops must move per step (indexed rows and indices, "
+            "inputs and outputs of the other ops); GB/s: that over the step's time."
+        )
+        if self.copy_bandwidth:
+            console.print(
+                f"copy bandwidth of this {self.meta.get('device')}: "
+                f"{self.copy_bandwidth / 1e9:.2f} GB/s (read + write of one large copy)"
+            )
+
+    def _steps_table(self, table: Any) -> Any:
+        """Per shape: time against the baseline and the floor, ops, the target."""
         steps = table(
             "One step, generated / baseline (median of per-repeat ratios)",
-            *shape_columns,
+            *_SHAPE_COLUMNS,
             "base us",
             "gen/base",
             "A/A",
@@ -225,33 +248,8 @@ class Report:
             "ops gen/base",
             "target",
         )
-        cuda = any(r.launches_baseline is not None for r in self.results)
-        traffic = table(
-            "Memory traffic of one step (and kernel launches on CUDA)",
-            *shape_columns,
-            "KB base",
-            "KB gen",
-            "GB/s base",
-            "GB/s gen",
-            "of copy bw base",
-            "of copy bw gen",
-            *(("launches gen/base",) if cuda else ()),
-        )
-        bandwidth = self.copy_bandwidth
-
-        def rate(nbytes: int, ns: float) -> tuple[str, str]:
-            gbps = nbytes / ns if ns else 0.0
-            return f"{gbps:.3g}", f"{gbps * 1e9 / bandwidth:.0%}" if bandwidth else ""
-
         for r in self.results:
-            s = r.shape
-            shape = [
-                r.schema,
-                str(s.pool),
-                str(s.batch),
-                str(s.topk) if s.topk else "-",
-                str(s.hidden) if s.topk else "-",
-            ]
+            shape = _shape_cells(r)
             if r.error is not None or r.baseline is None or r.generated is None:
                 steps.add_row(*shape, "FAILED", "", "", "", "", "", "", "")
                 continue
@@ -267,6 +265,32 @@ class Report:
                 f"{r.generated.ops} / {r.baseline.ops}",
                 target if r.ok else "VALUES DIFFER",
             )
+        return steps
+
+    def _traffic_table(self, table: Any) -> Any:
+        """Per shape: the bytes a step moves, as a rate and a share of the machine's
+        copy bandwidth; kernel launches on CUDA."""
+        cuda = any(r.launches_baseline is not None for r in self.results)
+        traffic = table(
+            "Memory traffic of one step (and kernel launches on CUDA)",
+            *_SHAPE_COLUMNS,
+            "KB base",
+            "KB gen",
+            "GB/s base",
+            "GB/s gen",
+            "of copy bw base",
+            "of copy bw gen",
+            *(("launches gen/base",) if cuda else ()),
+        )
+        bandwidth = self.copy_bandwidth
+
+        def rate(nbytes: int, ns: float) -> tuple[str, str]:
+            gbps = nbytes / ns if ns else 0.0
+            return f"{gbps:.3g}", f"{gbps * 1e9 / bandwidth:.0%}" if bandwidth else ""
+
+        for r in self.results:
+            if r.error is not None or r.baseline is None or r.generated is None:
+                continue
             base_rate, gen_rate = (
                 rate(r.baseline.bytes, r.baseline_ns),
                 rate(r.generated.bytes, r.generated_ns),
@@ -275,7 +299,7 @@ class Report:
                 f"{r.launches_generated or 0:.1f} / {r.launches_baseline or 0:.1f}",
             )
             traffic.add_row(
-                *shape,
+                *_shape_cells(r),
                 f"{r.baseline.bytes / 1024:.1f}",
                 f"{r.generated.bytes / 1024:.1f}",
                 base_rate[0],
@@ -284,27 +308,7 @@ class Report:
                 gen_rate[1],
                 *(launches if cuda else ()),
             )
-        console.print(steps)
-        console.print(
-            "base us: the baseline's time per step, for scale. A/A: how far a second "
-            "baseline timed like the first strays from 1.00x (the noise). debug/off: the "
-            "generated map built with debug=True against itself with debug off. target: no "
-            "more ops than the baseline and gen/base <= 1.00x within the A/A noise. "
-            "floor: the generated map's torch calls written bare (relay/bench/floor.py), "
-            "timed interleaved with the others; gen/floor is relay's own Python on top "
-            "of them (issue 17's target: <= 1.30x)."
-        )
-        console.print()
-        console.print(traffic)
-        console.print(
-            "KB: the bytes each side's ops must move per step (indexed rows and indices, "
-            "inputs and outputs of the other ops); GB/s: that over the step's time."
-        )
-        if bandwidth:
-            console.print(
-                f"copy bandwidth of this {self.meta.get('device')}: "
-                f"{bandwidth / 1e9:.2f} GB/s (read + write of one large copy)"
-            )
+        return traffic
 
     def _ops_table(self, table: Any) -> Any:
         """Per method, the ops one step dispatches on each side, at one shape per schema
@@ -404,6 +408,21 @@ class Report:
                 f"{met} of {len(rows)}",
             )
         return t
+
+
+_SHAPE_COLUMNS = ("schema", "P", "B", "K", "H")
+
+
+def _shape_cells(r: ConfigResult) -> list[str]:
+    """A result's shape as the tables' first five cells."""
+    s = r.shape
+    return [
+        r.schema,
+        str(s.pool),
+        str(s.batch),
+        str(s.topk) if s.topk else "-",
+        str(s.hidden) if s.topk else "-",
+    ]
 
 
 def _floor_cell(r: ConfigResult) -> str:

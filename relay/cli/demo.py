@@ -116,91 +116,101 @@ def _positive_float(text: str) -> float:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The flags of ``relay demo``."""
+    """The flags of ``relay demo``, in two groups of its help."""
     parser.description = (
         __doc__.split("\n\n", 1)[1].replace("``", "") if __doc__ else None
     )
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument(
+    _run_arguments(parser.add_argument_group("what runs"))
+    _output_arguments(parser.add_argument_group("checks and output"))
+
+
+def _run_arguments(group: argparse._ArgumentGroup) -> None:
+    """The model, the workload and the device."""
+    group.add_argument(
         "--model",
         choices=sorted(MODEL_PRESETS),
         default="small",
         help="model size (default: small, sized for a 2-core CPU)",
     )
-    parser.add_argument(
+    group.add_argument(
         "--mode",
         choices=["both", "decode", "eagle"],
         default="both",
         help="plain decoding, EAGLE speculative decoding, or both (default)",
     )
-    parser.add_argument(
+    group.add_argument(
         "--device",
         default="cpu",
         help="cpu (default), cuda, cuda:N, or auto (cuda when available)",
     )
-    parser.add_argument(
-        "--repeat",
-        type=_positive_int,
-        default=3,
-        help="timed runs of each loop per mode, sync and overlap interleaved; "
-        "figures are medians (default: %(default)s)",
-    )
-    parser.add_argument(
+    group.add_argument(
         "--requests",
         type=_positive_int,
         default=WorkloadConfig().requests,
         help="number of requests (default: %(default)s)",
     )
-    parser.add_argument(
+    group.add_argument(
         "--max-running",
         type=_positive_int,
         default=SchedulerConfig().max_running,
         help="request-pool slots; the KV budget grows to hold a full context "
         "in each (default: %(default)s)",
     )
-    parser.add_argument(
+    group.add_argument(
         "--arrival-rate",
         type=_positive_float,
         default=WorkloadConfig().arrival_rate,
         help="mean arrivals per scheduler step (default: %(default)s)",
     )
-    parser.add_argument(
+    group.add_argument(
         "--spec-steps",
         type=_positive_int,
         default=SpecConfig().steps,
         help="draft tokens per branch (default: %(default)s)",
     )
-    parser.add_argument(
+    group.add_argument(
         "--topk",
         type=_positive_int,
         default=SpecConfig().topk,
         help="draft branches per request (default: %(default)s)",
     )
-    parser.add_argument("--seed", type=int, default=0, help="model and workload seed")
-    parser.add_argument(
+    group.add_argument("--seed", type=int, default=0, help="model and workload seed")
+    group.add_argument(
         "--threads",
         type=_positive_int,
         default=1,
         help="torch intra-op threads of the CPU forward (default: 1; the "
         "other cores run the scheduler)",
     )
-    parser.add_argument(
+    group.add_argument(
         "--ranks",
         type=_positive_int,
         default=1,
         help="data-parallel ranks, one process each (default: 1)",
     )
-    parser.add_argument(
+    group.add_argument(
+        "--repeat",
+        type=_positive_int,
+        default=3,
+        help="timed runs of each loop per mode, sync and overlap interleaved; "
+        "figures are medians (default: %(default)s)",
+    )
+
+
+def _output_arguments(group: argparse._ArgumentGroup) -> None:
+    """Debug mode, generation, and what the run writes."""
+    group.add_argument(
         "--debug",
         action="store_true",
         help="maps in debug mode: poisoned buffers, consume-once and fence checks",
     )
-    parser.add_argument(
+    group.add_argument(
         "--no-generate",
         action="store_true",
         help="skip generation and run the packaged maps (relay.maps)",
     )
-    parser.add_argument(
+    group.add_argument(
         "--trace",
         metavar="PATH",
         type=Path,
@@ -209,14 +219,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "open in Perfetto or chrome://tracing): named ranges per step on the "
         "scheduler thread and the forward worker",
     )
-    parser.add_argument(
+    group.add_argument(
         "--plot",
         metavar="PATH.png",
         type=Path,
         help="afterwards, draw a timeline of a few steps of those traced runs, sync "
         "above overlap (needs matplotlib: pip install 'relay-futuremap[plot]')",
     )
-    parser.add_argument(
+    group.add_argument(
         "-q",
         "--quiet",
         action="store_true",

@@ -158,9 +158,33 @@ def _draw_panel(
     steps: list[int],
     width_ms: float,
 ) -> None:
-    rows = _rows(spans)
+    y_of = _frame(axes, title, _rows(spans), (end - start) / 1000.0, steps)
+    named_calls: set[str] = set()
+    for span in spans:
+        row = _row_of(span)
+        y = y_of[row]
+        # Clipped to the window: a host wait may start before it or end after it.
+        left = (max(span.start, start) - start) / 1000.0
+        width = (min(span.end, end) - max(span.start, start)) / 1000.0
+        if row.startswith(_STREAM):
+            axes.broken_barh(
+                [(left, max(width, width_ms * 0.001))],
+                (y - 0.25, 0.5),
+                color=_KERNEL_COLOUR,
+            )
+        elif span.what == trace.FORWARD:
+            _draw_forward(axes, span, y, (left, width), steps, width_ms)
+        elif span.what in _SCHEDULER:
+            _draw_scheduler(axes, span, y, (left, width), steps)
+        elif span.what in _RELAY_CALLS:
+            _draw_relay_call(axes, span, y, (left, width), steps, width_ms, named_calls)
+
+
+def _frame(
+    axes: Any, title: str, rows: list[str], ms: float, steps: list[int]
+) -> dict[str, int]:
+    """The panel's title, row labels and spines; the y of each row, top to bottom."""
     y_of = {row: len(rows) - 1 - i for i, row in enumerate(rows)}
-    ms = (end - start) / 1000.0
     axes.set_title(
         f"{title}: steps {steps[0]}-{steps[-1]} in {ms:.1f} ms",
         loc="left",
@@ -184,89 +208,101 @@ def _draw_panel(
     axes.set_ylim(-0.6, len(rows) - 0.4)
     for side in ("top", "right"):
         axes.spines[side].set_visible(False)
-    named_calls: set[str] = set()
+    return y_of
 
-    def x(t: float) -> float:
-        return (t - start) / 1000.0
 
-    for span in spans:
-        row = _row_of(span)
-        y = y_of[row]
-        # Clipped to the window: a host wait may start before it or end after it.
-        left = x(max(span.start, start))
-        width = (min(span.end, end) - max(span.start, start)) / 1000.0
-        if row.startswith(_STREAM):
-            axes.broken_barh(
-                [(left, max(width, width_ms * 0.001))],
-                (y - 0.25, 0.5),
-                color=_KERNEL_COLOUR,
-            )
-        elif span.what == trace.FORWARD:
-            axes.broken_barh(
-                [(left, width)], (y - 0.32, 0.64), color=_FORWARD_COLOUR, alpha=0.85
-            )
-            share = width / width_ms
-            text = f"forward {span.step}" if share > 0.12 else f"{span.step}"
-            if span.step in steps and share > 0.03:
-                axes.text(
-                    left + width / 2,
-                    y + 0.12,
-                    text,
-                    ha="center",
-                    va="center",
-                    color="white",
-                    fontsize=9,
-                    fontweight="bold",
-                    clip_on=True,
-                )
-        elif span.what in _SCHEDULER:
-            colour, _ = _SCHEDULER[span.what]
-            inner = span.what == trace.FENCE_WAIT
-            height = 0.4 if inner else 0.64
-            axes.broken_barh(
-                [(left, width)],
-                (y - height / 2, height),
-                color=colour,
-                hatch="//"
-                if span.what in (trace.HOST_WAIT, trace.FENCE_WAIT)
-                else None,
-                edgecolor="white" if inner else None,
-                linewidth=0,
-            )
-            if span.what == trace.BUILD and span.step >= steps[0] - 1:
-                axes.text(
-                    left,
-                    y + 0.36,
-                    f"{span.step}",
-                    ha="left",
-                    va="bottom",
-                    fontsize=8,
-                    color=colour,
-                    clip_on=True,
-                )
-        elif span.what in _RELAY_CALLS:
-            colour, name = _RELAY_CALLS[span.what]
-            # A relay call lasts tens of microseconds: a mark at least a few pixels wide.
-            shown = max(width, width_ms * 0.004)
-            axes.broken_barh([(left, shown)], (y - 0.32, 0.2), color=colour)
-            # Each call named once per panel, on its own forward so names do not collide.
-            turn = steps.index(span.step) if span.step in steps else -1
-            order = [trace.RESOLVE_FUTURE, trace.PUBLISH, trace.STASH]
-            if (
-                span.what in order
-                and span.what not in named_calls
-                and turn == order.index(span.what)
-            ):
-                named_calls.add(span.what)
-                axes.annotate(
-                    name,
-                    (left + shown / 2, y - 0.32),
-                    xytext=(0, -9),
-                    textcoords="offset points",
-                    ha="center",
-                    va="top",
-                    fontsize=8,
-                    color="black",
-                    arrowprops={"arrowstyle": "-", "color": colour, "lw": 1},
-                    annotation_clip=False,
-                )
+def _draw_forward(
+    axes: Any,
+    span: Span,
+    y: int,
+    at: tuple[float, float],
+    steps: list[int],
+    width_ms: float,
+) -> None:
+    """A forward pass: a bar, named with its step where it is wide enough."""
+    left, width = at
+    axes.broken_barh(
+        [(left, width)], (y - 0.32, 0.64), color=_FORWARD_COLOUR, alpha=0.85
+    )
+    share = width / width_ms
+    text = f"forward {span.step}" if share > 0.12 else f"{span.step}"
+    if span.step in steps and share > 0.03:
+        axes.text(
+            left + width / 2,
+            y + 0.12,
+            text,
+            ha="center",
+            va="center",
+            color="white",
+            fontsize=9,
+            fontweight="bold",
+            clip_on=True,
+        )
+
+
+def _draw_scheduler(
+    axes: Any, span: Span, y: int, at: tuple[float, float], steps: list[int]
+) -> None:
+    """A scheduler range: waits hatched, the fence wait inside its host wait, each
+    batch build numbered with its step."""
+    left, width = at
+    colour, _ = _SCHEDULER[span.what]
+    inner = span.what == trace.FENCE_WAIT
+    height = 0.4 if inner else 0.64
+    axes.broken_barh(
+        [(left, width)],
+        (y - height / 2, height),
+        color=colour,
+        hatch="//" if span.what in (trace.HOST_WAIT, trace.FENCE_WAIT) else None,
+        edgecolor="white" if inner else None,
+        linewidth=0,
+    )
+    if span.what == trace.BUILD and span.step >= steps[0] - 1:
+        axes.text(
+            left,
+            y + 0.36,
+            f"{span.step}",
+            ha="left",
+            va="bottom",
+            fontsize=8,
+            color=colour,
+            clip_on=True,
+        )
+
+
+def _draw_relay_call(
+    axes: Any,
+    span: Span,
+    y: int,
+    at: tuple[float, float],
+    steps: list[int],
+    width_ms: float,
+    named_calls: set[str],
+) -> None:
+    """A relay call, tens of microseconds: a mark a few pixels wide at least. Each
+    call is named once per panel (``named_calls``), on its own forward so names do
+    not collide."""
+    left, width = at
+    colour, name = _RELAY_CALLS[span.what]
+    shown = max(width, width_ms * 0.004)
+    axes.broken_barh([(left, shown)], (y - 0.32, 0.2), color=colour)
+    turn = steps.index(span.step) if span.step in steps else -1
+    order = [trace.RESOLVE_FUTURE, trace.PUBLISH, trace.STASH]
+    if (
+        span.what in order
+        and span.what not in named_calls
+        and turn == order.index(span.what)
+    ):
+        named_calls.add(span.what)
+        axes.annotate(
+            name,
+            (left + shown / 2, y - 0.32),
+            xytext=(0, -9),
+            textcoords="offset points",
+            ha="center",
+            va="top",
+            fontsize=8,
+            color="black",
+            arrowprops={"arrowstyle": "-", "color": colour, "lw": 1},
+            annotation_clip=False,
+        )
