@@ -141,9 +141,10 @@ def _fast_write(fields: Sequence[FieldView], records: bool) -> list[str]:
     vouch = "indices is self._gathered and indices._version == self._gathered_version"
     if binds:  # the values' tests read what the binds take from the payload
         body = [f"if {vouch}:", *_indent([*binds, f"if {' and '.join(tests)}:"])]
+        depth = "        "  # inside both ifs
     else:
         body = [f"if {' and '.join([vouch, *tests])}:"]
-    depth = "    " * (len(body) - len(binds))
+        depth = "    "
     written = [depth + line for line in [*writes, "return"]]
     return [
         "# Note [Fast writes] in relay/runtime.py.",
@@ -288,7 +289,7 @@ def _host(f: FieldView, source: str) -> list[str]:
     if isinstance(dtype, torch.dtype) and not (
         dtype.is_floating_point or dtype.is_complex
     ):
-        # relay.runtime.host_sum inlined for integers: it dispatches no op.
+        # relay.runtime.host_sum inlined for integers: it dispatches no data op.
         most = HOST_SUM_IN_PYTHON_MAX
         total = (
             f"sum(host.tolist()) if host.numel() <= {most} else int(host.numpy().sum())"
