@@ -79,16 +79,23 @@ def _check(f: FieldView) -> list[str]:
     return [*bind, f"if {n.src} is not None:", f"    {check}"]
 
 
-def _fast_check(f: FieldView) -> list[str]:
-    """Debug off: the common case of ``_check`` tested inline, ``check_rows`` called
-    only when it fails (Note [Checked values] in runtime.py)."""
+def _expected(f: FieldView) -> tuple[str, str]:
+    """The dtype and shape ``f``'s value must have, as source: a lazy field's from the
+    attributes its allocation sets, rows after ``index_shape`` (the writes' local)."""
     n = f.names
-    alloc = kinds.alloc(f.field)
-    args = [n.what, n.src, "indices", n.buf, *alloc.check_args(n)]
-    dtype = f"self.{naming.dtype_cache(f.field)}" if alloc.lazy else n.dtype
+    dtype = f"self.{naming.dtype_cache(f.field)}" if f.lazy else n.dtype
     shape = "index_shape"
     if f.field.shape:
         shape += f" + self.{naming.row_cache(f.field)}"
+    return str(dtype), shape
+
+
+def _inline_check(f: FieldView) -> list[str]:
+    """Debug off, the checked path: the common case of ``_check`` tested inline,
+    ``check_rows`` called only when it fails (Note [Checked values] in runtime.py)."""
+    n = f.names
+    args = [n.what, n.src, "indices", n.buf, *kinds.alloc(f.field).check_args(n)]
+    dtype, shape = _expected(f)
     common = [
         f"type({n.src}) is not torch.Tensor",
         f"{n.src}.dtype is not {dtype}",
@@ -107,13 +114,9 @@ def _fast_test(f: FieldView, torch_checks: bool) -> str:
     number of dims where ``torch_checks`` (the first write, whose own checks refuse
     before writing anything), else its dtype and whole shape."""
     n = f.names
-    alloc = kinds.alloc(f.field)
     if torch_checks:
         return f"{n.src}.ndim == {1 + len(f.field.shape)}"
-    dtype = f"self.{naming.dtype_cache(f.field)}" if alloc.lazy else n.dtype
-    shape = "index_shape"
-    if f.field.shape:
-        shape += f" + self.{naming.row_cache(f.field)}"
+    dtype, shape = _expected(f)
     test = f"{n.src}.dtype is {dtype} and {n.src}.shape == {shape}"
     return f"({n.src} is None or ({test}))" if f.optional else test
 
@@ -122,7 +125,7 @@ def _fast_write(fields: Sequence[FieldView], records: bool) -> list[str]:
     """Debug off, slots ``resolve_future`` vouched for: the writes after the tests that
     let them run as they are, else on to the checked path (Note [Fast writes])."""
     first = fields[0]
-    torch_checks = not first.optional and not kinds.alloc(first.field).lazy
+    torch_checks = not first.optional and not first.lazy
     tests = [_fast_test(f, torch_checks and f is first) for f in fields]
     binds = [
         f"{f.names.src} = {f.names.given}"
@@ -235,7 +238,7 @@ def write(
             "index_shape = indices.shape if type(indices) is torch.Tensor else _rt.NO_ROWS"
         )
         for f in fields:
-            lines += _fast_check(f)
+            lines += _inline_check(f)
         first = fields[0].names.what if fields else naming.string_literal(cls)
         args = [
             naming.string_literal(f"{cls}.{op}"),
