@@ -1,15 +1,19 @@
-"""Helpers the generated maps call. Small, typed, and free of device work when debug is off.
+"""What generated maps call: the field table, and every path that is not the common case.
 
-Generated modules import this module as ``_rt`` and nothing else from relay, so the
-names here are part of the contract between the generator and the runtime.
+A generated method is one body: cheap pre-tests, then its torch calls, one line per
+field (Note [One body] below). Everything else, refusals with relay's messages, casts,
+lazy allocation, debug mode, is here, generic, driven by the map's ``Table`` of
+``Column``s that the generator emits once per module. Generated modules import this
+module as ``_rt`` and nothing else from relay, so its names are the contract between
+the generator and the runtime.
 """
 
 from __future__ import annotations
 
-import ctypes
-from typing import Any, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any
 
-import numpy
+import attrs
 import torch
 
 from relay.debug import DebugChecks, poison
@@ -17,22 +21,26 @@ from relay.debug.messages import text
 from relay.device import CpuFence, Fence, HostMirror, new_fence
 from relay.errors import RelayError, SlotError
 from relay.fused import gather_rows, gather_rows_optional
+from relay.schema import Lane
 
 __all__ = [
-    "NO_ROWS",
+    "FORWARD",
+    "NOTHING_GATHERED",
+    "SCHEDULE",
     "SLOT_DTYPES",
+    "Column",
     "CpuFence",
     "DebugChecks",
     "Fence",
     "HostMirror",
-    "SlotsToken",
+    "Table",
     "check_dim",
-    "check_host_slots",
     "check_rows",
-    "debug_class",
+    "debug_checks",
+    "gather_optional",
     "gather_rows",
     "gather_rows_optional",
-    "gathered_slots",
+    "gathered",
     "guard_finite",
     "guard_non_negative",
     "guard_positive",
@@ -41,65 +49,377 @@ __all__ = [
     "never_stashed",
     "new_buffer",
     "new_fence",
-    "slots_vouched",
+    "publish",
+    "read_back",
+    "stash",
+    "write_optional",
+    "write_rows",
     "write_slots",
 ]
 
+FORWARD = Lane.FORWARD
+SCHEDULE = Lane.SCHEDULE
 
-def check_dim(owner: str, name: str, value: int) -> int:
-    """A symbolic dim given to a constructor must be a positive int."""
+#: A guard: checks a value about to be written, in debug mode (``guard_*`` below).
+GuardFn = Callable[[torch.Tensor, str], None]
+
+
+# Note [One body]
+# A generated write tests, inline, that the call is the common case: debug off, slots
+# the map may index with as they are (``write_rows``), and every value a tensor of the
+# declared dtype and shape. Then each field's write is one ``index_copy_`` that cannot
+# fail, so a call is all or nothing. Anything else goes to ``stash`` or ``publish``
+# here, which check, refuse, cast, allocate and run debug mode's bookkeeping, field by
+# field from the table. The resolves have no second path: they read the same rows
+# either way, and in debug mode they also report what they read (``read_back``).
+
+
+@attrs.frozen
+class Column:
+    """One field of a map, as the generic paths need it."""
+
+    name: str
+    lane: Lane
+    #: ``None``: taken from the first payload that carries the field.
+    dtype: torch.dtype | None
+    #: Row dims: ints, and the names of symbolic dims (any size until allocated).
+    row: tuple[int | str, ...] = ()
+    lazy: bool = False
+    optional: bool = False
+    #: The payload attribute (or publish argument) the value comes from.
+    source: str = attrs.field(
+        default=attrs.Factory(lambda self: self.name, takes_self=True)
+    )
+    #: Where a resolve hands the rows, for messages and readers of the table.
+    target: str | None = None
+    guard: GuardFn | None = None
+    #: Rows never written read as zeros, in debug mode too (a legal read there).
+    zeros: bool = False
+    #: The resolve that reads the field: ``resolve_future``, or a schedule-side one.
+    reader: str = "resolve_future"
+
+    @property
+    def buf(self) -> str:
+        return f"{self.name}_buf"
+
+    @property
+    def declared_row(self) -> tuple[int | None, ...]:
+        return tuple(d if isinstance(d, int) else None for d in self.row)
+
+
+class Table:
+    """A map's fields in declaration order, split by lane."""
+
+    def __init__(self, owner: str, columns: tuple[Column, ...]) -> None:
+        self.owner = owner
+        self.columns = columns
+        self.forward = tuple(c for c in columns if c.lane is Lane.FORWARD)
+        #: In ``publish``'s parameter order: required fields first.
+        self.schedule = tuple(
+            sorted(
+                (c for c in columns if c.lane is Lane.SCHEDULE),
+                key=lambda c: c.optional,
+            )
+        )
+
+    def what(self, column: Column) -> str:
+        return f"{self.owner}.{column.name}"
+
+
+def check_dim(table: Table, name: str, value: int) -> int:
+    """A dim given to a constructor must be a positive int."""
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(
-            f"{owner}: dim {name!r} must be a positive int (got {value!r} that is a "
-            f"{type(value).__name__})"
+            f"{table.owner}: dim {name!r} must be a positive int (got {value!r} that is "
+            f"a {type(value).__name__})"
         )
     return value
 
 
 def new_buffer(
-    shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, debug: bool
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    device: torch.device,
+    debug: bool,
+    zeros: bool = False,
 ) -> torch.Tensor:
-    """A relay buffer: zeros, or poison in debug mode so an unwritten row is visible."""
-    if debug:
+    """A relay buffer: zeros, or poison in debug mode so an unwritten row is visible
+    (zeros there too where the field declares that unwritten rows read as zeros)."""
+    if debug and not zeros:
         return torch.full(shape, poison(dtype), dtype=dtype, device=device)
     return torch.zeros(shape, dtype=dtype, device=device)
 
 
-# Note [Checked values]
-# Every stash and publish passes each value through check_rows before anything is
-# written; it returns the value in the buffer's dtype, so the generated write is one
-# ``index_copy_`` and a value already in that dtype (the common case) costs no ``.to``
-# call at all (about as much Python time as the write itself at batch 1).
-# With debug off, the generated method first tests the common case inline, one line
-# per field (``v.dtype is not torch.int64 or v.shape != index_shape``, the indices'
-# shape read once, plus the buffer's row dims), and calls check_rows only when it
-# fails: a value that is no tensor (tested first, ``type(v) is not torch.Tensor``, as
-# a list has no ``.dtype``; a tensor subclass takes the slow path), of another dtype or
-# shape, or indices that are no tensor (``index_shape`` is then ``NO_ROWS``, which no
-# shape equals). check_rows
-# stays the one place that accepts, casts or refuses, so every refusal and message is
-# the same in both shapes; float and bool indices are refused by ``write_slots``
-# with the first field's name, before any write.
+def debug_checks(
+    table: Table, device: torch.device, pool_size: int, debug: bool
+) -> DebugChecks | None:
+    """Debug mode's checker for a map of ``table``; ``None`` with debug off."""
+    if not debug:
+        return None
+    schedule = [c for c in table.columns if c.lane is Lane.SCHEDULE]
+    return DebugChecks(
+        device,
+        pool_size,
+        table.owner,
+        forward=tuple(c.name for c in table.forward),
+        schedule=tuple(c.name for c in schedule),
+        consumers=tuple(dict.fromkeys(c.reader for c in schedule)),
+        **_zeros(table),
+    )
 
-#: The ``index_shape`` of indices that are no tensor: no value's shape equals it.
-NO_ROWS = torch.Size((-1,))
+
+def _zeros(table: Table) -> dict[str, tuple[str, ...]]:
+    zeros = tuple(c.name for c in table.columns if c.zeros)
+    return {"initial_zeros": zeros} if zeros else {}
+
+
+# --- the common case's gate --------------------------------------------------------------
+
+#: What ``gathered`` returns for slots no write may take as they are.
+NOTHING_GATHERED: tuple[torch.Tensor | None, int, tuple[int, ...]] = (None, -1, ())
+
+
+def gathered(indices: torch.Tensor) -> tuple[torch.Tensor | None, int, tuple[int, ...]]:
+    """What ``resolve_future`` remembers of the slots it gathered with (Note [Gathered
+    slots]): the tensor, its version then, and its row count as a shape."""
+    try:
+        if indices.dtype is _INT64 and indices.ndim == 1:
+            return indices, indices._version, (indices.numel(),)
+    except RuntimeError:  # an inference tensor keeps no version counter
+        pass
+    return NOTHING_GATHERED
+
+
+_INT64 = torch.int64  # a module constant: reading torch.int64 costs an attribute lookup
+
+
+# Note [Gathered slots]
+# On the CPU an indexed write checks each index as it goes, so a slot outside the pool
+# would leave some rows written: the slots must be checked first. ``resolve_future``'s
+# ``index_select`` checks every slot before it writes anything, and an engine writes
+# with the very slots tensor it resolved; a write given that tensor, unchanged since
+# (its version counter says so), takes it as it is. Any other slots are read on the
+# host once (``host_slots_ok``). On CUDA a bad slot is a device-side assert whatever
+# relay does, and a host check would be a sync: there only debug mode checks slots.
+
+
+def write_rows(m: Any, indices: torch.Tensor) -> tuple[int, ...] | None:
+    """``(n,)`` when a write of map ``m`` may index with ``indices`` as they are: debug
+    off, int64 slots, in the pool (Note [Gathered slots]), at least one. Else ``None``,
+    and the write takes the checked path."""
+    token: tuple[torch.Tensor | None, int, tuple[int, ...]] = m._gathered
+    if indices is token[0] and indices._version == token[1]:
+        return token[2]  # never set in debug mode
+    if (
+        m._debug is not None
+        or type(indices) is not torch.Tensor
+        or indices.dtype is not _INT64
+        or indices.ndim != 1
+        or indices.shape[0] == 0
+        or (indices.is_cpu and not host_slots_ok(indices, m.pool_size))
+    ):
+        return None
+    return (indices.shape[0],)
+
+
+#: Up to this many slots a list is the quickest way to read them on the host.
+HOST_SLOTS_IN_PYTHON_MAX = 16
+
+
+def host_slots_ok(slots: torch.Tensor, pool_size: int) -> bool:
+    """Whether every slot of 1-D host int64 ``slots`` is in ``[0, pool_size)``."""
+    if slots.shape[0] <= HOST_SLOTS_IN_PYTHON_MAX:
+        values: list[int] = slots.tolist()
+        return min(values) >= 0 and max(values) < pool_size
+    view = slots.numpy()
+    return bool(view.min() >= 0 and view.max() < pool_size)
+
+
+def write_optional(
+    buf: torch.Tensor | None, indices: torch.Tensor, value: torch.Tensor | None
+) -> bool:
+    """The common case's write of an optional or lazy field; whether it carried a value.
+    An omitted value zero-fills its rows (Note [Optional fields]); the gate let a value
+    through only once its buffer exists."""
+    if value is None:
+        if buf is not None:
+            buf.index_fill_(0, indices, 0)
+        return False
+    if buf is not None:
+        buf.index_copy_(0, indices, value)
+    return True
+
+
+def gather_optional(
+    buf: torch.Tensor | None, carried: bool, indices: torch.Tensor
+) -> torch.Tensor | None:
+    """An optional field's rows, or ``None`` where the latest write left it out."""
+    return buf.index_select(0, indices) if carried and buf is not None else None
+
+
+# --- the checked path ----------------------------------------------------------------------
+
+
+def stash(m: Any, table: Table, indices: torch.Tensor, payload: object) -> None:
+    """``stash`` off the common case (Note [One body])."""
+    values = [getattr(payload, c.source) for c in table.forward]
+    _write(m, table, "stash", table.forward, indices, values)
+
+
+def publish(
+    m: Any, table: Table, indices: torch.Tensor, values: Sequence[torch.Tensor | None]
+) -> None:
+    """``publish`` off the common case: the values in ``table.schedule``'s order."""
+    _write(m, table, "publish", table.schedule, indices, values)
+    if m._debug is not None:
+        m._debug.publishing()
+    m._fence.record()
+
+
+def _write(
+    m: Any,
+    table: Table,
+    op: str,
+    columns: Sequence[Column],
+    indices: torch.Tensor,
+    given: Sequence[torch.Tensor | None],
+) -> None:
+    """Every check before any write, so a refused call leaves the map as it was."""
+    values = [
+        None
+        if value is None and c.optional
+        else check_rows(
+            table.what(c), value, indices, getattr(m, c.buf), c.declared_row, c.dtype
+        )
+        for c, value in zip(columns, given)
+    ]
+    debug: DebugChecks | None = m._debug
+    first = table.what(columns[0]) if columns else table.owner
+    slots = write_slots(
+        f"{table.owner}.{op}", first, indices, m.pool_size, host=debug is None
+    )
+    if slots is None:
+        return
+    if debug is not None:
+        debug.check_slots(op, indices)
+        for c, value in zip(columns, values):
+            if c.guard is not None and value is not None:
+                c.guard(value, table.what(c))
+    for c, value in zip(columns, values):
+        _write_column(m, table, c, slots, value, debug is not None)
+    if debug is not None:
+        carried = {c.name: v is not None for c, v in zip(columns, values) if c.optional}
+        debug.wrote(op, indices, tuple(c.name for c in columns), carried=carried)
+
+
+def _write_column(
+    m: Any,
+    table: Table,
+    c: Column,
+    slots: torch.Tensor,
+    value: torch.Tensor | None,
+    debug: bool,
+) -> None:
+    buf: torch.Tensor | None = getattr(m, c.buf)
+    if c.optional:
+        setattr(m, f"_{c.name}_carried", value is not None)
+    if value is None:  # an optional field left out: Note [Optional fields]
+        if buf is not None:
+            buf.index_fill_(0, slots, 0)
+        return
+    if buf is None:
+        buf = lazy_buffer(m.pool_size, c.dtype, value, debug, c.zeros)
+        setattr(m, c.buf, buf)
+        # What the common case's gate compares a value with from now on.
+        setattr(m, f"_{c.name}_dtype", buf.dtype)
+        setattr(m, f"_{c.name}_row", tuple(buf.shape[1:]))
+    buf.index_copy_(0, slots, value)
 
 
 def lazy_buffer(
-    what: str,
     pool_size: int,
-    declared_row: tuple[int | None, ...],
     dtype: torch.dtype | None,
     first: torch.Tensor,
     debug: bool,
+    zeros: bool = False,
 ) -> torch.Tensor:
-    """Allocate a lazy field from its first non-empty payload ``first``.
-
-    ``check_rows`` has already accepted ``first`` against ``declared_row`` (fixed
-    dims, ``None`` for symbolic ones) and ``dtype`` (``None``: taken from the payload).
-    """
+    """A lazy field's buffer, shaped and typed by its first value ``first``, which
+    ``check_rows`` already accepted."""
     row = tuple(first.shape[1:])
-    return new_buffer((pool_size, *row), dtype or first.dtype, first.device, debug)
+    return new_buffer((pool_size, *row), dtype or first.dtype, first.device, debug, zeros)
+
+
+def check_rows(
+    what: str,
+    value: object,
+    indices: object,
+    buf: torch.Tensor | None,
+    declared_row: tuple[int | None, ...] = (),
+    declared_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """``value`` ready to write into ``buf`` at ``indices``: a tensor with one row per
+    index, shaped like the buffer's rows (before a lazy buffer exists: like
+    ``declared_row``, ``None`` matching any size), of a dtype that casts to the
+    buffer's (or ``declared_dtype``) without losing values, cast only when it differs.
+
+    Types, shapes and dtypes only: it dispatches no torch op. Without it an indexed
+    write would broadcast a (n, 1) tensor into (n, topk) rows, or wrap and truncate
+    values cast into a narrower dtype, without a word.
+    """
+    if not isinstance(value, torch.Tensor):
+        shown = repr(value)
+        shown = shown if len(shown) <= 40 else shown[:37] + "..."
+        raise RelayError(
+            f"{what}: got {shown} of type {type(value).__name__}, not a tensor; "
+            "payload values and publish arguments are torch.Tensors with one row per "
+            "slot (e.g. torch.as_tensor(values, device=...)). Nothing was written"
+        )
+    slots = _refuse_indices(what, indices)
+    got = tuple(value.shape)
+    if buf is not None:
+        expected: tuple[int | str, ...] = (slots.numel(), *buf.shape[1:])
+        ok = got == expected
+    else:
+        expected = (slots.numel(), *("?" if d is None else d for d in declared_row))
+        ok = (
+            len(got) == len(expected)
+            and got[0] == slots.numel()
+            and all(want in (None, size) for want, size in zip(declared_row, got[1:]))
+        )
+        if ok and slots.numel() > 0 and 0 in got[1:]:
+            raise RelayError(
+                f"{what}: the first payload has rows of shape {got[1:]}, with a "
+                "zero-width dim; a lazy buffer takes its row shape from its first "
+                "payload, so it would stay empty. Leave the field out (None) until "
+                "its rows have a width"
+            )
+    if not ok:
+        raise RelayError(
+            f"{what}: got a tensor of shape {got} for {slots.numel()} slot(s); expected "
+            f"{expected} (one row per index, rows as declared; '?' is any size)"
+        )
+    want = buf.dtype if buf is not None else declared_dtype
+    if want is None or value.dtype is want:
+        return value
+    _refuse_cast(what, value.dtype, want)
+    return value.to(want)
+
+
+def _refuse_cast(what: str, got: torch.dtype, want: torch.dtype) -> None:
+    """Refuse a cast that can change a value: to a lower kind (float to int drops the
+    fraction) or to an integer dtype that cannot hold every value of ``got`` (it wraps).
+    Floating casts (float32 to bfloat16) are taken: they round, never wrap."""
+    if _kind(got) > _kind(want):
+        raise RelayError(
+            f"{what}: got {got} values for a {want} field; the cast would drop their "
+            f"fractional or imaginary part. Convert them first (e.g. .round().to({want}))"
+        )
+    if _kind(got) == _kind(want) == 1 and not _holds(want, got):
+        raise RelayError(
+            f"{what}: got {got} values for a {want} field; the cast would wrap values "
+            f"{want} cannot hold (2**31 + 5 would become negative). Convert them "
+            f"yourself once you know they fit (.to({want})), or declare dtype={got}"
+        )
 
 
 def _kind(dtype: torch.dtype) -> int:
@@ -111,72 +431,21 @@ def _kind(dtype: torch.dtype) -> int:
     return 2 if dtype.is_floating_point else 1
 
 
-def check_rows(
-    what: str,
-    value: torch.Tensor,
-    indices: torch.Tensor,
-    buf: torch.Tensor | None,
-    declared_row: tuple[int | None, ...] = (),
-    declared_dtype: torch.dtype | None = None,
-) -> torch.Tensor:
-    """``value`` ready to write into ``buf`` at ``indices`` (Note [Checked values]).
-
-    It must hold one row per index, shaped like the buffer's rows (while a lazy buffer
-    does not exist yet: like ``declared_row``, ``None`` matching any positive size), of
-    a dtype that casts to the buffer's (or ``declared_dtype``) without losing values;
-    it is cast only when its dtype differs.
-
-    Types, shapes and dtypes only, no values: it dispatches no torch op. Without it, an
-    indexed write would broadcast a (n, 1) tensor into (n, topk) rows, truncate floats
-    stored into an integer field, or truncate float indices to slots, without a word.
-    """
-    try:
-        if (
-            buf is not None
-            and value.dtype is buf.dtype
-            and value.shape[1:] == buf.shape[1:]
-            and value.shape[:1] == indices.shape
-            and indices.dtype in SLOT_DTYPES
-        ):
-            return value  # the common case, kept cheap: it runs on every field written
-    except AttributeError:
-        pass  # a value or indices that is no tensor: _refuse_rows names it
-    _refuse_rows(what, value, indices, buf, declared_row, declared_dtype)
-    want = buf.dtype if buf is not None else declared_dtype
-    return value if want is None else value.to(want)
+def _holds(wide: torch.dtype, narrow: torch.dtype) -> bool:
+    """Whether integer dtype ``wide`` holds every value of integer dtype ``narrow``."""
+    a, b = torch.iinfo(wide), torch.iinfo(narrow)
+    return a.min <= b.min and a.max >= b.max
 
 
-#: Index dtypes a write takes as slots (``.long()`` keeps every value of them); a float
-#: or bool index would be truncated to a slot, a complex one lose its imaginary part.
+#: Slot dtypes a write takes: ``.long()`` keeps each of their values. Wider unsigned
+#: ones are refused: torch's index ops take none of them.
 SLOT_DTYPES = frozenset(
-    {
-        torch.int64,
-        torch.int32,
-        torch.int16,
-        torch.int8,
-        torch.uint8,
-        torch.uint16,
-        torch.uint32,
-        torch.uint64,
-    }
+    {torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8}
 )
 
 
-def _refuse_types(what: str, value: object, indices: object) -> None:
-    """Raise unless ``value`` is a tensor and ``indices`` a tensor of integer slots."""
-    if not isinstance(value, torch.Tensor):
-        shown = repr(value)
-        shown = shown if len(shown) <= 40 else shown[:37] + "..."
-        raise RelayError(
-            f"{what}: got {shown} of type {type(value).__name__}, not a tensor; "
-            "payload values and publish arguments are torch.Tensors with one row per "
-            "slot (e.g. torch.as_tensor(values, device=...)). Nothing was written"
-        )
-    _refuse_indices(what, indices)
-
-
-def _refuse_indices(what: str, indices: object) -> None:
-    """Raise unless ``indices`` is a tensor of integer slots."""
+def _refuse_indices(what: str, indices: object) -> torch.Tensor:
+    """``indices`` if they are one integer slot per row; else refuse them."""
     if not isinstance(indices, torch.Tensor):
         raise RelayError(
             f"{what}: indices must be a tensor of request-pool slots (got a "
@@ -185,64 +454,36 @@ def _refuse_indices(what: str, indices: object) -> None:
         )
     if indices.dtype not in SLOT_DTYPES:
         raise RelayError(
-            f"{what}: indices must be integer slots, got a {indices.dtype} tensor, which "
-            "a write would truncate to slots (bool ones to slots 0 and 1); pass "
-            "request-pool slots as int64 or int32. Nothing was written"
+            f"{what}: indices must be integer slots, got a {indices.dtype} tensor; pass "
+            "request-pool slots as int64 (or int32). Nothing was written"
         )
-
-
-def _refuse_dims(what: str, indices: torch.Tensor) -> None:
-    """Raise unless ``indices`` is one slot per row."""
     if indices.dim() != 1:
         raise RelayError(
             f"{what}: indices must be one slot per row, a 1-D tensor (got shape "
             f"{tuple(indices.shape)})"
         )
+    return indices
 
 
-def _refuse_rows(
-    what: str,
-    value: torch.Tensor,
-    indices: torch.Tensor,
-    buf: torch.Tensor | None,
-    declared_row: tuple[int | None, ...],
-    declared_dtype: torch.dtype | None,
-) -> None:
-    """The slow path of ``check_rows``: raise unless ``value`` is acceptable."""
-    _refuse_types(what, value, indices)
-    got = tuple(value.shape)
-    slots = indices.numel()
-    _refuse_dims(what, indices)
-    if buf is not None:
-        expected: tuple[int | str, ...] = (slots, *buf.shape[1:])
-        ok = got == expected
-    else:
-        expected = (slots, *("?" if d is None else d for d in declared_row))
-        ok = (
-            len(got) == len(expected)
-            and got[0] == slots
-            and all(
-                want is None or want == size
-                for want, size in zip(declared_row, got[1:])
-            )
+def write_slots(
+    what: str, first: str, indices: object, pool_size: int, *, host: bool = True
+) -> torch.Tensor | None:
+    """The int64 slots a checked write indexes with, ``None`` for none. Refuses, named
+    as field ``first``, indices that are no vector of integer slots and, on the host
+    where ``host`` (debug mode checks slots itself), a slot outside the pool."""
+    slots = _refuse_indices(first, indices)
+    if slots.numel() == 0:
+        return None
+    slots = slots if slots.dtype is torch.int64 else slots.long()
+    if host and slots.is_cpu and not host_slots_ok(slots, pool_size):
+        values = slots.tolist()
+        at = next(i for i, s in enumerate(values) if not 0 <= s < pool_size)
+        raise SlotError(
+            f"{what}: slot {values[at]} at position {at} is outside the pool [0, "
+            f"{pool_size}); slots are request-pool indices of this map (a negative "
+            "slot would wrap around). Nothing was written"
         )
-        if ok and slots > 0 and 0 in got[1:]:
-            raise RelayError(
-                f"{what}: the first payload has rows of shape {got[1:]}, with a zero-width "
-                "dim; a lazy buffer takes its row shape from its first payload, so it would "
-                "stay empty. Leave the field out (None) until its rows have a width"
-            )
-    if not ok:
-        raise RelayError(
-            f"{what}: got a tensor of shape {got} for {slots} slot(s); expected "
-            f"{expected} (one row per index, rows as declared; '?' is any size)"
-        )
-    want = buf.dtype if buf is not None else declared_dtype
-    if want is not None and _kind(value.dtype) > _kind(want):
-        raise RelayError(
-            f"{what}: got {value.dtype} values for a {want} field; the cast would drop "
-            f"their fractional or imaginary part. Convert them first (e.g. .round().to({want}))"
-        )
+    return slots
 
 
 def never_stashed(owner: str, field: str) -> RelayError:
@@ -253,151 +494,28 @@ def never_stashed(owner: str, field: str) -> RelayError:
     )
 
 
-# Note [Slots on the host]
-# On the CPU an indexed write checks each index as it goes, so a slot outside the pool
-# would leave the rows before it written and the fields after it not: a half-written
-# stash. With debug off, the generated writes of a CPU map first read the slots on the
-# host, where they already are, without dispatching an op (``Tensor.numpy()`` would
-# dispatch a ``detach``): up to ``HOST_SLOTS_IN_PYTHON_MAX`` slots as a list (about
-# 1 us), above it a numpy view of the index memory read as unsigned, so that a
-# negative slot is a huge one and one ``argmax`` catches both ends (about 2.5 us at
-# any batch size). A write skips it for the very tensor the map's latest
-# ``resolve_future`` gathered with, unchanged since (Note [Vouched slots]): that
-# ``index_select`` already refused any slot outside the pool (on the CPU it checks
-# every index before it writes its output), and an engine stashes and publishes with
-# the batch's slots tensor it resolved, so a steady overlap loop pays nothing.
-# Inference tensors keep no version counter, so for them the check always runs; so
-# does it after a change torch cannot see (through ``.numpy()`` or a raw pointer),
-# which is the one way left to slip a bad slot past it. On CUDA a bad slot
-# is a device-side assert, which ends the process's CUDA context; checking first would
-# need a host sync, so there only debug mode checks (``DebugChecks.check_slots``, on
-# the device).
-
-# Per index dtype: the unsigned C and numpy types to read it as, and the numpy type it is.
-_UNSIGNED: dict[
-    torch.dtype, tuple[type[ctypes._SimpleCData[int]], type[Any], type[Any]]
-] = {
-    torch.int64: (ctypes.c_uint64, numpy.uint64, numpy.int64),
-    torch.int32: (ctypes.c_uint32, numpy.uint32, numpy.int32),
-    torch.int16: (ctypes.c_uint16, numpy.uint16, numpy.int16),
-    torch.int8: (ctypes.c_uint8, numpy.uint8, numpy.int8),
-    torch.uint8: (ctypes.c_uint8, numpy.uint8, numpy.uint8),
-}
+# --- debug mode's reports of a resolve ------------------------------------------------------
 
 
-SlotsToken = tuple[torch.Tensor, int]
+def read_back(
+    m: Any, table: Table, op: str, indices: torch.Tensor, names: tuple[str, ...]
+) -> None:
+    """Debug mode: ``op`` read rows ``indices`` of the fields ``names`` (optional ones
+    only where the latest write carried them): checked fresh, then poisoned again."""
+    debug: DebugChecks = m._debug
+    columns = [c for c in table.columns if c.name in names]
+    buffers = {c.name: getattr(m, c.buf) for c in columns}
+    carried = {c.name: getattr(m, f"_{c.name}_carried") for c in columns if c.optional}
+    debug.read(op, indices, buffers, carried=carried)
 
 
-# Note [Vouched slots]
-# With debug off, ``resolve_future`` remembers the vector of slots it gathered with
-# and its version (``_gathered``, ``_gathered_version``): its ``index_select`` refused
-# any slot outside the pool, and the tensor held at least one slot. A write given that
-# very tensor, unchanged since, indexes with it as is (one identity and one version
-# test; the checked path also tests for int64, where the fast path of Note [Fast
-# writes] leaves another index dtype to ``index_copy_``, which refuses it before
-# writing); any other goes through ``write_slots``, which does everything the vouched
-# tensor is known to pass. An inference tensor keeps no version counter (reading it
-# raises RuntimeError), so it is never vouched for and always checked. A 0-dim slots
-# tensor is not vouched for either: the fast path's tests take a vector of slots.
-
-
-# Note [Fast writes]
-# With debug off, a write given the slots ``resolve_future`` vouched for (Note [Vouched
-# slots]) first tries a fast path: the tests that let its writes run as they are, the
-# writes, return. Its first write (a required eager field) is tested for its number of
-# dims only: ``index_copy_`` itself refuses another dtype or shape before it writes
-# anything, and the dims test refuses the one shape it would take that the checked path
-# does not (a 0-dim value for one slot). Every later field is tested whole (dtype and
-# shape), so once a write has run, none after it can be refused. Anything else, a
-# failed test or an error (a value that is no tensor, a dtype to cast: the
-# AttributeError, TypeError, IndexError or RuntimeError that torch raises before it
-# writes), goes on to the checked path (Note [Checked values]), which refuses it with
-# relay's message or casts and writes every field again: writing the same rows twice
-# leaves what one write would. The fast path saves the index shape read and row test of the first field and
-# the no-tensor tests, about 0.5 us of a 2-3 us write at batch 1.
-
-
-def write_slots(
-    what: str, first: str, indices: torch.Tensor, pool_size: int
-) -> torch.Tensor | None:
-    """The slots a write indexes with, for indices ``resolve_future`` did not vouch
-    for (Note [Vouched slots]): ``None`` for zero slots (nothing to write), else int64
-    slots, checked on the host on the CPU (Note [Slots on the host]). Refuses
-    indices that are no tensor of integers, named as the field ``first``'s, before any
-    write."""
-    if type(indices) is not torch.Tensor or indices.dtype not in SLOT_DTYPES:
-        _refuse_indices(first, indices)
-    if indices.numel() == 0:
-        return None
-    if indices.is_cpu:
-        check_host_slots(what, indices, pool_size)
-    return indices if indices.dtype is torch.int64 else indices.long()
-
-
-# ``gathered_slots`` and ``slots_vouched`` are what modules generated by an earlier relay
-# call (before Note [Vouched slots]); kept so such a module still runs until it is
-# regenerated.
-
-
-def gathered_slots(indices: torch.Tensor) -> SlotsToken | None:
-    """What ``resolve_future`` remembers of the slots it gathered with, for
-    ``slots_vouched`` (Note [Slots on the host]); ``None`` off the CPU, where no write
-    checks its slots, and for an inference tensor, which keeps no version counter."""
-    if not indices.is_cpu or indices.is_inference():
-        return None
-    return indices, indices._version
-
-
-def slots_vouched(token: SlotsToken | None, indices: torch.Tensor) -> bool:
-    """Whether ``indices`` is the tensor ``token`` remembers, unchanged since."""
-    return token is not None and token[0] is indices and token[1] == indices._version
-
-
-#: Up to this many slots, ``check_host_slots`` reads them as a list: half the time of
-#: the numpy view at batch 1, the latency case overlap scheduling exists for.
-HOST_SLOTS_IN_PYTHON_MAX = 16
-
-
-def check_host_slots(what: str, indices: torch.Tensor, pool_size: int) -> None:
-    """Refuse a slot outside ``[0, pool_size)`` in host ``indices`` before any write
-    (Note [Slots on the host]). Other index dtypes are left to torch, which refuses
-    them before it writes anything."""
-    if indices.dim() != 1:
-        return  # one 0-dim slot is written whole or refused; torch refuses more dims
-    n = indices.numel()
-    if n <= HOST_SLOTS_IN_PYTHON_MAX:
-        values = indices.tolist()
-        if not values or (min(values) >= 0 and max(values) < pool_size):
-            return
-    kinds = _UNSIGNED.get(indices.dtype)
-    if kinds is None:
-        return
-    c_type, np_type, own_type = kinds
-    if indices.is_contiguous():
-        # A buffer numpy reads without a copy (typed Any: numpy's stubs omit ctypes).
-        memory: Any = (c_type * n).from_address(indices.data_ptr())
-        wide = numpy.frombuffer(memory, dtype=np_type)
-    else:
-        wide = indices.numpy().view(np_type)
-    at = int(wide.argmax())
-    if int(wide[at]) >= pool_size:
-        raise SlotError(
-            f"{what}: slot {int(wide.view(own_type)[at])} at position {at} is outside "
-            f"the pool [0, {pool_size}); slots are request-pool indices of this map (a "
-            "negative slot would wrap around). Nothing was written"
-        )
-
-
-#: Up to this many values, ``host_sum`` adds integers in Python, a fifth of the time of
-#: ``int(values.sum())`` at batch 1; above it numpy adds them, in about the time of
-#: torch's ``sum`` and its ``item`` (0.25 us more at batch 256 on the development
-#: machine) but with no op dispatched: the sum of a host mirror is host arithmetic, and
-#: a step dispatches no more ops than the hand-written map's (issue 17).
+#: Up to this many values, ``host_sum`` adds integers in Python; above it numpy does,
+#: with no torch op dispatched.
 HOST_SUM_IN_PYTHON_MAX = 64
 
 
 def host_sum(values: torch.Tensor) -> int:
-    """The sum of a host tensor of integers as an ``int`` (a float sum is truncated)."""
+    """The sum of a host tensor as an ``int`` (a float sum is truncated)."""
     if values.is_floating_point() or values.is_complex():
         return int(values.sum())
     if values.numel() <= HOST_SUM_IN_PYTHON_MAX:
@@ -405,56 +523,25 @@ def host_sum(values: torch.Tensor) -> int:
     return int(values.numpy().sum())
 
 
-# Note [Guards in debug mode]
-# A guard is three device ops (compare, all, assert) per field per write; sglang runs
-# such checks only in its CI mode. Generated maps call these helpers only when built
-# with debug=True, so a map with debug off dispatches only the ops its work needs.
+# Guards run in debug mode only: three device ops (compare, all, assert) per field per
+# write, and no host sync. A guard on a floating field lets NaN through (it is not a
+# value below the bound); only guard_finite refuses NaN and infinities.
 
 
-# Note [Two shapes]
-# A generated map is two classes: the public one runs its work alone (debug off); a
-# private subclass runs the same work inside debug mode's checks. A map built with
-# debug=True becomes an instance of the subclass in its constructor, so no method
-# runs a debug branch with debug off (relay/codegen/methods.py builds both bodies).
-
-_DEBUG_CLASSES: dict[tuple[type, type], type] = {}
-
-_MapT = TypeVar("_MapT")
-
-
-def debug_class(cls: type[_MapT], debug: type[_MapT]) -> type[_MapT]:
-    """The class a map of class ``cls`` built with ``debug=True`` becomes: the generated
-    ``debug`` subclass, or, for an engine's own subclass of the map, one class deriving
-    from both (its overrides run around the debug-mode methods), made once."""
-    if issubclass(cls, debug):
-        return cls
-    if debug.__bases__ == (cls,):
-        return debug
-    key = (cls, debug)
-    both = _DEBUG_CLASSES.get(key)
-    if both is None:
-        attributes = {"__module__": cls.__module__, "__qualname__": cls.__qualname__}
-        both = _DEBUG_CLASSES[key] = type(cls.__name__, (cls, debug), attributes)
-    return both
-
-
-# A guard on a floating field lets NaN through: it is not a value below the bound, and
-# a written value is handed over as written; only Guard.FINITE refuses NaN and inf.
 def guard_non_negative(value: torch.Tensor, what: str) -> None:
-    """Assert ``value >= 0`` on the device, without a host sync (debug mode); NaN passes."""
+    """Assert ``value >= 0`` on the device, without a host sync; NaN passes."""
     ok = (value < 0).logical_not_() if value.dtype.is_floating_point else value >= 0
     torch._assert_async(ok.all(), text("guard_non_negative_summary", what=what))
 
 
 def guard_positive(value: torch.Tensor, what: str) -> None:
-    """Assert ``value > 0`` on the device, without a host sync (debug mode); NaN passes."""
+    """Assert ``value > 0`` on the device, without a host sync; NaN passes."""
     ok = (value <= 0).logical_not_() if value.dtype.is_floating_point else value > 0
     torch._assert_async(ok.all(), text("guard_positive_summary", what=what))
 
 
 def guard_finite(value: torch.Tensor, what: str) -> None:
-    """Assert no NaN or infinity in ``value`` on the device, without a host sync (debug
-    mode)."""
+    """Assert no NaN or infinity in ``value`` on the device, without a host sync."""
     torch._assert_async(
         torch.isfinite(value).all(), text("guard_finite_summary", what=what)
     )

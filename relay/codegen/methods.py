@@ -1,38 +1,27 @@
-"""The bodies of the generated methods, assembled from what each field's kinds contribute.
+"""The bodies of the generated methods: one body each (Note [One body] in runtime.py).
 
 A body is a list of plain statements, nested blocks indented four spaces relative to
-the method body; the template indents them into place and the pinned formatter lays
-them out. ``Shape`` says which generated class a body is for.
-
-Note [Two shapes] (in ``relay/runtime.py``): the public class (``EagleFutureMap``) is
-debug mode off, each method holding only its work: the checks that cost no op (row
-shapes, the host slot check on the CPU), the writes, the gathers, the fence. Built with
-``debug=True``, the constructor makes the map an instance of the private subclass
-(``_EagleFutureMapDebug``, via ``relay.runtime.debug_class``): the same work with debug
-mode's checks and reports around it, through ``relay.runtime.DebugChecks`` and the
-guard helpers. The API, the payload and batch types and what mypy sees are one
-class's; ``isinstance`` holds for both.
+the method body; the template indents them into place and the formatter lays them
+out. A write is its common case's gate, then one torch call per field; what is not
+the common case is one call into ``relay.runtime``. Every name a body reads is bound
+above its first use, by construction: the slots are read from ``batch`` itself, and
+the nested objects a resolve writes into are bound once, after the zero-slots return
+and before any read.
 """
 
 from __future__ import annotations
 
-import enum
-import re
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
+import attrs
 import torch
 
-from relay.codegen import kinds, naming
-from relay.codegen.kinds.base import join
-from relay.runtime import HOST_SUM_IN_PYTHON_MAX
-from relay.schema import Schema
-
-if TYPE_CHECKING:
-    from relay.codegen.views import FieldView, FusedView, GroupView
+from relay.codegen import naming
+from relay.codegen.layout import PackedGroup
+from relay.schema import Alloc, Field, Lane, Resolve, Schema
 
 __all__ = [
-    "Shape",
+    "Fused",
     "invalidate",
     "release",
     "resolve_future",
@@ -40,168 +29,17 @@ __all__ = [
     "write",
 ]
 
+#: The runtime's threshold of an integer host sum in Python (relay.runtime mirrors it).
+HOST_SUM_IN_PYTHON_MAX = 64
 
-class Shape(enum.Enum):
-    """Which class a body belongs to (Note [Two shapes])."""
 
-    #: The public class: debug mode off, the work alone.
-    OFF = "off"
-    #: The debug-mode subclass: the same work inside debug mode's checks.
-    DEBUG = "debug"
+def join(opener: str, args: Sequence[str], closer: str = ")") -> str:
+    """``opener`` + the arguments + ``closer`` on one line: the formatter lays it out."""
+    return opener + ", ".join(args) + closer
 
 
 def _indent(lines: Sequence[str]) -> list[str]:
     return ["    " + line for line in lines]
-
-
-def _debug(lines: Sequence[str], shape: Shape) -> list[str]:
-    """Debug-mode statements: there in the debug subclass, absent with debug off."""
-    return list(lines) if shape is Shape.DEBUG else []
-
-
-def _debug_flag(shape: Shape) -> str:
-    """Whether the map checks, as source (a new lazy buffer starts poisoned then)."""
-    return str(shape is Shape.DEBUG)
-
-
-# --- stash / publish ---------------------------------------------------------------------
-
-
-def _check(f: FieldView) -> list[str]:
-    """The row-shape check of ``f``'s value (Note [Checked values] in runtime.py)."""
-    n = f.names
-    given = n.src if f.optional else n.given
-    args = [n.what, given, "indices", n.buf, *kinds.alloc(f.field).check_args(n)]
-    check = join(f"{n.src} = _rt.check_rows(", args)
-    if not f.optional:
-        return [check]
-    bind = [f"{n.src} = {n.given}"] if n.src != n.given else []
-    return [*bind, f"if {n.src} is not None:", f"    {check}"]
-
-
-def _expected(f: FieldView) -> tuple[str, str]:
-    """The dtype and shape ``f``'s value must have, as source: a lazy field's from the
-    attributes its allocation sets, rows after ``index_shape`` (the writes' local)."""
-    n = f.names
-    dtype = f"self.{naming.dtype_cache(f.field)}" if f.lazy else n.dtype
-    shape = "index_shape"
-    if f.field.shape:
-        shape += f" + self.{naming.row_cache(f.field)}"
-    return str(dtype), shape
-
-
-def _inline_check(f: FieldView) -> list[str]:
-    """Debug off, the checked path: the common case of ``_check`` tested inline,
-    ``check_rows`` called only when it fails (Note [Checked values] in runtime.py)."""
-    n = f.names
-    args = [n.what, n.src, "indices", n.buf, *kinds.alloc(f.field).check_args(n)]
-    dtype, shape = _expected(f)
-    common = [
-        f"type({n.src}) is not torch.Tensor",
-        f"{n.src}.dtype is not {dtype}",
-        f"{n.src}.shape != {shape}",
-    ]
-    test = " or ".join(common)
-    bind = [f"{n.src} = {n.given}"] if n.src != n.given else []
-    check = join(f"{n.src} = _rt.check_rows(", args)
-    if f.optional:
-        return [*bind, f"if {n.src} is not None and ({test}):", f"    {check}"]
-    return [*bind, f"if {test}:", f"    {check}"]
-
-
-def _fast_test(f: FieldView, torch_checks: bool) -> str:
-    """The fast path's test of ``f``'s value (Note [Fast writes] in runtime.py): its
-    number of dims where ``torch_checks`` (the first write, whose own checks refuse
-    before writing anything), else its dtype and whole shape."""
-    n = f.names
-    if torch_checks:
-        return f"{n.src}.ndim == {1 + len(f.field.shape)}"
-    dtype, shape = _expected(f)
-    test = f"{n.src}.dtype is {dtype} and {n.src}.shape == {shape}"
-    return f"({n.src} is None or ({test}))" if f.optional else test
-
-
-def _fast_write(fields: Sequence[FieldView], records: bool) -> list[str]:
-    """Debug off, slots ``resolve_future`` vouched for: the writes after the tests that
-    let them run as they are, else on to the checked path (Note [Fast writes])."""
-    first = fields[0]
-    torch_checks = not first.optional and not first.lazy
-    tests = [_fast_test(f, torch_checks and f is first) for f in fields]
-    binds = [
-        f"{f.names.src} = {f.names.given}"
-        for f in fields
-        if f.names.src != f.names.given
-    ]
-    if any("index_shape" in test for test in tests):
-        # A plain tuple: vouched slots are a vector, and a tuple adds to a row in a
-        # third of the time a torch.Size does (Note [Fast writes]).
-        binds.insert(0, "index_shape: tuple[int, ...] = (indices.numel(),)")
-    writes = []
-    for f in fields:
-        writes += _write_field(f, Shape.OFF, fast=True)
-    if records:
-        writes.append("self._fence.record()")
-    vouch = "indices is self._gathered and indices._version == self._gathered_version"
-    if binds:  # the values' tests read what the binds take from the payload
-        body = [f"if {vouch}:", *_indent([*binds, f"if {' and '.join(tests)}:"])]
-        depth = "        "  # inside both ifs
-    else:
-        body = [f"if {' and '.join([vouch, *tests])}:"]
-        depth = "    "
-    written = [depth + line for line in [*writes, "return"]]
-    return [
-        "# Note [Fast writes] in relay/runtime.py.",
-        "try:",
-        *_indent([*body, *written]),
-        "except (AttributeError, IndexError, RuntimeError, TypeError):",
-        "    pass  # the checked path below refuses it, or writes it again whole",
-    ]
-
-
-def _guard(f: FieldView) -> list[str]:
-    stmt = kinds.guard(f.field).statement(f.names)
-    if stmt is None:
-        return []
-    if f.optional:
-        return [f"if {f.names.src} is not None:", f"    {stmt}"]
-    return [stmt]
-
-
-def _write_field(f: FieldView, shape: Shape, *, fast: bool = False) -> list[str]:
-    """The write of ``f``'s checked value into rows ``slots``; ``fast``: on the fast
-    path (Note [Fast writes] in runtime.py), into rows ``indices``, whose test saw the
-    buffer made."""
-    n = f.names
-    alloc = kinds.alloc(f.field)
-    if fast:
-        stmts = alloc.fast_write(n)
-    else:
-        stmts = alloc.write(n, _debug_flag(shape), cache=shape is Shape.OFF)
-    slots = "indices" if fast else "slots"
-    if not f.optional:
-        return stmts
-    return [
-        f"{n.carried} = {n.src} is not None",
-        f"if {n.src} is not None:",
-        *_indent(stmts),
-        f"elif {n.buf} is not None:" if alloc.lazy else "else:",
-        "    # Note [Optional fields]: no earlier value survives an omission.",
-        f"    {n.buf}.index_fill_(0, {slots}, 0)",
-    ]
-
-
-def _carried(fields: Sequence[FieldView], flag: str) -> list[str]:
-    """``carried={"hidden_states": ...}`` for the optional ``fields`` (none: nothing):
-    whether a write carried each (``flag="src"``) or a resolve reads it (``"carried"``)."""
-    optional = [f for f in fields if f.optional]
-    if not optional:
-        return []
-    items = [
-        f"{naming.string_literal(f.name)}: "
-        + (f"{f.names.src} is not None" if flag == "src" else str(f.names.carried))
-        for f in optional
-    ]
-    return [join("carried={", items, "}")]
 
 
 def _names(names: Sequence[str]) -> str:
@@ -209,261 +47,281 @@ def _names(names: Sequence[str]) -> str:
     return join("(", literals, ",)" if len(literals) == 1 else ")")
 
 
-def write(
-    cls: str,
-    op: str,
-    fields: Sequence[FieldView],
-    vouched: bool,
-    shape: Shape,
-) -> list[str]:
-    """``stash`` or ``publish``: every check before any write, then the writes; publish
-    records the fence. ``vouched``: whether ``resolve_future`` vouches for its slots
-    (Note [Vouched slots] in runtime.py)."""
-    records = op == "publish"
-    lines = ["# Every check before any write: a refused call leaves the map as it was."]
-    if shape is Shape.DEBUG:
-        for f in fields:
-            lines += _check(f)
-        lines += ["if indices.numel() == 0:", "    return"]
-        lines.append(f'self._debug.check_slots("{op}", indices)')
-        for f in fields:
-            lines += _guard(f)
-        lines.append(
-            "slots = indices if indices.dtype is torch.int64 else indices.long()"
-        )
+def _buf(f: Field) -> str:
+    return f"self.{naming.buffer(f)}"
+
+
+def _lazy(f: Field) -> bool:
+    return f.alloc is Alloc.LAZY
+
+
+# --- stash / publish / seed -------------------------------------------------------------
+
+
+def _test(f: Field) -> str:
+    """The gate's test of ``f``'s value: a tensor of the declared dtype and shape."""
+    v = f.payload_name
+    if isinstance(f.dtype, torch.dtype) and not _lazy(f):
+        dtype = naming.dtype(f.dtype)
     else:
-        if vouched and fields:
-            lines[:0] = _fast_write(fields, records)
-        lines.append(
-            "index_shape = indices.shape if type(indices) is torch.Tensor else _rt.NO_ROWS"
-        )
-        for f in fields:
-            lines += _inline_check(f)
-        first = fields[0].names.what if fields else naming.string_literal(cls)
-        args = [
-            naming.string_literal(f"{cls}.{op}"),
-            first,
-            "indices",
-            "self.pool_size",
-        ]
-        vouch = (
-            "indices is self._gathered and indices._version == self._gathered_version"
-            " and indices.dtype is torch.int64"
-        )
-        slow = join("_rt.write_slots(", args)
-        if vouched:  # Note [Vouched slots] in runtime.py
-            lines += [f"vouched = {vouch}", f"slots = indices if vouched else {slow}"]
-        else:
-            lines.append(f"slots = {slow}")
-        lines += ["if slots is None:", "    return"]
-    for f in fields:
-        lines += _write_field(f, shape)
-    wrote = [f'"{op}"', "indices", _names([f.name for f in fields])]
-    report = [join("self._debug.wrote(", [*wrote, *_carried(fields, "src")])]
-    if records:
-        report.append("self._debug.publishing()")
-    lines += _debug(report, shape)
-    if records:
-        lines.append("self._fence.record()")
-    return lines
+        dtype = f"self.{naming.dtype_cache(f)}"
+    shape = "rows"
+    if f.shape or _lazy(f):
+        shape += f" + self.{naming.row_cache(f)}"
+    test = f"type({v}) is torch.Tensor and {v}.dtype is {dtype} and {v}.shape == {shape}"
+    return f"({v} is None or ({test}))" if f.optional else test
+
+
+def _write(f: Field) -> str:
+    """The common case's write of ``f``: one line (Note [One body] in runtime.py)."""
+    v = f.payload_name
+    if f.optional:
+        flag = f"self.{naming.carried_flag(f)}"
+        return f"{flag} = _rt.write_optional({_buf(f)}, indices, {v})"
+    if _lazy(f):  # the gate saw the buffer made; the helper narrows its type
+        return f"_rt.write_optional({_buf(f)}, indices, {v})"
+    return f"{_buf(f)}.index_copy_(0, indices, {v})"
+
+
+def write(op: str, fields: Sequence[Field], checked: str) -> list[str]:
+    """``stash``, ``publish`` or ``seed``: the gate, the writes, else ``checked`` (the
+    call of the runtime's checked path)."""
+    lines = []
+    if op != "publish":
+        lines += [f"{f.payload_name} = payload.{f.payload_name}" for f in fields]
+    lines.append("rows = _rt.write_rows(self, indices)")
+    tests = " and ".join(["rows", *(_test(f) for f in fields)])
+    writes = [_write(f) for f in fields]
+    if op == "publish":
+        writes.append("self._fence.record()")
+    return [*lines, f"if {tests}:", *_indent(writes), "else:", f"    {checked}"]
 
 
 # --- resolves ------------------------------------------------------------------------------
 
 
-def _buffers(fields: Sequence[FieldView]) -> str:
-    """``{"topk_p": self.topk_p_buf, ...}``: what a debug ``read`` report reads."""
-    items = [f"{naming.string_literal(f.name)}: {f.names.buf}" for f in fields]
-    return join("{", items, "}")
+@attrs.frozen
+class Fused:
+    """A packed map's gather block (Note [Packed layout] in layout.py): the packed
+    groups, and each packed field's group."""
+
+    groups: tuple[PackedGroup, ...]
+    member_of: dict[str, PackedGroup]
 
 
-def _host(f: FieldView, source: str) -> list[str]:
-    """The host mirror and host sum of a schedule field, copied from ``source``."""
-    n, field = f.names, f.field
-    if field.host_mirror is None and field.host_sum is None:
-        return []
-    copy = f"{n.host}.copy({source})"
-    if field.host_sum is None:
-        return [f"batch.{field.host_mirror} = {copy}"]
-    stmts = [f"host = {copy}"]
-    if field.host_mirror is not None:
-        stmts.append(f"batch.{field.host_mirror} = host")
-    dtype = field.dtype
-    if isinstance(dtype, torch.dtype) and not (
-        dtype.is_floating_point or dtype.is_complex
-    ):
-        # relay.runtime.host_sum inlined for integers: it dispatches no data op.
-        most = HOST_SUM_IN_PYTHON_MAX
-        total = (
-            f"sum(host.tolist()) if host.numel() <= {most} else int(host.numpy().sum())"
-        )
-    else:
-        total = "_rt.host_sum(host)"
-    stmts.append(f"batch.{field.host_sum} = {total}")
-    return stmts
-
-
-def _carried_test(f: FieldView) -> str:
-    """Whether a resolve hands ``f`` over (Note [Optional fields])."""
-    n = f.names
-    return f"{n.carried} and {n.buf} is not None" if f.lazy else str(n.carried)
-
-
-def _none(f: FieldView) -> list[str]:
-    """What an optional read hands the batch when the latest write did not carry it."""
-    field = f.field
-    paths = [field.host_mirror, field.host_sum]
-    if not kinds.resolve(field).target_always_tensor:
-        paths.insert(0, field.target)
-    return [f"batch.{p} = None" for p in paths if p is not None]
-
-
-def _read_field(schema: Schema, f: FieldView) -> list[str]:
-    """Hand ``f`` to the batch (not for fields of a fused gather block)."""
-    read = kinds.resolve(f.field).read(f.names)
-    stmts = [*read.stmts, *_host(f, read.host_src)]
+def _gather_read(schema: Schema, f: Field, target: str) -> list[str]:
+    """Hand ``f``'s rows at ``indices`` to ``target`` (not for packed fields)."""
+    gather = f"{_buf(f)}.index_select(0, indices)"
     if f.optional:
-        return [f"if {_carried_test(f)}:", *_indent(stmts), "else:", *_indent(_none(f))]
-    return [*kinds.alloc(f.field).before_read(schema, f.names), *stmts]
+        flag = f"self.{naming.carried_flag(f)}"
+        return [f"{target} = _rt.gather_optional({_buf(f)}, {flag}, indices)"]
+    stmts = []
+    if _lazy(f):
+        owner, name = (naming.string_literal(s) for s in (schema.name, f.name))
+        stmts += [f"if {_buf(f)} is None:", f"    raise _rt.never_stashed({owner}, {name})"]
+    return [*stmts, f"{target} = {gather}"]
 
 
-def _read_report(f: FieldView) -> str:
-    """The debug ``read`` report of one field: its own rows (placeholders, schedule)."""
-    read = kinds.resolve(f.field).read(f.names)
-    args = [f'"{f.names.reader}"', read.rows, _buffers([f]), *read.extra]
-    return join("self._debug.read(", args)
-
-
-def _reports(reads: Sequence[FieldView], group: str | None, shape: Shape) -> list[str]:
-    """The debug reports of a resolve: ``group`` for every gather at once where set
-    (resolve_future), then each placeholder's own."""
-    if shape is Shape.OFF:
-        return []
-    if len(reads) == 1 and reads[0].optional and group is None:
-        # The only read is optional: reported when it was handed over.
-        return [f"if {_carried_test(reads[0])}:", f"    {_read_report(reads[0])}"]
-    own = [_read_report(f) for f in reads if f.placeholder or group is None]
-    return _debug([*([group] if group else []), *own], shape)
-
-
-def _group_report(reads: Sequence[FieldView]) -> str | None:
-    gathers = [f for f in reads if not f.placeholder]
-    if not gathers:
-        return None
-    args = [
-        '"resolve_future"',
-        "indices",
-        _buffers(gathers),
-        *_carried(gathers, "carried"),
+def _placeholder_read(f: Field, target: str) -> list[str]:
+    at, pending, rows = naming.placeholder_locals(f)
+    value = naming.value_local(f)
+    return [
+        f"{at} = {target}",
+        f"{pending} = {at} < 0",
+        f"{rows} = {at}.neg().clamp(min=0)",
+        f"{value} = {_buf(f)}.index_select(0, {rows})",
+        f"{at}.copy_(torch.where({pending}, {value}, {at}))",
     ]
-    return join("self._debug.read(", args)
 
 
-def _fused(
-    schema: Schema,
-    reads: Sequence[FieldView],
-    fused: FusedView,
-    groups: Sequence[GroupView],
-) -> list[str]:
-    """A packed map's gather block (Note [Fused gather] in views.py), then its reads."""
-    lines = []
+def _packed_read(f: Field, target: str) -> str:
+    """The batch's view of ``f``'s columns of its group's gathered block."""
+    local = naming.value_local(f)
+    if not f.shape:
+        return f"{target} = {local}.squeeze(1)"
+    if len(f.shape) == 1:
+        return f"{target} = {local}"
+    return join(f"{target} = torch.unflatten(", [local, "1", f"{_buf(f)}.shape[1:]"])
+
+
+def _fused_block(reads: Sequence[Field], fused: Fused) -> list[str]:
+    """Every gather of a packed map at once: one ``index_select`` per packed buffer and
+    per field of its own, or with ``fused_gather`` set, one ``_rt.gather_rows``."""
+    required = [naming.packed_rows(g.dtype) for g in fused.groups]
+    required_args = [f"self.{naming.packed_buffer(g.dtype)}" for g in fused.groups]
+    torch_path = [
+        f"{rows} = {arg}.index_select(0, indices)"
+        for rows, arg in zip(required, required_args)
+    ]
+    optional: list[str] = []
+    optional_args: list[str] = []
     for f in reads:
-        if f.plain_read and f.needs_stash:
-            lines += kinds.alloc(f.field).before_read(schema, f.names)
-    lines += ["if self.fused_gather:", *_indent(fused.call_stmt)]
-    lines += ["else:", *_indent(fused.torch_stmts)]
-    lines += [g.split_stmt for g in groups]
-    for f in reads:
-        lines += list(f.block_read) if f.plain_read else _read_field(schema, f)
-    return lines
-
-
-def _nested_once(lines: list[str], taken: set[str]) -> list[str]:
-    """``spec_info = batch.spec_info`` once, after the zero-slots return, where the
-    resolve hands several attributes of one nested batch object over (each
-    ``batch.spec_info.x`` would read it again); ``taken``: locals it must not shadow."""
-    counts: dict[str, int] = {}
-    for line in lines:
-        for name in re.findall(r"\bbatch\.(\w+)\.", line):
-            counts[name] = counts.get(name, 0) + 1
-    for name, count in counts.items():
-        if count < 2 or name in taken or name in naming.RESERVED:
+        if f.name in fused.member_of or f.resolve is Resolve.PLACEHOLDER:
             continue
-        at = lines.index("    return") + 1
-        lines = [line.replace(f"batch.{name}.", f"{name}.") for line in lines]
-        lines.insert(at, f"{name} = batch.{name}")
-    return lines
+        local = naming.value_local(f)
+        if f.optional:
+            flag = f"self.{naming.carried_flag(f)}"
+            optional.append(local)
+            optional_args.append(f"{_buf(f)} if {flag} else None")
+            torch_path.append(f"{local} = _rt.gather_optional({_buf(f)}, {flag}, indices)")
+        else:
+            required.append(local)
+            required_args.append(_buf(f))
+            torch_path.append(f"{local} = {_buf(f)}.index_select(0, indices)")
+
+    def targets(names: list[str]) -> str:
+        return f"({names[0]},)" if len(names) == 1 else f"({', '.join(names)})"
+
+    def literal(args: list[str]) -> str:
+        return join("(", args, ",)" if len(args) == 1 else ")")
+
+    if optional:
+        head = f"{targets(required)}, {targets(optional)} = _rt.gather_rows_optional("
+        args = ["indices", literal(required_args), literal(optional_args)]
+    else:
+        head = f"{targets(required)} = _rt.gather_rows("
+        args = ["indices", literal(required_args)]
+    call = join(head, args)
+    split = [
+        join(
+            f"{', '.join(naming.value_local(m.field) for m in g.members)} = "
+            f"{naming.packed_rows(g.dtype)}.split_with_sizes(",
+            [f"self.{naming.packed_widths(g.dtype)}", "1"],
+        )
+        for g in fused.groups
+    ]
+    return ["if self.fused_gather:", f"    {call}", "else:", *_indent(torch_path), *split]
+
+
+def _parents(schema: Schema, paths: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+    """``spec_info = batch.spec_info`` for each first part of a dotted path written
+    more than once, and the spelling of each path through it."""
+    firsts = [p.split(".")[0] for p in paths if "." in p]
+    taken = {*naming.RESERVED, *(f.name for f in schema.fields)}
+    taken.update(n for f in schema.fields for n in naming.placeholder_locals(f))
+    shared = [
+        name
+        for name in dict.fromkeys(firsts)
+        if firsts.count(name) > 1 and name not in taken
+    ]
+    spelled = {}
+    for path in paths:
+        first = path.split(".")[0]
+        spelled[path] = path if first in shared else f"batch.{path}"
+    return [f"{name} = batch.{name}" for name in shared], spelled
 
 
 def resolve_future(
-    schema: Schema,
-    reads: Sequence[FieldView],
-    *,
-    fused: FusedView | None,
-    groups: Sequence[GroupView],
-    slots_gathered: bool,
-    shape: Shape,
+    schema: Schema, reads: Sequence[Field], fused: Fused | None, vouch: bool
 ) -> list[str]:
-    """The forward-lane resolve: gathers and placeholder substitutions."""
+    """The forward-lane resolve: seeds first where the map takes them, then gathers and
+    placeholder substitutions; debug mode checks the slots and reports the reads."""
     lines = [
         f"indices = batch.{schema.indices}",
         "if indices.numel() == 0:",
         "    return",
-        *_debug(['self._debug.check_slots("resolve_future", indices)'], shape),
+        "debug = self._debug",
+        "if debug is not None:",
+        '    debug.check_slots("resolve_future", indices)',
     ]
+    binds, spelled = _parents(schema, [f.target for f in reads if f.target])
+    lines += binds
     if fused is not None:
-        lines += _fused(schema, reads, fused, groups)
+        lines += _fused_block(reads, fused)
+    for f in reads:
+        assert f.target is not None
+        target = spelled[f.target]
+        if f.resolve is Resolve.PLACEHOLDER:
+            lines += _placeholder_read(f, target)
+        elif fused is not None and f.name in fused.member_of:
+            lines.append(_packed_read(f, target))
+        elif fused is not None:
+            lines.append(f"{target} = {naming.value_local(f)}")
+        else:
+            lines += _gather_read(schema, f, target)
+    report = []
+    gathers = [f.name for f in reads if f.resolve is Resolve.GATHER]
+    if gathers:
+        report.append(
+            f'_rt.read_back(self, _TABLE, "resolve_future", indices, {_names(gathers)})'
+        )
+    for f in reads:
+        if f.resolve is Resolve.PLACEHOLDER:
+            _at, pending, rows = naming.placeholder_locals(f)
+            buffers = f"{{{naming.string_literal(f.name)}: {_buf(f)}}}"
+            report.append(
+                join('debug.read("resolve_future", ', [rows, buffers, f"taken={pending}"])
+            )
+    if vouch:  # debug mode checks every write's slots: it vouches for none
+        return [*lines, "if debug is None:", "    self._gathered = _rt.gathered(indices)", "else:", *_indent(report)]
+    return [*lines, "if debug is not None:", *_indent(report)]
+
+
+def _host(f: Field, source: str) -> list[str]:
+    """The host mirror and host sum of a schedule field, copied from ``source``."""
+    if f.host_mirror is None and f.host_sum is None:
+        return []
+    copy = f"self.{naming.host_mirror(f)}.copy({source})"
+    if f.host_sum is None:
+        return [f"batch.{f.host_mirror} = {copy}"]
+    stmts = [f"host = {copy}"]
+    if f.host_mirror is not None:
+        stmts.append(f"batch.{f.host_mirror} = host")
+    if isinstance(f.dtype, torch.dtype) and not (
+        f.dtype.is_floating_point or f.dtype.is_complex
+    ):
+        # relay.runtime.host_sum inlined for integers: no call, and no op dispatched.
+        most = HOST_SUM_IN_PYTHON_MAX
+        total = f"sum(host.tolist()) if host.numel() <= {most} else int(host.numpy().sum())"
     else:
-        for f in reads:
-            lines += _read_field(schema, f)
-    lines += _reports(reads, _group_report(reads), shape)
-    if slots_gathered and shape is Shape.OFF:
-        # Debug mode checks every write's slots; only the work remembers the gather.
-        lines += [
-            "try:",
-            "    self._gathered_version = indices._version",
-            "except RuntimeError:  # an inference tensor keeps no version counter",
-            "    self._gathered = None",
-            "else:",
-            "    # Vouched for as a vector only (Note [Vouched slots]).",
-            "    self._gathered = indices if indices.ndim == 1 else None",
-        ]
-    return _nested_once(lines, {f.name for f in schema.fields})
+        total = "_rt.host_sum(host)"
+    return [*stmts, f"batch.{f.host_sum} = {total}"]
 
 
-def resolve_schedule(schema: Schema, f: FieldView, shape: Shape) -> list[str]:
+def resolve_schedule(schema: Schema, f: Field) -> list[str]:
     """A schedule-lane resolve: the fence wait, then the field's read."""
-    method = f.names.reader
-    return [
+    method = naming.resolve_method(f)
+    value = naming.value_local(f)
+    lines = [
         f"indices = batch.{schema.indices}",
         "if indices.numel() == 0:",
         "    return",
         "self._fence.wait()",
-        *_debug(
-            [
-                f'self._debug.waited("{method}")',
-                f'self._debug.check_slots("{method}", indices)',
-            ],
-            shape,
-        ),
-        *_read_field(schema, f),
-        *_reports([f], None, shape),
+        "debug = self._debug",
+        "if debug is not None:",
+        f'    debug.waited("{method}")',
+        f'    debug.check_slots("{method}", indices)',
     ]
+    read = [f"{value} = {_buf(f)}.index_select(0, indices)"]
+    if f.target is not None:
+        read.append(f"batch.{f.target} = {value}")
+    read += _host(f, value)
+    if f.optional:
+        flag = f"self.{naming.carried_flag(f)}"
+        nones = [f.host_mirror, f.host_sum, f.target]
+        lines += [f"if {flag} and {_buf(f)} is not None:", *_indent(read), "else:"]
+        lines += _indent([f"batch.{p} = None" for p in nones if p is not None])
+    else:
+        lines += read
+    report = f'_rt.read_back(self, _TABLE, "{method}", indices, {_names([f.name])})'
+    return [*lines, "if debug is not None:", f"    {report}"]
 
 
-def invalidate(placeholders: Sequence[FieldView], shape: Shape) -> list[str]:
+def invalidate(placeholders: Sequence[Field]) -> list[str]:
     """Placeholders ``-indices`` into every placeholder target."""
-    lines = ["if indices.numel() == 0:", "    return"]
-    lines += _debug(
-        ['self._debug.check_slots("invalidate", indices, scratch_ok=False)'], shape
-    )
-    for f in placeholders:
-        lines += kinds.resolve(f.field).invalidate(f.names)
-    return lines
+    lines = [
+        "if indices.numel() == 0:",
+        "    return",
+        "if self._debug is not None:",
+        '    self._debug.check_slots("invalidate", indices, scratch_ok=False)',
+    ]
+    return [*lines, *(f"batch.{f.target} = indices.neg()" for f in placeholders)]
 
 
-def release(shape: Shape) -> list[str]:
+def release() -> list[str]:
     """Nothing with debug off; debug mode marks the slots' unread values stale."""
-    return _debug(
-        ["if indices.numel() > 0:", "    self._debug.release(indices)"], shape
-    )
+    return ["if self._debug is not None:", "    self._debug.release(indices)"]
+
+
+def lane_fields(schema: Schema, lane: Lane) -> list[Field]:
+    return [f for f in schema.fields if f.lane is lane]

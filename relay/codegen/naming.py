@@ -33,10 +33,10 @@ RESERVED = frozenset(
         "attrs",
         "torch",
         "_rt",
+        "_TABLE",
         "__all__",
         # methods
         "__init__",
-        "__class__",
         "stash",
         "publish",
         "invalidate",
@@ -50,15 +50,12 @@ RESERVED = frozenset(
         "indices",
         "payload",
         "batch",
-        "slots",
-        "index_shape",
-        "vouched",
+        "rows",
         "host",
         # attributes of the map
         "_debug",
         "_fence",
         "_gathered",
-        "_gathered_version",
         "fused_gather",
     }
 )
@@ -118,11 +115,6 @@ def prefix(schema: Schema) -> str:
 
 def payload_class(schema: Schema) -> str:
     return f"{prefix(schema)}Payload"
-
-
-def debug_class(schema: Schema) -> str:
-    """``_EagleFutureMapDebug``: the map's debug-mode subclass (Note [Two shapes])."""
-    return f"_{schema.name}Debug"
 
 
 def batch_protocol(schema: Schema) -> str:
@@ -222,7 +214,6 @@ def bound_names(schema: Schema) -> frozenset[str]:
     class, method, attribute, parameter and local names minted from the schema."""
     names = set(RESERVED)
     names.update({schema.name, payload_class(schema), batch_protocol(schema)})
-    names.add(debug_class(schema))
     names.update(_path_names(schema, schema.indices))
     for f in schema.fields:
         names.update({buffer(f), host_mirror(f), carried_flag(f), f.payload_name})

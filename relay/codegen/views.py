@@ -1,12 +1,9 @@
 """Views: exactly what the template needs, computed once from a validated schema.
 
-The template only fills holes, loops and branches on plain values; every decision
-(which methods exist, what a line says) is made here and in ``methods.py``, in Python,
-where it can be read and tested. What a field contributes comes from its kinds
-(Note [Kinds] in ``kinds/__init__.py``).
-
-Statements are spelled on one line each, however long: the pinned formatter lays the
-module out afterwards (Note [Formatter pin] in ``formatting.py``).
+The template only fills holes and loops over plain values; every decision (which
+methods exist, what a line says) is made here and in ``methods.py``, in Python, where
+it can be read and tested. Statements are spelled on one line each, however long: the
+formatter lays the module out afterwards.
 """
 
 from __future__ import annotations
@@ -14,22 +11,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import attrs
+import torch
 
-from relay.codegen import kinds, methods, naming
-from relay.codegen.kinds.base import Names
+from relay.codegen import methods, naming
 from relay.codegen.layout import Member, PackedGroup, packed_groups
-from relay.codegen.methods import Shape
-from relay.schema import Field, FromPayload, Lane, Resolve, Schema
+from relay.schema import Alloc, Field, FromPayload, Lane, Resolve, Schema
 
-
-def _join(opener: str, args: Sequence[str], closer: str = ")") -> str:
-    """``opener`` + the arguments + ``closer`` on one line: ruff lays it out."""
-    return opener + ", ".join(args) + closer
-
-
-def _def(name: str, params: Sequence[str], returns: str) -> str:
-    """A method's ``def`` line."""
-    return f"def {name}({', '.join(params)}) -> {returns}:"
+__all__ = ["MapView", "map_view"]
 
 
 # Note [Optional fields]
@@ -38,270 +26,30 @@ def _def(name: str, params: Sequence[str], returns: str) -> str:
 # is a Python flag per field, so it costs no op and no host sync. A write that omits
 # the field clears the rows it covers (one index_fill_, only once the buffer exists),
 # so a later resolve that mixes those rows with rows of a carrying write reads zeros
-# there, never an earlier value; debug mode reports such a read. A field always or
-# never carried costs nothing extra.
-
-# Note [Fused gather]
-# A packed map (Note [Packed layout]) gathers every forward gather field of
-# resolve_future in one block: one index_select per packed buffer and per field of its
-# own, each into a local, or with the map's fused_gather set, one _rt.gather_rows call
-# (a single launch on CUDA) that returns the same locals. The reads then hand the batch
-# the locals, or views of a packed block's columns.
+# there, never an earlier value; debug mode reports such a read.
 
 
 @attrs.frozen
-class FieldView:
-    """One field: what the template spells for it, and what its method bodies use."""
-
-    field: Field
-    names: Names
+class PayloadField:
     name: str
-    lane: Lane
-    payload_name: str
-    value_type: str
-    #: ``self._<field>_carried`` of an optional field, else ``None``.
-    carried: str | None
-    target: str | None  # "batch.spec_info.topk_p"
-    host_init: str | None  # the host mirror's construction
-    resolve_method: str | None
+    type: str
+    optional: bool
     doc: str
-    summary: str
-    #: The constructor's statements for the buffer (a packed field's fixed view).
-    init_stmts: tuple[str, ...]
-    #: In a packed map's gather block (Note [Fused gather]): no ``if`` of its own.
-    plain_read: bool
-    #: What the block's field hands the batch (the local, or its packed columns).
-    block_read: tuple[str, ...]
-    #: The block's torch path for this field (``None`` when not in the block).
-    local_gather_stmts: tuple[str, ...] | None
-    #: The local the gather block sets for this field.
-    src_local: str
-    #: What the fused gather is given for this field (``None`` when not in the block).
-    fused_arg: str | None
-    read_doc: tuple[str, ...]
-
-    @property
-    def placeholder(self) -> bool:
-        return self.field.resolve is Resolve.PLACEHOLDER
-
-    @property
-    def optional(self) -> bool:
-        return self.field.optional
-
-    @property
-    def lazy(self) -> bool:
-        return kinds.alloc(self.field).lazy
-
-    @property
-    def needs_stash(self) -> bool:
-        """A required lazy field: resolving it before its first stash is an error."""
-        return self.lazy and not self.optional
-
-
-def _block(
-    f: Field, n: Names, member: tuple[PackedGroup, Member] | None, fused: bool
-) -> tuple[bool, tuple[str, ...], tuple[str, ...] | None, str | None]:
-    """A packed map's gather block for ``f`` (Note [Fused gather]): whether ``f`` is in
-    it, what its read hands the batch, its torch gather and its fused-gather argument."""
-    in_block = (
-        fused
-        and f.lane is Lane.FORWARD
-        and f.resolve is Resolve.GATHER
-        and f.target is not None
-    )
-    if not in_block:
-        return False, (), None, None
-    if member is not None:
-        return True, (_packed_read(f, n.target),), None, None
-    gather = f"{n.value} = {n.buf}.index_select(0, indices)"
-    if not f.optional:
-        return True, (f"{n.target} = {n.value}",), (gather,), n.buf
-    test = (
-        f"{n.carried} and {n.buf} is not None" if f.alloc.value == "lazy" else n.carried
-    )
-    stmts = (f"{n.value} = None", f"if {test}:", f"    {gather}")
-    return (
-        True,
-        (f"{n.target} = {n.value}",),
-        stmts,
-        f"{n.buf} if {n.carried} else None",
-    )
-
-
-def _field_view(
-    schema: Schema, f: Field, member: tuple[PackedGroup, Member] | None, fused: bool
-) -> FieldView:
-    n = Names.of(schema, f)
-    in_block, block_read, local_gather, fused_arg = _block(f, n, member, fused)
-    method = naming.resolve_method(f) if f.lane is Lane.SCHEDULE else None
-    init = (_column(f, n.buf, *member),) if member else kinds.alloc(f).init(n)
-    return FieldView(
-        field=f,
-        names=n,
-        name=f.name,
-        lane=f.lane,
-        payload_name=f.payload_name,
-        value_type="torch.Tensor | None" if f.optional else "torch.Tensor",
-        carried=n.carried,
-        target=n.target,
-        host_init=f"{n.host} = _rt.HostMirror(self.device, pool_size)"
-        if n.host
-        else None,
-        resolve_method=method,
-        doc=naming.doc_text(f.doc) or f.name,
-        summary=naming.escape_doc(_summary(f)),
-        init_stmts=tuple(init),
-        plain_read=in_block,
-        block_read=block_read,
-        local_gather_stmts=local_gather,
-        src_local=n.value,
-        fused_arg=fused_arg,
-        read_doc=_read_doc(f),
-    )
-
-
-def _read_doc(f: Field) -> tuple[str, ...]:
-    later = " (when the latest write carried it, else ``None``)" if f.optional else ""
-    lines = []
-    if f.target is not None:
-        line = kinds.resolve(f).read_doc(f, later)
-        if line is not None:
-            lines.append(line)
-    if f.host_mirror:
-        lines.append(f"- ``batch.{f.host_mirror}``: a host copy of it.")
-    if f.host_sum:
-        lines.append(f"- ``batch.{f.host_sum}``: the sum of it on the host.")
-    return tuple(naming.doc_text(line) for line in lines)
-
-
-def _column(f: Field, buf: str, group: PackedGroup, member: Member) -> str:
-    """The field's fixed view of its group's buffer (Note [Packed layout])."""
-    packed = f"self.{naming.packed_buffer(group.dtype)}"
-    if not f.shape:
-        return _join(f"{buf}: torch.Tensor = {packed}.select(", ["1", member.start])
-    narrow = ["1", member.start, member.width]
-    if len(f.shape) == 1:
-        return _join(f"{buf}: torch.Tensor = {packed}.narrow(", narrow)
-    dims = naming.shape_literal(tuple(str(d) for d in f.shape))
-    columns = _join(f"{packed}.narrow(", tuple(narrow))
-    # torch.unflatten, not the method: torch types the function, not Tensor.unflatten.
-    return _join(f"{buf}: torch.Tensor = torch.unflatten(", [columns, "1", dims])
-
-
-def _packed_read(f: Field, target: str | None) -> str:
-    """The batch's view of the field's columns of its group's gathered block."""
-    assert target is not None
-    local = naming.value_local(f)
-    if not f.shape:
-        return f"{target} = {local}.squeeze(1)"
-    if len(f.shape) == 1:
-        return f"{target} = {local}"
-    return _join(
-        f"{target} = torch.unflatten(",
-        [local, "1", f"self.{naming.buffer(f)}.shape[1:]"],
-    )
 
 
 @attrs.frozen
-class GroupView:
-    """One packed buffer: its allocation, and the split of its block in ``resolve_future``."""
+class Statement:
+    """A constructor statement, and the doc string of the attribute it sets."""
 
-    alloc_stmt: str
-    doc: str
-    widths_stmt: str
-    split_stmt: str
-
-
-def _group_view(group: PackedGroup) -> GroupView:
-    dtype = naming.dtype(group.dtype)
-    packed = f"self.{naming.packed_buffer(group.dtype)}"
-    widths = f"self.{naming.packed_widths(group.dtype)}"
-    rows = naming.packed_rows(group.dtype)
-    names = [m.field.name for m in group.members]
-    locals_ = ", ".join(naming.value_local(m.field) for m in group.members)
-    return GroupView(
-        alloc_stmt=_join(
-            f"{packed}: torch.Tensor = _rt.new_buffer(",
-            [f"(pool_size, {group.columns})", dtype, "self.device", "debug"],
-        ),
-        doc=naming.doc_text(
-            f"Rows of {', '.join(names)} ({dtype}) side by side (Note [Packed layout])."
-        ),
-        widths_stmt=f"{widths} = {naming.shape_literal(tuple(m.width for m in group.members))}",
-        split_stmt=_join(f"{locals_} = {rows}.split_with_sizes(", [widths, "1"]),
-    )
+    code: str
+    doc: str | None = None
 
 
 @attrs.frozen
-class FusedView:
-    """``resolve_future``'s gather block in a packed map (Note [Fused gather]): one
-    ``_rt.gather_rows`` call when the map's ``fused_gather`` is set, else the torch
-    gathers, each into a local that the reads then hand to the batch."""
-
-    call_stmt: tuple[str, ...]
-    torch_stmts: tuple[str, ...]
-
-
-def _fused_view(
-    groups: Sequence[PackedGroup], fields: Sequence[FieldView]
-) -> FusedView:
-    required = [naming.packed_rows(g.dtype) for g in groups]
-    required_args = [f"self.{naming.packed_buffer(g.dtype)}" for g in groups]
-    optional: list[str] = []
-    optional_args: list[str] = []
-    torch_stmts = [
-        f"{naming.packed_rows(g.dtype)} = "
-        f"self.{naming.packed_buffer(g.dtype)}.index_select(0, indices)"
-        for g in groups
-    ]
-    for f in fields:
-        if f.fused_arg is None or f.local_gather_stmts is None:
-            continue
-        (optional if f.optional else required).append(f.src_local)
-        (optional_args if f.optional else required_args).append(f.fused_arg)
-        torch_stmts.extend(f.local_gather_stmts)
-
-    def targets(names: list[str]) -> str:
-        return f"({names[0]},)" if len(names) == 1 else ", ".join(names)
-
-    def literal(args: list[str]) -> str:
-        return _join("(", tuple(args), ",)" if len(args) == 1 else ")")
-
-    if optional:
-        both = ", ".join(
-            targets(names) if len(names) == 1 else f"({targets(names)})"
-            for names in (required, optional)
-        )
-        head = f"{both} = _rt.gather_rows_optional("
-        args: list[str] = [
-            "indices",
-            literal(required_args),
-            literal(optional_args),
-        ]
-    else:
-        head = f"{targets(required)} = _rt.gather_rows("
-        args = ["indices", literal(required_args)]
-    return FusedView(call_stmt=(_join(head, args),), torch_stmts=tuple(torch_stmts))
-
-
-def _summary(f: Field) -> str:
-    dtype = (
-        "dtype from payload"
-        if isinstance(f.dtype, FromPayload)
-        else naming.dtype(f.dtype)
-    )
-    parts = [
-        f"{f.lane.value} lane",
-        f"{naming.describe_shape(f.shape)} {dtype}",
-        f.alloc.value,
-    ]
-    if f.optional:
-        parts.append("optional")
-    line = f"``{f.name}``: " + ", ".join(parts)
-    if f.target is not None:
-        # Continued on its own line of the class doc string (see the template).
-        line += f";\n      -> ``batch.{f.target}`` ({f.resolve.value})"
-    return line
+class Method:
+    head: str
+    doc: tuple[str, ...]
+    body: tuple[str, ...]
 
 
 @attrs.frozen
@@ -314,7 +62,6 @@ class Attribute:
 
     @property
     def getter(self) -> str:
-        """The read-only property's ``def`` line."""
         return f"def {self.name}(self) -> {self.type}: ..."
 
 
@@ -331,76 +78,256 @@ class MapView:
     cls: str
     doc: str
     payload_cls: str
-    indices: str  # "batch.req_pool_indices"
-    dims: tuple[str, ...]
-    pool_check: str
-    dim_checks: tuple[str, ...]
-    fields: tuple[FieldView, ...]
-    #: Packed buffers (Note [Packed layout]); empty for ``Layout.SEPARATE``.
-    groups: tuple[GroupView, ...]
-    fused: bool
+    payload: tuple[PayloadField, ...]
     protocols: tuple[ProtocolView, ...]  # nested first, the batch protocol last
-    debug_stmt: str
-    fence_stmt: str | None
-    #: What the inline row checks compare with (Note [Checked values] in runtime.py).
-    cache_stmts: tuple[str, ...]
     exports: tuple[str, ...]
-    #: Method bodies (``methods.py``), by method name: the public class (debug off) and
-    #: its debug-mode subclass (Note [Two shapes] in ``methods.py``).
-    bodies: dict[str, tuple[str, ...]]
-    debug_bodies: dict[str, tuple[str, ...]]
-    #: Each method's ``def`` line, by method name, in the order the class defines them.
-    defs: dict[str, str]
-    #: The debug-mode subclass.
-    debug_cls: str
-    #: The constructor's parameters after ``self``.
+    cls_literal: str
+    columns: tuple[str, ...]
     init_params: str
-
-    @property
-    def forward(self) -> list[FieldView]:
-        return [f for f in self.fields if f.lane is Lane.FORWARD]
-
-    @property
-    def schedule(self) -> list[FieldView]:
-        return [f for f in self.fields if f.lane is Lane.SCHEDULE]
-
-    @property
-    def forward_resolved(self) -> list[FieldView]:
-        return [f for f in self.forward if f.target is not None]
-
-    @property
-    def placeholders(self) -> list[FieldView]:
-        return [f for f in self.fields if f.placeholder]
-
-    @property
-    def optional_fields(self) -> list[FieldView]:
-        return [f for f in self.fields if f.optional]
-
-    @property
-    def slots_gathered(self) -> bool:
-        """``resolve_future`` always gathers with the batch's slots, so its
-        ``index_select`` refuses any slot outside the pool (Note [Slots on the host])."""
-        return _slots_gathered(self.fields)
-
-    @property
-    def publish_params(self) -> list[FieldView]:
-        """Required schedule fields first (positional), then optional ones (default None)."""
-        return _publish_params(self.fields)
+    init: tuple[Statement, ...]
+    methods: tuple[Method, ...]
 
 
-def _slots_gathered(fields: Sequence[FieldView]) -> bool:
-    return any(
-        f.lane is Lane.FORWARD
-        and f.target is not None
-        and not f.placeholder
-        and not f.optional
-        for f in fields
+def _join(opener: str, args: Sequence[str], closer: str = ")") -> str:
+    return opener + ", ".join(args) + closer
+
+
+# --- the table ------------------------------------------------------------------------------
+
+
+def _column(f: Field) -> str:
+    """``_rt.Column(...)``: what the runtime's generic paths know of ``f``."""
+    dtype = "None" if isinstance(f.dtype, FromPayload) else naming.dtype(f.dtype)
+    lane = "_rt.FORWARD" if f.lane is Lane.FORWARD else "_rt.SCHEDULE"
+    args = [naming.string_literal(f.name), lane, dtype]
+    if f.shape:
+        args.append(_names_tuple(tuple(str(d) for d in f.shape), quote=True))
+    if f.alloc is Alloc.LAZY:
+        args.append("lazy=True")
+    if f.optional:
+        args.append("optional=True")
+    if f.source is not None:
+        args.append(f"source={naming.string_literal(f.source)}")
+    if f.target is not None:
+        args.append(f"target={naming.string_literal(f.target)}")
+    if f.guard.value != "none":
+        args.append(f"guard=_rt.guard_{f.guard.value}")
+    if f.lane is Lane.SCHEDULE:
+        args.append(f"reader={naming.string_literal(naming.resolve_method(f))}")
+    return _join("_rt.Column(", args)
+
+
+def _names_tuple(dims: tuple[str, ...], *, quote: bool) -> str:
+    spelled = [
+        naming.string_literal(d) if quote and not d.isdigit() else d for d in dims
+    ]
+    return _join("(", spelled, ",)" if len(spelled) == 1 else ")")
+
+
+# --- the constructor -------------------------------------------------------------------------
+
+
+def _init(schema: Schema, packed: Sequence[PackedGroup]) -> list[Statement]:
+    cls = naming.string_literal(schema.name)
+    dims = naming.symbolic_dims(schema.fields)
+    stmts = [
+        Statement("self.device = torch.device(device)"),
+        Statement('self.pool_size = _rt.check_dim(_TABLE, "pool_size", pool_size)'),
+        Statement("self.debug = debug"),
+        Statement(
+            "self._debug = _rt.debug_checks(_TABLE, self.device, pool_size, debug)"
+        ),
+        *(
+            Statement(f"{d} = _rt.check_dim(_TABLE, {naming.string_literal(d)}, {d})")
+            for d in dims
+        ),
+    ]
+    del cls
+    if packed:
+        stmts.append(
+            Statement(
+                "self.fused_gather = False",
+                "Set True to gather resolve_future's fields in one launch on CUDA.",
+            )
+        )
+    for g in packed:
+        stmts += _group(g)
+    member_of = {m.field.name: (g, m) for g in packed for m in g.members}
+    for f in schema.fields:
+        stmts += _field_init(f, member_of.get(f.name))
+    if any(f.lane is Lane.FORWARD and f.target for f in schema.fields):
+        stmts.append(Statement("self._gathered = _rt.NOTHING_GATHERED"))
+    if any(f.lane is Lane.SCHEDULE for f in schema.fields):
+        stmts.append(Statement("self._fence = _rt.new_fence(self.device, debug)"))
+    return stmts
+
+
+def _group(g: PackedGroup) -> list[Statement]:
+    packed = f"self.{naming.packed_buffer(g.dtype)}"
+    names = ", ".join(m.field.name for m in g.members)
+    args = [f"(pool_size, {g.columns})", naming.dtype(g.dtype), "self.device", "debug"]
+    widths = naming.shape_literal(tuple(m.width for m in g.members))
+    return [
+        Statement(
+            _join(f"{packed}: torch.Tensor = _rt.new_buffer(", args),
+            f"Rows of {names} side by side (Note [Packed layout]).",
+        ),
+        Statement(f"self.{naming.packed_widths(g.dtype)} = {widths}"),
+    ]
+
+
+def _field_init(f: Field, member: tuple[PackedGroup, Member] | None) -> list[Statement]:
+    buf = f"self.{naming.buffer(f)}"
+    doc = naming.doc_text(f.doc) or f.name
+    if member is not None:
+        stmts = [Statement(_packed_column(f, buf, *member), doc)]
+    elif f.alloc is Alloc.LAZY:
+        stmts = [Statement(f"{buf}: torch.Tensor | None = None", doc)]
+    else:
+        assert isinstance(f.dtype, torch.dtype)
+        args = [naming.eager_shape(f), naming.dtype(f.dtype), "self.device", "debug"]
+        stmts = [Statement(_join(f"{buf}: torch.Tensor = _rt.new_buffer(", args), doc)]
+    if f.optional:
+        stmts.append(Statement(f"self.{naming.carried_flag(f)} = False"))
+    if f.alloc is Alloc.LAZY:
+        dtype = f"self.{naming.dtype_cache(f)}: torch.dtype | None = None"
+        stmts.append(Statement(dtype))
+        stmts.append(Statement(f"self.{naming.row_cache(f)}: tuple[int, ...] = ()"))
+    elif f.shape:
+        row = naming.shape_literal(tuple(str(d) for d in f.shape))
+        stmts.append(Statement(f"self.{naming.row_cache(f)} = {row}"))
+    if f.host_mirror is not None or f.host_sum is not None:
+        host = f"self.{naming.host_mirror(f)} = _rt.HostMirror(self.device, pool_size)"
+        stmts.append(Statement(host))
+    return stmts
+
+
+def _packed_column(f: Field, buf: str, group: PackedGroup, member: Member) -> str:
+    """The field's fixed view of its group's buffer (Note [Packed layout])."""
+    packed = f"self.{naming.packed_buffer(group.dtype)}"
+    if not f.shape:
+        return _join(f"{buf}: torch.Tensor = {packed}.select(", ["1", member.start])
+    narrow = ["1", member.start, member.width]
+    if len(f.shape) == 1:
+        return _join(f"{buf}: torch.Tensor = {packed}.narrow(", narrow)
+    dims = naming.shape_literal(tuple(str(d) for d in f.shape))
+    columns = _join(f"{packed}.narrow(", narrow)
+    # torch.unflatten, not the method: torch types the function, not Tensor.unflatten.
+    return _join(f"{buf}: torch.Tensor = torch.unflatten(", [columns, "1", dims])
+
+
+# --- the methods ------------------------------------------------------------------------------
+
+
+_STASH_DOC = (
+    "Forward lane: write ``payload`` into rows ``indices`` at the end of a forward.",
+    "",
+    "On the forward stream; the next forward reads the rows in stream order. Values",
+    "are cast to the declared dtype where no value changes. Zero indices do nothing.",
+)
+_PUBLISH_DOC = (
+    "Schedule lane: write rows ``indices`` on the current stream, then record the fence.",
+    "",
+    "Call it as soon as the values exist (mid-forward in speculative decoding): the",
+    "scheduler's resolve waits on the fence, not on the whole forward.",
+)
+_RELEASE_DOC = (
+    "The requests in slots ``indices`` ended and the slots may be reused.",
+    "",
+    "Nothing to do normally; debug mode marks the slots' unread values stale.",
+)
+
+
+def _read_doc(f: Field) -> list[str]:
+    later = " (when the latest write carried it, else ``None``)" if f.optional else ""
+    lines = []
+    if f.target is not None and f.resolve is Resolve.PLACEHOLDER:
+        lines.append(
+            f"- ``batch.{f.target}``: each placeholder ``-slot`` becomes "
+            f"``{naming.buffer(f)}[slot]``{later}."
+        )
+    elif f.target is not None:
+        lines.append(f"- ``batch.{f.target} = {naming.buffer(f)}[indices]``{later}.")
+    if f.host_mirror:
+        lines.append(f"- ``batch.{f.host_mirror}``: a host copy of it.")
+    if f.host_sum:
+        lines.append(f"- ``batch.{f.host_sum}``: the sum of it on the host.")
+    return [naming.doc_text(line) for line in lines]
+
+
+def _methods(schema: Schema, packed: Sequence[PackedGroup]) -> list[Method]:
+    batch = f"batch: {naming.batch_protocol(schema)}"
+    forward = methods.lane_fields(schema, Lane.FORWARD)
+    schedule = methods.lane_fields(schema, Lane.SCHEDULE)
+    schedule = [f for f in schedule if not f.optional] + [
+        f for f in schedule if f.optional
+    ]
+    found = []
+    if forward:
+        head = f"def stash(self, indices: torch.Tensor, payload: {naming.payload_class(schema)}) -> None:"
+        checked = "_rt.stash(self, _TABLE, indices, payload)"
+        found.append(Method(head, _STASH_DOC, tuple(methods.write("stash", forward, checked))))
+    if schedule:
+        params = [
+            f"{f.payload_name}: torch.Tensor" + (" | None = None" if f.optional else "")
+            for f in schedule
+        ]
+        head = _join("def publish(", ["self", "indices: torch.Tensor", *params], ") -> None:")
+        values = _join("(", [f.payload_name for f in schedule], ",)" if len(schedule) == 1 else ")")
+        checked = f"_rt.publish(self, _TABLE, indices, {values})"
+        body = methods.write("publish", schedule, checked)
+        found.append(Method(head, _PUBLISH_DOC, tuple(body)))
+    placeholders = [f for f in schema.fields if f.resolve is Resolve.PLACEHOLDER]
+    if placeholders:
+        doc = [
+            "Write placeholders ``-indices`` where the next forward's values will go.",
+            "",
+            *(f"- ``batch.{f.target}``." for f in placeholders),
+        ]
+        head = f"def invalidate(self, {batch}, indices: torch.Tensor) -> None:"
+        found.append(Method(head, tuple(doc), tuple(methods.invalidate(placeholders))))
+    head = "def release(self, indices: torch.Tensor) -> None:"
+    found.append(Method(head, _RELEASE_DOC, tuple(methods.release())))
+    reads = [f for f in forward if f.target is not None]
+    if reads:
+        found.append(_resolve_future(schema, reads, packed, batch))
+    for f in methods.lane_fields(schema, Lane.SCHEDULE):
+        name = naming.resolve_method(f)
+        doc = [
+            f"Schedule lane: wait for the newest ``publish``, then resolve ``{f.name}``.",
+            "",
+            f"With ``indices = batch.{schema.indices}``:",
+            "",
+            *_read_doc(f),
+        ]
+        body = methods.resolve_schedule(schema, f)
+        found.append(Method(f"def {name}(self, {batch}) -> None:", tuple(doc), tuple(body)))
+    return found
+
+
+def _resolve_future(
+    schema: Schema, reads: list[Field], packed: Sequence[PackedGroup], batch: str
+) -> Method:
+    doc = [
+        "Forward lane: hand the previous forward's stash to ``batch``, on the forward stream.",
+        "",
+        f"With ``indices = batch.{schema.indices}``:",
+        "",
+        *(line for f in reads for line in _read_doc(f)),
+    ]
+    fused = None
+    if packed:
+        member_of = {m.field.name: g for g in packed for m in g.members}
+        fused = methods.Fused(tuple(packed), member_of)
+    vouch = any(
+        f.resolve is Resolve.GATHER and not f.optional and f.target for f in reads
     )
+    body = methods.resolve_future(schema, reads, fused, vouch)
+    head = f"def resolve_future(self, {batch}) -> None:"
+    return Method(head, tuple(doc), tuple(body))
 
 
-def _publish_params(fields: Sequence[FieldView]) -> list[FieldView]:
-    schedule = [f for f in fields if f.lane is Lane.SCHEDULE]
-    return [f for f in schedule if not f.optional] + [f for f in schedule if f.optional]
+# --- protocols and the whole view -------------------------------------------------------------
 
 
 def _protocols(schema: Schema) -> tuple[ProtocolView, ...]:
@@ -432,145 +359,76 @@ def _protocols(schema: Schema) -> tuple[ProtocolView, ...]:
             add(f.host_mirror, tensor, True)
         if f.host_sum is not None:
             add(f.host_sum, "int | None" if f.optional else "int", True)
-
     views = []
     for path in sorted((p for p in members if p), key=lambda p: (-len(p), p)):
+        doc = (
+            f"The attributes of ``batch.{'.'.join(path)}`` that {schema.name} reads "
+            "and writes."
+        )
         views.append(
             ProtocolView(
-                name=naming.nested_protocol(schema, path),
-                doc=naming.doc_text(
-                    f"The attributes of ``batch.{'.'.join(path)}`` that {schema.name} "
-                    "reads and writes."
-                ),
-                attributes=tuple(members[path].values()),
+                naming.nested_protocol(schema, path),
+                naming.doc_text(doc),
+                tuple(members[path].values()),
             )
         )
+    doc = f"What {schema.name} reads and writes on a batch; any class with these fits."
     views.append(
         ProtocolView(
-            name=naming.batch_protocol(schema),
-            doc=naming.doc_text(
-                f"What {schema.name} reads and writes on a batch; any class with these fits."
-            ),
-            attributes=tuple(members[()].values()),
+            naming.batch_protocol(schema),
+            naming.doc_text(doc),
+            tuple(members[()].values()),
         )
     )
     return tuple(views)
 
 
-def _names_literal(keyword: str, names: Sequence[str]) -> str:
-    """``keyword=("a", "b")``: a tuple of string literals that ruff may split."""
-    literals = tuple(naming.string_literal(n) for n in names)
-    if len(literals) == 1:
-        return _join(f"{keyword}=(", literals, ",)")
-    return _join(f"{keyword}=(", literals)
-
-
-def _debug_stmt(schema: Schema) -> str:
-    """The debug-mode checker's construction (``relay.runtime.DebugChecks``)."""
-    forward = [f.name for f in schema.fields if f.lane is Lane.FORWARD]
-    schedule = [f for f in schema.fields if f.lane is Lane.SCHEDULE]
-    args = ["self.device", "self.pool_size", naming.string_literal(schema.name)]
-    if forward:
-        args.append(_names_literal("forward", forward))
-    if schedule:
-        args.append(_names_literal("schedule", [f.name for f in schedule]))
-        consumers = [naming.resolve_method(f) for f in schedule]
-        args.append(_names_literal("consumers", consumers))
-    return _join("self._debug = _rt.DebugChecks(", args)
-
-
-def _bodies(
-    schema: Schema,
-    fields: Sequence[FieldView],
-    groups: Sequence[GroupView],
-    fused: FusedView | None,
-    shape: Shape,
-) -> dict[str, tuple[str, ...]]:
-    """Every method body of one generated class (``methods.py``), by method name."""
-    forward = [f for f in fields if f.lane is Lane.FORWARD]
-    slots_gathered = _slots_gathered(fields)
-    bodies = {
-        "stash": methods.write(schema.name, "stash", forward, slots_gathered, shape),
-        "publish": methods.write(
-            schema.name, "publish", _publish_params(fields), slots_gathered, shape
-        ),
-        "invalidate": methods.invalidate([f for f in fields if f.placeholder], shape),
-        "release": methods.release(shape),
-        "resolve_future": methods.resolve_future(
-            schema,
-            [f for f in forward if f.target is not None],
-            fused=fused,
-            groups=groups,
-            slots_gathered=slots_gathered,
-            shape=shape,
-        ),
-    }
-    for f in fields:
-        if f.lane is Lane.SCHEDULE:
-            bodies[f.names.reader] = methods.resolve_schedule(schema, f, shape)
-    return {name: tuple(body) for name, body in bodies.items()}
-
-
-def _exports(schema: Schema, protocols: Sequence[ProtocolView]) -> tuple[str, ...]:
-    exports = [schema.name, naming.batch_protocol(schema)]
-    if any(f.lane is Lane.FORWARD for f in schema.fields):
-        exports.append(naming.payload_class(schema))
-    exports.extend(p.name for p in protocols if p.name != naming.batch_protocol(schema))
-    return tuple(sorted(exports))
+def _summary(f: Field) -> str:
+    dtype = (
+        "dtype from payload"
+        if isinstance(f.dtype, FromPayload)
+        else naming.dtype(f.dtype)
+    )
+    parts = [f"{f.lane.value} lane", f"{naming.describe_shape(f.shape)} {dtype}"]
+    parts += [f.alloc.value] + (["optional"] if f.optional else [])
+    line = f"- ``{f.name}``: " + ", ".join(parts)
+    if f.target is not None:
+        line += f" -> ``batch.{f.target}``"
+    return line
 
 
 def map_view(schema: Schema, *, source: str) -> MapView:
     """The view of one validated schema."""
-    for owner, doc in [
-        (schema.name, schema.doc),
-        *((f.name, f.doc) for f in schema.fields),
-    ]:
-        problem = naming.doc_problem(doc)
-        if problem is not None:
-            raise ValueError(f"{owner}: doc {problem}")
     packed = packed_groups(schema)
-    member_of = {m.field.name: (g, m) for g in packed for m in g.members}
-    fields = tuple(
-        _field_view(schema, f, member_of.get(f.name), bool(packed))
-        for f in schema.fields
-    )
-    groups = tuple(_group_view(g) for g in packed)
-    fused = _fused_view(packed, fields) if packed else None
     cleaned = naming.clean_doc(schema.doc)
     first_line = cleaned.split("\n")[0] if cleaned else schema.name
-    cls_literal = naming.string_literal(schema.name)
-    dims = tuple(naming.symbolic_dims(schema.fields))
     protocols = _protocols(schema)
+    forward = methods.lane_fields(schema, Lane.FORWARD)
+    exports = [schema.name, *(p.name for p in protocols)]
+    if forward:
+        exports.append(naming.payload_class(schema))
+    doc = naming.escape_doc(cleaned) or schema.name
+    dims = naming.symbolic_dims(schema.fields)
     return MapView(
         module_doc=naming.doc_text(
             f"{first_line}\n\nGenerated from {source} by relay; see docs/generated.md."
         ),
         cls=schema.name,
-        doc=naming.escape_doc(cleaned) or schema.name,
+        doc=f"{doc}\n\nRows are request-pool slots; row 0 is padding's scratch row.",
         payload_cls=naming.payload_class(schema),
-        indices=f"batch.{schema.indices}",
-        dims=dims,
-        pool_check=f'self.pool_size = _rt.check_dim({cls_literal}, "pool_size", pool_size)',
-        dim_checks=tuple(
-            f"{d} = _rt.check_dim({cls_literal}, {naming.string_literal(d)}, {d})"
-            for d in dims
+        payload=tuple(
+            PayloadField(
+                f.payload_name,
+                "torch.Tensor | None" if f.optional else "torch.Tensor",
+                f.optional,
+                naming.doc_text(f.doc) or f.name,
+            )
+            for f in forward
         ),
-        fields=fields,
-        groups=groups,
-        fused=fused is not None,
         protocols=protocols,
-        debug_stmt=_debug_stmt(schema),
-        fence_stmt="self._fence = _rt.new_fence(self.device, debug)"
-        if any(f.lane is Lane.SCHEDULE for f in schema.fields)
-        else None,
-        cache_stmts=tuple(
-            stmt for f in fields for stmt in kinds.alloc(f.field).init_cache(f.names)
-        ),
-        exports=_exports(schema, protocols),
-        bodies=_bodies(schema, fields, groups, fused, Shape.OFF),
-        debug_bodies=_bodies(schema, fields, groups, fused, Shape.DEBUG),
-        defs=_defs(schema, fields),
-        debug_cls=naming.debug_class(schema),
+        exports=tuple(sorted(exports)),
+        cls_literal=naming.string_literal(schema.name),
+        columns=tuple(map(_column, schema.fields)),
         init_params=", ".join(
             [
                 "device: torch.device | str",
@@ -580,30 +438,6 @@ def map_view(schema: Schema, *, source: str) -> MapView:
                 "debug: bool = False",
             ]
         ),
+        init=tuple(_init(schema, packed)),
+        methods=tuple(_methods(schema, packed)),
     )
-
-
-def _defs(schema: Schema, fields: Sequence[FieldView]) -> dict[str, str]:
-    """Every method's ``def`` line, in the order the class defines them."""
-    batch = f"batch: {naming.batch_protocol(schema)}"
-    indices = "indices: torch.Tensor"
-    defs = {}
-    if any(f.lane is Lane.FORWARD for f in fields):
-        payload = f"payload: {naming.payload_class(schema)}"
-        defs["stash"] = _def("stash", ["self", indices, payload], "None")
-    publish = _publish_params(fields)
-    if publish:
-        params = [
-            f"{f.payload_name}: {f.value_type}" + (" = None" if f.optional else "")
-            for f in publish
-        ]
-        defs["publish"] = _def("publish", ["self", indices, *params], "None")
-    if any(f.placeholder for f in fields):
-        defs["invalidate"] = _def("invalidate", ["self", batch, indices], "None")
-    defs["release"] = _def("release", ["self", indices], "None")
-    if any(f.lane is Lane.FORWARD and f.target is not None for f in fields):
-        defs["resolve_future"] = _def("resolve_future", ["self", batch], "None")
-    for f in fields:
-        if f.lane is Lane.SCHEDULE:
-            defs[f.names.reader] = _def(f.names.reader, ["self", batch], "None")
-    return defs
