@@ -3,7 +3,7 @@
 Run:  .venv/bin/python examples/quickstart.py
 Type: .venv/bin/mypy --strict examples/quickstart.py
 
-``relay.maps.decode_seq_lens`` is generated from ``schemas/decode_seq_lens.py`` by
+``relay.maps.decode_seq_lens`` is generated from ``relay/schemas/decode_seq_lens.py`` by
 ``relay generate``. It relays two fields: ``output_tokens`` (forward lane, gathered
 into ``batch.input_ids`` by the next forward) and ``new_seq_lens`` (schedule lane,
 gathered into ``batch.seq_lens`` behind the fence, with a host copy in

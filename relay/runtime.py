@@ -346,7 +346,9 @@ def lazy_buffer(
     """A lazy field's buffer, shaped and typed by its first value ``first``, which
     ``check_rows`` already accepted."""
     row = tuple(first.shape[1:])
-    return new_buffer((pool_size, *row), dtype or first.dtype, first.device, debug, zeros)
+    return new_buffer(
+        (pool_size, *row), dtype or first.dtype, first.device, debug, zeros
+    )
 
 
 def check_rows(

@@ -22,6 +22,15 @@ import attrs
 import torch
 
 from relay.errors import CompositionError
+from relay.schema_import import load_base
+
+#: Where the bundled schema modules are installed (``relay/schemas/``).
+_BUNDLED = Path(__file__).parent / "schemas"
+
+
+def bundled_names() -> list[str]:
+    """The names ``Schema.bundled`` takes: the schema modules relay ships."""
+    return sorted(p.stem for p in _BUNDLED.glob("*.py") if not p.stem.startswith("_"))
 
 __all__ = [
     "FROM_PAYLOAD",
@@ -35,6 +44,7 @@ __all__ = [
     "Resolve",
     "Schema",
     "SourceLocation",
+    "bundled_names",
 ]
 
 
@@ -233,10 +243,25 @@ class Schema:
         ``CompositionError`` (no such file, a cycle) or ``SchemaError`` (the base
         module itself is broken).
         """
-        # Imported here: codegen imports this module, and the runtime needs no loader.
-        from relay.codegen.loader import load_base
+        site = _declaration_site()
+        return load_base(Path(path), site.file, site.line, Schema)
 
-        return load_base(Path(path), _declaration_site())
+    @classmethod
+    def bundled(cls, name: str) -> Schema:
+        """The ``SCHEMA`` of a relay shipped with relay, to build on with ``derive``:
+        ``Schema.bundled("eagle")`` (one of ``bundled_names()``). Raises
+        ``CompositionError`` for a name relay does not ship."""
+        site = _declaration_site()
+        path = _BUNDLED / f"{name}.py"
+        if not isinstance(name, str) or not name.isidentifier() or not path.is_file():
+            names = ", ".join(bundled_names())
+            raise CompositionError(
+                site.file,
+                site.line,
+                f"Schema.bundled({name!r}): relay ships no such schema (it ships {names})",
+                "name one of them, or load your own with Schema.load(path)",
+            )
+        return load_base(path, site.file, site.line, Schema)
 
     def field(self, name: str) -> Field:
         """The field called ``name``; ``CompositionError`` (at the caller's line) if none is."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import keyword
 import os
-import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -166,21 +165,18 @@ def _file_name_issue(path: Path, source: str) -> SchemaIssue | None:
 def _broken(
     schema: Schema, error: BrokenModule, shown: str, where: Callable[[str], str]
 ) -> SchemaIssue:
-    """A module Python cannot compile, located at the field its broken line spells (the
-    longest such name), else at the schema (Note [Compiled before written])."""
-    words = set(re.findall(r"\w+", error.line))
-    named = [f for f in schema.fields if f.name in words or f.payload_name in words]
-    field = max(named, key=lambda f: len(f.name), default=None)
-    loc = field.declared_at if field is not None else schema.declared_at
+    """A generated module that would not compile or reads an unbound name: a relay
+    bug, located at the schema (Note [Compiled before written] in render.py)."""
+    loc = schema.declared_at
     return SchemaIssue(
         where(loc.file),
         loc.line,
         str(schema.name),
-        field.name if field is not None else None,
-        f"the generated module {shown} would not compile ({error.reason} at its line "
+        None,
+        f"the generated module {shown} would be broken ({error.reason} at its line "
         f"{error.lineno}: {error.line.strip()[:160]!r}); nothing was written",
-        "this is a relay bug: please report it with the schema; meanwhile a plainer "
-        "name for the field usually avoids it",
+        "this is a relay bug: please report it with the schema; meanwhile plainer "
+        "field names and paths usually avoid it",
     )
 
 

@@ -26,7 +26,7 @@ _GENERATE_HELP = """\
 Generate one typed FutureMap module per schema module.
 
 With no SCHEMA, generate what [tool.relay] in the nearest pyproject.toml names
-(in the relay repository: schemas/*.py into relay/maps/). Output is the same
+(in the relay repository: relay/schemas/*.py into relay/maps/). Output is the same
 bytes on every machine; only files whose content changed are written, and a run
 writes all of its modules or none (each staged in a temp file, then renamed).
 relay never writes over a file it did not generate.

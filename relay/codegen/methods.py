@@ -68,7 +68,9 @@ def _test(f: Field) -> str:
     shape = "rows"
     if f.shape or _lazy(f):
         shape += f" + self.{naming.row_cache(f)}"
-    test = f"type({v}) is torch.Tensor and {v}.dtype is {dtype} and {v}.shape == {shape}"
+    test = (
+        f"type({v}) is torch.Tensor and {v}.dtype is {dtype} and {v}.shape == {shape}"
+    )
     return f"({v} is None or ({test}))" if f.optional else test
 
 
@@ -118,7 +120,10 @@ def _gather_read(schema: Schema, f: Field, target: str) -> list[str]:
     stmts = []
     if _lazy(f):
         owner, name = (naming.string_literal(s) for s in (schema.name, f.name))
-        stmts += [f"if {_buf(f)} is None:", f"    raise _rt.never_stashed({owner}, {name})"]
+        stmts += [
+            f"if {_buf(f)} is None:",
+            f"    raise _rt.never_stashed({owner}, {name})",
+        ]
     return [*stmts, f"{target} = {gather}"]
 
 
@@ -163,7 +168,9 @@ def _fused_block(reads: Sequence[Field], fused: Fused) -> list[str]:
             flag = f"self.{naming.carried_flag(f)}"
             optional.append(local)
             optional_args.append(f"{_buf(f)} if {flag} else None")
-            torch_path.append(f"{local} = _rt.gather_optional({_buf(f)}, {flag}, indices)")
+            torch_path.append(
+                f"{local} = _rt.gather_optional({_buf(f)}, {flag}, indices)"
+            )
         else:
             required.append(local)
             required_args.append(_buf(f))
@@ -190,7 +197,13 @@ def _fused_block(reads: Sequence[Field], fused: Fused) -> list[str]:
         )
         for g in fused.groups
     ]
-    return ["if self.fused_gather:", f"    {call}", "else:", *_indent(torch_path), *split]
+    return [
+        "if self.fused_gather:",
+        f"    {call}",
+        "else:",
+        *_indent(torch_path),
+        *split,
+    ]
 
 
 def _parents(schema: Schema, paths: Sequence[str]) -> tuple[list[str], dict[str, str]]:
@@ -250,10 +263,18 @@ def resolve_future(
             _at, pending, rows = naming.placeholder_locals(f)
             buffers = f"{{{naming.string_literal(f.name)}: {_buf(f)}}}"
             report.append(
-                join('debug.read("resolve_future", ', [rows, buffers, f"taken={pending}"])
+                join(
+                    'debug.read("resolve_future", ', [rows, buffers, f"taken={pending}"]
+                )
             )
     if vouch:  # debug mode checks every write's slots: it vouches for none
-        return [*lines, "if debug is None:", "    self._gathered = _rt.gathered(indices)", "else:", *_indent(report)]
+        return [
+            *lines,
+            "if debug is None:",
+            "    self._gathered = _rt.gathered(indices)",
+            "else:",
+            *_indent(report),
+        ]
     return [*lines, "if debug is not None:", *_indent(report)]
 
 
@@ -272,7 +293,9 @@ def _host(f: Field, source: str) -> list[str]:
     ):
         # relay.runtime.host_sum inlined for integers: no call, and no op dispatched.
         most = HOST_SUM_IN_PYTHON_MAX
-        total = f"sum(host.tolist()) if host.numel() <= {most} else int(host.numpy().sum())"
+        total = (
+            f"sum(host.tolist()) if host.numel() <= {most} else int(host.numpy().sum())"
+        )
     else:
         total = "_rt.host_sum(host)"
     return [*stmts, f"batch.{f.host_sum} = {total}"]

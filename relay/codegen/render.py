@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
+import subprocess
 from pathlib import Path
 
 import jinja2
 
 from relay.codegen import files
-from relay.codegen.formatting import FormatError, format_module
+from relay.codegen.formatting import FormatError, format_module, ruff_binary
 from relay.codegen.views import MapView, map_view
 from relay.errors import RelayError
 from relay.schema import Schema
@@ -36,6 +38,36 @@ def compiled(text: str, name: str) -> None:
         line = lines[lineno - 1] if lineno and 0 < lineno <= len(lines) else ""
         reason = getattr(error, "msg", None) or str(error)
         raise BrokenModule(f"{type(error).__name__}: {reason}", lineno, line) from None
+
+
+#: pyflakes' rules for names: undefined, used before assignment, redefined, unused.
+_NAME_RULES = "F811,F821,F822,F823,F841"
+_FINDING = re.compile(r":(\d+):\d+: (F\d+ .*)")
+
+
+def names_bound(text: str, name: str) -> None:
+    """``BrokenModule`` where ``text`` reads a name it never binds or binds it after
+    use (pyflakes' rules, as ``ruff check`` runs them): what compiling cannot see."""
+    try:
+        done = subprocess.run(
+            [str(ruff_binary()), "check", "--isolated", "--select", _NAME_RULES]
+            + ["--output-format", "concise", "--stdin-filename", "map.py", "-"],
+            input=text.encode("utf-8"),
+            capture_output=True,
+            check=False,
+            timeout=600,
+        )
+    except (OSError, subprocess.SubprocessError) as error:
+        raise FormatError(f"{name}: ruff check could not run: {error}") from error
+    found = _FINDING.search(done.stdout.decode("utf-8", "replace"))
+    if done.returncode != 0 and found is not None:
+        lineno = int(found.group(1))
+        lines = text.splitlines()
+        line = lines[lineno - 1] if 0 < lineno <= len(lines) else ""
+        raise BrokenModule(found.group(2), lineno, line)
+    if done.returncode != 0:
+        reason = done.stderr.decode("utf-8", "replace").strip()
+        raise FormatError(f"{name}: ruff check refused the generated module: {reason}")
 
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -70,8 +102,8 @@ def render(
 ) -> str:
     """The whole generated module of a validated ``schema``, header included: the
     template's statements laid out by the pinned formatter (Note [Formatter pin])."""
-    # Note [Compiled before written]: no module Python cannot compile ever reaches the
-    # disk. The laid-out module is compiled; when the formatter refuses the rendered
+    # Note [Compiled before written]: no module Python cannot compile, nor one that
+    # reads a name before binding it, ever reaches the disk. The laid-out module is compiled; when the formatter refuses the rendered
     # text, Python says where it is broken.
     name = Path(source).stem + ".py"
     text = render_body(map_view(schema, source=source))
@@ -83,4 +115,5 @@ def render(
     digest = schema_hash if schema_hash is not None else files.schema_hash(schema)
     module = files.compose(body, source=source, command=command, schema_hash=digest)
     compiled(module, name)
+    names_bound(module, name)
     return module

@@ -7,14 +7,15 @@ is well-formed.
 
 from __future__ import annotations
 
+import builtins
 import functools
+import unicodedata
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 
-from relay.codegen import hygiene, kinds, naming
-from relay.codegen.kinds.base import Problem
+from relay.codegen import naming
 from relay.codegen.layout import packed_groups
 from relay.errors import SchemaIssue
 from relay.schema import (
@@ -110,7 +111,7 @@ def validate(schema: Schema, display: Callable[[str], str]) -> list[SchemaIssue]
             f"(got {_got(schema.indices)})",
             'write indices="req_pool_indices"',
         )
-    for owner, problem, fix in hygiene.problems(schema):
+    for owner, problem, fix in _name_and_doc_problems(schema):
         c.add(owner, problem, fix)
     if not schema.fields:
         c.add(
@@ -192,8 +193,7 @@ def _check_name(c: _Collector, f: Field) -> None:
 
 
 def _check_options(c: _Collector, f: Field) -> None:
-    """Lane, alloc, dtype, optional, source, resolve, guard and doc, and what the kinds
-    of the field refuse (Note [Kinds])."""
+    """Lane, alloc, dtype, optional, source, resolve, guard and doc."""
     if not isinstance(f.lane, Lane):
         c.add(
             f,
@@ -208,7 +208,7 @@ def _check_options(c: _Collector, f: Field) -> None:
             "write alloc=Alloc.EAGER (at construction) or alloc=Alloc.LAZY (first payload)",
         )
     else:
-        _add_all(c, f, kinds.alloc(f).problems(f))
+        _add_all(c, f, _alloc_problems(f))
     if not isinstance(f.dtype, (torch.dtype, FromPayload)):
         c.add(
             f,
@@ -255,13 +255,13 @@ def _check_options(c: _Collector, f: Field) -> None:
             "write guard=Guard.NONE, Guard.NON_NEGATIVE, Guard.POSITIVE or Guard.FINITE",
         )
     elif isinstance(f.dtype, (torch.dtype, FromPayload)):
-        _add_all(c, f, kinds.guard(f).problems(f))
+        _add_all(c, f, _guard_problems(f))
     if not isinstance(f.doc, str):
         c.add(f, f"doc must be a str (got {_got(f.doc)})", 'write doc="..."')
 
 
 def _add_all(c: _Collector, f: Field, problems: list[Problem]) -> None:
-    """The problems a kind found with ``f`` (Note [Kinds])."""
+    """The problems one rule found with ``f``."""
     for problem, fix in problems:
         c.add(f, problem, fix)
 
@@ -311,7 +311,7 @@ def _check_target(c: _Collector, f: Field) -> None:
             'add target="<batch attribute>", e.g. target="seq_lens"',
         )
     if isinstance(f.resolve, Resolve):
-        _add_all(c, f, kinds.resolve(f).problems(f))
+        _add_all(c, f, _placeholder_problems(f))
     for option in ("host_mirror", "host_sum"):
         value = getattr(f, option)
         if value is None:
@@ -475,3 +475,270 @@ def _check_paths(c: _Collector, first_path: dict[str, tuple[Field, str]]) -> Non
                 f"{role} {path!r} is the attribute the map reads its slots from",
                 f"choose another {role}, or set Schema(indices=...) to another attribute",
             )
+
+
+#: A field's problem: (what is wrong, with the value given; the fix).
+Problem = tuple[str, str]
+
+
+def _alloc_problems(f: Field) -> list[Problem]:
+    if f.alloc is Alloc.EAGER and isinstance(f.dtype, FromPayload):
+        return [
+            (
+                (
+                    "dtype=FROM_PAYLOAD needs a lazily allocated field, but alloc is "
+                    "Alloc.EAGER"
+                ),
+                "add alloc=Alloc.LAZY, or give a fixed dtype such as torch.bfloat16",
+            )
+        ]
+    return []
+
+
+def _guard_problems(f: Field) -> list[Problem]:
+    if not isinstance(f.dtype, torch.dtype):
+        return []  # a payload dtype: checked when the first payload arrives
+    if f.guard is Guard.FINITE and not f.dtype.is_floating_point:
+        return [
+            (
+                (
+                    "guard=Guard.FINITE refuses NaN and infinities, which only floating "
+                    f"values hold (got dtype={f.dtype})"
+                ),
+                (
+                    "remove the guard, or give the field a floating dtype such as "
+                    "torch.bfloat16"
+                ),
+            )
+        ]
+    comparison = f.guard in (Guard.POSITIVE, Guard.NON_NEGATIVE)
+    if comparison and (f.dtype == torch.bool or f.dtype.is_complex):
+        return [
+            (
+                (
+                    f"guard={f.guard} compares values with 0, which {f.dtype} values "
+                    f"cannot be checked by (got guard={f.guard} with dtype={f.dtype})"
+                ),
+                "remove the guard, or give the field a real integer or float dtype",
+            )
+        ]
+    return []
+
+
+def _placeholder_problems(f: Field) -> list[Problem]:
+    """``Resolve.PLACEHOLDER``: placeholders are negative slots, one per row."""
+    if f.resolve is not Resolve.PLACEHOLDER:
+        return []
+    found: list[Problem] = []
+    if isinstance(f.dtype, FromPayload):
+        found.append(
+            (
+                (
+                    "resolve=Resolve.PLACEHOLDER needs a fixed integer dtype, since "
+                    "placeholders are negative slots (got dtype=FROM_PAYLOAD)"
+                ),
+                "give dtype=torch.int64, or use resolve=Resolve.GATHER",
+            )
+        )
+    elif isinstance(f.dtype, torch.dtype) and not _is_int_dtype(f.dtype):
+        found.append(
+            (
+                (
+                    "resolve=Resolve.PLACEHOLDER needs an integer dtype, since "
+                    f"placeholders are negative slots (got {f.dtype})"
+                ),
+                "use resolve=Resolve.GATHER for this field",
+            )
+        )
+    elif isinstance(f.dtype, torch.dtype) and not f.dtype.is_signed:
+        found.append(
+            (
+                (
+                    "resolve=Resolve.PLACEHOLDER needs a signed integer dtype, since "
+                    f"placeholders are negative slots (got {f.dtype})"
+                ),
+                "give a signed dtype such as torch.int64, or use resolve=Resolve.GATHER",
+            )
+        )
+    if f.optional is True:
+        found.append(
+            (
+                (
+                    "resolve=Resolve.PLACEHOLDER needs the value on every step: a step "
+                    "whose payload omits an optional field would leave the placeholders "
+                    "(-slot) that invalidate wrote, or a previous step's value, for the "
+                    "forward (got optional=True)"
+                ),
+                "make the field required (optional=False), or use resolve=Resolve.GATHER",
+            )
+        )
+    if isinstance(f.shape, tuple) and f.shape:
+        found.append(
+            (
+                (
+                    "resolve=Resolve.PLACEHOLDER needs one value per slot, shape=() "
+                    f"(got shape={f.shape!r})"
+                ),
+                "use resolve=Resolve.GATHER for rows",
+            )
+        )
+    if f.target is None:
+        found.append(
+            (
+                (
+                    "resolve=Resolve.PLACEHOLDER needs a target holding the placeholders "
+                    "(got target=None)"
+                ),
+                'add target="input_ids" (or another batch tensor)',
+            )
+        )
+    return found
+
+
+# Note [Module-level names]
+# A generated module binds these names at module level besides the classes it mints
+# from the schema (the map, its payload and its Protocols), each as the top of
+# relay/codegen/templates/map.py.jinja spells it. A schema whose class names take one
+# of them would shadow an import the module's own code reads (``class torch``), or be
+# shadowed by it. Keep this table equal to the template: tests/generator/
+# test_codegen_unsafe.py parses rendered modules and checks that it covers every
+# module-level binding that is not a class minted from the schema.
+TEMPLATE_BINDS: dict[str, str] = {
+    "annotations": "from __future__ import annotations",
+    "Protocol": "from typing import Protocol",
+    "attrs": "import attrs",
+    "torch": "import torch",
+    "_rt": "from relay import runtime as _rt",
+    "_TABLE": "_TABLE = _rt.Table(...)",
+    "__all__": "__all__ = [...]",
+}
+
+#: Builtins the generated code calls (``int``, ``isinstance``, ``ValueError``...): a
+#: module-level class of the same name would shadow them for the whole module. All of
+#: them are refused, so a template change that calls one more needs no change here.
+_BUILTINS = frozenset(name for name in dir(builtins) if not name.startswith("_"))
+
+#: Control characters a doc string may hold: they lay out text.
+_LAYOUT = frozenset("\t\n")
+
+_CONTROL_NAMES = {
+    0x00: "NUL",
+    0x07: "BEL",
+    0x08: "BS",
+    0x0B: "VT",
+    0x0C: "FF",
+    0x0D: "CR",
+    0x1B: "ESC",
+    0x7F: "DEL",
+}
+
+#: A schema-level problem: (the declaration, or None: the schema), what, fix.
+Located = tuple[Field | None, str, str]
+
+
+def _name_and_doc_problems(schema: Schema) -> list[Located]:
+    """Every class-name clash and every control character of ``schema``."""
+    return [*_class_names(schema), *_doc_controls(schema)]
+
+
+def _taken(name: str) -> str | None:
+    """How the generated module already binds ``name``, if it does."""
+    if name in TEMPLATE_BINDS:
+        return f"a name the generated module binds itself ({TEMPLATE_BINDS[name]})"
+    if name in _BUILTINS:
+        return "a Python builtin the generated module would shadow"
+    return None
+
+
+def _class_names(schema: Schema) -> Iterator[Located]:
+    name = schema.name
+    if not naming.is_identifier(name):
+        return  # validate reports it
+    problem = naming.identifier_problem(name, reserved=False)
+    if problem is not None:
+        yield (None, f"schema name {name!r} {problem}", _rename_schema(name))
+        return
+    for minted, what in (
+        (name, "the map class"),
+        (naming.payload_class(schema), "its payload class"),
+        (naming.batch_protocol(schema), "its batch Protocol"),
+    ):
+        taken = _taken(minted)
+        if taken is not None:
+            problem = (
+                f"schema name {name!r} is {taken}"
+                if minted == name
+                else f"schema name {name!r} makes {what} {minted}, {taken}"
+            )
+            yield (None, problem, _rename_schema(name))
+            return
+    yield from _nested_protocols(schema)
+
+
+def _rename_schema(name: str) -> str:
+    stem = naming.python_name(name).strip("_") or "Relay"
+    return f'name the schema like a class of its own, e.g. name="{stem[:1].upper()}{stem[1:]}FutureMap"'
+
+
+def _paths(schema: Schema) -> Iterator[tuple[Field | None, str, str]]:
+    if isinstance(schema.indices, str):
+        yield None, "indices", schema.indices
+    for f in schema.fields:
+        if not isinstance(f, Field):
+            continue
+        for role in ("target", "host_mirror", "host_sum"):
+            path = getattr(f, role)
+            if isinstance(path, str):
+                yield f, role, path
+
+
+def _nested_protocols(schema: Schema) -> Iterator[Located]:
+    for owner, role, path in _paths(schema):
+        parts = tuple(path.split("."))
+        if not all(naming.is_identifier(p) for p in parts):
+            continue  # validate reports a malformed path
+        for depth in range(1, len(parts)):
+            protocol = naming.nested_protocol(schema, parts[:depth])
+            taken = _taken(protocol)
+            if taken is not None:
+                yield (
+                    owner,
+                    (
+                        f"{role} {path!r} goes through {'.'.join(parts[:depth])!r}, "
+                        f"whose generated Protocol would be named {protocol}, {taken}"
+                    ),
+                    f"rename the attribute {parts[depth - 1]!r} on the batch, or the schema",
+                )
+                break
+
+
+def _doc_controls(schema: Schema) -> Iterator[Located]:
+    owners: list[tuple[Field | None, object]] = [(None, schema.doc)]
+    owners += [(f, f.doc) for f in schema.fields if isinstance(f, Field)]
+    for owner, doc in owners:
+        if not isinstance(doc, str):
+            continue
+        found = control_character(doc)
+        if found is not None:
+            yield (
+                owner,
+                f"doc holds the control character {found}",
+                (
+                    "delete it (or write what it stands for in words); doc strings may "
+                    "hold tabs and line breaks, but no other control character"
+                ),
+            )
+
+
+def control_character(text: str) -> str | None:
+    """The first control character of ``text`` other than tab and newline, and where it
+    is (``U+0000 (NUL) at line 2, column 5``); ``None`` if there is none."""
+    for index, ch in enumerate(text):
+        if ch in _LAYOUT or unicodedata.category(ch) != "Cc":
+            continue
+        line = text.count("\n", 0, index) + 1
+        column = index - (text.rfind("\n", 0, index) + 1) + 1
+        code = ord(ch)
+        named = f" ({_CONTROL_NAMES[code]})" if code in _CONTROL_NAMES else ""
+        return f"U+{code:04X}{named} at line {line}, column {column}"
+    return None

@@ -266,14 +266,20 @@ def _methods(schema: Schema, packed: Sequence[PackedGroup]) -> list[Method]:
     if forward:
         head = f"def stash(self, indices: torch.Tensor, payload: {naming.payload_class(schema)}) -> None:"
         checked = "_rt.stash(self, _TABLE, indices, payload)"
-        found.append(Method(head, _STASH_DOC, tuple(methods.write("stash", forward, checked))))
+        found.append(
+            Method(head, _STASH_DOC, tuple(methods.write("stash", forward, checked)))
+        )
     if schedule:
         params = [
             f"{f.payload_name}: torch.Tensor" + (" | None = None" if f.optional else "")
             for f in schedule
         ]
-        head = _join("def publish(", ["self", "indices: torch.Tensor", *params], ") -> None:")
-        values = _join("(", [f.payload_name for f in schedule], ",)" if len(schedule) == 1 else ")")
+        head = _join(
+            "def publish(", ["self", "indices: torch.Tensor", *params], ") -> None:"
+        )
+        values = _join(
+            "(", [f.payload_name for f in schedule], ",)" if len(schedule) == 1 else ")"
+        )
         checked = f"_rt.publish(self, _TABLE, indices, {values})"
         body = methods.write("publish", schedule, checked)
         found.append(Method(head, _PUBLISH_DOC, tuple(body)))
@@ -301,7 +307,9 @@ def _methods(schema: Schema, packed: Sequence[PackedGroup]) -> list[Method]:
             *_read_doc(f),
         ]
         body = methods.resolve_schedule(schema, f)
-        found.append(Method(f"def {name}(self, {batch}) -> None:", tuple(doc), tuple(body)))
+        found.append(
+            Method(f"def {name}(self, {batch}) -> None:", tuple(doc), tuple(body))
+        )
     return found
 
 

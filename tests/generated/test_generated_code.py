@@ -32,7 +32,7 @@ from relay.schema import (
 )
 
 REPO = Path(__file__).resolve().parents[2]
-BUNDLED = sorted((REPO / "schemas").glob("*.py"))
+BUNDLED = sorted((REPO / "relay" / "schemas").glob("*.py"))
 
 #: Every branch of the template: placeholders on both lanes, a required lazy field, an
 #: optional eager field, host_sum without host_mirror, deep targets, long names that wrap.
@@ -146,7 +146,7 @@ PACKED_CORPUS = Schema(
 
 def _schemas() -> list[Schema]:
     return [
-        *(load_schema(p, f"schemas/{p.name}") for p in BUNDLED),
+        *(load_schema(p, f"relay/schemas/{p.name}") for p in BUNDLED),
         CORPUS,
         PACKED_CORPUS,
     ]

@@ -20,11 +20,11 @@ from relay.maps.decode import DecodeFutureMap, DecodePayload
 from relay.schema import Schema
 from relay.testing import check_lockstep
 
-BUNDLED = sorted(p.stem for p in (REPO / "schemas").glob("*.py"))
+BUNDLED = sorted(p.stem for p in (REPO / "relay" / "schemas").glob("*.py"))
 
 
 def _bundled(stem: str) -> tuple[Schema, type[Any]]:
-    schema = load_schema(REPO / "schemas" / f"{stem}.py", f"schemas/{stem}.py")
+    schema = load_schema(REPO / "relay" / "schemas" / f"{stem}.py", f"relay/schemas/{stem}.py")
     module = importlib.import_module(f"relay.maps.{stem}")
     return schema, getattr(module, schema.name)
 

@@ -18,7 +18,7 @@ from relay.codegen.render import render
 from relay.errors import SchemaError
 from relay.schema import Schema
 
-SOURCES = sorted((REPO / "schemas").glob("*.py")) + sorted(
+SOURCES = sorted((REPO / "relay" / "schemas").glob("*.py")) + sorted(
     (GOLDEN / "schemas").glob("*.py")
 )
 

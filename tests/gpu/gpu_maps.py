@@ -1,7 +1,7 @@
 """The bundled maps, found by module and driven generically, for the GPU tests.
 
 Schemas change while these tests stay put, so nothing here names a field. Each module
-of ``relay/maps/`` is one map; its schema (``schemas/<module>.py``, the file it was
+of ``relay/maps/`` is one map; its schema (``relay/schemas/<module>.py``, the file it was
 generated from) gives each field's lane, row shape, dtype, payload name and target;
 the generated classes give the rest (constructor dims, payload fields, publish
 keywords, schedule-side resolves). Whatever the driver cannot drive (a symbolic dim
@@ -56,10 +56,10 @@ def map_modules() -> list[str]:
 
 
 def _load_schema(stem: str) -> Schema:
-    path = REPO / "schemas" / f"{stem}.py"
+    path = REPO / "relay" / "schemas" / f"{stem}.py"
     if not path.is_file():
         raise DriverError(
-            f"relay/maps/{stem}.py has no schema at schemas/{stem}.py; the GPU tests read "
+            f"relay/maps/{stem}.py has no schema at relay/schemas/{stem}.py; the GPU tests read "
             "each map's schema by module name (relay generate names modules after schemas)"
         )
     spec = importlib.util.spec_from_file_location(f"_gpu_tests_schema_{stem}", path)

@@ -27,11 +27,11 @@ from relay.testing import (
 from relay.testing.pytest_plugin import relay_lockstep  # noqa: F401  (the fixture)
 
 ROOT = Path(__file__).resolve().parents[2]
-BUNDLED = sorted(path.stem for path in (ROOT / "schemas").glob("*.py"))
+BUNDLED = sorted(path.stem for path in (ROOT / "relay" / "schemas").glob("*.py"))
 
 
 def _bundled(name: str) -> tuple[Schema, type[Any]]:
-    schema = load_schema(ROOT / "schemas" / f"{name}.py", f"schemas/{name}.py")
+    schema = load_schema(ROOT / "relay" / "schemas" / f"{name}.py", f"relay/schemas/{name}.py")
     cls: type[Any] = getattr(importlib.import_module(f"relay.maps.{name}"), schema.name)
     return schema, cls
 
