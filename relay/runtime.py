@@ -199,7 +199,7 @@ _INT64 = torch.int64  # a module constant: reading torch.int64 costs an attribut
 # ``index_select`` checks every slot before it writes anything, and an engine writes
 # with the very slots tensor it resolved; a write given that tensor, unchanged since
 # (its version counter says so), takes it as it is. Any other slots are read on the
-# host once (``host_slots_ok``). On CUDA a bad slot is a device-side assert whatever
+# host once, as a list (``Tensor.numpy`` would dispatch a view op). On CUDA a bad slot is a device-side assert whatever
 # relay does, and a host check would be a sync: there only debug mode checks slots.
 
 
@@ -215,24 +215,31 @@ def write_rows(m: Any, indices: torch.Tensor) -> tuple[int, ...] | None:
         or type(indices) is not torch.Tensor
         or indices.dtype is not _INT64
         or indices.ndim != 1
-        or indices.shape[0] == 0
-        or (indices.is_cpu and not host_slots_ok(indices, m.pool_size))
     ):
         return None
-    return (indices.shape[0],)
+    n = indices.shape[0]
+    if n == 0 or (
+        indices.is_cpu
+        and (n > HOST_SLOTS_IN_PYTHON_MAX or not host_slots_ok(indices, m.pool_size))
+    ):
+        return None  # more slots are read on the host once, by the checked path
+    return (n,)
 
 
-#: Up to this many slots a list is the quickest way to read them on the host.
+#: Up to this many slots that no resolve gathered with, the gate reads them itself.
 HOST_SLOTS_IN_PYTHON_MAX = 16
 
 
 def host_slots_ok(slots: torch.Tensor, pool_size: int) -> bool:
-    """Whether every slot of 1-D host int64 ``slots`` is in ``[0, pool_size)``."""
-    if slots.shape[0] <= HOST_SLOTS_IN_PYTHON_MAX:
-        values: list[int] = slots.tolist()
-        return min(values) >= 0 and max(values) < pool_size
-    view = slots.numpy()
-    return bool(view.min() >= 0 and view.max() < pool_size)
+    """Whether every slot of host ``slots`` is in the pool: read as a list, since
+    ``Tensor.numpy`` would dispatch a view op."""
+    values = _host_values(slots)
+    return min(values) >= 0 and max(values) < pool_size
+
+
+def _host_values(slots: torch.Tensor) -> list[int]:
+    values = slots.tolist()  # no op dispatched; an int for a 0-dim slot
+    return values if isinstance(values, list) else [values]
 
 
 def write_optional(
@@ -270,7 +277,8 @@ def publish(
     m: Any, table: Table, indices: torch.Tensor, values: Sequence[torch.Tensor | None]
 ) -> None:
     """``publish`` off the common case: the values in ``table.schedule``'s order."""
-    _write(m, table, "publish", table.schedule, indices, values)
+    if not _write(m, table, "publish", table.schedule, indices, values):
+        return
     if m._debug is not None:
         m._debug.publishing()
     m._fence.record()
@@ -283,8 +291,9 @@ def _write(
     columns: Sequence[Column],
     indices: torch.Tensor,
     given: Sequence[torch.Tensor | None],
-) -> None:
-    """Every check before any write, so a refused call leaves the map as it was."""
+) -> bool:
+    """Every check before any write, so a refused call leaves the map as it was;
+    whether there was a row to write."""
     values = [
         None
         if value is None and c.optional
@@ -299,7 +308,7 @@ def _write(
         f"{table.owner}.{op}", first, indices, m.pool_size, host=debug is None
     )
     if slots is None:
-        return
+        return False
     if debug is not None:
         debug.check_slots(op, indices)
         for c, value in zip(columns, values):
@@ -310,6 +319,7 @@ def _write(
     if debug is not None:
         carried = {c.name: v is not None for c, v in zip(columns, values) if c.optional}
         debug.wrote(op, indices, tuple(c.name for c in columns), carried=carried)
+    return True
 
 
 def _write_column(
@@ -328,7 +338,7 @@ def _write_column(
             buf.index_fill_(0, slots, 0)
         return
     if buf is None:
-        buf = lazy_buffer(m.pool_size, c.dtype, value, debug, c.zeros)
+        buf = lazy_buffer(m.pool_size, c.dtype, value[(0,) * slots.ndim], debug, c.zeros)
         setattr(m, c.buf, buf)
         # What the common case's gate compares a value with from now on.
         setattr(m, f"_{c.name}_dtype", buf.dtype)
@@ -343,9 +353,9 @@ def lazy_buffer(
     debug: bool,
     zeros: bool = False,
 ) -> torch.Tensor:
-    """A lazy field's buffer, shaped and typed by its first value ``first``, which
-    ``check_rows`` already accepted."""
-    row = tuple(first.shape[1:])
+    """A lazy field's buffer, shaped and typed by one row ``first`` of its first value,
+    which ``check_rows`` already accepted."""
+    row = tuple(first.shape)
     return new_buffer(
         (pool_size, *row), dtype or first.dtype, first.device, debug, zeros
     )
@@ -378,17 +388,21 @@ def check_rows(
         )
     slots = _refuse_indices(what, indices)
     got = tuple(value.shape)
+    lead = tuple(slots.shape)  # a 0-dim slot is one slot, its value one row
     if buf is not None:
-        expected: tuple[int | str, ...] = (slots.numel(), *buf.shape[1:])
+        expected: tuple[int | str, ...] = (*lead, *buf.shape[1:])
         ok = got == expected
     else:
-        expected = (slots.numel(), *("?" if d is None else d for d in declared_row))
+        expected = (*lead, *("?" if d is None else d for d in declared_row))
         ok = (
             len(got) == len(expected)
-            and got[0] == slots.numel()
-            and all(want in (None, size) for want, size in zip(declared_row, got[1:]))
+            and got[: len(lead)] == lead
+            and all(
+                want in (None, size)
+                for want, size in zip(declared_row, got[len(lead) :])
+            )
         )
-        if ok and slots.numel() > 0 and 0 in got[1:]:
+        if ok and slots.numel() > 0 and 0 in got[len(lead) :]:
             raise RelayError(
                 f"{what}: the first payload has rows of shape {got[1:]}, with a "
                 "zero-width dim; a lazy buffer takes its row shape from its first "
@@ -455,11 +469,18 @@ def _refuse_indices(what: str, indices: object) -> torch.Tensor:
             "was written"
         )
     if indices.dtype not in SLOT_DTYPES:
+        wider = "" if indices.dtype.is_floating_point else ", which torch indexes with"
         raise RelayError(
-            f"{what}: indices must be integer slots, got a {indices.dtype} tensor; pass "
-            "request-pool slots as int64 (or int32). Nothing was written"
+            f"{what}: indices must be integer slots, got a {indices.dtype} tensor"
+            + (
+                f"{wider} no op (pass request-pool slots as int64 or int32)"
+                if wider and indices.dtype != torch.bool
+                else ", which a write would truncate to slots (bool ones to slots 0 "
+                "and 1); pass request-pool slots as int64 or int32"
+            )
+            + ". Nothing was written"
         )
-    if indices.dim() != 1:
+    if indices.dim() > 1:
         raise RelayError(
             f"{what}: indices must be one slot per row, a 1-D tensor (got shape "
             f"{tuple(indices.shape)})"
@@ -476,16 +497,16 @@ def write_slots(
     slots = _refuse_indices(first, indices)
     if slots.numel() == 0:
         return None
-    slots = slots if slots.dtype is torch.int64 else slots.long()
     if host and slots.is_cpu and not host_slots_ok(slots, pool_size):
-        values = slots.tolist()
-        at = next(i for i, s in enumerate(values) if not 0 <= s < pool_size)
-        raise SlotError(
-            f"{what}: slot {values[at]} at position {at} is outside the pool [0, "
-            f"{pool_size}); slots are request-pool indices of this map (a negative "
-            "slot would wrap around). Nothing was written"
-        )
-    return slots
+        values = _host_values(slots)
+        outside = [i for i, s in enumerate(values) if not 0 <= s < pool_size]
+        if outside:
+            raise SlotError(
+                f"{what}: slot {values[outside[0]]} at position {outside[0]} is outside "
+                f"the pool [0, {pool_size}); slots are request-pool indices of this map "
+                "(a negative slot would wrap around). Nothing was written"
+            )
+    return slots if slots.dtype is torch.int64 else slots.long()
 
 
 def never_stashed(owner: str, field: str) -> RelayError:

@@ -412,7 +412,7 @@ def test_optional_lazy_field_absent_at_first_gets_its_buffer_when_it_appears() -
     assert relay.dsa_topk_indices_buf is None
     assert batch.spec_info.dsa_topk_indices is None
 
-    chosen = torch.tensor([[5, 9, 11], [0, 3, 4]], dtype=torch.int64)
+    chosen = torch.tensor([[5, 9, 11], [0, 3, 4]], dtype=torch.int16)
     later = EagleDsaPayload(
         bonus_tokens=torch.tensor([1, 2]),
         topk_p=torch.tensor([[0.5], [0.6]]),
@@ -422,7 +422,7 @@ def test_optional_lazy_field_absent_at_first_gets_its_buffer_when_it_appears() -
     relay.stash(slots(1, 6), later)
     assert relay.dsa_topk_indices_buf is not None
     assert relay.dsa_topk_indices_buf.dtype == torch.int32, (
-        "declared int32, whatever the payload"
+        "declared int32, whatever (widening) dtype the payload has"
     )
     assert relay.dsa_topk_indices_buf.shape == (POOL, 3)
     assert relay.hidden_states_buf is None, "each optional field is decided on its own"
