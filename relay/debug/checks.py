@@ -36,7 +36,8 @@ def check_resolved(
 
     A placeholder is replaced on the forward stream by the resolve; host code that reads
     the target between ``invalidate`` and that resolve sees ``-slot`` instead of a token
-    (vLLM #27878). Call it where the host reads the target, in debug runs.
+    (placeholders reached vLLM's repetition penalties that way). Call it where the host
+    reads the target, in debug runs.
 
     ``name_failures``: read a failure back and name the position (default: on the
     CPU, where that costs no sync); else a device-side assert with the summary.
