@@ -183,6 +183,7 @@ class StateTable:
         self._ready_column = torch.tensor(_READY, device=device)
         self._blocked = torch.tensor(BLOCKED, device=device)
         self._row0 = torch.tensor(0, device=device)
+        self._spare = torch.tensor(pool_size, device=device)
 
     # -- plans -------------------------------------------------------------------------
     def _planes(self, count: int) -> torch.Tensor:
@@ -365,7 +366,7 @@ class StateTable:
         they are; the reader is recorded where a seed writes the field."""
         sunk = self._sink[rows]
         if keep is not None:
-            sunk = torch.where(keep, self.pool_size, sunk)
+            sunk = torch.where(keep, self._spare, sunk)
         target = (plan._fields, sunk.unsqueeze(-1))
         if plan._reads is None:
             self._table.index_put_((*target, self._consumed_columns), self._consumed)
