@@ -30,7 +30,16 @@ table]):
   whose rows read are poisoned; ``carried``: whether each optional one was read), and
   one ``read`` per placeholder field with its own rows and ``taken`` mask.
 - schedule resolves: the fence wait, ``waited``, ``check_slots``, the gather, ``read``.
+- ``seed`` (a forward-lane write from the scheduler): ``check_slots``, the writes, then
+  ``seeded(indices, fields, ...)``, which checks the seed is ordered after the rows'
+  latest write and read (Note [Seeds in debug mode]).
 - ``release``: ``release``.
+
+Keyword arguments the map passes where its schema says so: ``owners=`` (one request id
+per row) to ``wrote``/``seeded`` and ``read``, where the batch says which request each
+row belongs to; ``distinct=True`` to a placeholder ``read``, whose slots no
+``check_slots`` saw. The constructor takes ``initial_zeros`` (fields whose never-written
+rows read as zeros) and ``seeds`` (fields a ``seed`` writes).
 
 What debug mode checks (see docs/debugging.md for every message)
 -----------------------------------------------------------------
@@ -41,10 +50,16 @@ What debug mode checks (see docs/debugging.md for every message)
   ``poison(dtype)`` again, so a stray read outside the map still looks wrong.
 - Release: ``release`` marks the slots' unread values stale; a value written for the
   slot's previous request is never handed to the next one.
+- Zeros: a never-written row of an ``initial_zeros`` field reads as zeros, and the
+  read neither consumes nor poisons it; once written, the row is checked as above.
+- Placeholders: a placeholder naming a slot with nothing pending for it, and a slot
+  named twice in one read (``distinct``), are reported by name.
+- Owners: a value read by another request than the one it was written for.
 - Fence freshness: each schedule-side resolve waits on a publish made since its last wait.
 - Happens-before, while the clocks are installed: every write and read of a row is
   stamped with its stream and that stream's vector clock; a read not ordered after the
-  write it reads, or two unordered writes of one row, is reported.
+  write it reads, two unordered writes of one row, or a seed not ordered after a
+  forward still in flight on its row, is reported.
 
 Checks run on the device where they can (``torch._assert_async``, no host sync). On the
 CPU, where a check costs no sync, a failure raises ``DebugCheckFailed`` (a

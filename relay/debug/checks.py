@@ -6,12 +6,13 @@ package's docstring (``relay/debug/__init__.py``)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
-from relay.debug.clocks import FenceRecord, HappensBefore, clocks
+from relay.debug.clocks import FenceRecord, HappensBefore, Tick, clocks
 from relay.debug.messages import text
+from relay.debug.owners import Owners, Requests
 from relay.debug.state import Row, State, StateTable, poison
 from relay.device import CpuPolicy, policy_for
 from relay.errors import RelayDebugError
@@ -35,7 +36,8 @@ def check_resolved(
 
     A placeholder is replaced on the forward stream by the resolve; host code that reads
     the target between ``invalidate`` and that resolve sees ``-slot`` instead of a token
-    (vLLM #27878). Call it where the host reads the target, in debug runs.
+    (placeholders reached vLLM's repetition penalties that way). Call it where the host
+    reads the target, in debug runs.
 
     ``name_failures``: read a failure back and name the position (default: on the
     CPU, where that costs no sync); else a device-side assert with the summary.
@@ -64,13 +66,28 @@ def check_resolved(
         )
 
 
+# Note [Seeds in debug mode]
+# A seed writes a forward-lane row from the scheduler (a prebuilt request's first token
+# into its reused pool row). A forward of the row's previous request may still be in
+# flight: its read of the row and its stash into it must both happen before the seed,
+# or the stash lands on the seeded request's row. So a seed is checked against the
+# row's latest write and, for the fields a seed writes (``seeds``), its latest read,
+# whose reader those fields' reads record; and a write that finds a seed it is not
+# ordered after is the same mistake seen from the other side. Both are reported as
+# ``unordered_seed``. The map orders a seed by making the seeding stream wait for the
+# forward stream, which the happens-before clocks see as a stream wait.
+
+
 class DebugChecks:
     """Debug-mode bookkeeping of one map: the calls the generated code makes.
 
     ``forward`` and ``schedule`` name the fields of each lane; ``consumers`` the
-    schedule-side resolves, each of which must follow a fresh publish. The order checks
-    run while the happens-before clocks are installed (``relay.debug.happens_before``);
-    building a map does not install them.
+    schedule-side resolves, each of which must follow a fresh publish;
+    ``initial_zeros`` the fields whose never-written rows read as zeros (a read of such
+    a row is legal, and neither consumes nor poisons it); ``seeds`` the fields a
+    ``seed`` writes (Note [Seeds in debug mode]). The order checks run while the
+    happens-before clocks are installed (``relay.debug.happens_before``); building a
+    map does not install them.
     """
 
     def __init__(
@@ -82,11 +99,19 @@ class DebugChecks:
         forward: tuple[str, ...] = (),
         schedule: tuple[str, ...] = (),
         consumers: tuple[str, ...] = (),
+        initial_zeros: tuple[str, ...] = (),
+        seeds: tuple[str, ...] = (),
     ) -> None:
         self.device = torch.device(device)
         self.pool_size = pool_size
         self.owner = owner
-        self.state = StateTable(self.device, pool_size, forward + schedule)
+        self.state = StateTable(
+            self.device,
+            pool_size,
+            forward + schedule,
+            initial_zeros=initial_zeros,
+            seeds=seeds,
+        )
         self.clocks: HappensBefore = clocks  # the process's: streams are process-wide
         #: Name the failing slot by reading it back (True on the CPU, where that costs
         #: no sync); elsewhere a device-side assert carries the call's summary.
@@ -94,6 +119,8 @@ class DebugChecks:
         self._policy = policy_for(self.device)
         self._consumers = consumers
         self._fresh: set[str] = set()
+        self._requests = Requests(self.device)
+        self._seed_ops: set[str] = set()
         # check_slots: sorted slots between these two edges must rise strictly.
         self._edges = {
             scratch_ok: (
@@ -130,6 +157,13 @@ class DebugChecks:
 
     def _stream(self) -> Any:
         return self._policy.current_stream()
+
+    def _tick(self) -> tuple[Tick | None, str]:
+        """The calling stream's operation and its name, while the clocks are on."""
+        if not self.clocks.enabled:
+            return None, "its stream"
+        tick = self.clocks.tick(self._stream(), self.device)
+        return tick, self.clocks.writer_name(tick.writer)
 
     # -- the contract --------------------------------------------------------------
     def check_slots(
@@ -176,49 +210,113 @@ class DebugChecks:
         fields: tuple[str, ...],
         *,
         carried: Mapping[str, bool] | None = None,
+        owners: Owners | None = None,
     ) -> None:
         """``op`` wrote rows ``indices`` of ``fields`` on the current stream. ``carried``
         says, for each optional field among them, whether this call carried it: one left
-        out is marked omitted (Note [Optional fields]). Two unordered writes of one row
-        are reported."""
+        out is marked omitted (Note [Optional fields]). ``owners`` (one request id per
+        row: an int tensor, or a sequence of ints or strings) records whose value each
+        row now holds, for ``read(..., owners=...)``. Two unordered writes of one row
+        are reported (``unordered_seed`` where one of them is a seed)."""
+        self._write(op, indices, fields, carried, owners, seed=False)
+
+    def seeded(
+        self,
+        indices: torch.Tensor,
+        fields: tuple[str, ...],
+        *,
+        op: str = "seed",
+        carried: Mapping[str, bool] | None = None,
+        owners: Owners | None = None,
+    ) -> None:
+        """``op`` (a seed from the scheduler) wrote rows ``indices`` of forward-lane
+        ``fields`` on the current stream: like ``wrote``, and the seed must be ordered
+        after the rows' latest write and their latest read (Note [Seeds in debug
+        mode]), or ``unordered_seed`` is reported."""
+        self._seed_ops.add(op)
+        self._write(op, indices, fields, carried, owners, seed=True)
+
+    def _write(
+        self,
+        op: str,
+        indices: torch.Tensor,
+        fields: tuple[str, ...],
+        carried: Mapping[str, bool] | None,
+        owners: Owners | None,
+        *,
+        seed: bool,
+    ) -> None:
         rows = self._slots(op, indices)
         if rows.numel() == 0:
             return
+        requests = None
+        if owners is not None:
+            requests = self._requests.ids(self._where(op), owners, rows.numel())
         plan = self.state.write_plan(op, fields, carried)
-        if not self.clocks.enabled:
-            self.state.stamp(plan, rows, 0, 0)
+        tick, stream = self._tick()
+        if tick is None:
+            self.state.stamp(plan, rows, 0, 0, requests)
             return
-        tick = self.clocks.tick(self._stream(), self.device)
         # Two writes of one row must be ordered, or which one a read sees is timing.
         block = self.state.block(plan, rows)
-        stream = self.clocks.writer_name(tick.writer)
+        ok = self.state.writes_ordered(block, tick.seen)
+        if seed:
+            ok = ok & self.state.reads_ordered(block, tick.seen)
 
         def unordered(first: int) -> str:
             j, i = divmod(first, rows.numel())
             row = self.state.row(block, j, i)
-            return text(
-                "unordered_write",
-                owner=self.owner,
-                field=fields[j],
-                slot=int(rows[i]),
-                op=op,
-                stream=stream,
-                writer_op=row.op,
-                writer_stream=self.clocks.writer_name(row.writer),
-            )
+            where = {"owner": self.owner, "field": fields[j], "slot": int(rows[i])}
+            return self._write_problem(op, stream, row, where, tick.seen, seed=seed)
 
+        key = "unordered_seed_summary" if seed else "write_summary"
+        fields_text = ", ".join(fields)
         self._require(
-            self.state.writes_ordered(block, tick.seen),
+            ok,
             lambda: text(
-                "write_summary",
-                owner=self.owner,
-                fields=", ".join(fields),
-                op=op,
-                stream=stream,
+                key, owner=self.owner, fields=fields_text, op=op, stream=stream
             ),
             unordered,
         )
-        self.state.stamp(plan, rows, tick.writer, tick.clock)
+        self.state.stamp(plan, rows, tick.writer, tick.clock, requests)
+
+    def _where(self, op: str) -> str:
+        return f"{self.owner}.{op}"
+
+    def _write_problem(
+        self,
+        op: str,
+        stream: str,
+        row: Row,
+        where: dict[str, Any],
+        seen: torch.Tensor,
+        *,
+        seed: bool,
+    ) -> str:
+        """Why a write (``seed``: a seed) of ``row`` is not ordered after what came
+        before it: its latest write, or (a seed) its latest read."""
+        writer_seen = int(seen[row.writer]) >= row.clock
+        other_op, other = (
+            (row.op, row.writer) if not writer_seen else (row.read_op, row.reader)
+        )
+        other_stream = self.clocks.writer_name(other)
+        if seed or other_op in self._seed_ops:
+            return text(
+                "unordered_seed",
+                op=op,
+                stream=stream,
+                other_op=other_op,
+                other_stream=other_stream,
+                **where,
+            )
+        return text(
+            "unordered_write",
+            op=op,
+            stream=stream,
+            writer_op=other_op,
+            writer_stream=other_stream,
+            **where,
+        )
 
     def read(
         self,
@@ -228,13 +326,22 @@ class DebugChecks:
         *,
         carried: Mapping[str, bool] | None = None,
         taken: torch.Tensor | None = None,
+        owners: Owners | None = None,
+        distinct: bool = False,
     ) -> None:
         """``op`` gathered rows ``rows`` of the fields in ``buffers`` (field name ->
         buffer); ``carried`` says, for optional ones among them, whether the call read
         them (it did not where the latest write left the field out); ``taken`` masks
-        the positions really read. Check each row was written for this request, not
-        read since, and that the read is ordered after its write; then mark them
-        consumed and poison them."""
+        the positions really read: a placeholder read, whose rows are the slots its
+        placeholders name. Check each row was written for this request, not read since,
+        and that the read is ordered after its write; then mark them consumed and poison
+        them. A never-written row of an ``initial_zeros`` field passes (it reads zeros),
+        except where a placeholder names it: a placeholder promises a pending value.
+
+        ``owners`` (one request id per position, as ``wrote`` takes them) checks each
+        row was written for the request that reads it. ``distinct`` checks that no slot
+        but row 0 is named twice in ``rows``: a placeholder read asks for it, since no
+        ``check_slots`` saw the slots its placeholders name."""
         rows = self._slots(op, rows)
         if rows.numel() == 0:
             return
@@ -242,56 +349,124 @@ class DebugChecks:
         names = plan.names
         if not names:
             return
+        placeholders = taken is not None
         if taken is not None:
             rows = self.state.taken_only(rows, taken)
+        if distinct:
+            self._check_named_once(op, names, rows)
+        requests = None
+        if owners is not None:
+            requests = self._requests.ids(self._where(op), owners, rows.numel())
         block = self.state.block(plan, rows)
-        if self.clocks.enabled:
-            tick = self.clocks.tick(self._stream(), self.device)
-            stream = self.clocks.writer_name(tick.writer)
-            ok = self.state.readable(block, tick.seen)
-        else:
-            stream = "its stream"
-            ok = self.state.readable(block, None)
+        tick, stream = self._tick()
+        ok = self.state.readable(block, None if tick is None else tick.seen)
+        zeros = self.state.never_written_zeros(plan, block)
+        if zeros is not None and not placeholders:
+            ok = ok | zeros
+        if requests is not None:
+            ok = ok & self.state.owners_match(block, requests)
 
         def problem(first: int) -> str:
             j, i = divmod(first, rows.numel())
-            return self._read_problem(
-                op, names[j], int(rows[i]), stream, self.state.row(block, j, i)
-            )
+            reading = Reading(op, stream, i, placeholders, requests)
+            row = self.state.row(block, j, i)
+            return self._read_problem(reading, names[j], int(rows[i]), row)
 
+        summary = "placeholder_read_summary" if placeholders else "read_summary"
+        fields_text = ", ".join(names)
         self._require(
             ok,
             lambda: text(
-                "read_summary",
-                owner=self.owner,
-                fields=", ".join(names),
-                op=op,
-                stream=stream,
+                summary, owner=self.owner, fields=fields_text, op=op, stream=stream
             ),
             problem,
         )
-        self.state.consume(plan, rows)
-        for name in names:
-            buf = buffers[name]
-            if buf is not None:
-                buf.index_fill_(0, rows, poison(buf.dtype))
+        if tick is None:
+            self.state.consume(plan, rows, zeros, 0, 0)
+        else:
+            self.state.consume(plan, rows, zeros, tick.writer, tick.clock)
+        self._poison(names, buffers, rows, zeros)
 
-    def _read_problem(
-        self, op: str, field: str, slot: int, stream: str, row: Row
-    ) -> str:
-        """Why a read of ``row`` (``field``, ``slot``) may not take it."""
-        where = {"owner": self.owner, "field": field, "slot": slot, "op": op}
-        if row.state is State.EMPTY:
-            return text("never_written", **where)
-        if row.state is State.CONSUMED:
-            return text("consumed", **where)
-        if row.state is State.OMITTED:
-            return text("omitted", **where)
-        if row.released:
-            return text("released", writer_op=row.op, **where)
+    def _poison(
+        self,
+        names: tuple[str, ...],
+        buffers: Mapping[str, torch.Tensor | None],
+        rows: torch.Tensor,
+        zeros: torch.Tensor | None,
+    ) -> None:
+        """Fill the rows read with the poison, but for never-written rows of fields that
+        read as zeros until their first write: those keep their zeros."""
+        for j, name in enumerate(names):
+            buf = buffers[name]
+            if buf is None:
+                continue
+            if zeros is None or name not in self.state.initial_zeros:
+                buf.index_fill_(0, rows, poison(buf.dtype))
+                continue
+            keep = zeros[j].reshape(-1, *(1,) * (buf.dim() - 1))
+            value = buf.index_select(0, rows)
+            buf.index_copy_(0, rows, torch.where(keep, value, poison(buf.dtype)))
+
+    def _check_named_once(
+        self, op: str, names: tuple[str, ...], rows: torch.Tensor
+    ) -> None:
+        """No slot but row 0 (padding, and positions not taken) twice in one read."""
+        if rows.numel() < 2:
+            return
+        ordered = rows.sort().values
+        twice = (ordered[1:] == ordered[:-1]) & (ordered[1:] != 0)
+        fields_text = ", ".join(names)
+
+        def detail(first: int) -> str:
+            slot = int(ordered[1:][first])
+            positions = (rows == slot).nonzero().reshape(-1).tolist()
+            return text(
+                "slot_named_twice",
+                owner=self.owner,
+                field=fields_text,
+                op=op,
+                slot=slot,
+                first=positions[0],
+                second=positions[1],
+            )
+
+        self._require(
+            ~twice,
+            lambda: text(
+                "slot_named_twice_summary", owner=self.owner, fields=fields_text, op=op
+            ),
+            detail,
+        )
+
+    def _read_problem(self, reading: Reading, field: str, slot: int, row: Row) -> str:
+        """Why ``reading`` may not take ``row`` (``field``, ``slot``)."""
+        where = {"owner": self.owner, "field": field, "slot": slot, "op": reading.op}
+        why = _nothing_pending(row)
+        if why is not None and reading.placeholders:
+            return text(
+                "placeholder_nothing_pending",
+                position=reading.position,
+                placeholder=-slot,
+                why=_WHY[why],
+                **where,
+            )
+        if why is not None:
+            extra = {"writer_op": row.op} if why == "released" else {}
+            return text(why, **where, **extra)
+        if reading.requests is not None:
+            request = int(reading.requests[reading.position])
+            if row.owner is not None and row.owner != request:
+                return text(
+                    "wrong_owner",
+                    position=reading.position,
+                    request=self._requests.name(request),
+                    writer_op=row.op,
+                    writer_request=self._requests.name(row.owner),
+                    **where,
+                )
         return text(
             "unordered_read",
-            stream=stream,
+            stream=reading.stream,
             writer_op=row.op,
             writer_stream=self.clocks.writer_name(row.writer),
             **where,
@@ -318,3 +493,36 @@ class DebugChecks:
         if rows.numel() == 0:
             return
         self.state.release(rows)
+
+
+class Reading(NamedTuple):
+    """One position of a read, as a failure names it."""
+
+    op: str
+    stream: str
+    position: int
+    placeholders: bool
+    requests: torch.Tensor | None
+
+
+def _nothing_pending(row: Row) -> str | None:
+    """The message key of why ``row`` holds no value for a read, or ``None`` if it does
+    (then only the owner or the order can fail)."""
+    if row.state is State.EMPTY:
+        return "never_written"
+    if row.state is State.CONSUMED:
+        return "consumed"
+    if row.state is State.OMITTED:
+        return "omitted"
+    if row.released:
+        return "released"
+    return None
+
+
+#: How ``placeholder_nothing_pending`` says why, per ``_nothing_pending`` key.
+_WHY = {
+    "never_written": "no stash or publish ever wrote it",
+    "consumed": "its value was already read",
+    "omitted": "its latest stash left the field out",
+    "released": "its request was released since the write",
+}

@@ -86,8 +86,43 @@ MESSAGES: Final[Mapping[str, str]] = MappingProxyType(
         ),
         "read_summary": (
             "{owner}.{fields}: {op} on {stream} read a row that was not written for this "
-            "request since it was last consumed, was left out, or whose write is not "
-            "ordered before the read"
+            "request since it was last consumed, was left out, was written for another "
+            "request, or whose write is not ordered before the read"
+        ),
+        # -- reads: placeholders ------------------------------------------------------
+        "placeholder_nothing_pending": (
+            "{owner}.{field}: {op}: position {position} holds the placeholder "
+            "{placeholder}, which names slot {slot}, but nothing is pending for slot "
+            "{slot} ({why}). A placeholder -slot must name a slot whose value is on its "
+            "way; a sentinel of another convention left in the target (vLLM's -1 for "
+            "'not known yet' names slot 1 here) reads another request's row. Write "
+            "placeholders with invalidate(batch, indices) only, and real values "
+            "(>= 0) everywhere else."
+        ),
+        "slot_named_twice": (
+            "{owner}.{field}: {op}: slot {slot} is named twice in one read (positions "
+            "{first} and {second}); a slot holds one pending value, which one position "
+            "may take. Likely a placeholder left behind by an earlier step, or two "
+            "requests given one slot."
+        ),
+        "placeholder_read_summary": (
+            "{owner}.{fields}: {op} on {stream}: a placeholder names a slot with nothing "
+            "pending for it (never written, already read, left out or released), a slot "
+            "written for another request, or one whose write is not ordered before the "
+            "read"
+        ),
+        "slot_named_twice_summary": (
+            "{owner}.{fields}: {op}: a slot is named twice in one read (row 0, the "
+            "scratch row, excepted)"
+        ),
+        # -- reads: owners ----------------------------------------------------------------
+        "wrong_owner": (
+            "{owner}.{field}: slot {slot}: {op} reads it for request {request} (position "
+            "{position}), but {writer_op} wrote it for request {writer_request}: the "
+            "value is fresh but belongs to another request. Likely the batch's slots "
+            "were reordered without their requests (two pending requests' slots "
+            "swapped), or a slot went to a new request while the old one's value was "
+            "pending."
         ),
         # -- writes: order ----------------------------------------------------------------
         "unordered_write": (
@@ -99,6 +134,19 @@ MESSAGES: Final[Mapping[str, str]] = MappingProxyType(
         "write_summary": (
             "{owner}.{fields}: {op} on {stream} overwrites a row written on another "
             "stream with no order between the writes"
+        ),
+        # -- seeds ------------------------------------------------------------------------
+        "unordered_seed": (
+            "{owner}.{field}: slot {slot}: {op} on {stream} and {other_op} on "
+            "{other_stream} touch the row with nothing ordering them: a seed must come "
+            "after any forward still in flight on the row, or that forward's read or "
+            "stash lands on the seeded request's row. Make the seeding stream wait for "
+            "the forward stream before seeding (a stream wait or an event), and report "
+            "the wait (relay.debug.wait_stream, ...)."
+        ),
+        "unordered_seed_summary": (
+            "{owner}.{fields}: {op} on {stream} seeds a row that a forward may still "
+            "read or stash into, with no order between them"
         ),
         # -- the fence --------------------------------------------------------------------
         "stale_fence": (

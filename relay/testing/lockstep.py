@@ -76,8 +76,11 @@ class Namespace:
 
 
 def load_map_class(schema: Schema) -> type[Any]:
-    """Render ``schema`` with the generator and import the class (needs ``relay.codegen``)."""
-    from relay.codegen.render import render
+    """Render ``schema`` with the generator and import the class (needs ``relay.codegen``).
+
+    The one use of the generator in ``relay.testing``: it makes the class under test and
+    decides nothing the harness checks (the model states the semantics itself)."""
+    from relay.codegen.render import render  # the subject, not the semantics
 
     name = f"_relay_lockstep_{schema.name.lower()}"
     folder = Path(tempfile.mkdtemp(prefix="relay-lockstep-"))
@@ -93,9 +96,11 @@ def load_map_class(schema: Schema) -> type[Any]:
 
 
 def _schedule_resolve(field: FieldDecl) -> str:
-    from relay.codegen.naming import resolve_method
-
-    return resolve_method(field)
+    """The schedule-side resolve of ``field``, as the generated class names it:
+    ``resolve_`` and the last part of its host mirror, else of its target, else the
+    field's name (``resolve_seq_lens_cpu``)."""
+    leaf = field.host_mirror or field.target or field.name
+    return f"resolve_{leaf.rsplit('.', 1)[-1]}"
 
 
 def _payload_class(map_cls: type[Any]) -> type[Any] | None:

@@ -2,10 +2,11 @@
 
 Written for obviousness, not speed: plain dicts of per-slot row tensors, no buffers,
 no streams, no debug bookkeeping. It follows the schema declarations directly, so it
-works for any schema; what a kind means (how a resolve hands a value over, what a
-guard accepts, when a buffer's dtype is known) is the kind's own reference behaviour
-(Note [Kinds] in ``relay/codegen/kinds/__init__.py``). The lockstep harness (``relay.testing.lockstep``) runs it beside
-a generated map and compares every value they hand over.
+works for any schema, and it states what each kind means itself (how a resolve hands a
+value over, what a guard accepts, when a buffer's dtype is known), from the schema
+vocabulary and the docs alone: it imports nothing of the generator it checks. The
+lockstep harness (``relay.testing.lockstep``) runs it beside a generated map and
+compares every value they hand over.
 """
 
 from __future__ import annotations
@@ -15,9 +16,8 @@ from typing import Any
 
 import torch
 
-from relay.codegen import kinds
 from relay.schema import Field as FieldDecl
-from relay.schema import Lane, Schema
+from relay.schema import FromPayload, Guard, Lane, Resolve, Schema
 
 __all__ = ["ModelError", "ReferenceRelay", "get_path", "set_path"]
 
@@ -57,7 +57,8 @@ class ReferenceRelay:
         }
         #: The dtype of each field: declared, or taken from the first payload carrying it.
         self.dtype: dict[str, torch.dtype | None] = {
-            f.name: kinds.alloc(f).initial_dtype(f) for f in schema.fields
+            f.name: None if isinstance(f.dtype, FromPayload) else f.dtype
+            for f in schema.fields
         }
         #: Optional fields: whether the latest non-empty write carried them.
         self.carried: dict[str, bool] = {
@@ -108,16 +109,27 @@ class ReferenceRelay:
                 rows.pop(slot, None)
 
     def invalidate(self, batch: Any, indices: torch.Tensor) -> None:
-        """Placeholders ``-slot`` into every placeholder target."""
+        """Placeholders ``-slot`` into every placeholder target, in the indices' dtype."""
         if indices.numel() == 0:
             return
         for f in self.schema.fields:
-            kinds.resolve(f).model_invalidate(f, batch, indices)
+            if f.resolve is Resolve.PLACEHOLDER and f.target is not None:
+                slots = [int(s) for s in indices.tolist()]
+                placeholders = torch.tensor([-s for s in slots], dtype=indices.dtype)
+                set_path(batch, f.target, placeholders)
 
     def accepts(self, field: str, value: torch.Tensor) -> bool:
-        """Whether debug mode lets ``value`` be written into ``field`` (its guard)."""
-        f = self.fields[field]
-        return kinds.guard(f).accepts(value)
+        """Whether debug mode lets ``value`` be written into ``field`` (its guard, as
+        docs/schema.md states it: a ``>= 0`` or ``> 0`` guard lets NaN through, since
+        NaN is not below the bound; ``FINITE`` refuses NaN and infinities)."""
+        guard = self.fields[field].guard
+        if guard is Guard.NON_NEGATIVE:
+            return not bool((value < 0).any())
+        if guard is Guard.POSITIVE:
+            return not bool((value <= 0).any())
+        if guard is Guard.FINITE:
+            return bool(torch.isfinite(value).all())
+        return True
 
     # -- reads -------------------------------------------------------------------------
     def row(self, field: str, slot: int) -> torch.Tensor:
@@ -151,10 +163,30 @@ class ReferenceRelay:
             return
         value: torch.Tensor | None = None
         if self.hands_over(f.name):
-            value = kinds.resolve(f).model_value(self, f, batch, slots)
+            value = self._value(f, batch, slots)
         if f.target is not None:
             set_path(batch, f.target, value)
         if f.host_mirror is not None:
             set_path(batch, f.host_mirror, None if value is None else value.clone())
         if f.host_sum is not None:
             set_path(batch, f.host_sum, None if value is None else int(value.sum()))
+
+    def _value(self, f: FieldDecl, batch: Any, slots: list[int]) -> torch.Tensor:
+        """What the resolve of ``f`` hands over for ``slots``: the rows of the slots
+        (gather), or each placeholder ``-slot`` in the target replaced by the slot's
+        row and every other value left as it is (placeholder)."""
+        if f.resolve is Resolve.GATHER:
+            return torch.stack([self.row(f.name, slot) for slot in slots])
+        if f.resolve is not Resolve.PLACEHOLDER or f.target is None:
+            raise ModelError(f"{f.name}: the model does not know resolve={f.resolve}")
+        current: torch.Tensor = get_path(batch, f.target)
+        if not current.numel():
+            return current.clone()
+        return torch.stack(
+            [
+                self.row(f.name, -x).to(current.dtype)
+                if x < 0
+                else torch.tensor(x, dtype=current.dtype)
+                for x in current.tolist()
+            ]
+        )

@@ -215,6 +215,109 @@ def _placeholder_summary() -> tuple[str, Callable[[], object]]:
     return want, lambda: check_resolved(rows(7, -3), "penalty", name_failures=False)
 
 
+def _placeholder_nothing_pending() -> tuple[str, Callable[[], object]]:
+    want = text(
+        "placeholder_nothing_pending",
+        owner="M",
+        field="tok",
+        op="resolve_future",
+        position=1,
+        placeholder=-1,
+        slot=1,
+        why="no stash or publish ever wrote it",
+    )
+    return want, lambda: checks().read(
+        "resolve_future", rows(5, 1), {"tok": buf()}, taken=torch.tensor([False, True])
+    )
+
+
+def _placeholder_read_summary() -> tuple[str, Callable[[], object]]:
+    want = text(
+        "placeholder_read_summary",
+        owner="M",
+        fields="tok",
+        op="resolve_future",
+        stream=HOST,
+    )
+    return want, lambda: checks(named=False).read(
+        "resolve_future", rows(1), {"tok": buf()}, taken=torch.tensor([True])
+    )
+
+
+def _slot_named_twice() -> tuple[str, Callable[[], object]]:
+    d = checks()
+    d.wrote("stash", rows(3), ("tok",))
+    want = text(
+        "slot_named_twice",
+        owner="M",
+        field="tok",
+        op="resolve_future",
+        slot=3,
+        first=0,
+        second=2,
+    )
+    return want, lambda: d.read(
+        "resolve_future",
+        rows(3, 0, 3),
+        {"tok": buf()},
+        taken=torch.tensor([True, False, True]),
+        distinct=True,
+    )
+
+
+def _slot_named_twice_summary() -> tuple[str, Callable[[], object]]:
+    want = text(
+        "slot_named_twice_summary", owner="M", fields="tok", op="resolve_future"
+    )
+    return want, lambda: checks(named=False).read(
+        "resolve_future", rows(3, 3), {"tok": buf()}, distinct=True
+    )
+
+
+def _wrong_owner() -> tuple[str, Callable[[], object]]:
+    d = checks()
+    d.wrote("stash", rows(2, 3), ("tok",), owners=["req-a", "req-b"])
+    want = text(
+        "wrong_owner",
+        owner="M",
+        field="tok",
+        slot=2,
+        op="resolve_future",
+        request="'req-b'",
+        position=0,
+        writer_op="stash",
+        writer_request="'req-a'",
+    )
+    return want, lambda: d.read(
+        "resolve_future", rows(2, 3), {"tok": buf()}, owners=["req-b", "req-a"]
+    )
+
+
+def _unordered_seed() -> tuple[str, Callable[[], object]]:
+    d = checks()
+    stream = write_on_stream(d, ("tok",), 6)
+    want = text(
+        "unordered_seed",
+        owner="M",
+        field="tok",
+        slot=6,
+        op="seed",
+        stream=HOST,
+        other_op="stash",
+        other_stream=stream,
+    )
+    return want, lambda: d.seeded(rows(6), ("tok",))
+
+
+def _unordered_seed_summary() -> tuple[str, Callable[[], object]]:
+    d = checks(named=False)
+    write_on_stream(d, ("tok",), 6)
+    want = text(
+        "unordered_seed_summary", owner="M", fields="tok", op="seed", stream=HOST
+    )
+    return want, lambda: d.seeded(rows(6), ("tok",))
+
+
 #: Per message: the expected text and the call that must raise it.
 TRIGGERS: dict[str, Callable[[], tuple[str, Callable[[], object]]]] = {
     "indices_dtype": _indices_dtype,
@@ -229,6 +332,13 @@ TRIGGERS: dict[str, Callable[[], tuple[str, Callable[[], object]]]] = {
     "released": _released,
     "unordered_read": _unordered_read,
     "read_summary": _read_summary,
+    "placeholder_nothing_pending": _placeholder_nothing_pending,
+    "placeholder_read_summary": _placeholder_read_summary,
+    "slot_named_twice": _slot_named_twice,
+    "slot_named_twice_summary": _slot_named_twice_summary,
+    "wrong_owner": _wrong_owner,
+    "unordered_seed": _unordered_seed,
+    "unordered_seed_summary": _unordered_seed_summary,
     "unordered_write": _unordered_write,
     "write_summary": _write_summary,
     "stale_fence": _stale_fence,
