@@ -236,7 +236,8 @@ class _Driver:
         return tuple(d if isinstance(d, int) else self.dims[d] for d in f.shape)
 
     def _dtype_choices(self, f: FieldDecl) -> list[torch.dtype]:
-        """Payload dtypes for ``f``: the buffer's, and one the map must cast from."""
+        """Payload dtypes for ``f``: the buffer's, and one the map must cast from (a
+        widening one: a narrowing integer cast is refused)."""
         declared = f.dtype
         if isinstance(declared, FromPayload):
             return [self.payload_dtype[f.name]]
@@ -244,7 +245,7 @@ class _Driver:
             return [torch.bool]
         if declared.is_floating_point:
             return [declared, torch.float64]
-        return [declared, torch.int32 if declared != torch.int32 else torch.int64]
+        return [declared, torch.int32 if declared != torch.int32 else torch.int16]
 
     def _value(self, f: FieldDecl, n: int) -> torch.Tensor:
         """``n`` random rows for ``f``, in a payload dtype that may differ from the buffer's."""
