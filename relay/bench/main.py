@@ -1,10 +1,8 @@
 """``relay bench``: flags, one configuration measured, the report and its JSON.
 
 Exit status: 0 every side ran and resolved the same values, 1 a side raised or the
-values differ, 2 bad usage or an unusable device. Timings never fail a run: they
-depend on the machine and its load. torch is imported by ``run`` only, so building the
-flags (``relay --help``) stays fast.
-"""
+values differ, 2 bad usage or device. Timings never fail a run. torch is imported by
+``run`` only, so building the flags (``relay --help``) stays fast."""
 
 from __future__ import annotations
 
@@ -28,13 +26,9 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = Exit.OK, Exit.FAILED, Exit.USAGE
 
 #: Size grids (pool, batch, top-k, hidden in bf16) and how long to time each side.
 PRESETS: dict[str, dict[str, Any]] = {
-    "default": {
-        "sizes": ((257, 4097), (1, 32, 256), (1, 8), (4096, 7168)),
-        "repeat": 15,
-        "sample_ms": 0.25,
-    },
+    "default": {"sizes": ((257, 4097), (1, 32, 256), (1, 8), (4096, 7168)), "repeat": 15, "sample_ms": 0.25},
     "quick": {"sizes": ((257,), (1, 32), (1,), (4096,)), "repeat": 5, "sample_ms": 0.1},
-}
+}  # fmt: skip
 #: Steps driven with fresh outputs to check that both sides resolve the same values.
 CHECK_STEPS = 3
 
@@ -195,7 +189,8 @@ def measure(
     from statistics import median
 
     return {
-        "schema": pair.schema, "label": shape.label, "pool": shape.pool,
+        "schema": pair.schema, "baseline": pair.design, "label": shape.label,
+        "pool": shape.pool,
         "batch": shape.batch, "topk": shape.topk, "hidden": shape.hidden,
         "ok": not problems, "problems": problems, "error": None,
         "ops": {k: sum(len(c.data) for c in v.values()) for k, v in counted.items()},
@@ -269,9 +264,8 @@ def _render(meta: dict[str, Any], results: list[dict[str, Any]]) -> None:
         if r["schema"] in seen or r["error"] is not None:
             continue
         seen.add(r["schema"])
-        print(
-            f"\n{r['schema']} {r['label']}: data ops per method, baseline | generated"
-        )
+        print(f"\n{r['schema']} {r['label']}, baseline: {r['baseline']}")
+        print("  data ops per method, baseline | generated")
         base, gen = r["methods"]["baseline"], r["methods"]["generated"]
         for method in dict.fromkeys([*base, *gen]):
             ops = [

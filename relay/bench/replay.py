@@ -1,18 +1,12 @@
 """The floor: the aten calls one step of a generated map dispatched, replayed bare.
 
-``record`` runs one step of a side under a ``TorchDispatchMode`` that keeps every call
-(the op, its arguments, its outputs). ``floor_calls`` turns each method's calls into
-one straight-line Python function making the same calls on the same tensors, each
-output of an earlier call feeding the later calls it fed. What the floor leaves out
-is everything that is not an aten op: the map's checks and branches, its attribute
-reads and writes, the payload object, a fence's record and wait, a host sum done in
-Python. So generated / floor is the cost of relay's own Python over the least a step
-of that design dispatches.
-
-Each call is spelled as a hand-written map spells it (``buf.index_select(0, idx)``,
-``buf[idx]``, ``t.item()``), which costs less than calling the op overload
-(``torch.ops.aten...``, a boxed call). A spelling is kept only if it dispatches exactly
-the recorded op; otherwise the overload is called.
+``record`` keeps every call of a step (op, arguments, output) with a
+``TorchDispatchMode``; ``floor_calls`` makes of each method's calls one straight-line
+function making the same calls on the same tensors, outputs feeding later calls as they
+did. Left out is all that is not an aten op: checks, branches, attribute reads and
+writes, the payload object, a fence's record and wait, a host sum in Python. A call is
+spelled as a hand-written map spells it (``buf.index_select(0, idx)``, ``buf[idx]``)
+where that dispatches exactly the recorded op, else the op overload is called.
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
-"""The sides ``relay bench`` compares, and one generic driver of a step.
-
-A ``Pair`` names a bundled schema (its module is ``relay.maps.<schema>``) and the
-hand-written map an engine would keep instead. Both sides are driven by one driver
-that reads the map's public interface (its payload's fields, ``publish``'s keywords,
-``invalidate`` if it has one, its schedule-side resolves), so a schema that changes
-design is still driven correctly.
-"""
+"""The sides ``relay bench`` compares, and one driver of a step for all of them: it
+reads a map's public interface (payload fields, ``publish`` keywords, ``invalidate``,
+schedule-side resolves), so a schema that changes design is still driven correctly."""
 
 from __future__ import annotations
 
@@ -13,7 +8,6 @@ import functools
 import importlib
 import inspect
 from collections.abc import Callable, Iterator, Sequence
-from types import ModuleType
 from typing import Any
 
 import attrs
@@ -21,18 +15,8 @@ import torch
 
 from relay.bench.baseline import DecodeBaseline, DecodeSeqLensBaseline, EagleBaseline
 
-__all__ = [
-    "PAIRS",
-    "Batch",
-    "Generated",
-    "Pair",
-    "Shape",
-    "Side",
-    "Workload",
-    "build_side",
-    "compare_values",
-    "discover",
-]
+__all__ = ["PAIRS", "Generated", "Pair", "Shape", "Workload", "build_side"]
+__all__ += ["compare_values", "discover"]
 
 
 @attrs.frozen
@@ -68,21 +52,15 @@ class Pair:
         return self.baseline(device, shape.pool)
 
 
+_TOKENS = "tokens gathered; host seq_lens + 1"
+_SEQ_LENS = "token placeholders; seq_lens relayed, to the host, summed"
+_EAGLE = "bonus token, top-k, hidden gathered; seq_lens relayed, to the host, summed"
+#: Every compared pair, in report order.
 PAIRS: tuple[Pair, ...] = (
-    Pair("decode", DecodeBaseline, "tokens gathered; host seq_lens + 1", spec=False),
-    Pair(
-        "decode_seq_lens",
-        DecodeSeqLensBaseline,
-        "token placeholders; seq_lens relayed, copied to the host, summed",
-        spec=False,
-    ),
-    Pair(
-        "eagle",
-        EagleBaseline,
-        "bonus token, top-k, hidden gathered; seq_lens relayed, copied, summed",
-        spec=True,
-    ),
-    Pair("eagle_packed", EagleBaseline, "as for eagle", spec=True),
+    Pair("decode", DecodeBaseline, _TOKENS, spec=False),
+    Pair("decode_seq_lens", DecodeSeqLensBaseline, _SEQ_LENS, spec=False),
+    Pair("eagle", EagleBaseline, _EAGLE, spec=True),
+    Pair("eagle_packed", EagleBaseline, _EAGLE, spec=True),
 )
 
 
@@ -90,7 +68,6 @@ PAIRS: tuple[Pair, ...] = (
 class Generated:
     """A generated map module: its FutureMap and Payload classes."""
 
-    module: ModuleType
     map_cls: type[Any]
     payload_cls: type[Any]
 
@@ -103,7 +80,7 @@ class Generated:
         payloads = [n for n in names if n.endswith("Payload")]
         if len(maps) != 1 or len(payloads) != 1:
             raise ImportError(f"relay.maps.{schema}: not one FutureMap and one Payload")
-        return Generated(module, getattr(module, maps[0]), getattr(module, payloads[0]))
+        return Generated(getattr(module, maps[0]), getattr(module, payloads[0]))
 
     def new_map(self, device: torch.device, shape: Shape, *, debug: bool) -> Any:
         """The map at ``shape``, its eager symbolic dims (``topk``) taken from it."""
