@@ -25,7 +25,7 @@ Where it runs: CI runs the kernel on every run under Triton's interpreter
 bit against ``index_select`` over every dtype a relay buffer holds, and compiles it for
 CUDA (PTX and cubin, with the ptxas Triton ships) without a GPU. It has not run on a GPU
 yet: ``tests/gpu/test_gpu_fused_gather.py`` does that, in ``scripts/gpu_check.sh``
-(issue 15, part 2; docs/gpu.md).
+(docs/gpu.md).
 """
 
 from __future__ import annotations

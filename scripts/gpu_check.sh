@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# relay's GPU check (issues 11 and 15), one command from the repository root of a checkout:
+# relay's GPU check, one command from the repository root of a checkout:
 #
 #     scripts/gpu_check.sh [RESULTS_DIR]
 #
@@ -7,7 +7,7 @@
 # jinja2, pytest and hypothesis; no network and no install: relay is imported from the
 # checkout (PYTHONPATH=.). Results go to RESULTS_DIR, else $OUT, else ./gpu-results: one
 # log per step, summary.txt (PASS/FAIL/SKIP per step, then the figures), figures.md (the
-# figures issue 15 asks to record), pytest-gpu.xml, bench.json and fused-bench.json.
+# figures to record), pytest-gpu.xml, bench.json and fused-bench.json.
 # Every step runs even when an earlier one failed; the exit status is 1 if any step
 # failed or timed out. Each step has its own time limit and the whole run stays under
 # GPU_CHECK_BUDGET_S seconds (default 580, under 10 minutes).
@@ -123,7 +123,7 @@ step_bench() {
 }
 
 step_fused_bench() {
-    # Issue 15, item 4: the packed EAGLE map with the fused gather against the baseline,
+    # The packed EAGLE map with the fused gather against the baseline,
     # launches and time per step at the bench's default shapes.
     shown "$PY" scripts/gpu_fused_bench.py --device cuda --repeat "${GPU_CHECK_FUSED_REPEAT:-7}" \
         --json "$RESULTS/fused-bench.json"
@@ -245,7 +245,7 @@ for ((i = 0; i < ${#STEPS[@]}; i += 2)); do
     selected "${STEPS[i]}" && run_step "${STEPS[i]}" "${STEPS[i + 1]}"
 done
 
-# The figures issue 15 asks to record, from the logs and JSON of whatever steps ran
+# The figures to record, from the logs and JSON of whatever steps ran
 # (outside the budget: it only reads files).
 timeout 30 "$PY" "$ROOT/scripts/gpu_figures.py" "$RESULTS" >"$RESULTS/figures.md" 2>&1 ||
     echo "(scripts/gpu_figures.py failed: see above)" >>"$RESULTS/figures.md"

@@ -1,11 +1,11 @@
-"""The figures of a GPU check, from its results folder, as Markdown (issue 15, part 2).
+"""The figures of a GPU check, from its results folder, as Markdown.
 
     python3 scripts/gpu_figures.py RESULTS_DIR > RESULTS_DIR/figures.md
 
 ``scripts/gpu_check.sh`` runs it last. It only reads what the steps left (logs, JUnit XML,
 JSON); a step that did not run is reported as missing. Pass/fail of each step is the
 summary's job; this page collects what docs/gpu.md and the README's measured table record,
-and sets each against issue 15's bars where the bar is a number.
+and sets each against its bar where the bar is a number.
 """
 
 from __future__ import annotations
@@ -18,16 +18,16 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-#: Issue 15's bars for ``relay demo --device cuda`` in overlap mode.
+#: The bars of ``relay demo --device cuda`` in overlap mode.
 OCCUPANCY_BAR = 95.0
 EFFICIENCY_BAR = 90.0
 
-#: What each GPU test file proves, by issue 15's items.
+#: What each GPU test file proves.
 TEST_FILES = {
-    "test_gpu_graphs": "item 2: resolve_future captured in a CUDA graph, replayed for new slots",
-    "test_gpu_sync_free": 'item 2: stash, publish, resolve_future under set_sync_debug_mode("error")',
-    "test_gpu_streams": "item 1: fences, host mirror and copy stream, gated",
-    "test_gpu_fused_gather": "item 1: the Triton gather against index_select on CUDA",
+    "test_gpu_graphs": "resolve_future captured in a CUDA graph, replayed for new slots",
+    "test_gpu_sync_free": 'stash, publish, resolve_future under set_sync_debug_mode("error")',
+    "test_gpu_streams": "fences, host mirror and copy stream, gated",
+    "test_gpu_fused_gather": "the Triton gather against index_select on CUDA",
     "test_gate": "the gates the stream tests use (CPU, Triton's interpreter)",
 }
 
@@ -156,45 +156,35 @@ def _us(ns: Any) -> str:
     return "-" if ns is None else f"{ns / 1000:.1f}"
 
 
-def _count(value: Any) -> str:
-    return "-" if value is None else f"{value:.1f}"
-
-
-def _floor(config: dict[str, Any]) -> str:
-    for key, value in config.items():
-        if "floor" in key and isinstance(value, (int, float)):
-            return f"{key}={value:.3g}"
-    return "-"
-
-
 def bench(results: Path) -> list[str]:
-    """relay bench --device cuda: time and launches per step, generated against baseline."""
+    """relay bench --device cuda: ops and time per step, generated against the baseline
+    and the floor."""
     path = results / "bench.json"
     if not path.is_file():
         return [_missing("bench.json")]
     data = json.loads(path.read_text())
     rows = [
-        "| schema | shape | us base | us gen | gen/base | launches base | launches gen | floor |",
-        "|---|---|---|---|---|---|---|---|",
+        "| schema | shape | ops base / gen / floor | us base / gen / floor | gen/base | gen/floor |",
+        "|---|---|---|---|---|---|",
     ]
     for c in data.get("configs", []):
-        if not c.get("ok", True):
+        if not c.get("ok", True) or c.get("error"):
             rows.append(
                 f"| {c.get('schema')} | {c.get('label')} | error: {c.get('error')} |"
             )
             continue
-        ratio = c.get("ratio")
+        ops, ns = c["ops"], c["ns"]
+        sides = ("baseline", "generated", "floor")
         rows.append(
-            f"| {c.get('schema')} | {c.get('label')} | {_us(c.get('baseline_ns'))} "
-            f"| {_us(c.get('generated_ns'))} "
-            f"| {'-' if ratio is None else f'{ratio:.2f}x'} "
-            f"| {_count(c.get('launches_baseline'))} | {_count(c.get('launches_generated'))} "
-            f"| {_floor(c)} |"
+            f"| {c['schema']} | {c['label']} | {' / '.join(str(ops[k]) for k in sides)} "
+            f"| {' / '.join(_us(ns[k]) for k in sides)} "
+            f"| {c['generated/baseline']['median']:.2f}x | {c['generated/floor']['median']:.2f}x |"
         )
     meta = data.get("meta", {})
     rows.append("")
     rows.append(
-        f"device {meta.get('device')}, torch {meta.get('torch')}, {meta.get('date')}"
+        f"device {meta.get('device')} ({meta.get('gpu')}), torch {meta.get('torch')}, "
+        f"{meta.get('date')}, commit {meta.get('commit')}"
     )
     return rows
 
@@ -258,11 +248,11 @@ def main(argv: list[str]) -> int:
     results = Path(argv[0])
     sections = [
         ("Environment", environment),
-        ("GPU tests (item 1, 2)", gpu_tests),
-        ("relay demo --device cuda (item 3)", demo),
-        ("relay bench --device cuda (item 4)", bench),
-        ("Fused gather against the baseline (item 4)", fused),
-        ("Sanitizers (item 1)", sanitizers),
+        ("GPU tests", gpu_tests),
+        ("relay demo --device cuda", demo),
+        ("relay bench --device cuda", bench),
+        ("Fused gather against the baseline", fused),
+        ("Sanitizers", sanitizers),
     ]
     print(f"# Figures of the GPU check in {results}")
     for title, section in sections:

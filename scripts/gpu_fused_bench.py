@@ -1,6 +1,5 @@
-"""The fused gather against the hand-written baseline, per EAGLE step (issue 15, part 2,
-item 4): kernel launches and time per step of three sides at each shape of a
-``relay bench`` preset:
+"""The fused gather against the hand-written baseline, per EAGLE step: kernel launches
+and time per step of three sides at each shape of ``relay bench``'s default grid:
 
 - ``baseline``: the sglang-style hand-written map ``relay bench`` compares with;
 - ``packed``: the generated ``eagle_packed`` map, its forward lane gathered by torch;
@@ -28,50 +27,76 @@ from typing import Any
 
 import torch
 
-from relay.bench.counts import count_launches
-from relay.bench.sides import (
-    Generated,
-    Workload,
-    baseline_side,
-    generated_side,
-    pair_named,
-)
-from relay.bench.sizes import PRESETS, Shape
+from relay.bench.main import PRESETS
+from relay.bench.sides import PAIRS, Generated, Shape, Workload, build_side
 from relay.bench.timing import quantile, time_interleaved, timer_for
 
 SCHEMA = "eagle_packed"
 NOISE_FLOOR = 0.03
 
 
+def count_launches(step: Any, device: torch.device, *, steps: int = 10) -> float:
+    """Device activities (kernels, copies, fills) per call of ``step`` on CUDA, from the
+    profiler's device-side trace, less CUPTI's synchronization records."""
+    from torch._C._autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    step()
+    torch.cuda.synchronize(device)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize(device)
+    launches = sum(
+        1
+        for event in prof.events()
+        if event.device_type == DeviceType.CUDA and "Sync" not in event.name
+    )
+    return launches / steps
+
+
 def measure(
     shape: Shape, device: torch.device, *, repeat: int, seed: int
 ) -> dict[str, Any]:
     """Launches and median time per step of the baseline, packed and fused sides."""
-    pair, generated = pair_named(SCHEMA), Generated.load(SCHEMA)
-    work = Workload.random(
-        shape, device, torch.Generator().manual_seed(seed), spec=pair.spec
-    )
+    pair = next(p for p in PAIRS if p.schema == SCHEMA)
+    generated = Generated.load(SCHEMA)
+    work = Workload.random(shape, device, seed, spec=pair.spec)
+
+    def side(name: str, relay_map: Any, payload: Any) -> Any:
+        return build_side(name, relay_map, work, payload)
+
     sides = {
-        "baseline": baseline_side(pair, shape, device, work),
-        "packed": generated_side(generated, shape, device, work),
-        "fused": generated_side(generated, shape, device, work),
-        "baseline (A/A)": baseline_side(pair, shape, device, work),
+        "baseline": side("baseline", pair.new_baseline(device, shape), None),
+        "packed": side(
+            "packed",
+            generated.new_map(device, shape, debug=False),
+            generated.payload_cls,
+        ),
+        "fused": side(
+            "fused",
+            generated.new_map(device, shape, debug=False),
+            generated.payload_cls,
+        ),
+        "baseline (A/A)": side(
+            "baseline (A/A)", pair.new_baseline(device, shape), None
+        ),
     }
     sides["fused"].map.fused_gather = True
     launches: dict[str, float | None] = dict.fromkeys(sides)
     if device.type == "cuda":
         launches = {name: count_launches(s.step, device) for name, s in sides.items()}
-    series, _ = time_interleaved(
-        [(name, side.step) for name, side in sides.items()],
+    series = time_interleaved(
+        [s.step for s in sides.values()],
         timer_for(device),
         repeat=repeat,
         warmup=3,
         target_ns=250_000,
     )
-    ns = {s.name: s.median for s in series}
-    base = series[0].samples
-    fused_ratio = quantile([f / b for f, b in zip(series[2].samples, base)], 0.5)
-    control = quantile([t / b for t, b in zip(series[3].samples, base)], 0.5)
+    ns = {name: quantile(s, 0.5) for name, s in zip(sides, series)}
+    base = series[0]
+    fused_ratio = quantile([f / b for f, b in zip(series[2], base)], 0.5)
+    control = quantile([t / b for t, b in zip(series[3], base)], 0.5)
     noise = max(abs(control - 1.0), NOISE_FLOOR)
     # None where launches are not counted (off CUDA): neither met nor missed.
     fewer = None
@@ -110,12 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="also write the figures to this path as JSON")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
-    preset = PRESETS[args.sizes]
     started = time.perf_counter()
     rows = []
-    for pool, batch, topk, hidden in itertools.product(
-        preset.pool, preset.batch, preset.topk, preset.hidden
-    ):
+    for pool, batch, topk, hidden in itertools.product(*PRESETS[args.sizes]["sizes"]):
         if batch > pool - 1:
             continue
         shape = Shape(pool, batch, topk, hidden)

@@ -1,14 +1,6 @@
-"""``relay bench``: the generated FutureMaps against hand-written baselines, in one run.
+"""``relay bench``: the generated FutureMaps against hand-written baselines and the floor.
 
-One module per job: ``sizes`` (shapes, presets, every default), ``baseline`` (the
-hand-written maps), ``sides`` (which map is compared with which, and how a step is
-driven), ``floor`` (each map's step as its bare torch calls), ``breakdown`` (where a
-method's time goes, statement by statement: ``relay bench --breakdown``), ``counts``
-(dispatched ops, bytes, kernel launches), ``timing`` (timers and interleaving),
-``measure`` (one pair at one shape: values, counts, time),
-``codegen_speed`` (generation time against schema size), ``report`` (results and
-tables) and ``main`` (the command line). See docs/bench.md.
-
-Nothing is imported here: ``relay --help`` builds ``relay bench``'s flags from
-``relay.bench.main``, which must not pull in torch or rich.
+``baseline`` (the hand-written maps), ``sides`` (what is compared, and one driver of a
+step), ``replay`` (the floor), ``timing`` and ``main`` (the command). Nothing is imported
+here, so ``relay --help`` builds the flags without torch. See docs/bench.md.
 """

@@ -1,29 +1,17 @@
-"""Hand-written FutureMaps in sglang's current style: what ``relay bench`` compares with.
+"""Hand-written FutureMaps in sglang's style: what ``relay bench`` compares with.
 
-Written from DOMAIN.md's "sglang today, op by op" (main of 2026-07), not from
-sglang's code. An engine that already has a FutureMap adopts relay only if the
-generated one costs no more than these, so they are as lean as that description:
-
-- no value checks (sglang runs them only in its CI mode);
-- the forward lane resolves by gathers: ``buf[req_pool_indices]``, bonus tokens too;
-- the schedule lane's host copy only where the design needs one: plain decoding relays
-  tokens only (the scheduler computes ``seq_lens + 1`` itself, see
-  ``relay.bench.sides``); EAGLE publishes ``new_seq_lens`` behind the fence, and the
-  scheduler gathers it, copies it to the host and sums it there.
-
-``DecodeSeqLensBaseline`` is the older design (sglang's sentinel FutureMap of
-2026-05) that relays ``seq_lens`` too and resolves tokens through placeholders; it is
-the baseline of a schema that keeps that design.
-
-Stash and publish take keyword tensors named as the generated payload's fields, so
-one driver feeds both sides. The fence and the host copy follow the device: a
-device-side wait and a pinned copy on a private stream on CUDA, a host wait on HIP,
-plain calls on the CPU.
+Written from DOMAIN.md's "sglang today, op by op", as lean as an engine keeps them: no
+value checks, gathers by ``buf[req_pool_indices]``, a host copy only where the design
+needs one. ``DecodeSeqLensBaseline`` is the older sentinel design that relays
+``seq_lens`` too. Stash and publish take keyword tensors named as the generated
+payload's fields, so one driver feeds both sides. The fence and the host copy follow
+the device: a device-side wait and a pinned copy on a private stream on CUDA, a host
+wait on HIP, plain calls on the CPU.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
@@ -37,96 +25,54 @@ __all__ = [
 ]
 
 
-class _Batch(Protocol):
-    req_pool_indices: torch.Tensor
-    req_pool_indices_cpu: torch.Tensor
-    input_ids: torch.Tensor
-    seq_lens: torch.Tensor
-    seq_lens_cpu: torch.Tensor
-    seq_lens_sum: int
-
-
-class _SpecInfo(Protocol):
-    bonus_tokens: torch.Tensor | None
-    topk_p: torch.Tensor
-    topk_index: torch.Tensor
-    hidden_states: torch.Tensor | None
-
-
-class _SpecBatch(_Batch, Protocol):
-    @property
-    def spec_info(self) -> _SpecInfo: ...
-
-
 class PublishReady:
-    """The ``publish_ready`` fence and the host copy behind it, per device.
+    """The ``publish_ready`` fence and the host copy behind it, per device. A record
+    from another stream than the last first waits on the last record (Note [Fence
+    chaining] in relay/device.py)."""
 
-    The event is created on the first publish, from the device's own module, so
-    nothing here needs ``torch.cuda.Event`` on other devices. A record from a
-    stream other than the previous recorder first waits on the previous record, so
-    an in-flight publish is not dropped (Note [Fence chaining] in relay/device.py).
-    """
-
-    def __init__(self, device: torch.device, pool_size: int) -> None:
-        self.device = device
-        self.pool_size = pool_size
+    def __init__(self, device: torch.device) -> None:
         self.cpu = device.type == "cpu"
         self.cuda = device.type == "cuda" and torch.version.hip is None
         # HIP: a device-side wait hurt latency there, so the host blocks instead.
-        self.host_wait = self.cpu or (
-            device.type == "cuda" and torch.version.hip is not None
-        )
+        self.host_wait = self.cpu or (device.type == "cuda" and not self.cuda)
         self.module: Any = None if self.cpu else torch.get_device_module(device.type)
         self.event: Any = None
         self.stream: Any = None
         # CUDA host copy: a private stream into a pinned mirror of the whole buffer.
         self.copy_stream: Any = None
         self.copy_done: Any = None
-        self.pinned: torch.Tensor | None = None
-
-    def _current_stream(self) -> Any:
-        return current_cpu_stream() if self.cpu else self.module.current_stream()
+        self.pinned = torch.empty(0)
 
     def record(self) -> None:
-        stream = self._current_stream()
+        stream: Any = current_cpu_stream() if self.cpu else self.module.current_stream()
         if self.event is None:
             self.event = CpuEvent() if self.cpu else self.module.Event()
+        elif stream != self.stream and self.cpu:
+            self.event.wait()
         elif stream != self.stream:
-            if self.cpu:
-                self.event.wait()
-            else:
-                stream.wait_event(self.event)
-        if self.cpu:
-            self.event.record()
-        else:
-            self.event.record(stream)
+            stream.wait_event(self.event)
+        self.event.record(*(() if self.cpu else (stream,)))
         self.stream = stream
 
     def wait(self) -> None:
-        """Order the scheduler after the newest publish."""
-        if self.event is None:
-            return  # nothing was published, nothing to wait for
-        if self.host_wait:
+        """Order the scheduler after the newest publish (none: nothing to wait for)."""
+        if self.event is not None and self.host_wait:
             self.event.synchronize()
-        else:
+        elif self.event is not None:
             self.module.current_stream().wait_event(self.event)
 
     def host_rows(
-        self, buf: torch.Tensor, batch: _Batch, rows: torch.Tensor
+        self, buf: torch.Tensor, batch: Any, rows: torch.Tensor
     ) -> torch.Tensor:
-        """The host copy of ``rows = buf[batch.req_pool_indices]``.
-
-        CUDA: the copy stream waits on the fence, copies the whole buffer into the
-        pinned mirror, the host waits for that stream alone and picks the rows with
-        the host copy of the indices. Elsewhere a plain ``.cpu()`` of the rows.
-        """
+        """The host copy of ``rows = buf[batch.req_pool_indices]``: on CUDA the whole
+        buffer copied into a pinned mirror on a private stream behind the fence, the
+        rows picked on the host; elsewhere ``rows.cpu()``."""
         if not self.cuda:
             return rows.cpu()
         if self.copy_stream is None:
-            self.copy_stream = self.module.Stream(device=self.device)
+            self.copy_stream = self.module.Stream(device=buf.device)
             self.copy_done = self.module.Event()
             self.pinned = torch.empty(buf.shape, dtype=buf.dtype, pin_memory=True)
-        assert self.pinned is not None
         if self.event is not None:
             self.copy_stream.wait_event(self.event)
         with torch.cuda.stream(self.copy_stream):
@@ -137,11 +83,8 @@ class PublishReady:
 
 
 class DecodeBaseline:
-    """Plain decoding, sglang today: the sampled token relayed to the next ``input_ids``.
-
-    No schedule lane: the scheduler knows each request grows by one token and
-    computes ``seq_lens + 1`` on the host itself.
-    """
+    """Plain decoding, sglang today: the sampled token relayed to the next ``input_ids``;
+    the scheduler computes ``seq_lens + 1`` on the host itself."""
 
     def __init__(self, device: torch.device | str, pool_size: int) -> None:
         self.device = torch.device(device)
@@ -155,7 +98,7 @@ class DecodeBaseline:
             return
         self.output_tokens_buf[indices] = next_token_ids.to(torch.int64)
 
-    def resolve_future(self, batch: _Batch) -> None:
+    def resolve_future(self, batch: Any) -> None:
         indices = batch.req_pool_indices
         if indices.numel() == 0:
             return
@@ -175,7 +118,7 @@ class DecodeSeqLensBaseline:
         self.new_seq_lens_buf = torch.zeros(
             (pool_size,), dtype=torch.int64, device=self.device
         )
-        self._ready = PublishReady(self.device, pool_size)
+        self._ready = PublishReady(self.device)
 
     def stash(self, indices: torch.Tensor, *, next_token_ids: torch.Tensor) -> None:
         if indices.numel() == 0:
@@ -188,19 +131,19 @@ class DecodeSeqLensBaseline:
         self.new_seq_lens_buf[indices] = new_seq_lens.to(torch.int64)
         self._ready.record()
 
-    def invalidate(self, batch: _Batch, indices: torch.Tensor) -> None:
+    def invalidate(self, batch: Any, indices: torch.Tensor) -> None:
         if indices.numel() == 0:
             return
         batch.input_ids = -indices  # slots start at 1: a placeholder is always < 0
 
-    def resolve_future(self, batch: _Batch) -> None:
+    def resolve_future(self, batch: Any) -> None:
         if batch.req_pool_indices.numel() == 0:
             return
         input_ids = batch.input_ids
         tokens = self.output_tokens_buf[(-input_ids).clamp(min=0)]
         input_ids.copy_(torch.where(input_ids < 0, tokens, input_ids))
 
-    def resolve_seq_lens_cpu(self, batch: _Batch) -> None:
+    def resolve_seq_lens_cpu(self, batch: Any) -> None:
         indices = batch.req_pool_indices
         if indices.numel() == 0:
             return
@@ -237,7 +180,7 @@ class EagleBaseline:
         self.new_seq_lens_buf = torch.zeros(
             (pool_size,), dtype=torch.int64, device=self.device
         )
-        self._ready = PublishReady(self.device, pool_size)
+        self._ready = PublishReady(self.device)
 
     def stash(
         self,
@@ -270,7 +213,7 @@ class EagleBaseline:
         self.new_seq_lens_buf[indices] = new_seq_lens.to(torch.int64)
         self._ready.record()
 
-    def resolve_future(self, batch: _SpecBatch) -> None:
+    def resolve_future(self, batch: Any) -> None:
         indices = batch.req_pool_indices
         if indices.numel() == 0:
             return
@@ -281,7 +224,7 @@ class EagleBaseline:
         if self.hidden_states_buf is not None:
             spec_info.hidden_states = self.hidden_states_buf[indices]
 
-    def resolve_seq_lens_cpu(self, batch: _Batch) -> None:
+    def resolve_seq_lens_cpu(self, batch: Any) -> None:
         indices = batch.req_pool_indices
         if indices.numel() == 0:
             return

@@ -1,38 +1,39 @@
-"""``relay bench``'s command line: flags, progress, the run, the exit status.
+"""``relay bench``: flags, one configuration measured, the report and its JSON.
 
 Exit status: 0 every side ran and resolved the same values, 1 a side raised or the
-values differ, 2 bad usage or an unusable device. Timings never fail a run: they
-depend on the machine and its load.
-
-torch and rich are imported by ``run`` only, so building the flags (``relay --help``)
-stays fast.
-"""
+values differ, 2 bad usage or device. Timings never fail a run. torch is imported by
+``run`` only, so building the flags (``relay --help``) stays fast."""
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import attrs
-
-from relay.bench.sizes import BREAKDOWN, DEFAULTS, PRESETS, Defaults
 from relay.cli.status import Exit
 
 __all__ = ["add_arguments", "run"]
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = Exit.OK, Exit.FAILED, Exit.USAGE
 
+#: Size grids (pool, batch, top-k, hidden in bf16) and how long to time each side.
+PRESETS: dict[str, dict[str, Any]] = {
+    "default": {"sizes": ((257, 4097), (1, 32, 256), (1, 8), (4096, 7168)), "repeat": 15, "sample_ms": 0.25},
+    "quick": {"sizes": ((257,), (1, 32), (1,), (4096,)), "repeat": 5, "sample_ms": 0.1},
+}  # fmt: skip
+#: Steps driven with fresh outputs to check that both sides resolve the same values.
+CHECK_STEPS = 3
 
-def _int_list(text: str) -> tuple[int, ...]:
+
+def _ints(text: str) -> tuple[int, ...]:
     try:
         values = tuple(int(part) for part in text.split(",") if part.strip())
     except ValueError:
@@ -44,157 +45,41 @@ def _int_list(text: str) -> tuple[int, ...]:
     return values
 
 
-def _name_list(text: str) -> tuple[str, ...]:
-    names = tuple(part.strip() for part in text.split(",") if part.strip())
-    if not names:
-        raise argparse.ArgumentTypeError("expected comma-separated schema names")
-    return names
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The ``relay bench`` flags, in three groups of its help."""
-    _size_arguments(parser.add_argument_group("what to compare"))
-    _timing_arguments(parser.add_argument_group("timing"))
-    _report_arguments(parser.add_argument_group("sides and report"))
-
-
-def _size_arguments(group: argparse._ArgumentGroup) -> None:
-    """Maps, sizes and device."""
-    default, quick = DEFAULTS["default"], DEFAULTS["quick"]
-    group.add_argument(
-        "--quick",
-        action="store_true",
-        help=f"the '{quick.preset}' sizes, {quick.repeat} repeats, a short "
-        "generator table: seconds, for tests and a first look",
-    )
-    group.add_argument(
-        "--sizes",
-        choices=sorted(PRESETS),
-        default=None,
-        help=f"size preset (default: '{default.preset}', or "
-        f"'{quick.preset}' with --quick)",
-    )
-    group.add_argument(
+    """The ``relay bench`` flags."""
+    add = parser.add_argument
+    add("--quick", action="store_true", help="a small grid and 5 repeats: seconds")
+    add(
         "--schema",
-        type=_name_list,
-        default=None,
+        type=lambda t: tuple(t.split(",")),
         metavar="NAMES",
-        help="bundled schemas to compare, comma-separated (default: every "
-        "one with a declared baseline)",
+        help="bundled schemas to compare, comma-separated (default: every one)",
     )
-    group.add_argument("--pool", type=_int_list, metavar="P,...", help="pool sizes P")
-    group.add_argument(
-        "--batch",
-        type=_int_list,
-        metavar="B,...",
-        help="batch sizes B (those > P - 1 are skipped)",
-    )
-    group.add_argument(
-        "--topk", type=_int_list, metavar="K,...", help="top-k (EAGLE maps)"
-    )
-    group.add_argument(
+    add("--pool", type=_ints, metavar="P,...", help="pool sizes (default 257,4097)")
+    add("--batch", type=_ints, metavar="B,...", help="batch sizes (default 1,32,256)")
+    add("--topk", type=_ints, metavar="K,...", help="top-k of EAGLE maps (default 1,8)")
+    add(
         "--hidden",
-        type=_int_list,
+        type=_ints,
         metavar="H,...",
-        help="hidden sizes, bf16 (EAGLE maps; 0 = not relayed)",
+        help="hidden sizes of EAGLE maps, bf16, 0: none (default 4096,7168)",
     )
-    group.add_argument(
-        "--device",
-        default="cpu",
-        help="torch device, e.g. cpu or cuda:0 (default: cpu); on CUDA the "
-        "report adds kernel launches per step",
+    add(
+        "--device", default="cpu", help="torch device, e.g. cpu or cuda:0 (default cpu)"
     )
-    group.add_argument(
-        "--fields",
-        type=_int_list,
-        default=None,
-        metavar="N,...",
-        help="field counts of the generator-speed table (default: the "
-        "preset's; 0 skips the table)",
-    )
-
-
-def _timing_arguments(group: argparse._ArgumentGroup) -> None:
-    """How each side is timed."""
-    default, quick = DEFAULTS["default"], DEFAULTS["quick"]
-    group.add_argument(
-        "--repeat",
-        type=int,
-        default=None,
-        metavar="N",
-        help=f"timed samples per side (default {default.repeat}, "
-        f"{quick.repeat} with --quick)",
-    )
-    group.add_argument(
-        "--warmup",
-        type=int,
-        default=None,
-        metavar="N",
-        help=f"untimed steps per side first (default {default.warmup})",
-    )
-    group.add_argument(
-        "--sample-ms",
-        type=float,
-        default=None,
-        metavar="MS",
-        help=f"target length of one sample (default {default.sample_ms})",
-    )
-    group.add_argument(
+    add("--repeat", type=int, metavar="N", help="timed samples per side (default 15)")
+    add("--warmup", type=int, default=3, metavar="N", help="untimed steps first (3)")
+    add("--sample-ms", type=float, metavar="MS", help="length of a sample (0.25)")
+    add(
         "--threads",
         type=int,
-        default=None,
+        default=1,
         metavar="N",
-        help=f"torch intra-op threads while timing (default {default.threads}; "
-        "0 keeps torch's setting)",
+        help="torch intra-op threads while timing (default 1; 0 keeps torch's)",
     )
-    group.add_argument("--seed", type=int, default=None, help="seed of the workloads")
-
-
-def _report_arguments(group: argparse._ArgumentGroup) -> None:
-    """Which sides run, and what is reported where."""
-    group.add_argument(
-        "--no-debug", action="store_true", help="skip the generated map in debug mode"
-    )
-    group.add_argument(
-        "--no-control",
-        action="store_true",
-        help="skip the A/A control (a second baseline timed like the first)",
-    )
-    group.add_argument(
-        "--no-floor",
-        action="store_true",
-        help="skip the floor (the generated map's torch calls written bare; CPU only)",
-    )
-    group.add_argument(
-        "--breakdown",
-        action="store_true",
-        help="instead of the comparison: where each generated method's time goes "
-        "against its floor, statement by statement (CPU, debug off; default "
-        f"{', '.join(BREAKDOWN.schemas)} at P={BREAKDOWN.preset.pool[0]} "
-        f"B={BREAKDOWN.preset.batch[0]} K={BREAKDOWN.preset.topk[0]} "
-        f"H={BREAKDOWN.preset.hidden[0]}, {BREAKDOWN.repeat} repeats)",
-    )
-    group.add_argument(
-        "--quantile",
-        type=float,
-        default=None,
-        metavar="Q",
-        help=f"with --breakdown: the quantile of each row's samples (default "
-        f"{BREAKDOWN.quantile}: a low one, as other processes only add time; 0.5 "
-        "on an idle machine)",
-    )
-    group.add_argument(
-        "--json",
-        type=Path,
-        metavar="PATH",
-        help="also write every figure to PATH as JSON",
-    )
-    group.add_argument(
-        "-q",
-        "--quiet",
-        action="store_true",
-        help="no progress on stderr; the report only",
-    )
+    add("--seed", type=int, default=0, help="seed of the workloads")
+    add("--json", type=Path, metavar="PATH", help="also write every figure to PATH")
+    add("-q", "--quiet", action="store_true", help="no progress on stderr")  # fmt: skip
 
 
 def _usage(message: str) -> int:
@@ -202,303 +87,234 @@ def _usage(message: str) -> int:
     return EXIT_USAGE
 
 
-def _defaults(args: argparse.Namespace) -> Defaults:
-    base = DEFAULTS["quick" if args.quick else "default"]
-    given = {
-        "preset": args.sizes,
-        "repeat": args.repeat,
-        "warmup": args.warmup,
-        "sample_ms": args.sample_ms,
-        "threads": args.threads,
-        "seed": args.seed,
-    }
-    return attrs.evolve(base, **{k: v for k, v in given.items() if v is not None})
-
-
-@contextmanager
-def _progress(total: int, *, quiet: bool) -> Iterator[Callable[[str], None]]:
-    """A callback to call after each configuration: a live bar with an ETA on a
-    terminal, one plain line per configuration otherwise, nothing with ``quiet``."""
-    if quiet:
-        yield lambda line: None
-        return
-    if not sys.stderr.isatty():
-        done = 0
-
-        def plain(line: str) -> None:
-            nonlocal done
-            done += 1
-            print(f"[{done}/{total}] {line}", file=sys.stderr, flush=True)
-
-        yield plain
-        return
-    from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("ETA"),
-        TimeRemainingColumn(),
-        console=Console(file=sys.stderr),
-        transient=True,
-    ) as bar:
-        task = bar.add_task("relay bench", total=total)
-
-        def live(line: str) -> None:
-            bar.update(task, advance=1, description=line)
-
-        yield live
-
-
-@attrs.frozen
-class _Plan:
-    """What a ``relay bench`` run compares: the device, the generated maps found (and
-    those skipped, with why), every configuration, the generator table's sizes."""
-
-    device: Any
-    found: list[tuple[Any, Any]]
-    skipped: list[tuple[Any, str]]
-    configs: list[tuple[Any, Any, Any]]
-    fields: tuple[int, ...]
-
-
 def _device(name: str) -> Any:
-    """The torch device ``name`` names, or a usage message saying why not."""
+    """The torch device ``name`` names, or why not."""
     import torch
 
     try:
         device = torch.device(name)
     except RuntimeError as error:
         return f"bad --device {name!r}: {error}"
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            return "--device cuda, but torch sees no CUDA device"
-        if device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
+    if device.type == "cuda" and not torch.cuda.is_available():
+        return "--device cuda, but torch sees no CUDA device"
     return device
 
 
-def _plan(args: argparse.Namespace, defaults: Defaults) -> _Plan | str:
-    """The run's plan, or a usage message saying what is wrong with ``args``."""
-    from relay.bench.sides import PAIRS, discover
+def _configs(args: argparse.Namespace) -> list[Any] | str:
+    """Every (pair, generated, shape) to measure, or a usage message."""
+    from relay.bench.sides import PAIRS, Shape, discover
 
-    if defaults.repeat < 1 or defaults.sample_ms <= 0 or defaults.warmup < 0:
-        return "--repeat must be >= 1, --sample-ms > 0 and --warmup >= 0"
-    device = _device(args.device)
-    if isinstance(device, str):
-        return device
-    known = [p.schema for p in PAIRS]
-    unknown = [s for s in args.schema or () if s not in known]
-    if unknown:
-        return (
-            f"no baseline is declared for {', '.join(unknown)}; "
-            f"choose from {', '.join(known)}"
-        )
-    preset = PRESETS[defaults.preset].narrowed(
-        pool=args.pool, batch=args.batch, topk=args.topk, hidden=args.hidden
-    )
-    if any(k < 1 for k in preset.topk):
-        return "--topk must be >= 1"
-    if any(p < 2 for p in preset.pool) or any(b < 1 for b in preset.batch):
-        return "--pool must be >= 2 (row 0 is scratch) and --batch >= 1"
-    if not any(True for _ in preset.shapes(spec=False)):
-        return (
-            f"no shape fits: a pool of P rows holds at most P - 1 requests "
-            f"(pools {preset.pool}, batches {preset.batch})"
-        )
-    found, skipped = discover(args.schema)
-    configs = [
-        (pair, gen, shape)
-        for pair, gen in found
-        for shape in preset.shapes(spec=pair.spec)
+    pools, batches, topks, hiddens = PRESETS["quick" if args.quick else "default"][
+        "sizes"
     ]
-    fields = (
-        preset.fields if args.fields is None else tuple(n for n in args.fields if n > 0)
+    pools, batches = args.pool or pools, args.batch or batches
+    topks, hiddens = args.topk or topks, args.hidden or hiddens
+    unknown = [s for s in args.schema or () if s not in [p.schema for p in PAIRS]]
+    if unknown:
+        known = ", ".join(p.schema for p in PAIRS)
+        return f"no baseline is declared for {', '.join(unknown)}; choose from {known}"
+    if min(topks) < 1 or min(pools) < 2 or min(batches) < 1:
+        return "--topk and --batch must be >= 1, --pool >= 2 (row 0 is scratch)"
+    if args.repeat is not None and args.repeat < 1 or (args.sample_ms or 1) <= 0:
+        return "--repeat must be >= 1 and --sample-ms > 0"
+    found, skipped = discover(args.schema)
+    for pair, why in skipped:
+        print(f"relay bench: {pair.schema} skipped ({why})", file=sys.stderr)
+    configs = []
+    for pair, gen in found:
+        grid = itertools.product(pools, batches, topks if pair.spec else [0],
+                                 hiddens if pair.spec else [0])  # fmt: skip
+        configs += [(pair, gen, Shape(*s)) for s in grid if s[1] <= s[0] - 1]
+    return configs or "no shape fits: a pool of P rows holds at most P - 1 requests"
+
+
+def _counts(counts: dict[str, Any]) -> dict[str, Any]:
+    """Per method: the data ops in order, and how many view ops."""
+    return {m: {"ops": list(c.data), "views": len(c.views)} for m, c in counts.items()}
+
+
+def _ratio(num: list[float], den: list[float]) -> dict[str, float]:
+    """Quartiles of the per-repeat ratios: drift between repeats cancels."""
+    from relay.bench.timing import quantile
+
+    per = [n / d for n, d in zip(num, den)]
+    return {
+        "p25": quantile(per, 0.25),
+        "median": quantile(per, 0.5),
+        "p75": quantile(per, 0.75),
+    }
+
+
+def measure(
+    pair: Any, gen: Any, shape: Any, device: Any, args: argparse.Namespace
+) -> dict[str, Any]:
+    """One configuration: values checked, one step of each side counted, then the
+    baseline, the generated map and its floor timed, interleaved."""
+    from relay.bench.replay import floor_calls, record
+    from relay.bench.sides import Workload, build_side, compare_values
+    from relay.bench.timing import time_interleaved, timer_for
+    from relay.opcount import count_ops
+
+    preset = PRESETS["quick" if args.quick else "default"]
+    problems = compare_values(
+        pair, gen, shape, device, steps=CHECK_STEPS, seed=args.seed
     )
-    if not configs and not fields:
-        return (
-            "nothing to run: no generated map fits these sizes (every batch is "
-            "larger than P - 1, or the schemas are not generated)"
-        )
-    return _Plan(device, found, skipped, configs, fields)
+    work = Workload.random(shape, device, args.seed, spec=pair.spec)
+    base = build_side("baseline", pair.new_baseline(device, shape), work, None)
+    side = build_side(
+        "generated", gen.new_map(device, shape, debug=False), work, gen.payload_cls
+    )
+    for _ in range(2):  # the steady state: lazy buffers allocated, first calls made
+        base.step()
+        side.step()
+    recording = record(side.calls)
+    floor = floor_calls(recording)
+    counted = {
+        "baseline": {m: count_ops(c) for m, c in base.calls},
+        "generated": recording.counts(),
+        "floor": {m: count_ops(c) for m, c in floor},
+    }
+
+    def floor_step() -> None:
+        for _, call in floor:
+            call()
+
+    base_ns, gen_ns, floor_ns = time_interleaved(
+        [base.step, side.step, floor_step],
+        timer_for(device),
+        repeat=args.repeat or preset["repeat"],
+        warmup=args.warmup,
+        target_ns=int((args.sample_ms or preset["sample_ms"]) * 1e6),
+    )
+    from statistics import median
+
+    return {
+        "schema": pair.schema, "baseline": pair.design, "label": shape.label,
+        "pool": shape.pool,
+        "batch": shape.batch, "topk": shape.topk, "hidden": shape.hidden,
+        "ok": not problems, "problems": problems, "error": None,
+        "ops": {k: sum(len(c.data) for c in v.values()) for k, v in counted.items()},
+        "methods": {k: _counts(v) for k, v in counted.items()},
+        "ns": {"baseline": median(base_ns), "generated": median(gen_ns), "floor": median(floor_ns)},
+        "generated/baseline": _ratio(gen_ns, base_ns),
+        "generated/floor": _ratio(gen_ns, floor_ns),
+    }  # fmt: skip
 
 
-def _measure_all(
-    plan: _Plan, args: argparse.Namespace, defaults: Defaults, report: Any
-) -> None:
-    """Measure every configuration and the generator table into ``report``, with
-    progress, on ``defaults.threads`` torch threads."""
+def _meta(device: Any, args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    from relay.bench.codegen_speed import generation_times
-    from relay.bench.measure import measure
-    from relay.bench.timing import copy_bandwidth
-
-    device = plan.device
-    saved_threads = torch.get_num_threads()
-    if defaults.threads > 0:
-        torch.set_num_threads(defaults.threads)
     try:
-        report.copy_bandwidth = copy_bandwidth(device, defaults.bandwidth_mb)
-        steps = len(plan.configs) + (1 if plan.fields else 0)
-        with _progress(steps, quiet=args.quiet) as advance:
-            for pair, gen, shape in plan.configs:
-                result = measure(
-                    pair,
-                    gen,
-                    shape,
-                    device,
-                    defaults,
-                    debug=not args.no_debug,
-                    control=not args.no_control,
-                    floor=not args.no_floor,
-                )
-                report.results.append(result)
-                advance(
-                    f"{pair.schema} {shape.label}: "
-                    + (f"{result.ratio:.2f}x" if result.ok else "FAILED")
-                )
-            if plan.fields:
-                first, table = generation_times(plan.fields)
-                report.generation_first, report.generation = first, table
-                advance("generator speed")
-        # Probed again at the end: the best of both, so a busy moment at the start
-        # does not set the physical limit too low.
-        report.copy_bandwidth = max(
-            report.copy_bandwidth, copy_bandwidth(device, defaults.bandwidth_mb)
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+            check=True, timeout=10, cwd=Path(__file__).parent,
+        ).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "commit": commit,
+        "device": str(device),
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()}",
+        "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "torch_threads": torch.get_num_threads(),
+        "repeat": args.repeat or PRESETS["quick" if args.quick else "default"]["repeat"],
+    }  # fmt: skip
+
+
+def _render(meta: dict[str, Any], results: list[dict[str, Any]]) -> None:
+    """The results as one plain table, then each schema's ops per method."""
+    print(
+        f"relay bench: {meta['device']}{' (' + meta['gpu'] + ')' if meta['gpu'] else ''}, "
+        f"{meta['machine']}, torch {meta['torch']}, {meta['torch_threads']} thread(s), "
+        f"{meta['repeat']} repeats, {meta['date']}, commit {meta['commit']}\n"
+        "ops: data ops per step, baseline/generated/floor; ratios: median of the "
+        "per-repeat ratios (p25-p75)\n"
+    )
+    head = ("schema", "shape", "ops", "baseline us", "generated us", "floor us",
+            "gen/baseline", "gen/floor")  # fmt: skip
+    rows = [head]
+    for r in results:
+        if r["error"] is not None or not r["ok"]:
+            rows.append((r["schema"], r["label"], "FAILED", "", "", "", "", ""))
+            continue
+        ops, ns = r["ops"], r["ns"]
+
+        def ratio(q: dict[str, float]) -> str:
+            return f"{q['median']:.2f}x ({q['p25']:.2f}-{q['p75']:.2f})"
+
+        rows.append((
+            r["schema"], r["label"], f"{ops['baseline']}/{ops['generated']}/{ops['floor']}",
+            *(f"{ns[k] / 1e3:.1f}" for k in ("baseline", "generated", "floor")),
+            ratio(r["generated/baseline"]), ratio(r["generated/floor"]),
+        ))  # fmt: skip
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    for row in rows:
+        print(
+            "  ".join(
+                c.ljust(w) if i < 2 else c.rjust(w)
+                for i, (c, w) in enumerate(zip(row, widths))
+            ).rstrip()
         )
-    finally:
-        torch.set_num_threads(saved_threads)
+    seen = set()
+    for r in results:
+        if r["schema"] in seen or r["error"] is not None:
+            continue
+        seen.add(r["schema"])
+        print(f"\n{r['schema']} {r['label']}, baseline: {r['baseline']}")
+        print("  data ops per method, baseline | generated")
+        base, gen = r["methods"]["baseline"], r["methods"]["generated"]
+        for method in dict.fromkeys([*base, *gen]):
+            ops = [
+                ", ".join(side[method]["ops"]) if method in side else "-"
+                for side in (base, gen)
+            ]
+            print(f"  {method}: {ops[0] or '(none)'} | {ops[1] or '(none)'}")
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``relay bench`` with parsed ``args``; returns the exit status."""
     import torch
 
-    from relay.bench.report import Report
-
-    if args.breakdown:
-        return _run_breakdown(args)
-    defaults = _defaults(args)
-    plan = _plan(args, defaults)
-    if isinstance(plan, str):
-        return _usage(plan)
-    start = time.perf_counter()
-    report = Report(
-        meta=_meta(plan.device, defaults, torch),
-        pairs=[(pair.schema, pair.design) for pair, _ in plan.found],
-        skipped=[(pair.schema, why) for pair, why in plan.skipped],
-    )
-    _measure_all(plan, args, defaults, report)
-    report.meta["seconds"] = round(time.perf_counter() - start, 2)
-    report.render(sys.stdout, terminal=sys.stdout.isatty())
-    print(f"\n{len(plan.configs)} configuration(s) in {report.meta['seconds']:.1f} s")
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(
-            json.dumps(report.to_json(), indent=2) + "\n", encoding="utf-8"
-        )
-        print(f"wrote {args.json}")
-    return EXIT_FAILED if report.failures else EXIT_OK
-
-
-def _run_breakdown(args: argparse.Namespace) -> int:
-    """``relay bench --breakdown``: per method and statement, on the CPU."""
-    import torch
-
-    from relay.bench.breakdown import breakdown, breakdown_json, render_breakdown
-    from relay.bench.floor import FLOORS
-    from relay.bench.sides import discover
-
-    if args.device != "cpu":
-        return _usage("--breakdown times Python on the CPU: leave --device out")
-    schemas = args.schema or BREAKDOWN.schemas
-    unknown = [s for s in schemas if s not in FLOORS]
-    if unknown:
-        return _usage(
-            f"no floor for {', '.join(unknown)}; choose from {', '.join(FLOORS)}"
-        )
-    repeat = BREAKDOWN.repeat if args.repeat is None else args.repeat
-    sample_ms = BREAKDOWN.sample_ms if args.sample_ms is None else args.sample_ms
-    q = BREAKDOWN.quantile if args.quantile is None else args.quantile
-    if repeat < 1 or sample_ms <= 0 or not 0 <= q <= 1:
-        return _usage(
-            "--repeat must be >= 1, --sample-ms > 0 and --quantile between 0 and 1"
-        )
-    preset = BREAKDOWN.preset.narrowed(
-        pool=args.pool, batch=args.batch, topk=args.topk, hidden=args.hidden
-    )
-    found, skipped = discover(schemas)
-    if skipped:
-        return _usage("; ".join(f"{p.schema}: {why}" for p, why in skipped))
-    saved_threads = torch.get_num_threads()
-    threads = DEFAULTS["default"].threads if args.threads is None else args.threads
-    if threads > 0:
-        torch.set_num_threads(threads)
+    device = _device(args.device)
+    if isinstance(device, str):
+        return _usage(device)
+    configs = _configs(args)
+    if isinstance(configs, str):
+        return _usage(configs)
+    saved = torch.get_num_threads()
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     results = []
     try:
-        for pair, gen in found:
-            for shape in preset.shapes(spec=pair.spec):
-                results += breakdown(
-                    pair.schema,
-                    shape,
-                    generated=gen,
-                    repeat=repeat,
-                    sample_us=sample_ms * 1000,
-                    q=q,
-                    seed=args.seed or 0,
-                )
+        meta = _meta(device, args)
+        for n, (pair, gen, shape) in enumerate(configs, 1):
+            start = time.perf_counter()
+            try:
+                result = measure(pair, gen, shape, device, args)
+            except Exception as error:  # noqa: BLE001 - reported per configuration
+                result = {"schema": pair.schema, "label": shape.label, "ok": False,
+                          "problems": [], "error": f"{type(error).__name__}: {error}"}  # fmt: skip
+            results.append(result)
+            if not args.quiet:
+                verdict = "ok" if result["ok"] else "FAILED"
+                print(f"[{n}/{len(configs)}] {pair.schema} {shape.label}: {verdict} "
+                      f"({time.perf_counter() - start:.1f} s)", file=sys.stderr)  # fmt: skip
     finally:
-        torch.set_num_threads(saved_threads)
-    if not results:
-        return _usage("no shape fits: a pool of P rows holds at most P - 1 requests")
-    print(
-        f"relay bench --breakdown: cpu, torch {torch.__version__}, {threads or saved_threads} "
-        f"thread(s), {repeat} interleaved repeats of ~{sample_ms} ms per row, "
-        f"load average {os.getloadavg()[0]:.2f}; each time is the {q:g} quantile of "
-        "its samples less an empty call's (Note [Low quantile] in "
-        "relay/bench/breakdown.py). Provisional on a shared machine: compare rows of "
-        "one run."
-    )
-    render_breakdown(results, sys.stdout)
+        torch.set_num_threads(saved)
+    _render(meta, results)
+    failures = [
+        f"{r['schema']} {r['label']}: {r['error']}" for r in results if r["error"]
+    ]
+    failures += [p for r in results for p in r["problems"]]
+    print("\n" + ("\n".join(failures) if failures else
+                  "values: generated == baseline in every configuration"))  # fmt: skip
     if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(
-            json.dumps(breakdown_json(results), indent=2) + "\n", encoding="utf-8"
+            json.dumps({"meta": meta, "configs": results}, indent=2) + "\n"
         )
         print(f"wrote {args.json}")
-    return EXIT_OK
-
-
-def _meta(device: Any, defaults: Defaults, torch: Any) -> dict[str, Any]:
-    argv: Sequence[str] = sys.argv[1:]
-    meta: dict[str, Any] = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
-            timespec="seconds"
-        ),
-        "command": "relay " + " ".join(argv)
-        if argv[:1] == ["bench"]
-        else "relay bench",
-        "device": str(device),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "machine": platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
-        **attrs.asdict(defaults),
-        "timer": "cuda events" if device.type == "cuda" else "time.perf_counter_ns",
-    }
-    if device.type == "cuda":
-        meta["gpu"] = torch.cuda.get_device_name(device)
-    return meta
+    return EXIT_FAILED if failures else EXIT_OK

@@ -1,8 +1,7 @@
-"""Timing: per-device timers, interleaved sampling, and the machine's copy bandwidth.
+"""Timing: per-device timers and interleaved samples in balanced orders.
 
-Every figure ``relay bench`` reports is a ratio of two sides measured in the same
-process, interleaved, so machine speed, load and drift cancel out; a second baseline
-timed like the first (the A/A control) shows how far pure noise moves a ratio.
+Every figure ``relay bench`` reports is a ratio of sides measured in the same process,
+interleaved, so machine speed, load and drift weigh on every side alike.
 """
 
 from __future__ import annotations
@@ -12,96 +11,48 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Protocol
+from typing import Any
 
-import attrs
 import torch
 
-__all__ = [
-    "CudaTimer",
-    "HostTimer",
-    "Series",
-    "SyncedHostTimer",
-    "Timer",
-    "balanced_orders",
-    "copy_bandwidth",
-    "quantile",
-    "ratio",
-    "time_interleaved",
-    "timer_for",
-]
+__all__ = ["balanced_orders", "quantile", "time_interleaved", "timer_for"]
 
-
-class Timer(Protocol):
-    """Measures ``inner`` back-to-back calls of a function, in nanoseconds."""
-
-    def measure(self, fn: Callable[[], None], inner: int) -> int: ...
-
-
-class HostTimer:
-    """CPU: ops are synchronous, so host wall time is the cost."""
-
-    def measure(self, fn: Callable[[], None], inner: int) -> int:
-        start = time.perf_counter_ns()
-        for _ in range(inner):
-            fn()
-        return time.perf_counter_ns() - start
-
-
-class CudaTimer:
-    """CUDA: events on the current stream around the calls, then a synchronize, so the
-    queued device work is inside the sample."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        cuda: Any = torch.cuda  # Event's constructor is untyped
-        self.start: Any = cuda.Event(enable_timing=True)
-        self.end: Any = cuda.Event(enable_timing=True)
-
-    def measure(self, fn: Callable[[], None], inner: int) -> int:
-        torch.cuda.synchronize(self.device)  # nothing earlier leaks into the sample
-        self.start.record()
-        for _ in range(inner):
-            fn()
-        self.end.record()
-        self.end.synchronize()
-        return int(self.start.elapsed_time(self.end) * 1e6)
-
-
-class SyncedHostTimer:
-    """Other accelerators (xpu, mps, ...): host clocks around a device synchronize."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.module: Any = torch.get_device_module(device.type)
-
-    def measure(self, fn: Callable[[], None], inner: int) -> int:
-        self.module.synchronize()
-        start = time.perf_counter_ns()
-        for _ in range(inner):
-            fn()
-        self.module.synchronize()
-        return time.perf_counter_ns() - start
+Timer = Callable[[Callable[[], None], int], int]
 
 
 def timer_for(device: torch.device) -> Timer:
-    """CUDA events on CUDA, host clocks on the CPU, synchronized host clocks elsewhere."""
+    """A timer of ``inner`` back-to-back calls, in ns: host clocks on the CPU (ops are
+    synchronous), CUDA events around the calls on CUDA, host clocks around a device
+    synchronize elsewhere."""
     if device.type == "cuda":
-        return CudaTimer(device)
-    if device.type == "cpu":
-        return HostTimer()
-    return SyncedHostTimer(device)
+        cuda: Any = torch.cuda  # Event's constructor is untyped
+        start, end = cuda.Event(enable_timing=True), cuda.Event(enable_timing=True)
 
+        def events(fn: Callable[[], None], inner: int) -> int:
+            torch.cuda.synchronize(device)  # nothing earlier leaks into the sample
+            start.record()
+            for _ in range(inner):
+                fn()
+            end.record()
+            end.synchronize()
+            return int(start.elapsed_time(end) * 1e6)
 
-@attrs.define
-class Series:
-    """Per-call times (ns) of one side, one sample per repeat."""
+        return events
+    sync: Callable[[], None] = (
+        (lambda: None)
+        if device.type == "cpu"
+        else torch.get_device_module(device.type).synchronize
+    )
 
-    name: str
-    samples: list[float] = attrs.field(factory=list)
+    def host(fn: Callable[[], None], inner: int) -> int:
+        sync()
+        begin = time.perf_counter_ns()
+        for _ in range(inner):
+            fn()
+        sync()
+        return time.perf_counter_ns() - begin
 
-    @property
-    def median(self) -> float:
-        return statistics.median(self.samples)
+    return host
 
 
 def quantile(values: Sequence[float], q: float) -> float:
@@ -112,29 +63,17 @@ def quantile(values: Sequence[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
-def ratio(num: Series, den: Series) -> float:
-    """Median over repeats of ``num / den`` within a repeat: drift between repeats
-    hits both sides alike and cancels."""
-    return statistics.median(n / d for n, d in zip(num.samples, den.samples))
-
-
 # Note [Balanced order]
-# A sample's time depends on what ran just before it: the sides share the caches, and
-# one that follows a side which evicted them (the baseline's step allocates more, its
-# buffers are other memory) starts colder. Rotating a fixed order keeps every side's
-# predecessor the same in every repeat (generated always after the baseline, the floor
-# always after generated), which biases each ratio the same way in every repeat, so
-# the median keeps it: on the development machine EAGLE at batch 1 read gen/floor
-# 1.31x-1.38x rotated and 1.21x-1.24x in shuffled orders, where an identical copy of
-# the generated map read 1.01x against it. The orders are rows of a Williams design
-# (the crossover trials' answer to carryover): each side follows each other side
-# equally often, so what comes before weighs on every side alike.
+# A sample's time depends on what ran just before it (the sides share the caches), so
+# a fixed rotation biases every repeat of a ratio the same way and the median keeps
+# the bias. The orders are rows of a Williams design, the crossover trials' answer to
+# carryover: each side follows each other side equally often.
 
 
 def balanced_orders(count: int, repeat: int) -> Iterator[list[int]]:
-    """``repeat`` orders of ``range(count)`` from a Williams design (Note [Balanced
-    order]): over every ``count`` repeats (``2 * count`` for an odd count) each side
-    comes right after each other side exactly as often, and first as often as any."""
+    """``repeat`` orders of ``range(count)`` from a Williams design: over every ``count``
+    repeats (``2 * count`` for an odd count) each side comes right after each other
+    side exactly as often, and first as often as any."""
     first = [0]
     for k in range(1, count):
         first.append((k + 1) // 2 if k % 2 else count - k // 2)
@@ -146,52 +85,32 @@ def balanced_orders(count: int, repeat: int) -> Iterator[list[int]]:
 
 
 def time_interleaved(
-    fns: Sequence[tuple[str, Callable[[], None]]],
+    fns: Sequence[Callable[[], None]],
     timer: Timer,
     *,
     repeat: int,
     warmup: int,
     target_ns: int,
-) -> tuple[list[Series], int]:
-    """Time each function ``repeat`` times, interleaved; return per-call samples and
-    the calls per sample.
+) -> list[list[float]]:
+    """Per-call times (ns) of each function, one sample per repeat, in balanced orders.
 
-    Warmup first (lazy allocation, allocator caches, first dispatch). One sample is
-    ``inner`` back-to-back calls, ``inner`` calibrated on the first function so a
-    sample lasts about ``target_ns``. Within a repeat each function runs once, the
-    orders balanced over repeats (Note [Balanced order]). The garbage collector is off
-    while timing.
+    One sample is ``inner`` back-to-back calls, ``inner`` calibrated on the first
+    function so that a sample lasts about ``target_ns``: short, so a context switch
+    spoils one sample rather than all. The garbage collector is off while timing.
     """
-    for _, fn in fns:
+    for fn in fns:
         for _ in range(warmup):
             fn()
-    # Median of a few single calls: one descheduled probe must not set inner to 1.
-    probe = int(statistics.median(timer.measure(fns[0][1], 1) for _ in range(5)))
-    inner = max(1, min(10_000, target_ns // max(probe, 1)))
-    series = [Series(name) for name, _ in fns]
+    probe = statistics.median(timer(fns[0], 1) for _ in range(5))
+    inner = max(1, min(10_000, int(target_ns // max(probe, 1))))
+    samples: list[list[float]] = [[] for _ in fns]
     was_enabled = gc.isenabled()
     gc.disable()
     try:
         for order in balanced_orders(len(fns), repeat):
             for i in order:
-                series[i].samples.append(timer.measure(fns[i][1], inner) / inner)
+                samples[i].append(timer(fns[i], inner) / inner)
     finally:
         if was_enabled:
             gc.enable()
-    return series, inner
-
-
-def copy_bandwidth(device: torch.device, megabytes: int, *, repeat: int = 5) -> float:
-    """The machine's copy bandwidth on ``device`` in bytes per second: the best of
-    ``repeat`` copies of a ``megabytes`` tensor, counting the read and the write."""
-    n = megabytes * 2**20
-    src = torch.ones((n,), dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    timer = timer_for(device)
-
-    def copy() -> None:
-        dst.copy_(src)
-
-    copy()  # first touch of the pages stays out of the figure
-    best = min(timer.measure(copy, 1) for _ in range(repeat))
-    return 2 * n / (max(best, 1) * 1e-9)
+    return samples

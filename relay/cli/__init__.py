@@ -10,6 +10,7 @@ of every command are ``relay.cli.status.Exit``. The libraries under the commands
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 from collections.abc import Sequence
@@ -54,7 +55,28 @@ def _add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
         bench.add_arguments(parser)
 
 
+def _missing_extra() -> list[str]:
+    """The modules of the ``generate`` extra that are not installed. The runtime an
+    engine ships needs none of them; every command does (``ruff`` may instead be a
+    binary named by ``RELAY_RUFF``)."""
+    names = ["jinja2", "rich"]
+    if not os.environ.get("RELAY_RUFF"):
+        names.append("ruff")
+    if sys.version_info < (3, 11):
+        names.append("tomli")
+    return [name for name in names if importlib.util.find_spec(name) is None]
+
+
 def _run(args: argparse.Namespace) -> int:
+    missing = _missing_extra()
+    if missing:
+        print(
+            f"relay {args.command}: needs the generate extra ({', '.join(missing)} "
+            "missing): run `pip install 'relay-futuremap[generate]'` "
+            "(in a checkout: `pip install -e '.[generate]'`)",
+            file=sys.stderr,
+        )
+        return Exit.USAGE
     if args.command == "generate":
         from relay.codegen import cli as generate_cli
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+import torch
 
-from relay.bench.timing import HostTimer, balanced_orders, time_interleaved
+from relay.bench.timing import balanced_orders, time_interleaved, timer_for
 
 
 @pytest.mark.parametrize("count", [2, 3, 4, 5, 6])
@@ -27,12 +28,13 @@ def test_every_side_follows_every_other_side_equally_often(count: int) -> None:
 
 
 def test_each_side_is_sampled_once_per_repeat() -> None:
-    """time_interleaved takes one sample of every side per repeat, in the shuffled
-    orders, whatever the order."""
+    """time_interleaved takes one sample of every side per repeat, in the balanced
+    orders."""
     ran: list[str] = []
-    fns = [(name, lambda name=name: ran.append(name)) for name in "abcd"]
-    series, inner = time_interleaved(fns, HostTimer(), repeat=6, warmup=0, target_ns=1)
-    assert inner == 1 and [len(s.samples) for s in series] == [6] * 4
+    fns = [lambda name=name: ran.append(name) for name in "abcd"]
+    timer = timer_for(torch.device("cpu"))
+    samples = time_interleaved(fns, timer, repeat=6, warmup=0, target_ns=1)
+    assert [len(s) for s in samples] == [6] * 4
     runs = ran[5:]  # the five calibration probes of the first side come first
     orders = [list(o) for o in balanced_orders(4, 6)]
     assert runs == ["abcd"[i] for o in orders for i in o]

@@ -186,3 +186,57 @@ def test_the_engine_imports_nothing_from_the_cli() -> None:
                 continue
             for name in names:
                 assert not name.startswith("relay.cli"), f"{path.name} imports {name}"
+
+
+@pytest.mark.parametrize("command", ["generate", "demo", "bench"])
+def test_a_command_without_the_generate_extra_says_what_to_install(
+    command: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without the ``generate`` extra (here: rich missing) every command prints one
+    line naming the extra and exits 2."""
+    monkeypatch.setitem(sys.modules, "rich", None)
+    assert main([command]) == Exit.USAGE
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.startswith(f"relay {command}: needs the generate extra (rich missing)")
+    assert "pip install 'relay-futuremap[generate]'" in err
+
+
+_BLOCK_GENERATOR = """
+import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in ('jinja2', 'ruff', 'rich', 'tomli'):
+            raise ImportError(f'{name} is blocked: the runtime must not import it')
+sys.meta_path.insert(0, Block())
+"""
+
+
+def test_the_runtime_and_every_bundled_map_need_no_generator_dependency() -> None:
+    """With jinja2, ruff, rich and tomli unimportable, ``relay``, ``relay.runtime`` and
+    every bundled map import, and a map stashes and resolves."""
+    maps = sorted(p.stem for p in (REPO / "relay" / "maps").glob("*.py"))
+    code = _BLOCK_GENERATOR + (
+        "import importlib, torch, relay, relay.runtime\n"
+        f"for name in {maps!r}:\n"
+        "    importlib.import_module('relay.maps.' + name)\n"
+        "from relay.maps.decode import DecodeFutureMap, DecodePayload\n"
+        "m = DecodeFutureMap('cpu', 8)\n"
+        "slots = torch.tensor([3, 5])\n"
+        "m.stash(slots, DecodePayload(next_token_ids=torch.tensor([7, 9])))\n"
+        "class Batch:\n"
+        "    req_pool_indices = slots\n"
+        "    input_ids = torch.zeros(2, dtype=torch.int64)\n"
+        "b = Batch()\n"
+        "m.resolve_future(b)\n"
+        "print(b.input_ids.tolist())\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[7, 9]"

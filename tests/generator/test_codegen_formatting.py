@@ -1,5 +1,5 @@
-"""Layout by the pinned formatter: realistic names give modules that users' formatters
-leave alone, and the formatter's version is part of the generator's identity."""
+"""Layout by ruff's formatter: realistic names give modules that users' formatters
+leave alone, and only a ruff in the declared range lays modules out."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ REALISTIC = [
 
 
 def ruff(*args: str, cwd: Project) -> subprocess.CompletedProcess[str]:
-    """The pinned ruff at its defaults (``--isolated``: no project settings)."""
+    """The ruff relay uses, at its defaults (``--isolated``: no project settings)."""
     return subprocess.run(
         [str(formatting.ruff_binary()), *args, "--isolated", "."],
         cwd=cwd.maps,
@@ -122,22 +122,52 @@ def test_module_from_another_formatter_version_is_stale(
     )
 
 
-def test_another_ruff_version_is_refused_with_the_fix(
+def test_a_ruff_outside_the_range_is_refused_with_the_fix(
     project: Project,
     relay_cli: Callable[..., Run],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Without the pinned ruff nothing is generated and the error says what to install."""
+    """Without a ruff in the range nothing is generated and the error says what to
+    install, or which variable names a binary."""
     project.schema_module("realistic", REALISTIC[:1], name="RealisticFutureMap")
     formatting.ruff_binary.cache_clear()
-    monkeypatch.setattr(formatting, "RUFF_VERSION", "0.0.1")
+    monkeypatch.setattr(formatting, "RUFF_RANGE", ("0.0.1", "0.0.2"))
+    monkeypatch.setattr(formatting, "RUFF_REQUIREMENT", "ruff>=0.0.1,<0.0.2")
     try:
         run = relay_cli("generate", cwd=project.root)
     finally:
         formatting.ruff_binary.cache_clear()
     assert run.code == 2
-    assert "run `pip install ruff==0.0.1` in this environment" in run.err
+    assert "run `pip install 'ruff>=0.0.1,<0.0.2'` in this environment" in run.err
+    assert "or set RELAY_RUFF to such a ruff binary" in run.err
     assert not project.maps.exists() or list(project.maps.iterdir()) == []
+
+
+def test_relay_ruff_names_the_binary(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``RELAY_RUFF`` is the one binary tried, so a project whose own ruff lies
+    outside the range can point relay at another."""
+    binary = formatting.ruff_binary()
+    formatting.ruff_binary.cache_clear()
+    monkeypatch.setenv("RELAY_RUFF", str(binary))
+    try:
+        assert formatting.ruff_binary() == binary
+        formatting.ruff_binary.cache_clear()
+        monkeypatch.setenv("RELAY_RUFF", "/no/such/ruff")
+        with pytest.raises(formatting.FormatError, match="no ruff found"):
+            formatting.ruff_binary()
+    finally:
+        formatting.ruff_binary.cache_clear()
+
+
+@pytest.mark.parametrize(
+    "version,inside",
+    [("0.9.0", True), ("0.17.6", True), ("0.8.6", False), ("0.18.0", False)],
+)
+def test_the_range_includes_its_low_end_and_excludes_its_high_end(
+    version: str, inside: bool
+) -> None:
+    """``RUFF_RANGE`` reads as pip reads ``ruff>=low,<high``."""
+    assert formatting.in_range(version) is inside
 
 
 def test_a_module_python_cannot_compile_is_a_located_error(
@@ -217,3 +247,11 @@ def test_docs_with_backslashes_and_quotes_round_trip(doc: str) -> None:
         check=False,
     )
     assert fmt.returncode == 0, fmt.stdout + fmt.stderr
+
+
+def test_pyproject_declares_the_same_range() -> None:
+    """The ``generate`` extra asks pip for exactly the range the generator accepts."""
+    from pathlib import Path
+
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    assert f'"{formatting.RUFF_REQUIREMENT}"' in pyproject.read_text(encoding="utf-8")
