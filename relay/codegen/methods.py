@@ -65,7 +65,7 @@ def _test(f: Field) -> str:
         dtype = naming.dtype(f.dtype)
     else:
         dtype = f"self.{naming.dtype_cache(f)}"
-    shape = "rows"
+    shape = "index_shape"
     if f.shape or _lazy(f):
         shape += f" + self.{naming.row_cache(f)}"
     test = (
@@ -91,8 +91,8 @@ def write(op: str, fields: Sequence[Field], checked: str) -> list[str]:
     lines = []
     if op != "publish":
         lines += [f"{f.payload_name} = payload.{f.payload_name}" for f in fields]
-    lines.append("rows = _rt.write_rows(self, indices)")
-    tests = " and ".join(["rows", *(_test(f) for f in fields)])
+    lines.append("index_shape = _rt.write_rows(self, indices)")
+    tests = " and ".join(["index_shape", *(_test(f) for f in fields)])
     writes = [_write(f) for f in fields]
     if op == "publish":
         writes.append("self._fence.record()")
@@ -111,20 +111,20 @@ class Fused:
     member_of: dict[str, PackedGroup]
 
 
+def _stashed(schema: Schema, f: Field) -> list[str]:
+    """A required lazy field read before its first stash has no buffer to read."""
+    if not _lazy(f) or f.optional:
+        return []
+    owner, name = (naming.string_literal(s) for s in (schema.name, f.name))
+    return [f"if {_buf(f)} is None:", f"    raise _rt.never_stashed({owner}, {name})"]
+
+
 def _gather_read(schema: Schema, f: Field, target: str) -> list[str]:
     """Hand ``f``'s rows at ``indices`` to ``target`` (not for packed fields)."""
-    gather = f"{_buf(f)}.index_select(0, indices)"
     if f.optional:
         flag = f"self.{naming.carried_flag(f)}"
         return [f"{target} = _rt.gather_optional({_buf(f)}, {flag}, indices)"]
-    stmts = []
-    if _lazy(f):
-        owner, name = (naming.string_literal(s) for s in (schema.name, f.name))
-        stmts += [
-            f"if {_buf(f)} is None:",
-            f"    raise _rt.never_stashed({owner}, {name})",
-        ]
-    return [*stmts, f"{target} = {gather}"]
+    return [*_stashed(schema, f), f"{target} = {_buf(f)}.index_select(0, indices)"]
 
 
 def _placeholder_read(f: Field, target: str) -> list[str]:
@@ -240,12 +240,13 @@ def resolve_future(
     binds, spelled = _parents(schema, [f.target for f in reads if f.target])
     lines += binds
     if fused is not None:
+        lines += [s for f in reads for s in _stashed(schema, f)]
         lines += _fused_block(reads, fused)
     for f in reads:
         assert f.target is not None
         target = spelled[f.target]
         if f.resolve is Resolve.PLACEHOLDER:
-            lines += _placeholder_read(f, target)
+            lines += [*_stashed(schema, f), *_placeholder_read(f, target)]
         elif fused is not None and f.name in fused.member_of:
             lines.append(_packed_read(f, target))
         elif fused is not None:
@@ -315,7 +316,7 @@ def resolve_schedule(schema: Schema, f: Field) -> list[str]:
         f'    debug.waited("{method}")',
         f'    debug.check_slots("{method}", indices)',
     ]
-    read = [f"{value} = {_buf(f)}.index_select(0, indices)"]
+    read = [*_stashed(schema, f), f"{value} = {_buf(f)}.index_select(0, indices)"]
     if f.target is not None:
         read.append(f"batch.{f.target} = {value}")
     read += _host(f, value)

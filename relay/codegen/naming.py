@@ -50,7 +50,7 @@ RESERVED = frozenset(
         "indices",
         "payload",
         "batch",
-        "rows",
+        "index_shape",
         "host",
         # attributes of the map
         "_debug",

@@ -155,8 +155,7 @@ def _init(schema: Schema, packed: Sequence[PackedGroup]) -> list[Statement]:
     member_of = {m.field.name: (g, m) for g in packed for m in g.members}
     for f in schema.fields:
         stmts += _field_init(f, member_of.get(f.name))
-    if any(f.lane is Lane.FORWARD and f.target for f in schema.fields):
-        stmts.append(Statement("self._gathered = _rt.NOTHING_GATHERED"))
+    stmts.append(Statement("self._gathered = _rt.NOTHING_GATHERED"))
     if any(f.lane is Lane.SCHEDULE for f in schema.fields):
         stmts.append(Statement("self._fence = _rt.new_fence(self.device, debug)"))
     return stmts

@@ -176,7 +176,7 @@ def test_a_module_python_cannot_compile_is_a_located_error(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A generator bug that would emit broken code (here: a buffer named with a hyphen)
-    exits 3 naming the schema, the field and its line, and writes no file at all."""
+    exits 3 naming the schema and its line, and writes no file at all."""
     path = project.schema_module(
         "bad",
         [
@@ -193,10 +193,10 @@ def test_a_module_python_cannot_compile_is_a_located_error(
     )
     run = relay_cli("generate", cwd=project.root)
     assert run.code == 3, run.err
-    line = line_of(path, '"tokens"')
+    line = line_of(path, "SCHEMA = Schema(")
     assert run.err.startswith(
-        f"schemas/bad.py:{line}: error: BadFutureMap.tokens: the generated module "
-        "maps/bad.py would not compile (SyntaxError: "
+        f"schemas/bad.py:{line}: error: BadFutureMap: the generated module "
+        "maps/bad.py would be broken (SyntaxError: "
     ), run.err
     assert "nothing was written" in run.err
     assert "fix: this is a relay bug" in run.err
@@ -237,7 +237,7 @@ def test_docs_with_backslashes_and_quotes_round_trip(doc: str) -> None:
     expected = inspect.cleandoc(doc)
     class_doc = inspect.getdoc(module.DocFutureMap)
     assert class_doc is not None
-    assert class_doc.startswith(expected + "\n\nBuffers have ``pool_size`` rows")
+    assert class_doc.startswith(expected + "\n\nRows are request-pool slots")
     assert module.__doc__.split("\n")[0] == expected.split("\n")[0]
     fmt = subprocess.run(
         [str(formatting.ruff_binary()), "format", "--check", "--isolated", "-"],

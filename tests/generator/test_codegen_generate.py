@@ -22,7 +22,7 @@ from relay.codegen.formatting import GENERATOR
 from relay.codegen.loader import load_schema
 
 BUNDLED = sorted(
-    p.stem for p in (REPO / "schemas").glob("*.py") if p.name != "__init__.py"
+    p.stem for p in (REPO / "relay" / "schemas").glob("*.py") if p.name != "__init__.py"
 )
 PAIR = ("decode", "eagle")
 COMMAND = (

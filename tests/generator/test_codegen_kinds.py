@@ -1,54 +1,35 @@
-"""One module per kind (Note [Kinds]): every kind is registered, and Guard.FINITE, added
-as a kind module, a runtime helper and docs, works end to end."""
+"""Kinds: a Guard member is its enum entry, its rule in validate.py and its runtime
+helper (the generator names it ``_rt.guard_<value>``); Guard.FINITE works end to end."""
 
 from __future__ import annotations
 
 import math
 import types
-from pathlib import Path
 
 import pytest
 import torch
 
-from relay.codegen import kinds
+from relay import runtime
 from relay.codegen.render import render
 from relay.codegen.validate import validate
-from relay.schema import FROM_PAYLOAD, Alloc, Field, Guard, Lane, Resolve, Schema
+from relay.schema import FROM_PAYLOAD, Alloc, Field, Guard, Lane, Schema
 from relay.testing.model import ReferenceRelay
 
-KINDS = Path(kinds.__file__).parent
 
-
-def test_every_kind_has_its_own_module() -> None:
-    """Each Resolve, Guard and Alloc member maps to a kind of its own module, which names
-    the member it implements."""
-    for member, kind in [
-        *(
-            (
-                g,
-                kinds.guard(
-                    Field("x", lane=Lane.FORWARD, dtype=torch.float32, guard=g)
-                ),
-            )
-            for g in Guard
-        ),
-        *(
-            (
-                r,
-                kinds.resolve(
-                    Field("x", lane=Lane.FORWARD, dtype=torch.int64, resolve=r)
-                ),
-            )
-            for r in Resolve
-        ),
-        *(
-            (a, kinds.alloc(Field("x", lane=Lane.FORWARD, dtype=torch.int64, alloc=a)))
-            for a in Alloc
-        ),
-    ]:
-        module = type(kind).__module__.rsplit(".", 1)[-1]
-        assert (KINDS / f"{module}.py").is_file()
-        assert member.value in module or member.value in type(kind).__name__.lower()
+def test_every_guard_has_its_runtime_helper() -> None:
+    """Each Guard but NONE has the runtime helper a generated table names for it, and a
+    field's table entry names it."""
+    for guard in Guard:
+        if guard is Guard.NONE:
+            continue
+        assert callable(getattr(runtime, f"guard_{guard.value}"))
+        schema = Schema(
+            name="GFutureMap",
+            fields=[Field("x", lane=Lane.FORWARD, dtype=torch.float32, guard=guard)],
+        )
+        assert f"guard=_rt.guard_{guard.value}" in render(
+            schema, source="schemas/g.py", command="relay generate"
+        )
 
 
 FINITE = Schema(

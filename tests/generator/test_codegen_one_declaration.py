@@ -110,7 +110,7 @@ def test_new_forward_field_round_trips(generated: Generated) -> None:
             bonus_tokens=torch.tensor([7, 9]),
             topk_p=torch.tensor([[0.75, 0.25], [0.5, 0.5]]),
             topk_index=torch.tensor([[1, 2], [3, 4]]),
-            accept_lens=torch.tensor([3, 1]),
+            accept_lens=torch.tensor([3, 1], dtype=torch.int32),
         ),
     )
     relay_map.resolve_future(batch)
