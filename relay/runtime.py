@@ -18,6 +18,7 @@ import torch
 
 from relay.debug import DebugChecks, poison
 from relay.debug.messages import text
+from relay.debug.owners import Owners
 from relay.device import CpuFence, Fence, HostMirror, new_fence
 from relay.errors import RelayError, SlotError
 from relay.fused import gather_rows, gather_rows_optional
@@ -33,7 +34,10 @@ __all__ = [
     "DebugChecks",
     "Fence",
     "HostMirror",
+    "Owners",
+    "Seed",
     "Table",
+    "apply_seeds",
     "check_dim",
     "check_rows",
     "debug_checks",
@@ -49,8 +53,10 @@ __all__ = [
     "never_stashed",
     "new_buffer",
     "new_fence",
+    "parent_is_none",
     "publish",
     "read_back",
+    "seed",
     "stash",
     "write_optional",
     "write_rows",
@@ -110,9 +116,13 @@ class Column:
 class Table:
     """A map's fields in declaration order, split by lane."""
 
-    def __init__(self, owner: str, columns: tuple[Column, ...]) -> None:
+    def __init__(
+        self, owner: str, columns: tuple[Column, ...], *, seeded: bool = False
+    ) -> None:
         self.owner = owner
         self.columns = columns
+        #: The map has ``seed`` (Note [Seeds]).
+        self.seeded = seeded
         self.forward = tuple(c for c in columns if c.lane is Lane.FORWARD)
         #: In ``publish``'s parameter order: required fields first.
         self.schedule = tuple(
@@ -164,13 +174,9 @@ def debug_checks(
         forward=tuple(c.name for c in table.forward),
         schedule=tuple(c.name for c in schedule),
         consumers=tuple(dict.fromkeys(c.reader for c in schedule)),
-        **_zeros(table),
+        initial_zeros=tuple(c.name for c in table.columns if c.zeros),
+        seeds=tuple(c.name for c in table.forward) if table.seeded else (),
     )
-
-
-def _zeros(table: Table) -> dict[str, tuple[str, ...]]:
-    zeros = tuple(c.name for c in table.columns if c.zeros)
-    return {"initial_zeros": zeros} if zeros else {}
 
 
 # --- the common case's gate --------------------------------------------------------------
@@ -258,26 +264,40 @@ def write_optional(
 
 
 def gather_optional(
-    buf: torch.Tensor | None, carried: bool, indices: torch.Tensor
+    buf: torch.Tensor | None, carried: bool, indices: torch.Tensor, flat: bool = False
 ) -> torch.Tensor | None:
-    """An optional field's rows, or ``None`` where the latest write left it out."""
-    return buf.index_select(0, indices) if carried and buf is not None else None
+    """An optional field's rows (``flat``: flattened), or ``None`` where the latest
+    write left it out."""
+    if not carried or buf is None:
+        return None
+    rows = buf.index_select(0, indices)
+    return rows.flatten() if flat else rows
 
 
 # --- the checked path ----------------------------------------------------------------------
 
 
-def stash(m: Any, table: Table, indices: torch.Tensor, payload: object) -> None:
+def stash(
+    m: Any,
+    table: Table,
+    indices: torch.Tensor,
+    payload: object,
+    owners: Owners | None = None,
+) -> None:
     """``stash`` off the common case (Note [One body])."""
     values = [getattr(payload, c.source) for c in table.forward]
-    _write(m, table, "stash", table.forward, indices, values)
+    _write(m, table, "stash", table.forward, indices, values, owners)
 
 
 def publish(
-    m: Any, table: Table, indices: torch.Tensor, values: Sequence[torch.Tensor | None]
+    m: Any,
+    table: Table,
+    indices: torch.Tensor,
+    values: Sequence[torch.Tensor | None],
+    owners: Owners | None = None,
 ) -> None:
     """``publish`` off the common case: the values in ``table.schedule``'s order."""
-    if not _write(m, table, "publish", table.schedule, indices, values):
+    if not _write(m, table, "publish", table.schedule, indices, values, owners):
         return
     if m._debug is not None:
         m._debug.publishing()
@@ -291,9 +311,36 @@ def _write(
     columns: Sequence[Column],
     indices: torch.Tensor,
     given: Sequence[torch.Tensor | None],
+    owners: Owners | None = None,
 ) -> bool:
     """Every check before any write, so a refused call leaves the map as it was;
     whether there was a row to write."""
+    values = _checked(m, table, op, columns, indices, given)
+    if values is None:
+        return False
+    slots, checked = values
+    debug: DebugChecks | None = m._debug
+    for c, value in zip(columns, checked):
+        _write_column(m, table, c, slots, value, debug is not None)
+    if debug is not None:
+        carried = {
+            c.name: v is not None for c, v in zip(columns, checked) if c.optional
+        }
+        names = tuple(c.name for c in columns)
+        debug.wrote(op, indices, names, carried=carried, owners=owners)
+    return True
+
+
+def _checked(
+    m: Any,
+    table: Table,
+    op: str,
+    columns: Sequence[Column],
+    indices: torch.Tensor,
+    given: Sequence[torch.Tensor | None],
+) -> tuple[torch.Tensor, list[torch.Tensor | None]] | None:
+    """The int64 slots and the values ready to write, or ``None`` for zero slots;
+    refuses what cannot be written, naming it."""
     values = [
         None
         if value is None and c.optional
@@ -308,18 +355,13 @@ def _write(
         f"{table.owner}.{op}", first, indices, m.pool_size, host=debug is None
     )
     if slots is None:
-        return False
+        return None
     if debug is not None:
-        debug.check_slots(op, indices)
+        debug.check_slots(op, indices, scratch_ok=op != "seed")
         for c, value in zip(columns, values):
             if c.guard is not None and value is not None:
                 c.guard(value, table.what(c))
-    for c, value in zip(columns, values):
-        _write_column(m, table, c, slots, value, debug is not None)
-    if debug is not None:
-        carried = {c.name: v is not None for c, v in zip(columns, values) if c.optional}
-        debug.wrote(op, indices, tuple(c.name for c in columns), carried=carried)
-    return True
+    return slots, values
 
 
 def _write_column(
@@ -338,12 +380,71 @@ def _write_column(
             buf.index_fill_(0, slots, 0)
         return
     if buf is None:
-        buf = lazy_buffer(m.pool_size, c.dtype, value[(0,) * slots.ndim], debug, c.zeros)
+        buf = lazy_buffer(
+            m.pool_size, c.dtype, value[(0,) * slots.ndim], debug, c.zeros
+        )
         setattr(m, c.buf, buf)
         # What the common case's gate compares a value with from now on.
         setattr(m, f"_{c.name}_dtype", buf.dtype)
         setattr(m, f"_{c.name}_row", tuple(buf.shape[1:]))
     buf.index_copy_(0, slots, value)
+
+
+#: What ``seed`` took: the slots, the values, and the owners, for ``apply_seeds``.
+Seed = tuple[torch.Tensor, list[torch.Tensor | None], "Owners | None"]
+
+
+# Note [Seeds]
+# A request prefilled elsewhere starts with no forward of its own, so the scheduler
+# hands its first values to the map: ``seed``. A finished request's last forward may
+# still be in flight on the same row and stash there after the scheduler seeded it;
+# so ``seed`` checks and copies the values and only queues them, and the next
+# ``resolve_future``, which runs on the forward stream after every forward before it,
+# writes them first. That orders the seed after the in-flight stash on every device
+# policy, with no fence of its own.
+
+
+def seed(
+    m: Any,
+    table: Table,
+    indices: torch.Tensor,
+    payload: object,
+    owners: Owners | None = None,
+) -> None:
+    """``seed``: check the rows now, queue copies for the next ``resolve_future``."""
+    given = [getattr(payload, c.source) for c in table.forward]
+    checked = _checked(m, table, "seed", table.forward, indices, given)
+    if checked is not None:
+        slots, values = checked
+        copies = [None if v is None else v.clone() for v in values]
+        m._seeds.append((slots.clone(), copies, owners))
+
+
+def apply_seeds(m: Any, table: Table) -> None:
+    """Write the queued seeds, oldest first (on the forward stream, in resolve_future)."""
+    debug: DebugChecks | None = m._debug
+    while m._seeds:
+        slots, values, owners = m._seeds.pop(0)
+        for c, value in zip(table.forward, values):
+            _write_column(m, table, c, slots, value, debug is not None)
+        if debug is not None:
+            carried = {
+                c.name: v is not None
+                for c, v in zip(table.forward, values)
+                if c.optional
+            }
+            names = tuple(c.name for c in table.forward)
+            debug.seeded(slots, names, carried=carried, owners=owners)
+
+
+def parent_is_none(table: Table, method: str, parent: str) -> RelayError:
+    """The error of a resolve whose optional parent is ``None`` where the schema says to
+    refuse it."""
+    return RelayError(
+        f"{table.owner}.{method}: batch.{parent} is None, and the schema says a resolve "
+        f"refuses that (optional_parents={{{parent!r}: IfNone.REFUSE}}); give the batch "
+        f"its {parent}, or declare IfNone.SKIP to leave the fields under it alone"
+    )
 
 
 def lazy_buffer(
@@ -521,7 +622,12 @@ def never_stashed(owner: str, field: str) -> RelayError:
 
 
 def read_back(
-    m: Any, table: Table, op: str, indices: torch.Tensor, names: tuple[str, ...]
+    m: Any,
+    table: Table,
+    op: str,
+    indices: torch.Tensor,
+    names: tuple[str, ...],
+    owners: Owners | None = None,
 ) -> None:
     """Debug mode: ``op`` read rows ``indices`` of the fields ``names`` (optional ones
     only where the latest write carried them): checked fresh, then poisoned again."""
@@ -529,7 +635,7 @@ def read_back(
     columns = [c for c in table.columns if c.name in names]
     buffers = {c.name: getattr(m, c.buf) for c in columns}
     carried = {c.name: getattr(m, f"_{c.name}_carried") for c in columns if c.optional}
-    debug.read(op, indices, buffers, carried=carried)
+    debug.read(op, indices, buffers, carried=carried, owners=owners)
 
 
 #: Up to this many values, ``host_sum`` adds integers in Python; above it numpy does,

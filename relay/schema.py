@@ -32,6 +32,7 @@ def bundled_names() -> list[str]:
     """The names ``Schema.bundled`` takes: the schema modules relay ships."""
     return sorted(p.stem for p in _BUNDLED.glob("*.py") if not p.stem.startswith("_"))
 
+
 __all__ = [
     "FROM_PAYLOAD",
     "Alloc",
@@ -39,11 +40,14 @@ __all__ = [
     "Field",
     "FromPayload",
     "Guard",
+    "IfNone",
     "Lane",
     "Layout",
     "Resolve",
     "Schema",
     "SourceLocation",
+    "TargetShape",
+    "Unwritten",
     "bundled_names",
 ]
 
@@ -102,6 +106,35 @@ class Layout(enum.Enum):
     #: buffer, so ``resolve_future`` gathers each dtype with one op (Note [Packed layout]
     #: in ``relay/codegen/layout.py``; ``docs/schema.md`` says when to pick it).
     PACKED = "packed"
+
+
+class Unwritten(enum.Enum):
+    """What a row holds before its first write."""
+
+    #: Nothing a resolve may take: debug mode reports reading it (with debug off it
+    #: reads zeros, but an engine must not rely on that).
+    REFUSED = "refused"
+    #: Zeros, on every device and in debug mode too, where reading them is legal (for
+    #: sglang's n-gram accept lengths, an unstashed row reads length 0).
+    ZEROS = "zeros"
+
+
+class TargetShape(enum.Enum):
+    """The shape a gather hands its target."""
+
+    #: ``(n, *row)``: one row per slot.
+    ROWS = "rows"
+    #: ``(n * prod(row),)``: the row dims flattened into the batch dim (a view).
+    FLAT = "flat"
+
+
+class IfNone(enum.Enum):
+    """What a resolve does when an optional parent of its targets is ``None``."""
+
+    #: Leave the fields under it alone (prefill batches with ``spec_info=None``).
+    SKIP = "skip"
+    #: Refuse the resolve with relay's message, naming the parent.
+    REFUSE = "refuse"
 
 
 class FromPayload(enum.Enum):
@@ -190,6 +223,11 @@ class Field:
     host_sum: str | None = None
     #: Value check on every stash or publish, in debug mode.
     guard: Guard = Guard.NONE
+    #: What a row holds before its first write: ``Unwritten.ZEROS`` makes it zeros
+    #: everywhere, a legal read in debug mode too.
+    unwritten: Unwritten = Unwritten.REFUSED
+    #: The shape a gather hands the target: ``TargetShape.FLAT`` flattens the rows.
+    target_shape: TargetShape = TargetShape.ROWS
     #: Doc string carried into the generated code.
     doc: str = ""
     declared_at: SourceLocation = attrs.field(
@@ -206,6 +244,14 @@ def _to_fields(value: Sequence[Field]) -> tuple[Field, ...]:
     return tuple(value)
 
 
+def _to_pairs(value: Any) -> Any:
+    # A mapping becomes sorted pairs (hashable, and spelled once however it was
+    # ordered); anything else is kept for validation to report with the schema.
+    if isinstance(value, dict):
+        return tuple(sorted(value.items(), key=lambda kv: str(kv[0])))
+    return value
+
+
 @attrs.frozen
 class Schema:
     """A relay: the generated class name, its doc string and its fields in order."""
@@ -220,6 +266,18 @@ class Schema:
     indices: str = "req_pool_indices"
     #: ``Layout.SEPARATE`` (one buffer per field) or ``Layout.PACKED``.
     layout: Layout = Layout.SEPARATE
+    #: Batch attributes that may be ``None`` (``{"spec_info": IfNone.SKIP}``), and what
+    #: a resolve does then; the generated Protocol types them as optional.
+    optional_parents: tuple[tuple[str, IfNone], ...] = attrs.field(
+        default=(), converter=_to_pairs
+    )
+    #: Generate ``seed(indices, payload)``: forward-lane rows for requests that start
+    #: without a forward of their own (prebuilt, disaggregated), written by the next
+    #: ``resolve_future`` so they land after any forward still in flight.
+    seeded: bool = False
+    #: Batch attribute naming each row's request (ids), for debug mode: a value read by
+    #: another request than the one whose forward stashed it is reported.
+    owners: str | None = None
     declared_at: SourceLocation = attrs.field(
         factory=_declaration_site, kw_only=True, eq=False, repr=False
     )
@@ -284,13 +342,16 @@ class Schema:
         replace: Sequence[Field] = (),
         indices: str | None = None,
         layout: Layout | None = None,
+        optional_parents: dict[str, IfNone] | None = None,
+        seeded: bool | None = None,
+        owners: str | None = None,
     ) -> Schema:
         """A new schema made of this one's fields and the differences given.
 
         ``drop`` removes fields by name; ``replace`` puts each given field where the
         base field of the same name was; ``add`` inserts new fields before the field
-        named ``before`` (at the end without it). ``indices`` and ``layout`` default to
-        this schema's. Base fields are the same objects, so a problem in one is
+        named ``before`` (at the end without it). ``indices``, ``layout``,
+        ``optional_parents``, ``seeded`` and ``owners`` default to this schema's. Base fields are the same objects, so a problem in one is
         reported at the base module's line; the new schema is declared where
         ``derive`` is called. Raises ``CompositionError`` when a name given is not a
         field of the schema.
@@ -342,6 +403,11 @@ class Schema:
             doc=doc,
             indices=self.indices if indices is None else indices,
             layout=self.layout if layout is None else layout,
+            optional_parents=self.optional_parents
+            if optional_parents is None
+            else optional_parents,
+            seeded=self.seeded if seeded is None else seeded,
+            owners=self.owners if owners is None else owners,
             declared_at=site,
         )
 

@@ -18,7 +18,7 @@ import torch
 
 from relay.codegen import naming
 from relay.codegen.layout import PackedGroup
-from relay.schema import Alloc, Field, Lane, Resolve, Schema
+from relay.schema import Alloc, Field, IfNone, Lane, Resolve, Schema, TargetShape
 
 __all__ = [
     "Fused",
@@ -86,8 +86,8 @@ def _write(f: Field) -> str:
 
 
 def write(op: str, fields: Sequence[Field], checked: str) -> list[str]:
-    """``stash``, ``publish`` or ``seed``: the gate, the writes, else ``checked`` (the
-    call of the runtime's checked path)."""
+    """``stash`` or ``publish``: the gate, the writes, else ``checked`` (the call of
+    the runtime's checked path)."""
     lines = []
     if op != "publish":
         lines += [f"{f.payload_name} = payload.{f.payload_name}" for f in fields]
@@ -119,12 +119,18 @@ def _stashed(schema: Schema, f: Field) -> list[str]:
     return [f"if {_buf(f)} is None:", f"    raise _rt.never_stashed({owner}, {name})"]
 
 
+def _flat(f: Field) -> str:
+    return ".flatten()" if f.target_shape is TargetShape.FLAT else ""
+
+
 def _gather_read(schema: Schema, f: Field, target: str) -> list[str]:
     """Hand ``f``'s rows at ``indices`` to ``target`` (not for packed fields)."""
     if f.optional:
         flag = f"self.{naming.carried_flag(f)}"
-        return [f"{target} = _rt.gather_optional({_buf(f)}, {flag}, indices)"]
-    return [*_stashed(schema, f), f"{target} = {_buf(f)}.index_select(0, indices)"]
+        flat = ", flat=True" if _flat(f) else ""
+        return [f"{target} = _rt.gather_optional({_buf(f)}, {flag}, indices{flat})"]
+    gather = f"{_buf(f)}.index_select(0, indices){_flat(f)}"
+    return [*_stashed(schema, f), f"{target} = {gather}"]
 
 
 def _placeholder_read(f: Field, target: str) -> list[str]:
@@ -206,42 +212,64 @@ def _fused_block(reads: Sequence[Field], fused: Fused) -> list[str]:
     ]
 
 
-def _parents(schema: Schema, paths: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+def _parents(
+    schema: Schema, paths: Sequence[str], bound: Sequence[str]
+) -> tuple[list[str], dict[str, str]]:
     """``spec_info = batch.spec_info`` for each first part of a dotted path written
-    more than once, and the spelling of each path through it."""
+    more than once (and each in ``bound``, already a local), and the spelling of each
+    path through it."""
     firsts = [p.split(".")[0] for p in paths if "." in p]
     taken = {*naming.RESERVED, *(f.name for f in schema.fields)}
     taken.update(n for f in schema.fields for n in naming.placeholder_locals(f))
     shared = [
         name
         for name in dict.fromkeys(firsts)
-        if firsts.count(name) > 1 and name not in taken
+        if name not in bound and firsts.count(name) > 1 and name not in taken
     ]
     spelled = {}
     for path in paths:
         first = path.split(".")[0]
-        spelled[path] = path if first in shared else f"batch.{path}"
+        local = first in shared or first in bound
+        spelled[path] = path if local else f"batch.{path}"
     return [f"{name} = batch.{name}" for name in shared], spelled
 
 
-def resolve_future(
-    schema: Schema, reads: Sequence[Field], fused: Fused | None, vouch: bool
-) -> list[str]:
-    """The forward-lane resolve: seeds first where the map takes them, then gathers and
-    placeholder substitutions; debug mode checks the slots and reports the reads."""
-    lines = [
-        f"indices = batch.{schema.indices}",
-        "if indices.numel() == 0:",
-        "    return",
-        "debug = self._debug",
-        "if debug is not None:",
-        '    debug.check_slots("resolve_future", indices)',
+def _none(parent: str, how: IfNone, method: str) -> list[str]:
+    """What a resolve does where its optional parent is ``None``."""
+    if how is IfNone.SKIP:
+        return [f"if {parent} is None:", "    return"]
+    args = [naming.string_literal(s) for s in (method, parent)]
+    return [
+        f"if {parent} is None:",
+        f"    raise _rt.parent_is_none(_TABLE, {', '.join(args)})",
     ]
-    binds, spelled = _parents(schema, [f.target for f in reads if f.target])
-    lines += binds
-    if fused is not None:
-        lines += [s for f in reads for s in _stashed(schema, f)]
-        lines += _fused_block(reads, fused)
+
+
+def _prologue(schema: Schema, method: str) -> tuple[list[str], str | None]:
+    """The slots, the zero-slots return and debug mode's slot check; and the optional
+    parent the slots path goes through, bound (its ``None`` case already handled)."""
+    parents = dict(schema.optional_parents)
+    first, _, rest = schema.indices.partition(".")
+    lines = []
+    bound = None
+    if rest and first in parents:
+        bound = first
+        lines += [f"{first} = batch.{first}", *_none(first, parents[first], method)]
+        lines.append(f"indices = {first}.{rest}")
+    else:
+        lines.append(f"indices = batch.{schema.indices}")
+    lines += ["if indices.numel() == 0:", "    return"]
+    return lines, bound
+
+
+def _owners(schema: Schema) -> list[str]:
+    return [f"owners=batch.{schema.owners}"] if schema.owners else []
+
+
+def _reads(
+    schema: Schema, reads: Sequence[Field], fused: Fused | None, spelled: dict[str, str]
+) -> list[str]:
+    lines = []
     for f in reads:
         assert f.target is not None
         target = spelled[f.target]
@@ -249,34 +277,109 @@ def resolve_future(
             lines += [*_stashed(schema, f), *_placeholder_read(f, target)]
         elif fused is not None and f.name in fused.member_of:
             lines.append(_packed_read(f, target))
+        elif fused is not None and f.optional and _flat(f):
+            local = naming.value_local(f)
+            lines.append(f"{target} = None if {local} is None else {local}.flatten()")
         elif fused is not None:
-            lines.append(f"{target} = {naming.value_local(f)}")
+            lines.append(f"{target} = {naming.value_local(f)}{_flat(f)}")
         else:
             lines += _gather_read(schema, f, target)
+    return lines
+
+
+def _placeholder_reports(schema: Schema, reads: Sequence[Field]) -> list[str]:
     report = []
-    gathers = [f.name for f in reads if f.resolve is Resolve.GATHER]
-    if gathers:
-        report.append(
-            f'_rt.read_back(self, _TABLE, "resolve_future", indices, {_names(gathers)})'
-        )
     for f in reads:
         if f.resolve is Resolve.PLACEHOLDER:
             _at, pending, rows = naming.placeholder_locals(f)
             buffers = f"{{{naming.string_literal(f.name)}: {_buf(f)}}}"
-            report.append(
-                join(
-                    'debug.read("resolve_future", ', [rows, buffers, f"taken={pending}"]
-                )
-            )
-    if vouch:  # debug mode checks every write's slots: it vouches for none
-        return [
-            *lines,
-            "if debug is None:",
-            "    self._gathered = _rt.gathered(indices)",
-            "else:",
-            *_indent(report),
-        ]
-    return [*lines, "if debug is not None:", *_indent(report)]
+            args = [
+                rows,
+                buffers,
+                f"taken={pending}",
+                "distinct=True",
+                *_owners(schema),
+            ]
+            report.append(join('debug.read("resolve_future", ', args))
+    return report
+
+
+def _vouches(reads: Sequence[Field]) -> bool:
+    """A required gather by ``indices``: its ``index_select`` checked every slot."""
+    return any(f.resolve is Resolve.GATHER and not f.optional for f in reads)
+
+
+_VOUCH = ["if debug is None:", "    self._gathered = _rt.gathered(indices)"]
+
+
+def resolve_future(
+    schema: Schema, reads: Sequence[Field], fused: Fused | None
+) -> list[str]:
+    """The forward-lane resolve: seeds first where the map takes them, then gathers and
+    placeholder substitutions, those under an optional parent only where it is set;
+    debug mode checks the slots and reports the reads."""
+    lines, bound = _prologue(schema, "resolve_future")
+    lines += [
+        "debug = self._debug",
+        "if debug is not None:",
+        '    debug.check_slots("resolve_future", indices)',
+    ]
+    if schema.seeded:
+        lines += ["if self._seeds:", "    _rt.apply_seeds(self, _TABLE)"]
+    parents = {k: v for k, v in schema.optional_parents if k != bound}
+    under: dict[str, list[Field]] = {}
+    outside = []
+    for f in reads:
+        assert f.target is not None
+        first = f.target.split(".")[0]
+        if "." in f.target and first in parents:
+            under.setdefault(first, []).append(f)
+        else:
+            outside.append(f)
+    binds, spelled = _parents(
+        schema,
+        [f.target for f in reads if f.target],
+        [bound, *under] if bound else [*under],
+    )
+    lines += binds
+    if fused is not None:
+        lines += [s for f in reads for s in _stashed(schema, f)]
+        lines += _fused_block(reads, fused)
+    lines += _reads(schema, outside, fused, spelled)
+    vouch = fused is not None and _vouches(reads) or _vouches(outside)
+    names: list[str] = [
+        _names([f.name for f in outside if f.resolve is Resolve.GATHER])
+    ]
+    reports = _placeholder_reports(schema, outside)
+    for parent, fields in under.items():
+        body = _reads(schema, fields, fused, spelled)
+        lines.append(f"{parent} = batch.{parent}")
+        if parents[parent] is IfNone.REFUSE:
+            lines += [*_none(parent, IfNone.REFUSE, "resolve_future"), *body]
+            vouch = vouch or _vouches(fields)
+            condition = ""
+        else:
+            if not vouch and _vouches(fields):
+                body += _VOUCH  # the only gathers that check the slots are here
+            lines += [f"if {parent} is not None:", *_indent(body)]
+            condition = f" if {parent} is not None else ()"
+        gathers = [f.name for f in fields if f.resolve is Resolve.GATHER]
+        if gathers:
+            names.append(f"({_names(gathers)}{condition})")
+        placeholders = _placeholder_reports(schema, fields)
+        if placeholders and condition:
+            placeholders = [f"if {parent} is not None:", *_indent(placeholders)]
+        reports += placeholders
+    names = [n for n in names if n != "()"]
+    if names:
+        read = join(
+            '_rt.read_back(self, _TABLE, "resolve_future", indices, ',
+            [" + ".join(names), *_owners(schema)],
+        )
+        reports.insert(0, read)
+    if vouch:
+        return [*lines, *_VOUCH, "else:", *_indent(reports)]
+    return [*lines, "if debug is not None:", *_indent(reports)]
 
 
 def _host(f: Field, source: str) -> list[str]:
@@ -306,17 +409,16 @@ def resolve_schedule(schema: Schema, f: Field) -> list[str]:
     """A schedule-lane resolve: the fence wait, then the field's read."""
     method = naming.resolve_method(f)
     value = naming.value_local(f)
-    lines = [
-        f"indices = batch.{schema.indices}",
-        "if indices.numel() == 0:",
-        "    return",
+    lines, _bound = _prologue(schema, method)
+    lines += [
         "self._fence.wait()",
         "debug = self._debug",
         "if debug is not None:",
         f'    debug.waited("{method}")',
         f'    debug.check_slots("{method}", indices)',
     ]
-    read = [*_stashed(schema, f), f"{value} = {_buf(f)}.index_select(0, indices)"]
+    gather = f"{_buf(f)}.index_select(0, indices){_flat(f)}"
+    read = [*_stashed(schema, f), f"{value} = {gather}"]
     if f.target is not None:
         read.append(f"batch.{f.target} = {value}")
     read += _host(f, value)
@@ -327,19 +429,37 @@ def resolve_schedule(schema: Schema, f: Field) -> list[str]:
         lines += _indent([f"batch.{p} = None" for p in nones if p is not None])
     else:
         lines += read
-    report = f'_rt.read_back(self, _TABLE, "{method}", indices, {_names([f.name])})'
+    args = [f'"{method}"', "indices", _names([f.name]), *_owners(schema)]
+    report = join("_rt.read_back(self, _TABLE, ", args)
     return [*lines, "if debug is not None:", f"    {report}"]
 
 
-def invalidate(placeholders: Sequence[Field]) -> list[str]:
-    """Placeholders ``-indices`` into every placeholder target."""
+def invalidate(schema: Schema, placeholders: Sequence[Field]) -> list[str]:
+    """Placeholders ``-indices`` into every placeholder target (under an optional
+    parent, only where it is set)."""
     lines = [
         "if indices.numel() == 0:",
         "    return",
         "if self._debug is not None:",
         '    self._debug.check_slots("invalidate", indices, scratch_ok=False)',
     ]
-    return [*lines, *(f"batch.{f.target} = indices.neg()" for f in placeholders)]
+    parents = dict(schema.optional_parents)
+    for f in placeholders:
+        assert f.target is not None
+        first = f.target.split(".")[0]
+        write = f"batch.{f.target} = indices.neg()"
+        if "." not in f.target or first not in parents:
+            lines.append(write)
+        elif parents[first] is IfNone.SKIP:
+            lines += [f"if batch.{first} is not None:", f"    {write}"]
+        else:
+            args = ", ".join(naming.string_literal(s) for s in ("invalidate", first))
+            lines += [
+                f"if batch.{first} is None:",
+                f"    raise _rt.parent_is_none(_TABLE, {args})",
+                write,
+            ]
+    return lines
 
 
 def release() -> list[str]:

@@ -15,7 +15,15 @@ import torch
 
 from relay.codegen import methods, naming
 from relay.codegen.layout import Member, PackedGroup, packed_groups
-from relay.schema import Alloc, Field, FromPayload, Lane, Resolve, Schema
+from relay.schema import (
+    Alloc,
+    Field,
+    FromPayload,
+    Lane,
+    Resolve,
+    Schema,
+    Unwritten,
+)
 
 __all__ = ["MapView", "map_view"]
 
@@ -83,6 +91,7 @@ class MapView:
     exports: tuple[str, ...]
     cls_literal: str
     columns: tuple[str, ...]
+    seeded: bool
     init_params: str
     init: tuple[Statement, ...]
     methods: tuple[Method, ...]
@@ -114,6 +123,8 @@ def _column(f: Field) -> str:
         args.append(f"guard=_rt.guard_{f.guard.value}")
     if f.lane is Lane.SCHEDULE:
         args.append(f"reader={naming.string_literal(naming.resolve_method(f))}")
+    if f.unwritten is Unwritten.ZEROS:
+        args.append("zeros=True")
     return _join("_rt.Column(", args)
 
 
@@ -156,6 +167,13 @@ def _init(schema: Schema, packed: Sequence[PackedGroup]) -> list[Statement]:
     for f in schema.fields:
         stmts += _field_init(f, member_of.get(f.name))
     stmts.append(Statement("self._gathered = _rt.NOTHING_GATHERED"))
+    if schema.seeded:
+        stmts.append(
+            Statement(
+                "self._seeds: list[_rt.Seed] = []",
+                "Rows ``seed`` took, for the next ``resolve_future`` to write first.",
+            )
+        )
     if any(f.lane is Lane.SCHEDULE for f in schema.fields):
         stmts.append(Statement("self._fence = _rt.new_fence(self.device, debug)"))
     return stmts
@@ -185,6 +203,8 @@ def _field_init(f: Field, member: tuple[PackedGroup, Member] | None) -> list[Sta
     else:
         assert isinstance(f.dtype, torch.dtype)
         args = [naming.eager_shape(f), naming.dtype(f.dtype), "self.device", "debug"]
+        if f.unwritten is Unwritten.ZEROS:
+            args.append("zeros=True")
         stmts = [Statement(_join(f"{buf}: torch.Tensor = _rt.new_buffer(", args), doc)]
     if f.optional:
         stmts.append(Statement(f"self.{naming.carried_flag(f)} = False"))
@@ -230,6 +250,12 @@ _PUBLISH_DOC = (
     "Call it as soon as the values exist (mid-forward in speculative decoding): the",
     "scheduler's resolve waits on the fence, not on the whole forward.",
 )
+_SEED_DOC = (
+    "Rows for requests that start here without a forward (prebuilt elsewhere).",
+    "",
+    "Checked now; written by the next ``resolve_future``, on the forward stream, so",
+    "they land after any forward still in flight on the rows.",
+)
 _RELEASE_DOC = (
     "The requests in slots ``indices`` ended and the slots may be reused.",
     "",
@@ -254,34 +280,35 @@ def _read_doc(f: Field) -> list[str]:
     return [naming.doc_text(line) for line in lines]
 
 
-def _methods(schema: Schema, packed: Sequence[PackedGroup]) -> list[Method]:
-    batch = f"batch: {naming.batch_protocol(schema)}"
+def _writes(schema: Schema) -> list[Method]:
+    """``stash``, ``publish``, ``invalidate`` and ``seed``, those the schema has."""
     forward = methods.lane_fields(schema, Lane.FORWARD)
     schedule = methods.lane_fields(schema, Lane.SCHEDULE)
     schedule = [f for f in schedule if not f.optional] + [
         f for f in schedule if f.optional
     ]
+    owners = ", owners: _rt.Owners | None = None" if schema.owners else ""
+    passed = ", owners" if schema.owners else ""
+    payload = f"payload: {naming.payload_class(schema)}"
     found = []
     if forward:
-        head = f"def stash(self, indices: torch.Tensor, payload: {naming.payload_class(schema)}) -> None:"
-        checked = "_rt.stash(self, _TABLE, indices, payload)"
-        found.append(
-            Method(head, _STASH_DOC, tuple(methods.write("stash", forward, checked)))
-        )
+        head = f"def stash(self, indices: torch.Tensor, {payload}{owners}) -> None:"
+        checked = f"_rt.stash(self, _TABLE, indices, payload{passed})"
+        body = methods.write("stash", forward, checked)
+        found.append(Method(head, _STASH_DOC, tuple(body)))
     if schedule:
         params = [
             f"{f.payload_name}: torch.Tensor" + (" | None = None" if f.optional else "")
             for f in schedule
         ]
-        head = _join(
-            "def publish(", ["self", "indices: torch.Tensor", *params], ") -> None:"
-        )
-        values = _join(
-            "(", [f.payload_name for f in schedule], ",)" if len(schedule) == 1 else ")"
-        )
-        checked = f"_rt.publish(self, _TABLE, indices, {values})"
+        if schema.owners:
+            params.append("owners: _rt.Owners | None = None")
+        head = _join("def publish(", ["self", "indices: torch.Tensor", *params], ")")
+        names = [f.payload_name for f in schedule]
+        values = _join("(", names, ",)" if len(names) == 1 else ")")
+        checked = f"_rt.publish(self, _TABLE, indices, {values}{passed})"
         body = methods.write("publish", schedule, checked)
-        found.append(Method(head, _PUBLISH_DOC, tuple(body)))
+        found.append(Method(f"{head} -> None:", _PUBLISH_DOC, tuple(body)))
     placeholders = [f for f in schema.fields if f.resolve is Resolve.PLACEHOLDER]
     if placeholders:
         doc = [
@@ -289,8 +316,21 @@ def _methods(schema: Schema, packed: Sequence[PackedGroup]) -> list[Method]:
             "",
             *(f"- ``batch.{f.target}``." for f in placeholders),
         ]
+        batch = f"batch: {naming.batch_protocol(schema)}"
         head = f"def invalidate(self, {batch}, indices: torch.Tensor) -> None:"
-        found.append(Method(head, tuple(doc), tuple(methods.invalidate(placeholders))))
+        body = methods.invalidate(schema, placeholders)
+        found.append(Method(head, tuple(doc), tuple(body)))
+    if schema.seeded:
+        head = f"def seed(self, indices: torch.Tensor, {payload}{owners}) -> None:"
+        call = (f"_rt.seed(self, _TABLE, indices, payload{passed})",)
+        found.append(Method(head, _SEED_DOC, call))
+    return found
+
+
+def _methods(schema: Schema, packed: Sequence[PackedGroup]) -> list[Method]:
+    batch = f"batch: {naming.batch_protocol(schema)}"
+    forward = methods.lane_fields(schema, Lane.FORWARD)
+    found = _writes(schema)
     head = "def release(self, indices: torch.Tensor) -> None:"
     found.append(Method(head, _RELEASE_DOC, tuple(methods.release())))
     reads = [f for f in forward if f.target is not None]
@@ -326,10 +366,7 @@ def _resolve_future(
     if packed:
         member_of = {m.field.name: g for g in packed for m in g.members}
         fused = methods.Fused(tuple(packed), member_of)
-    vouch = any(
-        f.resolve is Resolve.GATHER and not f.optional and f.target for f in reads
-    )
-    body = methods.resolve_future(schema, reads, fused, vouch)
+    body = methods.resolve_future(schema, reads, fused)
     head = f"def resolve_future(self, {batch}) -> None:"
     return Method(head, tuple(doc), tuple(body))
 
@@ -356,6 +393,8 @@ def _protocols(schema: Schema) -> tuple[ProtocolView, ...]:
             members[owner][name] = Attribute(name, type_, writable)
 
     add(schema.indices, "torch.Tensor", False)
+    if schema.owners:
+        add(schema.owners, "_rt.Owners", False)
     for f in schema.fields:
         tensor = "torch.Tensor | None" if f.optional else "torch.Tensor"
         if f.target is not None:
@@ -366,6 +405,10 @@ def _protocols(schema: Schema) -> tuple[ProtocolView, ...]:
             add(f.host_mirror, tensor, True)
         if f.host_sum is not None:
             add(f.host_sum, "int | None" if f.optional else "int", True)
+    for parent, _how in schema.optional_parents:
+        current = members[()].get(parent)
+        if current is not None and not current.writable:
+            members[()][parent] = Attribute(parent, f"{current.type} | None", False)
     views = []
     for path in sorted((p for p in members if p), key=lambda p: (-len(p), p)):
         doc = (
@@ -436,6 +479,7 @@ def map_view(schema: Schema, *, source: str) -> MapView:
         exports=tuple(sorted(exports)),
         cls_literal=naming.string_literal(schema.name),
         columns=tuple(map(_column, schema.fields)),
+        seeded=schema.seeded,
         init_params=", ".join(
             [
                 "device: torch.device | str",

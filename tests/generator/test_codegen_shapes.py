@@ -1,6 +1,6 @@
-"""Two generated shapes of each map (Note [Two shapes] in relay/runtime.py): the public
-class runs its work alone, debug mode is a generated subclass, and both agree with the
-reference model."""
+"""One body per method (Note [One body] in relay/runtime.py): a generated map is one
+class whose methods run the common case, with debug off paying one attribute test, and
+debug mode the same methods' checked path; both agree with the reference model."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import pytest
 import torch
 from codegen_support import REPO
 
-from relay.codegen import naming
 from relay.codegen.loader import load_schema
 from relay.errors import RelayError
 from relay.maps.decode import DecodeFutureMap, DecodePayload
@@ -24,7 +23,9 @@ BUNDLED = sorted(p.stem for p in (REPO / "relay" / "schemas").glob("*.py"))
 
 
 def _bundled(stem: str) -> tuple[Schema, type[Any]]:
-    schema = load_schema(REPO / "relay" / "schemas" / f"{stem}.py", f"relay/schemas/{stem}.py")
+    schema = load_schema(
+        REPO / "relay" / "schemas" / f"{stem}.py", f"relay/schemas/{stem}.py"
+    )
     module = importlib.import_module(f"relay.maps.{stem}")
     return schema, getattr(module, schema.name)
 
@@ -38,34 +39,34 @@ def _methods(cls: type[Any]) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("stem", BUNDLED)
-def test_debug_off_methods_hold_no_debug_branch(stem: str) -> None:
-    """No method of the public class (debug off) names debug mode's checker: each holds
-    only its work; the debug subclass overrides every one of them."""
+def test_one_class_and_one_attribute_test_for_debug_mode(stem: str) -> None:
+    """No class swapping, no version counters, no second copy: each method tests debug
+    mode once at most (a write inside ``_rt.write_rows``)."""
     schema, cls = _bundled(stem)
-    debug_cls = getattr(
-        importlib.import_module(cls.__module__), naming.debug_class(schema)
-    )
+    text = Path(inspect.getfile(cls)).read_text(encoding="utf-8")
+    assert "_version" not in text and "__class__" not in text
+    assert not [
+        c for c in vars(importlib.import_module(cls.__module__)) if c.endswith("Debug")
+    ]
     methods = _methods(cls)
     assert "stash" in methods or "publish" in methods
     for name, method in methods.items():
-        assert "_debug" not in inspect.getsource(method), f"{cls.__name__}.{name}"
-    assert set(_methods(debug_cls)) == set(methods)
-    for method in _methods(debug_cls).values():
-        assert "self._debug." in inspect.getsource(method)
+        source = inspect.getsource(method)
+        tests = source.count("self._debug is") + source.count("_rt.write_rows(self")
+        tests += source.count("debug = self._debug")
+        assert tests == 1, f"{cls.__name__}.{name}"
 
 
 @pytest.mark.parametrize("stem", BUNDLED)
-def test_debug_flag_picks_the_shape(stem: str) -> None:
-    """debug=False builds the public class itself; debug=True its debug subclass, still an
-    instance of the public class with the same constructor and attributes."""
+def test_debug_flag_sets_the_checker_not_the_class(stem: str) -> None:
+    """debug=True builds the same class, with debug mode's checker set."""
     schema, cls = _bundled(stem)
-    dims = {d: 2 for d in naming.symbolic_dims(schema.fields)}
-    plain = cls("cpu", 5, **dims)
-    checked = cls("cpu", 5, **dims, debug=True)
-    assert type(plain) is cls and plain._debug is None and plain.debug is False
-    assert type(checked) is not cls and isinstance(checked, cls)
-    assert type(checked).__name__ == naming.debug_class(schema)
-    assert checked._debug is not None and checked.debug is True
+    dims = {d: 2 for d in ("topk", "hidden", "vocab", "draft_tokens", "layers")}
+    params = inspect.signature(cls).parameters
+    kwargs = {k: v for k, v in dims.items() if k in params}
+    plain, checked = cls("cpu", 4, **kwargs), cls("cpu", 4, **kwargs, debug=True)
+    assert type(plain) is cls and type(checked) is cls
+    assert plain._debug is None and checked._debug is not None
 
 
 class CountingDecodeMap(DecodeFutureMap):
@@ -83,9 +84,7 @@ def test_an_engines_subclass_keeps_its_overrides_in_debug_mode() -> None:
     method: the override counts, and debug mode still reports a read of an unwritten
     slot."""
     relay = CountingDecodeMap("cpu", 5, debug=True)
-    assert isinstance(relay, CountingDecodeMap)
-    assert type(relay).__name__ == "CountingDecodeMap"
-    assert type(CountingDecodeMap("cpu", 5, debug=True)) is type(relay)  # made once
+    assert type(relay) is CountingDecodeMap
     relay.stash(torch.tensor([1]), DecodePayload(next_token_ids=torch.tensor([7])))
 
     class Batch:
@@ -101,6 +100,33 @@ def test_an_engines_subclass_keeps_its_overrides_in_debug_mode() -> None:
     assert CountingDecodeMap.resolves == 2
 
 
+class ByNameDecodeMap(DecodeFutureMap):
+    """An engine's subclass that calls the base methods by name, not through super()."""
+
+    def stash(self, indices: torch.Tensor, payload: DecodePayload) -> None:
+        DecodeFutureMap.stash(self, indices, payload)
+
+    def resolve_future(self, batch: Any) -> None:
+        DecodeFutureMap.resolve_future(self, batch)
+
+
+def test_a_subclass_calling_the_base_by_name_gets_debug_mode() -> None:
+    """Calling ``DecodeFutureMap.stash(self, ...)`` runs debug mode's bookkeeping as
+    ``super()`` does: the stashed row reads once, and a second read is reported."""
+    relay = ByNameDecodeMap("cpu", 5, debug=True)
+    relay.stash(torch.tensor([1]), DecodePayload(next_token_ids=torch.tensor([7])))
+
+    class Batch:
+        req_pool_indices = torch.tensor([1])
+        input_ids = torch.tensor([0])
+
+    batch = Batch()
+    relay.resolve_future(batch)
+    assert batch.input_ids.tolist() == [7]
+    with pytest.raises(RelayError, match="not written since it was last consumed"):
+        relay.resolve_future(batch)
+
+
 @pytest.mark.parametrize("stem", BUNDLED)
 def test_debug_off_shape_runs_in_lockstep_with_the_model(stem: str) -> None:
     """The debug-off shape agrees with the reference model too (the debug shape's run,
@@ -111,16 +137,13 @@ def test_debug_off_shape_runs_in_lockstep_with_the_model(stem: str) -> None:
     )
 
 
-def test_golden_modules_hold_both_shapes() -> None:
-    """Every golden module defines the public class and its debug subclass."""
+def test_golden_modules_are_one_class() -> None:
+    """Every golden module defines its map once, with no debug subclass."""
     for path in sorted((REPO / "tests" / "golden" / "maps").glob("*.py.txt")):
         text = path.read_text(encoding="utf-8")
         schema = load_schema(
             REPO / "tests" / "golden" / "schemas" / Path(path.stem).with_suffix(".py"),
             "golden",
         )
-        debug = naming.debug_class(schema)
-        assert f"\nclass {schema.name}:\n" in text
-        assert f"\nclass {debug}({schema.name}):\n" in text
-        assert "self.__class__ = _rt.debug_class(" in text
-        assert text.count(debug) == 2  # the class and the constructor's switch
+        assert text.count(f"\nclass {schema.name}") == 1
+        assert "Debug(" not in text and "__class__" not in text

@@ -54,11 +54,10 @@ def _module_bindings(tree: ast.Module) -> tuple[set[str], set[str]]:
 
 
 def _minted(schema: Schema) -> set[str]:
-    """The classes naming mints from ``schema``: the map, its debug subclass, the
-    payload and the Protocols."""
+    """The classes naming mints from ``schema``: the map, the payload and the
+    Protocols."""
     names = {
         schema.name,
-        naming.debug_class(schema),
         naming.payload_class(schema),
         naming.batch_protocol(schema),
     }

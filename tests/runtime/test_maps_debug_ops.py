@@ -380,7 +380,7 @@ def test_a_placeholder_read_adds_its_mask_and_invalidate_refuses_row_0(
     happens_before: bool,
 ) -> None:
     """A placeholder field reports its own rows: one more op to drop the positions that
-    hold real tokens (``where``). invalidate's slot check has no padding to let through:
+    hold real tokens (``where``), and seven to find a slot named twice. invalidate's slot check has no padding to let through:
     5 ops, not 7."""
     cls = placeholder_map_class()
     relay = cls("cpu", POOL, debug=True)
@@ -391,5 +391,6 @@ def test_a_placeholder_read_adds_its_mask_and_invalidate_refuses_row_0(
         resolve_future = count_ops(partial(relay.resolve_future, b)).data
     assert len(invalidate) == 1 + SLOTS - 2  # the placeholders (neg) + the slot check
     # The substitution (lt, neg, clamp, gather, where, copy_) + check_slots + the mask
-    # + one read report + the poison of the one buffer.
-    assert len(resolve_future) == 6 + SLOTS + 1 + READ[happens_before] + 1
+    # + one read report + the poison of the one buffer + the check that no slot is
+    # named twice among the placeholders (7 ops, docs/debugging.md).
+    assert len(resolve_future) == 6 + SLOTS + 1 + READ[happens_before] + 1 + 7
