@@ -103,6 +103,8 @@ class Column:
     zeros: bool = False
     #: The resolve that reads the field: ``resolve_future``, or a schedule-side one.
     reader: str = "resolve_future"
+    #: Resolved by placeholder substitution (debug mode reports those rows itself).
+    placeholder: bool = False
 
     @property
     def buf(self) -> str:
@@ -626,13 +628,21 @@ def read_back(
     table: Table,
     op: str,
     indices: torch.Tensor,
-    names: tuple[str, ...],
     owners: Owners | None = None,
+    absent: tuple[str, ...] = (),
 ) -> None:
-    """Debug mode: ``op`` read rows ``indices`` of the fields ``names`` (optional ones
-    only where the latest write carried them): checked fresh, then poisoned again."""
+    """Debug mode: ``op`` gathered rows ``indices`` of its fields (optional ones only
+    where the latest write carried them; none under the optional parents ``absent``,
+    which the batch lacked): checked fresh, then poisoned again."""
     debug: DebugChecks = m._debug
-    columns = [c for c in table.columns if c.name in names]
+    columns = [
+        c
+        for c in table.columns
+        if c.reader == op
+        and c.target is not None
+        and not c.placeholder
+        and c.target.split(".")[0] not in absent
+    ]
     buffers = {c.name: getattr(m, c.buf) for c in columns}
     carried = {c.name: getattr(m, f"_{c.name}_carried") for c in columns if c.optional}
     debug.read(op, indices, buffers, carried=carried, owners=owners)

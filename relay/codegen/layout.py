@@ -34,7 +34,16 @@ import math
 import attrs
 import torch
 
-from relay.schema import Alloc, Field, Lane, Layout, Resolve, Schema
+from relay.schema import (
+    Alloc,
+    Field,
+    Lane,
+    Layout,
+    Resolve,
+    Schema,
+    TargetShape,
+    Unwritten,
+)
 
 __all__ = ["Member", "PackedGroup", "packable", "packed_groups"]
 
@@ -48,6 +57,8 @@ def packable(field: Field) -> bool:
         and isinstance(field.dtype, torch.dtype)
         and field.resolve is Resolve.GATHER
         and field.target is not None
+        and field.target_shape is TargetShape.ROWS
+        and field.unwritten is Unwritten.REFUSED
     )
 
 

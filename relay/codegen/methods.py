@@ -330,56 +330,57 @@ def resolve_future(
     under: dict[str, list[Field]] = {}
     outside = []
     for f in reads:
-        assert f.target is not None
-        first = f.target.split(".")[0]
-        if "." in f.target and first in parents:
+        first = (f.target or "").split(".")[0]
+        if "." in (f.target or "") and first in parents:
             under.setdefault(first, []).append(f)
         else:
             outside.append(f)
-    binds, spelled = _parents(
-        schema,
-        [f.target for f in reads if f.target],
-        [bound, *under] if bound else [*under],
-    )
+    taken = [p for p in (bound, *under) if p is not None]
+    binds, spelled = _parents(schema, [f.target for f in reads if f.target], taken)
     lines += binds
     if fused is not None:
         lines += [s for f in reads for s in _stashed(schema, f)]
         lines += _fused_block(reads, fused)
     lines += _reads(schema, outside, fused, spelled)
     vouch = fused is not None and _vouches(reads) or _vouches(outside)
-    names: list[str] = [
-        _names([f.name for f in outside if f.resolve is Resolve.GATHER])
-    ]
     reports = _placeholder_reports(schema, outside)
+    absent = []
     for parent, fields in under.items():
         body = _reads(schema, fields, fused, spelled)
         lines.append(f"{parent} = batch.{parent}")
+        placeholders = _placeholder_reports(schema, fields)
         if parents[parent] is IfNone.REFUSE:
             lines += [*_none(parent, IfNone.REFUSE, "resolve_future"), *body]
             vouch = vouch or _vouches(fields)
-            condition = ""
-        else:
-            if not vouch and _vouches(fields):
-                body += _VOUCH  # the only gathers that check the slots are here
-            lines += [f"if {parent} is not None:", *_indent(body)]
-            condition = f" if {parent} is not None else ()"
-        gathers = [f.name for f in fields if f.resolve is Resolve.GATHER]
-        if gathers:
-            names.append(f"({_names(gathers)}{condition})")
-        placeholders = _placeholder_reports(schema, fields)
-        if placeholders and condition:
-            placeholders = [f"if {parent} is not None:", *_indent(placeholders)]
-        reports += placeholders
-    names = [n for n in names if n != "()"]
-    if names:
-        read = join(
-            '_rt.read_back(self, _TABLE, "resolve_future", indices, ',
-            [" + ".join(names), *_owners(schema)],
-        )
-        reports.insert(0, read)
+            reports += placeholders
+            continue
+        if not vouch and _vouches(fields):
+            body += _VOUCH  # the only gathers that check the slots are here
+        lines += [f"if {parent} is not None:", *_indent(body)]
+        named = naming.string_literal(parent)
+        absent.append(f"(() if {parent} is not None else ({named},))")
+        if placeholders:
+            reports += [f"if {parent} is not None:", *_indent(placeholders)]
+    return lines + _future_reports(schema, reads, reports, absent, vouch)
+
+
+def _future_reports(
+    schema: Schema,
+    reads: Sequence[Field],
+    reports: list[str],
+    absent: list[str],
+    vouch: bool,
+) -> list[str]:
+    """The end of ``resolve_future``: debug off, the slots it may vouch for; debug on,
+    the reports of what it read."""
+    if any(f.resolve is Resolve.GATHER for f in reads):
+        args = ['"resolve_future"', "indices", *_owners(schema)]
+        if absent:
+            args.append(f"absent={' + '.join(absent)}")
+        reports = [join("_rt.read_back(self, _TABLE, ", args), *reports]
     if vouch:
-        return [*lines, *_VOUCH, "else:", *_indent(reports)]
-    return [*lines, "if debug is not None:", *_indent(reports)]
+        return [*_VOUCH, "else:", *_indent(reports)]
+    return ["if debug is not None:", *_indent(reports)]
 
 
 def _host(f: Field, source: str) -> list[str]:
@@ -429,7 +430,7 @@ def resolve_schedule(schema: Schema, f: Field) -> list[str]:
         lines += _indent([f"batch.{p} = None" for p in nones if p is not None])
     else:
         lines += read
-    args = [f'"{method}"', "indices", _names([f.name]), *_owners(schema)]
+    args = [f'"{method}"', "indices", *_owners(schema)]
     report = join("_rt.read_back(self, _TABLE, ", args)
     return [*lines, "if debug is not None:", f"    {report}"]
 

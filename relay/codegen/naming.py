@@ -42,6 +42,7 @@ RESERVED = frozenset(
         "invalidate",
         "release",
         "resolve_future",
+        "seed",
         # parameters and locals
         "self",
         "device",
@@ -51,17 +52,21 @@ RESERVED = frozenset(
         "payload",
         "batch",
         "index_shape",
+        "owners",
         "host",
         # attributes of the map
         "_debug",
         "_fence",
         "_gathered",
+        "_seeds",
         "fused_gather",
     }
 )
 
 #: Methods every generated map may define besides the schedule resolves.
-METHODS = frozenset({"stash", "publish", "invalidate", "release", "resolve_future"})
+METHODS = frozenset(
+    {"stash", "publish", "invalidate", "release", "resolve_future", "seed"}
+)
 
 _MAP_SUFFIX = "FutureMap"
 

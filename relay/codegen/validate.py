@@ -23,11 +23,14 @@ from relay.schema import (
     Field,
     FromPayload,
     Guard,
+    IfNone,
     Lane,
     Layout,
     Resolve,
     Schema,
     SourceLocation,
+    TargetShape,
+    Unwritten,
 )
 
 _DTYPE_HINT = "torch.int64, torch.float32, torch.bfloat16"
@@ -133,7 +136,121 @@ def validate(schema: Schema, display: Callable[[str], str]) -> list[SchemaIssue]
     _check_unique(c, fields)
     _check_layout(c)
     _check_docs(c, fields)
+    _check_parents(c, fields)
+    _check_seeds_and_owners(c, fields)
     return c.issues
+
+
+def _check_handover(c: _Collector, f: Field) -> None:
+    """``unwritten`` and ``target_shape``: what a row holds first, what a target gets."""
+    if not isinstance(f.unwritten, Unwritten):
+        c.add(
+            f,
+            f"unwritten must be Unwritten.REFUSED or Unwritten.ZEROS (got {_got(f.unwritten)})",
+            "write unwritten=Unwritten.ZEROS where a row never written reads as zeros",
+        )
+    if not isinstance(f.target_shape, TargetShape):
+        c.add(
+            f,
+            "target_shape must be TargetShape.ROWS or TargetShape.FLAT "
+            f"(got {_got(f.target_shape)})",
+            "write target_shape=TargetShape.FLAT to hand the target (n * row,)",
+        )
+    elif f.target_shape is TargetShape.FLAT:
+        if f.resolve is not Resolve.GATHER or f.target is None:
+            c.add(
+                f,
+                "target_shape=TargetShape.FLAT flattens gathered rows, so it needs "
+                f"resolve=Resolve.GATHER and a target (got resolve={f.resolve}, "
+                f"target={f.target!r})",
+                "leave target_shape out, or gather the field into a target",
+            )
+        elif isinstance(f.shape, tuple) and not f.shape:
+            c.add(
+                f,
+                "target_shape=TargetShape.FLAT flattens the row dims into the batch "
+                "dim, but the field's rows have none (shape=())",
+                "leave target_shape out: one value per slot is already flat",
+            )
+
+
+def _check_parents(c: _Collector, fields: list[Field]) -> None:
+    """``optional_parents``: attributes of the batch that hold resolve targets."""
+    parents = c.schema.optional_parents
+    fix = 'write optional_parents={"spec_info": IfNone.SKIP}'
+    if not isinstance(parents, tuple) or not all(
+        isinstance(p, tuple) and len(p) == 2 for p in parents
+    ):
+        c.add(None, f"optional_parents must be a dict (got {_got(parents)})", fix)
+        return
+    firsts = {_first(f.target) for f in fields if _nested(f.target)}
+    for name, how in parents:
+        if not isinstance(how, IfNone):
+            c.add(
+                None,
+                f"optional_parents[{name!r}] must be an IfNone (got {_got(how)})",
+                fix,
+            )
+        indices = isinstance(c.schema.indices, str) and c.schema.indices.split(".")[0]
+        if not isinstance(name, str) or (name not in firsts and name != indices):
+            c.add(
+                None,
+                f"optional_parents names {name!r}, which is the first part of no "
+                "target path (nor of indices)",
+                'name the batch attribute a target goes through, e.g. "spec_info"',
+            )
+    named = {name for name, _ in parents}
+    for f in fields:
+        for role in ("host_mirror", "host_sum"):
+            path = getattr(f, role)
+            if _nested(path) and path.split(".")[0] in named:
+                c.add(
+                    f,
+                    f"{role} {path!r} goes through an optional parent; a host copy "
+                    "is handed over whatever the batch holds",
+                    f"give {role} a path outside {path.split('.')[0]!r}",
+                )
+        if f.lane is Lane.SCHEDULE and _nested(f.target) and _first(f.target) in named:
+            c.add(
+                f,
+                f"target {f.target!r} of a schedule field goes through an optional "
+                "parent; a schedule resolve hands its value whatever the batch holds",
+                "resolve schedule fields into a path outside the optional parent",
+            )
+
+
+def _nested(path: object) -> bool:
+    return isinstance(path, str) and "." in path
+
+
+def _first(path: str | None) -> str:
+    return (path or "").split(".")[0]
+
+
+def _check_seeds_and_owners(c: _Collector, fields: list[Field]) -> None:
+    if not isinstance(c.schema.seeded, bool):
+        c.add(
+            None,
+            f"seeded must be True or False (got {_got(c.schema.seeded)})",
+            "write seeded=True",
+        )
+    elif c.schema.seeded and not any(
+        f.lane is Lane.FORWARD and f.target is not None for f in fields
+    ):
+        c.add(
+            None,
+            "seeded=True makes seed(indices, payload) hand rows to the next "
+            "resolve_future, but the schema resolves no forward-lane field",
+            "leave seeded out, or give a forward-lane field a target",
+        )
+    owners = c.schema.owners
+    if owners is not None and not _valid_path(owners):
+        c.add(
+            None,
+            f"owners must be a dotted attribute path of the batch such as 'rids' "
+            f"(got {_got(owners)})",
+            'write owners="rids" (each row\'s request id), or leave it out',
+        )
 
 
 def _check_docs(c: _Collector, fields: list[Field]) -> None:
@@ -168,6 +285,7 @@ def _check_field(c: _Collector, f: Field) -> None:
     _check_options(c, f)
     _check_shape(c, f)
     _check_target(c, f)
+    _check_handover(c, f)
 
 
 def _check_name(c: _Collector, f: Field) -> None:

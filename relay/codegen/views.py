@@ -22,6 +22,7 @@ from relay.schema import (
     Lane,
     Resolve,
     Schema,
+    TargetShape,
     Unwritten,
 )
 
@@ -125,6 +126,8 @@ def _column(f: Field) -> str:
         args.append(f"reader={naming.string_literal(naming.resolve_method(f))}")
     if f.unwritten is Unwritten.ZEROS:
         args.append("zeros=True")
+    if f.resolve is Resolve.PLACEHOLDER:
+        args.append("placeholder=True")
     return _join("_rt.Column(", args)
 
 
@@ -240,26 +243,15 @@ def _packed_column(f: Field, buf: str, group: PackedGroup, member: Member) -> st
 
 _STASH_DOC = (
     "Forward lane: write ``payload`` into rows ``indices`` at the end of a forward.",
-    "",
-    "On the forward stream; the next forward reads the rows in stream order. Values",
-    "are cast to the declared dtype where no value changes. Zero indices do nothing.",
 )
 _PUBLISH_DOC = (
-    "Schedule lane: write rows ``indices`` on the current stream, then record the fence.",
-    "",
-    "Call it as soon as the values exist (mid-forward in speculative decoding): the",
-    "scheduler's resolve waits on the fence, not on the whole forward.",
+    "Schedule lane: write rows ``indices``, then record the fence the scheduler waits on.",
 )
 _SEED_DOC = (
-    "Rows for requests that start here without a forward (prebuilt elsewhere).",
-    "",
-    "Checked now; written by the next ``resolve_future``, on the forward stream, so",
-    "they land after any forward still in flight on the rows.",
+    "Rows for requests prebuilt elsewhere: the next ``resolve_future`` writes them first.",
 )
 _RELEASE_DOC = (
-    "The requests in slots ``indices`` ended and the slots may be reused.",
-    "",
-    "Nothing to do normally; debug mode marks the slots' unread values stale.",
+    "The requests in slots ``indices`` ended (debug mode marks unread rows stale).",
 )
 
 
@@ -272,7 +264,9 @@ def _read_doc(f: Field) -> list[str]:
             f"``{naming.buffer(f)}[slot]``{later}."
         )
     elif f.target is not None:
-        lines.append(f"- ``batch.{f.target} = {naming.buffer(f)}[indices]``{later}.")
+        flat = ".flatten()" if f.target_shape is TargetShape.FLAT else ""
+        gather = f"{naming.buffer(f)}[indices]{flat}"
+        lines.append(f"- ``batch.{f.target} = {gather}``{later}.")
     if f.host_mirror:
         lines.append(f"- ``batch.{f.host_mirror}``: a host copy of it.")
     if f.host_sum:

@@ -15,6 +15,7 @@ SCHEMA = Schema(
     (``seq_lens + 1``). Pick ``DecodeSeqLensFutureMap`` instead when the forward
     decides the lengths (for example when it can stop a request early).
     """,
+    seeded=True,
     fields=[
         Field(
             "output_tokens",

@@ -14,6 +14,7 @@ SCHEMA = Schema(
     accepted lengths are published mid-forward, before the draft extension, so the
     scheduler can plan the next batch while the draft still runs.
     """,
+    seeded=True,
     fields=[
         Field(
             "output_tokens",

@@ -39,7 +39,7 @@ from hypothesis import strategies as st
 from relay import debug as debug_mode
 from relay.cpu_stream import ThreadStream, use_cpu_stream
 from relay.schema import Field as FieldDecl
-from relay.schema import FromPayload, Guard, Lane, Resolve, Schema
+from relay.schema import FromPayload, Guard, Lane, Resolve, Schema, Unwritten
 from relay.testing.model import ReferenceRelay, get_path, set_path
 
 __all__ = [
@@ -172,7 +172,7 @@ class _Driver:
             if name in dims
         }
         self.map = map_cls(device, pool_size, debug=debug, **keywords)
-        self.model = ReferenceRelay(schema)
+        self.model = ReferenceRelay(schema, dims)
         self.payload_cls = _payload_class(map_cls)
         self.forward_fields = [f for f in schema.fields if f.lane is Lane.FORWARD]
         self.schedule_fields = [f for f in schema.fields if f.lane is Lane.SCHEDULE]
@@ -180,6 +180,12 @@ class _Driver:
         # What a correct engine may read next: per field the slots written and not yet
         # read; the consumers with a publish since their last wait.
         self.fresh: dict[str, set[int]] = {f.name: set() for f in schema.fields}
+        # Fields whose unwritten rows read as zeros: the slots no write has reached.
+        self.unwritten: dict[str, set[int]] = {
+            f.name: set(range(1, pool_size))
+            for f in schema.fields
+            if f.unwritten is Unwritten.ZEROS
+        }
         self.fence_fresh: set[str] = set()
         # FROM_PAYLOAD fields: the dtype of the first payload, drawn once per run.
         self.payload_dtype = {
@@ -332,6 +338,7 @@ class _Driver:
         if not slots:
             return
         for f in fields:
+            self.unwritten.get(f.name, set()).difference_update(slots)
             if values[f.payload_name] is None:
                 self.fresh[f.name] -= set(slots)
             else:
@@ -377,7 +384,7 @@ class _Driver:
         ]
         candidates = set(range(1, self.pool_size))
         for f in read:
-            candidates &= self.fresh[f.name]
+            candidates &= self.fresh[f.name] | self.unwritten.get(f.name, set())
         order = self._slots(candidates)  # picks come in any order
         indices = self._indices(list(order))
         map_batch, model_batch = (

@@ -17,7 +17,16 @@ from typing import Any
 import torch
 
 from relay.schema import Field as FieldDecl
-from relay.schema import FromPayload, Guard, Lane, Resolve, Schema
+from relay.schema import (
+    FromPayload,
+    Guard,
+    IfNone,
+    Lane,
+    Resolve,
+    Schema,
+    TargetShape,
+    Unwritten,
+)
 
 __all__ = ["ModelError", "ReferenceRelay", "get_path", "set_path"]
 
@@ -48,8 +57,12 @@ class ReferenceRelay:
     left out by the latest write holds nothing, and asking for it is a ``ModelError``.
     """
 
-    def __init__(self, schema: Schema) -> None:
+    def __init__(self, schema: Schema, dims: Mapping[str, int] | None = None) -> None:
         self.schema = schema
+        #: Sizes of the symbolic dims: the rows a never-written zeros field reads.
+        self.dims = dict(dims or {})
+        #: field -> the slots any write ever reached (a zeros row reads zeros before).
+        self.written: dict[str, set[int]] = {f.name: set() for f in schema.fields}
         self.fields: dict[str, FieldDecl] = {f.name: f for f in schema.fields}
         #: field -> slot -> row (already cast to the field's dtype).
         self.rows: dict[str, dict[int, torch.Tensor]] = {
@@ -90,6 +103,7 @@ class ReferenceRelay:
             if f.lane is not lane:
                 continue
             value = values.get(f.payload_name)
+            self.written[f.name].update(slots)
             if f.optional:
                 self.carried[f.name] = value is not None
             if value is None:
@@ -135,6 +149,13 @@ class ReferenceRelay:
     def row(self, field: str, slot: int) -> torch.Tensor:
         """The row written for ``slot`` most recently (ModelError where there is none)."""
         row = self.rows[field].get(slot)
+        f = self.fields[field]
+        zeros = f.unwritten is Unwritten.ZEROS and slot not in self.written[field]
+        dtype = self.dtype[field]
+        if row is None and zeros and dtype is not None:
+            # Unwritten.ZEROS: a row no write has reached reads zeros (docs/schema.md).
+            shape = tuple(d if isinstance(d, int) else self.dims[d] for d in f.shape)
+            return torch.zeros(shape, dtype=dtype)
         if row is None:
             raise ModelError(
                 f"{field}: slot {slot} holds no value the relay may hand over"
@@ -158,6 +179,8 @@ class ReferenceRelay:
         self._resolve(self.fields[field], batch)
 
     def _resolve(self, f: FieldDecl, batch: Any) -> None:
+        if self._parent_absent(f, batch):
+            return
         slots = [int(s) for s in get_path(batch, self.schema.indices).tolist()]
         if not slots:
             return
@@ -176,7 +199,9 @@ class ReferenceRelay:
         (gather), or each placeholder ``-slot`` in the target replaced by the slot's
         row and every other value left as it is (placeholder)."""
         if f.resolve is Resolve.GATHER:
-            return torch.stack([self.row(f.name, slot) for slot in slots])
+            rows = torch.stack([self.row(f.name, slot) for slot in slots])
+            # TargetShape.FLAT: the rows' dims flattened into the batch dim.
+            return rows.flatten() if f.target_shape is TargetShape.FLAT else rows
         if f.resolve is not Resolve.PLACEHOLDER or f.target is None:
             raise ModelError(f"{f.name}: the model does not know resolve={f.resolve}")
         current: torch.Tensor = get_path(batch, f.target)
@@ -190,3 +215,17 @@ class ReferenceRelay:
                 for x in current.tolist()
             ]
         )
+
+    def _parent_absent(self, f: FieldDecl, batch: Any) -> bool:
+        """Whether ``f``'s target (or the slots) goes through an optional parent the
+        batch holds as ``None``: the resolve leaves the field alone (IfNone.SKIP) or
+        refuses (IfNone.REFUSE, a ModelError here: the harness never asks for it)."""
+        parents = dict(self.schema.optional_parents)
+        for path in (f.target, self.schema.indices):
+            first = (path or "").split(".")[0]
+            absent = path and "." in path and first in parents
+            if absent and getattr(batch, first) is None:
+                if parents[first] is IfNone.REFUSE:
+                    raise ModelError(f"{f.name}: batch.{first} is None")
+                return True
+        return False

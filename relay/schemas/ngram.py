@@ -1,0 +1,73 @@
+"""Relay of n-gram speculative decoding, as sglang relays it."""
+
+import torch
+
+from relay.schema import (
+    Field,
+    Guard,
+    IfNone,
+    Lane,
+    Schema,
+    TargetShape,
+    Unwritten,
+)
+
+SCHEMA = Schema(
+    name="NgramFutureMap",
+    doc="""Relay of n-gram speculative decoding: what a verify step hands the next.
+
+    The drafts come from n-gram matches in each request's own context, with no draft
+    model. A verify step stashes the drafts the target accepted (``accept_tokens``,
+    ``accept_lens``) and the bonus token; the next step gathers them into its draft
+    input (``spec_info``), appends them to the request's context and matches its
+    n-grams there. A row no verify step has written reads accept length 0, and a
+    batch without speculative state (``spec_info`` is None, as in prefill) is left
+    alone. The accepted lengths are published right after verification.
+    """,
+    optional_parents={"spec_info": IfNone.SKIP},
+    seeded=True,
+    fields=[
+        Field(
+            "output_tokens",
+            lane=Lane.FORWARD,
+            dtype=torch.int64,
+            source="bonus_tokens",
+            target="spec_info.bonus_tokens",
+            guard=Guard.NON_NEGATIVE,
+            doc="The bonus token: the target model's token after the accepted drafts.",
+        ),
+        Field(
+            "accept_tokens",
+            lane=Lane.FORWARD,
+            dtype=torch.int64,
+            shape=("draft_token_num",),
+            target="spec_info.accept_tokens",
+            target_shape=TargetShape.FLAT,
+            unwritten=Unwritten.ZEROS,
+            guard=Guard.NON_NEGATIVE,
+            doc="The drafts the target accepted, left-aligned, flattened to "
+            "(n * draft_token_num,) as sglang hands them; only the first "
+            "``accept_lens`` of a request's are meaningful.",
+        ),
+        Field(
+            "accept_lens",
+            lane=Lane.FORWARD,
+            dtype=torch.int32,
+            target="spec_info.accept_lens",
+            unwritten=Unwritten.ZEROS,
+            guard=Guard.NON_NEGATIVE,
+            doc="How many drafts the target accepted (0 in a row never verified).",
+        ),
+        Field(
+            "new_seq_lens",
+            lane=Lane.SCHEDULE,
+            dtype=torch.int64,
+            target="seq_lens",
+            host_mirror="seq_lens_cpu",
+            host_sum="seq_lens_sum",
+            guard=Guard.POSITIVE,
+            doc="Each request's sequence length after verification (accepted tokens "
+            "included).",
+        ),
+    ],
+)
