@@ -324,8 +324,6 @@ def resolve_future(
         "if debug is not None:",
         '    debug.check_slots("resolve_future", indices)',
     ]
-    if schema.seeded:
-        lines += ["if self._seeds:", "    _rt.apply_seeds(self, _TABLE)"]
     parents = {k: v for k, v in schema.optional_parents if k != bound}
     under: dict[str, list[Field]] = {}
     outside = []
@@ -338,6 +336,12 @@ def resolve_future(
     taken = [p for p in (bound, *under) if p is not None]
     binds, spelled = _parents(schema, [f.target for f in reads if f.target], taken)
     lines += binds
+    for parent in under:  # refused before anything is handed over
+        if parents[parent] is IfNone.REFUSE:
+            lines.append(f"{parent} = batch.{parent}")
+            lines += _none(parent, IfNone.REFUSE, "resolve_future")
+    if schema.seeded:
+        lines += ["if self._seeds:", "    _rt.apply_seeds(self, _TABLE)"]
     if fused is not None:
         lines += [s for f in reads for s in _stashed(schema, f)]
         lines += _fused_block(reads, fused)
@@ -347,13 +351,13 @@ def resolve_future(
     absent = []
     for parent, fields in under.items():
         body = _reads(schema, fields, fused, spelled)
-        lines.append(f"{parent} = batch.{parent}")
         placeholders = _placeholder_reports(schema, fields)
         if parents[parent] is IfNone.REFUSE:
-            lines += [*_none(parent, IfNone.REFUSE, "resolve_future"), *body]
+            lines += body
             vouch = vouch or _vouches(fields)
             reports += placeholders
             continue
+        lines.append(f"{parent} = batch.{parent}")
         if not vouch and _vouches(fields):
             body += _VOUCH  # the only gathers that check the slots are here
         lines += [f"if {parent} is not None:", *_indent(body)]
