@@ -300,18 +300,13 @@ def _scheduler_for(max_running: int, max_context: int) -> SchedulerConfig:
 
 
 def bundled_schemas() -> list[Path] | None:
-    """The bundled schema modules of ``MAP_MODULES``, or None when relay is
-    installed without them (a wheel ships the generated maps, not ``schemas/``)."""
+    """The bundled schema modules of ``MAP_MODULES`` (installed with relay, in
+    ``relay/schemas/``), or None where one is missing."""
     import relay
 
-    root = Path(relay.__file__).resolve().parent.parent
-    pyproject = root / "pyproject.toml"
-    paths = [root / "schemas" / f"{stem}.py" for stem in MAP_MODULES]
-    try:
-        ours = 'name = "relay-futuremap"' in pyproject.read_text(encoding="utf-8")
-    except OSError:
-        return None
-    return paths if ours and all(p.is_file() for p in paths) else None
+    root = Path(relay.__file__).resolve().parent / "schemas"
+    paths = [root / f"{stem}.py" for stem in MAP_MODULES]
+    return paths if all(p.is_file() for p in paths) else None
 
 
 @contextmanager

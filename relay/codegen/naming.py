@@ -220,6 +220,8 @@ def bound_names(schema: Schema) -> frozenset[str]:
     names = set(RESERVED)
     names.update({schema.name, payload_class(schema), batch_protocol(schema)})
     names.update(_path_names(schema, schema.indices))
+    if isinstance(schema.owners, str):
+        names.update(_path_names(schema, schema.owners))
     for f in schema.fields:
         names.update({buffer(f), host_mirror(f), carried_flag(f), f.payload_name})
         names.update({row_cache(f), dtype_cache(f)})

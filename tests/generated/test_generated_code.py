@@ -146,10 +146,12 @@ PACKED_CORPUS = Schema(
 
 
 def _schemas() -> list[Schema]:
+    handover = REPO / "tests" / "golden" / "schemas" / "handover.py"
     return [
         *(load_schema(p, f"relay/schemas/{p.name}") for p in BUNDLED),
         CORPUS,
         PACKED_CORPUS,
+        load_schema(handover, "tests/golden/schemas/handover.py"),
     ]
 
 
