@@ -112,7 +112,9 @@ def _payload_class(map_cls: type[Any]) -> type[Any] | None:
     return payload
 
 
-def _new_batch(schema: Schema, indices: torch.Tensor) -> Namespace:
+def _new_batch(
+    schema: Schema, indices: torch.Tensor, owners: list[int] | None = None
+) -> Namespace:
     batch = Namespace()
     for f in schema.fields:
         for path in (f.target, f.host_mirror, f.host_sum):
@@ -126,6 +128,8 @@ def _new_batch(schema: Schema, indices: torch.Tensor) -> Namespace:
                 node = getattr(node, name)
             setattr(node, leaf, UNSET)
     set_path(batch, schema.indices, indices)
+    if schema.owners is not None:
+        set_path(batch, schema.owners, owners)
     return batch
 
 
@@ -196,6 +200,8 @@ class _Driver:
             if isinstance(f.dtype, FromPayload)
         }
         self.history: list[str] = []
+        #: Each slot's request id (a schema's ``owners``): new after each release.
+        self.owner: dict[int, int] = {}
         self.busy: ThreadStream | None = None  # the stream with work not drained yet
         self.kinds = self._kinds()
         # One integer per operation (Hypothesis' per-draw cost dominates otherwise): the
@@ -207,6 +213,14 @@ class _Driver:
         self.rng = random.Random(0)
 
     # -- helpers -----------------------------------------------------------------------
+    def _owners(self, indices: torch.Tensor) -> list[int]:
+        """The request each slot of ``indices`` holds now (a schema's ``owners``)."""
+        return [self.owner.get(s, s) for s in indices.tolist()]
+
+    def _owned(self, indices: torch.Tensor) -> dict[str, list[int]]:
+        """``owners=`` for a write, where the schema declares owners."""
+        return {"owners": self._owners(indices)} if self.schema.owners else {}
+
     def _on(self, stream: ThreadStream, fn: Callable[[], None]) -> None:
         """Run ``fn`` on ``stream``. The harness orders its streams (work on one stream
         follows everything before it on the other), so its own writes never race; the
@@ -351,7 +365,8 @@ class _Driver:
         assert self.payload_cls is not None
         payload = self.payload_cls(**values)
         self.history.append(f"stash({slots}, {_describe(values)})")
-        self._on(self.forward, lambda: self.map.stash(indices, payload))
+        owners = self._owned(indices)
+        self._on(self.forward, lambda: self.map.stash(indices, payload, **owners))
         self.model.stash(slots, values)
         self._wrote(self.forward_fields, slots, values)
 
@@ -361,7 +376,8 @@ class _Driver:
         values = self._write_values(self.schedule_fields, len(slots))
         stream = self.rng.choice([self.forward, self.second])
         self.history.append(f"publish({slots}, {_describe(values)}) on {stream.name}")
-        self._on(stream, lambda: self.map.publish(indices, **values))
+        owners = self._owned(indices)
+        self._on(stream, lambda: self.map.publish(indices, **values, **owners))
         self.model.publish(slots, values)
         self._wrote(self.schedule_fields, slots, values)
         if slots:
@@ -375,6 +391,8 @@ class _Driver:
         self.model.release(slots)
         for fresh in self.fresh.values():
             fresh -= set(slots)
+        for slot in slots:  # the slot's next request is another one
+            self.owner[slot] = self.owner.get(slot, slot) + self.pool_size
 
     def resolve_future(self) -> None:
         read = [
@@ -388,8 +406,8 @@ class _Driver:
         order = self._slots(candidates)  # picks come in any order
         indices = self._indices(list(order))
         map_batch, model_batch = (
-            _new_batch(self.schema, indices),
-            _new_batch(self.schema, indices.clone()),
+            _new_batch(self.schema, indices, self._owners(indices)),
+            _new_batch(self.schema, indices.clone(), self._owners(indices)),
         )
         paths: list[str] = []
         for f in self.forward_fields:
@@ -433,8 +451,8 @@ class _Driver:
         slots = self._slots(candidates)
         indices = self._indices(slots)
         map_batch, model_batch = (
-            _new_batch(self.schema, indices),
-            _new_batch(self.schema, indices.clone()),
+            _new_batch(self.schema, indices, self._owners(indices)),
+            _new_batch(self.schema, indices.clone(), self._owners(indices)),
         )
         self.history.append(f"{consumer}({slots})")
         getattr(self.map, consumer)(map_batch)  # on the host, behind the map's fence
