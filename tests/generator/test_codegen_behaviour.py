@@ -229,3 +229,34 @@ def test_a_mutated_statement_fails_a_behavioural_test(
     assert mutated != text, "the mutation no longer matches the generated module"
     with pytest.raises((AssertionError, RelayError, pytest.fail.Exception)):
         check(_module(mutated, tmp_path, "every_mutated"))
+
+
+@pytest.mark.parametrize("parents", [{}, {"spec_info": IfNone.SKIP}])
+def test_slots_read_through_an_object_a_target_writes_into(
+    parents: dict[str, IfNone], tmp_path: Path
+) -> None:
+    """``indices="spec_info.idx"`` beside ``target="spec_info.a"``: every name is bound
+    before use, so the resolve reads the slots and hands the rows over (and, with the
+    parent optional, leaves a batch whose spec_info is None alone)."""
+    schema = Schema(
+        name="SharedFutureMap",
+        indices="spec_info.idx",
+        optional_parents=parents,
+        fields=[
+            Field("a", lane=Lane.FORWARD, dtype=torch.int64, target="spec_info.a"),
+            Field("b", lane=Lane.FORWARD, dtype=torch.int64, target="spec_info.b"),
+        ],
+    )
+    text = render(schema, source="schemas/shared.py", command="relay generate")
+    module = _module(text, tmp_path, f"shared_{len(parents)}")
+    for debug in (False, True):
+        relay = module.SharedFutureMap("cpu", 4, debug=debug)
+        relay.stash(
+            torch.tensor([2]),
+            module.SharedPayload(a=torch.tensor([7]), b=torch.tensor([8])),
+        )
+        batch = SimpleNamespace(spec_info=SimpleNamespace(idx=torch.tensor([2])))
+        relay.resolve_future(batch)
+        assert (batch.spec_info.a.tolist(), batch.spec_info.b.tolist()) == ([7], [8])
+    if parents:
+        relay.resolve_future(SimpleNamespace(spec_info=None))  # nothing to resolve

@@ -29,10 +29,13 @@ from relay.schema import (
     Alloc,
     Field,
     Guard,
+    IfNone,
     Lane,
     Layout,
     Resolve,
     Schema,
+    TargetShape,
+    Unwritten,
 )
 
 SOURCE = "schemas/prop.py"
@@ -97,6 +100,10 @@ def fields(draw: st.DrawFn, i: int) -> Field:
         host_mirror=host_mirror,
         host_sum=host_sum,
         guard=draw(st.sampled_from(Guard)),
+        unwritten=draw(st.sampled_from(Unwritten)),
+        target_shape=TargetShape.FLAT
+        if shape and target is not None and draw(st.booleans())
+        else TargetShape.ROWS,
         doc=draw(docs),
     )
 
@@ -119,8 +126,15 @@ def schemas(draw: st.DrawFn) -> Schema:
         name=f"M{draw(tails)}FutureMap",
         fields=declared,
         doc=draw(docs),
-        indices=draw(st.sampled_from(["req_pool_indices", "sched.slots"])),
+        # Slots paths that share prefixes with targets, nest below them, or coincide
+        # with their parents: every name still bound before use.
+        indices=draw(st.one_of(st.sampled_from(["req_pool_indices"]), paths("slots"))),
         layout=layout,
+        optional_parents={
+            p: draw(st.sampled_from(IfNone)) for p in draw(owners) if draw(st.booleans())
+        },
+        seeded=draw(st.booleans()),
+        owners=draw(st.sampled_from([None, "rids", "spec_info.rids"])),
     )
     assume(validate(schema, str) == [])
     return schema
