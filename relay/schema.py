@@ -81,6 +81,10 @@ class Resolve(enum.Enum):
     #: The sentinel protocol: ``invalidate`` writes ``-slot`` into the target and the
     #: resolve replaces every negative ``x`` there by ``buf[-x]``, leaving the rest.
     PLACEHOLDER = "placeholder"
+    #: Rows into a flat target at per-request offsets: ``target[offsets[i] + j] =
+    #: buf[indices[i], j]``, one scatter (vLLM's input ids: each request's token and
+    #: drafts at its start offset). ``offsets`` names the batch's start offsets.
+    SCATTER = "scatter"
 
 
 class Guard(enum.Enum):
@@ -215,8 +219,10 @@ class Field:
     source: str | None = None
     #: Dotted attribute path on the batch the value resolves to, e.g. ``spec_info.topk_p``.
     target: str | None = None
-    #: ``Resolve.GATHER`` or ``Resolve.PLACEHOLDER``.
+    #: ``Resolve.GATHER``, ``Resolve.PLACEHOLDER`` or ``Resolve.SCATTER``.
     resolve: Resolve = Resolve.GATHER
+    #: ``Resolve.SCATTER``: the batch tensor of each row's start offset in the target.
+    offsets: str | None = None
     #: Schedule lane: batch attribute that receives a host copy (``seq_lens_cpu``).
     host_mirror: str | None = None
     #: Schedule lane: batch attribute that receives the host sum as an int (``seq_lens_sum``).

@@ -145,6 +145,25 @@ def _placeholder_read(f: Field, target: str) -> list[str]:
     ]
 
 
+def _scatter_read(schema: Schema, f: Field, target: str) -> list[str]:
+    """Rows at ``indices`` into flat ``target`` from each row's start offset: one
+    gather, the positions, one scatter."""
+    rows = naming.value_local(f)
+    starts = f"batch.{f.offsets}"
+    if f.shape:  # each row's columns after its start
+        starts = (
+            f"({starts}.unsqueeze(1) + self.{naming.row_cache(f)}_columns).flatten()"
+        )
+        gather = f"{_buf(f)}.index_select(0, indices).flatten()"
+    else:
+        gather = f"{_buf(f)}.index_select(0, indices)"
+    return [
+        *_stashed(schema, f),
+        f"{rows} = {gather}",
+        f"{target}.index_copy_(0, {starts}, {rows})",
+    ]
+
+
 def _packed_read(f: Field, target: str) -> str:
     """The batch's view of ``f``'s columns of its group's gathered block."""
     local = naming.value_local(f)
@@ -167,7 +186,7 @@ def _fused_block(reads: Sequence[Field], fused: Fused) -> list[str]:
     optional: list[str] = []
     optional_args: list[str] = []
     for f in reads:
-        if f.name in fused.member_of or f.resolve is Resolve.PLACEHOLDER:
+        if f.name in fused.member_of or f.resolve is not Resolve.GATHER:
             continue
         local = naming.value_local(f)
         if f.optional:
@@ -275,6 +294,8 @@ def _reads(
         target = spelled[f.target]
         if f.resolve is Resolve.PLACEHOLDER:
             lines += [*_stashed(schema, f), *_placeholder_read(f, target)]
+        elif f.resolve is Resolve.SCATTER:
+            lines += _scatter_read(schema, f, target)
         elif fused is not None and f.name in fused.member_of:
             lines.append(_packed_read(f, target))
         elif fused is not None and f.optional and _flat(f):
@@ -306,7 +327,7 @@ def _placeholder_reports(schema: Schema, reads: Sequence[Field]) -> list[str]:
 
 def _vouches(reads: Sequence[Field]) -> bool:
     """A required gather by ``indices``: its ``index_select`` checked every slot."""
-    return any(f.resolve is Resolve.GATHER and not f.optional for f in reads)
+    return any(f.resolve is not Resolve.PLACEHOLDER and not f.optional for f in reads)
 
 
 _VOUCH = ["if debug is None:", "    self._gathered = _rt.gathered(indices)"]
@@ -358,13 +379,13 @@ def resolve_future(
             reports += placeholders
             continue
         lines.append(f"{parent} = batch.{parent}")
+        if placeholders:  # reported where they were read
+            body += ["if debug is not None:", *_indent(placeholders)]
         if not vouch and _vouches(fields):
             body += _VOUCH  # the only gathers that check the slots are here
         lines += [f"if {parent} is not None:", *_indent(body)]
         named = naming.string_literal(parent)
         absent.append(f"(() if {parent} is not None else ({named},))")
-        if placeholders:
-            reports += [f"if {parent} is not None:", *_indent(placeholders)]
     return lines + _future_reports(schema, reads, reports, absent, vouch)
 
 
@@ -377,14 +398,16 @@ def _future_reports(
 ) -> list[str]:
     """The end of ``resolve_future``: debug off, the slots it may vouch for; debug on,
     the reports of what it read."""
-    if any(f.resolve is Resolve.GATHER for f in reads):
+    if any(f.resolve is not Resolve.PLACEHOLDER for f in reads):
         args = ['"resolve_future"', "indices", *_owners(schema)]
         if absent:
             args.append(f"absent={' + '.join(absent)}")
         reports = [join("_rt.read_back(self, _TABLE, ", args), *reports]
-    if vouch:
+    if vouch and reports:
         return [*_VOUCH, "else:", *_indent(reports)]
-    return ["if debug is not None:", *_indent(reports)]
+    if vouch:
+        return _VOUCH
+    return ["if debug is not None:", *_indent(reports)] if reports else []
 
 
 def _host(f: Field, source: str) -> list[str]:

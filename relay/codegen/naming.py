@@ -224,7 +224,9 @@ def bound_names(schema: Schema) -> frozenset[str]:
         names.update(_path_names(schema, schema.owners))
     for f in schema.fields:
         names.update({buffer(f), host_mirror(f), carried_flag(f), f.payload_name})
-        names.update({row_cache(f), dtype_cache(f)})
+        names.update({row_cache(f), dtype_cache(f), f"{row_cache(f)}_columns"})
+        if isinstance(f.offsets, str):
+            names.update(_path_names(schema, f.offsets))
         names.add(value_local(f))
         names.update(placeholder_locals(f))
         for path in (f.target, f.host_mirror, f.host_sum):

@@ -363,8 +363,9 @@ def _check_options(c: _Collector, f: Field) -> None:
     if not isinstance(f.resolve, Resolve):
         c.add(
             f,
-            f"resolve must be Resolve.GATHER or Resolve.PLACEHOLDER (got {_got(f.resolve)})",
-            "write resolve=Resolve.GATHER or resolve=Resolve.PLACEHOLDER",
+            "resolve must be Resolve.GATHER, Resolve.PLACEHOLDER or Resolve.SCATTER "
+            f"(got {_got(f.resolve)})",
+            "write resolve=Resolve.GATHER, Resolve.PLACEHOLDER or Resolve.SCATTER",
         )
     if not isinstance(f.guard, Guard):
         c.add(
@@ -430,6 +431,7 @@ def _check_target(c: _Collector, f: Field) -> None:
         )
     if isinstance(f.resolve, Resolve):
         _add_all(c, f, _placeholder_problems(f))
+        _add_all(c, f, _scatter_problems(f))
     for option in ("host_mirror", "host_sum"):
         value = getattr(f, option)
         if value is None:
@@ -641,6 +643,64 @@ def _guard_problems(f: Field) -> list[Problem]:
             )
         ]
     return []
+
+
+def _scatter_problems(f: Field) -> list[Problem]:
+    """``Resolve.SCATTER``: rows into a flat forward target at per-request offsets."""
+    if f.resolve is not Resolve.SCATTER:
+        if f.offsets is not None:
+            return [
+                (
+                    (
+                        f"offsets names where scattered rows start, but resolve is "
+                        f"{f.resolve} (got offsets={f.offsets!r})"
+                    ),
+                    "add resolve=Resolve.SCATTER, or remove offsets=...",
+                )
+            ]
+        return []
+    found: list[Problem] = []
+    if not _valid_path(f.offsets):
+        found.append(
+            (
+                (
+                    "resolve=Resolve.SCATTER needs offsets, the batch tensor of each row's "
+                    f"start offset in the target (got offsets={f.offsets!r})"
+                ),
+                'add offsets="query_start_loc" (one start per row)',
+            )
+        )
+    if f.lane is not Lane.FORWARD or f.target is None or f.optional is True:
+        found.append(
+            (
+                (
+                    "resolve=Resolve.SCATTER writes a required forward-lane field into its "
+                    f"target (got lane={f.lane}, target={f.target!r}, optional={f.optional})"
+                ),
+                "make the field a required forward-lane field with a target",
+            )
+        )
+    if isinstance(f.shape, tuple) and len(f.shape) > 1:
+        found.append(
+            (
+                (
+                    "resolve=Resolve.SCATTER lays one value or one row of values per "
+                    f"request into a flat target (got shape={f.shape!r})"
+                ),
+                "give the field shape=() or one row dim such as (1 + drafts,)",
+            )
+        )
+    if isinstance(f.dtype, FromPayload):
+        found.append(
+            (
+                (
+                    "resolve=Resolve.SCATTER writes into the target's own tensor, so the "
+                    "field needs a fixed dtype (got dtype=FROM_PAYLOAD)"
+                ),
+                "give the target's dtype, e.g. dtype=torch.int64",
+            )
+        )
+    return found
 
 
 def _placeholder_problems(f: Field) -> list[Problem]:

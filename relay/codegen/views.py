@@ -218,6 +218,11 @@ def _field_init(f: Field, member: tuple[PackedGroup, Member] | None) -> list[Sta
     elif f.shape:
         row = naming.shape_literal(tuple(str(d) for d in f.shape))
         stmts.append(Statement(f"self.{naming.row_cache(f)} = {row}"))
+    if f.resolve is Resolve.SCATTER and f.shape:
+        # Each row's columns after its start offset (Resolve.SCATTER).
+        width = naming.shape_literal(tuple(str(d) for d in f.shape))[1:-1].rstrip(",")
+        columns = f"torch.arange({width}, device=self.device)"
+        stmts.append(Statement(f"self.{naming.row_cache(f)}_columns = {columns}"))
     if f.host_mirror is not None or f.host_sum is not None:
         host = f"self.{naming.host_mirror(f)} = _rt.HostMirror(self.device, pool_size)"
         stmts.append(Statement(host))
@@ -258,7 +263,12 @@ _RELEASE_DOC = (
 def _read_doc(f: Field) -> list[str]:
     later = " (when the latest write carried it, else ``None``)" if f.optional else ""
     lines = []
-    if f.target is not None and f.resolve is Resolve.PLACEHOLDER:
+    if f.target is not None and f.resolve is Resolve.SCATTER:
+        lines.append(
+            f"- ``batch.{f.target}``: from each row's ``batch.{f.offsets}``, "
+            f"``{naming.buffer(f)}[indices]``."
+        )
+    elif f.target is not None and f.resolve is Resolve.PLACEHOLDER:
         lines.append(
             f"- ``batch.{f.target}``: each placeholder ``-slot`` becomes "
             f"``{naming.buffer(f)}[slot]``{later}."
@@ -392,9 +402,12 @@ def _protocols(schema: Schema) -> tuple[ProtocolView, ...]:
     for f in schema.fields:
         tensor = "torch.Tensor | None" if f.optional else "torch.Tensor"
         if f.target is not None:
-            # Placeholder targets are assigned by invalidate; gather targets by resolve.
-            placeholder = f.resolve is Resolve.PLACEHOLDER
-            add(f.target, "torch.Tensor" if placeholder else tensor, True)
+            # Placeholder targets are assigned by invalidate, scatter targets written
+            # in place: always tensors; gather targets are assigned by the resolve.
+            in_place = f.resolve is not Resolve.GATHER
+            add(f.target, "torch.Tensor" if in_place else tensor, True)
+        if f.offsets is not None:
+            add(f.offsets, "torch.Tensor", False)
         if f.host_mirror is not None:
             add(f.host_mirror, tensor, True)
         if f.host_sum is not None:

@@ -113,7 +113,10 @@ def _payload_class(map_cls: type[Any]) -> type[Any] | None:
 
 
 def _new_batch(
-    schema: Schema, indices: torch.Tensor, owners: list[int] | None = None
+    schema: Schema,
+    indices: torch.Tensor,
+    owners: list[int] | None = None,
+    dims: Mapping[str, int] | None = None,
 ) -> Namespace:
     batch = Namespace()
     for f in schema.fields:
@@ -128,6 +131,18 @@ def _new_batch(
                 node = getattr(node, name)
             setattr(node, leaf, UNSET)
     set_path(batch, schema.indices, indices)
+    for f in schema.fields:
+        if f.resolve is Resolve.SCATTER and f.target and f.offsets:
+            # A flat target of each row's values and a gap, the gaps left alone.
+            sizes = [
+                d if isinstance(d, int) else (dims or {}).get(d, 3) for d in f.shape
+            ]
+            width = 1 + math.prod(sizes)
+            dtype = f.dtype if isinstance(f.dtype, torch.dtype) else torch.int64
+            set_path(
+                batch, f.target, torch.full((len(indices) * width,), -7, dtype=dtype)
+            )
+            set_path(batch, f.offsets, torch.arange(len(indices)) * width)
     if schema.owners is not None:
         set_path(batch, schema.owners, owners)
     return batch
@@ -406,8 +421,8 @@ class _Driver:
         order = self._slots(candidates)  # picks come in any order
         indices = self._indices(list(order))
         map_batch, model_batch = (
-            _new_batch(self.schema, indices, self._owners(indices)),
-            _new_batch(self.schema, indices.clone(), self._owners(indices)),
+            _new_batch(self.schema, indices, self._owners(indices), self.dims),
+            _new_batch(self.schema, indices.clone(), self._owners(indices), self.dims),
         )
         paths: list[str] = []
         for f in self.forward_fields:
@@ -451,8 +466,8 @@ class _Driver:
         slots = self._slots(candidates)
         indices = self._indices(slots)
         map_batch, model_batch = (
-            _new_batch(self.schema, indices, self._owners(indices)),
-            _new_batch(self.schema, indices.clone(), self._owners(indices)),
+            _new_batch(self.schema, indices, self._owners(indices), self.dims),
+            _new_batch(self.schema, indices.clone(), self._owners(indices), self.dims),
         )
         self.history.append(f"{consumer}({slots})")
         getattr(self.map, consumer)(map_batch)  # on the host, behind the map's fence

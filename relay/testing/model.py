@@ -196,12 +196,21 @@ class ReferenceRelay:
 
     def _value(self, f: FieldDecl, batch: Any, slots: list[int]) -> torch.Tensor:
         """What the resolve of ``f`` hands over for ``slots``: the rows of the slots
-        (gather), or each placeholder ``-slot`` in the target replaced by the slot's
-        row and every other value left as it is (placeholder)."""
+        (gather), each placeholder ``-slot`` in the target replaced by the slot's row
+        and every other value left as it is (placeholder), or the target with each
+        row laid in from its start offset (scatter)."""
         if f.resolve is Resolve.GATHER:
             rows = torch.stack([self.row(f.name, slot) for slot in slots])
             # TargetShape.FLAT: the rows' dims flattened into the batch dim.
             return rows.flatten() if f.target_shape is TargetShape.FLAT else rows
+        if f.resolve is Resolve.SCATTER and f.target is not None and f.offsets:
+            # Each row's values into the flat target from the row's start offset.
+            flat: torch.Tensor = get_path(batch, f.target).clone()
+            starts = get_path(batch, f.offsets).tolist()
+            for start, slot in zip(starts, slots):
+                row = self.row(f.name, slot).reshape(-1)
+                flat[start : start + row.numel()] = row.to(flat.dtype)
+            return flat
         if f.resolve is not Resolve.PLACEHOLDER or f.target is None:
             raise ModelError(f"{f.name}: the model does not know resolve={f.resolve}")
         current: torch.Tensor = get_path(batch, f.target)

@@ -70,7 +70,9 @@ class Project:
     def copy_bundled(self, *stems: str) -> None:
         """Copy bundled schemas from the repository's ``relay/schemas/``."""
         for stem in stems:
-            shutil.copy(REPO / "relay" / "schemas" / f"{stem}.py", self.schemas / f"{stem}.py")
+            shutil.copy(
+                REPO / "relay" / "schemas" / f"{stem}.py", self.schemas / f"{stem}.py"
+            )
 
 
 def line_of(path: Path, needle: str) -> int:

@@ -111,7 +111,9 @@ def test_schema_without_out_and_without_config(
     relay_cli: Callable[..., Run], bare_folder: Path
 ) -> None:
     """Naming a schema but no --out, outside any configured project, is a usage error (exit 2)."""
-    (bare_folder / "decode.py").write_text((REPO / "relay" / "schemas" / "decode.py").read_text())
+    (bare_folder / "decode.py").write_text(
+        (REPO / "relay" / "schemas" / "decode.py").read_text()
+    )
     run = relay_cli("generate", "decode.py", cwd=bare_folder)
     assert run.code == 2
     assert run.err.startswith(

@@ -131,7 +131,9 @@ def schemas(draw: st.DrawFn) -> Schema:
         indices=draw(st.one_of(st.sampled_from(["req_pool_indices"]), paths("slots"))),
         layout=layout,
         optional_parents={
-            p: draw(st.sampled_from(IfNone)) for p in draw(owners) if draw(st.booleans())
+            p: draw(st.sampled_from(IfNone))
+            for p in draw(owners)
+            if draw(st.booleans())
         },
         seeded=draw(st.booleans()),
         owners=draw(st.sampled_from([None, "rids", "spec_info.rids"])),
@@ -154,6 +156,8 @@ def every_combination(layout: Layout) -> Schema:
     ):
         if resolve is Resolve.PLACEHOLDER and (optional or guard is Guard.FINITE):
             continue  # placeholders: required integer fields (validation refuses it)
+        if resolve is Resolve.SCATTER and (optional or lane is Lane.SCHEDULE):
+            continue  # scatters: required forward-lane fields
         i = len(declared)
         stem = f"c{i}_{lane.value}_{alloc.value}_{resolve.value}_{guard.value}"
         stem = (stem + "_" * 60)[:60]
@@ -170,6 +174,7 @@ def every_combination(layout: Layout) -> Schema:
                 optional=optional,
                 target=f"spec_info.draft.{stem}" if i % 3 else stem,
                 resolve=resolve,
+                offsets=f"{stem}_at" if resolve is Resolve.SCATTER else None,
                 host_mirror=f"{stem}_cpu" if lane is Lane.SCHEDULE else None,
                 host_sum=f"{stem}_sum"
                 if lane is Lane.SCHEDULE and placeholder

@@ -93,8 +93,12 @@ def test_bundled_variants_generate_the_committed_maps_byte_for_byte() -> None:
 def test_bundled_variants_state_only_their_difference(stem: str) -> None:
     """Each variant declares no field the base declares: the shared fields are eagle.py's
     own objects, located at eagle.py's lines."""
-    eagle = load_schema(REPO / "relay" / "schemas" / "eagle.py", "relay/schemas/eagle.py")
-    variant = load_schema(REPO / "relay" / "schemas" / f"{stem}.py", f"relay/schemas/{stem}.py")
+    eagle = load_schema(
+        REPO / "relay" / "schemas" / "eagle.py", "relay/schemas/eagle.py"
+    )
+    variant = load_schema(
+        REPO / "relay" / "schemas" / f"{stem}.py", f"relay/schemas/{stem}.py"
+    )
     text = (REPO / "relay" / "schemas" / f"{stem}.py").read_text()
     for field in variant.fields:
         declared = Path(field.declared_at.file).name
@@ -115,7 +119,12 @@ def test_schema_module_runs_on_its_own_from_any_folder(tmp_path: Path) -> None:
         "print(sorted(m for m in sys.modules if m.startswith('_relay_schema_')))"
     )
     done = subprocess.run(
-        [sys.executable, "-c", script, str(REPO / "relay" / "schemas" / "eagle_dsa.py")],
+        [
+            sys.executable,
+            "-c",
+            script,
+            str(REPO / "relay" / "schemas" / "eagle_dsa.py"),
+        ],
         cwd=tmp_path,
         env=env,
         capture_output=True,

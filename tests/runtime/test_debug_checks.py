@@ -506,7 +506,9 @@ def test_the_lockstep_harness_installs_the_clocks_for_its_run_only() -> None:
             seen.append(debug.happens_before_enabled())
             super().resolve_future(batch)
 
-    schema = load_schema(ROOT / "relay" / "schemas" / "decode.py", "relay/schemas/decode.py")
+    schema = load_schema(
+        ROOT / "relay" / "schemas" / "decode.py", "relay/schemas/decode.py"
+    )
     debug.disable_happens_before()
     try:
         check_lockstep(schema, Probe, operations=200, steps=20, shrink=False)

@@ -31,7 +31,9 @@ BUNDLED = sorted(path.stem for path in (ROOT / "relay" / "schemas").glob("*.py")
 
 
 def _bundled(name: str) -> tuple[Schema, type[Any]]:
-    schema = load_schema(ROOT / "relay" / "schemas" / f"{name}.py", f"relay/schemas/{name}.py")
+    schema = load_schema(
+        ROOT / "relay" / "schemas" / f"{name}.py", f"relay/schemas/{name}.py"
+    )
     cls: type[Any] = getattr(importlib.import_module(f"relay.maps.{name}"), schema.name)
     return schema, cls
 
