@@ -26,7 +26,6 @@ from relay.schema import Lane
 
 __all__ = [
     "FORWARD",
-    "NOTHING_GATHERED",
     "SCHEDULE",
     "SLOT_DTYPES",
     "Column",
@@ -44,7 +43,6 @@ __all__ = [
     "gather_optional",
     "gather_rows",
     "gather_rows_optional",
-    "gathered",
     "guard_finite",
     "guard_non_negative",
     "guard_positive",
@@ -183,21 +181,6 @@ def debug_checks(
 
 # --- the common case's gate --------------------------------------------------------------
 
-#: What ``gathered`` returns for slots no write may take as they are.
-NOTHING_GATHERED: tuple[torch.Tensor | None, int, tuple[int, ...]] = (None, -1, ())
-
-
-def gathered(indices: torch.Tensor) -> tuple[torch.Tensor | None, int, tuple[int, ...]]:
-    """What ``resolve_future`` remembers of the slots it gathered with (Note [Gathered
-    slots]): the tensor, its version then, and its row count as a shape."""
-    try:
-        if indices.dtype is _INT64 and indices.ndim == 1:
-            return indices, indices._version, (indices.numel(),)
-    except RuntimeError:  # an inference tensor keeps no version counter
-        pass
-    return NOTHING_GATHERED
-
-
 _INT64 = torch.int64  # a module constant: reading torch.int64 costs an attribute lookup
 
 
@@ -205,19 +188,29 @@ _INT64 = torch.int64  # a module constant: reading torch.int64 costs an attribut
 # On the CPU an indexed write checks each index as it goes, so a slot outside the pool
 # would leave some rows written: the slots must be checked first. ``resolve_future``'s
 # ``index_select`` checks every slot before it writes anything, and an engine writes
-# with the very slots tensor it resolved; a write given that tensor, unchanged since
-# (its version counter says so), takes it as it is. Any other slots are read on the
-# host once, as a list (``Tensor.numpy`` would dispatch a view op). On CUDA a bad slot is a device-side assert whatever
-# relay does, and a host check would be a sync: there only debug mode checks slots.
+# with the very slots tensor it resolved; ``resolve_future`` remembers that tensor
+# (``_gathered``, a plain attribute store), and a write given it takes it as it is
+# while its version counter is still 0: no in-place change since it was made, so none
+# since the resolve. A tensor changed in place at any time (a persistent slots
+# buffer), and any other tensor, is read on the host once, as a list
+# (``Tensor.numpy`` would dispatch a view op). On CUDA a bad slot is a device-side
+# assert whatever relay does, and a host check would be a sync: there only debug
+# mode checks slots.
 
 
 def write_rows(m: Any, indices: torch.Tensor) -> tuple[int, ...] | None:
     """``(n,)`` when a write of map ``m`` may index with ``indices`` as they are: debug
     off, int64 slots, in the pool (Note [Gathered slots]), at least one. Else ``None``,
     and the write takes the checked path."""
-    token: tuple[torch.Tensor | None, int, tuple[int, ...]] = m._gathered
-    if indices is token[0] and indices._version == token[1]:
-        return token[2]  # never set in debug mode
+    try:
+        if (
+            indices is m._gathered  # never set in debug mode
+            and indices._version == 0
+            and indices.dtype is _INT64
+        ):
+            return (indices.shape[0],)
+    except (RuntimeError, IndexError):  # no version counter (inference), or 0-dim
+        pass
     if (
         m._debug is not None
         or type(indices) is not torch.Tensor
@@ -662,9 +655,12 @@ def host_sum(values: torch.Tensor) -> int:
     return int(values.numpy().sum())
 
 
+# Note [Guards in debug mode]
 # Guards run in debug mode only: three device ops (compare, all, assert) per field per
 # write, and no host sync. A guard on a floating field lets NaN through (it is not a
-# value below the bound); only guard_finite refuses NaN and infinities.
+# value below the bound); only guard_finite refuses NaN and infinities. A Guard kind
+# is its member in relay/schema.py, its rule in relay/codegen/validate.py and its
+# ``guard_<value>`` here, which the generated table names.
 
 
 def guard_non_negative(value: torch.Tensor, what: str) -> None:

@@ -290,7 +290,7 @@ class Schema:
 
     # Note [Schema composition]
     # A variant builds on another schema module's SCHEMA: ``Schema.load`` imports
-    # that module by path (relay.codegen.loader: never through sys.path, never left
+    # that module by path (relay/schema_import.py: never through sys.path, never left
     # in sys.modules, a cycle refused at the load line), and ``derive`` keeps every
     # base Field object as it is, so each still carries the file and line that
     # declared it and validation points there. Generated modules need no record of
@@ -303,7 +303,7 @@ class Schema:
 
         ``path`` is relative to the folder of the module that calls ``load`` (an
         absolute path is taken as it is): ``Schema.load("eagle.py")`` beside
-        ``schemas/eagle_dsa.py`` loads ``schemas/eagle.py``. Raises
+        ``relay/schemas/eagle_dsa.py`` loads ``relay/schemas/eagle.py``. Raises
         ``CompositionError`` (no such file, a cycle) or ``SchemaError`` (the base
         module itself is broken).
         """

@@ -330,7 +330,8 @@ def _vouches(reads: Sequence[Field]) -> bool:
     return any(f.resolve is not Resolve.PLACEHOLDER and not f.optional for f in reads)
 
 
-_VOUCH = ["if debug is None:", "    self._gathered = _rt.gathered(indices)"]
+#: Debug off, the slots the resolve checked (Note [Gathered slots] in runtime.py).
+_VOUCH = ["if debug is None:", "    self._gathered = indices"]
 
 
 def resolve_future(
@@ -340,6 +341,8 @@ def resolve_future(
     placeholder substitutions, those under an optional parent only where it is set;
     debug mode checks the slots and reports the reads."""
     lines, bound = _prologue(schema, "resolve_future")
+    if schema.seeded:  # on the forward stream, whatever this batch holds (Note [Seeds])
+        lines[:0] = ["if self._seeds:", "    _rt.apply_seeds(self, _TABLE)"]
     lines += [
         "debug = self._debug",
         "if debug is not None:",
@@ -361,8 +364,7 @@ def resolve_future(
         if parents[parent] is IfNone.REFUSE:
             lines.append(f"{parent} = batch.{parent}")
             lines += _none(parent, IfNone.REFUSE, "resolve_future")
-    if schema.seeded:
-        lines += ["if self._seeds:", "    _rt.apply_seeds(self, _TABLE)"]
+
     if fused is not None:
         lines += [s for f in reads for s in _stashed(schema, f)]
         lines += _fused_block(reads, fused)

@@ -169,7 +169,7 @@ def _init(schema: Schema, packed: Sequence[PackedGroup]) -> list[Statement]:
     member_of = {m.field.name: (g, m) for g in packed for m in g.members}
     for f in schema.fields:
         stmts += _field_init(f, member_of.get(f.name))
-    stmts.append(Statement("self._gathered = _rt.NOTHING_GATHERED"))
+    stmts.append(Statement("self._gathered: torch.Tensor | None = None"))
     if schema.seeded:
         stmts.append(
             Statement(

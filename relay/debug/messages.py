@@ -140,9 +140,10 @@ MESSAGES: Final[Mapping[str, str]] = MappingProxyType(
             "{owner}.{field}: slot {slot}: {op} on {stream} and {other_op} on "
             "{other_stream} touch the row with nothing ordering them: a seed must come "
             "after any forward still in flight on the row, or that forward's read or "
-            "stash lands on the seeded request's row. Make the seeding stream wait for "
-            "the forward stream before seeding (a stream wait or an event), and report "
-            "the wait (relay.debug.wait_stream, ...)."
+            "stash lands on the seeded request's row. Seed through the map's seed(...), "
+            "which writes on the forward stream after it; or make the seeding stream "
+            "wait for the forward stream (a stream wait or an event) and report the wait "
+            "(relay.debug.wait_stream, ...)."
         ),
         "unordered_seed_summary": (
             "{owner}.{fields}: {op} on {stream} seeds a row that a forward may still "

@@ -299,7 +299,9 @@ def test_hostile_strings_reach_the_module_faithfully(text: str, tmp_path: Path) 
         _attribute_docs(ast.parse(rendered), "HostilePayload")["tokens"]
     ) == (inspect.cleandoc(text).rstrip() or "tokens")
     assert "\n".join(source.splitlines()) in "\n".join(module.__doc__.splitlines())
-    header = list(itertools.takewhile(lambda s: s.startswith("#"), rendered.splitlines()))
+    header = list(
+        itertools.takewhile(lambda s: s.startswith("#"), rendered.splitlines())
+    )
     assert len(header) == 4, "nothing can end a header comment early"
     assert ("\n" + rendered).count("\n#") == 4 + 3, "the table's three comments only"
 
