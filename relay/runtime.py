@@ -207,9 +207,10 @@ def write_rows(m: Any, indices: torch.Tensor) -> tuple[int, ...] | None:
             indices is m._gathered  # never set in debug mode
             and indices._version == 0
             and indices.dtype is _INT64
+            and indices.ndim == 1
         ):
-            return (indices.shape[0],)
-    except (RuntimeError, IndexError):  # no version counter (inference), or 0-dim
+            return (indices.numel(),)
+    except RuntimeError:  # an inference tensor keeps no version counter
         pass
     if (
         m._debug is not None
