@@ -55,20 +55,26 @@ def _add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
         bench.add_arguments(parser)
 
 
-def _missing_extra() -> list[str]:
-    """The modules of the ``generate`` extra that are not installed. The runtime an
-    engine ships needs none of them; every command does (``ruff`` may instead be a
-    binary named by ``RELAY_RUFF``)."""
-    names = ["jinja2", "rich"]
-    if not os.environ.get("RELAY_RUFF"):
-        names.append("ruff")
-    if sys.version_info < (3, 11):
-        names.append("tomli")
+def _missing_extra(args: argparse.Namespace) -> list[str]:
+    """The modules of the ``generate`` extra this command needs that are not installed.
+    The runtime an engine ships needs none of them. Generating (``relay generate``,
+    ``relay demo`` unless ``--no-generate``) needs jinja2 and ruff (``ruff`` may instead
+    be a binary named by ``RELAY_RUFF``); the demo and the bench print through rich."""
+    generates = args.command == "generate" or (
+        args.command == "demo" and not getattr(args, "no_generate", False)
+    )
+    names = ["rich"] if args.command in ("demo", "bench") else []
+    if generates:
+        names.append("jinja2")
+        if not os.environ.get("RELAY_RUFF"):
+            names.append("ruff")
+        if sys.version_info < (3, 11):
+            names.append("tomli")
     return [name for name in names if importlib.util.find_spec(name) is None]
 
 
 def _run(args: argparse.Namespace) -> int:
-    missing = _missing_extra()
+    missing = _missing_extra(args)
     if missing:
         print(
             f"relay {args.command}: needs the generate extra ({', '.join(missing)} "

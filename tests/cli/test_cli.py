@@ -188,18 +188,41 @@ def test_the_engine_imports_nothing_from_the_cli() -> None:
                 assert not name.startswith("relay.cli"), f"{path.name} imports {name}"
 
 
-@pytest.mark.parametrize("command", ["generate", "demo", "bench"])
+@pytest.mark.parametrize(
+    ("command", "missing"),
+    [("generate", "jinja2"), ("demo", "rich"), ("bench", "rich")],
+)
 def test_a_command_without_the_generate_extra_says_what_to_install(
-    command: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    command: str,
+    missing: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """Without the ``generate`` extra (here: rich missing) every command prints one
-    line naming the extra and exits 2."""
-    monkeypatch.setitem(sys.modules, "rich", None)
+    """Without the ``generate`` extra (here: one module of it missing) every command
+    prints one line naming the extra and exits 2."""
+    monkeypatch.setitem(sys.modules, missing, None)
     assert main([command]) == Exit.USAGE
     err = capsys.readouterr().err
     assert err.count("\n") == 1
-    assert err.startswith(f"relay {command}: needs the generate extra (rich missing)")
+    assert err.startswith(
+        f"relay {command}: needs the generate extra ({missing} missing)"
+    )
     assert "pip install 'relay-futuremap[generate]'" in err
+
+
+def test_commands_on_committed_maps_need_no_formatter(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Where ruff is missing (a GPU machine's image), the bench and the demo on the
+    committed maps get past the extra's check; generating does not."""
+    monkeypatch.setitem(sys.modules, "ruff", None)
+    monkeypatch.delenv("RELAY_RUFF", raising=False)
+    assert main(["bench", "--schema", "nothing"]) == Exit.USAGE
+    assert "generate extra" not in capsys.readouterr().err
+    assert main(["demo", "--no-generate", "--device", "nosuch"]) == Exit.USAGE
+    assert "generate extra" not in capsys.readouterr().err
+    assert main(["generate"]) == Exit.USAGE
+    assert "(ruff missing)" in capsys.readouterr().err
 
 
 _BLOCK_GENERATOR = """
