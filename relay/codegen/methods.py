@@ -100,6 +100,36 @@ def write(op: str, fields: Sequence[Field], checked: str) -> list[str]:
 
 
 # --- resolves ------------------------------------------------------------------------------
+# What a Resolve kind emits lives here: its read (``_reads``), its constructor
+# statements (``resolve_init``) and its line of the resolve's doc string
+# (``resolve_doc``); its rules live in validate.py, its meaning in relay/testing/model.py.
+
+
+def resolve_init(f: Field) -> list[str]:
+    """The constructor's statements a field's resolve kind needs."""
+    if f.resolve is Resolve.SCATTER and f.shape:
+        # Each row's columns after its start offset.
+        width = naming.shape_literal(tuple(str(d) for d in f.shape))[1:-1].rstrip(",")
+        return [
+            f"self.{naming.row_cache(f)}_columns = torch.arange({width}, device=self.device)"
+        ]
+    return []
+
+
+def resolve_doc(f: Field) -> str:
+    """The resolve doc string's line for ``f``'s target."""
+    later = " (when the latest write carried it, else ``None``)" if f.optional else ""
+    if f.resolve is Resolve.SCATTER:
+        return (
+            f"- ``batch.{f.target}``: from each row's ``batch.{f.offsets}``, "
+            f"``{naming.buffer(f)}[indices]``."
+        )
+    if f.resolve is Resolve.PLACEHOLDER:
+        return (
+            f"- ``batch.{f.target}``: each placeholder ``-slot`` becomes "
+            f"``{naming.buffer(f)}[slot]``{later}."
+        )
+    return f"- ``batch.{f.target} = {naming.buffer(f)}[indices]{_flat(f)}``{later}."
 
 
 @attrs.frozen

@@ -22,7 +22,6 @@ from relay.schema import (
     Lane,
     Resolve,
     Schema,
-    TargetShape,
     Unwritten,
 )
 
@@ -218,11 +217,7 @@ def _field_init(f: Field, member: tuple[PackedGroup, Member] | None) -> list[Sta
     elif f.shape:
         row = naming.shape_literal(tuple(str(d) for d in f.shape))
         stmts.append(Statement(f"self.{naming.row_cache(f)} = {row}"))
-    if f.resolve is Resolve.SCATTER and f.shape:
-        # Each row's columns after its start offset (Resolve.SCATTER).
-        width = naming.shape_literal(tuple(str(d) for d in f.shape))[1:-1].rstrip(",")
-        columns = f"torch.arange({width}, device=self.device)"
-        stmts.append(Statement(f"self.{naming.row_cache(f)}_columns = {columns}"))
+    stmts += [Statement(code) for code in methods.resolve_init(f)]
     if f.host_mirror is not None or f.host_sum is not None:
         host = f"self.{naming.host_mirror(f)} = _rt.HostMirror(self.device, pool_size)"
         stmts.append(Statement(host))
@@ -261,22 +256,7 @@ _RELEASE_DOC = (
 
 
 def _read_doc(f: Field) -> list[str]:
-    later = " (when the latest write carried it, else ``None``)" if f.optional else ""
-    lines = []
-    if f.target is not None and f.resolve is Resolve.SCATTER:
-        lines.append(
-            f"- ``batch.{f.target}``: from each row's ``batch.{f.offsets}``, "
-            f"``{naming.buffer(f)}[indices]``."
-        )
-    elif f.target is not None and f.resolve is Resolve.PLACEHOLDER:
-        lines.append(
-            f"- ``batch.{f.target}``: each placeholder ``-slot`` becomes "
-            f"``{naming.buffer(f)}[slot]``{later}."
-        )
-    elif f.target is not None:
-        flat = ".flatten()" if f.target_shape is TargetShape.FLAT else ""
-        gather = f"{naming.buffer(f)}[indices]{flat}"
-        lines.append(f"- ``batch.{f.target} = {gather}``{later}.")
+    lines = [methods.resolve_doc(f)] if f.target is not None else []
     if f.host_mirror:
         lines.append(f"- ``batch.{f.host_mirror}``: a host copy of it.")
     if f.host_sum:
