@@ -342,8 +342,7 @@ class Fence:
 # newest task whichever stream recorded), so a second publishing stream cannot make it
 # forget the first. A debug-off map on the CPU therefore gets a ``CpuFence``: its first
 # ``record`` or ``wait`` makes the event and rebinds both to the event's own methods, so
-# every later call is the bare ``CpuEvent.record`` / ``synchronize`` (about 0.8 us less
-# a publish). Debug mode keeps ``Fence``: its happens-before clocks model the fence as
+# every later call is the bare ``CpuEvent.record`` / ``synchronize``. Debug mode keeps ``Fence``: its happens-before clocks model the fence as
 # CUDA does (a new record replaces the old), so they must see the chaining wait. So
 # does a CPU device whose policy is not the stock ``CpuPolicy`` (a registered one).
 
