@@ -66,7 +66,7 @@ def every_option(layout: Layout) -> Schema:
                 dtype=torch.float32,
                 shape=("topk",),
                 target="spec_info.index",
-            )  # fmt: skip
+            )
         )
     schema = Schema(
         name=f"Every{layout.value.title()}FutureMap",
@@ -278,7 +278,7 @@ def test_rows_scattered_at_per_request_offsets(tmp_path: Path) -> None:
                 resolve=Resolve.SCATTER,
                 offsets="starts",
             ),
-        ],  # fmt: skip
+        ],
     )
     text = render(schema, source="schemas/flat.py", command="relay generate")
     module = _module(text, tmp_path, "flat_map")

@@ -42,7 +42,7 @@ def _methods(cls: type[Any]) -> dict[str, Any]:
 def test_one_class_and_one_attribute_test_for_debug_mode(stem: str) -> None:
     """No class swapping, no version counters, no second copy: each method tests debug
     mode once at most (a write inside ``_rt.write_rows``)."""
-    schema, cls = _bundled(stem)
+    _schema, cls = _bundled(stem)
     text = Path(inspect.getfile(cls)).read_text(encoding="utf-8")
     assert "_version" not in text and "__class__" not in text
     assert not [
@@ -60,7 +60,7 @@ def test_one_class_and_one_attribute_test_for_debug_mode(stem: str) -> None:
 @pytest.mark.parametrize("stem", BUNDLED)
 def test_debug_flag_sets_the_checker_not_the_class(stem: str) -> None:
     """debug=True builds the same class, with debug mode's checker set."""
-    schema, cls = _bundled(stem)
+    _schema, cls = _bundled(stem)
     dims = {d: 2 for d in ("topk", "hidden", "vocab", "draft_tokens", "layers")}
     dims["draft_token_num"] = 2
     params = inspect.signature(cls).parameters

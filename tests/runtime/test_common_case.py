@@ -4,7 +4,6 @@ checked path, before any write, and the bare fence orders as the chained one."""
 
 from __future__ import annotations
 
-import inspect
 import sys
 import threading
 from collections.abc import Callable
