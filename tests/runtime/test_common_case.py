@@ -321,3 +321,21 @@ def test_publishes_from_two_streams_are_both_waited_for() -> None:
         batch = Batch(req_pool_indices=slots(1, 2))
         relay.resolve_seq_lens_cpu(batch)
         assert batch.seq_lens.tolist() == [4, 6] and batch.seq_lens_sum == 10
+
+
+@pytest.mark.parametrize("debug", [False, True], ids=["debug-off", "debug-on"])
+@pytest.mark.parametrize("dtype", [torch.uint16, torch.uint32, torch.uint64])
+def test_unsigned_slots_are_refused_before_any_write(
+    dtype: torch.dtype, debug: bool
+) -> None:
+    """Unsigned slots wider than a byte (torch indexes with none of them) are refused
+    with relay's message and nothing written, the second slot outside the pool or not;
+    uint8 slots are cast and written."""
+    relay = EagleFutureMap("cpu", POOL, topk=TOPK, debug=debug)
+    before = buffer_copies(relay)
+    for values in ([4, 13], [4, 5]):
+        with pytest.raises(RelayError, match="indices must be integer slots"):
+            relay.stash(torch.tensor(values, dtype=dtype), eagle_payload(2, TOPK))
+        assert buffers_unchanged(relay, before)
+    relay.stash(torch.tensor([4, 5], dtype=torch.uint8), eagle_payload(2, TOPK, base=3))
+    assert relay.output_tokens_buf[4:6].tolist() == [3, 4]
