@@ -101,6 +101,10 @@ def merge_results(results: list[RunResult]) -> RunResult:
         idle_steps=sum(r.idle_steps for r in results),
         decode_rows=sum(r.decode_rows for r in results),
         decode_tokens=sum(r.decode_tokens for r in results),
+        retractions=sum(r.retractions for r in results),
+        aborts=sum(r.aborts for r in results),
+        chunks=sum(r.chunks for r in results),
+        prebuilt=sum(r.prebuilt for r in results),
     )
 
 
