@@ -231,7 +231,11 @@ def run_workload(
             eos_token_id=config.model.eos_token_id,
             max_context=config.model.max_context,
             lookahead=lookahead,
-            spec_topk=config.spec.topk if config.mode_name == "eagle" else 1,
+            spec_topk=(
+                config.spec.topk
+                if config.spec is not None and config.spec.method == "eagle"
+                else 1
+            ),
         )
         loop = "overlap" if config.overlap else "sync"
         try:

@@ -133,7 +133,9 @@ class MapRelay:
                 batch.seq_lens_cpu = lens
                 batch.seq_lens = lens.to(batch.req_pool_indices.device)
                 batch.seq_lens_sum = int(lens.sum())
-        elif not isinstance(self.map, self.maps.decode):
+        elif isinstance(
+            self.map, (self.maps.decode_seq_lens, self.maps.eagle, self.maps.ngram)
+        ):
             # Blocks until the newest forward has published (not until it has finished),
             # also on a CPU worker stream (Note [Host order of CPU records]).
             with (
@@ -161,7 +163,9 @@ class MapRelay:
         self.map.resolve_future(batch)
 
     def publish(self, slots: torch.Tensor, new_seq_lens: torch.Tensor) -> None:
-        if not isinstance(self.map, self.maps.decode):
+        if isinstance(
+            self.map, (self.maps.decode_seq_lens, self.maps.eagle, self.maps.ngram)
+        ):
             self.map.publish(slots, new_seq_lens)
 
     def release(self, slots: torch.Tensor) -> None:

@@ -300,10 +300,10 @@ class Scheduler:
                 batch.chunk = self._prefill_batch(max(budget, 1), running)
             return batch
         if self.waiting and not (running.reqs and self._last_was_prefill):
-            batch = self._prefill_batch(self.config.max_prefill_tokens, running)
-            if batch is not None:
+            prefill = self._prefill_batch(self.config.max_prefill_tokens, running)
+            if prefill is not None:
                 self._last_was_prefill = True
-                return batch
+                return prefill
         self._last_was_prefill = False
         if not running.reqs:
             return None
