@@ -363,7 +363,10 @@ class Scheduler:
         req.seq_len = 0
         self._free_slot(req)
         self.budget.release(req)
-        self.waiting.appendleft(req)
+        # First in line, but behind a prompt half prefilled: at most one request holds
+        # pages while it waits, so that one can always finish its prefill.
+        front = self.waiting and self.waiting[0].state is RequestState.PREFILLING
+        self.waiting.insert(1 if front else 0, req)
         self.retractions += 1
 
     def _admit_prebuilt(self, running: _RunningBatch) -> None:
