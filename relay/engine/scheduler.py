@@ -560,18 +560,22 @@ class Scheduler:
                 continue  # ended one step ago, or retracted since (extra rows)
             if count == 0:
                 continue  # a chunk that is not its context's last
-            if seq_len - count != len(req.spec.prompt) + len(req.output):
-                raise TokenAccountingError(
-                    f"request {req.spec.rid}: a step ended at length {seq_len} with "
-                    f"{count} new token(s) after {len(req.output)} output tokens of a "
-                    f"{len(req.spec.prompt)}-token prompt: a token was processed "
-                    "twice or lost (Note [Rows of a retracted request])"
-                )
+            self._check_accounting(req, seq_len, count)
             req.seq_len = seq_len
             if self._append(req, row[:count]) is None:
                 assert req.state is not RequestState.CAPPED, (
                     "capped request did not reach its limit"
                 )
+
+    def _check_accounting(self, req: Request, seq_len: int, count: int) -> None:
+        """A step's length must follow from the tokens output so far."""
+        if seq_len - count != len(req.spec.prompt) + len(req.output):
+            raise TokenAccountingError(
+                f"request {req.spec.rid}: a step ended at length {seq_len} with "
+                f"{count} new token(s) after {len(req.output)} output tokens of a "
+                f"{len(req.spec.prompt)}-token prompt: a token was processed "
+                "twice or lost (Note [Rows of a retracted request])"
+            )
 
     def _current(self, req: Request, epoch: int) -> bool:
         """Whether a row built at ``epoch`` is still ``req``'s (Note [Rows of a retracted
