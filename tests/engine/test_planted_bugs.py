@@ -73,7 +73,7 @@ def _debug_report(config: EngineConfig) -> str:
     check on the forward worker reaches the host as the cause of its error)."""
     try:
         run_workload(config)
-    except Exception as error:  # noqa: BLE001 - the chain is inspected below
+    except Exception as error:  # the chain is inspected below
         cause: BaseException | None = error
         while cause is not None and not isinstance(cause, DebugCheckFailed):
             cause = cause.__cause__
