@@ -581,7 +581,9 @@ class _Reporter:
         if ranks > 1:
             columns.append(f"{ranks} ranks = 1 rank")
         for name in columns:
-            table.add_column(name, justify="left" if name == "mode" else "right")
+            table.add_column(
+                name, justify="left" if name == "mode" else "right", no_wrap=True
+            )
         above = []
         for row in rows:
             speedups = row.speedups
@@ -615,6 +617,9 @@ class _Reporter:
                     "yes" if row.single.outputs == row.overlap[0].outputs else "NO"
                 )
             table.add_row(*cells)
+        if not self.console.is_terminal:
+            # Off a terminal nothing folds: a log or a pipe keeps one line per mode.
+            self.console.width = max(self.console.width, 200)
         self.console.print(table)
         if above:
             # Note [Efficiency above 100%]
