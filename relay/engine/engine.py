@@ -172,6 +172,22 @@ def _make_relay(
     return MapRelay(eagle, maps, ranges)
 
 
+def _make_scheduler(
+    config: EngineConfig, specs: Sequence[RequestSpec], device: torch.device
+) -> Scheduler:
+    spec = config.spec
+    return Scheduler(
+        specs,
+        config.scheduler,
+        device=device,
+        vocab=Vocabulary(config.model.vocab_size, config.model.seed),
+        eos_token_id=config.model.eos_token_id,
+        max_context=config.model.max_context,
+        lookahead=1 if spec is None else spec.steps + 1,
+        spec_topk=spec.topk if spec is not None and spec.method == "eagle" else 1,
+    )
+
+
 def run_workload(
     config: EngineConfig,
     specs: Sequence[RequestSpec] | None = None,
@@ -222,21 +238,7 @@ def run_workload(
         runner.warm_up()
         if config.record_inputs:
             runner.record = []
-        lookahead = 1 if config.spec is None else config.spec.steps + 1
-        scheduler = Scheduler(
-            specs,
-            config.scheduler,
-            device=device,
-            vocab=Vocabulary(config.model.vocab_size, config.model.seed),
-            eos_token_id=config.model.eos_token_id,
-            max_context=config.model.max_context,
-            lookahead=lookahead,
-            spec_topk=(
-                config.spec.topk
-                if config.spec is not None and config.spec.method == "eagle"
-                else 1
-            ),
-        )
+        scheduler = _make_scheduler(config, specs, device)
         loop = "overlap" if config.overlap else "sync"
         try:
             with ranges(f"{RUN} {config.mode_name} {loop}", 0):
