@@ -59,7 +59,7 @@ class Cell:
             model=TINY,
             spec=MODES[self.mode],
             workload=WorkloadConfig(
-                requests=28,
+                requests=36,
                 min_prompt=4,
                 max_prompt=40,
                 min_output=2,
