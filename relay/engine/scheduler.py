@@ -38,8 +38,9 @@ __all__ = [
 # so a request that ends on EOS in step N is still in step N+1 (its extra token is
 # dropped); engines do this. The synchronous loop processes each step's results at
 # the same point of its loop, after launching the next step, so both modes build
-# exactly the same batches, step by step. Arrivals are counted in steps for the
-# same reason. Lengths reach the scheduler earlier, through the schedule lane: a
+# exactly the same batches, step by step. Arrivals and aborts are counted in steps
+# for the same reason, and retraction decides from the lengths of processed steps,
+# which both modes know at the same point. Lengths reach the scheduler earlier, through the schedule lane: a
 # request at its output limit is dropped from the very batch being built, in both
 # modes alike.
 
