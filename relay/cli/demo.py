@@ -72,7 +72,7 @@ PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 MODES = ("decode", "eagle", "ngram")
 #: KV pages per slot by default: fewer than a full context needs, so that pages run
 #: out when the batch is full and the newest requests are retracted.
-PAGES_PER_SLOT = 4
+PAGES_PER_SLOT = 2
 
 #: Model sizes by name. ``small`` is the default and is sized for a 2-core CPU.
 MODEL_PRESETS: dict[str, ModelConfig] = {

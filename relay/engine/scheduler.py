@@ -79,6 +79,9 @@ class SchedulerConfig:
     chunked_prefill: bool = True
     #: A prefill chunk rides in the same forward as the running decode rows.
     mixed: bool = False
+    #: With ``retract``: free pages admission leaves per running request, for their
+    #: growth. Less admits more and retracts more.
+    headroom: float = 0.25
 
 
 class Vocabulary:
@@ -395,8 +398,10 @@ class Scheduler:
             return self.budget.try_reserve(
                 req, self._worst(req.spec)
             ) and self.budget.grow(req, tokens)
-        # One page of headroom per running request, so admission does not retract.
-        if not self.budget.fits(req, tokens, headroom=len(running.reqs)):
+        # Some pages kept for the running requests' growth, so that admission does not
+        # retract at once.
+        headroom = int(self.config.headroom * len(running.reqs))
+        if not self.budget.fits(req, tokens, headroom=headroom):
             return False
         return self.budget.grow(req, tokens)
 
