@@ -480,10 +480,26 @@ class ModeResult:
 
     @property
     def identical(self) -> bool:
-        """Every overlap run (and the single-rank run) produced the sync run's tokens."""
+        """Every overlap run produced the sync run's tokens (and the single-rank run
+        the ranks' tokens, see ``ranks_agree``)."""
         want = self.sync[0].outputs
-        runs = [*self.sync, *self.overlap, *([self.single] if self.single else [])]
-        return all(r.outputs == want for r in runs)
+        same = all(r.outputs == want for r in (*self.sync, *self.overlap))
+        return same and (self.single is None or self.ranks_agree)
+
+    @property
+    def ranks_agree(self) -> bool:
+        """The single-rank run produced the ranks' tokens for every request that no
+        run aborted: an abort comes at a step, and how far a request has got by then
+        depends on the batches, which differ between one rank and several."""
+        if self.single is None:
+            return True
+        ranked = self.overlap[0]
+        aborted = set(self.single.aborted_ids) | set(ranked.aborted_ids)
+        return all(
+            tokens == ranked.outputs.get(rid)
+            for rid, tokens in self.single.outputs.items()
+            if rid not in aborted
+        )
 
 
 class _Reporter:
@@ -613,9 +629,7 @@ class _Reporter:
             ]
             if ranks > 1:
                 assert row.single is not None
-                cells.append(
-                    "yes" if row.single.outputs == row.overlap[0].outputs else "NO"
-                )
+                cells.append("yes" if row.ranks_agree else "NO")
             table.add_row(*cells)
         if not self.console.is_terminal:
             # Off a terminal nothing folds: a log or a pipe keeps one line per mode.

@@ -108,6 +108,8 @@ class RunResult:
     aborts: int = 0
     chunks: int = 0
     prebuilt: int = 0
+    #: Ids of the requests aborted.
+    aborted_ids: tuple[int, ...] = ()
     #: With ``record_inputs``: per decode step, (step, request id, input token) rows.
     inputs: tuple[tuple[int, int, int], ...] = ()
 
@@ -337,6 +339,11 @@ def _loop(
         aborts=scheduler.aborts,
         chunks=scheduler.chunks,
         prebuilt=scheduler.prebuilt,
+        aborted_ids=tuple(
+            rid
+            for rid, r in sorted(scheduler.requests.items())
+            if r.finish_reason == "abort"
+        ),
         inputs=tuple(runner.record or ()),
     )
 

@@ -109,6 +109,7 @@ def merge_results(results: list[RunResult]) -> RunResult:
         aborts=sum(r.aborts for r in results),
         chunks=sum(r.chunks for r in results),
         prebuilt=sum(r.prebuilt for r in results),
+        aborted_ids=tuple(sorted(i for r in results for i in r.aborted_ids)),
     )
 
 

@@ -292,3 +292,18 @@ def test_efficiency_above_100_is_capped_and_explained(
     out = capsys.readouterr().out
     assert "100%*" in out and "114%" not in out.split("\n")[2]
     assert "* measured decode 114% of the ideal" in out and "noise" in out
+
+
+def test_one_rank_and_two_agree_except_where_an_abort_cut_a_request() -> None:
+    """An abort comes at a step; how far a request got by then depends on the batches,
+    so the ranks' check leaves aborted requests out, and only them."""
+    ranked = attrs.evolve(
+        _result(wall=1.0, busy=0.5),
+        outputs={0: (5, 6), 1: (7,)},
+        aborted_ids=(1,),
+    )
+    single = attrs.evolve(ranked, outputs={0: (5, 6), 1: (7, 8)}, aborted_ids=(1,))
+    row = ModeResult("decode", (ranked,), (ranked,), single)
+    assert row.ranks_agree and row.identical
+    wrong = attrs.evolve(single, outputs={0: (5, 9), 1: (7, 8)})
+    assert not ModeResult("decode", (ranked,), (ranked,), wrong).identical
