@@ -319,6 +319,17 @@ def _loop(
                 progress(scheduler.finished, total)
         in_flight = launched
         scheduler.tick()
+    return _result(scheduler, runner, executor, steps, idle_steps, start)
+
+
+def _result(
+    scheduler: Scheduler,
+    runner: ModelRunner,
+    executor: ForwardExecutor,
+    steps: int,
+    idle_steps: int,
+    start: float,
+) -> RunResult:
     busy = executor.busy_seconds()
     wall = time.perf_counter() - start
     outputs = scheduler.outputs()
