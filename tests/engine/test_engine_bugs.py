@@ -19,7 +19,7 @@ from relay.engine import (
     run_workload,
 )
 from relay.engine import engine as engine_module
-from relay.engine.batch import ForwardBatch, Request
+from relay.engine.batch import ForwardBatch, Request, Seeds
 from relay.engine.compare import first_input_difference, first_output_difference
 from relay.engine.relays import MapRelay
 from relay.engine.scheduler import Scheduler, TokenAccountingError
@@ -49,23 +49,43 @@ def _seed_at_once(
     *,
     only: set[int] | None = None,
 ) -> None:
-    """``seed_prebuilt`` without the wait: the seed is written from the scheduler
-    thread at once, while a forward may still be in flight on the row (for the slots
-    in ``only``; the others are seeded correctly)."""
+    """``seed_prebuilt`` without the wait: the prompt's KV still arrives on the
+    forward stream, but the relay row is seeded from the scheduler thread at once,
+    while a forward may still be in flight on it (for the slots in ``only``; the
+    others are seeded correctly). Plain decoding: the seed is the first token."""
     if only is not None and not {r.slot for r in reqs} <= only:
         engine_module_seed(reqs, scheduler, relay, runner, executor)
         return
-    launched: list[Any] = []
+    captured: list[Seeds] = []
 
-    class AtOnce:
-        def launch(self, fn: Any) -> None:
-            launched.append(fn)
-            fn()  # here, on the scheduler thread, not behind the forward stream
+    class TransferOnly:
+        def launch(self, fn: Any) -> Any:
+            seeds = fn.args[0]
+            captured.append(seeds)
+            return executor.launch(functools.partial(_transfer, runner, seeds))
 
-    engine_module_seed(reqs, scheduler, relay, runner, AtOnce())
+    engine_module_seed(reqs, scheduler, relay, runner, TransferOnly())
+    (seeds,) = captured
+    relay.seed(seeds.slots, seeds.first_tokens, None, seeds.prompt_lens + 1)
+
+
+def _transfer(runner: Any, seeds: Seeds) -> None:
+    """The forward-stream half of a seed: releases, then the prompt's KV."""
+    runner.relay.release(seeds.released)
+    runner.forwards.prefill(seeds.prompts, seeds.prompt_lens, seeds.slots)
 
 
 engine_module_seed = engine_module.seed_prebuilt
+
+#: What debug mode says of a seed not ordered behind the forward stream: the slot's
+#: previous owner's in-flight stash and the seed are unordered writes, or the seed
+#: was written before the slot's release (issued on the forward stream) and is read
+#: as the previous request's value. Which comes first depends on whether a forward
+#: was still in flight on the row.
+SEED_UNORDERED = (
+    "nothing orders the two writes",
+    "the value belongs to the slot's previous request",
+)
 
 
 def _debug_report(config: EngineConfig) -> str:
@@ -93,7 +113,7 @@ def test_seeding_without_the_wait_is_reported(monkeypatch: pytest.MonkeyPatch) -
         scheduler=attrs.evolve(BASE.scheduler, retract=False, kv_pages=96),
     )
     report = _debug_report(config)
-    assert "nothing orders the two writes" in report, report
+    assert any(words in report for words in SEED_UNORDERED), report
     print(report)
 
 
@@ -127,7 +147,7 @@ def test_a_retracted_requests_stash_in_its_reused_slot_is_reported(
         scheduler=attrs.evolve(BASE.scheduler, kv_pages=12),
     )
     report = _debug_report(config)
-    assert "nothing orders the two writes" in report, report
+    assert any(words in report for words in SEED_UNORDERED), report
     print(report)
 
 
@@ -197,3 +217,10 @@ def test_the_engine_as_shipped_reports_nothing() -> None:
     roomy = attrs.evolve(BASE.scheduler, retract=False, kv_pages=96)
     reference = run_workload(attrs.evolve(BASE, scheduler=roomy))
     assert first_output_difference(reference.outputs, sync.outputs) is None
+    # The workloads of the seeding bugs, seeded behind the forward stream: no report.
+    prebuilt = attrs.evolve(WORKLOAD, requests=64, prebuilt_share=0.5)
+    for scheduling in (roomy, attrs.evolve(BASE.scheduler, kv_pages=12)):
+        seeded = run_workload(
+            attrs.evolve(BASE, workload=prebuilt, scheduler=scheduling)
+        )
+        assert seeded.prebuilt > 0
