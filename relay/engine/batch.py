@@ -18,6 +18,7 @@ __all__ = [
     "ForwardMode",
     "Request",
     "RequestState",
+    "Seeds",
     "SpecInfo",
     "StepOutput",
 ]
@@ -27,6 +28,8 @@ class RequestState(enum.Enum):
     """Where a request is in its life."""
 
     WAITING = "waiting"
+    #: Holds a slot; its prompt is prefilled in chunks, not all of it yet.
+    PREFILLING = "prefilling"
     RUNNING = "running"
     #: At its output limit: no longer scheduled, finished when its last results arrive.
     CAPPED = "capped"
@@ -45,9 +48,18 @@ class Request:
     #: Sequence length after the newest processed step (host).
     seq_len: int = 0
     finish_reason: str | None = None
-    #: KV pages reserved at admission and pages allocated so far.
+    #: KV pages reserved at admission (when admission reserves the worst case) and
+    #: pages allocated so far.
     reserved_pages: int = 0
     pages: list[int] = attrs.field(factory=list)
+    #: What a prefill must put in the cache: the prompt, or after a retraction the
+    #: prompt and the tokens output so far (fixed when it is retracted).
+    context: tuple[int, ...] = ()
+    #: Tokens of ``context`` prefilled so far (chunked prefill).
+    prefilled: int = 0
+    #: Bumped by each retraction: rows of batches built before it are stale (Note
+    #: [Rows of a retracted request]).
+    epoch: int = 0
 
     @property
     def active(self) -> bool:
@@ -74,6 +86,14 @@ class SpecInfo:
     #: (n,) the bonus token of the previous verify: the draft's first input token.
     bonus_tokens: torch.Tensor = attrs.field(
         factory=lambda: torch.empty(0, dtype=torch.int64)
+    )
+    #: N-gram speculation: the previous verify's accepted drafts (n, draft_token_num)
+    #: and their counts (n,), appended to each request's context before matching.
+    accept_tokens: torch.Tensor = attrs.field(
+        factory=lambda: torch.empty(0, dtype=torch.int64)
+    )
+    accept_lens: torch.Tensor = attrs.field(
+        factory=lambda: torch.empty(0, dtype=torch.int32)
     )
 
 
@@ -107,6 +127,16 @@ class ForwardBatch:
     released: torch.Tensor | None = None
     #: The engine loop's step number (names the step's trace ranges).
     step: int = 0
+    #: Each row's ``Request.epoch`` when the batch was built.
+    epochs: list[int] = attrs.field(factory=list)
+    #: Prefill: where each row's chunk starts in its context (device), its length
+    #: (device), and whether it is the context's last chunk (host): only those rows
+    #: produce a token.
+    starts: torch.Tensor | None = None
+    chunk_lens: torch.Tensor | None = None
+    final: list[bool] = attrs.field(factory=list)
+    #: Decode with mixed batches: a prefill chunk that rides in the same forward.
+    chunk: ForwardBatch | None = None
 
     @classmethod
     def idle(cls, device: torch.device) -> ForwardBatch:
@@ -123,13 +153,29 @@ class ForwardBatch:
         """Keep the rows where the host bool mask ``keep`` holds (after the fence)."""
         rows_cpu = keep.nonzero().squeeze(1)
         rows = rows_cpu.to(self.req_pool_indices.device)
-        self.reqs = [self.reqs[i] for i in rows_cpu.tolist()]
+        kept = rows_cpu.tolist()
+        self.reqs = [self.reqs[i] for i in kept]
+        self.epochs = [self.epochs[i] for i in kept]
         self.req_pool_indices = self.req_pool_indices[rows]
         self.seq_lens = self.seq_lens[rows]
         self.seq_lens_cpu = self.seq_lens_cpu[rows_cpu]
         self.seq_lens_sum = int(self.seq_lens_cpu.sum())
         self.prompt_lens_cpu = self.prompt_lens_cpu[rows_cpu]
         self.max_new_cpu = self.max_new_cpu[rows_cpu]
+
+
+@attrs.define(eq=False)
+class Seeds:
+    """Prebuilt requests to seed before the next forward, on the forward stream."""
+
+    #: (m,) device slots; (m, L) right-padded prompts and (m,) their lengths, whose KV
+    #: arrives from the prefill server; (m,) the first tokens it sampled.
+    slots: torch.Tensor
+    prompts: torch.Tensor
+    prompt_lens: torch.Tensor
+    first_tokens: torch.Tensor
+    #: Slots freed since the last launch, released before the seed is written.
+    released: torch.Tensor
 
 
 @attrs.define(eq=False)
@@ -141,3 +187,5 @@ class StepOutput:
     counts: torch.Tensor | None = None
     #: (n,) sequence lengths after the step.
     new_seq_lens: torch.Tensor | None = None
+    #: The results of a mixed batch's prefill chunk.
+    chunk: StepOutput | None = None

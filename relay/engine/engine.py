@@ -25,7 +25,7 @@ import attrs
 import torch
 
 from relay import debug
-from relay.engine.batch import ForwardBatch, ForwardMode, StepOutput
+from relay.engine.batch import ForwardBatch, ForwardMode, Request, Seeds, StepOutput
 from relay.engine.executors import ForwardExecutor, make_executor
 from relay.engine.maps import MapSource
 from relay.engine.model import KVCache, ModelConfig, TargetModel
@@ -43,6 +43,7 @@ __all__ = [
     "StepAgreement",
     "ideal_speedup",
     "run_workload",
+    "seed_prebuilt",
 ]
 
 #: ``progress(finished, total)`` after each processed step.
@@ -56,7 +57,8 @@ class EngineConfig:
     model: ModelConfig = attrs.field(factory=ModelConfig)
     workload: WorkloadConfig = attrs.field(factory=WorkloadConfig)
     scheduler: SchedulerConfig = attrs.field(factory=SchedulerConfig)
-    #: ``None``: plain decoding with the ``decode`` map; else EAGLE with the ``eagle`` map.
+    #: ``None``: plain decoding with the ``decode`` map; else speculative decoding,
+    #: EAGLE with the ``eagle`` map or n-gram with the ``ngram`` map.
     spec: SpecConfig | None = None
     overlap: bool = True
     device: str = "cpu"
@@ -75,11 +77,14 @@ class EngineConfig:
     #: (``relay.engine.trace.record``); off, the ranges cost nothing (Note [Ranges
     #: that cost nothing when off] in relay/engine/trace.py).
     trace: bool = False
+    #: Keep each decode step's input tokens per request (``RunResult.inputs``), read
+    #: back on the forward: for comparing two runs step by step, not for timing.
+    record_inputs: bool = False
 
     @property
     def mode_name(self) -> str:
-        """``decode`` or ``eagle``."""
-        return "decode" if self.spec is None else "eagle"
+        """``decode``, ``eagle`` or ``ngram``."""
+        return "decode" if self.spec is None else self.spec.method
 
 
 @attrs.frozen(kw_only=True)
@@ -97,6 +102,16 @@ class RunResult:
     #: Speculative decoding: rows of verify steps and the tokens they emitted.
     decode_rows: int
     decode_tokens: int
+    #: Requests retracted (each time), aborted, prefill rows that were part of a
+    #: context (chunks), and requests that arrived prebuilt.
+    retractions: int = 0
+    aborts: int = 0
+    chunks: int = 0
+    prebuilt: int = 0
+    #: Ids of the requests aborted.
+    aborted_ids: tuple[int, ...] = ()
+    #: With ``record_inputs``: per decode step, (step, request id, input token) rows.
+    inputs: tuple[tuple[int, int, int], ...] = ()
 
     @property
     def tokens_per_second(self) -> float:
@@ -144,13 +159,35 @@ def _make_relay(
     from relay.engine.relays import DirectRelay, MapRelay
 
     if not config.overlap:
-        return DirectRelay(pool_size, device, ranges)
+        return DirectRelay(pool_size, device, ranges, config.mode_name)
     maps = config.maps.load()  # Note [One set of map classes per run]
-    if config.spec is None:
+    spec = config.spec
+    if spec is None:
         decode = maps.decode(device, pool_size, debug=config.debug)
         return MapRelay(decode, maps, ranges)
-    eagle = maps.eagle(device, pool_size, topk=config.spec.topk, debug=config.debug)
+    if spec.method == "ngram":
+        ngram = maps.ngram(
+            device, pool_size, draft_token_num=spec.steps, debug=config.debug
+        )
+        return MapRelay(ngram, maps, ranges)
+    eagle = maps.eagle(device, pool_size, topk=spec.topk, debug=config.debug)
     return MapRelay(eagle, maps, ranges)
+
+
+def _make_scheduler(
+    config: EngineConfig, specs: Sequence[RequestSpec], device: torch.device
+) -> Scheduler:
+    spec = config.spec
+    return Scheduler(
+        specs,
+        config.scheduler,
+        device=device,
+        vocab=Vocabulary(config.model.vocab_size, config.model.seed),
+        eos_token_id=config.model.eos_token_id,
+        max_context=config.model.max_context,
+        lookahead=1 if spec is None else spec.steps + 1,
+        spec_topk=spec.topk if spec is not None and spec.method == "eagle" else 1,
+    )
 
 
 def run_workload(
@@ -201,17 +238,9 @@ def run_workload(
             ranges=ranges,
         )
         runner.warm_up()
-        lookahead = 1 if config.spec is None else config.spec.steps + 1
-        scheduler = Scheduler(
-            specs,
-            config.scheduler,
-            device=device,
-            vocab=Vocabulary(config.model.vocab_size, config.model.seed),
-            eos_token_id=config.model.eos_token_id,
-            max_context=config.model.max_context,
-            lookahead=lookahead,
-            spec_topk=config.spec.topk if config.spec else 1,
-        )
+        if config.record_inputs:
+            runner.record = []
+        scheduler = _make_scheduler(config, specs, device)
         loop = "overlap" if config.overlap else "sync"
         try:
             with ranges(f"{RUN} {config.mode_name} {loop}", 0):
@@ -252,13 +281,16 @@ def _loop(
         step = steps + 1  # the number this iteration's batch gets if it launches
         with ranges(BUILD, step):
             batch = scheduler.next_batch()
+        seeds = scheduler.take_seeds()
+        if seeds:
+            seed_prebuilt(seeds, scheduler, relay, runner, executor)
         if batch is not None and batch.mode is ForwardMode.DECODE:
             batch.step = step
             relay.resolve_lengths(batch)
             if scheduler.cap_lengths(batch):
                 relay.prepare_inputs(batch)
             else:
-                batch = None
+                batch = batch.chunk  # a mixed batch's chunk runs alone
         more = batch is not None or in_flight is not None or scheduler.has_work()
         any_active, any_more = agreement.agree(batch is not None, more)
         if not any_more:
@@ -287,6 +319,17 @@ def _loop(
                 progress(scheduler.finished, total)
         in_flight = launched
         scheduler.tick()
+    return _result(scheduler, runner, executor, steps, idle_steps, start)
+
+
+def _result(
+    scheduler: Scheduler,
+    runner: ModelRunner,
+    executor: ForwardExecutor,
+    steps: int,
+    idle_steps: int,
+    start: float,
+) -> RunResult:
     busy = executor.busy_seconds()
     wall = time.perf_counter() - start
     outputs = scheduler.outputs()
@@ -303,4 +346,40 @@ def _loop(
         idle_steps=idle_steps,
         decode_rows=scheduler.decode_rows,
         decode_tokens=scheduler.decode_tokens,
+        retractions=scheduler.retractions,
+        aborts=scheduler.aborts,
+        chunks=scheduler.chunks,
+        prebuilt=scheduler.prebuilt,
+        aborted_ids=tuple(
+            rid
+            for rid, r in sorted(scheduler.requests.items())
+            if r.finish_reason == "abort"
+        ),
+        inputs=tuple(runner.record or ()),
     )
+
+
+def seed_prebuilt(
+    reqs: list[Request],
+    scheduler: Scheduler,
+    relay: Relay,
+    runner: ModelRunner,
+    executor: ForwardExecutor,
+) -> None:
+    """Seed admitted prebuilt requests' relay rows, behind every launched forward
+    (Note [Seeding a prebuilt request] in relay/engine/relays.py)."""
+    device = scheduler.device
+    lens = [len(r.spec.prompt) for r in reqs]
+    width = max(lens)
+    prompts = [list(r.spec.prompt) + [0] * (width - n) for r, n in zip(reqs, lens)]
+    first = [r.spec.first_token for r in reqs]
+    slots = [r.slot for r in reqs]
+    relay.seeded(slots, [n + 1 for n in lens])
+    seeds = Seeds(
+        slots=torch.tensor(slots, dtype=torch.int64).to(device),
+        prompts=torch.tensor(prompts, dtype=torch.int64).to(device),
+        prompt_lens=torch.tensor(lens, dtype=torch.int64).to(device),
+        first_tokens=torch.tensor(first, dtype=torch.int64).to(device),
+        released=scheduler.take_released(),
+    )
+    executor.launch(functools.partial(runner.seed, seeds))

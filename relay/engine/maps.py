@@ -30,11 +30,12 @@ if TYPE_CHECKING:
     from relay.maps.decode import DecodeFutureMap, DecodePayload
     from relay.maps.decode_seq_lens import DecodeSeqLensFutureMap, DecodeSeqLensPayload
     from relay.maps.eagle import EagleFutureMap, EaglePayload
+    from relay.maps.ngram import NgramFutureMap, NgramPayload
 
 __all__ = ["MAP_MODULES", "MapSource", "Maps"]
 
 #: The schema modules whose maps the engine runs, by module stem.
-MAP_MODULES = ("decode", "decode_seq_lens", "eagle")
+MAP_MODULES = ("decode", "decode_seq_lens", "eagle", "ngram")
 
 
 @attrs.frozen
@@ -47,6 +48,8 @@ class Maps:
     decode_seq_lens_payload: type[DecodeSeqLensPayload]
     eagle: type[EagleFutureMap]
     eagle_payload: type[EaglePayload]
+    ngram: type[NgramFutureMap]
+    ngram_payload: type[NgramPayload]
     #: The files the classes were loaded from, for messages.
     files: tuple[str, ...]
 
@@ -56,7 +59,7 @@ class MapSource:
     """Where a run's maps come from (the modules of ``MAP_MODULES``).
 
     ``folder=None`` is the packaged ``relay.maps``; otherwise a folder holding
-    ``decode.py``, ``decode_seq_lens.py`` and ``eagle.py`` generated from the bundled
+    ``decode.py``, ``decode_seq_lens.py``, ``eagle.py`` and ``ngram.py`` generated from the bundled
     schemas. Plain data, so data-parallel ranks (spawned processes) load the same
     files.
     """
@@ -66,7 +69,7 @@ class MapSource:
     def load(self) -> Maps:
         """Import the modules of ``MAP_MODULES`` (once per content) and take their classes."""
         modules = {stem: self._module(stem) for stem in MAP_MODULES}
-        decode, seq_lens, eagle = (modules[stem] for stem in MAP_MODULES)
+        decode, seq_lens, eagle, ngram = (modules[stem] for stem in MAP_MODULES)
         return Maps(
             decode=_class(decode, "DecodeFutureMap"),
             decode_payload=_class(decode, "DecodePayload"),
@@ -74,6 +77,8 @@ class MapSource:
             decode_seq_lens_payload=_class(seq_lens, "DecodeSeqLensPayload"),
             eagle=_class(eagle, "EagleFutureMap"),
             eagle_payload=_class(eagle, "EaglePayload"),
+            ngram=_class(ngram, "NgramFutureMap"),
+            ngram_payload=_class(ngram, "NgramPayload"),
             files=tuple(str(m.__file__) for m in modules.values()),
         )
 

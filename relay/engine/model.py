@@ -234,6 +234,7 @@ class _Program(torch.nn.Module):
         self.draft_w = draft_w
         self.k_cache = kv.k
         self.v_cache = kv.v
+        self.history = kv.tokens
         self.heads = target.config.heads
         # Not empty: TorchScript infers the attribute's type, List[Tensor], from it.
         self.args: list[Tensor] = [self.embed]
@@ -249,6 +250,7 @@ class _Program(torch.nn.Module):
     def prefill(self) -> tuple[Tensor, Tensor]:
         tokens, prompt_lens, slots = self.args[0], self.args[1], self.args[2]
         m, length = tokens.shape[0], tokens.shape[1]
+        self.history[slots, :length] = tokens
         x = self.embed[tokens] + self.pos_embed[:length]
         for i in range(self.wqkv.shape[0]):
             q, k, v = _qkv(x, self.wqkv[i], self.heads)  # (m, L, heads, head_dim)
@@ -286,6 +288,42 @@ class _Program(torch.nn.Module):
         return x, self._greedy(x)
 
     @torch.jit.export
+    def prefill_chunk(self, max_end: int) -> tuple[Tensor, Tensor]:
+        tokens, starts, lens, slots = (
+            self.args[0],
+            self.args[1],
+            self.args[2],
+            self.args[3],
+        )
+        m, length = tokens.shape[0], tokens.shape[1]
+        offsets = torch.arange(length, device=tokens.device)
+        positions = starts[:, None] + offsets  # (m, L)
+        valid = offsets[None, :] < lens[:, None]
+        rows = slots[:, None].expand(m, length)[valid]
+        cols = positions[valid]
+        self.history[rows, cols] = tokens[valid]
+        x = (
+            self.embed[tokens]
+            + self.pos_embed[positions.clamp(max=self.pos_embed.shape[0] - 1)]
+        )
+        keys_at = torch.arange(max_end, device=tokens.device)
+        mask = (keys_at[None, None, :] <= positions[:, :, None])[
+            :, None
+        ]  # (m, 1, L, E)
+        for i in range(self.wqkv.shape[0]):
+            q, k, v = _qkv(x, self.wqkv[i], self.heads)  # (m, L, heads, head_dim)
+            # Only the chunk's real positions: a padded one could land on a kept entry.
+            self.k_cache[i, rows, :, cols] = k[valid]
+            self.v_cache[i, rows, :, cols] = v[valid]
+            keys = self.k_cache[i, :, :, :max_end].index_select(0, slots)
+            values = self.v_cache[i, :, :, :max_end].index_select(0, slots)
+            o = _attend(q.transpose(1, 2), keys, values, mask)  # (m, heads, L, hd)
+            x = x + o.transpose(1, 2).flatten(-2) @ self.wo[i]
+            x = x + _mlp(x, self.w_up[i], self.w_down[i])
+        hidden = x[torch.arange(m, device=x.device), lens - 1]
+        return hidden, self._greedy(hidden)
+
+    @torch.jit.export
     def draft_and_verify(
         self, steps: int, max_seq_len: int
     ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
@@ -299,7 +337,68 @@ class _Program(torch.nn.Module):
             h = self._draft_step(h, chain[-1])
             chain.append(self._greedy(h))
         drafts = torch.stack(chain, dim=2)  # (n, topk, steps)
+        return self._verify(bonus, drafts, seq_lens, max_seq_len, slots)
 
+    @torch.jit.export
+    def ngram_verify(
+        self, draft_num: int, max_seq_len: int
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+        bonus, accept_tokens, accept_lens = self.args[0], self.args[1], self.args[2]
+        seq_lens, slots = self.args[3], self.args[4]
+        # The previous step's accepted drafts, then its bonus, join the context.
+        n = bonus.shape[0]
+        last = seq_lens - 1
+        j = torch.arange(draft_num, device=bonus.device)
+        taken = j[None, :] < accept_lens.long()[:, None]
+        positions = last[:, None] - accept_lens.long()[:, None] + j[None, :]
+        rows = slots[:, None].expand(n, draft_num)
+        self.history[rows[taken], positions[taken]] = accept_tokens[taken]
+        self.history[slots, last] = bonus
+        drafts = self._ngram_drafts(slots, seq_lens, draft_num, max_seq_len)
+        return self._verify(bonus, drafts[:, None, :], seq_lens, max_seq_len, slots)
+
+    def _ngram_drafts(
+        self, slots: Tensor, seq_lens: Tensor, draft_num: int, width: int
+    ) -> Tensor:
+        """For each row, the ``draft_num`` tokens that followed the latest earlier
+        occurrence of its context's last 3, else 2, else 1 tokens; without one, its
+        last token repeated."""
+        context = self.history.index_select(0, slots)[:, :width]  # (n, W)
+        n = context.shape[0]
+        found = torch.zeros(n, dtype=torch.bool, device=context.device)
+        follow = seq_lens - 1  # where the drafts start reading
+        for g in [3, 2, 1]:
+            if width >= g + 1:
+                tail = (
+                    seq_lens[:, None] - g + torch.arange(g, device=context.device)
+                ).clamp(min=0)
+                key = context.gather(1, tail)  # (n, g)
+                windows = context.unfold(1, g, 1)  # (n, W - g + 1, g)
+                starts = torch.arange(windows.shape[1], device=context.device)
+                hit = (windows == key[:, None, :]).all(-1)
+                hit = (
+                    hit
+                    & (starts[None, :] + g < seq_lens[:, None])
+                    & (seq_lens[:, None] > g)
+                )
+                best = torch.where(hit, starts[None, :], -1).max(1).values
+                new = (best >= 0) & ~found
+                follow = torch.where(new, best + g, follow)
+                found = found | new
+        at = follow[:, None] + torch.arange(draft_num, device=context.device)
+        at = torch.minimum(at, (seq_lens - 1)[:, None])
+        return context.gather(1, at)
+
+    def _verify(
+        self,
+        bonus: Tensor,
+        drafts: Tensor,
+        seq_lens: Tensor,
+        max_seq_len: int,
+        slots: Tensor,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """Verify ``drafts`` (n, topk, steps) after ``bonus`` greedily (``Forwards.draft_and_verify``)."""
+        n, topk, steps = drafts.shape[0], drafts.shape[1], drafts.shape[2]
         # Verification: each branch is a row of ``width`` tokens after the request's
         # cached prefix, which all its branches share (Note [Verifying over a shared prefix]).
         width = steps + 1
@@ -363,6 +462,16 @@ class _Program(torch.nn.Module):
         slots, hidden, bonus = self.args[3], self.args[4], self.args[5]
         # Commit: all ``steps + 1`` positions of the chosen branch; those past the
         # accepted ones are beyond the new length, masked and later overwritten.
+        self._commit(branch_k, branch_v, seq_lens, slots)
+        return self._extend(hidden, bonus, topk)
+
+    @torch.jit.export
+    def commit(self) -> None:
+        self._commit(self.args[0], self.args[1], self.args[2], self.args[3])
+
+    def _commit(
+        self, branch_k: Tensor, branch_v: Tensor, seq_lens: Tensor, slots: Tensor
+    ) -> None:
         width = branch_k.shape[3]
         positions = (seq_lens - 1)[:, None] + torch.arange(
             width, device=seq_lens.device
@@ -372,7 +481,6 @@ class _Program(torch.nn.Module):
             # Advanced indices split by a slice: the indexed dims come first.
             self.k_cache[i, rows, :, positions] = branch_k[i].transpose(1, 2)
             self.v_cache[i, rows, :, positions] = branch_v[i].transpose(1, 2)
-        return self._extend(hidden, bonus, topk)
 
     @torch.jit.export
     def extend(self, topk: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -408,6 +516,10 @@ class KVCache:
         )
         self.k = torch.zeros(shape, dtype=config.dtype, device=device)
         self.v = torch.zeros(shape, dtype=config.dtype, device=device)
+        #: (pool_size, max_context) each slot's tokens, where n-gram drafts are matched.
+        self.tokens = torch.zeros(
+            (pool_size, config.max_context), dtype=torch.int64, device=device
+        )
 
 
 @attrs.frozen
@@ -521,6 +633,16 @@ class Forwards:
         with self._bound([tokens, prompt_lens, slots]):
             return self.program.prefill()
 
+    def prefill_chunk(
+        self, tokens: Tensor, starts: Tensor, lens: Tensor, slots: Tensor, max_end: int
+    ) -> tuple[Tensor, Tensor]:
+        """Run chunks ``tokens`` (m, L), right-padded, row i at positions ``starts[i]``
+        on, ``lens[i]`` long, after the ``starts[i]`` tokens already cached; ``max_end``
+        is the host maximum of ``starts + lens``. Returns what ``prefill`` does, at
+        each chunk's last position."""
+        with self._bound([tokens, starts, lens, slots]):
+            return self.program.prefill_chunk(max_end)
+
     def decode(
         self, tokens: Tensor, seq_lens: Tensor, max_seq_len: int, slots: Tensor
     ) -> tuple[Tensor, Tensor]:
@@ -552,6 +674,28 @@ class Forwards:
         """
         with self._bound([bonus, draft_hidden, first, seq_lens, slots]):
             return VerifyResult(*self.program.draft_and_verify(steps, max_seq_len))
+
+    def ngram_verify(
+        self,
+        bonus: Tensor,
+        accept_tokens: Tensor,
+        accept_lens: Tensor,
+        seq_lens: Tensor,
+        max_seq_len: int,
+        slots: Tensor,
+    ) -> VerifyResult:
+        """N-gram speculation: append the previous step's ``accept_tokens[:accept_lens]``
+        and ``bonus`` to each slot's context, draft ``accept_tokens.shape[1]`` tokens
+        from its n-gram matches, and verify them as one branch (``draft_and_verify``)."""
+        draft_num = accept_tokens.shape[1]
+        with self._bound([bonus, accept_tokens, accept_lens, seq_lens, slots]):
+            return VerifyResult(*self.program.ngram_verify(draft_num, max_seq_len))
+
+    def commit(self, result: VerifyResult, seq_lens: Tensor, slots: Tensor) -> None:
+        """Write the chosen branches to the cache (``commit_and_extend`` without the draft)."""
+        r = result
+        with self._bound([r.branch_k, r.branch_v, seq_lens, slots]):
+            self.program.commit()
 
     def commit_and_extend(
         self, result: VerifyResult, seq_lens: Tensor, slots: Tensor, topk: int

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from relay.engine.engine import EngineConfig, RunResult, run_workload
 from relay.engine.workload import make_workload
 
-__all__ = ["merge_results", "run_data_parallel"]
+__all__ = ["merge_results", "run_data_parallel", "run_data_parallel_many"]
 
 
 class _GroupAgreement:
@@ -50,8 +50,8 @@ def _step_sync(group: dist.ProcessGroup, device: torch.device) -> Callable[[int]
     return sync
 
 
-def _rank_main(rank: int, world: int, config: EngineConfig, shared: str) -> None:
-    cuda = config.device.startswith("cuda")
+def _rank_main(rank: int, world: int, configs: list[EngineConfig], shared: str) -> None:
+    cuda = configs[0].device.startswith("cuda")
     backend = "nccl" if cuda else "gloo"
     device = torch.device(f"cuda:{rank}" if cuda else "cpu")
     if cuda:
@@ -62,21 +62,25 @@ def _rank_main(rank: int, world: int, config: EngineConfig, shared: str) -> None
     try:
         host_group = dist.new_group(backend="gloo")
         forward_group = dist.new_group(backend=backend)
-        model = config.model
-        specs = [
-            s
-            for s in make_workload(
-                config.workload, model.vocab_size, model.eos_token_id
+        results = []
+        for config in configs:
+            model = config.model
+            specs = [
+                s
+                for s in make_workload(
+                    config.workload, model.vocab_size, model.eos_token_id
+                )
+                if s.rid % world == rank
+            ]
+            results.append(
+                run_workload(
+                    attrs.evolve(config, device=str(device)),
+                    specs,
+                    agreement=_GroupAgreement(host_group),
+                    step_sync=_step_sync(forward_group, device),
+                )
             )
-            if s.rid % world == rank
-        ]
-        result = run_workload(
-            attrs.evolve(config, device=str(device)),
-            specs,
-            agreement=_GroupAgreement(host_group),
-            step_sync=_step_sync(forward_group, device),
-        )
-        Path(shared, f"rank{rank}.pkl").write_bytes(pickle.dumps(result))
+        Path(shared, f"rank{rank}.pkl").write_bytes(pickle.dumps(results))
     finally:
         dist.destroy_process_group()
 
@@ -101,6 +105,11 @@ def merge_results(results: list[RunResult]) -> RunResult:
         idle_steps=sum(r.idle_steps for r in results),
         decode_rows=sum(r.decode_rows for r in results),
         decode_tokens=sum(r.decode_tokens for r in results),
+        retractions=sum(r.retractions for r in results),
+        aborts=sum(r.aborts for r in results),
+        chunks=sum(r.chunks for r in results),
+        prebuilt=sum(r.prebuilt for r in results),
+        aborted_ids=tuple(sorted(i for r in results for i in r.aborted_ids)),
     )
 
 
@@ -111,6 +120,16 @@ def run_data_parallel(
 
     On CUDA each rank takes the GPU of its rank number.
     """
+    (per_rank,) = run_data_parallel_many([config], ranks)
+    return merge_results(per_rank), per_rank
+
+
+def run_data_parallel_many(
+    configs: list[EngineConfig], ranks: int
+) -> list[list[RunResult]]:
+    """Run each of ``configs`` in turn on the same ``ranks`` spawned processes (one
+    start-up for all); per config, the results of each rank."""
+    config = configs[0]
     if ranks < 1:
         raise ValueError(f"ranks must be >= 1 (got {ranks})")
     if config.device.startswith("cuda") and torch.cuda.device_count() < ranks:
@@ -127,7 +146,7 @@ def run_data_parallel(
             procs = [
                 context.Process(
                     target=_rank_main,
-                    args=(rank, ranks, config, shared),
+                    args=(rank, ranks, list(configs), shared),
                     name=f"relay-rank{rank}",
                 )
                 for rank in range(ranks)
@@ -148,4 +167,4 @@ def run_data_parallel(
             pickle.loads(Path(shared, f"rank{r}.pkl").read_bytes())
             for r in range(ranks)
         ]
-    return merge_results(per_rank), per_rank
+    return [[per_rank[r][i] for r in range(ranks)] for i in range(len(configs))]

@@ -31,18 +31,32 @@ if (
     from relay.maps.decode import DecodeFutureMap
     from relay.maps.decode_seq_lens import DecodeSeqLensFutureMap
     from relay.maps.eagle import EagleFutureMap
+    from relay.maps.ngram import NgramFutureMap
+
+    AnyMap = DecodeFutureMap | DecodeSeqLensFutureMap | EagleFutureMap | NgramFutureMap
 
 # Note [Tracing the fence wait]
 # The fence wait is inside the generated resolve_seq_lens_cpu, and ranges never go
 # inside generated code (Note [Ranges that cost nothing when off] in
-# relay/engine/trace.py). So a traced run waits on the map's fence itself first, in
-# a range of its own; the map's own wait then finds the newest publish complete and
-# returns at once. Only traced runs do this: with tracing off the map waits alone.
+# relay/engine/trace.py), nor does the engine reach into a map's private fence. So
+# a traced run's fence-wait range wraps the whole schedule-side resolve, whose time
+# is the wait but for one gather and a host copy of a few rows.
 
-__all__ = ["DirectRelay", "DraftOutput", "MapRelay", "Relay"]
+# Note [Seeding a prebuilt request]
+# A prebuilt request's row is seeded (its first token, and in speculative decoding
+# its draft state and length) while a forward may still be in flight on that row for
+# the slot's previous owner (a finished request's extra step, a retracted request's
+# step). The seed is therefore written on the forward stream, behind every launched
+# forward, by ``seed`` below, the one place that writes it; slots released since the
+# last launch are released first, so the release does not land on the seed.
+
+__all__ = ["DirectRelay", "DraftOutput", "Extras", "MapRelay", "Relay"]
 
 #: topk_p, topk_index and hidden states of a draft extension.
 DraftOutput = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+#: What a step hands the next besides its tokens: EAGLE's ``DraftOutput``, or n-gram
+#: speculation's accepted drafts (n, draft_token_num) and their counts (n,) int32.
+Extras = tuple[torch.Tensor, ...]
 
 
 class Relay(Protocol):
@@ -58,6 +72,9 @@ class Relay(Protocol):
     def scheduled(self, batch: ForwardBatch) -> None:
         """``batch`` (any mode) is about to launch: host-side bookkeeping only."""
 
+    def seeded(self, slots: list[int], seq_lens: list[int]) -> None:
+        """Prebuilt requests took ``slots``, with these lengths: host bookkeeping only."""
+
     # Forward side.
     def resolve_future(self, batch: ForwardBatch) -> None:
         """At the start of a decode forward: fill the inputs the previous forward stashed."""
@@ -66,12 +83,22 @@ class Relay(Protocol):
         """Hand the new lengths to the scheduler (mid-forward)."""
 
     def stash(
-        self, slots: torch.Tensor, tokens: torch.Tensor, draft: DraftOutput | None
+        self, slots: torch.Tensor, tokens: torch.Tensor, extras: Extras | None
     ) -> None:
         """Hand this step's tokens (and draft state) to the next forward."""
 
     def release(self, slots: torch.Tensor) -> None:
         """The requests of ``slots`` ended (debug maps catch a later stale read)."""
+
+    def seed(
+        self,
+        slots: torch.Tensor,
+        tokens: torch.Tensor,
+        extras: Extras | None,
+        seq_lens: torch.Tensor,
+    ) -> None:
+        """On the forward stream: seed prebuilt requests' rows (Note [Seeding a
+        prebuilt request])."""
 
 
 def _host_slots(batch: ForwardBatch) -> torch.Tensor:
@@ -80,11 +107,11 @@ def _host_slots(batch: ForwardBatch) -> torch.Tensor:
 
 class MapRelay:
     """The overlap hand-over, through a generated ``DecodeFutureMap``,
-    ``DecodeSeqLensFutureMap`` or ``EagleFutureMap``."""
+    ``DecodeSeqLensFutureMap``, ``EagleFutureMap`` or ``NgramFutureMap``."""
 
     def __init__(
         self,
-        future_map: DecodeFutureMap | DecodeSeqLensFutureMap | EagleFutureMap,
+        future_map: AnyMap,
         maps: Maps,
         ranges: Ranges = no_ranges,
     ) -> None:
@@ -106,40 +133,72 @@ class MapRelay:
                 batch.seq_lens_cpu = lens
                 batch.seq_lens = lens.to(batch.req_pool_indices.device)
                 batch.seq_lens_sum = int(lens.sum())
-        elif isinstance(self.map, (self.maps.decode_seq_lens, self.maps.eagle)):
+        elif isinstance(
+            self.map, (self.maps.decode_seq_lens, self.maps.eagle, self.maps.ngram)
+        ):
             # Blocks until the newest forward has published (not until it has finished),
             # also on a CPU worker stream (Note [Host order of CPU records]).
-            with self.ranges(RESOLVE_SEQ_LENS, batch.step):
-                if self.ranges is not no_ranges:
-                    # Note [Tracing the fence wait]
-                    with self.ranges(FENCE_WAIT, batch.step):
-                        self.map._fence.wait()
+            with (
+                self.ranges(RESOLVE_SEQ_LENS, batch.step),
+                self.ranges(FENCE_WAIT, batch.step),  # Note [Tracing the fence wait]
+            ):
                 self.map.resolve_seq_lens_cpu(batch)
 
     def prepare_inputs(self, batch: ForwardBatch) -> None:
         pass  # every input is gathered by resolve_future on the forward stream
 
     def scheduled(self, batch: ForwardBatch) -> None:
-        if self._next_lens_cpu is not None and batch.reqs:
-            # Plain decoding: each step adds one token (sglang's host ``seq_lens + 1``).
-            self._next_lens_cpu[_host_slots(batch)] = batch.seq_lens_cpu + 1
+        if self._next_lens_cpu is None:
+            return
+        # Plain decoding: each step adds one token (sglang's host ``seq_lens + 1``).
+        for part in (batch, batch.chunk):
+            if part is not None and part.reqs:
+                self._next_lens_cpu[_host_slots(part)] = part.seq_lens_cpu + 1
+
+    def seeded(self, slots: list[int], seq_lens: list[int]) -> None:
+        if self._next_lens_cpu is not None:
+            self._next_lens_cpu[torch.tensor(slots)] = torch.tensor(seq_lens)
 
     def resolve_future(self, batch: ForwardBatch) -> None:
         self.map.resolve_future(batch)
 
     def publish(self, slots: torch.Tensor, new_seq_lens: torch.Tensor) -> None:
-        if isinstance(self.map, (self.maps.decode_seq_lens, self.maps.eagle)):
+        if isinstance(
+            self.map, (self.maps.decode_seq_lens, self.maps.eagle, self.maps.ngram)
+        ):
             self.map.publish(slots, new_seq_lens)
 
     def release(self, slots: torch.Tensor) -> None:
         self.map.release(slots)
 
-    def stash(
-        self, slots: torch.Tensor, tokens: torch.Tensor, draft: DraftOutput | None
+    def seed(
+        self,
+        slots: torch.Tensor,
+        tokens: torch.Tensor,
+        extras: Extras | None,
+        seq_lens: torch.Tensor,
     ) -> None:
-        if isinstance(self.map, self.maps.eagle):
-            assert draft is not None, "speculative decoding stashes a draft"
-            topk_p, topk_index, hidden = draft
+        # Note [Seeding a prebuilt request]: called on the forward stream.
+        self.stash(slots, tokens, extras)
+        self.publish(slots, seq_lens)
+
+    def stash(
+        self, slots: torch.Tensor, tokens: torch.Tensor, extras: Extras | None
+    ) -> None:
+        if isinstance(self.map, self.maps.ngram):
+            assert extras is not None, "n-gram speculation stashes accepted drafts"
+            accept_tokens, accept_lens = extras
+            self.map.stash(
+                slots,
+                self.maps.ngram_payload(
+                    bonus_tokens=tokens,
+                    accept_tokens=accept_tokens,
+                    accept_lens=accept_lens,
+                ),
+            )
+        elif isinstance(self.map, self.maps.eagle):
+            assert extras is not None, "speculative decoding stashes a draft"
+            topk_p, topk_index, hidden = extras
             self.map.stash(
                 slots,
                 self.maps.eagle_payload(
@@ -159,17 +218,24 @@ class MapRelay:
 
 
 class DirectRelay:
-    """The synchronous hand-over: per-slot tensors read after the previous step finished."""
+    """The synchronous hand-over: per-slot tensors read after the previous step finished.
+
+    ``mode`` names what the extras are: ``decode`` (none), ``eagle`` or ``ngram``.
+    """
 
     def __init__(
-        self, pool_size: int, device: torch.device, ranges: Ranges = no_ranges
+        self,
+        pool_size: int,
+        device: torch.device,
+        ranges: Ranges = no_ranges,
+        mode: str = "decode",
     ) -> None:
         self.ranges = ranges
+        self.mode = mode
         self.tokens = torch.zeros(pool_size, dtype=torch.int64, device=device)
         self.seq_lens = torch.zeros(pool_size, dtype=torch.int64, device=device)
-        self.draft: DraftOutput | None = (
-            None  # per-slot rows, allocated on the first stash
-        )
+        #: Per-slot rows of the extras, allocated on the first stash.
+        self.extras: Extras | None = None
         self.pool_size = pool_size
 
     def resolve_lengths(self, batch: ForwardBatch) -> None:
@@ -181,15 +247,21 @@ class DirectRelay:
     def prepare_inputs(self, batch: ForwardBatch) -> None:
         slots = batch.req_pool_indices
         batch.input_ids = self.tokens[slots]
-        if self.draft is not None:
-            batch.spec_info.bonus_tokens = batch.input_ids
-            topk_p, topk_index, hidden = self.draft
-            batch.spec_info.topk_p = topk_p[slots]
-            batch.spec_info.topk_index = topk_index[slots]
-            batch.spec_info.hidden_states = hidden[slots]
+        if self.extras is None:
+            return
+        info = batch.spec_info
+        info.bonus_tokens = batch.input_ids
+        rows = tuple(store[slots] for store in self.extras)
+        if self.mode == "ngram":
+            info.accept_tokens, info.accept_lens = rows
+        else:
+            info.topk_p, info.topk_index, info.hidden_states = rows
 
     def scheduled(self, batch: ForwardBatch) -> None:
         pass  # lengths come from the finished step's publish
+
+    def seeded(self, slots: list[int], seq_lens: list[int]) -> None:
+        pass  # the seed's publish sets them
 
     def resolve_future(self, batch: ForwardBatch) -> None:
         pass  # inputs are real values already
@@ -200,20 +272,26 @@ class DirectRelay:
     def release(self, slots: torch.Tensor) -> None:
         pass  # plain tensors: nothing tracks a slot's owner
 
+    def seed(
+        self,
+        slots: torch.Tensor,
+        tokens: torch.Tensor,
+        extras: Extras | None,
+        seq_lens: torch.Tensor,
+    ) -> None:
+        self.stash(slots, tokens, extras)
+        self.publish(slots, seq_lens)
+
     def stash(
-        self, slots: torch.Tensor, tokens: torch.Tensor, draft: DraftOutput | None
+        self, slots: torch.Tensor, tokens: torch.Tensor, extras: Extras | None
     ) -> None:
         if slots.numel() == 0:
             return
         self.tokens[slots] = tokens
-        if draft is not None:
-            if self.draft is None:
-                self.draft = (
-                    _rows_like(draft[0], self.pool_size),
-                    _rows_like(draft[1], self.pool_size),
-                    _rows_like(draft[2], self.pool_size),
-                )
-            for store, value in zip(self.draft, draft):
+        if extras is not None:
+            if self.extras is None:
+                self.extras = tuple(_rows_like(e, self.pool_size) for e in extras)
+            for store, value in zip(self.extras, extras):
                 store[slots] = value
 
 

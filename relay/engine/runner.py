@@ -2,7 +2,9 @@
 
 Every forward starts by resolving the relay (decode batches), publishes the new
 lengths as soon as they exist, and ends by stashing what the next forward needs
-and copying its results to the host for the scheduler.
+and copying its results to the host for the scheduler. A decode forward of a mixed
+batch also runs a prefill chunk: the relay resolves only the decode rows, and one
+publish and one stash cover the decode rows and the chunk's finished prompts.
 """
 
 from __future__ import annotations
@@ -13,8 +15,8 @@ from typing import TYPE_CHECKING
 import attrs
 import torch
 
-from relay.engine.batch import ForwardBatch, ForwardMode, StepOutput
-from relay.engine.model import DraftHead, Forwards, KVCache, TargetModel
+from relay.engine.batch import ForwardBatch, ForwardMode, Seeds, StepOutput
+from relay.engine.model import DraftHead, Forwards, KVCache, TargetModel, VerifyResult
 from relay.engine.trace import (
     FORWARD,
     PUBLISH,
@@ -28,17 +30,29 @@ from relay.engine.trace import (
 if (
     TYPE_CHECKING
 ):  # no map is imported with the engine (Note [One set of map classes per run])
-    from relay.engine.relays import DraftOutput, Relay
+    from relay.engine.relays import Extras, Relay
 
 __all__ = ["ModelRunner", "SpecConfig"]
 
 
 @attrs.frozen(kw_only=True)
 class SpecConfig:
-    """EAGLE-style speculative decoding: ``topk`` draft branches of ``steps`` tokens."""
+    """Speculative decoding: ``method`` ``eagle`` drafts ``topk`` branches of ``steps``
+    tokens with a draft head; ``ngram`` drafts one branch of ``steps`` tokens from
+    n-gram matches in the request's own context (``topk`` unused)."""
 
     steps: int = 3
     topk: int = 2
+    method: str = "eagle"
+
+    def __attrs_post_init__(self) -> None:
+        if self.method not in ("eagle", "ngram"):
+            raise ValueError(f"method must be eagle or ngram (got {self.method!r})")
+
+    @property
+    def branches(self) -> int:
+        """Draft branches verified per request."""
+        return self.topk if self.method == "eagle" else 1
 
 
 def _to_host(t: torch.Tensor) -> torch.Tensor:
@@ -49,8 +63,38 @@ def _to_host(t: torch.Tensor) -> torch.Tensor:
     return host.copy_(t, non_blocking=True)
 
 
+@attrs.frozen
+class _Handoff:
+    """What rows of one forward hand the next: slots, tokens, extras, new lengths."""
+
+    slots: torch.Tensor
+    tokens: torch.Tensor
+    extras: Extras | None
+    new_seq_lens: torch.Tensor
+
+
+def _joined(parts: list[_Handoff]) -> _Handoff:
+    if len(parts) == 1:
+        return parts[0]
+    first = parts[0].extras
+    extras = (
+        None
+        if first is None
+        else tuple(
+            torch.cat([p.extras[i] for p in parts if p.extras is not None])
+            for i in range(len(first))
+        )
+    )
+    return _Handoff(
+        torch.cat([p.slots for p in parts]),
+        torch.cat([p.tokens for p in parts]),
+        extras,
+        torch.cat([p.new_seq_lens for p in parts]),
+    )
+
+
 class ModelRunner:
-    """Runs prefill, decode and verify-and-draft forwards against one relay.
+    """Runs prefill, decode and verify forwards against one relay.
 
     ``step_sync(n)`` is called by every forward, idle ones included, with the
     number of tokens this rank runs: the data-parallel collective of a shared step.
@@ -73,12 +117,14 @@ class ModelRunner:
         self.kv = kv
         self.relay = relay
         self.spec = spec
-        self.forwards = Forwards(
-            model, kv, DraftHead(model) if spec is not None else None
-        )
+        eagle = spec is not None and spec.method == "eagle"
+        self.forwards = Forwards(model, kv, DraftHead(model) if eagle else None)
         self.step_sync = step_sync
         self.kernels_started = kernels_started
         self.ranges = ranges
+        #: When a list: each decode step's (step, request id, input token), read back
+        #: on the host after the resolve (``EngineConfig.record_inputs``).
+        self.record: list[tuple[int, int, int]] | None = None
 
     def warm_up(self) -> None:
         """Run each of the model's forwards twice on the scratch slot 0, before timing.
@@ -93,16 +139,22 @@ class ModelRunner:
         prompt_len = torch.full((1,), 2, dtype=torch.int64, device=device)
         seq_lens = prompt_len + 1
         fw = self.forwards
+        spec = self.spec
         for _ in range(2):
             hidden, _ = fw.prefill(token[:, None].expand(1, 2), prompt_len, slot)
+            fw.prefill_chunk(token[:, None], prompt_len - 1, prompt_len - 1, slot, 2)
             fw.decode(token, seq_lens, 3, slot)
-            if self.spec is not None:
-                topk = self.spec.topk
-                _, first, draft_hidden = fw.extend(hidden, token, topk)
+            if spec is not None and spec.method == "eagle":
+                _, first, draft_hidden = fw.extend(hidden, token, spec.topk)
                 result = fw.draft_and_verify(
-                    token, draft_hidden, first, self.spec.steps, seq_lens, 3, slot
+                    token, draft_hidden, first, spec.steps, seq_lens, 3, slot
                 )
-                fw.commit_and_extend(result, seq_lens, slot, topk)
+                fw.commit_and_extend(result, seq_lens, slot, spec.topk)
+            elif spec is not None:
+                accept = token.new_zeros(1, spec.steps)
+                lens = torch.zeros(1, dtype=torch.int32, device=device)
+                result = fw.ngram_verify(token, accept, lens, seq_lens, 3, slot)
+                fw.commit(result, seq_lens, slot)
 
     def forward(self, batch: ForwardBatch, out: StepOutput) -> None:
         """Run ``batch`` and fill ``out`` with host copies of its results."""
@@ -115,14 +167,31 @@ class ModelRunner:
                 self._idle(batch)
             elif batch.mode is ForwardMode.PREFILL:
                 self._prefill(batch, out)
-            elif self.spec is None:
-                self._decode(batch, out)
             else:
-                self._verify_and_draft(batch, out, self.spec)
+                self._decode(batch, out)
+
+    def seed(self, seeds: Seeds) -> None:
+        """On the forward stream: receive prebuilt requests' KV (their prompts run here
+        in place of the prefill server's transfer) and seed their relay rows (Note
+        [Seeding a prebuilt request] in relay/engine/relays.py)."""
+        self.relay.release(seeds.released)
+        slots = seeds.slots
+        hidden, _ = self.forwards.prefill(seeds.prompts, seeds.prompt_lens, slots)
+        tokens = seeds.first_tokens
+        extras = self._prefill_extras(hidden, tokens)
+        self.relay.seed(slots, tokens, extras, seeds.prompt_lens + 1)
 
     def _resolve_future(self, batch: ForwardBatch) -> None:
         with self.ranges(RESOLVE_FUTURE, batch.step):
             self.relay.resolve_future(batch)
+        if self.record is not None and batch.reqs:
+            inputs = (
+                batch.input_ids if self.spec is None else batch.spec_info.bonus_tokens
+            )
+            self.record.extend(
+                (batch.step, req.spec.rid, token)
+                for req, token in zip(batch.reqs, inputs.tolist())
+            )
 
     def _publish(
         self, batch: ForwardBatch, slots: torch.Tensor, new_seq_lens: torch.Tensor
@@ -130,15 +199,9 @@ class ModelRunner:
         with self.ranges(PUBLISH, batch.step):
             self.relay.publish(slots, new_seq_lens)
 
-    def _stash(
-        self,
-        batch: ForwardBatch,
-        slots: torch.Tensor,
-        tokens: torch.Tensor,
-        draft: DraftOutput | None,
-    ) -> None:
+    def _stash(self, batch: ForwardBatch, hand: _Handoff) -> None:
         with self.ranges(STASH, batch.step):
-            self.relay.stash(slots, tokens, draft)
+            self.relay.stash(hand.slots, hand.tokens, hand.extras)
 
     def _start_kernels(self, tokens: int) -> None:
         """The end of a forward's host-side prologue: the collective, then the kernels."""
@@ -147,12 +210,21 @@ class ModelRunner:
         if self.kernels_started is not None:
             self.kernels_started()
 
-    def _draft_extend(
+    def _prefill_extras(
         self, hidden: torch.Tensor, tokens: torch.Tensor
-    ) -> DraftOutput | None:
-        if self.spec is None:
+    ) -> Extras | None:
+        """What a finished prompt hands its first decode besides its token."""
+        spec = self.spec
+        if spec is None:
             return None
-        return self.forwards.extend(hidden, tokens, self.spec.topk)
+        if spec.method == "eagle":
+            return self.forwards.extend(hidden, tokens, spec.topk)
+        # Nothing verified yet: accept length 0 (what an unwritten row reads).
+        n = tokens.shape[0]
+        return (
+            tokens.new_zeros(n, spec.steps),
+            torch.zeros(n, dtype=torch.int32, device=tokens.device),
+        )
 
     def _idle(self, batch: ForwardBatch) -> None:
         # Empty operations, as a rank with requests would issue them: each is a no-op
@@ -161,55 +233,136 @@ class ModelRunner:
         self._resolve_future(batch)
         self._publish(batch, empty, empty)
         self._start_kernels(0)
-        draft = None
-        if self.spec is not None:
+        extras: Extras | None = None
+        if self.spec is not None and self.spec.method == "eagle":
             h = self.model.config.hidden
-            draft = (
+            extras = (
                 torch.empty(
                     0, self.spec.topk, dtype=torch.float32, device=empty.device
                 ),
                 torch.empty(0, self.spec.topk, dtype=torch.int64, device=empty.device),
                 torch.empty(0, h, dtype=self.model.config.dtype, device=empty.device),
             )
-        self._stash(batch, empty, empty, draft)
+        elif self.spec is not None:
+            extras = (
+                empty.new_empty(0, self.spec.steps),
+                torch.empty(0, dtype=torch.int32, device=empty.device),
+            )
+        self._stash(batch, _Handoff(empty, empty, extras, empty))
+
+    def _run_chunk(self, batch: ForwardBatch, out: StepOutput) -> _Handoff:
+        """The model part of a prefill (or a mixed batch's chunk): fills ``out``;
+        returns what the rows whose prompt is complete hand over."""
+        slots = batch.req_pool_indices
+        assert batch.chunk_lens is not None
+        if batch.starts is None:
+            hidden, tokens = self.forwards.prefill(
+                batch.input_ids, batch.chunk_lens, slots
+            )
+        else:
+            hidden, tokens = self.forwards.prefill_chunk(
+                batch.input_ids,
+                batch.starts,
+                batch.chunk_lens,
+                slots,
+                batch.max_seq_len,
+            )
+        new_seq_lens = batch.seq_lens + 1
+        final = torch.tensor(batch.final, device=slots.device)
+        out.tokens = _to_host(tokens[:, None])
+        out.counts = _to_host(final.long())
+        out.new_seq_lens = _to_host(new_seq_lens)
+        if not all(batch.final):
+            rows = final.nonzero().squeeze(1)
+            slots, hidden, tokens = slots[rows], hidden[rows], tokens[rows]
+            new_seq_lens = new_seq_lens[rows]
+        return _Handoff(
+            slots, tokens, self._prefill_extras(hidden, tokens), new_seq_lens
+        )
 
     def _prefill(self, batch: ForwardBatch, out: StepOutput) -> None:
-        slots = batch.req_pool_indices
-        new_seq_lens = batch.seq_lens + 1
-        # Known before the model runs: publish first so the scheduler waits least.
-        self._publish(batch, slots, new_seq_lens)
-        self._start_kernels(int(batch.seq_lens_sum))
-        hidden, tokens = self.forwards.prefill(batch.input_ids, batch.seq_lens, slots)
-        self._stash(batch, slots, tokens, self._draft_extend(hidden, tokens))
-        out.tokens = _to_host(tokens[:, None])
-        out.counts = _to_host(torch.ones_like(tokens))
-        out.new_seq_lens = _to_host(new_seq_lens)
+        assert batch.chunk_lens is not None
+        if all(batch.final):
+            # Known before the model runs: publish first so the scheduler waits least.
+            self._publish(batch, batch.req_pool_indices, batch.seq_lens + 1)
+        self._start_kernels(int(batch.chunk_lens.sum()))
+        hand = self._run_chunk(batch, out)
+        if not all(batch.final):
+            self._publish(batch, hand.slots, hand.new_seq_lens)
+        self._stash(batch, hand)
 
     def _decode(self, batch: ForwardBatch, out: StepOutput) -> None:
-        slots = batch.req_pool_indices
+        """A decode (or verify) forward, with a mixed batch's chunk."""
         self._resolve_future(batch)
+        tokens = len(batch) * (
+            1 if self.spec is None else self.spec.branches * (self.spec.steps + 1)
+        )
+        chunk = batch.chunk
+        if chunk is not None:
+            assert chunk.chunk_lens is not None
+            tokens += int(chunk.chunk_lens.sum())
+        self._start_kernels(tokens)
+        parts = []
+        if chunk is not None:
+            out.chunk = StepOutput()
+            parts.append(self._run_chunk(chunk, out.chunk))
+        if self.spec is None:
+            decoded = self._plain(batch, out)
+            self._publish(batch, *self._new_lens(decoded, parts))
+            self._stash(batch, _joined([decoded, *parts]))
+            return
+        result = self._verify(batch, self.spec)
+        new_seq_lens = batch.seq_lens + result.accept_lens + 1
+        verified = _Handoff(batch.req_pool_indices, result.bonus, None, new_seq_lens)
+        # on_publish: mid-forward, before the cache commit and the draft extension,
+        # which overlap the scheduler's wait-free part of the next batch.
+        with self.ranges(PUBLISH, batch.step):
+            self.on_publish(*self._new_lens(verified, parts))
+        extras = self._commit(batch, result, self.spec)
+        self._stash(batch, _joined([attrs.evolve(verified, extras=extras), *parts]))
+        out.tokens = _to_host(result.tokens)
+        out.counts = _to_host(result.accept_lens + 1)
+        out.new_seq_lens = _to_host(new_seq_lens)
+
+    @staticmethod
+    def _new_lens(
+        rows: _Handoff, parts: list[_Handoff]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        joined = [rows, *parts]
+        if len(joined) == 1:
+            return rows.slots, rows.new_seq_lens
+        return (
+            torch.cat([p.slots for p in joined]),
+            torch.cat([p.new_seq_lens for p in joined]),
+        )
+
+    def _plain(self, batch: ForwardBatch, out: StepOutput) -> _Handoff:
+        slots = batch.req_pool_indices
         new_seq_lens = batch.seq_lens + 1
-        self._publish(batch, slots, new_seq_lens)  # as in _prefill: known up front
-        self._start_kernels(len(batch))
         _, tokens = self.forwards.decode(
             batch.input_ids, batch.seq_lens, batch.max_seq_len, slots
         )
-        self._stash(batch, slots, tokens, None)
         out.tokens = _to_host(tokens[:, None])
         out.counts = _to_host(torch.ones_like(tokens))
         out.new_seq_lens = _to_host(new_seq_lens)
+        return _Handoff(slots, tokens, None, new_seq_lens)
 
-    def _verify_and_draft(
-        self, batch: ForwardBatch, out: StepOutput, spec: SpecConfig
-    ) -> None:
-        slots = batch.req_pool_indices
-        self._resolve_future(batch)
+    def _verify(self, batch: ForwardBatch, spec: SpecConfig) -> VerifyResult:
         info = batch.spec_info
+        slots = batch.req_pool_indices
+        if spec.method == "ngram":
+            return self.forwards.ngram_verify(
+                info.bonus_tokens,
+                info.accept_tokens,
+                info.accept_lens,
+                batch.seq_lens,
+                batch.max_seq_len,
+                slots,
+            )
         assert info.hidden_states is not None, (
             "speculative decode before any prefill stashed"
         )
-        self._start_kernels(len(batch) * spec.topk * (spec.steps + 1))
-        result = self.forwards.draft_and_verify(
+        return self.forwards.draft_and_verify(
             info.bonus_tokens,
             info.hidden_states,
             info.topk_index,
@@ -218,18 +371,18 @@ class ModelRunner:
             batch.max_seq_len,
             slots,
         )
-        new_seq_lens = batch.seq_lens + result.accept_lens + 1
-        # on_publish: mid-forward, before the cache commit and the draft extension,
-        # which overlap the scheduler's wait-free part of the next batch.
-        with self.ranges(PUBLISH, batch.step):
-            self.on_publish(slots, new_seq_lens)
-        draft = self.forwards.commit_and_extend(
-            result, batch.seq_lens, slots, spec.topk
-        )
-        self._stash(batch, slots, result.bonus, draft)
-        out.tokens = _to_host(result.tokens)
-        out.counts = _to_host(result.accept_lens + 1)
-        out.new_seq_lens = _to_host(new_seq_lens)
+
+    def _commit(
+        self, batch: ForwardBatch, result: VerifyResult, spec: SpecConfig
+    ) -> Extras:
+        slots = batch.req_pool_indices
+        if spec.method == "eagle":
+            return self.forwards.commit_and_extend(
+                result, batch.seq_lens, slots, spec.topk
+            )
+        self.forwards.commit(result, batch.seq_lens, slots)
+        accepted = result.tokens[:, : spec.steps]
+        return accepted, result.accept_lens.to(torch.int32)
 
     def on_publish(self, slots: torch.Tensor, new_seq_lens: torch.Tensor) -> None:
         """The verify step's publish callback: hand the accepted lengths to the scheduler."""

@@ -24,7 +24,13 @@ from relay.engine.batch import (
 )
 from relay.engine.workload import RequestSpec
 
-__all__ = ["PageBudget", "Scheduler", "SchedulerConfig", "Vocabulary"]
+__all__ = [
+    "PageBudget",
+    "Scheduler",
+    "SchedulerConfig",
+    "TokenAccountingError",
+    "Vocabulary",
+]
 
 
 # Note [One schedule for both modes]
@@ -32,10 +38,26 @@ __all__ = ["PageBudget", "Scheduler", "SchedulerConfig", "Vocabulary"]
 # so a request that ends on EOS in step N is still in step N+1 (its extra token is
 # dropped); engines do this. The synchronous loop processes each step's results at
 # the same point of its loop, after launching the next step, so both modes build
-# exactly the same batches, step by step. Arrivals are counted in steps for the
-# same reason. Lengths reach the scheduler earlier, through the schedule lane: a
+# exactly the same batches, step by step. Arrivals and aborts are counted in steps
+# for the same reason, and retraction decides from the lengths of processed steps,
+# which both modes know at the same point. Lengths reach the scheduler earlier, through the schedule lane: a
 # request at its output limit is dropped from the very batch being built, in both
 # modes alike.
+
+
+# Note [Rows of a retracted request]
+# A request retracted while building step N+1 may still be a row of step N, in
+# flight (and, in overlap mode, of the step the relay still stashes for in its old
+# slot). Its context for the re-prefill is fixed when it is retracted (prompt and the
+# tokens processed so far), so step N's tokens for it must be dropped, or they would
+# be output once from step N and again from the re-prefill. Each batch remembers its
+# rows' epochs; a retraction bumps the request's epoch, and ``process`` skips rows of
+# an older epoch. ``process`` also checks that every step's length follows from the
+# tokens output so far, which names a token processed twice (or lost).
+
+
+class TokenAccountingError(RuntimeError):
+    """A step's length does not follow from the tokens output so far."""
 
 
 @attrs.frozen(kw_only=True)
@@ -44,11 +66,22 @@ class SchedulerConfig:
 
     #: Request-pool slots; the pool has one more row, the scratch row 0.
     max_running: int = 64
-    #: Prompt tokens per prefill batch.
+    #: Prompt tokens per prefill batch, and the size of a chunk.
     max_prefill_tokens: int = 2048
-    #: KV budget: admission reserves a request's worst case, in pages.
     kv_pages: int = 1024
     page_size: int = 16
+    #: Admission takes pages for what a request holds now, not its worst case; when
+    #: pages run out the newest running requests are retracted (slots and pages
+    #: freed, re-queued, later prefilled again with the tokens they had). ``False``:
+    #: admission reserves each request's worst case and nothing is ever retracted.
+    retract: bool = True
+    #: Prompts longer than what is left of the prefill budget are prefilled in chunks.
+    chunked_prefill: bool = True
+    #: A prefill chunk rides in the same forward as the running decode rows.
+    mixed: bool = False
+    #: With ``retract``: free pages admission leaves per running request, for their
+    #: growth. Less admits more and retracts more.
+    headroom: float = 0.25
 
 
 class Vocabulary:
@@ -67,12 +100,14 @@ class Vocabulary:
 class PageBudget:
     """KV memory in pages of ``page_size`` tokens, handed out from a free list.
 
-    Admission reserves a request's worst case, so a running request never waits for
-    memory; pages are then taken from the reservation as the sequence grows.
+    With ``reserve``, admission reserves a request's worst case, so a running request
+    never waits for memory, and pages are taken from the reservation as the sequence
+    grows. Without it, pages are taken as sequences grow and may run out.
     """
 
-    def __init__(self, pages: int, page_size: int) -> None:
+    def __init__(self, pages: int, page_size: int, *, reserve: bool) -> None:
         self.page_size = page_size
+        self.reserve = reserve
         self.free_pages = list(range(pages - 1, -1, -1))
         self.unreserved = pages
 
@@ -89,11 +124,24 @@ class PageBudget:
         req.reserved_pages = need
         return True
 
-    def grow(self, req: Request, tokens: int) -> None:
-        """Allocate pages so ``req`` holds ``tokens`` tokens (within its reservation)."""
-        need = min(self.pages_for(tokens), req.reserved_pages)
+    def fits(self, req: Request, tokens: int, headroom: int = 0) -> bool:
+        """Whether ``req`` can grow to ``tokens`` tokens and leave ``headroom`` pages."""
+        if self.reserve:
+            return True
+        more = max(0, self.pages_for(tokens) - len(req.pages))
+        return more + headroom <= len(self.free_pages)
+
+    def grow(self, req: Request, tokens: int) -> bool:
+        """Allocate pages so ``req`` holds ``tokens`` tokens (within its reservation,
+        when reserving); ``False``, allocating nothing, when the pages are not there."""
+        need = self.pages_for(tokens)
+        if self.reserve:
+            need = min(need, req.reserved_pages)
+        elif not self.fits(req, tokens):
+            return False
         while len(req.pages) < need:
             req.pages.append(self.free_pages.pop())
+        return True
 
     def release(self, req: Request) -> None:
         """Return ``req``'s pages and reservation."""
@@ -113,7 +161,7 @@ class _RunningBatch:
     max_new: torch.Tensor  # host
 
     def filter_active(self) -> None:
-        """Drop finished and capped requests."""
+        """Drop finished, capped and retracted requests."""
         if all(r.active for r in self.reqs):
             return
         keep = [i for i, r in enumerate(self.reqs) if r.active]
@@ -123,12 +171,16 @@ class _RunningBatch:
         self.prompt_lens = self.prompt_lens[rows]
         self.max_new = self.max_new[rows]
 
-    def merge(self, other: ForwardBatch) -> None:
-        """Append a prefill batch's requests: they decode from the next step on."""
-        self.reqs = self.reqs + other.reqs
-        self.slots = torch.cat([self.slots, other.req_pool_indices])
-        self.prompt_lens = torch.cat([self.prompt_lens, other.prompt_lens_cpu])
-        self.max_new = torch.cat([self.max_new, other.max_new_cpu])
+    def add(self, reqs: list[Request], max_new: list[int]) -> None:
+        """Append requests whose prefill is done: they decode from the next step on."""
+        if not reqs:
+            return
+        slots = torch.tensor([r.slot for r in reqs], dtype=torch.int64)
+        self.reqs = self.reqs + reqs
+        self.slots = torch.cat([self.slots, slots.to(self.slots.device)])
+        prompts = torch.tensor([len(r.spec.prompt) for r in reqs], dtype=torch.int64)
+        self.prompt_lens = torch.cat([self.prompt_lens, prompts])
+        self.max_new = torch.cat([self.max_new, torch.tensor(max_new)])
 
 
 def _hits_stop(text: list[str], stops: tuple[str, ...]) -> bool:
@@ -173,11 +225,12 @@ class Scheduler:
         self.requests: dict[int, Request] = {}
         self.finished = 0
         self.clock = 0
-        self._free_slots = list(
-            range(config.max_running, 0, -1)
-        )  # pop() reuses freed slots first
+        # pop() reuses freed slots first.
+        self._free_slots = list(range(config.max_running, 0, -1))
         self._released: list[int] = []  # freed, not yet released to the relay
-        self.budget = PageBudget(config.kv_pages, config.page_size)
+        self.budget = PageBudget(
+            config.kv_pages, config.page_size, reserve=not config.retract
+        )
         self._running = _RunningBatch(
             [],
             torch.empty(0, dtype=torch.int64, device=device),
@@ -186,27 +239,45 @@ class Scheduler:
         )
         self._last_was_prefill = False
         self._max_context = max_context
+        self._prebuilt: deque[Request] = deque()  # arrived prebuilt, not admitted
+        self._seeds: list[Request] = []  # admitted prebuilt, relay rows not seeded
+        self._aborts: dict[int, list[Request]] = {}
         # Speculative decoding statistics: rows of decode steps and tokens they emitted.
         self.decode_rows = 0
         self.decode_tokens = 0
         self.streamed_bytes = 0
+        self.retractions = 0
+        self.aborts = 0
+        #: Prefill rows that were a part of a context, not all of it.
+        self.chunks = 0
+        self.prebuilt = 0
         for spec in specs:
-            if len(spec.prompt) + lookahead + 1 > max_context:
-                raise ValueError(
-                    f"request {spec.rid}: a prompt of {len(spec.prompt)} tokens does "
-                    f"not fit max_context {max_context}; raise max_context"
-                )
-            worst = len(spec.prompt) + self._output_limit(spec) + 2 * lookahead
-            if self.budget.pages_for(worst) > config.kv_pages:
-                raise ValueError(
-                    f"request {spec.rid} needs {worst} tokens of KV, more than the "
-                    f"budget of {config.kv_pages} pages; raise kv_pages"
-                )
+            self._check_fits(spec)
+
+    def _check_fits(self, spec: RequestSpec) -> None:
+        if len(spec.prompt) + self.lookahead + 1 > self._max_context:
+            raise ValueError(
+                f"request {spec.rid}: a prompt of {len(spec.prompt)} tokens does "
+                f"not fit max_context {self._max_context}; raise max_context"
+            )
+        if self.budget.pages_for(self._worst(spec)) > self.config.kv_pages:
+            raise ValueError(
+                f"request {spec.rid} needs {self._worst(spec)} tokens of KV, more "
+                f"than the budget of {self.config.kv_pages} pages; raise kv_pages"
+            )
+
+    def _worst(self, spec: RequestSpec) -> int:
+        return len(spec.prompt) + self._output_limit(spec) + 2 * self.lookahead
 
     # -- state -------------------------------------------------------------------
     def has_work(self) -> bool:
         """Requests still to arrive, wait or run."""
-        return bool(self.pending or self.waiting or self.finished < len(self.requests))
+        return bool(
+            self.pending
+            or self.waiting
+            or self._prebuilt
+            or self.finished < len(self.requests)
+        )
 
     def tick(self) -> None:
         """Advance the step clock (arrivals are counted in steps)."""
@@ -214,75 +285,213 @@ class Scheduler:
 
     # -- building a batch (before the fence) ---------------------------------------
     def next_batch(self) -> ForwardBatch | None:
-        """This step's batch: a prefill of admitted requests, or a decode of the running.
+        """This step's batch: a prefill of admitted requests, or a decode of the running
+        (with a prefill chunk riding along, with mixed batches).
 
         Prefill goes first when requests wait, but never twice in a row while
         requests run, so decoding is not starved. ``None`` when nothing can run.
         """
-        while self.pending and self.pending[0].arrival_step <= self.clock:
-            spec = self.pending.popleft()
-            req = Request(spec)
-            self.requests[spec.rid] = req
-            self.waiting.append(req)
+        self._arrive()
+        self._abort_due()
         running = self._running
         running.filter_active()
+        self._make_room(running)
+        self._admit_prebuilt(running)
+        if self.config.mixed and running.reqs:
+            batch = self._decode_batch(running)
+            if self.waiting:
+                budget = self.config.max_prefill_tokens - len(running.reqs)
+                batch.chunk = self._prefill_batch(max(budget, 1), running)
+            return batch
         if self.waiting and not (running.reqs and self._last_was_prefill):
-            batch = self._prefill_batch()
-            if batch is not None:
+            prefill = self._prefill_batch(self.config.max_prefill_tokens, running)
+            if prefill is not None:
                 self._last_was_prefill = True
-                running.merge(batch)
-                return batch
+                return prefill
         self._last_was_prefill = False
         if not running.reqs:
             return None
         return self._decode_batch(running)
+
+    def _arrive(self) -> None:
+        while self.pending and self.pending[0].arrival_step <= self.clock:
+            spec = self.pending.popleft()
+            req = Request(spec, context=spec.prompt)
+            self.requests[spec.rid] = req
+            if spec.first_token is not None:
+                self._prebuilt.append(req)
+            else:
+                self.waiting.append(req)
+            if spec.abort_step is not None:
+                self._aborts.setdefault(spec.abort_step, []).append(req)
+
+    def _abort_due(self) -> None:
+        """Cancel the requests whose client disconnects now, wherever they are."""
+        for req in self._aborts.pop(self.clock, []):
+            if req.state is RequestState.FINISHED:
+                continue
+            if req in self.waiting:
+                self.waiting.remove(req)
+            if req in self._prebuilt:
+                self._prebuilt.remove(req)
+            self.aborts += 1
+            self._finish(req, "abort")
+
+    def _bound(self, req: Request) -> int:
+        """Tokens ``req`` may hold once the step being built has run: its newest
+        known length, plus what the step in flight and this one may add."""
+        known = req.seq_len or len(req.context) + 1
+        return known + 2 * self.lookahead
+
+    def _make_room(self, running: _RunningBatch) -> None:
+        """Give every running request the pages of its next step; where they run out,
+        retract the newest running requests."""
+        reqs = running.reqs
+        end = len(reqs)
+        i = 0
+        while i < end:
+            if self.budget.grow(reqs[i], self._bound(reqs[i])):
+                i += 1
+                continue
+            end -= 1
+            self._retract(reqs[end])
+        running.filter_active()
+
+    def _retract(self, req: Request) -> None:
+        """Free ``req``'s slot and pages and queue it first, to be prefilled again with
+        its prompt and the tokens it had (Note [Rows of a retracted request])."""
+        req.epoch += 1
+        req.state = RequestState.WAITING
+        req.context = req.spec.prompt + tuple(req.output)
+        req.prefilled = 0
+        req.seq_len = 0
+        self._free_slot(req)
+        self.budget.release(req)
+        # First in line, but behind a prompt half prefilled: at most one request holds
+        # pages while it waits, so that one can always finish its prefill.
+        front = self.waiting and self.waiting[0].state is RequestState.PREFILLING
+        self.waiting.insert(1 if front else 0, req)
+        self.retractions += 1
+
+    def _admit_prebuilt(self, running: _RunningBatch) -> None:
+        """Admit arrived prebuilt requests straight into the running batch; their
+        relay rows are seeded before the next forward (``take_seeds``)."""
+        while self._prebuilt and self._free_slots:
+            req = self._prebuilt[0]
+            length = len(req.spec.prompt)
+            if not self._take_pages(req, length + 1 + 2 * self.lookahead, running):
+                break
+            self._prebuilt.popleft()
+            req.slot = self._free_slots.pop()
+            req.prefilled = length
+            req.seq_len = length + 1
+            req.state = RequestState.RUNNING
+            self.prebuilt += 1
+            assert req.spec.first_token is not None
+            if self._append(req, [req.spec.first_token]) is None:
+                running.add([req], [self._output_limit(req.spec)])
+                self._seeds.append(req)
+
+    def _take_pages(self, req: Request, tokens: int, running: _RunningBatch) -> bool:
+        """Pages for a request being admitted (or chunk-prefilled) to hold ``tokens``."""
+        if req.state is RequestState.WAITING and self.budget.reserve:
+            return self.budget.try_reserve(
+                req, self._worst(req.spec)
+            ) and self.budget.grow(req, tokens)
+        # Some pages kept for the running requests' growth, so that admission does not
+        # retract at once.
+        headroom = int(self.config.headroom * len(running.reqs))
+        if not self.budget.fits(req, tokens, headroom=headroom):
+            return False
+        return self.budget.grow(req, tokens)
+
+    def take_seeds(self) -> list[Request]:
+        """Prebuilt requests admitted since the last call, whose relay rows need seeding."""
+        seeds, self._seeds = self._seeds, []
+        return seeds
 
     def _output_limit(self, spec: RequestSpec) -> int:
         """The output limit, clipped so prompt, output and look-ahead fit a slot."""
         room = self._max_context - len(spec.prompt) - self.lookahead
         return max(1, min(spec.max_new_tokens, room))
 
-    def _prefill_batch(self) -> ForwardBatch | None:
-        picked: list[Request] = []
+    def _pick_chunks(
+        self, budget: int, running: _RunningBatch
+    ) -> list[tuple[Request, int, int]]:
+        """(request, chunk start, chunk length) of the next prefill, within ``budget``
+        tokens; requests whose last chunk is picked start running."""
+        picked: list[tuple[Request, int, int]] = []
         tokens = 0
-        while self.waiting and self._free_slots:
+        while self.waiting:
             req = self.waiting[0]
-            prompt = len(req.spec.prompt)
-            if picked and tokens + prompt > self.config.max_prefill_tokens:
+            start = req.prefilled
+            remaining = len(req.context) - start
+            room = budget - tokens
+            if self.config.chunked_prefill:
+                take = min(remaining, room)
+            else:
+                take = remaining if not picked or remaining <= room else 0
+            if take <= 0:
                 break
-            worst = prompt + self._output_limit(req.spec) + 2 * self.lookahead
-            if not self.budget.try_reserve(req, worst):
+            final = take == remaining
+            end = start + take + (1 + 2 * self.lookahead if final else 0)
+            if req.state is RequestState.WAITING and not self._free_slots:
                 break
+            if not self._take_pages(req, end, running):
+                break
+            if req.state is RequestState.WAITING:
+                req.slot = self._free_slots.pop()
+                req.state = RequestState.PREFILLING
+            req.prefilled += take
+            picked.append((req, start, take))
+            tokens += take
+            if not final:
+                break  # a chunk ends the batch; the request stays first in line
             self.waiting.popleft()
-            req.slot = self._free_slots.pop()
             req.state = RequestState.RUNNING
-            self.budget.grow(req, prompt + self.lookahead)
-            picked.append(req)
-            tokens += prompt
+        return picked
+
+    def _prefill_batch(
+        self, budget: int, running: _RunningBatch
+    ) -> ForwardBatch | None:
+        picked = self._pick_chunks(budget, running)
         if not picked:
             return None
-        lens = [len(r.spec.prompt) for r in picked]
+        reqs = [r for r, _, _ in picked]
+        starts = [start for _, start, _ in picked]
+        lens = [take for _, _, take in picked]
+        ends = [start + take for start, take in zip(starts, lens)]
+        final = [end == len(r.context) for r, end in zip(reqs, ends)]
+        self.chunks += sum(1 for s, f in zip(starts, final) if s > 0 or not f)
         width = max(lens)
-        padded = [list(r.spec.prompt) + [0] * (width - n) for r, n in zip(picked, lens)]
-        lens_cpu = torch.tensor(lens, dtype=torch.int64)
+        padded = [
+            list(r.context[s : s + n]) + [0] * (width - n)
+            for r, s, n in zip(reqs, starts, lens)
+        ]
+        ends_cpu = torch.tensor(ends, dtype=torch.int64)
         dev = self.device
-        return ForwardBatch(
+        limits = [self._output_limit(r.spec) for r in reqs]
+        batch = ForwardBatch(
             ForwardMode.PREFILL,
-            picked,
-            req_pool_indices=torch.tensor(
-                [r.slot for r in picked], dtype=torch.int64
-            ).to(dev),
+            reqs,
+            req_pool_indices=torch.tensor([r.slot for r in reqs]).to(dev),
             input_ids=torch.tensor(padded, dtype=torch.int64).to(dev),
-            seq_lens=lens_cpu.to(dev),
-            seq_lens_cpu=lens_cpu,
-            seq_lens_sum=sum(lens),
+            seq_lens=ends_cpu.to(dev),
+            seq_lens_cpu=ends_cpu,
+            seq_lens_sum=sum(ends),
             spec_info=self._empty_spec(),
-            prompt_lens_cpu=lens_cpu,
-            max_new_cpu=torch.tensor(
-                [self._output_limit(r.spec) for r in picked], dtype=torch.int64
-            ),
-            max_seq_len=width,
+            prompt_lens_cpu=torch.tensor([len(r.spec.prompt) for r in reqs]),
+            max_new_cpu=torch.tensor(limits, dtype=torch.int64),
+            max_seq_len=max(ends),
+            epochs=[r.epoch for r in reqs],
+            final=final,
         )
+        batch.chunk_lens = torch.tensor(lens, dtype=torch.int64).to(dev)
+        if any(starts):
+            batch.starts = torch.tensor(starts, dtype=torch.int64).to(dev)
+        done = [(r, n) for r, n, f in zip(reqs, limits, final) if f]
+        running.add([r for r, _ in done], [n for _, n in done])
+        return batch
 
     def _decode_batch(self, running: _RunningBatch) -> ForwardBatch:
         empty = torch.empty(0, dtype=torch.int64, device=self.device)
@@ -297,6 +506,7 @@ class Scheduler:
             spec_info=self._empty_spec(),
             prompt_lens_cpu=running.prompt_lens,
             max_new_cpu=running.max_new,
+            epochs=[r.epoch for r in running.reqs],
         )
 
     def _empty_spec(self) -> SpecInfo:
@@ -330,48 +540,75 @@ class Scheduler:
         """
         if batch.mode is ForwardMode.IDLE:
             return
+        if batch.mode is ForwardMode.DECODE:
+            assert out.counts is not None
+            self.decode_rows += len(batch)
+            self.decode_tokens += int(out.counts.sum())
+        self._process_rows(batch, out)
+        if batch.chunk is not None:
+            assert out.chunk is not None
+            self._process_rows(batch.chunk, out.chunk)
+
+    def _process_rows(self, batch: ForwardBatch, out: StepOutput) -> None:
         assert (
             out.tokens is not None
             and out.counts is not None
             and out.new_seq_lens is not None
         )
-        if batch.mode is ForwardMode.DECODE:
-            self.decode_rows += len(batch)
-            self.decode_tokens += int(out.counts.sum())
-        pieces = self.vocab.pieces
-        eos = self.eos_token_id
-        grow_by = 2 * self.lookahead
-        for req, row, count, seq_len in zip(
+        for req, epoch, row, count, seq_len in zip(
             batch.reqs,
+            batch.epochs,
             out.tokens.tolist(),
             out.counts.tolist(),
             out.new_seq_lens.tolist(),
         ):
-            if req.state is RequestState.FINISHED:
-                continue  # ended on EOS one step ago: this row was the extra step
+            if req.state is RequestState.FINISHED or not self._current(req, epoch):
+                continue  # ended one step ago, or retracted since (extra rows)
+            if count == 0:
+                continue  # a chunk that is not its context's last
+            self._check_accounting(req, seq_len, count)
             req.seq_len = seq_len
-            limit = self._output_limit(req.spec)
-            first = len(req.output)
-            reason = None
-            for token in row[:count]:
-                req.output.append(token)
-                req.text.append(pieces[token])
-                if token == eos:
-                    reason = "eos"
-                elif len(req.output) >= limit:
-                    reason = "length"
-                elif req.spec.stop and _hits_stop(req.text, req.spec.stop):
-                    reason = "stop"
-                if reason is not None:
-                    break
-            self._stream_chunk(req, first, reason)
-            if reason is not None:
-                self._finish(req, reason)
-            else:
+            if self._append(req, row[:count]) is None:
                 assert req.state is not RequestState.CAPPED, (
                     "capped request did not reach its limit"
                 )
-                self.budget.grow(req, seq_len + grow_by)
+
+    def _check_accounting(self, req: Request, seq_len: int, count: int) -> None:
+        """A step's length must follow from the tokens output so far."""
+        if seq_len - count != len(req.spec.prompt) + len(req.output):
+            raise TokenAccountingError(
+                f"request {req.spec.rid}: a step ended at length {seq_len} with "
+                f"{count} new token(s) after {len(req.output)} output tokens of a "
+                f"{len(req.spec.prompt)}-token prompt: a token was processed "
+                "twice or lost (Note [Rows of a retracted request])"
+            )
+
+    def _current(self, req: Request, epoch: int) -> bool:
+        """Whether a row built at ``epoch`` is still ``req``'s (Note [Rows of a retracted
+        request])."""
+        return req.epoch == epoch
+
+    def _append(self, req: Request, tokens: list[int]) -> str | None:
+        """Output ``tokens`` until one ends the request; the reason it ended, if it did."""
+        pieces = self.vocab.pieces
+        limit = self._output_limit(req.spec)
+        first = len(req.output)
+        reason = None
+        for token in tokens:
+            req.output.append(token)
+            req.text.append(pieces[token])
+            if token == self.eos_token_id:
+                reason = "eos"
+            elif len(req.output) >= limit:
+                reason = "length"
+            elif req.spec.stop and _hits_stop(req.text, req.spec.stop):
+                reason = "stop"
+            if reason is not None:
+                break
+        self._stream_chunk(req, first, reason)
+        if reason is not None:
+            self._finish(req, reason)
+        return reason
 
     def _stream_chunk(self, req: Request, first: int, reason: str | None) -> None:
         """Detokenize a request's new tokens and serialize the chunk a server streams.
@@ -403,14 +640,19 @@ class Scheduler:
         self.streamed_bytes += len(f"data: {json.dumps(chunk)}\n\n".encode())
 
     def _finish(self, req: Request, reason: str) -> None:
-        # The slot may still be in an in-flight step; stream order keeps its next
-        # owner's writes behind that step, so it is free to reuse at once.
         req.state = RequestState.FINISHED
         req.finish_reason = reason
-        self._free_slots.append(req.slot)
-        self._released.append(req.slot)
+        self._free_slot(req)
         self.budget.release(req)
         self.finished += 1
+
+    def _free_slot(self, req: Request) -> None:
+        # The slot may still be in an in-flight step; stream order keeps its next
+        # owner's writes behind that step, so it is free to reuse at once.
+        if req.slot:
+            self._free_slots.append(req.slot)
+            self._released.append(req.slot)
+            req.slot = 0
 
     def take_released(self) -> torch.Tensor:
         """Slots freed since the last call, as a device tensor, for the next launch."""

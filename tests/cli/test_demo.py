@@ -86,10 +86,21 @@ def test_demo_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert code == 0
     assert "all outputs identical" in out
-    for column in ("speedup", "ideal", "efficiency", "occupancy overlap", "accept len"):
+    for column in (
+        "speedup",
+        "ideal",
+        "efficiency",
+        "occupancy overlap",
+        "accept len",
+        "retracted",
+        "aborted",
+        "chunks",
+        "prebuilt",
+    ):
         assert column in out
     # Each loop ran twice per mode, after one warm-up; not a terminal: no escape codes.
     assert out.count("decode sync ") == 2 and out.count("eagle overlap ") == 2
+    assert out.count("ngram overlap ") == 2
     assert "\x1b[" not in out
 
 
@@ -213,3 +224,86 @@ def test_demo_on_cuda(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert "run the engine on cuda" in out
     assert "all outputs identical" in out
+
+
+@pytest.mark.parametrize(
+    ("where", "says"),
+    [
+        ("folder", "is a folder"),
+        ("empty folder", "is a folder"),
+        ("missing folder", "no folder"),
+        ("under a file", "no folder"),
+        ("unwritable", "cannot write in"),
+    ],
+)
+@pytest.mark.parametrize("flag", ["--trace", "--plot"])
+def test_demo_refuses_an_output_it_cannot_write_before_running(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    flag: str,
+    where: str,
+    says: str,
+) -> None:
+    """An existing folder, a missing one, a file in the way or an unwritable place:
+    one line on stderr, exit 2, no run and nothing written."""
+    (tmp_path / "out.png").mkdir()
+    (tmp_path / "out.png" / "kept").write_text("")
+    (tmp_path / "empty.png").mkdir()
+    (tmp_path / "file").write_text("")
+    path = {
+        "folder": tmp_path / "out.png",
+        "empty folder": tmp_path / "empty.png",
+        "missing folder": tmp_path / "nowhere" / "out.png",
+        "under a file": tmp_path / "file" / "out.png",
+        # Not even root may create a file here.
+        "unwritable": Path("/proc/relay-demo-out.png"),
+    }[where]
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    assert main([*TINY_DEMO, flag, str(path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1 and says in err[0] and flag in err[0], err
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+    assert (tmp_path / "empty.png").is_dir()
+
+
+def test_efficiency_pairs_figures_of_the_same_runs() -> None:
+    """Each pair's efficiency is its own speedup over its own sync run's ideal."""
+    sync = (_result(wall=1.0, busy=0.8), _result(wall=2.0, busy=1.6))
+    overlap = (_result(wall=0.8, busy=0.7), _result(wall=1.9, busy=1.6))
+    row = ModeResult("decode", sync, overlap)
+    ideal = 1.0 / 0.8  # both sync runs: busy 80% of the wall
+    assert row.efficiencies == pytest.approx([1.25 / ideal, (2.0 / 1.9) / ideal])
+    assert row.efficiency == pytest.approx(((1.25 + 2.0 / 1.9) / 2) / ideal)
+
+
+def test_efficiency_above_100_is_capped_and_explained(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A pair faster than its ideal prints 100%* and a line saying why, never 110%."""
+    from relay.cli.demo import _Reporter
+
+    sync = (_result(wall=1.0, busy=0.8),)
+    overlap = (_result(wall=0.7, busy=0.6),)  # 1.43x against an ideal of 1.25x
+    row = ModeResult("decode", sync, overlap)
+    assert row.efficiency > 1
+    _Reporter(quiet=True).table([row], ranks=1)
+    out = capsys.readouterr().out
+    assert "100%*" in out and "114%" not in out.split("\n")[2]
+    assert "* measured decode 114% of the ideal" in out and "noise" in out
+
+
+def test_one_rank_and_two_agree_except_where_an_abort_cut_a_request() -> None:
+    """An abort comes at a step; how far a request got by then depends on the batches,
+    so the ranks' check leaves aborted requests out, and only them."""
+    ranked = attrs.evolve(
+        _result(wall=1.0, busy=0.5),
+        outputs={0: (5, 6), 1: (7,)},
+        aborted_ids=(1,),
+    )
+    single = attrs.evolve(ranked, outputs={0: (5, 6), 1: (7, 8)}, aborted_ids=(1,))
+    row = ModeResult("decode", (ranked,), (ranked,), single)
+    assert row.ranks_agree and row.identical
+    wrong = attrs.evolve(single, outputs={0: (5, 9), 1: (7, 8)})
+    assert not ModeResult("decode", (ranked,), (ranked,), wrong).identical

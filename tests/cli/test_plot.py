@@ -17,7 +17,7 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 def test_demo_writes_a_trace_and_a_timeline(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Both modes traced, sync and overlap; the trace is Chrome JSON, the plot a PNG."""
+    """All three modes traced, sync and overlap; the trace is Chrome JSON, the plot a PNG."""
     pytest.importorskip("matplotlib")
     trace_path, picture = tmp_path / "demo.json", tmp_path / "timeline.png"
     code = main([*TINY_DEMO, "--trace", str(trace_path), "--plot", str(picture)])
@@ -28,7 +28,11 @@ def test_demo_writes_a_trace_and_a_timeline(
     events = json.loads(trace_path.read_text())["traceEvents"]
     assert {e["ph"] for e in events} >= {"X", "M"}  # complete events and thread names
     runs = trace.load(trace_path).runs()
-    assert set(runs) == {"decode sync", "decode overlap", "eagle sync", "eagle overlap"}
+    assert set(runs) == {
+        f"{mode} {loop}"
+        for mode in ("decode", "eagle", "ngram")
+        for loop in ("sync", "overlap")
+    }
     rows = {s.row.split(" (")[0] for s in runs["eagle overlap"].spans}
     assert rows == {trace.SCHEDULER_THREAD, trace.FORWARD_THREAD}
     assert picture.read_bytes().startswith(PNG_SIGNATURE)
