@@ -11,7 +11,7 @@ the two share no hand-over code.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -46,9 +46,11 @@ if (
 # A prebuilt request's row is seeded (its first token, and in speculative decoding
 # its draft state and length) while a forward may still be in flight on that row for
 # the slot's previous owner (a finished request's extra step, a retracted request's
-# step). The seed is therefore written on the forward stream, behind every launched
-# forward, by ``seed`` below, the one place that writes it; slots released since the
-# last launch are released first, so the release does not land on the seed.
+# step). ``seed`` below hands the rows to the map's generated ``seed``, which queues
+# them for its next ``resolve_future`` (on the forward stream, behind every launched
+# forward: Note [Seeds] in relay/runtime.py); the engine calls it on the forward
+# stream too, after releasing the slots freed since the last launch, so neither the
+# release nor the lengths' publish lands out of order.
 
 __all__ = ["DirectRelay", "DraftOutput", "Extras", "MapRelay", "Relay"]
 
@@ -178,43 +180,39 @@ class MapRelay:
         extras: Extras | None,
         seq_lens: torch.Tensor,
     ) -> None:
-        # Note [Seeding a prebuilt request]: called on the forward stream.
-        self.stash(slots, tokens, extras)
+        # Note [Seeding a prebuilt request]: the map's seed queues the rows for its
+        # next resolve_future, on the forward stream; the lengths are published here.
+        self.map.seed(slots, self._payload(tokens, extras))
         self.publish(slots, seq_lens)
 
     def stash(
         self, slots: torch.Tensor, tokens: torch.Tensor, extras: Extras | None
     ) -> None:
+        self.map.stash(slots, self._payload(tokens, extras))
+
+    def _payload(self, tokens: torch.Tensor, extras: Extras | None) -> Any:
+        """The payload of the map's class for this step's tokens and extras."""
         if isinstance(self.map, self.maps.ngram):
             assert extras is not None, "n-gram speculation stashes accepted drafts"
             accept_tokens, accept_lens = extras
-            self.map.stash(
-                slots,
-                self.maps.ngram_payload(
-                    bonus_tokens=tokens,
-                    accept_tokens=accept_tokens,
-                    accept_lens=accept_lens,
-                ),
+            return self.maps.ngram_payload(
+                bonus_tokens=tokens,
+                accept_tokens=accept_tokens,
+                accept_lens=accept_lens,
             )
-        elif isinstance(self.map, self.maps.eagle):
+        if isinstance(self.map, self.maps.eagle):
             assert extras is not None, "speculative decoding stashes a draft"
             topk_p, topk_index, hidden = extras
-            self.map.stash(
-                slots,
-                self.maps.eagle_payload(
-                    bonus_tokens=tokens,
-                    topk_p=topk_p,
-                    topk_index=topk_index,
-                    hidden_states=hidden,
-                ),
+            return self.maps.eagle_payload(
+                bonus_tokens=tokens,
+                topk_p=topk_p,
+                topk_index=topk_index,
+                hidden_states=hidden,
             )
-        elif isinstance(self.map, self.maps.decode_seq_lens):
-            self.map.stash(
-                slots, self.maps.decode_seq_lens_payload(next_token_ids=tokens)
-            )
-        else:
-            assert isinstance(self.map, self.maps.decode), type(self.map)
-            self.map.stash(slots, self.maps.decode_payload(next_token_ids=tokens))
+        if isinstance(self.map, self.maps.decode_seq_lens):
+            return self.maps.decode_seq_lens_payload(next_token_ids=tokens)
+        assert isinstance(self.map, self.maps.decode), type(self.map)
+        return self.maps.decode_payload(next_token_ids=tokens)
 
 
 class DirectRelay:

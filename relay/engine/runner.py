@@ -351,9 +351,11 @@ class ModelRunner:
         info = batch.spec_info
         slots = batch.req_pool_indices
         if spec.method == "ngram":
+            # The n-gram map hands accept_tokens flat, (n * steps,), as sglang does.
+            accept = info.accept_tokens.reshape(slots.shape[0], spec.steps)
             return self.forwards.ngram_verify(
                 info.bonus_tokens,
-                info.accept_tokens,
+                accept,
                 info.accept_lens,
                 batch.seq_lens,
                 batch.max_seq_len,

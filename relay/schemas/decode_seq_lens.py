@@ -15,6 +15,7 @@ SCHEMA = Schema(
     cannot compute the lengths itself (the forward may change them by other than
     one token per step).
     """,
+    seeded=True,
     fields=[
         Field(
             "output_tokens",

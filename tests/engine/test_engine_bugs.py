@@ -49,10 +49,11 @@ def _seed_at_once(
     *,
     only: set[int] | None = None,
 ) -> None:
-    """``seed_prebuilt`` without the wait: the prompt's KV still arrives on the
-    forward stream, but the relay row is seeded from the scheduler thread at once,
-    while a forward may still be in flight on it (for the slots in ``only``; the
-    others are seeded correctly). Plain decoding: the seed is the first token."""
+    """``seed_prebuilt`` without the wait, as engines wrote it before relay's
+    ``seed``: the prompt's KV still arrives on the forward stream, but the relay row
+    is written from the scheduler thread at once with a plain stash, while a forward
+    may still be in flight on it (for the slots in ``only``; the others are seeded
+    correctly). Plain decoding: the seed is the first token."""
     if only is not None and not {r.slot for r in reqs} <= only:
         engine_module_seed(reqs, scheduler, relay, runner, executor)
         return
@@ -66,7 +67,8 @@ def _seed_at_once(
 
     engine_module_seed(reqs, scheduler, relay, runner, TransferOnly())
     (seeds,) = captured
-    relay.seed(seeds.slots, seeds.first_tokens, None, seeds.prompt_lens + 1)
+    relay.stash(seeds.slots, seeds.first_tokens, None)  # not the map's seed
+    relay.publish(seeds.slots, seeds.prompt_lens + 1)
 
 
 def _transfer(runner: Any, seeds: Seeds) -> None:
