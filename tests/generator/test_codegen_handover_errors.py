@@ -41,26 +41,34 @@ FIELD_CASES = {
         "write unwritten=Unwritten.ZEROS",
     ),
     "flat target of a placeholder": (
-        'Field("x", lane=Lane.FORWARD, dtype=torch.int64, target="x", '
-        "resolve=Resolve.PLACEHOLDER, target_shape=TargetShape.FLAT),",
+        (
+            'Field("x", lane=Lane.FORWARD, dtype=torch.int64, target="x", '
+            "resolve=Resolve.PLACEHOLDER, target_shape=TargetShape.FLAT),"
+        ),
         "target_shape=TargetShape.FLAT flattens gathered rows",
         "leave target_shape out",
     ),
     "flat target of one value per slot": (
-        'Field("x", lane=Lane.FORWARD, dtype=torch.int64, target="x", '
-        "target_shape=TargetShape.FLAT),",
+        (
+            'Field("x", lane=Lane.FORWARD, dtype=torch.int64, target="x", '
+            "target_shape=TargetShape.FLAT),"
+        ),
         "but the field's rows have none (shape=())",
         "leave target_shape out: one value per slot is already flat",
     ),
     "scatter without offsets": (
-        'Field("x", lane=Lane.FORWARD, dtype=torch.int64, target="x", '
-        "resolve=Resolve.SCATTER),",
+        (
+            'Field("x", lane=Lane.FORWARD, dtype=torch.int64, target="x", '
+            "resolve=Resolve.SCATTER),"
+        ),
         "resolve=Resolve.SCATTER needs offsets",
         'add offsets="query_start_loc"',
     ),
     "scatter on the schedule lane": (
-        'Field("x", lane=Lane.SCHEDULE, dtype=torch.int64, target="x", '
-        'resolve=Resolve.SCATTER, offsets="starts"),',
+        (
+            'Field("x", lane=Lane.SCHEDULE, dtype=torch.int64, target="x", '
+            'resolve=Resolve.SCATTER, offsets="starts"),'
+        ),
         "resolve=Resolve.SCATTER writes a required forward-lane field",
         "make the field a required forward-lane field with a target",
     ),
@@ -94,8 +102,10 @@ SCHEMA_CASES = {
         '    optional_parents={"spec_info": IfNone.SKIP},\n',
         [
             TOKENS,
-            'Field("lens", lane=Lane.SCHEDULE, dtype=torch.int64, '
-            'target="spec_info.lens"),',
+            (
+                'Field("lens", lane=Lane.SCHEDULE, dtype=torch.int64, '
+                'target="spec_info.lens"),'
+            ),
         ],
         "a schedule resolve hands its value whatever the batch holds",
     ),
