@@ -207,9 +207,8 @@ def write_rows(m: Any, indices: torch.Tensor) -> tuple[int, ...] | None:
             indices is m._gathered  # never set in debug mode
             and indices._version == 0
             and indices.dtype is _INT64
-            and indices.ndim == 1
         ):
-            return (indices.numel(),)
+            return (indices.numel(),)  # a 0-dim slot is one row, as index_copy_ takes it
     except RuntimeError:  # an inference tensor keeps no version counter
         pass
     if (
