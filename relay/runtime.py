@@ -72,7 +72,10 @@ GuardFn = Callable[[torch.Tensor, str], None]
 # A generated write tests, inline, that the call is the common case: debug off, slots
 # the map may index with as they are (``write_rows``), and every value a tensor of the
 # declared dtype and shape. Then each field's write is one ``index_copy_`` that cannot
-# fail, so a call is all or nothing. Anything else goes to ``stash`` or ``publish``
+# fail, so a call is all or nothing. A required eager first field is tested for its
+# number of dims only: its own ``index_copy_`` refuses another dtype or shape before it
+# writes anything, and the write goes on to the checked path then, as it does for a
+# value that is no tensor. Anything else goes to ``stash`` or ``publish``
 # here, which check, refuse, cast, allocate and run debug mode's bookkeeping, field by
 # field from the table. The resolves have no second path: they read the same rows
 # either way, and in debug mode they also report what they read (``read_back``).
@@ -208,7 +211,7 @@ def write_rows(m: Any, indices: torch.Tensor) -> tuple[int, ...] | None:
             and indices._version == 0
             and indices.dtype is _INT64
         ):
-            return (indices.numel(),)  # a 0-dim slot is one row, as index_copy_ takes it
+            return (indices.numel(),)  # a 0-dim slot: one row, as index_copy_ takes it
     except RuntimeError:  # an inference tensor keeps no version counter
         pass
     if (
@@ -483,6 +486,11 @@ def check_rows(
             "slot (e.g. torch.as_tensor(values, device=...)). Nothing was written"
         )
     slots = _refuse_indices(what, indices)
+    if buf is not None and value.device != buf.device:
+        raise RelayError(
+            f"{what}: got a tensor on {value.device} for a map on {buf.device}; move "
+            f"it first (.to({str(buf.device)!r})). Nothing was written"
+        )
     got = tuple(value.shape)
     lead = tuple(slots.shape)  # a 0-dim slot is one slot, its value one row
     if buf is not None:

@@ -87,16 +87,36 @@ def _write(f: Field) -> str:
 
 def write(op: str, fields: Sequence[Field], checked: str) -> list[str]:
     """``stash`` or ``publish``: the gate, the writes, else ``checked`` (the call of
-    the runtime's checked path)."""
+    the runtime's checked path). A required eager first field is tested for its
+    number of dims only: its ``index_copy_`` refuses another dtype or shape before it
+    writes anything, and then nothing is written (Note [One body] in runtime.py)."""
     lines = []
     if op != "publish":
         lines += [f"{f.payload_name} = payload.{f.payload_name}" for f in fields]
     lines.append("index_shape = _rt.write_rows(self, indices)")
-    tests = " and ".join(["index_shape", *(_test(f) for f in fields)])
+    first = fields[0] if fields else None
+    trusted = first is not None and not first.optional and not _lazy(first)
+    tests = [
+        f"{f.payload_name}.ndim == {1 + len(f.shape)}"
+        if trusted and f is first
+        else _test(f)
+        for f in fields
+    ]
     writes = [_write(f) for f in fields]
     if op == "publish":
         writes.append("self._fence.record()")
-    return [*lines, f"if {tests}:", *_indent(writes), "else:", f"    {checked}"]
+    gate = " and ".join(["index_shape", *tests])
+    if not trusted:
+        return [*lines, f"if {gate}:", *_indent(writes), "else:", f"    {checked}"]
+    return [
+        *lines,
+        "try:",
+        f"    if {gate}:",
+        *_indent(_indent([*writes, "return"])),
+        "except (AttributeError, IndexError, RuntimeError, TypeError):",
+        "    pass  # refused before any write: the checked path says why, or casts",
+        checked,
+    ]
 
 
 # --- resolves ------------------------------------------------------------------------------
