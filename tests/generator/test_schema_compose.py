@@ -397,3 +397,31 @@ def test_composed_map_runs(project: Project, relay_cli: Callable[..., Run]) -> N
     )
     relay_map.resolve_future(batch)
     assert batch.spec.scores.tolist() == [0.5, 0.25]
+
+
+def test_bundled_schemas_load_by_name_from_the_installed_package(
+    tmp_path: Path,
+) -> None:
+    """``Schema.bundled`` loads a schema relay ships, from any folder (no checkout
+    path), so a user's schema derives from it; an unknown name is refused, naming the
+    ones relay ships."""
+    from relay.schema import bundled_names
+
+    assert {"decode", "eagle", "ngram"} <= set(bundled_names())
+    eagle = Schema.bundled("eagle")
+    assert eagle.name == "EagleFutureMap" and eagle.seeded
+    derived = eagle.derive(name="MineFutureMap", doc="Mine.", drop=["hidden_states"])
+    assert "hidden_states" not in [f.name for f in derived.fields]
+    with pytest.raises(
+        CompositionError, match="relay ships no such schema .it ships.* eagle,"
+    ):
+        Schema.bundled("eagel")
+    script = "from relay.schema import Schema; print(Schema.bundled('ngram').name)"
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert (done.returncode, done.stdout) == (0, "NgramFutureMap\n"), done.stderr
