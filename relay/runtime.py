@@ -40,6 +40,8 @@ __all__ = [
     "check_dim",
     "check_rows",
     "debug_checks",
+    "fits",
+    "fits_optional",
     "gather_optional",
     "gather_rows",
     "gather_rows_optional",
@@ -261,6 +263,25 @@ def write_optional(
     return True
 
 
+def fits(value: object, buf: torch.Tensor | None, index_shape: tuple[int, ...]) -> bool:
+    """The gate's test of a lazy or optional field's value: a tensor of its buffer's
+    dtype with one buffer row per slot (no buffer yet: the checked path makes it)."""
+    return (
+        buf is not None
+        and type(value) is torch.Tensor
+        and value.dtype is buf.dtype
+        and value.shape[:1] == index_shape
+        and value.shape[1:] == buf.shape[1:]
+    )
+
+
+def fits_optional(
+    value: object, buf: torch.Tensor | None, index_shape: tuple[int, ...]
+) -> bool:
+    """``fits`` for an optional field: a value left out (``None``) passes too."""
+    return value is None or fits(value, buf, index_shape)
+
+
 def gather_optional(
     buf: torch.Tensor | None, carried: bool, indices: torch.Tensor, flat: bool = False
 ) -> torch.Tensor | None:
@@ -382,9 +403,6 @@ def _write_column(
             m.pool_size, c.dtype, value[(0,) * slots.ndim], debug, c.zeros
         )
         setattr(m, c.buf, buf)
-        # What the common case's gate compares a value with from now on.
-        setattr(m, f"_{c.name}_dtype", buf.dtype)
-        setattr(m, f"_{c.name}_row", tuple(buf.shape[1:]))
     buf.index_copy_(0, slots, value)
 
 

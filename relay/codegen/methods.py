@@ -59,19 +59,20 @@ def _lazy(f: Field) -> bool:
 
 
 def _test(f: Field) -> str:
-    """The gate's test of ``f``'s value: a tensor of the declared dtype and shape."""
+    """The gate's test of ``f``'s value: a tensor of the declared dtype and shape;
+    a lazy or optional field's against its buffer (``_rt.fits``: none yet, no fit)."""
     v = f.payload_name
-    if isinstance(f.dtype, torch.dtype) and not _lazy(f):
-        dtype = naming.dtype(f.dtype)
-    else:
-        dtype = f"self.{naming.dtype_cache(f)}"
+    if _lazy(f) or f.optional:
+        helper = "_rt.fits_optional" if f.optional else "_rt.fits"
+        return f"{helper}({v}, {_buf(f)}, index_shape)"
+    assert isinstance(f.dtype, torch.dtype)
     shape = "index_shape"
-    if f.shape or _lazy(f):
+    if f.shape:
         shape += f" + self.{naming.row_cache(f)}"
-    test = (
+    dtype = naming.dtype(f.dtype)
+    return (
         f"type({v}) is torch.Tensor and {v}.dtype is {dtype} and {v}.shape == {shape}"
     )
-    return f"({v} is None or ({test}))" if f.optional else test
 
 
 def _write(f: Field) -> str:

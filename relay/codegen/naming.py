@@ -181,11 +181,6 @@ def row_cache(field: Field) -> str:
     return f"_{field.name}_row"
 
 
-def dtype_cache(field: Field) -> str:
-    """The attribute holding a lazy field's buffer dtype (``None`` before allocation)."""
-    return f"_{field.name}_dtype"
-
-
 def value_local(field: Field) -> str:
     """The local holding a schedule field's gathered rows (fields never shadow locals:
     ``indices``, ``slots``, ``batch`` and ``self`` are reserved)."""
@@ -224,7 +219,7 @@ def bound_names(schema: Schema) -> frozenset[str]:
         names.update(_path_names(schema, schema.owners))
     for f in schema.fields:
         names.update({buffer(f), host_mirror(f), carried_flag(f), f.payload_name})
-        names.update({row_cache(f), dtype_cache(f), f"{row_cache(f)}_columns"})
+        names.update({row_cache(f), f"{row_cache(f)}_columns"})
         if isinstance(f.offsets, str):
             names.update(_path_names(schema, f.offsets))
         names.add(value_local(f))

@@ -210,11 +210,7 @@ def _field_init(f: Field, member: tuple[PackedGroup, Member] | None) -> list[Sta
         stmts = [Statement(_join(f"{buf}: torch.Tensor = _rt.new_buffer(", args), doc)]
     if f.optional:
         stmts.append(Statement(f"self.{naming.carried_flag(f)} = False"))
-    if f.alloc is Alloc.LAZY:
-        dtype = f"self.{naming.dtype_cache(f)}: torch.dtype | None = None"
-        stmts.append(Statement(dtype))
-        stmts.append(Statement(f"self.{naming.row_cache(f)}: tuple[int, ...] = ()"))
-    elif f.shape:
+    if f.shape and not f.optional and f.alloc is Alloc.EAGER:
         row = naming.shape_literal(tuple(str(d) for d in f.shape))
         stmts.append(Statement(f"self.{naming.row_cache(f)} = {row}"))
     stmts += [Statement(code) for code in methods.resolve_init(f)]
@@ -398,10 +394,7 @@ def _protocols(schema: Schema) -> tuple[ProtocolView, ...]:
             members[()][parent] = Attribute(parent, f"{current.type} | None", False)
     views = []
     for path in sorted((p for p in members if p), key=lambda p: (-len(p), p)):
-        doc = (
-            f"The attributes of ``batch.{'.'.join(path)}`` that {schema.name} reads "
-            "and writes."
-        )
+        doc = f"The attributes of ``batch.{'.'.join(path)}`` the map reads and writes."
         views.append(
             ProtocolView(
                 naming.nested_protocol(schema, path),
@@ -409,7 +402,7 @@ def _protocols(schema: Schema) -> tuple[ProtocolView, ...]:
                 tuple(members[path].values()),
             )
         )
-    doc = f"What {schema.name} reads and writes on a batch; any class with these fits."
+    doc = "What the map reads and writes on a batch; any class with these fits."
     views.append(
         ProtocolView(
             naming.batch_protocol(schema),

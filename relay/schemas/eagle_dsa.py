@@ -10,10 +10,8 @@ SCHEMA = EAGLE.derive(
     name="EagleDsaFutureMap",
     doc="""Relay of EAGLE speculative decoding on a DeepSeek-sparse-attention model.
 
-    The sparse-attention indexer's selected KV positions are relayed so the next
-    step can start from them. They appear only once a request's context is long
-    enough, so the field is optional and lazy: it may first arrive in a later
-    payload, and gets its buffer then.
+    The indexer's selected KV positions, for the next step: they appear once a
+    context is long enough, so the field is optional and lazy (its first payload).
     """,
     before="new_seq_lens",
     add=[
