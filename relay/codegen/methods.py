@@ -18,6 +18,7 @@ import torch
 
 from relay.codegen import naming
 from relay.codegen.layout import PackedGroup
+from relay.runtime import HOST_SUM_IN_PYTHON_MAX
 from relay.schema import Alloc, Field, IfNone, Lane, Resolve, Schema, TargetShape
 
 __all__ = [
@@ -28,9 +29,6 @@ __all__ = [
     "resolve_schedule",
     "write",
 ]
-
-#: The runtime's threshold of an integer host sum in Python (relay.runtime mirrors it).
-HOST_SUM_IN_PYTHON_MAX = 64
 
 
 def join(opener: str, args: Sequence[str], closer: str = ")") -> str:

@@ -254,15 +254,6 @@ def eager_shape(field: Field) -> str:
     return shape_literal(("pool_size", *(str(d) for d in field.shape)))
 
 
-def declared_row(field: Field) -> str:
-    """The row of a lazy field for ``_rt.lazy_buffer``: fixed dims, ``None`` for symbolic."""
-    if not field.shape:
-        return "()"
-    return shape_literal(
-        tuple("None" if isinstance(d, str) else str(d) for d in field.shape)
-    )
-
-
 def symbolic_dims(fields: tuple[Field, ...]) -> list[str]:
     """Symbolic dims of eager fields in first-use order: the constructor keywords."""
     seen: list[str] = []
@@ -359,9 +350,3 @@ def escape_doc(text: str) -> str:
 
 def _doc_char(ch: str) -> str:
     return ch if ch in '\n\t"' else _escape(ch, '"')
-
-
-def comment_text(text: str) -> str:
-    """``text`` for one ``#`` comment line: control characters, line breaks and lone
-    surrogates escaped, so nothing can end the comment."""
-    return "".join(_escape(ch, "") if ch != "\\" else ch for ch in text)

@@ -47,10 +47,6 @@ def _is_int_dtype(dtype: object) -> bool:
     )
 
 
-def _is_signed_int_dtype(dtype: object) -> bool:
-    return _is_int_dtype(dtype) and isinstance(dtype, torch.dtype) and dtype.is_signed
-
-
 @functools.cache
 def _unusable(dtype: torch.dtype) -> str | None:
     """Why torch cannot hold ``dtype`` in a relay buffer (allocate, write rows, read rows)."""

@@ -413,20 +413,6 @@ def _protocols(schema: Schema) -> tuple[ProtocolView, ...]:
     return tuple(views)
 
 
-def _summary(f: Field) -> str:
-    dtype = (
-        "dtype from payload"
-        if isinstance(f.dtype, FromPayload)
-        else naming.dtype(f.dtype)
-    )
-    parts = [f"{f.lane.value} lane", f"{naming.describe_shape(f.shape)} {dtype}"]
-    parts += [f.alloc.value] + (["optional"] if f.optional else [])
-    line = f"- ``{f.name}``: " + ", ".join(parts)
-    if f.target is not None:
-        line += f" -> ``batch.{f.target}``"
-    return line
-
-
 def map_view(schema: Schema, *, source: str) -> MapView:
     """The view of one validated schema."""
     packed = packed_groups(schema)
