@@ -341,16 +341,30 @@ def _write(
     if values is None:
         return False
     slots, checked = values
-    debug: DebugChecks | None = m._debug
-    for c, value in zip(columns, checked):
-        _write_column(m, table, c, slots, value, debug is not None)
-    if debug is not None:
-        carried = {
-            c.name: v is not None for c, v in zip(columns, checked) if c.optional
-        }
-        names = tuple(c.name for c in columns)
-        debug.wrote(op, indices, names, carried=carried, owners=owners)
+    _apply(m, op, columns, slots, checked, owners)
     return True
+
+
+def _apply(
+    m: Any,
+    op: str,
+    columns: Sequence[Column],
+    slots: torch.Tensor,
+    values: Sequence[torch.Tensor | None],
+    owners: Owners | None,
+) -> None:
+    """Write checked ``values`` into rows ``slots``, then debug mode's record of it."""
+    debug: DebugChecks | None = m._debug
+    for c, value in zip(columns, values):
+        _write_column(m, c, slots, value, debug is not None)
+    if debug is None:
+        return
+    carried = {c.name: v is not None for c, v in zip(columns, values) if c.optional}
+    names = tuple(c.name for c in columns)
+    if op == "seed":
+        debug.seeded(slots, names, carried=carried, owners=owners)
+    else:
+        debug.wrote(op, slots, names, carried=carried, owners=owners)
 
 
 def _checked(
@@ -388,7 +402,6 @@ def _checked(
 
 def _write_column(
     m: Any,
-    table: Table,
     c: Column,
     slots: torch.Tensor,
     value: torch.Tensor | None,
@@ -441,19 +454,9 @@ def seed(
 
 def apply_seeds(m: Any, table: Table) -> None:
     """Write the queued seeds, oldest first (on the forward stream, in resolve_future)."""
-    debug: DebugChecks | None = m._debug
     while m._seeds:
         slots, values, owners = m._seeds.pop(0)
-        for c, value in zip(table.forward, values):
-            _write_column(m, table, c, slots, value, debug is not None)
-        if debug is not None:
-            carried = {
-                c.name: v is not None
-                for c, v in zip(table.forward, values)
-                if c.optional
-            }
-            names = tuple(c.name for c in table.forward)
-            debug.seeded(slots, names, carried=carried, owners=owners)
+        _apply(m, "seed", table.forward, slots, values, owners)
 
 
 def parent_is_none(table: Table, method: str, parent: str) -> RelayError:
