@@ -34,6 +34,9 @@ _live_streams: weakref.WeakSet[ThreadStream] = weakref.WeakSet()
 _submission_order = itertools.count(1)
 _submission_lock = threading.Lock()
 _serials = itertools.count(1)
+#: Finished tasks per stream whose end a wait can still join exactly (a wait is
+#: almost always on one of the newest few).
+_DONE_TOKENS_KEPT = 256
 
 
 class StreamObserver(Protocol):
@@ -52,11 +55,13 @@ class StreamObserver(Protocol):
     def joined(self, token: Any) -> None:
         """The calling thread waited for a task's end (``token`` from ``task_finished``)."""
 
-    def recorded(self, event: CpuEvent) -> None:
-        """``event`` was recorded on the calling thread's stream."""
+    def recorded(self, event: CpuEvent) -> Any:
+        """``event`` was recorded on the calling thread's stream: a token a wait on
+        this record joins."""
 
-    def waited(self, event: CpuEvent) -> None:
-        """The calling thread's stream (or host thread) waited on ``event``."""
+    def waited(self, event: CpuEvent, token: Any) -> None:
+        """The calling thread's stream (or host thread) waited on ``event``'s record
+        ``token`` (from ``recorded``; ``None``: no record, a wait on nothing)."""
 
 
 #: The checker to report to, or ``None`` (the default: nothing is reported).
@@ -95,6 +100,18 @@ def use_cpu_stream(stream: ThreadStream | None) -> Iterator[None]:
 # cannot form a cycle. A wait never under-waits; it over-waits for queued tasks that
 # record nothing, so a queued task must not itself block on the host (by a lock or
 # threading primitive outside these events), or the two wait for each other.
+#
+# What a wait orders the waiter after, for a happens-before checker, is the record it
+# waited for alone, as on CUDA: not a later task's record of the same event (the
+# worker may have recorded again by the time the waiter looks), nor a later task's
+# end. Told more, the checker would see the waiter ordered after work it never waited
+# for whenever the worker happened to be fast, and miss races on those runs only.
+
+
+def _host_order() -> int:
+    """A place in the host order of tasks, for work done now outside any stream."""
+    with _submission_lock:
+        return next(_submission_order)
 
 
 class ThreadStream:
@@ -107,7 +124,9 @@ class ThreadStream:
         self._tasks: queue.SimpleQueue[tuple[int, Callable[[], None], Any] | None] = (
             queue.SimpleQueue()
         )
-        self._done_token: Any = None
+        # Per finished task, what the checker knew at its end (only while one listens):
+        # a wait joins the end of the task it waited for, not of a later one.
+        self._done_tokens: dict[int, Any] = {}
         self._cond = threading.Condition()
         self._submitted = 0
         self._finished = 0
@@ -147,6 +166,11 @@ class ThreadStream:
                 newest = ticket
             return newest
 
+    def oldest_pending(self) -> int:
+        """Submission number of the oldest unfinished task; 0 when there is none."""
+        with self._cond:
+            return self._pending[0][0] if self._pending else 0
+
     @property
     def submitted(self) -> int:
         """Ticket of the newest submitted task (0 before any)."""
@@ -157,24 +181,36 @@ class ThreadStream:
         """Block until every submitted task has finished; re-raise a task's error."""
         with self._cond:
             target = self._submitted
-            self._cond.wait_for(
-                lambda: self._finished >= target or self._error is not None
-            )
-            token = self._done_token
-        if observer is not None and token is not None:
-            observer.joined(token)
-        self.raise_pending()
+        self.wait_ticket(target, lambda: False)
 
-    def wait_ticket(self, ticket: int, done: Callable[[], bool]) -> None:
-        """Block until ``done()`` holds or task ``ticket`` has finished."""
+    def wait_ticket(
+        self, ticket: int, done: Callable[[], bool], *, join: bool = True
+    ) -> None:
+        """Block until ``done()`` holds or task ``ticket`` has finished. If the task
+        finished and ``join``, the calling thread is ordered after that task's end for
+        a happens-before checker; ``join=False`` is a wait the caller does not rely on
+        for order (a scheduling courtesy, or one whose order comes from elsewhere)."""
         with self._cond:
             self._cond.wait_for(
                 lambda: done() or self._finished >= ticket or self._error is not None
             )
-            token = self._done_token if self._finished >= ticket else None
+            token = None
+            if join and self._finished >= ticket:
+                token = self._done_token_of(ticket)
         if observer is not None and token is not None:
             observer.joined(token)
         self.raise_pending()
+
+    def _done_token_of(self, ticket: int) -> Any:
+        """The checker's token of finished task ``ticket``'s end; lock held. One older
+        than the tokens kept gets the oldest kept: ordered after a little more work
+        than it waited for, never less (a false alarm would be worse)."""
+        if not self._done_tokens:
+            return None
+        token = self._done_tokens.get(ticket)
+        if token is None:
+            token = self._done_tokens[min(self._done_tokens)]
+        return token
 
     def raise_pending(self) -> None:
         """Re-raise, on the host, an exception a task raised on the worker."""
@@ -233,7 +269,9 @@ class ThreadStream:
                 elapsed = time.perf_counter() - start
                 done = observer.task_finished(self) if observer is not None else None
                 with self._cond:
-                    self._done_token = done
+                    if done is not None:
+                        self._done_tokens[ticket] = done
+                        self._done_tokens.pop(ticket - _DONE_TOKENS_KEPT, None)
                     self._busy_seconds += elapsed
                     self._finished = ticket
                     self._pending.popleft()
@@ -250,13 +288,19 @@ class CpuEvent:
     def __init__(self) -> None:
         # Per stream, the ticket of the newest task that recorded this event.
         self._records: dict[ThreadStream, int] = {}
+        # While a checker listens: (host order, checker token) of the records a wait
+        # may still pick (Note [Host order of CPU records]).
+        self._history: list[tuple[int, Any]] = []
 
     def record(self) -> None:
         """Record on the calling thread's stream. CPU ops are synchronous, so the work
         before this point has already run: the record completes at once."""
         stream = current_cpu_stream()
         if observer is not None:
-            observer.recorded(self)
+            # A task's record sits at its submission in host order; a host's, now.
+            order = stream.running_order if stream is not None else _host_order()
+            self._history.append((order, observer.recorded(self)))
+            self._forget_unreachable()
         if stream is not None:
             self._records[stream] = stream.running_ticket
             stream.notify()
@@ -268,6 +312,7 @@ class CpuEvent:
         current = current_cpu_stream()
         # See Note [Host order of CPU records].
         before = current.running_order if current is not None else None
+        horizon = before if before is not None else _host_order()
         for stream in list(_live_streams):
             if stream is current:
                 continue  # already in stream order
@@ -278,9 +323,32 @@ class CpuEvent:
                 stream.wait_ticket(
                     newest,
                     lambda: self._records.get(stream, 0) >= newest,  # noqa: B023
+                    join=False,  # ordered after the record alone, below
                 )
         if observer is not None:
-            observer.waited(self)
+            observer.waited(self, self._record_before(horizon))
+
+    def _forget_unreachable(self) -> None:
+        """Drop records no wait can pick any more: a wait is placed at or after the
+        oldest unfinished task, so of the records before it only the newest counts."""
+        pending = [order for s in list(_live_streams) if (order := s.oldest_pending())]
+        floor = min(pending) if pending else None
+        history = self._history
+        before = [i for i, r in enumerate(history) if floor is None or r[0] < floor]
+        if len(before) > 1:
+            newest = max(before, key=lambda i: (history[i][0], i))
+            self._history = [history[newest]] + [
+                r for r in history if floor is not None and r[0] >= floor
+            ]
+
+    def _record_before(self, horizon: int) -> Any:
+        """The checker's token of the newest record before ``horizon`` in host order
+        (``None``: none; records made since by later tasks do not count)."""
+        chosen: tuple[int, Any] | None = None
+        for order, token in list(self._history):
+            if order < horizon and (chosen is None or order >= chosen[0]):
+                chosen = (order, token)
+        return chosen[1] if chosen is not None else None
 
     def wait(self) -> None:
         """Order the calling thread's stream after the newest record."""

@@ -5,8 +5,10 @@ package's docstring (``relay/debug/__init__.py``)."""
 
 from __future__ import annotations
 
+import functools
+import threading
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from typing import Any, Concatenate, NamedTuple, ParamSpec, TypeVar
 
 import torch
 
@@ -78,6 +80,31 @@ def check_resolved(
 # forward stream, which the happens-before clocks see as a stream wait.
 
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+# Note [Checks and stamps are atomic]
+# A check reads a row's state and the stamp after it writes it. Two streams' operations
+# on one row (a forward's stash on the worker, a host write the engine forgot to order)
+# may run at the same moment; if both read before either stamps, each passes and the
+# race goes unreported, on some runs only. Each map's checks and stamps therefore run
+# under one lock: whichever comes second sees the first, in either order.
+
+
+def _atomic(
+    method: Callable[Concatenate[DebugChecks, _P], _R],
+) -> Callable[Concatenate[DebugChecks, _P], _R]:
+    """``method`` checks and stamps under the map's lock (Note [Checks and stamps
+    are atomic])."""
+
+    @functools.wraps(method)
+    def locked(self: DebugChecks, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return locked
+
+
 class DebugChecks:
     """Debug-mode bookkeeping of one map: the calls the generated code makes.
 
@@ -132,6 +159,7 @@ class DebugChecks:
         # Note [Happens-before in debug mode]: CpuEvents report themselves.
         self._model_fence = not isinstance(self._policy, CpuPolicy)
         self._fence: FenceRecord | None = None
+        self._lock = threading.Lock()
 
     # -- helpers -------------------------------------------------------------------
     def _slots(self, op: str, indices: torch.Tensor) -> torch.Tensor:
@@ -236,6 +264,7 @@ class DebugChecks:
         self._seed_ops.add(op)
         self._write(op, indices, fields, carried, owners, seed=True)
 
+    @_atomic
     def _write(
         self,
         op: str,
@@ -318,6 +347,7 @@ class DebugChecks:
             **where,
         )
 
+    @_atomic
     def read(
         self,
         op: str,
@@ -486,6 +516,7 @@ class DebugChecks:
         if self._model_fence and self.clocks.enabled and self._fence is not None:
             self.clocks.join(self._stream(), self._fence.clock)
 
+    @_atomic
     def release(self, indices: torch.Tensor) -> None:
         """The requests in slots ``indices`` ended: their unread values are stale (READY
         blocked, STATE kept: Note [Debug state table])."""

@@ -48,7 +48,10 @@ __all__ = [
 # - events: a record snapshots the recording actor's clock (a new record replaces the
 #   old one, as on CUDA); a wait joins that snapshot into the waiter;
 # - joins: a host that waited for a ThreadStream task, a stream or an event joins the
-#   clock the stream had there.
+#   clock the stream had there: at the end of that task, or at that record, never
+#   later, however far the worker had got by the time the host looked (Note [Host
+#   order of CPU records]). Each map's checks and stamps are atomic (Note [Checks and
+#   stamps are atomic] in checks.py), so a race is reported whichever side runs first.
 # The relay's fence is one of those events. On the CPU the checker sees the fence's
 # CpuEvent records and waits themselves (CpuEvents report to it), so a fence that
 # skips its chain wait or a resolve that skips its wait is caught. Elsewhere events are
@@ -230,14 +233,16 @@ class HappensBefore:
         with self._lock:
             self._merge(self._actor(stream), clock)
 
-    def record(self, event: Any, stream: Any) -> None:
-        """``event`` was recorded on ``stream``: a new record replaces the old one."""
+    def record(self, event: Any, stream: Any) -> Clock:
+        """``event`` was recorded on ``stream``: a new record replaces the old one.
+        Returns what the record knew."""
         with self._lock:
             snapshot = dict(self._clocks[self._actor(stream)])
             try:
                 self._events[event] = snapshot
             except TypeError:  # not weak-referenceable: keep it alive with its clock
                 self._strong_events[id(event)] = (event, snapshot)
+            return snapshot
 
     def event_clock(self, event: Any) -> Clock:
         """What ``event``'s newest record knew (nothing before any record)."""
@@ -280,11 +285,12 @@ class _StreamObserver:
     def joined(self, token: Any) -> None:
         clocks.join(current_cpu_stream(), token)
 
-    def recorded(self, event: CpuEvent) -> None:
-        clocks.record(event, current_cpu_stream())
+    def recorded(self, event: CpuEvent) -> Any:
+        return clocks.record(event, current_cpu_stream())
 
-    def waited(self, event: CpuEvent) -> None:
-        clocks.join(current_cpu_stream(), clocks.event_clock(event))
+    def waited(self, event: CpuEvent, token: Any) -> None:
+        if token is not None:
+            clocks.join(current_cpu_stream(), token)
 
 
 _STREAM_OBSERVER = _StreamObserver()

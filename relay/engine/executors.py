@@ -116,7 +116,9 @@ class WorkerExecutor:
         self.stream.wait_ticket(ticket, lambda: False)
         following = ticket + 1  # Note [Host turns on the CPU worker]
         if self.stream.submitted >= following:
-            self.stream.wait_ticket(following, lambda: self._started >= following)
+            self.stream.wait_ticket(
+                following, lambda: self._started >= following, join=False
+            )
 
     def kernels_started(self) -> None:
         self._started = self.stream.running_ticket

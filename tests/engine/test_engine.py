@@ -131,9 +131,9 @@ def test_thread_stream_events(monkeypatch: pytest.MonkeyPatch) -> None:
     log: list[str] = []
     original_wait = stream.wait_ticket
 
-    def spy_wait(ticket: int, done: Callable[[], bool]) -> None:
+    def spy_wait(ticket: int, done: Callable[[], bool], *, join: bool = True) -> None:
         host_waits.set()
-        original_wait(ticket, done)
+        original_wait(ticket, done, join=join)
 
     def task() -> None:
         # Gates, not sleeps: the record happens only once the host waits for it, and

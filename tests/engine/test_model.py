@@ -109,9 +109,9 @@ def test_wait_returns_once_the_next_forward_runs_its_kernels(
     host_resumed = threading.Event()
     original_wait = lane.stream.wait_ticket
 
-    def spy_wait(ticket: int, done: Callable[[], bool]) -> None:
+    def spy_wait(ticket: int, done: Callable[[], bool], *, join: bool = True) -> None:
         host_waits.set()
-        original_wait(ticket, done)
+        original_wait(ticket, done, join=join)
 
     def step_n() -> None:
         events.append("N done")

@@ -337,6 +337,112 @@ def test_two_unordered_writes_of_one_row_are_reported() -> None:
     )
 
 
+def test_two_writes_checked_at_the_same_moment_are_reported() -> None:
+    """Stream a has checked its write of slot 3 but not yet stamped it when stream b
+    writes the slot: b's check waits for a's stamp and reports the race. (Were the
+    check and the stamp apart, both would pass and the race would go unreported.)"""
+    d = checks()
+    buf = torch.zeros(POOL, dtype=torch.int64)
+    a_checked, a_go, b_waits_or_ends = (threading.Event() for _ in range(3))
+    errors: list[BaseException] = []
+    stamp = d.state.stamp
+
+    def stamp_when_let(*args: Any, **kwargs: Any) -> None:
+        if threading.current_thread().name == "a" and not a_checked.is_set():
+            a_checked.set()
+            assert a_go.wait(GUARD_S)
+        stamp(*args, **kwargs)
+
+    class SeenLock:
+        """The map's lock, telling the test when b waits for it."""
+
+        def __init__(self, lock: Any) -> None:
+            self.lock = lock
+
+        def __enter__(self) -> None:
+            if threading.current_thread().name == "b":
+                b_waits_or_ends.set()
+            self.lock.acquire()
+
+        def __exit__(self, *exc: object) -> None:
+            self.lock.release()
+
+    def write_b() -> None:
+        try:
+            stash(d, "tok", buf, torch.tensor([3]), [2])
+        except RelayDebugError as error:
+            errors.append(error)
+        finally:
+            b_waits_or_ends.set()
+
+    d.state.stamp = stamp_when_let  # type: ignore[method-assign]
+    d._lock = SeenLock(d._lock)  # type: ignore[assignment]
+    with thread_streams("a", "b") as (a, b):
+        a.submit(lambda: stash(d, "tok", buf, torch.tensor([3]), [1]))
+        assert a_checked.wait(GUARD_S)
+        b.submit(write_b)
+        assert b_waits_or_ends.wait(GUARD_S)
+        a_go.set()
+        b.synchronize()
+        a.synchronize()
+    assert len(errors) == 1, "the race went unreported"
+    assert (
+        "slot 3: stash on ThreadStream('b') overwrites the value stash wrote on "
+        "ThreadStream('a')" in str(errors[0])
+    )
+
+
+def test_a_host_that_waited_for_one_task_is_not_ordered_after_the_next() -> None:
+    """The host waits for task 1 after task 2 has also finished (a gate the checker
+    cannot see tells it so): it is ordered after task 1's write only."""
+    d = checks()
+    buf = torch.zeros(POOL, dtype=torch.int64)
+    second_done = threading.Event()
+
+    def second() -> None:
+        stash(d, "tok", buf, torch.tensor([2]), [7])
+        second_done.set()
+
+    with thread_streams("fwd") as (stream,):
+        first = stream.submit(lambda: stash(d, "tok", buf, torch.tensor([1]), [5]))
+        stream.submit(second)
+        assert second_done.wait(GUARD_S)
+        stream.wait_ticket(first, lambda: False)
+        assert resolve(d, "tok", buf, torch.tensor([1])).tolist() == [5]
+        with pytest.raises(RelayDebugError, match="nothing orders the read"):
+            resolve(d, "tok", buf, torch.tensor([2]))
+
+
+def test_an_event_wait_is_ordered_after_the_record_it_waited_for_only() -> None:
+    """Task 1 writes slot 1 and records the event; the host waits on it. While it
+    waits, task 2, submitted after the wait began, writes slot 2 and records the
+    event again: the host is ordered after task 1's record, not task 2's."""
+    d = checks()
+    buf = torch.zeros(POOL, dtype=torch.int64)
+    event = CpuEvent()
+
+    def write_and_record(slot: int, value: int) -> None:
+        stash(d, "tok", buf, torch.tensor([slot]), [value])
+        event.record()
+
+    with thread_streams("fwd") as (stream,):
+        stream.submit(lambda: write_and_record(1, 5))
+        newest_before = stream.newest_before
+
+        def a_later_task_records_meanwhile(order: int | None) -> int:
+            newest = newest_before(order)
+            stream.submit(lambda: write_and_record(2, 7))
+            stream.wait_ticket(stream.submitted, lambda: False, join=False)
+            return newest
+
+        stream.newest_before = a_later_task_records_meanwhile  # type: ignore[method-assign]
+        event.synchronize()
+        stream.newest_before = newest_before  # type: ignore[method-assign]
+        assert resolve(d, "tok", buf, torch.tensor([1])).tolist() == [5]
+        with pytest.raises(RelayDebugError, match="nothing orders the read"):
+            resolve(d, "tok", buf, torch.tensor([2]))
+
+
 class FakeStream:
     """A device stream as the checker sees one (a stream id), on a fake CPU policy."""
 
