@@ -116,6 +116,8 @@ class WorkerExecutor:
         self.stream.wait_ticket(ticket, lambda: False)
         following = ticket + 1  # Note [Host turns on the CPU worker]
         if self.stream.submitted >= following:
+            # A courtesy to the worker, not an order the engine relies on: a GPU has
+            # no such wait, so debug mode must not see the host after N+1 (join=False).
             self.stream.wait_ticket(
                 following, lambda: self._started >= following, join=False
             )
