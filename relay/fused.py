@@ -23,9 +23,10 @@ before a resolve reads anything (``DebugChecks.check_slots``).
 Where it runs: CI runs the kernel on every run under Triton's interpreter
 (``TRITON_INTERPRET=1``, CPU tensors; ``tests/runtime/test_fused_interpret.py``), bit for
 bit against ``index_select`` over every dtype a relay buffer holds, and compiles it for
-CUDA (PTX and cubin, with the ptxas Triton ships) without a GPU. It has not run on a GPU
-yet: ``tests/gpu/test_gpu_fused_gather.py`` does that, in ``scripts/gpu_check.sh``
-(docs/gpu.md).
+CUDA (PTX and cubin, with the ptxas Triton ships) without a GPU. On an H200
+(2026-11-27, docs/gpu.md) ``tests/gpu/test_gpu_fused_gather.py`` passed, and an EAGLE
+step launched 8 kernels against the baseline's 11 but took 1.44-1.85x its time: Triton's
+Python launcher costs more than the launches it saves, so maps leave it off by default.
 """
 
 from __future__ import annotations

@@ -181,7 +181,8 @@ class DebugChecks:
                 first = int((~ok).reshape(-1).nonzero()[0, 0])
                 raise DebugCheckFailed(detail(first))
         else:
-            torch._assert_async(ok.all(), summary())
+            # CUDA's device assert takes a message of under 255 bytes.
+            torch._assert_async(ok.all(), _device_message(summary()))
 
     def _stream(self) -> Any:
         return self._policy.current_stream()
@@ -534,6 +535,14 @@ class Reading(NamedTuple):
     position: int
     placeholders: bool
     requests: torch.Tensor | None
+
+
+def _device_message(text: str, limit: int = 250) -> str:
+    """``text`` cut to what ``torch._assert_async`` takes on CUDA (under 255 bytes)."""
+    data = text.encode()
+    if len(data) <= limit:
+        return text
+    return data[: limit - 3].decode(errors="ignore") + "..."
 
 
 def _nothing_pending(row: Row) -> str | None:

@@ -49,7 +49,7 @@ def warm_up() -> None:
         if bundled.forward:
             relay.resolve_future(batch)
     buffer = torch.zeros(2, dtype=torch.int64, device=device)
-    buffer[0] = 1
+    buffer[0:1].fill_(1)
     buffer.clone()
     gate = Gate(device)
     gate.open()

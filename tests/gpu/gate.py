@@ -14,6 +14,9 @@ Rules for a test:
 - Open every gate before a call that blocks the host on work queued behind it (a
   host-mirrored resolve, ``synchronize``, ``.cpu()`` of a held result), or the host never
   gets to open it. Event ``query()`` and work on other streams are fine while held.
+  So is any kernel queued on the held stream, but not a copy from pageable host memory:
+  ``cuda_tensor[i] = 1`` copies the scalar in and blocks the host until the stream gets
+  there (``cuda_tensor[i:i + 1].fill_(1)`` launches a kernel instead).
 - While a gate is closed, ``is_done`` of an event recorded behind it is False for sure;
   a test asserts that, then opens the gate.
 - A guard ends the spin after ``GUARD_S`` (never reached when the test opens the gate, on

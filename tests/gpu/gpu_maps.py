@@ -27,7 +27,7 @@ import attrs
 import torch
 
 import relay.maps
-from relay.schema import Field, Lane, Resolve, Schema
+from relay.schema import Field, Lane, Resolve, Schema, TargetShape
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -38,6 +38,7 @@ DIM_SIZES: dict[str, int] = {
     "draft_tokens": 5,
     "vocab": 24,
     "dsa_topk": 6,
+    "draft_token_num": 4,
 }
 
 #: The dtype given to fields whose dtype comes from the payload (hidden states are bf16).
@@ -235,12 +236,10 @@ class BundledMap:
         """The first ``n`` rows of every forward target hold ``values``."""
         for f in self.forward:
             if f.target:
-                _assert_rows(
-                    f"{what}: batch.{f.target}",
-                    get_path(batch, f.target),
-                    values[f.name],
-                    n,
-                )
+                got = get_path(batch, f.target)
+                if f.target_shape == TargetShape.FLAT and isinstance(got, torch.Tensor):
+                    got = got.reshape(-1, *self.rows[f.name])  # (n * row,) as handed
+                _assert_rows(f"{what}: batch.{f.target}", got, values[f.name], n)
 
     def check_schedule(
         self, batch: Any, values: Mapping[str, torch.Tensor], what: str
@@ -267,8 +266,12 @@ class BundledMap:
 
     def tensors(self, relay: Any) -> dict[str, torch.Tensor]:
         """Every tensor the map holds, by attribute (its buffers, whatever their layout)."""
+        # ``_gathered`` is no buffer: it is the caller's index tensor of the latest
+        # resolve_future, kept to recognise the same slots at the next write.
         return {
-            name: t for name, t in vars(relay).items() if isinstance(t, torch.Tensor)
+            name: t
+            for name, t in vars(relay).items()
+            if isinstance(t, torch.Tensor) and name != "_gathered"
         }
 
 

@@ -60,18 +60,22 @@ def test_a_reused_event_moved_by_a_second_stream_drops_the_first(
     buffer = torch.zeros(2, dtype=torch.int64, device=cuda)
     first, second, reader = (new_stream(cuda) for _ in range(3))
     event = record(reader)  # one reusable event, as the fence has
+    # Allocated before the gate: nothing that may block the host is queued behind it.
+    seen = torch.empty_like(buffer)
     gate = gates()
     torch.cuda.synchronize(cuda)
     with _on(first):
         gate.hold()
-        buffer[0] = 1
+        # A kernel, not ``buffer[0] = 1``: a Python scalar is copied in from pageable host
+        # memory, which blocks the host until the held stream runs (seen on an H200).
+        buffer[0:1].fill_(1)
         event.record(first)
     with _on(second):
-        buffer[1] = 2
+        buffer[1:2].fill_(2)
         event.record(second)  # not chained: the first record is forgotten
     with _on(reader):
         reader.wait_event(event)
-        seen = buffer.clone()
+        seen.copy_(buffer)
     reader.synchronize()  # the reader waits for the second stream only
     gate.open()
     first.synchronize()

@@ -622,3 +622,15 @@ def test_the_lockstep_harness_installs_the_clocks_for_its_run_only() -> None:
         assert not debug.happens_before_enabled()
     finally:
         debug.enable_happens_before()
+
+
+def test_a_device_assert_message_fits_cuda_s_limit() -> None:
+    """On CUDA, debug mode asserts on the device (no host sync), and torch refuses a
+    message of 255 bytes or more: a long report is cut, never refused (seen on an H200)."""
+    from relay.debug.checks import _device_message
+
+    short = "slot 3 was never written"
+    assert _device_message(short) == short
+    cut = _device_message("resolve_future read a poisoned row: " + "é" * 300)
+    assert len(cut.encode()) < 255 and cut.endswith("...")
+    assert cut.startswith("resolve_future read a poisoned row: ")
