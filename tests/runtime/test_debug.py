@@ -11,7 +11,6 @@ import pytest
 import torch
 from debug_support import (
     batch,
-    needs_debug_contract,
     payload_of,
     placeholder_map_class,
     slots,
@@ -23,7 +22,7 @@ from relay.maps.decode import DecodeFutureMap, DecodePayload
 from relay.maps.eagle import EagleFutureMap, EaglePayload
 
 # The ordering checks need the clocks, which an engine installs (a debug map does not).
-pytestmark = [needs_debug_contract, pytest.mark.usefixtures("clocks_on")]
+pytestmark = pytest.mark.usefixtures("clocks_on")
 
 POOL = 9
 TOPK = 2
@@ -283,4 +282,4 @@ def test_debug_off_allocates_no_debug_state() -> None:
     relay.stash(slots(1), DecodePayload(next_token_ids=torch.tensor([2])))
     relay.resolve_future(batch(1))
     relay.release(slots(1))
-    assert relay._debug is None
+    assert relay._state.debug is None

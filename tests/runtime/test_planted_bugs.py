@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 import torch
-from debug_support import needs_debug_contract
 from relay_runtime_support import GUARD_S, thread_streams
 
 from relay import RelayDebugError, RelayError
@@ -24,7 +23,7 @@ from relay.schema import Field, Lane, Resolve, Schema
 from relay.testing import Namespace, load_map_class
 
 # The ordering checks need the clocks, which an engine installs (a debug map does not).
-pytestmark = [needs_debug_contract, pytest.mark.usefixtures("clocks_on")]
+pytestmark = pytest.mark.usefixtures("clocks_on")
 
 POOL = 9
 TOPK = 2
@@ -110,7 +109,7 @@ def test_schedule_side_read_with_no_fence_wait() -> None:
     with nothing ordering it after them: reported naming both streams."""
     _publish_then_resolve(EagleFutureMap("cpu", POOL, topk=TOPK, debug=True))  # clean
     relay = EagleFutureMap("cpu", POOL, topk=TOPK, debug=True)
-    relay._fence.wait = lambda: None  # type: ignore[method-assign]  # the planted bug
+    relay._state.fence.wait = lambda: None  # type: ignore[method-assign]  # the planted bug
     with pytest.raises(
         RelayDebugError,
         match=r"new_seq_lens: slot 3: resolve_seq_lens_cpu on host thread .* reads the value "
@@ -121,7 +120,7 @@ def test_schedule_side_read_with_no_fence_wait() -> None:
 
 def _unchained_record(relay: Any) -> Callable[[], None]:
     """The fence's record without Note [Fence chaining]: the bug of sglang #30435."""
-    fence = relay._fence
+    fence = relay._state.fence
 
     def record() -> None:
         policy = fence._policy
@@ -148,7 +147,7 @@ def test_a_second_publishing_stream_without_chaining() -> None:
         EagleFutureMap("cpu", POOL, topk=TOPK, debug=True)
     )  # chained
     relay = EagleFutureMap("cpu", POOL, topk=TOPK, debug=True)
-    relay._fence.record = _unchained_record(relay)  # type: ignore[method-assign]
+    relay._state.fence.record = _unchained_record(relay)  # type: ignore[method-assign]
     with pytest.raises(
         RelayDebugError,
         match=r"new_seq_lens: slot 1: resolve_seq_lens_cpu .* publish wrote on "
