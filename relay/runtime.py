@@ -170,25 +170,16 @@ class MapState:
     )
 
     def __init__(
-        self,
-        table: Table,
-        device: torch.device,
-        pool_size: int,
-        debug: bool,
-        buffers: Sequence[torch.Tensor | None],
+        self, table: Table, device: torch.device, pool_size: int, debug: bool
     ) -> None:
-        if len(buffers) != len(table.fields):
-            raise ValueError(
-                f"{table.owner}: {len(buffers)} buffers for {len(table.fields)} fields"
-            )
         self.table = table
         #: With its index (``cuda:0`` for ``cuda``), as tensors made there report it.
         self.device = torch.empty(0, device=device).device
         self.pool_size = pool_size
         #: Each field's buffer by position; ``None`` until a lazy one is allocated.
-        self.buffers: list[torch.Tensor | None] = list(buffers)
+        self.buffers: list[torch.Tensor | None] = [None] * len(table.fields)
         #: Each optional field: whether the latest write carried it.
-        self.carried: list[bool] = [False] * len(buffers)
+        self.carried: list[bool] = [False] * len(table.fields)
         #: Debug mode's checker; ``None`` with debug off.
         self.debug: DebugChecks | None = (
             _debug_checks(table, device, pool_size) if debug else None
@@ -197,6 +188,21 @@ class MapState:
         self.seeds: list[Seed] = []
         #: The fence ``publish`` records and the schedule-side resolves wait on.
         self.fence: Fence | CpuFence = new_fence(device, debug)
+
+    def buffer(
+        self, i: int, shape: tuple[int, ...], dtype: torch.dtype
+    ) -> torch.Tensor:
+        """Field ``i``'s eager buffer: zeros, or debug mode's poison where the field
+        does not declare that unwritten rows read as zeros."""
+        zeros = self.table.fields[i].unwritten is Unwritten.ZEROS
+        made = buffer(shape, dtype, self.device, self.debug is not None, zeros)
+        self.buffers[i] = made
+        return made
+
+    def adopt(self, i: int, view: torch.Tensor) -> torch.Tensor:
+        """Field ``i``'s buffer made by the map itself (a packed group's view)."""
+        self.buffers[i] = view
+        return view
 
 
 def check_dim(table: Table, name: str, value: int) -> int:
@@ -292,12 +298,15 @@ def _host_values(slots: torch.Tensor) -> list[int]:
     return values if isinstance(values, list) else [values]
 
 
-def read_slots(indices: torch.Tensor) -> torch.Tensor:
-    """Slots a resolve gathers with: int64 and int32 as they are, narrower integer ones
-    widened (``index_select`` takes no other), anything else refused by name."""
-    if indices.dtype in (torch.int64, torch.int32):
+def read_slots(s: MapState, op: str, indices: torch.Tensor) -> torch.Tensor:
+    """The slots resolve ``op`` gathers with: in debug mode checked first (in the pool,
+    none twice); int64 and int32 ones as they are, narrower integer ones widened
+    (``index_select`` takes no other)."""
+    if s.debug is not None:
+        s.debug.check_slots(op, indices)
+    if indices.dtype is torch.int64 or indices.dtype is torch.int32:
         return indices
-    return _refuse_indices("resolve", indices).long()
+    return _refuse_indices(f"{s.table.owner}.{op}", indices).long()
 
 
 def write_optional(

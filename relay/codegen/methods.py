@@ -68,17 +68,17 @@ def _carried(schema: Schema, f: Field) -> str:
     return f"self._state.carried[{schema.fields.index(f)}]"
 
 
-def _test(f: Field) -> str:
-    """The gate's test of ``f``'s value against its buffer (``_rt.fits``): a tensor of
-    its dtype, device and row shape, one row per slot, not requiring grad; an optional
-    field's may be left out; a lazy field's buffer must exist."""
+def _test(f: Field, v: str) -> str:
+    """The gate's test of ``f``'s value ``v`` against its buffer (``_rt.fits``): a
+    tensor of its dtype, device and row shape, one row per slot, not requiring grad; an
+    optional field's may be left out; a lazy field's buffer must exist."""
     helper = "_rt.fits_optional" if f.optional else "_rt.fits"
-    return f"{helper}({f.payload_name}, {_buf(f)}, index_shape)"
+    return f"{helper}({v}, {_buf(f)}, index_shape)"
 
 
-def _write(schema: Schema, f: Field) -> str:
-    """The common case's write of ``f``: one line (Note [One body] in runtime.py)."""
-    v = f.payload_name
+def _write(schema: Schema, f: Field, v: str) -> str:
+    """The common case's write of ``f``'s value ``v``: one line (Note [One body] in
+    runtime.py)."""
     if f.optional:
         flag = _carried(schema, f)
         return f"{flag} = _rt.write_optional({_buf(f)}, indices, {v})"
@@ -91,15 +91,19 @@ def write(schema: Schema, op: str, fields: Sequence[Field], checked: str) -> lis
     """``stash`` or ``publish``: the gate, the writes, else ``checked`` (the call of
     the runtime's checked path). The gate's tests decide; nothing is caught (Note [One
     body] in runtime.py)."""
-    lines = []
-    if op != "publish":
-        lines += [f"{f.payload_name} = payload.{f.payload_name}" for f in fields]
-    lines.append("index_shape = _rt.write_rows(self._state, indices)")
-    writes = [_write(schema, f) for f in fields]
+    prefix = "" if op == "publish" else "payload."  # publish takes its values as such
+    values = [f"{prefix}{f.payload_name}" for f in fields]
+    writes = [_write(schema, f, v) for f, v in zip(fields, values)]
     if op == "publish":
         writes.append("self._state.fence.record()")
-    gate = " and ".join(["index_shape", *map(_test, fields)])
-    return [*lines, f"if {gate}:", *_indent(writes), "else:", f"    {checked}"]
+    gate = " and ".join(["index_shape", *map(_test, fields, values)])
+    return [
+        "index_shape = _rt.write_rows(self._state, indices)",
+        f"if {gate}:",
+        *_indent(writes),
+        "else:",
+        f"    {checked}",
+    ]
 
 
 # --- resolves ------------------------------------------------------------------------------
@@ -311,12 +315,16 @@ def _prologue(schema: Schema, method: str) -> tuple[list[str], str | None]:
     else:
         lines.append(f"indices = batch.{schema.indices}")
     lines += ["if indices.numel() == 0:", "    return"]
-    # index_select takes int64 and int32 slots; narrower ones are widened, named if bad.
-    lines += [
-        "if indices.dtype is not torch.int64:",
-        "    indices = _rt.read_slots(indices)",
-    ]
     return lines, bound
+
+
+def _slots_read(method: str) -> list[str]:
+    """Debug mode's check of the slots a resolve reads, and slots narrower than int64
+    widened (``index_select`` takes int64 and int32 only): one test when neither."""
+    return [
+        "if debug is not None or indices.dtype is not torch.int64:",
+        f'    indices = _rt.read_slots(self._state, "{method}", indices)',
+    ]
 
 
 def _owners(schema: Schema) -> list[str]:
@@ -372,11 +380,7 @@ def resolve_future(
     lines, bound = _prologue(schema, "resolve_future")
     if schema.seeded:  # on the forward stream, whatever this batch holds (Note [Seeds])
         lines[:0] = ["if self._state.seeds:", "    _rt.apply_seeds(self._state)"]
-    lines += [
-        "debug = self._state.debug",
-        "if debug is not None:",
-        '    debug.check_slots("resolve_future", indices)',
-    ]
+    lines += ["debug = self._state.debug", *_slots_read("resolve_future")]
     parents = {k: v for k, v in schema.optional_parents if k != bound}
     under: dict[str, list[Field]] = {}
     outside = []
@@ -446,13 +450,9 @@ def resolve_schedule(schema: Schema, f: Field) -> list[str]:
     method = resolve_method(f)
     value = naming.value_local(f)
     lines, _bound = _prologue(schema, method)
-    lines += [
-        "self._state.fence.wait()",
-        "debug = self._state.debug",
-        "if debug is not None:",
-        f'    debug.waited("{method}")',
-        f'    debug.check_slots("{method}", indices)',
-    ]
+    lines += ["self._state.fence.wait()", "debug = self._state.debug"]
+    lines += ["if debug is not None:", f'    debug.waited("{method}")']
+    lines += _slots_read(method)
     gather = f"{_buf(f)}.index_select(0, indices){_flat(f)}"
     read = [*_stashed(schema, f), f"{value} = {gather}"]
     if f.target is not None:

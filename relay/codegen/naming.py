@@ -54,6 +54,7 @@ RESERVED = frozenset(
         "index_shape",
         "owners",
         "host",
+        "state",
         # attributes of the map
         "_state",
         "fused_gather",

@@ -23,7 +23,6 @@ from relay.schema import (
     Lane,
     Resolve,
     Schema,
-    Unwritten,
     resolve_method,
 )
 
@@ -169,6 +168,9 @@ def _init(schema: Schema, packed: Sequence[PackedGroup]) -> list[Statement]:
             for d in dims
         ),
     ]
+    made = [f for f in schema.fields if f.alloc is Alloc.EAGER]  # through ``state``
+    bound = "state = self._state" if made else "self._state"
+    stmts.append(Statement(f"{bound} = _rt.MapState(_TABLE, device, pool_size, debug)"))
     if packed:
         stmts.append(
             Statement(
@@ -179,14 +181,8 @@ def _init(schema: Schema, packed: Sequence[PackedGroup]) -> list[Statement]:
     for g in packed:
         stmts += _group(g)
     member_of = {m.field.name: (g, m) for g in packed for m in g.members}
-    for f in schema.fields:
-        stmts += _field_init(f, member_of.get(f.name))
-    buffers = [
-        "None" if f.alloc is Alloc.LAZY else f"self.{naming.buffer(f)}"
-        for f in schema.fields
-    ]
-    state = ["_TABLE", "device", "pool_size", "debug", _join("(", buffers, ",)")]
-    stmts.append(Statement(_join("self._state = _rt.MapState(", state)))
+    for i, f in enumerate(schema.fields):
+        stmts += _field_init(i, f, member_of.get(f.name))
     return stmts
 
 
@@ -204,19 +200,22 @@ def _group(g: PackedGroup) -> list[Statement]:
     ]
 
 
-def _field_init(f: Field, member: tuple[PackedGroup, Member] | None) -> list[Statement]:
+def _field_init(
+    i: int, f: Field, member: tuple[PackedGroup, Member] | None
+) -> list[Statement]:
+    """Field ``i``'s buffer, made or adopted by the map's state (which fills it with
+    zeros or debug mode's poison, as the field declares)."""
     buf = f"self.{naming.buffer(f)}"
     doc = naming.doc_text(f.doc) or f.name
     if member is not None:
-        stmts = [Statement(_packed_column(f, buf, *member), doc)]
+        view = _packed_column(f, *member)
+        stmts = [Statement(f"{buf} = state.adopt({i}, {view})", doc)]
     elif f.alloc is Alloc.LAZY:
         stmts = []  # a property over the map's state (``_lazy_buffers``)
     else:
         assert isinstance(f.dtype, torch.dtype)
-        args = [naming.eager_shape(f), naming.dtype(f.dtype), "device", "debug"]
-        if f.unwritten is Unwritten.ZEROS:
-            args.append("zeros=True")
-        stmts = [Statement(_join(f"{buf} = _rt.buffer(", args), doc)]
+        args = [str(i), naming.eager_shape(f), naming.dtype(f.dtype)]
+        stmts = [Statement(_join(f"{buf} = state.buffer(", args), doc)]
     stmts += [Statement(code) for code in methods.resolve_init(f)]
     if f.host_mirror is not None or f.host_sum is not None:
         host = f"self.{naming.host_mirror(f)} = _rt.HostMirror(device, pool_size)"
@@ -224,18 +223,18 @@ def _field_init(f: Field, member: tuple[PackedGroup, Member] | None) -> list[Sta
     return stmts
 
 
-def _packed_column(f: Field, buf: str, group: PackedGroup, member: Member) -> str:
+def _packed_column(f: Field, group: PackedGroup, member: Member) -> str:
     """The field's fixed view of its group's buffer (Note [Packed layout])."""
     packed = f"self.{naming.packed_buffer(group.dtype)}"
     if not f.shape:
-        return _join(f"{buf}: torch.Tensor = {packed}.select(", ["1", member.start])
+        return _join(f"{packed}.select(", ["1", member.start])
     narrow = ["1", member.start, member.width]
     if len(f.shape) == 1:
-        return _join(f"{buf}: torch.Tensor = {packed}.narrow(", narrow)
+        return _join(f"{packed}.narrow(", narrow)
     dims = naming.shape_literal(tuple(str(d) for d in f.shape))
     columns = _join(f"{packed}.narrow(", narrow)
     # torch.unflatten, not the method: torch types the function, not Tensor.unflatten.
-    return _join(f"{buf}: torch.Tensor = torch.unflatten(", [columns, "1", dims])
+    return _join("torch.unflatten(", [columns, "1", dims])
 
 
 # --- the methods ------------------------------------------------------------------------------

@@ -428,13 +428,13 @@ def test_every_cpu_write_checks_its_slots_on_the_host(
 
 
 def test_a_zero_dim_slot_is_one_slot() -> None:
-    """A 0-dim slot tensor writes one row, as index_copy_ takes it, and a bad one is
-    refused by torch before anything is written."""
+    """A 0-dim slot tensor writes one row, its value ``(1,)`` as its resolve hands it
+    back, and a bad one is refused by relay before anything is written."""
     relay = DecodeFutureMap("cpu", POOL)
-    relay.stash(torch.tensor(3), DecodePayload(next_token_ids=torch.tensor(7)))
+    relay.stash(torch.tensor(3), DecodePayload(next_token_ids=torch.tensor([7])))
     assert relay.output_tokens_buf[3].item() == 7
     before = _tensors(relay)
-    with pytest.raises(IndexError):
-        relay.stash(torch.tensor(POOL), DecodePayload(next_token_ids=torch.tensor(8)))
+    with pytest.raises(SlotError, match=f"slot {POOL} at position 0"):
+        relay.stash(torch.tensor(POOL), DecodePayload(next_token_ids=torch.tensor([8])))
     for k, v in before.items():
         torch.testing.assert_close(_tensors(relay)[k], v, rtol=0, atol=0, msg=k)

@@ -193,3 +193,40 @@ def test_seeds_land_at_the_next_resolve_even_one_of_no_slots() -> None:
     assert relay.output_tokens_buf[3].item() == 0
     relay.resolve_future(Batch(req_pool_indices=slots()))
     assert relay.output_tokens_buf[3].item() == 7 and not relay._state.seeds
+
+
+def test_an_optional_flat_field_is_handed_over_flat_or_as_none() -> None:
+    """``TargetShape.FLAT`` on an optional field: the resolve hands ``(n * row,)`` when
+    the latest write carried it, and ``None`` when it left it out."""
+    from relay.schema import Alloc, TargetShape
+    from relay.testing import Namespace, load_map_class
+
+    schema = Schema(
+        name="OptionalFlatFutureMap",
+        fields=[
+            Field("tok", lane=Lane.FORWARD, dtype=torch.int64, target="tok"),
+            Field(
+                "drafts",
+                lane=Lane.FORWARD,
+                dtype=torch.int64,
+                shape=(3,),
+                alloc=Alloc.LAZY,
+                optional=True,
+                target="drafts",
+                target_shape=TargetShape.FLAT,
+            ),
+        ],
+    )
+    cls = load_map_class(schema)
+    payload_cls = importlib.import_module(cls.__module__).OptionalFlatPayload
+    for debug in (False, True):
+        relay = cls("cpu", POOL, debug=debug)
+        drafts = torch.arange(6).reshape(2, 3)
+        relay.stash(slots(1, 2), payload_cls(tok=slots(5, 6), drafts=drafts))
+        batch = Namespace(req_pool_indices=slots(2, 1))
+        relay.resolve_future(batch)
+        assert batch.drafts.tolist() == [3, 4, 5, 0, 1, 2]
+        relay.stash(slots(1, 2), payload_cls(tok=slots(5, 6)))
+        batch = Namespace(req_pool_indices=slots(1, 2))
+        relay.resolve_future(batch)
+        assert batch.drafts is None
