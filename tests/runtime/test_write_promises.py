@@ -230,3 +230,47 @@ def test_an_optional_flat_field_is_handed_over_flat_or_as_none() -> None:
         batch = Namespace(req_pool_indices=slots(1, 2))
         relay.resolve_future(batch)
         assert batch.drafts is None
+
+
+@pytest.mark.parametrize("debug", [False, True], ids=["debug-off", "debug-on"])
+def test_a_batch_whose_optional_slots_are_none_is_skipped_or_refused(
+    debug: bool,
+) -> None:
+    """``optional_parents`` naming the slots attribute itself (sglang's
+    ``future_indices``): a resolve of a batch without them leaves it alone (SKIP) or
+    refuses it naming the attribute (REFUSE); with slots it resolves as usual."""
+    from relay.errors import RelayError
+    from relay.schema import IfNone
+    from relay.testing import Namespace, load_map_class
+
+    for how in (IfNone.SKIP, IfNone.REFUSE):
+        schema = Schema(
+            name=f"OptionalSlots{how.name.title()}FutureMap",
+            indices="future_indices",
+            optional_parents={"future_indices": how},
+            fields=[
+                Field("tok", lane=Lane.FORWARD, dtype=torch.int64, target="input_ids"),
+                Field("lens", lane=Lane.SCHEDULE, dtype=torch.int64, target="seq_lens"),
+            ],
+        )
+        cls = load_map_class(schema)
+        payload_cls = getattr(
+            importlib.import_module(cls.__module__), f"{schema.name[:-9]}Payload"
+        )
+        relay = cls("cpu", POOL, debug=debug)
+        relay.stash(slots(1, 2), payload_cls(tok=slots(7, 8)))
+        relay.publish(slots(1, 2), torch.tensor([3, 4]))
+        for resolve in (relay.resolve_future, relay.resolve_seq_lens):
+            batch = Namespace(future_indices=None)
+            if how is IfNone.SKIP:
+                resolve(batch)
+                assert not hasattr(batch, "input_ids") and not hasattr(
+                    batch, "seq_lens"
+                )
+            else:
+                with pytest.raises(RelayError, match="batch.future_indices is None"):
+                    resolve(batch)
+        batch = Namespace(future_indices=slots(2, 1))
+        relay.resolve_future(batch)
+        relay.resolve_seq_lens(batch)
+        assert batch.input_ids.tolist() == [8, 7] and batch.seq_lens.tolist() == [4, 3]
