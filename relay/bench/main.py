@@ -169,7 +169,11 @@ def measure(
     )
     try:
         plain: Any = build_plain(
-            Schema.bundled(pair.schema), device, shape, work, [m for m, _ in side.calls]
+            Schema.bundled(pair.schema),
+            side.map,
+            shape,
+            work,
+            [m for m, _ in side.calls],
         )
         plain_missing = None
     except Unsupported as why:

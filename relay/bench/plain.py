@@ -4,8 +4,9 @@ Built from the schema (its fields, lanes and layout), not from the generated cod
 recording of it: for each method of the step one straight-line function that makes the
 calls the design needs, spelled as a hand-written map spells them
 (``buf.index_copy_(0, idx, v)``, ``buf.index_select(0, idx)``, the fence's record and
-wait, the host copy and sum), over buffers, values and a batch bound once when it is
-built. Left out is all of relay's own Python: the payload object, the method calls of
+wait, the host copy and sum), over names bound once when it is built: the generated
+map's own buffers (so both move the same memory), the workload's tensors, a fence of
+its own and a batch of its own. Left out is all of relay's own Python: the payload object, the method calls of
 the map's API, the gates' checks, branches and bookkeeping. Kept are the calls that
 hand the results over: a resolve still stores them on the batch, where the next
 forward reads them. ``tests/bench/`` asserts that the plain floor dispatches exactly the
@@ -28,7 +29,7 @@ from relay.codegen.naming import resolve_method
 from relay.cpu_stream import CpuEvent
 from relay.device import CpuPolicy, HostMirror, policy_for
 from relay.runtime import HOST_SUM_IN_PYTHON_MAX
-from relay.schema import Alloc, Field, Lane, Resolve, Schema, TargetShape
+from relay.schema import Field, Lane, Resolve, Schema, TargetShape
 
 __all__ = ["Plain", "Unsupported", "build_plain"]
 
@@ -64,10 +65,8 @@ class Plain:
 class _Builder:
     """The namespace the plain functions run in, and their source lines per method."""
 
-    def __init__(
-        self, schema: Schema, device: torch.device, shape: Shape, work: Any
-    ) -> None:
-        self.schema, self.device, self.shape = schema, device, shape
+    def __init__(self, schema: Schema, relay_map: Any, shape: Shape, work: Any) -> None:
+        self.schema, self.device, self.shape = schema, relay_map.device, shape
         self.values: Mapping[str, torch.Tensor | None] = work.values
         self.ns: dict[str, Any] = {"idx": work.indices}
         self.batch = Batch.new(work.indices, work.seq_lens)
@@ -80,7 +79,7 @@ class _Builder:
                 raise Unsupported(f"{f!r} is not a field")
             if f.resolve is not Resolve.GATHER:
                 raise Unsupported(f"{f.name} resolves by {f.resolve.value}")
-        self._buffers()
+        self._buffers(relay_map)
 
     def _value(self, f: Field) -> torch.Tensor | None:
         name = f.payload_name
@@ -91,56 +90,29 @@ class _Builder:
             self.ns[f"v_{name}"] = self.values[name]
         return self.values[name]
 
-    def _buffers(self) -> None:
-        """Every buffer of the steady state, allocated here as the map's constructor and
-        first stash do: row shapes and lazy dtypes from the workload's values."""
-        pool, ns = self.shape.pool, self.ns
-        grouped: set[str] = set()
+    def _buffers(self, relay_map: Any) -> None:
+        """The generated map's own buffers (``<field>_buf``; a packed group's shared
+        buffer is the base of its fields' views): the plain floor moves the very memory
+        the generated step moves, so neither finds the caches warmer. Built after the
+        map's first stash, so lazy buffers that a value was given for exist."""
+        ns = self.ns
         for g in packed_groups(self.schema):
-            widths = []
-            for m in g.members:
-                value = self._value(m.field)
-                assert value is not None  # packed fields are required
-                widths.append(math.prod(value.shape[1:]))
-            packed = torch.zeros((pool, sum(widths)), dtype=g.dtype, device=self.device)
+            views = [getattr(relay_map, f"{m.field.name}_buf") for m in g.members]
+            packed = views[0]._base
+            if packed is None or any(v._base is not packed for v in views):
+                raise Unsupported(f"no packed {g.dtype} buffer on the map")
             key = str(g.dtype).removeprefix("torch.")
-            ns[f"p_{key}"], ns[f"w_{key}"] = packed, tuple(widths)
-            start = 0
-            for m, width in zip(g.members, widths):
-                rows = self._value(m.field)
-                assert rows is not None
-                # Fixed views of the packed buffer, made once as the constructor does.
-                if not m.field.shape:
-                    view = packed.select(1, start)
-                elif len(m.field.shape) == 1:
-                    view = packed.narrow(1, start, width)
-                else:
-                    view = packed.narrow(1, start, width).view(pool, *rows.shape[1:])
-                ns[f"b_{m.field.name}"] = view
-                grouped.add(m.field.name)
-                self.carried.add(m.field.name)
-                start += width
+            ns[f"p_{key}"] = packed
+            ns[f"w_{key}"] = tuple(math.prod(v.shape[1:]) for v in views)
         for f in self.schema.fields:
             value = self._value(f)
-            if f.name in grouped:
-                continue
             if value is not None:
                 self.carried.add(f.name)
-            if value is None and f.alloc is Alloc.LAZY:
-                continue  # never carried: never allocated, never gathered
-            if value is None and not f.shape:
-                row: tuple[int, ...] = ()
-            elif value is None:
-                raise Unsupported(f"{f.name}: no value to size its row")
-            else:
-                row = tuple(value.shape[1:])
-            dtype = f.dtype if isinstance(f.dtype, torch.dtype) else None
-            dtype = dtype or (value.dtype if value is not None else None)
-            if dtype is None:
-                raise Unsupported(f"{f.name}: no dtype")
-            ns[f"b_{f.name}"] = torch.zeros(
-                (pool, *row), dtype=dtype, device=self.device
-            )
+            buf = getattr(relay_map, f"{f.name}_buf")
+            if buf is not None:  # a lazy field never carried has none, and no ops
+                ns[f"b_{f.name}"] = buf
+            elif value is not None:
+                raise Unsupported(f"{f.name}: no buffer after a stash that carried it")
 
     def _fence(self) -> None:
         """The fence's record and wait as the device policy does them, bound once."""
@@ -260,15 +232,15 @@ class _Builder:
 
 def build_plain(
     schema: Schema,
-    device: torch.device,
+    relay_map: Any,
     shape: Shape,
     work: Any,
     methods: Sequence[str],
 ) -> Plain:
-    """The plain floor of ``schema``'s map at ``shape`` over ``work``'s tensors, one
-    function per name of ``methods`` (the generated step's, in its order), in its
-    steady state: every buffer the step writes allocated. Raises ``Unsupported``."""
-    b = _Builder(schema, device, shape, work)
+    """The plain floor of ``relay_map`` (generated from ``schema``, one stash in) at
+    ``shape`` over its buffers and ``work``'s tensors: one function per name of
+    ``methods`` (the generated step's, in its order). Raises ``Unsupported``."""
+    b = _Builder(schema, relay_map, shape, work)
     schedule = {resolve_method(f): f for f in schema.fields if f.lane is Lane.SCHEDULE}
     if schedule:
         b._fence()

@@ -158,12 +158,15 @@ def _generated_and_plain(
     pair: Pair, generated: sides.Generated, shape: Shape, seed: int = 0
 ) -> tuple[Workload, sides.Side, Plain]:
     """The generated map's side and its plain floor over one workload, each one step
-    in (lazy buffers allocated)."""
+    in. The plain floor runs over a second map's buffers (the bench shares the
+    generated map's), so a write to the wrong rows cannot hide behind the other side's."""
     work = Workload.random(shape, CPU, seed, spec=pair.spec)
-    gen_map = generated.new_map(CPU, shape, debug=False)
-    side = build_side("generated", gen_map, work, generated.payload_cls)
+    side, other = (
+        build_side(name, generated.new_map(CPU, shape, debug=False), work, payload)
+        for name, payload in [("generated", generated.payload_cls)] * 2
+    )
     schema = Schema.bundled(pair.schema)
-    plain = build_plain(schema, CPU, shape, work, [m for m, _ in side.calls])
+    plain = build_plain(schema, other.map, shape, work, [m for m, _ in side.calls])
     side.step()
     plain.step()
     return work, side, plain
@@ -241,8 +244,9 @@ def test_a_step_the_plain_floor_does_not_write_is_refused() -> None:
         ],
     )
     work = Workload.random(Shape(17, 4), CPU, 0, spec=False)
+    relay_map = DecodeBaseline(CPU, 17)  # refused before any buffer is looked for
     with pytest.raises(Unsupported, match="placeholder"):
-        build_plain(schema, CPU, Shape(17, 4), work, ["resolve_future", "stash"])
+        build_plain(schema, relay_map, Shape(17, 4), work, ["resolve_future", "stash"])
 
 
 def _swap(monkeypatch: pytest.MonkeyPatch, schema: str, baseline: type[Any]) -> None:
