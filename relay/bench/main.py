@@ -145,18 +145,29 @@ def _ratio(num: list[float], den: list[float]) -> dict[str, float]:
     }
 
 
+def _plain(pair: Any, side: Any, shape: Any, work: Any) -> tuple[Any, str | None]:
+    """The generated side's plain floor, or None and why the schema's step has none."""
+    from relay.bench.plain import Unsupported, build_plain
+    from relay.schema import Schema
+
+    methods = [m for m, _ in side.calls]
+    try:
+        schema = Schema.bundled(pair.schema)
+        return build_plain(schema, side.map, shape, work, methods), None
+    except Unsupported as why:
+        return None, str(why)
+
+
 def measure(
     pair: Any, gen: Any, shape: Any, device: Any, args: argparse.Namespace
 ) -> dict[str, Any]:
     """One configuration: values checked, one step of each side counted, then the
     baseline, the generated map and its two floors (the replay, and the plain tensor
     methods where the schema's step has one) timed, interleaved."""
-    from relay.bench.plain import Unsupported, build_plain
     from relay.bench.replay import floor_calls, record
     from relay.bench.sides import Workload, build_side, compare_values, observed, same
     from relay.bench.timing import time_interleaved, timer_for
     from relay.opcount import count_ops
-    from relay.schema import Schema
 
     preset = PRESETS["quick" if args.quick else "default"]
     problems = compare_values(
@@ -167,17 +178,7 @@ def measure(
     side = build_side(
         "generated", gen.new_map(device, shape, debug=False), work, gen.payload_cls
     )
-    try:
-        plain: Any = build_plain(
-            Schema.bundled(pair.schema),
-            side.map,
-            shape,
-            work,
-            [m for m, _ in side.calls],
-        )
-        plain_missing = None
-    except Unsupported as why:
-        plain, plain_missing = None, str(why)
+    plain, plain_missing = _plain(pair, side, shape, work)
     driven = [base, side] if plain is None else [base, side, plain]
     for _ in range(2):  # the steady state: lazy buffers allocated, first calls made
         for each in driven:
@@ -200,8 +201,8 @@ def measure(
         want, got = dict(observed(side.batch, True)), dict(observed(plain.batch, True))
         problems += [
             f"{pair.schema} {shape.label}: the plain floor's {key} differs"
-            for key in want
-            if not same(want[key], got[key])
+            for key, value in want.items()
+            if not same(value, got[key])
         ]
         counted["plain"] = {m: count_ops(c) for m, c in plain.calls}
         steps.append(plain.step)
