@@ -6,10 +6,10 @@ calls the design needs, spelled as a hand-written map spells them
 (``buf.index_copy_(0, idx, v)``, ``buf.index_select(0, idx)``, the fence's record and
 wait, the host copy and sum), over names bound once when it is built: the generated
 map's own buffers (so both move the same memory), the workload's tensors, a fence of
-its own and a batch of its own. Left out is all of relay's own Python: the payload object, the method calls of
-the map's API, the gates' checks, branches and bookkeeping. Kept are the calls that
-hand the results over: a resolve still stores them on the batch, where the next
-forward reads them. ``tests/bench/`` asserts that the plain floor dispatches exactly the
+its own and a batch of its own. Left out is all of relay's own Python: the payload
+object, the method calls of the map's API, the gates' checks, branches and
+bookkeeping. Kept is handing the results over: a resolve still stores them on the
+batch, where the next forward reads them. ``tests/bench/`` asserts that the plain floor dispatches exactly the
 generated step's data ops and view ops, method by method, and resolves the same values.
 """
 
@@ -147,7 +147,8 @@ class _Builder:
         return [*self._writes(schedule), "record()"]
 
     def _parents(self, targets: Sequence[str]) -> tuple[list[str], dict[str, str]]:
-        """Bind each dotted target's parent once; optional parents checked for None."""
+        """Bind each dotted target's parent once. An optional parent (``None`` on some
+        batches) would need a check the bench's batches never take: not written."""
         lines, spelled = [], {}
         optional = dict(self.schema.optional_parents)
         for target in targets:
