@@ -25,11 +25,10 @@ import torch
 
 from relay.bench.sides import Batch, Shape, advance_seq_lens
 from relay.codegen.layout import packed_groups
-from relay.codegen.naming import resolve_method
 from relay.cpu_stream import CpuEvent
 from relay.device import CpuPolicy, HostMirror, policy_for
-from relay.runtime import HOST_SUM_IN_PYTHON_MAX
-from relay.schema import Field, Lane, Resolve, Schema, TargetShape
+from relay.runtime import HOST_SLOTS_IN_PYTHON_MAX, HOST_SUM_IN_PYTHON_MAX
+from relay.schema import Field, Lane, Resolve, Schema, TargetShape, resolve_method
 
 __all__ = ["Plain", "Unsupported", "build_plain"]
 
@@ -129,6 +128,11 @@ class _Builder:
 
     def _writes(self, fields: Sequence[Field]) -> list[str]:
         lines = []
+        if self.device.type == "cpu" and self.shape.batch > HOST_SLOTS_IN_PYTHON_MAX:
+            # relay checks CPU write slots on the host first (Note [Slots on the host]
+            # in relay/runtime.py), over 16 slots with one op: made here too; reading
+            # and comparing its result are relay's checks, left out.
+            lines.append("idx.aminmax()")
         for f in fields:
             if f"b_{f.name}" not in self.ns:
                 continue  # a lazy field never carried: the map writes nothing either
