@@ -12,6 +12,7 @@ from relay, so its names are the contract between the generator and the runtime.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import cast
 
@@ -78,6 +79,8 @@ __all__ = [
     "publish",
     "read_back",
     "read_slots",
+    "scatter_at",
+    "scattered",
     "seed",
     "stash",
     "write_optional",
@@ -161,6 +164,7 @@ class MapState:
     __slots__ = (
         "buffers",
         "carried",
+        "columns",
         "debug",
         "device",
         "dtypes",
@@ -186,6 +190,8 @@ class MapState:
         self.rows: list[tuple[int, ...]] = [()] * len(table.fields)
         #: Each optional field: whether the latest write carried it.
         self.carried: list[bool] = [False] * len(table.fields)
+        #: A scattered field's row positions after its start (``arange(width)``).
+        self.columns: dict[int, torch.Tensor] = {}
         #: Debug mode's checker; ``None`` with debug off.
         self.debug: DebugChecks | None = (
             _debug_checks(table, device, pool_size) if debug else None
@@ -323,6 +329,79 @@ def read_slots(s: MapState, op: str, indices: torch.Tensor) -> torch.Tensor:
     if indices.dtype is torch.int64 or indices.dtype is torch.int32:
         return indices
     return _refuse_indices(f"{s.table.owner}.{op}", indices).long()
+
+
+# Note [Scatter destinations]
+# A scatter writes each request's row at its start offset in a flat target, and
+# index_copy_ checks positions one by one as it goes: a bad offset would leave the
+# target partly written, and a torch error would name no map, field or request. So
+# the positions are checked before the scatter: what costs no device read always (a
+# tensor of integer offsets, int32 taken, one per request), the range on the CPU
+# (one aminmax, read on the host), and in debug mode, on every device, the range and
+# that no two requests' rows overlap (``DebugChecks.check_scatter``), then, after
+# it, that no negative placeholder is left in a target whose field is guarded
+# non-negative (vLLM's -1: a position no request's row covered).
+
+
+def scatter_at(
+    s: MapState, i: int, offsets: object, indices: torch.Tensor, target: torch.Tensor
+) -> torch.Tensor:
+    """Where field ``i``'s gathered rows go in flat ``target``: each request's start
+    offset, then its row's columns (Note [Scatter destinations]); refused, naming the
+    request, before anything is written."""
+    f = s.table.fields[i]
+    what = f"{s.table.what(i)}: batch.{f.offsets}"
+    n = indices.numel()
+    if (
+        not isinstance(offsets, torch.Tensor)
+        or offsets.dtype not in (torch.int64, torch.int32)
+        or offsets.ndim != 1
+        or offsets.numel() != n
+    ):
+        got = (
+            f"a {offsets.dtype} tensor of shape {tuple(offsets.shape)}"
+            if isinstance(offsets, torch.Tensor)
+            else f"a {type(offsets).__name__}"
+        )
+        raise RelayError(
+            f"{what} must hold one integer start offset per request ({n}, an int64 "
+            f"or int32 vector), got {got}. Nothing was written"
+        )
+    starts = offsets if offsets.dtype is torch.int64 else offsets.long()
+    width = math.prod(s.rows[i])
+    debug = s.debug
+    if debug is not None:
+        debug.check_scatter(f.name, indices, starts, width, target.numel())
+    elif starts.is_cpu:
+        low, high = torch.aminmax(starts)
+        if (
+            cast(int, low.tolist()) < 0
+            or cast(int, high.tolist()) + width > target.numel()
+        ):
+            bad = next(
+                j
+                for j, at in enumerate(cast(list[int], starts.tolist()))
+                if at < 0 or at + width > target.numel()
+            )
+            raise RelayError(
+                f"{what}: request {bad} (slot {int(indices[bad])}) starts at "
+                f"{int(starts[bad])}, so its {width} value(s) would not fit the "
+                f"target's {target.numel()} positions. Nothing was written"
+            )
+    if not s.rows[i]:
+        return starts
+    columns = s.columns.get(i)
+    if columns is None:
+        columns = s.columns[i] = torch.arange(width, device=starts.device)
+    return (starts.unsqueeze(1) + columns).flatten()
+
+
+def scattered(s: MapState, i: int, target: torch.Tensor) -> None:
+    """Debug mode, after field ``i``'s scatter: a target whose field is guarded
+    non-negative holds no negative placeholder (Note [Scatter destinations])."""
+    f = s.table.fields[i]
+    if s.debug is not None and f.guard in (Guard.NON_NEGATIVE, Guard.POSITIVE):
+        s.debug.check_scattered(f.name, target)
 
 
 def write_optional(

@@ -109,20 +109,9 @@ def write(schema: Schema, op: str, fields: Sequence[Field], checked: str) -> lis
 
 
 # --- resolves ------------------------------------------------------------------------------
-# What a Resolve kind emits lives here: its read (``_reads``), its constructor
-# statements (``resolve_init``) and its line of the resolve's doc string
-# (``resolve_doc``); its rules live in validate.py, its meaning in relay/testing/model.py.
-
-
-def resolve_init(f: Field) -> list[str]:
-    """The constructor's statements a field's resolve kind needs."""
-    if f.resolve is Resolve.SCATTER and f.shape:
-        # Each row's columns after its start offset.
-        width = naming.shape_literal(tuple(str(d) for d in f.shape))[1:-1].rstrip(",")
-        return [
-            f"self.{naming.row_cache(f)}_columns = torch.arange({width}, device=device)"
-        ]
-    return []
+# What a Resolve kind emits lives here: its read (``_reads``) and its line of the
+# resolve's doc string (``resolve_doc``); its rules live in validate.py, its runtime
+# help in relay/runtime.py, its meaning in relay/testing/model.py.
 
 
 def resolve_doc(f: Field) -> str:
@@ -185,21 +174,19 @@ def _placeholder_read(f: Field, target: str) -> list[str]:
 
 
 def _scatter_read(schema: Schema, f: Field, target: str) -> list[str]:
-    """Rows at ``indices`` into flat ``target`` from each row's start offset: one
-    gather, the positions, one scatter."""
+    """Rows at ``indices`` into flat ``target`` from each request's start offset: one
+    gather, the checked positions (Note [Scatter destinations] in runtime.py), one
+    scatter."""
+    i = schema.fields.index(f)
     rows = naming.value_local(f)
-    starts = f"batch.{f.offsets}"
-    if f.shape:  # each row's columns after its start
-        starts = (
-            f"({starts}.unsqueeze(1) + self.{naming.row_cache(f)}_columns).flatten()"
-        )
-        gather = f"{_buf(f)}.index_select(0, indices).flatten()"
-    else:
-        gather = f"{_buf(f)}.index_select(0, indices)"
+    flat = ".flatten()" if f.shape else ""
+    at = f"_rt.scatter_at(self._state, {i}, batch.{f.offsets}, indices, {target})"
     return [
         *_stashed(schema, f),
-        f"{rows} = {gather}",
-        f"{target}.index_copy_(0, {starts}, {rows})",
+        f"{rows} = {_buf(f)}.index_select(0, indices){flat}",
+        f"{target}.index_copy_(0, {at}, {rows})",
+        "if debug is not None:",
+        f"    _rt.scattered(self._state, {i}, {target})",
     ]
 
 

@@ -174,11 +174,6 @@ def carried_flag(field: Field) -> str:
     return f"_{field.name}_carried"
 
 
-def row_cache(field: Field) -> str:
-    """The attribute holding a field's row dims for the inline row check."""
-    return f"_{field.name}_row"
-
-
 def value_local(field: Field) -> str:
     """The local holding a schedule field's gathered rows (fields never shadow locals:
     ``indices``, ``slots``, ``batch`` and ``self`` are reserved)."""
@@ -209,7 +204,6 @@ def bound_names(schema: Schema) -> frozenset[str]:
         names.update(_path_names(schema, schema.owners))
     for f in schema.fields:
         names.update({buffer(f), host_mirror(f), carried_flag(f), f.payload_name})
-        names.update({row_cache(f), f"{row_cache(f)}_columns"})
         if isinstance(f.offsets, str):
             names.update(_path_names(schema, f.offsets))
         names.add(value_local(f))

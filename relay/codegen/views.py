@@ -216,7 +216,6 @@ def _field_init(
         assert isinstance(f.dtype, torch.dtype)
         args = [str(i), naming.eager_shape(f), naming.dtype(f.dtype)]
         stmts = [Statement(_join(f"{buf} = state.buffer(", args), doc)]
-    stmts += [Statement(code) for code in methods.resolve_init(f)]
     if f.host_mirror is not None or f.host_sum is not None:
         host = f"self.{naming.host_mirror(f)} = _rt.HostMirror(device, pool_size)"
         stmts.append(Statement(host))

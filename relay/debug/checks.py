@@ -219,6 +219,72 @@ class DebugChecks:
             lambda _: self._slot_problem(rows, scratch_ok, where),
         )
 
+    def check_scatter(
+        self,
+        field: str,
+        indices: torch.Tensor,
+        starts: torch.Tensor,
+        width: int,
+        size: int,
+    ) -> None:
+        """Before a scatter: every request's ``width`` positions from its start lie in
+        the target's ``size``, and no two requests' positions overlap (Note [Scatter
+        destinations] in relay/runtime.py)."""
+        n = starts.numel()
+        if n == 0:
+            return
+        order = starts.argsort()
+        ordered = starts[order]
+        ends = ordered + width
+        ok = (ordered >= 0) & (ends <= size)
+        ok[1:] &= ordered[1:] >= ends[:-1]
+        where = {"owner": self.owner, "field": field}
+
+        def problem(first: int) -> str:
+            j = int(order[first])
+            at = int(starts[j])
+            slot = int(indices.reshape(-1)[j])
+            if at < 0 or at + width > size:
+                return text(
+                    "scatter_outside",
+                    request=j,
+                    slot=slot,
+                    start=at,
+                    width=width,
+                    size=size,
+                    **where,
+                )
+            k = int(order[first - 1])
+            return text(
+                "scatter_overlap",
+                request=j,
+                slot=slot,
+                start=at,
+                other=k,
+                other_slot=int(indices.reshape(-1)[k]),
+                other_start=int(starts[k]),
+                width=width,
+                **where,
+            )
+
+        self._require(ok, lambda: text("scatter_summary", **where), problem)
+
+    def check_scattered(self, field: str, target: torch.Tensor) -> None:
+        """After a scatter into a non-negative field's target: no position still holds
+        a negative placeholder that no request's row covered."""
+        flat = target.reshape(-1)
+        where = {"owner": self.owner, "field": field}
+        self._require(
+            flat >= 0,
+            lambda: text("scatter_leftover_summary", **where),
+            lambda first: text(
+                "scatter_leftover",
+                position=first,
+                value=int(flat[first]),
+                **where,
+            ),
+        )
+
     def _slot_problem(
         self, rows: torch.Tensor, scratch_ok: bool, where: dict[str, Any]
     ) -> str:

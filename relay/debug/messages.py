@@ -160,6 +160,30 @@ MESSAGES: Final[Mapping[str, str]] = MappingProxyType(
             "{owner}.{fields}: {op} would overwrite a value another request has not "
             "read, in a slot never released"
         ),
+        # -- scatters (Note [Scatter destinations] in relay/runtime.py) -----------------
+        "scatter_outside": (
+            "{owner}.{field}: request {request} (slot {slot}) starts at {start}, so its "
+            "{width} value(s) would not fit the target's {size} positions; its offset "
+            "is wrong (one past the right place, or another batch's)."
+        ),
+        "scatter_overlap": (
+            "{owner}.{field}: request {request} (slot {slot}) starts at {start}, inside "
+            "the {width} position(s) of request {other} (slot {other_slot}) from "
+            "{other_start}: one would overwrite the other's values. Give each request "
+            "its own positions (offsets one row apart at least)."
+        ),
+        "scatter_summary": (
+            "{owner}.{field}: a scatter's offsets run outside the target or overlap"
+        ),
+        "scatter_leftover": (
+            "{owner}.{field}: after the scatter, position {position} of the target "
+            "still holds {value}: a placeholder no request's row covered (an offset one "
+            "off, or a request missing from the batch)."
+        ),
+        "scatter_leftover_summary": (
+            "{owner}.{field}: after the scatter, the target still holds a negative "
+            "placeholder"
+        ),
         # -- the fence --------------------------------------------------------------------
         "stale_fence": (
             "{owner}.{op}: fence waited on with no publish since the last wait; the rows "

@@ -341,6 +341,59 @@ def _seed_over_unread_summary() -> tuple[str, Callable[[], object]]:
     return want, lambda: d.seeded(rows(4), ("tok",), owners=["req-b"])
 
 
+def _scatter(*starts: int) -> Callable[[], object]:
+    d = checks()
+    return lambda: d.check_scatter("tok", rows(3, 5), torch.tensor(starts), 2, 6)
+
+
+def _scatter_outside() -> tuple[str, Callable[[], object]]:
+    want = text(
+        "scatter_outside",
+        owner="M",
+        field="tok",
+        request=1,
+        slot=5,
+        start=5,
+        width=2,
+        size=6,
+    )
+    return want, _scatter(0, 5)
+
+
+def _scatter_overlap() -> tuple[str, Callable[[], object]]:
+    want = text(
+        "scatter_overlap",
+        owner="M",
+        field="tok",
+        request=1,
+        slot=5,
+        start=1,
+        other=0,
+        other_slot=3,
+        other_start=0,
+        width=2,
+    )
+    return want, _scatter(0, 1)
+
+
+def _scatter_summary() -> tuple[str, Callable[[], object]]:
+    d = checks(named=False)
+    want = text("scatter_summary", owner="M", field="tok")
+    return want, lambda: d.check_scatter("tok", rows(3, 5), torch.tensor([0, 0]), 2, 6)
+
+
+def _scatter_leftover() -> tuple[str, Callable[[], object]]:
+    want = text("scatter_leftover", owner="M", field="tok", position=2, value=-1)
+    target = torch.tensor([7, 8, -1, 9])
+    return want, lambda: checks().check_scattered("tok", target)
+
+
+def _scatter_leftover_summary() -> tuple[str, Callable[[], object]]:
+    want = text("scatter_leftover_summary", owner="M", field="tok")
+    target = torch.tensor([7, 8, -1, 9])
+    return want, lambda: checks(named=False).check_scattered("tok", target)
+
+
 #: Per message: the expected text and the call that must raise it.
 TRIGGERS: dict[str, Callable[[], tuple[str, Callable[[], object]]]] = {
     "indices_dtype": _indices_dtype,
@@ -363,6 +416,11 @@ TRIGGERS: dict[str, Callable[[], tuple[str, Callable[[], object]]]] = {
     "unordered_seed": _unordered_seed,
     "unordered_seed_summary": _unordered_seed_summary,
     "seed_over_unread": _seed_over_unread,
+    "scatter_outside": _scatter_outside,
+    "scatter_overlap": _scatter_overlap,
+    "scatter_summary": _scatter_summary,
+    "scatter_leftover": _scatter_leftover,
+    "scatter_leftover_summary": _scatter_leftover_summary,
     "seed_over_unread_summary": _seed_over_unread_summary,
     "unordered_write": _unordered_write,
     "write_summary": _write_summary,
