@@ -30,7 +30,7 @@ from relay.engine.executors import ForwardExecutor, make_executor
 from relay.engine.maps import MapSource
 from relay.engine.model import KVCache, ModelConfig, TargetModel
 from relay.engine.runner import ModelRunner, SpecConfig
-from relay.engine.scheduler import Scheduler, SchedulerConfig, Vocabulary
+from relay.engine.scheduler import Scheduler, SchedulerConfig, vocabulary
 from relay.engine.trace import BUILD, HOST_WAIT, PROCESS, RUN, Ranges, ranges_for
 from relay.engine.workload import RequestSpec, WorkloadConfig, make_workload
 
@@ -156,37 +156,13 @@ class _SingleRank:
 def _make_relay(
     config: EngineConfig, pool_size: int, device: torch.device, ranges: Ranges
 ) -> Relay:
-    from relay.engine.relays import DirectRelay, MapRelay
+    from relay.engine.relays import DirectRelay, map_relay
 
     if not config.overlap:
         return DirectRelay(pool_size, device, ranges, config.mode_name)
     maps = config.maps.load()  # Note [One set of map classes per run]
-    spec = config.spec
-    if spec is None:
-        decode = maps.decode(device, pool_size, debug=config.debug)
-        return MapRelay(decode, maps, ranges)
-    if spec.method == "ngram":
-        ngram = maps.ngram(
-            device, pool_size, draft_token_num=spec.steps, debug=config.debug
-        )
-        return MapRelay(ngram, maps, ranges)
-    eagle = maps.eagle(device, pool_size, topk=spec.topk, debug=config.debug)
-    return MapRelay(eagle, maps, ranges)
-
-
-def _make_scheduler(
-    config: EngineConfig, specs: Sequence[RequestSpec], device: torch.device
-) -> Scheduler:
-    spec = config.spec
-    return Scheduler(
-        specs,
-        config.scheduler,
-        device=device,
-        vocab=Vocabulary(config.model.vocab_size, config.model.seed),
-        eos_token_id=config.model.eos_token_id,
-        max_context=config.model.max_context,
-        lookahead=1 if spec is None else spec.steps + 1,
-        spec_topk=spec.topk if spec is not None and spec.method == "eagle" else 1,
+    return map_relay(
+        maps, config.spec, device, pool_size, debug=config.debug, ranges=ranges
     )
 
 
@@ -204,10 +180,9 @@ def run_workload(
     (``relay.engine.parallel``).
     """
     device = torch.device(config.device)
+    model, spec = config.model, config.spec
     if specs is None:
-        specs = make_workload(
-            config.workload, config.model.vocab_size, config.model.eos_token_id
-        )
+        specs = make_workload(config.workload, model.vocab_size, model.eos_token_id)
     saved_threads = torch.get_num_threads()
     saved_interval = sys.getswitchinterval()
     if device.type == "cpu":
@@ -215,24 +190,25 @@ def run_workload(
             torch.set_num_threads(config.cpu_threads)
         if config.switch_interval is not None:
             sys.setswitchinterval(config.switch_interval)
-    clocks = contextlib.ExitStack()
-    if config.debug:
-        # Debug maps check stream order only while the clocks are installed, from
-        # before the lane's streams exist (docs/debugging.md).
-        clocks.enter_context(debug.happens_before())
-    try:
+    with contextlib.ExitStack() as cleanup:
+        cleanup.callback(sys.setswitchinterval, saved_interval)
+        cleanup.callback(torch.set_num_threads, saved_threads)
+        if config.debug:
+            # Debug maps check stream order only while the clocks are installed, from
+            # before the lane's streams exist (docs/debugging.md).
+            cleanup.enter_context(debug.happens_before())
         pool_size = config.scheduler.max_running + 1  # row 0 is the scratch row
-        model = TargetModel(config.model, device)
         ranges = ranges_for(config.trace)  # chosen once per run
         executor = make_executor(
             device, overlap=config.overlap, cpu_threads=config.cpu_threads
         )
+        cleanup.callback(executor.close)
         relay = _make_relay(config, pool_size, device, ranges)
         runner = ModelRunner(
-            model,
-            KVCache(config.model, pool_size, device),
+            TargetModel(model, device),
+            KVCache(model, pool_size, device),
             relay,
-            spec=config.spec,
+            spec=spec,
             step_sync=step_sync,
             kernels_started=executor.kernels_started,
             ranges=ranges,
@@ -240,27 +216,29 @@ def run_workload(
         runner.warm_up()
         if config.record_inputs:
             runner.record = []
-        scheduler = _make_scheduler(config, specs, device)
+        scheduler = Scheduler(
+            specs,
+            config.scheduler,
+            device=device,
+            pieces=vocabulary(model.vocab_size, model.seed),
+            eos_token_id=model.eos_token_id,
+            max_context=model.max_context,
+            lookahead=1 if spec is None else spec.steps + 1,
+            spec_topk=spec.topk if spec is not None and spec.method == "eagle" else 1,
+        )
         loop = "overlap" if config.overlap else "sync"
-        try:
-            with ranges(f"{RUN} {config.mode_name} {loop}", 0):
-                return _loop(
-                    scheduler,
-                    relay,
-                    runner,
-                    executor,
-                    device,
-                    agreement or _SingleRank(),
-                    progress,
-                    len(specs),
-                    ranges,
-                )
-        finally:
-            executor.close()
-    finally:
-        clocks.close()
-        torch.set_num_threads(saved_threads)
-        sys.setswitchinterval(saved_interval)
+        with ranges(f"{RUN} {config.mode_name} {loop}", 0):
+            result = _loop(
+                scheduler,
+                relay,
+                runner,
+                executor,
+                agreement or _SingleRank(),
+                progress,
+                len(specs),
+                ranges,
+            )
+    return result
 
 
 def _loop(
@@ -268,7 +246,6 @@ def _loop(
     relay: Relay,
     runner: ModelRunner,
     executor: ForwardExecutor,
-    device: torch.device,
     agreement: StepAgreement,
     progress: Progress | None,
     total: int,
@@ -287,9 +264,7 @@ def _loop(
         if batch is not None and batch.mode is ForwardMode.DECODE:
             batch.step = step
             relay.resolve_lengths(batch)
-            if scheduler.cap_lengths(batch):
-                relay.prepare_inputs(batch)
-            else:
+            if not scheduler.cap_lengths(batch):
                 batch = batch.chunk  # a mixed batch's chunk runs alone
         more = batch is not None or in_flight is not None or scheduler.has_work()
         any_active, any_more = agreement.agree(batch is not None, more)
@@ -297,10 +272,8 @@ def _loop(
             break
         launched = None
         if any_active:
-            if batch is None:
-                batch = ForwardBatch.idle(
-                    device
-                )  # another rank has work: join its step
+            if batch is None:  # another rank has work: join its step
+                batch = ForwardBatch.idle(scheduler.device)
                 idle_steps += 1
             batch.step = step
             batch.released = scheduler.take_released()
@@ -318,24 +291,12 @@ def _loop(
             if progress is not None:
                 progress(scheduler.finished, total)
         in_flight = launched
-        scheduler.tick()
-    return _result(scheduler, runner, executor, steps, idle_steps, start)
-
-
-def _result(
-    scheduler: Scheduler,
-    runner: ModelRunner,
-    executor: ForwardExecutor,
-    steps: int,
-    idle_steps: int,
-    start: float,
-) -> RunResult:
-    busy = executor.busy_seconds()
+        scheduler.clock += 1
+    busy = executor.busy_seconds()  # waits for the executor
     wall = time.perf_counter() - start
     outputs = scheduler.outputs()
-    reasons = Counter(
-        r.finish_reason or "unfinished" for r in scheduler.requests.values()
-    )
+    requests = sorted(scheduler.requests.items())
+    reasons = Counter(r.finish_reason or "unfinished" for _, r in requests)
     return RunResult(
         outputs=outputs,
         finish_reasons=dict(sorted(reasons.items())),
@@ -350,11 +311,7 @@ def _result(
         aborts=scheduler.aborts,
         chunks=scheduler.chunks,
         prebuilt=scheduler.prebuilt,
-        aborted_ids=tuple(
-            rid
-            for rid, r in sorted(scheduler.requests.items())
-            if r.finish_reason == "abort"
-        ),
+        aborted_ids=tuple(rid for rid, r in requests if r.finish_reason == "abort"),
         inputs=tuple(runner.record or ()),
     )
 

@@ -27,9 +27,7 @@ from relay.engine.trace import (
     no_ranges,
 )
 
-if (
-    TYPE_CHECKING
-):  # no map is imported with the engine (Note [One set of map classes per run])
+if TYPE_CHECKING:  # no map is imported with the engine
     from relay.engine.relays import Extras, Relay
 
 __all__ = ["ModelRunner", "SpecConfig"]
@@ -76,15 +74,12 @@ class _Handoff:
 def _joined(parts: list[_Handoff]) -> _Handoff:
     if len(parts) == 1:
         return parts[0]
-    first = parts[0].extras
-    extras = (
-        None
-        if first is None
-        else tuple(
+    extras = parts[0].extras
+    if extras is not None:
+        extras = tuple(
             torch.cat([p.extras[i] for p in parts if p.extras is not None])
-            for i in range(len(first))
+            for i in range(len(extras))
         )
-    )
     return _Handoff(
         torch.cat([p.slots for p in parts]),
         torch.cat([p.tokens for p in parts]),
@@ -117,8 +112,8 @@ class ModelRunner:
         self.kv = kv
         self.relay = relay
         self.spec = spec
-        eagle = spec is not None and spec.method == "eagle"
-        self.forwards = Forwards(model, kv, DraftHead(model) if eagle else None)
+        self.eagle = spec is not None and spec.method == "eagle"
+        self.forwards = Forwards(model, kv, DraftHead(model) if self.eagle else None)
         self.step_sync = step_sync
         self.kernels_started = kernels_started
         self.ranges = ranges
@@ -138,13 +133,12 @@ class ModelRunner:
         token = torch.ones(1, dtype=torch.int64, device=device)
         prompt_len = torch.full((1,), 2, dtype=torch.int64, device=device)
         seq_lens = prompt_len + 1
-        fw = self.forwards
-        spec = self.spec
+        fw, spec = self.forwards, self.spec
         for _ in range(2):
             hidden, _ = fw.prefill(token[:, None].expand(1, 2), prompt_len, slot)
             fw.prefill_chunk(token[:, None], prompt_len - 1, prompt_len - 1, slot, 2)
             fw.decode(token, seq_lens, 3, slot)
-            if spec is not None and spec.method == "eagle":
+            if spec is not None and self.eagle:
                 _, first, draft_hidden = fw.extend(hidden, token, spec.topk)
                 result = fw.draft_and_verify(
                     token, draft_hidden, first, spec.steps, seq_lens, 3, slot
@@ -175,10 +169,9 @@ class ModelRunner:
         in place of the prefill server's transfer) and seed their relay rows (Note
         [Seeding a prebuilt request] in relay/engine/relays.py)."""
         self.relay.release(seeds.released)
-        slots = seeds.slots
+        slots, tokens = seeds.slots, seeds.first_tokens
         hidden, _ = self.forwards.prefill(seeds.prompts, seeds.prompt_lens, slots)
-        tokens = seeds.first_tokens
-        extras = self._prefill_extras(hidden, tokens)
+        extras = self._first_extras(hidden, tokens)
         self.relay.seed(slots, tokens, extras, seeds.prompt_lens + 1)
 
     def _resolve_future(self, batch: ForwardBatch) -> None:
@@ -194,10 +187,10 @@ class ModelRunner:
             )
 
     def _publish(
-        self, batch: ForwardBatch, slots: torch.Tensor, new_seq_lens: torch.Tensor
+        self, batch: ForwardBatch, slots: torch.Tensor, lens: torch.Tensor
     ) -> None:
         with self.ranges(PUBLISH, batch.step):
-            self.relay.publish(slots, new_seq_lens)
+            self.relay.publish(slots, lens)
 
     def _stash(self, batch: ForwardBatch, hand: _Handoff) -> None:
         with self.ranges(STASH, batch.step):
@@ -210,21 +203,18 @@ class ModelRunner:
         if self.kernels_started is not None:
             self.kernels_started()
 
-    def _prefill_extras(
+    def _first_extras(
         self, hidden: torch.Tensor, tokens: torch.Tensor
     ) -> Extras | None:
         """What a finished prompt hands its first decode besides its token."""
         spec = self.spec
         if spec is None:
             return None
-        if spec.method == "eagle":
+        if self.eagle:
             return self.forwards.extend(hidden, tokens, spec.topk)
         # Nothing verified yet: accept length 0 (what an unwritten row reads).
         n = tokens.shape[0]
-        return (
-            tokens.new_zeros(n, spec.steps),
-            torch.zeros(n, dtype=torch.int32, device=tokens.device),
-        )
+        return tokens.new_zeros(n, spec.steps), tokens.new_zeros(n, dtype=torch.int32)
 
     def _idle(self, batch: ForwardBatch) -> None:
         # Empty operations, as a rank with requests would issue them: each is a no-op
@@ -233,39 +223,28 @@ class ModelRunner:
         self._resolve_future(batch)
         self._publish(batch, empty, empty)
         self._start_kernels(0)
-        extras: Extras | None = None
-        if self.spec is not None and self.spec.method == "eagle":
-            h = self.model.config.hidden
+        extras: Extras | None
+        if self.spec is not None and self.eagle:
+            config = self.model.config
             extras = (
-                torch.empty(
-                    0, self.spec.topk, dtype=torch.float32, device=empty.device
-                ),
-                torch.empty(0, self.spec.topk, dtype=torch.int64, device=empty.device),
-                torch.empty(0, h, dtype=self.model.config.dtype, device=empty.device),
+                empty.new_empty((0, self.spec.topk), dtype=torch.float32),
+                empty.new_empty((0, self.spec.topk)),
+                empty.new_empty((0, config.hidden), dtype=config.dtype),
             )
-        elif self.spec is not None:
-            extras = (
-                empty.new_empty(0, self.spec.steps),
-                torch.empty(0, dtype=torch.int32, device=empty.device),
-            )
+        else:
+            extras = self._first_extras(empty, empty)  # None, or n-gram's empty rows
         self._stash(batch, _Handoff(empty, empty, extras, empty))
 
     def _run_chunk(self, batch: ForwardBatch, out: StepOutput) -> _Handoff:
         """The model part of a prefill (or a mixed batch's chunk): fills ``out``;
         returns what the rows whose prompt is complete hand over."""
-        slots = batch.req_pool_indices
-        assert batch.chunk_lens is not None
+        slots, lens = batch.req_pool_indices, batch.chunk_lens
+        assert lens is not None
         if batch.starts is None:
-            hidden, tokens = self.forwards.prefill(
-                batch.input_ids, batch.chunk_lens, slots
-            )
+            hidden, tokens = self.forwards.prefill(batch.input_ids, lens, slots)
         else:
             hidden, tokens = self.forwards.prefill_chunk(
-                batch.input_ids,
-                batch.starts,
-                batch.chunk_lens,
-                slots,
-                batch.max_seq_len,
+                batch.input_ids, batch.starts, lens, slots, batch.max_seq_len
             )
         new_seq_lens = batch.seq_lens + 1
         final = torch.tensor(batch.final, device=slots.device)
@@ -276,28 +255,27 @@ class ModelRunner:
             rows = final.nonzero().squeeze(1)
             slots, hidden, tokens = slots[rows], hidden[rows], tokens[rows]
             new_seq_lens = new_seq_lens[rows]
-        return _Handoff(
-            slots, tokens, self._prefill_extras(hidden, tokens), new_seq_lens
-        )
+        extras = self._first_extras(hidden, tokens)
+        return _Handoff(slots, tokens, extras, new_seq_lens)
 
     def _prefill(self, batch: ForwardBatch, out: StepOutput) -> None:
         assert batch.chunk_lens is not None
-        if all(batch.final):
+        whole = all(batch.final)
+        if whole:
             # Known before the model runs: publish first so the scheduler waits least.
             self._publish(batch, batch.req_pool_indices, batch.seq_lens + 1)
         self._start_kernels(int(batch.chunk_lens.sum()))
         hand = self._run_chunk(batch, out)
-        if not all(batch.final):
+        if not whole:
             self._publish(batch, hand.slots, hand.new_seq_lens)
         self._stash(batch, hand)
 
     def _decode(self, batch: ForwardBatch, out: StepOutput) -> None:
         """A decode (or verify) forward, with a mixed batch's chunk."""
         self._resolve_future(batch)
-        tokens = len(batch) * (
-            1 if self.spec is None else self.spec.branches * (self.spec.steps + 1)
-        )
-        chunk = batch.chunk
+        spec, chunk = self.spec, batch.chunk
+        width = 1 if spec is None else spec.branches * (spec.steps + 1)
+        tokens = len(batch) * width
         if chunk is not None:
             assert chunk.chunk_lens is not None
             tokens += int(chunk.chunk_lens.sum())
@@ -306,51 +284,33 @@ class ModelRunner:
         if chunk is not None:
             out.chunk = StepOutput()
             parts.append(self._run_chunk(chunk, out.chunk))
-        if self.spec is None:
-            decoded = self._plain(batch, out)
-            self._publish(batch, *self._new_lens(decoded, parts))
-            self._stash(batch, _joined([decoded, *parts]))
-            return
-        result = self._verify(batch, self.spec)
-        new_seq_lens = batch.seq_lens + result.accept_lens + 1
-        verified = _Handoff(batch.req_pool_indices, result.bonus, None, new_seq_lens)
-        # on_publish: mid-forward, before the cache commit and the draft extension,
-        # which overlap the scheduler's wait-free part of the next batch.
-        with self.ranges(PUBLISH, batch.step):
-            self.on_publish(*self._new_lens(verified, parts))
-        extras = self._commit(batch, result, self.spec)
-        self._stash(batch, _joined([attrs.evolve(verified, extras=extras), *parts]))
-        out.tokens = _to_host(result.tokens)
-        out.counts = _to_host(result.accept_lens + 1)
-        out.new_seq_lens = _to_host(new_seq_lens)
-
-    @staticmethod
-    def _new_lens(
-        rows: _Handoff, parts: list[_Handoff]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        joined = [rows, *parts]
-        if len(joined) == 1:
-            return rows.slots, rows.new_seq_lens
-        return (
-            torch.cat([p.slots for p in joined]),
-            torch.cat([p.new_seq_lens for p in joined]),
-        )
-
-    def _plain(self, batch: ForwardBatch, out: StepOutput) -> _Handoff:
-        slots = batch.req_pool_indices
-        new_seq_lens = batch.seq_lens + 1
-        _, tokens = self.forwards.decode(
-            batch.input_ids, batch.seq_lens, batch.max_seq_len, slots
-        )
-        out.tokens = _to_host(tokens[:, None])
-        out.counts = _to_host(torch.ones_like(tokens))
-        out.new_seq_lens = _to_host(new_seq_lens)
-        return _Handoff(slots, tokens, None, new_seq_lens)
+        slots, seq_lens = batch.req_pool_indices, batch.seq_lens
+        if spec is None:
+            _, next_tokens = self.forwards.decode(
+                batch.input_ids, seq_lens, batch.max_seq_len, slots
+            )
+            rows = _Handoff(slots, next_tokens, None, seq_lens + 1)
+            published = _joined([rows, *parts])
+            self._publish(batch, published.slots, published.new_seq_lens)
+            host_tokens, counts = next_tokens[:, None], torch.ones_like(next_tokens)
+        else:
+            result = self._verify(batch, spec)
+            new_seq_lens = seq_lens + result.accept_lens + 1
+            rows = _Handoff(slots, result.bonus, None, new_seq_lens)
+            # Mid-forward, before the cache commit and the draft extension, which
+            # overlap the scheduler's wait-free part of the next batch.
+            published = _joined([rows, *parts])
+            self._publish(batch, published.slots, published.new_seq_lens)
+            rows = attrs.evolve(rows, extras=self._commit(batch, result, spec))
+            host_tokens, counts = result.tokens, result.accept_lens + 1
+        self._stash(batch, _joined([rows, *parts]))
+        out.tokens = _to_host(host_tokens)
+        out.counts = _to_host(counts)
+        out.new_seq_lens = _to_host(rows.new_seq_lens)
 
     def _verify(self, batch: ForwardBatch, spec: SpecConfig) -> VerifyResult:
-        info = batch.spec_info
-        slots = batch.req_pool_indices
-        if spec.method == "ngram":
+        info, slots = batch.spec_info, batch.req_pool_indices
+        if not self.eagle:
             # The n-gram map hands accept_tokens flat, (n * steps,), as sglang does.
             accept = info.accept_tokens.reshape(slots.shape[0], spec.steps)
             return self.forwards.ngram_verify(
@@ -361,9 +321,7 @@ class ModelRunner:
                 batch.max_seq_len,
                 slots,
             )
-        assert info.hidden_states is not None, (
-            "speculative decode before any prefill stashed"
-        )
+        assert info.hidden_states is not None, "decode before any prefill stashed"
         return self.forwards.draft_and_verify(
             info.bonus_tokens,
             info.hidden_states,
@@ -378,14 +336,9 @@ class ModelRunner:
         self, batch: ForwardBatch, result: VerifyResult, spec: SpecConfig
     ) -> Extras:
         slots = batch.req_pool_indices
-        if spec.method == "eagle":
+        if self.eagle:
             return self.forwards.commit_and_extend(
                 result, batch.seq_lens, slots, spec.topk
             )
         self.forwards.commit(result, batch.seq_lens, slots)
-        accepted = result.tokens[:, : spec.steps]
-        return accepted, result.accept_lens.to(torch.int32)
-
-    def on_publish(self, slots: torch.Tensor, new_seq_lens: torch.Tensor) -> None:
-        """The verify step's publish callback: hand the accepted lengths to the scheduler."""
-        self.relay.publish(slots, new_seq_lens)
+        return result.tokens[:, : spec.steps], result.accept_lens.to(torch.int32)

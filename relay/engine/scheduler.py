@@ -29,7 +29,7 @@ __all__ = [
     "Scheduler",
     "SchedulerConfig",
     "TokenAccountingError",
-    "Vocabulary",
+    "vocabulary",
 ]
 
 
@@ -40,9 +40,9 @@ __all__ = [
 # the same point of its loop, after launching the next step, so both modes build
 # exactly the same batches, step by step. Arrivals and aborts are counted in steps
 # for the same reason, and retraction decides from the lengths of processed steps,
-# which both modes know at the same point. Lengths reach the scheduler earlier, through the schedule lane: a
-# request at its output limit is dropped from the very batch being built, in both
-# modes alike.
+# which both modes know at the same point. Lengths reach the scheduler earlier,
+# through the schedule lane: a request at its output limit is dropped from the very
+# batch being built, in both modes alike.
 
 
 # Note [Rows of a retracted request]
@@ -84,17 +84,15 @@ class SchedulerConfig:
     headroom: float = 0.25
 
 
-class Vocabulary:
-    """Token id -> text piece, for incremental detokenization of outputs."""
-
-    def __init__(self, size: int, seed: int = 0) -> None:
-        rng = random.Random(seed)
-        letters = "etaoinshrdlucmfwypvbgkjqxz"
-        self.pieces = [
-            ("" if rng.random() < 0.7 else " ")
-            + "".join(rng.choice(letters) for _ in range(rng.randint(1, 4)))
-            for _ in range(size)
-        ]
+def vocabulary(size: int, seed: int = 0) -> list[str]:
+    """Each token id's text piece, for incremental detokenization of outputs."""
+    rng = random.Random(seed)
+    letters = "etaoinshrdlucmfwypvbgkjqxz"
+    return [
+        ("" if rng.random() < 0.7 else " ")
+        + "".join(rng.choice(letters) for _ in range(rng.randint(1, 4)))
+        for _ in range(size)
+    ]
 
 
 class PageBudget:
@@ -124,20 +122,14 @@ class PageBudget:
         req.reserved_pages = need
         return True
 
-    def fits(self, req: Request, tokens: int, headroom: int = 0) -> bool:
-        """Whether ``req`` can grow to ``tokens`` tokens and leave ``headroom`` pages."""
-        if self.reserve:
-            return True
-        more = max(0, self.pages_for(tokens) - len(req.pages))
-        return more + headroom <= len(self.free_pages)
-
-    def grow(self, req: Request, tokens: int) -> bool:
-        """Allocate pages so ``req`` holds ``tokens`` tokens (within its reservation,
-        when reserving); ``False``, allocating nothing, when the pages are not there."""
+    def grow(self, req: Request, tokens: int, headroom: int = 0) -> bool:
+        """Allocate pages so ``req`` holds ``tokens`` tokens: within its reservation
+        when reserving, else only if ``headroom`` pages stay free (``False``,
+        allocating nothing, when they would not)."""
         need = self.pages_for(tokens)
         if self.reserve:
             need = min(need, req.reserved_pages)
-        elif not self.fits(req, tokens):
+        elif max(0, need - len(req.pages)) + headroom > len(self.free_pages):
             return False
         while len(req.pages) < need:
             req.pages.append(self.free_pages.pop())
@@ -176,9 +168,9 @@ class _RunningBatch:
         if not reqs:
             return
         slots = torch.tensor([r.slot for r in reqs], dtype=torch.int64)
+        prompts = torch.tensor([len(r.spec.prompt) for r in reqs], dtype=torch.int64)
         self.reqs = self.reqs + reqs
         self.slots = torch.cat([self.slots, slots.to(self.slots.device)])
-        prompts = torch.tensor([len(r.spec.prompt) for r in reqs], dtype=torch.int64)
         self.prompt_lens = torch.cat([self.prompt_lens, prompts])
         self.max_new = torch.cat([self.max_new, torch.tensor(max_new)])
 
@@ -199,7 +191,8 @@ class Scheduler:
     """Admits arrivals, builds one batch per step and processes each step's results.
 
     ``lookahead`` is how many positions past its length one step may write (1 for
-    plain decoding, ``steps + 1`` for speculative decoding).
+    plain decoding, ``steps + 1`` for speculative decoding); ``pieces`` is each
+    token's text (``vocabulary``).
     """
 
     def __init__(
@@ -208,7 +201,7 @@ class Scheduler:
         config: SchedulerConfig,
         *,
         device: torch.device,
-        vocab: Vocabulary,
+        pieces: list[str],
         eos_token_id: int,
         max_context: int,
         lookahead: int,
@@ -216,60 +209,53 @@ class Scheduler:
     ) -> None:
         self.config = config
         self.device = device
-        self.vocab = vocab
+        self.pieces = pieces
         self.eos_token_id = eos_token_id
+        self.max_context = max_context
         self.lookahead = lookahead
         self.spec_topk = spec_topk
         self.pending = deque(sorted(specs, key=lambda s: (s.arrival_step, s.rid)))
         self.waiting: deque[Request] = deque()
         self.requests: dict[int, Request] = {}
         self.finished = 0
+        #: Steps so far: arrivals and aborts are counted in steps.
         self.clock = 0
-        # pop() reuses freed slots first.
-        self._free_slots = list(range(config.max_running, 0, -1))
-        self._released: list[int] = []  # freed, not yet released to the relay
         self.budget = PageBudget(
             config.kv_pages, config.page_size, reserve=not config.retract
         )
-        self._running = _RunningBatch(
-            [],
-            torch.empty(0, dtype=torch.int64, device=device),
-            torch.empty(0, dtype=torch.int64),
-            torch.empty(0, dtype=torch.int64),
-        )
+        self._free_slots = list(range(config.max_running, 0, -1))  # pop() reuses
+        self._released: list[int] = []  # freed, not yet released to the relay
+        empty = torch.empty(0, dtype=torch.int64)
+        self._running = _RunningBatch([], empty.to(device), empty, empty)
         self._last_was_prefill = False
-        self._max_context = max_context
         self._prebuilt: deque[Request] = deque()  # arrived prebuilt, not admitted
         self._seeds: list[Request] = []  # admitted prebuilt, relay rows not seeded
         self._aborts: dict[int, list[Request]] = {}
-        # Speculative decoding statistics: rows of decode steps and tokens they emitted.
-        self.decode_rows = 0
-        self.decode_tokens = 0
-        self.streamed_bytes = 0
-        self.retractions = 0
-        self.aborts = 0
-        #: Prefill rows that were a part of a context, not all of it.
-        self.chunks = 0
-        self.prebuilt = 0
+        #: Rows of decode steps and the tokens they emitted (speculative decoding's
+        #: acceptance), bytes streamed to clients, requests retracted (each time),
+        #: aborted and prebuilt, and prefill rows that were a chunk of a context.
+        self.decode_rows = self.decode_tokens = self.streamed_bytes = 0
+        self.retractions = self.aborts = self.prebuilt = self.chunks = 0
         for spec in specs:
-            self._check_fits(spec)
-
-    def _check_fits(self, spec: RequestSpec) -> None:
-        if len(spec.prompt) + self.lookahead + 1 > self._max_context:
-            raise ValueError(
-                f"request {spec.rid}: a prompt of {len(spec.prompt)} tokens does "
-                f"not fit max_context {self._max_context}; raise max_context"
-            )
-        if self.budget.pages_for(self._worst(spec)) > self.config.kv_pages:
-            raise ValueError(
-                f"request {spec.rid} needs {self._worst(spec)} tokens of KV, more "
-                f"than the budget of {self.config.kv_pages} pages; raise kv_pages"
-            )
+            if len(spec.prompt) + lookahead + 1 > max_context:
+                raise ValueError(
+                    f"request {spec.rid}: a prompt of {len(spec.prompt)} tokens does "
+                    f"not fit max_context {max_context}; raise max_context"
+                )
+            if self.budget.pages_for(self._worst(spec)) > config.kv_pages:
+                raise ValueError(
+                    f"request {spec.rid} needs {self._worst(spec)} tokens of KV, more "
+                    f"than the budget of {config.kv_pages} pages; raise kv_pages"
+                )
 
     def _worst(self, spec: RequestSpec) -> int:
         return len(spec.prompt) + self._output_limit(spec) + 2 * self.lookahead
 
-    # -- state -------------------------------------------------------------------
+    def _output_limit(self, spec: RequestSpec) -> int:
+        """The output limit, clipped so prompt, output and look-ahead fit a slot."""
+        room = self.max_context - len(spec.prompt) - self.lookahead
+        return max(1, min(spec.max_new_tokens, room))
+
     def has_work(self) -> bool:
         """Requests still to arrive, wait or run."""
         return bool(
@@ -278,10 +264,6 @@ class Scheduler:
             or self._prebuilt
             or self.finished < len(self.requests)
         )
-
-    def tick(self) -> None:
-        """Advance the step clock (arrivals are counted in steps)."""
-        self.clock += 1
 
     # -- building a batch (before the fence) ---------------------------------------
     def next_batch(self) -> ForwardBatch | None:
@@ -309,19 +291,15 @@ class Scheduler:
                 self._last_was_prefill = True
                 return prefill
         self._last_was_prefill = False
-        if not running.reqs:
-            return None
-        return self._decode_batch(running)
+        return self._decode_batch(running) if running.reqs else None
 
     def _arrive(self) -> None:
         while self.pending and self.pending[0].arrival_step <= self.clock:
             spec = self.pending.popleft()
             req = Request(spec, context=spec.prompt)
             self.requests[spec.rid] = req
-            if spec.first_token is not None:
-                self._prebuilt.append(req)
-            else:
-                self.waiting.append(req)
+            prebuilt = spec.first_token is not None
+            (self._prebuilt if prebuilt else self.waiting).append(req)
             if spec.abort_step is not None:
                 self._aborts.setdefault(spec.abort_step, []).append(req)
 
@@ -330,31 +308,25 @@ class Scheduler:
         for req in self._aborts.pop(self.clock, []):
             if req.state is RequestState.FINISHED:
                 continue
-            if req in self.waiting:
-                self.waiting.remove(req)
-            if req in self._prebuilt:
-                self._prebuilt.remove(req)
+            for queue in (self.waiting, self._prebuilt):
+                if req in queue:
+                    queue.remove(req)
             self.aborts += 1
             self._finish(req, "abort")
-
-    def _bound(self, req: Request) -> int:
-        """Tokens ``req`` may hold once the step being built has run: its newest
-        known length, plus what the step in flight and this one may add."""
-        known = req.seq_len or len(req.context) + 1
-        return known + 2 * self.lookahead
 
     def _make_room(self, running: _RunningBatch) -> None:
         """Give every running request the pages of its next step; where they run out,
         retract the newest running requests."""
-        reqs = running.reqs
-        end = len(reqs)
-        i = 0
+        reqs, end, i = running.reqs, len(running.reqs), 0
         while i < end:
-            if self.budget.grow(reqs[i], self._bound(reqs[i])):
+            req = reqs[i]
+            # Its newest known length, plus what the step in flight and this one add.
+            bound = (req.seq_len or len(req.context) + 1) + 2 * self.lookahead
+            if self.budget.grow(req, bound):
                 i += 1
-                continue
-            end -= 1
-            self._retract(reqs[end])
+            else:
+                end -= 1
+                self._retract(reqs[end])
         running.filter_active()
 
     def _retract(self, req: Request) -> None:
@@ -363,8 +335,7 @@ class Scheduler:
         req.epoch += 1
         req.state = RequestState.WAITING
         req.context = req.spec.prompt + tuple(req.output)
-        req.prefilled = 0
-        req.seq_len = 0
+        req.prefilled = req.seq_len = 0
         self._free_slot(req)
         self.budget.release(req)
         # First in line, but behind a prompt half prefilled: at most one request holds
@@ -383,8 +354,7 @@ class Scheduler:
                 break
             self._prebuilt.popleft()
             req.slot = self._free_slots.pop()
-            req.prefilled = length
-            req.seq_len = length + 1
+            req.prefilled, req.seq_len = length, length + 1
             req.state = RequestState.RUNNING
             self.prebuilt += 1
             assert req.spec.first_token is not None
@@ -394,47 +364,40 @@ class Scheduler:
 
     def _take_pages(self, req: Request, tokens: int, running: _RunningBatch) -> bool:
         """Pages for a request being admitted (or chunk-prefilled) to hold ``tokens``."""
-        if req.state is RequestState.WAITING and self.budget.reserve:
-            return self.budget.try_reserve(
-                req, self._worst(req.spec)
-            ) and self.budget.grow(req, tokens)
+        admitting = self.budget.reserve and req.state is RequestState.WAITING
+        if admitting and not self.budget.try_reserve(req, self._worst(req.spec)):
+            return False
         # Some pages kept for the running requests' growth, so that admission does not
         # retract at once.
-        headroom = int(self.config.headroom * len(running.reqs))
-        if not self.budget.fits(req, tokens, headroom=headroom):
-            return False
-        return self.budget.grow(req, tokens)
+        return self.budget.grow(
+            req, tokens, int(self.config.headroom * len(running.reqs))
+        )
 
     def take_seeds(self) -> list[Request]:
         """Prebuilt requests admitted since the last call, whose relay rows need seeding."""
         seeds, self._seeds = self._seeds, []
         return seeds
 
-    def _output_limit(self, spec: RequestSpec) -> int:
-        """The output limit, clipped so prompt, output and look-ahead fit a slot."""
-        room = self._max_context - len(spec.prompt) - self.lookahead
-        return max(1, min(spec.max_new_tokens, room))
-
-    def _pick_chunks(
+    def _prefill_batch(
         self, budget: int, running: _RunningBatch
-    ) -> list[tuple[Request, int, int]]:
-        """(request, chunk start, chunk length) of the next prefill, within ``budget``
-        tokens; requests whose last chunk is picked start running."""
-        picked: list[tuple[Request, int, int]] = []
-        tokens = 0
+    ) -> ForwardBatch | None:
+        """A prefill of the waiting requests' next chunks, within ``budget`` tokens;
+        requests whose last chunk is picked start running."""
+        reqs: list[Request] = []
+        starts: list[int] = []
+        lens: list[int] = []
         while self.waiting:
             req = self.waiting[0]
             start = req.prefilled
-            remaining = len(req.context) - start
-            room = budget - tokens
+            remaining, room = len(req.context) - start, budget - sum(lens)
             if self.config.chunked_prefill:
                 take = min(remaining, room)
             else:
-                take = remaining if not picked or remaining <= room else 0
+                take = remaining if not reqs or remaining <= room else 0
             if take <= 0:
                 break
-            final = take == remaining
-            end = start + take + (1 + 2 * self.lookahead if final else 0)
+            last = take == remaining
+            end = start + take + (1 + 2 * self.lookahead if last else 0)
             if req.state is RequestState.WAITING and not self._free_slots:
                 break
             if not self._take_pages(req, end, running):
@@ -443,24 +406,16 @@ class Scheduler:
                 req.slot = self._free_slots.pop()
                 req.state = RequestState.PREFILLING
             req.prefilled += take
-            picked.append((req, start, take))
-            tokens += take
-            if not final:
+            reqs.append(req)
+            starts.append(start)
+            lens.append(take)
+            if not last:
                 break  # a chunk ends the batch; the request stays first in line
             self.waiting.popleft()
             req.state = RequestState.RUNNING
-        return picked
-
-    def _prefill_batch(
-        self, budget: int, running: _RunningBatch
-    ) -> ForwardBatch | None:
-        picked = self._pick_chunks(budget, running)
-        if not picked:
+        if not reqs:
             return None
-        reqs = [r for r, _, _ in picked]
-        starts = [start for _, start, _ in picked]
-        lens = [take for _, _, take in picked]
-        ends = [start + take for start, take in zip(starts, lens)]
+        ends = [start + n for start, n in zip(starts, lens)]
         final = [end == len(r.context) for r, end in zip(reqs, ends)]
         self.chunks += sum(1 for s, f in zip(starts, final) if s > 0 or not f)
         width = max(lens)
@@ -469,8 +424,8 @@ class Scheduler:
             for r, s, n in zip(reqs, starts, lens)
         ]
         ends_cpu = torch.tensor(ends, dtype=torch.int64)
-        dev = self.device
         limits = [self._output_limit(r.spec) for r in reqs]
+        dev = self.device
         batch = ForwardBatch(
             ForwardMode.PREFILL,
             reqs,
@@ -484,24 +439,23 @@ class Scheduler:
             max_new_cpu=torch.tensor(limits, dtype=torch.int64),
             max_seq_len=max(ends),
             epochs=[r.epoch for r in reqs],
+            starts=torch.tensor(starts).to(dev) if any(starts) else None,
+            chunk_lens=torch.tensor(lens, dtype=torch.int64).to(dev),
             final=final,
         )
-        batch.chunk_lens = torch.tensor(lens, dtype=torch.int64).to(dev)
-        if any(starts):
-            batch.starts = torch.tensor(starts, dtype=torch.int64).to(dev)
         done = [(r, n) for r, n, f in zip(reqs, limits, final) if f]
         running.add([r for r, _ in done], [n for _, n in done])
         return batch
 
     def _decode_batch(self, running: _RunningBatch) -> ForwardBatch:
-        empty = torch.empty(0, dtype=torch.int64, device=self.device)
+        empty = torch.empty(0, dtype=torch.int64)
         return ForwardBatch(
             ForwardMode.DECODE,
             list(running.reqs),
             req_pool_indices=running.slots,  # never written in place: safe to share
-            input_ids=empty,  # set by the relay
-            seq_lens=empty,
-            seq_lens_cpu=torch.empty(0, dtype=torch.int64),
+            input_ids=empty.to(self.device),  # inputs and lengths: set by the relay
+            seq_lens=empty.to(self.device),
+            seq_lens_cpu=empty,
             seq_lens_sum=0,
             spec_info=self._empty_spec(),
             prompt_lens_cpu=running.prompt_lens,
@@ -510,18 +464,17 @@ class Scheduler:
         )
 
     def _empty_spec(self) -> SpecInfo:
-        dev = self.device
+        topk, dev = self.spec_topk, self.device
         return SpecInfo(
-            torch.empty(0, self.spec_topk, dtype=torch.float32, device=dev),
-            torch.empty(0, self.spec_topk, dtype=torch.int64, device=dev),
+            torch.empty(0, topk, dtype=torch.float32, device=dev),
+            torch.empty(0, topk, dtype=torch.int64, device=dev),
         )
 
     # -- after the fence -----------------------------------------------------------
     def cap_lengths(self, batch: ForwardBatch) -> bool:
         """Drop the requests at their output limit from a decode batch whose lengths are
         resolved; returns whether any request is left. Host tensors only."""
-        generated = batch.seq_lens_cpu - batch.prompt_lens_cpu
-        keep = generated < batch.max_new_cpu
+        keep = batch.seq_lens_cpu - batch.prompt_lens_cpu < batch.max_new_cpu
         if not bool(keep.all()):
             for req, kept in zip(batch.reqs, keep.tolist()):
                 if not kept:
@@ -550,18 +503,10 @@ class Scheduler:
             self._process_rows(batch.chunk, out.chunk)
 
     def _process_rows(self, batch: ForwardBatch, out: StepOutput) -> None:
-        assert (
-            out.tokens is not None
-            and out.counts is not None
-            and out.new_seq_lens is not None
-        )
-        for req, epoch, row, count, seq_len in zip(
-            batch.reqs,
-            batch.epochs,
-            out.tokens.tolist(),
-            out.counts.tolist(),
-            out.new_seq_lens.tolist(),
-        ):
+        tokens, counts, lens = out.tokens, out.counts, out.new_seq_lens
+        assert tokens is not None and counts is not None and lens is not None
+        rows = zip(tokens.tolist(), counts.tolist(), lens.tolist())
+        for req, epoch, (row, count, seq_len) in zip(batch.reqs, batch.epochs, rows):
             if req.state is RequestState.FINISHED or not self._current(req, epoch):
                 continue  # ended one step ago, or retracted since (extra rows)
             if count == 0:
@@ -590,13 +535,12 @@ class Scheduler:
 
     def _append(self, req: Request, tokens: list[int]) -> str | None:
         """Output ``tokens`` until one ends the request; the reason it ended, if it did."""
-        pieces = self.vocab.pieces
         limit = self._output_limit(req.spec)
         first = len(req.output)
         reason = None
         for token in tokens:
             req.output.append(token)
-            req.text.append(pieces[token])
+            req.text.append(self.pieces[token])
             if token == self.eos_token_id:
                 reason = "eos"
             elif len(req.output) >= limit:
@@ -620,22 +564,18 @@ class Scheduler:
         window = max(0, first - 4)
         before = "".join(req.text[window:first])
         delta = "".join(req.text[window:])[len(before) :]
+        new = req.output[first:]
+        choice = {"index": 0, "text": delta, "token_ids": new, "finish_reason": reason}
+        usage = {
+            "prompt_tokens": len(req.spec.prompt),
+            "completion_tokens": len(req.output),
+        }
         chunk = {
             "id": f"cmpl-{req.spec.rid}",
             "object": "text_completion.chunk",
             "model": "relay-reference",
-            "choices": [
-                {
-                    "index": 0,
-                    "text": delta,
-                    "token_ids": req.output[first:],
-                    "finish_reason": reason,
-                }
-            ],
-            "usage": {
-                "prompt_tokens": len(req.spec.prompt),
-                "completion_tokens": len(req.output),
-            },
+            "choices": [choice],
+            "usage": usage,
         }
         self.streamed_bytes += len(f"data: {json.dumps(chunk)}\n\n".encode())
 
