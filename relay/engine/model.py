@@ -55,17 +55,14 @@ __all__ = [
 # On the CPU the "device" is a worker thread. In eager mode every torch op returns
 # to Python and must take the GIL back; while the scheduler thread runs Python, each
 # such hand-back waits for the interpreter's switch interval, so a forward of ~50
-# small ops crawls exactly when it should overlap (measured: a 40-op, 6 ms forward
-# took 590 ms beside a busy Python thread at Python's default 5 ms interval, and
-# 21 ms compiled). The forwards are therefore methods of one TorchScript module: a
-# call runs all of a forward's ops in the TorchScript interpreter, which holds no
-# GIL, like a GPU running a launched graph.
+# small ops crawls exactly when it should overlap. The forwards are therefore
+# methods of one TorchScript module: a call runs all of a forward's ops in the
+# TorchScript interpreter, which holds no GIL, like a GPU running a launched graph.
 #
 # One more detail keeps the interpreter off the GIL. A tensor that Python can see
 # takes the GIL whenever C++ drops its second-to-last reference to it (its Python
 # object changes owner). A tensor passed as an argument is dropped mid-call, after
-# its last use, so each argument cost one GIL hand-over (measured: 10 for 10 tensor
-# arguments, against 1 when they sit in a module attribute). So the module holds the
+# its last use, so each argument costs one GIL hand-over. So the module holds the
 # weights and caches as attributes, and each call's own tensors go in through the
 # ``args`` attribute, which ``Forwards`` clears only after the call returns.
 #
@@ -151,8 +148,8 @@ def _qkv(x: Tensor, wqkv: Tensor, heads: int) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def _attend(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> Tensor:
-    """Softmax attention written out: for one query per row it measured 1.5x faster
-    than CPU ``scaled_dot_product_attention`` (hidden 128, 64 rows over 100 keys)."""
+    """Softmax attention written out: for one query per row, faster on the CPU than
+    ``scaled_dot_product_attention``."""
     scores = (q @ keys.transpose(-1, -2)) * (q.shape[-1] ** -0.5)
     return torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1) @ values
 
@@ -186,11 +183,8 @@ def _tree_attention(
     topk = rows // n
     scale = 1.0 / math.sqrt(hd)
     # (n, heads, topk * width, hd): every branch token of a request, against its prefix.
-    q_req = (
-        q.view(n, topk, width, heads, hd)
-        .permute(0, 3, 1, 2, 4)
-        .reshape(n, heads, -1, hd)
-    )
+    q_req = q.view(n, topk, width, heads, hd).permute(0, 3, 1, 2, 4)
+    q_req = q_req.reshape(n, heads, -1, hd)
     s_prefix = (q_req @ prefix_k.transpose(-1, -2)) * scale  # (n, heads, topk*width, P)
     s_prefix = s_prefix.masked_fill(~prefix_ok[:, None, None, :], float("-inf"))
     q_row = q.transpose(1, 2)  # (rows, heads, width, hd)
@@ -204,14 +198,10 @@ def _tree_attention(
     p_prefix, p_branch = p[..., :prefix_width], p[..., prefix_width:]
     out = p_prefix @ prefix_v  # (n, heads, topk * width, hd)
     p_branch = p_branch.view(n, heads, topk, width, width).transpose(1, 2)
-    out_branch = (
-        p_branch.reshape(rows, heads, width, width) @ v
-    )  # (rows, heads, width, hd)
-    out = (
-        out.view(n, heads, topk, width, hd)
-        .transpose(1, 2)
-        .reshape(rows, heads, width, hd)
-    )
+    # (rows, heads, width, hd) both
+    out_branch = p_branch.reshape(rows, heads, width, width) @ v
+    out = out.view(n, heads, topk, width, hd).transpose(1, 2)
+    out = out.reshape(rows, heads, width, hd)
     joined: Tensor = (out + out_branch).transpose(1, 2).reshape(rows, width, heads * hd)
     return joined
 
@@ -268,19 +258,17 @@ class _Program(torch.nn.Module):
     def decode(self, max_seq_len: int) -> tuple[Tensor, Tensor]:
         tokens, seq_lens, slots = self.args[0], self.args[1], self.args[2]
         positions = seq_lens - 1
-        x = self.embed.index_select(0, tokens) + self.pos_embed.index_select(
-            0, positions
-        )
+        x = self.embed.index_select(0, tokens)
+        x = x + self.pos_embed.index_select(0, positions)
         valid = torch.arange(max_seq_len, device=x.device) < seq_lens[:, None]
         mask = valid[:, None, None, :]  # (n, 1, 1, L)
         for i in range(self.wqkv.shape[0]):
             q, k, v = _qkv(x, self.wqkv[i], self.heads)  # (n, heads, head_dim)
             self.k_cache[i, slots, :, positions] = k
             self.v_cache[i, slots, :, positions] = v
-            # index_select of a sliced view: a few times faster than advanced indexing.
-            keys = self.k_cache[i, :, :, :max_seq_len].index_select(
-                0, slots
-            )  # (n, heads, L, hd)
+            # (n, heads, L, hd); index_select of a sliced view: a few times faster
+            # than advanced indexing.
+            keys = self.k_cache[i, :, :, :max_seq_len].index_select(0, slots)
             values = self.v_cache[i, :, :, :max_seq_len].index_select(0, slots)
             o = _attend(q[:, :, None, :], keys, values, mask)
             x = x + o.flatten(1) @ self.wo[i]
@@ -289,12 +277,8 @@ class _Program(torch.nn.Module):
 
     @torch.jit.export
     def prefill_chunk(self, max_end: int) -> tuple[Tensor, Tensor]:
-        tokens, starts, lens, slots = (
-            self.args[0],
-            self.args[1],
-            self.args[2],
-            self.args[3],
-        )
+        tokens, starts = self.args[0], self.args[1]
+        lens, slots = self.args[2], self.args[3]
         m, length = tokens.shape[0], tokens.shape[1]
         offsets = torch.arange(length, device=tokens.device)
         positions = starts[:, None] + offsets  # (m, L)
@@ -302,14 +286,11 @@ class _Program(torch.nn.Module):
         rows = slots[:, None].expand(m, length)[valid]
         cols = positions[valid]
         self.history[rows, cols] = tokens[valid]
-        x = (
-            self.embed[tokens]
-            + self.pos_embed[positions.clamp(max=self.pos_embed.shape[0] - 1)]
-        )
+        last_position = self.pos_embed.shape[0] - 1
+        x = self.embed[tokens] + self.pos_embed[positions.clamp(max=last_position)]
         keys_at = torch.arange(max_end, device=tokens.device)
-        mask = (keys_at[None, None, :] <= positions[:, :, None])[
-            :, None
-        ]  # (m, 1, L, E)
+        # (m, 1, L, E)
+        mask = (keys_at[None, None, :] <= positions[:, :, None])[:, None]
         for i in range(self.wqkv.shape[0]):
             q, k, v = _qkv(x, self.wqkv[i], self.heads)  # (m, L, heads, head_dim)
             # Only the chunk's real positions: a padded one could land on a kept entry.
@@ -406,26 +387,16 @@ class _Program(torch.nn.Module):
         prefix = seq_lens - 1  # cached tokens
         prefix_width = max_seq_len - 1
         tree = torch.cat([bonus[:, None, None].expand(n, topk, 1), drafts], dim=2)
-        positions = prefix[:, None] + torch.arange(
-            width, device=bonus.device
-        )  # (n, width)
-        x = (self.embed[tree] + self.pos_embed[positions][:, None]).reshape(
-            rows, width, -1
-        )
-        prefix_ok = (
-            torch.arange(prefix_width, device=x.device) < prefix[:, None]
-        )  # (n, P)
+        positions = prefix[:, None] + torch.arange(width, device=bonus.device)
+        x = self.embed[tree] + self.pos_embed[positions][:, None]
+        x = x.reshape(rows, width, -1)
+        prefix_ok = torch.arange(prefix_width, device=x.device) < prefix[:, None]
         causal = torch.ones(width, width, dtype=torch.bool, device=x.device).tril()
         branch_k: list[Tensor] = []
         branch_v: list[Tensor] = []
         for i in range(self.wqkv.shape[0]):
-            q, k, v = _qkv(
-                x, self.wqkv[i], self.heads
-            )  # (rows, width, heads, head_dim)
-            k, v = (
-                k.transpose(1, 2),
-                v.transpose(1, 2),
-            )  # (rows, heads, width, head_dim)
+            q, k, v = _qkv(x, self.wqkv[i], self.heads)  # (rows, width, heads, hd)
+            k, v = k.transpose(1, 2), v.transpose(1, 2)  # (rows, heads, width, hd)
             branch_k.append(k)
             branch_v.append(v)
             o = _tree_attention(
@@ -441,18 +412,15 @@ class _Program(torch.nn.Module):
             x = x + _mlp(x, self.w_up[i], self.w_down[i])
 
         greedy = self._greedy(x).view(n, topk, width)
-        matched = (
-            (drafts == greedy[:, :, :steps]).long().cumprod(dim=2).sum(dim=2)
-        )  # (n, topk)
+        # (n, topk) drafts accepted along each branch
+        matched = (drafts == greedy[:, :, :steps]).long().cumprod(dim=2).sum(dim=2)
         best = matched.argmax(dim=1)  # first maximum: deterministic tie-break
         accept = matched.gather(1, best[:, None]).squeeze(1)
         rows_best = torch.arange(n, device=x.device) * topk + best
         tokens = greedy.view(rows, width)[rows_best]
         hidden = x[rows_best, accept]
         bonus_next = tokens.gather(1, accept[:, None]).squeeze(1)
-        stacked_k = torch.stack(branch_k)[
-            :, rows_best
-        ]  # (layers, n, heads, width, head_dim)
+        stacked_k = torch.stack(branch_k)[:, rows_best]  # (layers, n, heads, width, hd)
         stacked_v = torch.stack(branch_v)[:, rows_best]
         return tokens, accept, bonus_next, hidden, stacked_k, stacked_v
 
@@ -472,10 +440,8 @@ class _Program(torch.nn.Module):
     def _commit(
         self, branch_k: Tensor, branch_v: Tensor, seq_lens: Tensor, slots: Tensor
     ) -> None:
-        width = branch_k.shape[3]
-        positions = (seq_lens - 1)[:, None] + torch.arange(
-            width, device=seq_lens.device
-        )
+        offsets = torch.arange(branch_k.shape[3], device=seq_lens.device)
+        positions = (seq_lens - 1)[:, None] + offsets
         rows = slots[:, None]
         for i in range(branch_k.shape[0]):
             # Advanced indices split by a slice: the indexed dims come first.
@@ -507,18 +473,13 @@ class KVCache:
     def __init__(
         self, config: ModelConfig, pool_size: int, device: torch.device
     ) -> None:
-        shape = (
-            config.layers,
-            pool_size,
-            config.heads,
-            config.max_context,
-            config.head_dim,
-        )
-        self.k = torch.zeros(shape, dtype=config.dtype, device=device)
-        self.v = torch.zeros(shape, dtype=config.dtype, device=device)
+        c = config
+        shape = (c.layers, pool_size, c.heads, c.max_context, c.head_dim)
+        self.k = torch.zeros(shape, dtype=c.dtype, device=device)
+        self.v = torch.zeros(shape, dtype=c.dtype, device=device)
         #: (pool_size, max_context) each slot's tokens, where n-gram drafts are matched.
         self.tokens = torch.zeros(
-            (pool_size, config.max_context), dtype=torch.int64, device=device
+            (pool_size, c.max_context), dtype=torch.int64, device=device
         )
 
 

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
+from torch import Tensor
 
 from relay.engine.batch import ForwardBatch, SpecInfo
 from relay.engine.trace import (
@@ -58,12 +59,13 @@ __all__ = [
 ]
 
 #: topk_p, topk_index and hidden states of a draft extension.
-DraftOutput = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
-#: What a step hands the next besides its tokens: EAGLE's ``DraftOutput``, or n-gram
-#: speculation's accepted drafts (n, draft_token_num) and their counts (n,) int32.
-Extras = tuple[torch.Tensor, ...]
+DraftOutput = tuple[Tensor, Tensor, Tensor]
+#: What a step hands the next besides its tokens: EAGLE's ``DraftOutput``, n-gram
+#: speculation's accepted drafts (n, draft_token_num) and their counts (n,) int32,
+#: or nothing (plain decoding).
+Extras = tuple[Tensor, ...]
 #: A step's tokens and extras as the payload of a map's own payload class.
-MakePayload = Callable[[torch.Tensor, Extras | None], Any]
+MakePayload = Callable[[Tensor, Extras], Any]
 
 
 class Relay(Protocol):
@@ -82,23 +84,17 @@ class Relay(Protocol):
     def resolve_future(self, batch: ForwardBatch) -> None:
         """Forward, first: fill a decode batch's inputs from the previous forward."""
 
-    def publish(self, slots: torch.Tensor, new_seq_lens: torch.Tensor) -> None:
+    def publish(self, slots: Tensor, new_seq_lens: Tensor) -> None:
         """Forward: hand the new lengths to the scheduler (mid-forward)."""
 
-    def stash(
-        self, slots: torch.Tensor, tokens: torch.Tensor, extras: Extras | None
-    ) -> None:
+    def stash(self, slots: Tensor, tokens: Tensor, extras: Extras) -> None:
         """Forward, last: hand this step's tokens (and draft state) to the next one."""
 
-    def release(self, slots: torch.Tensor) -> None:
+    def release(self, slots: Tensor) -> None:
         """Forward: the requests of ``slots`` ended (debug maps refuse stale reads)."""
 
     def seed(
-        self,
-        slots: torch.Tensor,
-        tokens: torch.Tensor,
-        extras: Extras | None,
-        seq_lens: torch.Tensor,
+        self, slots: Tensor, tokens: Tensor, extras: Extras, seq_lens: Tensor
     ) -> None:
         """Forward: seed prebuilt requests' rows (Note [Seeding a prebuilt request])."""
 
@@ -107,19 +103,19 @@ class FutureMap(Protocol):
     """What the engine calls on every generated map it drives."""
 
     def resolve_future(self, batch: Any) -> None: ...
-    def stash(self, indices: torch.Tensor, payload: Any) -> None: ...
-    def seed(self, indices: torch.Tensor, payload: Any) -> None: ...
-    def release(self, indices: torch.Tensor) -> None: ...
+    def stash(self, indices: Tensor, payload: Any) -> None: ...
+    def seed(self, indices: Tensor, payload: Any) -> None: ...
+    def release(self, indices: Tensor) -> None: ...
 
 
 class LengthsLane(Protocol):
     """A map that relays the new lengths too, on its schedule lane (eagle, ngram)."""
 
-    def publish(self, indices: torch.Tensor, new_seq_lens: torch.Tensor) -> None: ...
+    def publish(self, indices: Tensor, new_seq_lens: Tensor) -> None: ...
     def resolve_seq_lens_cpu(self, batch: Any) -> None: ...
 
 
-def _host_slots(batch: ForwardBatch) -> torch.Tensor:
+def _host_slots(batch: ForwardBatch) -> Tensor:
     return torch.tensor([req.slot for req in batch.reqs], dtype=torch.int64)
 
 
@@ -178,24 +174,18 @@ class MapRelay:
     def resolve_future(self, batch: ForwardBatch) -> None:
         self.map.resolve_future(batch)
 
-    def publish(self, slots: torch.Tensor, new_seq_lens: torch.Tensor) -> None:
+    def publish(self, slots: Tensor, new_seq_lens: Tensor) -> None:
         if self._lane is not None:
             self._lane.publish(slots, new_seq_lens)
 
-    def stash(
-        self, slots: torch.Tensor, tokens: torch.Tensor, extras: Extras | None
-    ) -> None:
+    def stash(self, slots: Tensor, tokens: Tensor, extras: Extras) -> None:
         self.map.stash(slots, self._payload(tokens, extras))
 
-    def release(self, slots: torch.Tensor) -> None:
+    def release(self, slots: Tensor) -> None:
         self.map.release(slots)
 
     def seed(
-        self,
-        slots: torch.Tensor,
-        tokens: torch.Tensor,
-        extras: Extras | None,
-        seq_lens: torch.Tensor,
+        self, slots: Tensor, tokens: Tensor, extras: Extras, seq_lens: Tensor
     ) -> None:
         # Note [Seeding a prebuilt request]: the map's seed queues the rows for its
         # next resolve_future, on the forward stream; the lengths are published here.
@@ -217,15 +207,14 @@ def map_relay(
     if spec is None:
         decode = maps.decode(device, pool_size, debug=debug)
 
-        def decode_payload(tokens: torch.Tensor, extras: Extras | None) -> Any:
+        def decode_payload(tokens: Tensor, extras: Extras) -> Any:
             return maps.decode_payload(next_token_ids=tokens)
 
         return MapRelay(decode, maps, decode_payload, None, ranges, pool_size=pool_size)
     if spec.method == "ngram":
         ngram = maps.ngram(device, pool_size, draft_token_num=spec.steps, debug=debug)
 
-        def ngram_payload(tokens: torch.Tensor, extras: Extras | None) -> Any:
-            assert extras is not None, "n-gram speculation stashes accepted drafts"
+        def ngram_payload(tokens: Tensor, extras: Extras) -> Any:
             accept_tokens, accept_lens = extras
             return maps.ngram_payload(
                 bonus_tokens=tokens,
@@ -236,8 +225,7 @@ def map_relay(
         return MapRelay(ngram, maps, ngram_payload, ngram, ranges, pool_size=pool_size)
     eagle = maps.eagle(device, pool_size, topk=spec.topk, debug=debug)
 
-    def eagle_payload(tokens: torch.Tensor, extras: Extras | None) -> Any:
-        assert extras is not None, "speculative decoding stashes a draft"
+    def eagle_payload(tokens: Tensor, extras: Extras) -> Any:
         topk_p, topk_index, hidden = extras
         return maps.eagle_payload(
             bonus_tokens=tokens,
@@ -275,7 +263,7 @@ class DirectRelay:
         self.tokens = torch.zeros(pool_size, dtype=torch.int64, device=device)
         self.seq_lens = torch.zeros(pool_size, dtype=torch.int64, device=device)
         #: Per-slot rows of the extras, allocated on the first stash.
-        self.extras: Extras | None = None
+        self.extras: Extras = ()
         self._set_extras = _ngram_inputs if mode == "ngram" else _eagle_inputs
 
     def resolve_lengths(self, batch: ForwardBatch) -> None:
@@ -293,37 +281,31 @@ class DirectRelay:
     def resolve_future(self, batch: ForwardBatch) -> None:
         slots = batch.req_pool_indices
         batch.input_ids = self.tokens[slots]
-        if self.extras is not None:
+        if self.extras:
             batch.spec_info.bonus_tokens = batch.input_ids
             self._set_extras(batch.spec_info, tuple(e[slots] for e in self.extras))
 
-    def publish(self, slots: torch.Tensor, new_seq_lens: torch.Tensor) -> None:
+    def publish(self, slots: Tensor, new_seq_lens: Tensor) -> None:
         self.seq_lens[slots] = new_seq_lens
 
-    def stash(
-        self, slots: torch.Tensor, tokens: torch.Tensor, extras: Extras | None
-    ) -> None:
+    def stash(self, slots: Tensor, tokens: Tensor, extras: Extras) -> None:
         if slots.numel() == 0:
             return
         self.tokens[slots] = tokens
-        if extras is None:
+        if not extras:
             return
-        if self.extras is None:
+        if not self.extras:
             self.extras = tuple(
                 e.new_zeros((self.pool_size, *e.shape[1:])) for e in extras
             )
         for store, value in zip(self.extras, extras):
             store[slots] = value
 
-    def release(self, slots: torch.Tensor) -> None:
+    def release(self, slots: Tensor) -> None:
         pass  # plain tensors: nothing tracks a slot's owner
 
     def seed(
-        self,
-        slots: torch.Tensor,
-        tokens: torch.Tensor,
-        extras: Extras | None,
-        seq_lens: torch.Tensor,
+        self, slots: Tensor, tokens: Tensor, extras: Extras, seq_lens: Tensor
     ) -> None:
         self.stash(slots, tokens, extras)
         self.publish(slots, seq_lens)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 import torch
+from torch import Tensor
 
 from relay.engine.batch import ForwardBatch, ForwardMode, Seeds, StepOutput
 from relay.engine.model import DraftHead, Forwards, KVCache, TargetModel, VerifyResult
@@ -53,7 +54,7 @@ class SpecConfig:
         return self.topk if self.method == "eagle" else 1
 
 
-def _to_host(t: torch.Tensor) -> torch.Tensor:
+def _to_host(t: Tensor) -> Tensor:
     """A host copy the scheduler reads once the step is done."""
     if t.device.type == "cpu":
         return t.clone()
@@ -65,25 +66,19 @@ def _to_host(t: torch.Tensor) -> torch.Tensor:
 class _Handoff:
     """What rows of one forward hand the next: slots, tokens, extras, new lengths."""
 
-    slots: torch.Tensor
-    tokens: torch.Tensor
-    extras: Extras | None
-    new_seq_lens: torch.Tensor
+    slots: Tensor
+    tokens: Tensor
+    extras: Extras
+    new_seq_lens: Tensor
 
 
 def _joined(parts: list[_Handoff]) -> _Handoff:
     if len(parts) == 1:
         return parts[0]
-    extras = parts[0].extras
-    if extras is not None:
-        extras = tuple(
-            torch.cat([p.extras[i] for p in parts if p.extras is not None])
-            for i in range(len(extras))
-        )
     return _Handoff(
         torch.cat([p.slots for p in parts]),
         torch.cat([p.tokens for p in parts]),
-        extras,
+        tuple(torch.cat(column) for column in zip(*(p.extras for p in parts))),
         torch.cat([p.new_seq_lens for p in parts]),
     )
 
@@ -186,9 +181,7 @@ class ModelRunner:
                 for req, token in zip(batch.reqs, inputs.tolist())
             )
 
-    def _publish(
-        self, batch: ForwardBatch, slots: torch.Tensor, lens: torch.Tensor
-    ) -> None:
+    def _publish(self, batch: ForwardBatch, slots: Tensor, lens: Tensor) -> None:
         with self.ranges(PUBLISH, batch.step):
             self.relay.publish(slots, lens)
 
@@ -203,13 +196,11 @@ class ModelRunner:
         if self.kernels_started is not None:
             self.kernels_started()
 
-    def _first_extras(
-        self, hidden: torch.Tensor, tokens: torch.Tensor
-    ) -> Extras | None:
+    def _first_extras(self, hidden: Tensor, tokens: Tensor) -> Extras:
         """What a finished prompt hands its first decode besides its token."""
         spec = self.spec
         if spec is None:
-            return None
+            return ()
         if self.eagle:
             return self.forwards.extend(hidden, tokens, spec.topk)
         # Nothing verified yet: accept length 0 (what an unwritten row reads).
@@ -223,7 +214,7 @@ class ModelRunner:
         self._resolve_future(batch)
         self._publish(batch, empty, empty)
         self._start_kernels(0)
-        extras: Extras | None
+        extras: Extras
         if self.spec is not None and self.eagle:
             config = self.model.config
             extras = (
@@ -232,7 +223,7 @@ class ModelRunner:
                 empty.new_empty((0, config.hidden), dtype=config.dtype),
             )
         else:
-            extras = self._first_extras(empty, empty)  # None, or n-gram's empty rows
+            extras = self._first_extras(empty, empty)  # (), or n-gram's empty rows
         self._stash(batch, _Handoff(empty, empty, extras, empty))
 
     def _run_chunk(self, batch: ForwardBatch, out: StepOutput) -> _Handoff:
@@ -289,14 +280,14 @@ class ModelRunner:
             _, next_tokens = self.forwards.decode(
                 batch.input_ids, seq_lens, batch.max_seq_len, slots
             )
-            rows = _Handoff(slots, next_tokens, None, seq_lens + 1)
+            rows = _Handoff(slots, next_tokens, (), seq_lens + 1)
             published = _joined([rows, *parts])
             self._publish(batch, published.slots, published.new_seq_lens)
             host_tokens, counts = next_tokens[:, None], torch.ones_like(next_tokens)
         else:
             result = self._verify(batch, spec)
             new_seq_lens = seq_lens + result.accept_lens + 1
-            rows = _Handoff(slots, result.bonus, None, new_seq_lens)
+            rows = _Handoff(slots, result.bonus, (), new_seq_lens)
             # Mid-forward, before the cache commit and the draft extension, which
             # overlap the scheduler's wait-free part of the next batch.
             published = _joined([rows, *parts])

@@ -146,13 +146,7 @@ def _profile(device: torch.device) -> torch.profiler.profile:
 #: ran on the device. Host-side torch ops (``cpu_op``, ``cuda_runtime``: about 60 per
 #: forward) are left out, which keeps a trace of a few dozen requests under 1 MB.
 KEPT_CATEGORIES = frozenset(
-    {
-        "user_annotation",
-        "gpu_user_annotation",
-        "kernel",
-        "gpu_memcpy",
-        "gpu_memset",
-    }
+    {"user_annotation", "gpu_user_annotation", "kernel", "gpu_memcpy", "gpu_memset"}
 )
 
 

@@ -102,7 +102,7 @@ def test_a_slot_released_too_early_is_caught_in_debug_mode() -> None:
     """Releasing on the host, before the in-flight forward that reads the slot, is reported."""
     relay = map_relay(MapSource().load(), None, torch.device("cpu"), 4, debug=True)
     slot = torch.tensor([2])
-    relay.stash(slot, torch.tensor([7]), None)
+    relay.stash(slot, torch.tensor([7]), ())
     relay.release(slot)  # wrong: the next forward still reads the slot's token
     batch = ForwardBatch.idle(torch.device("cpu"))
     batch.req_pool_indices = slot
