@@ -224,7 +224,6 @@ def run_workload(
             eos_token_id=model.eos_token_id,
             max_context=model.max_context,
             lookahead=1 if spec is None else spec.steps + 1,
-            spec_topk=spec.topk if spec is not None and spec.method == "eagle" else 1,
         )
         loop = "overlap" if config.overlap else "sync"
         with ranges(f"{RUN} {config.mode_name} {loop}", 0):

@@ -19,7 +19,6 @@ from relay.engine.batch import (
     ForwardMode,
     Request,
     RequestState,
-    SpecInfo,
     StepOutput,
 )
 from relay.engine.workload import RequestSpec
@@ -148,31 +147,24 @@ class _RunningBatch:
     """The requests in decode, with device slots kept across steps (filtered and merged)."""
 
     reqs: list[Request]
-    slots: torch.Tensor  # device
-    prompt_lens: torch.Tensor  # host
-    max_new: torch.Tensor  # host
+    slots: torch.Tensor
 
     def filter_active(self) -> None:
         """Drop finished, capped and retracted requests."""
         if all(r.active for r in self.reqs):
             return
         keep = [i for i, r in enumerate(self.reqs) if r.active]
-        rows = torch.tensor(keep, dtype=torch.int64)
         self.reqs = [self.reqs[i] for i in keep]
-        self.slots = self.slots[rows.to(self.slots.device)]
-        self.prompt_lens = self.prompt_lens[rows]
-        self.max_new = self.max_new[rows]
+        self.slots = self.slots[
+            torch.tensor(keep, dtype=torch.int64).to(self.slots.device)
+        ]
 
-    def add(self, reqs: list[Request], max_new: list[int]) -> None:
+    def add(self, reqs: list[Request]) -> None:
         """Append requests whose prefill is done: they decode from the next step on."""
-        if not reqs:
-            return
-        slots = torch.tensor([r.slot for r in reqs], dtype=torch.int64)
-        prompts = torch.tensor([len(r.spec.prompt) for r in reqs], dtype=torch.int64)
-        self.reqs = self.reqs + reqs
-        self.slots = torch.cat([self.slots, slots.to(self.slots.device)])
-        self.prompt_lens = torch.cat([self.prompt_lens, prompts])
-        self.max_new = torch.cat([self.max_new, torch.tensor(max_new)])
+        if reqs:
+            slots = torch.tensor([r.slot for r in reqs], dtype=torch.int64)
+            self.reqs = self.reqs + reqs
+            self.slots = torch.cat([self.slots, slots.to(self.slots.device)])
 
 
 def _hits_stop(text: list[str], stops: tuple[str, ...]) -> bool:
@@ -205,7 +197,6 @@ class Scheduler:
         eos_token_id: int,
         max_context: int,
         lookahead: int,
-        spec_topk: int = 1,
     ) -> None:
         self.config = config
         self.device = device
@@ -213,7 +204,6 @@ class Scheduler:
         self.eos_token_id = eos_token_id
         self.max_context = max_context
         self.lookahead = lookahead
-        self.spec_topk = spec_topk
         self.pending = deque(sorted(specs, key=lambda s: (s.arrival_step, s.rid)))
         self.waiting: deque[Request] = deque()
         self.requests: dict[int, Request] = {}
@@ -225,8 +215,7 @@ class Scheduler:
         )
         self._free_slots = list(range(config.max_running, 0, -1))  # pop() reuses
         self._released: list[int] = []  # freed, not yet released to the relay
-        empty = torch.empty(0, dtype=torch.int64)
-        self._running = _RunningBatch([], empty.to(device), empty, empty)
+        self._running = _RunningBatch([], torch.empty(0, dtype=torch.int64).to(device))
         self._last_was_prefill = False
         self._prebuilt: deque[Request] = deque()  # arrived prebuilt, not admitted
         self._seeds: list[Request] = []  # admitted prebuilt, relay rows not seeded
@@ -359,7 +348,7 @@ class Scheduler:
             self.prebuilt += 1
             assert req.spec.first_token is not None
             if self._append(req, [req.spec.first_token]) is None:
-                running.add([req], [self._output_limit(req.spec)])
+                running.add([req])
                 self._seeds.append(req)
 
     def _take_pages(self, req: Request, tokens: int, running: _RunningBatch) -> bool:
@@ -424,7 +413,6 @@ class Scheduler:
             for r, s, n in zip(reqs, starts, lens)
         ]
         ends_cpu = torch.tensor(ends, dtype=torch.int64)
-        limits = [self._output_limit(r.spec) for r in reqs]
         dev = self.device
         batch = ForwardBatch(
             ForwardMode.PREFILL,
@@ -434,52 +422,41 @@ class Scheduler:
             seq_lens=ends_cpu.to(dev),
             seq_lens_cpu=ends_cpu,
             seq_lens_sum=sum(ends),
-            spec_info=self._empty_spec(),
-            prompt_lens_cpu=torch.tensor([len(r.spec.prompt) for r in reqs]),
-            max_new_cpu=torch.tensor(limits, dtype=torch.int64),
             max_seq_len=max(ends),
             epochs=[r.epoch for r in reqs],
             starts=torch.tensor(starts).to(dev) if any(starts) else None,
             chunk_lens=torch.tensor(lens, dtype=torch.int64).to(dev),
             final=final,
         )
-        done = [(r, n) for r, n, f in zip(reqs, limits, final) if f]
-        running.add([r for r, _ in done], [n for _, n in done])
+        running.add([r for r, f in zip(reqs, final) if f])
         return batch
 
     def _decode_batch(self, running: _RunningBatch) -> ForwardBatch:
-        empty = torch.empty(0, dtype=torch.int64)
+        empty = torch.empty(0, dtype=torch.int64)  # until the relay sets them
         return ForwardBatch(
             ForwardMode.DECODE,
             list(running.reqs),
             req_pool_indices=running.slots,  # never written in place: safe to share
-            input_ids=empty.to(self.device),  # inputs and lengths: set by the relay
+            input_ids=empty.to(self.device),
             seq_lens=empty.to(self.device),
             seq_lens_cpu=empty,
-            seq_lens_sum=0,
-            spec_info=self._empty_spec(),
-            prompt_lens_cpu=running.prompt_lens,
-            max_new_cpu=running.max_new,
             epochs=[r.epoch for r in running.reqs],
-        )
-
-    def _empty_spec(self) -> SpecInfo:
-        topk, dev = self.spec_topk, self.device
-        return SpecInfo(
-            torch.empty(0, topk, dtype=torch.float32, device=dev),
-            torch.empty(0, topk, dtype=torch.int64, device=dev),
         )
 
     # -- after the fence -----------------------------------------------------------
     def cap_lengths(self, batch: ForwardBatch) -> bool:
         """Drop the requests at their output limit from a decode batch whose lengths are
         resolved; returns whether any request is left. Host tensors only."""
-        keep = batch.seq_lens_cpu - batch.prompt_lens_cpu < batch.max_new_cpu
-        if not bool(keep.all()):
-            for req, kept in zip(batch.reqs, keep.tolist()):
-                if not kept:
-                    req.state = RequestState.CAPPED
-            batch.select(keep)
+        kept = []
+        for i, (req, seq_len) in enumerate(
+            zip(batch.reqs, batch.seq_lens_cpu.tolist())
+        ):
+            if seq_len - len(req.spec.prompt) < self._output_limit(req.spec):
+                kept.append(i)
+            else:
+                req.state = RequestState.CAPPED
+        if len(kept) < len(batch.reqs):
+            batch.select(kept)
         if not batch.reqs:
             return False
         batch.max_seq_len = int(batch.seq_lens_cpu.max())
