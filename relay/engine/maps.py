@@ -68,19 +68,13 @@ class MapSource:
 
     def load(self) -> Maps:
         """Import the modules of ``MAP_MODULES`` (once per content) and take their classes."""
-        modules = {stem: self._module(stem) for stem in MAP_MODULES}
-        decode, seq_lens, eagle, ngram = (modules[stem] for stem in MAP_MODULES)
-        return Maps(
-            decode=_class(decode, "DecodeFutureMap"),
-            decode_payload=_class(decode, "DecodePayload"),
-            decode_seq_lens=_class(seq_lens, "DecodeSeqLensFutureMap"),
-            decode_seq_lens_payload=_class(seq_lens, "DecodeSeqLensPayload"),
-            eagle=_class(eagle, "EagleFutureMap"),
-            eagle_payload=_class(eagle, "EaglePayload"),
-            ngram=_class(ngram, "NgramFutureMap"),
-            ngram_payload=_class(ngram, "NgramPayload"),
-            files=tuple(str(m.__file__) for m in modules.values()),
-        )
+        modules = [self._module(stem) for stem in MAP_MODULES]
+        classes = {}
+        for stem, module in zip(MAP_MODULES, modules):
+            prefix = stem.title().replace("_", "")  # decode_seq_lens: DecodeSeqLens
+            classes[stem] = _class(module, f"{prefix}FutureMap")
+            classes[f"{stem}_payload"] = _class(module, f"{prefix}Payload")
+        return Maps(**classes, files=tuple(str(m.__file__) for m in modules))
 
     def _module(self, stem: str) -> ModuleType:
         if self.folder is None:

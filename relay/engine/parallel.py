@@ -14,6 +14,7 @@ import multiprocessing
 import os
 import pickle
 import tempfile
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -65,13 +66,8 @@ def _rank_main(rank: int, world: int, configs: list[EngineConfig], shared: str) 
         results = []
         for config in configs:
             model = config.model
-            specs = [
-                s
-                for s in make_workload(
-                    config.workload, model.vocab_size, model.eos_token_id
-                )
-                if s.rid % world == rank
-            ]
+            every = make_workload(config.workload, model.vocab_size, model.eos_token_id)
+            specs = [s for s in every if s.rid % world == rank]  # round-robin
             results.append(
                 run_workload(
                     attrs.evolve(config, device=str(device)),
@@ -85,31 +81,27 @@ def _rank_main(rank: int, world: int, configs: list[EngineConfig], shared: str) 
         dist.destroy_process_group()
 
 
+#: ``RunResult`` counts that add up over ranks.
+_SUMMED = ["generated_tokens", "idle_steps", "decode_rows", "decode_tokens"]
+_SUMMED += ["retractions", "aborts", "chunks", "prebuilt"]
+
+
 def merge_results(results: list[RunResult]) -> RunResult:
     """One result for all ranks: outputs together, the slowest rank's wall time, and
     the mean busy time (so ``occupancy`` is the ranks' mean)."""
-    outputs: dict[int, tuple[int, ...]] = {}
-    reasons: dict[str, int] = {}
+    outputs = {rid: out for r in results for rid, out in r.outputs.items()}
+    busy = sum(r.forward_busy_seconds for r in results)
+    reasons: Counter[str] = Counter()
     for r in results:
-        outputs.update(r.outputs)
-        for k, v in r.finish_reasons.items():
-            reasons[k] = reasons.get(k, 0) + v
+        reasons.update(r.finish_reasons)
     return RunResult(
         outputs=dict(sorted(outputs.items())),
         finish_reasons=dict(sorted(reasons.items())),
-        generated_tokens=sum(r.generated_tokens for r in results),
         wall_seconds=max(r.wall_seconds for r in results),
-        forward_busy_seconds=sum(r.forward_busy_seconds for r in results)
-        / len(results),
+        forward_busy_seconds=busy / len(results),
         steps=max(r.steps for r in results),
-        idle_steps=sum(r.idle_steps for r in results),
-        decode_rows=sum(r.decode_rows for r in results),
-        decode_tokens=sum(r.decode_tokens for r in results),
-        retractions=sum(r.retractions for r in results),
-        aborts=sum(r.aborts for r in results),
-        chunks=sum(r.chunks for r in results),
-        prebuilt=sum(r.prebuilt for r in results),
         aborted_ids=tuple(sorted(i for r in results for i in r.aborted_ids)),
+        **{name: sum(getattr(r, name) for r in results) for name in _SUMMED},
     )
 
 
@@ -140,9 +132,8 @@ def run_data_parallel_many(
         env_before = os.environ.get("OMP_NUM_THREADS")
         os.environ.setdefault("OMP_NUM_THREADS", "1")  # ranks share the host's cores
         try:
-            context = multiprocessing.get_context(
-                "spawn"
-            )  # no forked torch or CUDA state
+            # Spawned: no forked torch or CUDA state.
+            context = multiprocessing.get_context("spawn")
             procs = [
                 context.Process(
                     target=_rank_main,
@@ -163,8 +154,6 @@ def run_data_parallel_many(
         finally:
             if env_before is None:
                 os.environ.pop("OMP_NUM_THREADS", None)
-        per_rank = [
-            pickle.loads(Path(shared, f"rank{r}.pkl").read_bytes())
-            for r in range(ranks)
-        ]
+        files = [Path(shared, f"rank{r}.pkl") for r in range(ranks)]
+        per_rank = [pickle.loads(f.read_bytes()) for f in files]
     return [[per_rank[r][i] for r in range(ranks)] for i in range(len(configs))]

@@ -64,39 +64,33 @@ DraftOutput = tuple[Tensor, Tensor, Tensor]
 #: speculation's accepted drafts (n, draft_token_num) and their counts (n,) int32,
 #: or nothing (plain decoding).
 Extras = tuple[Tensor, ...]
-#: A step's tokens and extras as the payload of a map's own payload class.
-MakePayload = Callable[[Tensor, Extras], Any]
+#: A step's tokens and extras as the payload of the run's map class.
+MakePayload = Callable[["Maps", Tensor, Extras], Any]
 
 
 class Relay(Protocol):
-    """The hand-over between steps, as the scheduler and the forward see it."""
+    """The hand-over between steps, as the scheduler and the forward see it.
 
-    def resolve_lengths(self, batch: ForwardBatch) -> None:
-        """Scheduler: set ``seq_lens``, ``seq_lens_cpu`` and ``seq_lens_sum`` of a
-        decode batch."""
+    On the scheduler: ``resolve_lengths`` sets a decode batch's ``seq_lens``,
+    ``seq_lens_cpu`` and ``seq_lens_sum``; ``scheduled`` says a batch (any mode) is
+    about to launch, ``seeded`` that prebuilt requests took slots, with these lengths.
+    On the forward: ``resolve_future`` first fills a decode batch's inputs from the
+    previous forward, ``publish`` hands the new lengths to the scheduler mid-forward,
+    ``stash`` hands this step's tokens (and draft state) to the next forward,
+    ``release`` says the requests of slots ended (debug maps refuse stale reads),
+    and ``seed`` seeds prebuilt requests' rows (Note [Seeding a prebuilt request]).
+    """
 
-    def scheduled(self, batch: ForwardBatch) -> None:
-        """Scheduler: ``batch`` (any mode) is about to launch."""
-
-    def seeded(self, slots: list[int], seq_lens: list[int]) -> None:
-        """Scheduler: prebuilt requests took ``slots``, with these lengths."""
-
-    def resolve_future(self, batch: ForwardBatch) -> None:
-        """Forward, first: fill a decode batch's inputs from the previous forward."""
-
-    def publish(self, slots: Tensor, new_seq_lens: Tensor) -> None:
-        """Forward: hand the new lengths to the scheduler (mid-forward)."""
-
-    def stash(self, slots: Tensor, tokens: Tensor, extras: Extras) -> None:
-        """Forward, last: hand this step's tokens (and draft state) to the next one."""
-
-    def release(self, slots: Tensor) -> None:
-        """Forward: the requests of ``slots`` ended (debug maps refuse stale reads)."""
-
+    def resolve_lengths(self, batch: ForwardBatch) -> None: ...
+    def scheduled(self, batch: ForwardBatch) -> None: ...
+    def seeded(self, slots: list[int], seq_lens: list[int]) -> None: ...
+    def resolve_future(self, batch: ForwardBatch) -> None: ...
+    def publish(self, slots: Tensor, new_seq_lens: Tensor) -> None: ...
+    def stash(self, slots: Tensor, tokens: Tensor, extras: Extras) -> None: ...
+    def release(self, slots: Tensor) -> None: ...
     def seed(
         self, slots: Tensor, tokens: Tensor, extras: Extras, seq_lens: Tensor
-    ) -> None:
-        """Forward: seed prebuilt requests' rows (Note [Seeding a prebuilt request])."""
+    ) -> None: ...
 
 
 class FutureMap(Protocol):
@@ -132,9 +126,8 @@ class MapRelay:
         maps: Maps,
         payload: MakePayload,
         lane: LengthsLane | None,
-        ranges: Ranges = no_ranges,
-        *,
         pool_size: int,
+        ranges: Ranges = no_ranges,
     ) -> None:
         self.map = future_map
         self.maps = maps  # future_map's class and its payload classes
@@ -179,7 +172,7 @@ class MapRelay:
             self._lane.publish(slots, new_seq_lens)
 
     def stash(self, slots: Tensor, tokens: Tensor, extras: Extras) -> None:
-        self.map.stash(slots, self._payload(tokens, extras))
+        self.map.stash(slots, self._payload(self.maps, tokens, extras))
 
     def release(self, slots: Tensor) -> None:
         self.map.release(slots)
@@ -189,8 +182,26 @@ class MapRelay:
     ) -> None:
         # Note [Seeding a prebuilt request]: the map's seed queues the rows for its
         # next resolve_future, on the forward stream; the lengths are published here.
-        self.map.seed(slots, self._payload(tokens, extras))
+        self.map.seed(slots, self._payload(self.maps, tokens, extras))
         self.publish(slots, seq_lens)
+
+
+def _decode_payload(maps: Maps, tokens: Tensor, extras: Extras) -> Any:
+    return maps.decode_payload(next_token_ids=tokens)
+
+
+def _eagle_payload(maps: Maps, tokens: Tensor, extras: Extras) -> Any:
+    p, index, hidden = extras
+    return maps.eagle_payload(
+        bonus_tokens=tokens, topk_p=p, topk_index=index, hidden_states=hidden
+    )
+
+
+def _ngram_payload(maps: Maps, tokens: Tensor, extras: Extras) -> Any:
+    accepted, lens = extras
+    return maps.ngram_payload(
+        bonus_tokens=tokens, accept_tokens=accepted, accept_lens=lens
+    )
 
 
 def map_relay(
@@ -206,35 +217,12 @@ def map_relay(
     speculation: the one place the engine tells the modes' maps apart."""
     if spec is None:
         decode = maps.decode(device, pool_size, debug=debug)
-
-        def decode_payload(tokens: Tensor, extras: Extras) -> Any:
-            return maps.decode_payload(next_token_ids=tokens)
-
-        return MapRelay(decode, maps, decode_payload, None, ranges, pool_size=pool_size)
+        return MapRelay(decode, maps, _decode_payload, None, pool_size, ranges)
     if spec.method == "ngram":
         ngram = maps.ngram(device, pool_size, draft_token_num=spec.steps, debug=debug)
-
-        def ngram_payload(tokens: Tensor, extras: Extras) -> Any:
-            accept_tokens, accept_lens = extras
-            return maps.ngram_payload(
-                bonus_tokens=tokens,
-                accept_tokens=accept_tokens,
-                accept_lens=accept_lens,
-            )
-
-        return MapRelay(ngram, maps, ngram_payload, ngram, ranges, pool_size=pool_size)
+        return MapRelay(ngram, maps, _ngram_payload, ngram, pool_size, ranges)
     eagle = maps.eagle(device, pool_size, topk=spec.topk, debug=debug)
-
-    def eagle_payload(tokens: Tensor, extras: Extras) -> Any:
-        topk_p, topk_index, hidden = extras
-        return maps.eagle_payload(
-            bonus_tokens=tokens,
-            topk_p=topk_p,
-            topk_index=topk_index,
-            hidden_states=hidden,
-        )
-
-    return MapRelay(eagle, maps, eagle_payload, eagle, ranges, pool_size=pool_size)
+    return MapRelay(eagle, maps, _eagle_payload, eagle, pool_size, ranges)
 
 
 def _eagle_inputs(info: SpecInfo, rows: Extras) -> None:
