@@ -19,7 +19,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import attrs
 import torch
@@ -29,13 +29,11 @@ from relay.engine.batch import ForwardBatch, ForwardMode, Request, Seeds, StepOu
 from relay.engine.executors import ForwardExecutor, make_executor
 from relay.engine.maps import MapSource
 from relay.engine.model import KVCache, ModelConfig, TargetModel
+from relay.engine.relays import DirectRelay, Relay, map_relay
 from relay.engine.runner import ModelRunner, SpecConfig
 from relay.engine.scheduler import Scheduler, SchedulerConfig, vocabulary
 from relay.engine.trace import BUILD, HOST_WAIT, PROCESS, RUN, Ranges, ranges_for
 from relay.engine.workload import RequestSpec, WorkloadConfig, make_workload
-
-if TYPE_CHECKING:
-    from relay.engine.relays import Relay
 
 __all__ = [
     "EngineConfig",
@@ -148,24 +146,6 @@ class StepAgreement(Protocol):
         """(any rank has a batch now, any rank has work left)."""
 
 
-class _SingleRank:
-    def agree(self, active: bool, more: bool) -> tuple[bool, bool]:
-        return active, more
-
-
-def _make_relay(
-    config: EngineConfig, pool_size: int, device: torch.device, ranges: Ranges
-) -> Relay:
-    from relay.engine.relays import DirectRelay, map_relay
-
-    if not config.overlap:
-        return DirectRelay(pool_size, device, ranges, config.mode_name)
-    maps = config.maps.load()  # Note [One set of map classes per run]
-    return map_relay(
-        maps, config.spec, device, pool_size, debug=config.debug, ranges=ranges
-    )
-
-
 def run_workload(
     config: EngineConfig,
     specs: Sequence[RequestSpec] | None = None,
@@ -203,7 +183,14 @@ def run_workload(
             device, overlap=config.overlap, cpu_threads=config.cpu_threads
         )
         cleanup.callback(executor.close)
-        relay = _make_relay(config, pool_size, device, ranges)
+        relay: Relay
+        if config.overlap:
+            maps = config.maps.load()  # Note [One set of map classes per run]
+            relay = map_relay(
+                maps, spec, device, pool_size, debug=config.debug, ranges=ranges
+            )
+        else:
+            relay = DirectRelay(pool_size, device, ranges, config.mode_name)
         runner = ModelRunner(
             TargetModel(model, device),
             KVCache(model, pool_size, device),
@@ -232,7 +219,7 @@ def run_workload(
                 relay,
                 runner,
                 executor,
-                agreement or _SingleRank(),
+                agreement,
                 progress,
                 len(specs),
                 ranges,
@@ -245,7 +232,7 @@ def _loop(
     relay: Relay,
     runner: ModelRunner,
     executor: ForwardExecutor,
-    agreement: StepAgreement,
+    agreement: StepAgreement | None,
     progress: Progress | None,
     total: int,
     ranges: Ranges,
@@ -266,7 +253,10 @@ def _loop(
             if not scheduler.cap_lengths(batch):
                 batch = batch.chunk  # a mixed batch's chunk runs alone
         more = batch is not None or in_flight is not None or scheduler.has_work()
-        any_active, any_more = agreement.agree(batch is not None, more)
+        active = batch is not None
+        any_active, any_more = (
+            (active, more) if agreement is None else agreement.agree(active, more)
+        )
         if not any_more:
             break
         launched = None

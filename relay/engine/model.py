@@ -7,10 +7,9 @@ Each forward is one call into a TorchScript module (Note [Forwards without the G
 
 from __future__ import annotations
 
-import contextlib
 import math
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable
 from typing import TypeVar
 
 import attrs
@@ -71,6 +70,7 @@ __all__ = [
 
 
 _Module = TypeVar("_Module", bound=torch.nn.Module)
+_T = TypeVar("_T")
 
 
 def _script(module: _Module) -> _Module:
@@ -573,26 +573,22 @@ class Forwards:
         #: Whether the forwards run in TorchScript (without the GIL).
         self.compiled = self.program is not program
 
-    @contextlib.contextmanager
-    def _bound(self, args: list[Tensor]) -> Iterator[None]:
-        """Hand ``args`` to the module for one call (Note [Forwards without the GIL])."""
+    def _call(self, args: list[Tensor], method: Callable[..., _T], *sizes: int) -> _T:
+        """``method`` with ``args`` handed over in the module (Note [Forwards without
+        the GIL]), cleared once it returns."""
         self.program.args = args
         try:
-            yield
+            return method(*sizes)
         finally:
             self.program.args = []
 
     def prefill(
         self, tokens: Tensor, prompt_lens: Tensor, slots: Tensor
     ) -> tuple[Tensor, Tensor]:
-        """Run right-padded prompts ``tokens`` (m, L), fill their KV rows from position 0.
-
-        Returns the final hidden state at each prompt's last position (m, hidden) and
-        the greedy next token (m,). Padded positions write stale KV entries that later
-        steps overwrite or mask.
-        """
-        with self._bound([tokens, prompt_lens, slots]):
-            return self.program.prefill()
+        """Run right-padded prompts ``tokens`` (m, L), fill their KV rows from position
+        0: the hidden state at each prompt's last position (m, hidden) and the greedy
+        next token (m,). Padded positions write stale entries, overwritten or masked."""
+        return self._call([tokens, prompt_lens, slots], self.program.prefill)
 
     def prefill_chunk(
         self, tokens: Tensor, starts: Tensor, lens: Tensor, slots: Tensor, max_end: int
@@ -601,18 +597,16 @@ class Forwards:
         on, ``lens[i]`` long, after the ``starts[i]`` tokens already cached; ``max_end``
         is the host maximum of ``starts + lens``. Returns what ``prefill`` does, at
         each chunk's last position."""
-        with self._bound([tokens, starts, lens, slots]):
-            return self.program.prefill_chunk(max_end)
+        args = [tokens, starts, lens, slots]
+        return self._call(args, self.program.prefill_chunk, max_end)
 
     def decode(
         self, tokens: Tensor, seq_lens: Tensor, max_seq_len: int, slots: Tensor
     ) -> tuple[Tensor, Tensor]:
-        """One token per request at position ``seq_lens - 1``: hidden (n, hidden), next (n,).
-
-        ``max_seq_len`` is the host-side maximum of ``seq_lens`` (the attention width).
-        """
-        with self._bound([tokens, seq_lens, slots]):
-            return self.program.decode(max_seq_len)
+        """One token per request at position ``seq_lens - 1``: hidden (n, hidden), next
+        (n,); ``max_seq_len``, the host maximum of ``seq_lens``, is the attention width."""
+        args = [tokens, seq_lens, slots]
+        return self._call(args, self.program.decode, max_seq_len)
 
     def draft_and_verify(
         self,
@@ -628,13 +622,13 @@ class Forwards:
 
         ``first`` (n, topk) are the branches' first tokens, drawn from the draft state
         ``draft_hidden`` (n, hidden). ``bonus`` (n,) is the last verified token, at
-        position ``seq_lens - 1`` and not yet in the cache. Every branch is scored as its
-        own row over the shared cached prefix; the one with the longest accepted prefix
-        wins (the first on a tie). Nothing is written to the cache: see
-        ``commit_and_extend``.
+        position ``seq_lens - 1`` and not yet in the cache. The branch with the longest
+        accepted prefix wins (the first on a tie). Nothing is written to the cache:
+        see ``commit_and_extend``.
         """
-        with self._bound([bonus, draft_hidden, first, seq_lens, slots]):
-            return VerifyResult(*self.program.draft_and_verify(steps, max_seq_len))
+        args = [bonus, draft_hidden, first, seq_lens, slots]
+        method = self.program.draft_and_verify
+        return VerifyResult(*self._call(args, method, steps, max_seq_len))
 
     def ngram_verify(
         self,
@@ -648,30 +642,26 @@ class Forwards:
         """N-gram speculation: append the previous step's ``accept_tokens[:accept_lens]``
         and ``bonus`` to each slot's context, draft ``accept_tokens.shape[1]`` tokens
         from its n-gram matches, and verify them as one branch (``draft_and_verify``)."""
-        draft_num = accept_tokens.shape[1]
-        with self._bound([bonus, accept_tokens, accept_lens, seq_lens, slots]):
-            return VerifyResult(*self.program.ngram_verify(draft_num, max_seq_len))
+        args = [bonus, accept_tokens, accept_lens, seq_lens, slots]
+        method, draft_num = self.program.ngram_verify, accept_tokens.shape[1]
+        return VerifyResult(*self._call(args, method, draft_num, max_seq_len))
 
     def commit(self, result: VerifyResult, seq_lens: Tensor, slots: Tensor) -> None:
         """Write the chosen branches to the cache (``commit_and_extend`` without the draft)."""
-        r = result
-        with self._bound([r.branch_k, r.branch_v, seq_lens, slots]):
-            self.program.commit()
+        args = [result.branch_k, result.branch_v, seq_lens, slots]
+        self._call(args, self.program.commit)
 
     def commit_and_extend(
         self, result: VerifyResult, seq_lens: Tensor, slots: Tensor, topk: int
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """Write the chosen branches to the cache, then draft the next step's top-k.
-
-        Returns ``(topk_p, topk_index, draft_hidden)`` after each bonus token.
-        """
+        """Write the chosen branches to the cache, then draft the next step's top-k:
+        ``(topk_p, topk_index, draft_hidden)`` after each bonus token."""
         r = result
-        with self._bound([r.branch_k, r.branch_v, seq_lens, slots, r.hidden, r.bonus]):
-            return self.program.commit_and_extend(topk)
+        args = [r.branch_k, r.branch_v, seq_lens, slots, r.hidden, r.bonus]
+        return self._call(args, self.program.commit_and_extend, topk)
 
     def extend(
         self, hidden: Tensor, tokens: Tensor, topk: int
     ) -> tuple[Tensor, Tensor, Tensor]:
         """The first draft after a prefill: ``(topk_p, topk_index, draft_hidden)``."""
-        with self._bound([hidden, tokens]):
-            return self.program.extend(topk)
+        return self._call([hidden, tokens], self.program.extend, topk)

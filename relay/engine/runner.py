@@ -265,33 +265,29 @@ class ModelRunner:
         """A decode (or verify) forward, with a mixed batch's chunk."""
         self._resolve_future(batch)
         spec, chunk = self.spec, batch.chunk
-        width = 1 if spec is None else spec.branches * (spec.steps + 1)
-        tokens = len(batch) * width
-        if chunk is not None:
+        tokens = len(batch) * (1 if spec is None else spec.branches * (spec.steps + 1))
+        parts: list[_Handoff] = []
+        if chunk is None:
+            self._start_kernels(tokens)
+        else:
             assert chunk.chunk_lens is not None
-            tokens += int(chunk.chunk_lens.sum())
-        self._start_kernels(tokens)
-        parts = []
-        if chunk is not None:
+            self._start_kernels(tokens + int(chunk.chunk_lens.sum()))
             out.chunk = StepOutput()
             parts.append(self._run_chunk(chunk, out.chunk))
-        slots, seq_lens = batch.req_pool_indices, batch.seq_lens
+        slots, lens = batch.req_pool_indices, batch.seq_lens
         if spec is None:
-            _, next_tokens = self.forwards.decode(
-                batch.input_ids, seq_lens, batch.max_seq_len, slots
-            )
-            rows = _Handoff(slots, next_tokens, (), seq_lens + 1)
-            published = _joined([rows, *parts])
-            self._publish(batch, published.slots, published.new_seq_lens)
+            fw = self.forwards
+            _, next_tokens = fw.decode(batch.input_ids, lens, batch.max_seq_len, slots)
+            rows = _Handoff(slots, next_tokens, (), lens + 1)
             host_tokens, counts = next_tokens[:, None], torch.ones_like(next_tokens)
         else:
             result = self._verify(batch, spec)
-            new_seq_lens = seq_lens + result.accept_lens + 1
-            rows = _Handoff(slots, result.bonus, (), new_seq_lens)
-            # Mid-forward, before the cache commit and the draft extension, which
-            # overlap the scheduler's wait-free part of the next batch.
-            published = _joined([rows, *parts])
-            self._publish(batch, published.slots, published.new_seq_lens)
+            rows = _Handoff(slots, result.bonus, (), lens + result.accept_lens + 1)
+        # Speculative decoding publishes mid-forward, before the cache commit and the
+        # draft extension, which overlap the scheduler's wait-free part of the next batch.
+        published = _joined([rows, *parts])
+        self._publish(batch, published.slots, published.new_seq_lens)
+        if spec is not None:
             rows = attrs.evolve(rows, extras=self._commit(batch, result, spec))
             host_tokens, counts = result.tokens, result.accept_lens + 1
         self._stash(batch, _joined([rows, *parts]))
@@ -301,35 +297,23 @@ class ModelRunner:
 
     def _verify(self, batch: ForwardBatch, spec: SpecConfig) -> VerifyResult:
         info, slots = batch.spec_info, batch.req_pool_indices
+        bonus, lens, width = info.bonus_tokens, batch.seq_lens, batch.max_seq_len
         if not self.eagle:
             # The n-gram map hands accept_tokens flat, (n * steps,), as sglang does.
             accept = info.accept_tokens.reshape(slots.shape[0], spec.steps)
-            return self.forwards.ngram_verify(
-                info.bonus_tokens,
-                accept,
-                info.accept_lens,
-                batch.seq_lens,
-                batch.max_seq_len,
-                slots,
-            )
-        assert info.hidden_states is not None, "decode before any prefill stashed"
+            fw = self.forwards
+            return fw.ngram_verify(bonus, accept, info.accept_lens, lens, width, slots)
+        hidden, first = info.hidden_states, info.topk_index
+        assert hidden is not None, "decode before any prefill stashed"
         return self.forwards.draft_and_verify(
-            info.bonus_tokens,
-            info.hidden_states,
-            info.topk_index,
-            spec.steps,
-            batch.seq_lens,
-            batch.max_seq_len,
-            slots,
+            bonus, hidden, first, spec.steps, lens, width, slots
         )
 
     def _commit(
         self, batch: ForwardBatch, result: VerifyResult, spec: SpecConfig
     ) -> Extras:
-        slots = batch.req_pool_indices
+        slots, lens = batch.req_pool_indices, batch.seq_lens
         if self.eagle:
-            return self.forwards.commit_and_extend(
-                result, batch.seq_lens, slots, spec.topk
-            )
-        self.forwards.commit(result, batch.seq_lens, slots)
+            return self.forwards.commit_and_extend(result, lens, slots, spec.topk)
+        self.forwards.commit(result, lens, slots)
         return result.tokens[:, : spec.steps], result.accept_lens.to(torch.int32)

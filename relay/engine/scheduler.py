@@ -210,9 +210,8 @@ class Scheduler:
         self.finished = 0
         #: Steps so far: arrivals and aborts are counted in steps.
         self.clock = 0
-        self.budget = PageBudget(
-            config.kv_pages, config.page_size, reserve=not config.retract
-        )
+        reserve = not config.retract
+        self.budget = PageBudget(config.kv_pages, config.page_size, reserve=reserve)
         self._free_slots = list(range(config.max_running, 0, -1))  # pop() reuses
         self._released: list[int] = []  # freed, not yet released to the relay
         self._running = _RunningBatch([], torch.empty(0, dtype=torch.int64).to(device))
@@ -226,15 +225,16 @@ class Scheduler:
         self.decode_rows = self.decode_tokens = self.streamed_bytes = 0
         self.retractions = self.aborts = self.prebuilt = self.chunks = 0
         for spec in specs:
-            if len(spec.prompt) + lookahead + 1 > max_context:
+            rid, prompt, worst = spec.rid, len(spec.prompt), self._worst(spec)
+            if prompt + lookahead + 1 > max_context:
                 raise ValueError(
-                    f"request {spec.rid}: a prompt of {len(spec.prompt)} tokens does "
-                    f"not fit max_context {max_context}; raise max_context"
+                    f"request {rid}: a prompt of {prompt} tokens does not fit "
+                    f"max_context {max_context}; raise max_context"
                 )
-            if self.budget.pages_for(self._worst(spec)) > config.kv_pages:
+            if self.budget.pages_for(worst) > config.kv_pages:
                 raise ValueError(
-                    f"request {spec.rid} needs {self._worst(spec)} tokens of KV, more "
-                    f"than the budget of {config.kv_pages} pages; raise kv_pages"
+                    f"request {rid} needs {worst} tokens of KV, more than the budget "
+                    f"of {config.kv_pages} pages; raise kv_pages"
                 )
 
     def _worst(self, spec: RequestSpec) -> int:
@@ -247,12 +247,8 @@ class Scheduler:
 
     def has_work(self) -> bool:
         """Requests still to arrive, wait or run."""
-        return bool(
-            self.pending
-            or self.waiting
-            or self._prebuilt
-            or self.finished < len(self.requests)
-        )
+        waiting = self.pending or self.waiting or self._prebuilt
+        return bool(waiting or self.finished < len(self.requests))
 
     # -- building a batch (before the fence) ---------------------------------------
     def next_batch(self) -> ForwardBatch | None:
@@ -325,8 +321,7 @@ class Scheduler:
         req.state = RequestState.WAITING
         req.context = req.spec.prompt + tuple(req.output)
         req.prefilled = req.seq_len = 0
-        self._free_slot(req)
-        self.budget.release(req)
+        self._free(req)
         # First in line, but behind a prompt half prefilled: at most one request holds
         # pages while it waits, so that one can always finish its prefill.
         front = self.waiting and self.waiting[0].state is RequestState.PREFILLING
@@ -559,17 +554,18 @@ class Scheduler:
     def _finish(self, req: Request, reason: str) -> None:
         req.state = RequestState.FINISHED
         req.finish_reason = reason
-        self._free_slot(req)
-        self.budget.release(req)
+        self._free(req)
         self.finished += 1
 
-    def _free_slot(self, req: Request) -> None:
-        # The slot may still be in an in-flight step; stream order keeps its next
-        # owner's writes behind that step, so it is free to reuse at once.
+    def _free(self, req: Request) -> None:
+        """Return ``req``'s slot and pages. The slot may still be in an in-flight step;
+        stream order keeps its next owner's writes behind that step, so it is free to
+        reuse at once."""
         if req.slot:
             self._free_slots.append(req.slot)
             self._released.append(req.slot)
             req.slot = 0
+        self.budget.release(req)
 
     def take_released(self) -> torch.Tensor:
         """Slots freed since the last call, as a device tensor, for the next launch."""
