@@ -32,7 +32,7 @@ from relay.engine.model import KVCache, ModelConfig, TargetModel
 from relay.engine.relays import DirectRelay, Relay, map_relay
 from relay.engine.runner import ModelRunner, SpecConfig
 from relay.engine.scheduler import Scheduler, SchedulerConfig, vocabulary
-from relay.engine.trace import BUILD, HOST_WAIT, PROCESS, RUN, Ranges, ranges_for
+from relay.engine.trace import BUILD, HOST_WAIT, PROCESS, RUN, ranges_for
 from relay.engine.workload import RequestSpec, WorkloadConfig, make_workload
 
 __all__ = [
@@ -214,29 +214,19 @@ def run_workload(
         )
         loop = "overlap" if config.overlap else "sync"
         with ranges(f"{RUN} {config.mode_name} {loop}", 0):
-            result = _loop(
-                scheduler,
-                relay,
-                runner,
-                executor,
-                agreement,
-                progress,
-                len(specs),
-                ranges,
-            )
+            result = _loop(scheduler, runner, executor, agreement, progress, len(specs))
     return result
 
 
 def _loop(
     scheduler: Scheduler,
-    relay: Relay,
     runner: ModelRunner,
     executor: ForwardExecutor,
     agreement: StepAgreement | None,
     progress: Progress | None,
     total: int,
-    ranges: Ranges,
 ) -> RunResult:
+    relay, ranges = runner.relay, runner.ranges
     in_flight: tuple[ForwardBatch, StepOutput, object] | None = None
     steps = idle_steps = 0
     start = time.perf_counter()

@@ -49,7 +49,6 @@ if TYPE_CHECKING:  # no map is imported with the engine
 
 __all__ = [
     "DirectRelay",
-    "DraftOutput",
     "Extras",
     "FutureMap",
     "LengthsLane",
@@ -58,11 +57,9 @@ __all__ = [
     "map_relay",
 ]
 
-#: topk_p, topk_index and hidden states of a draft extension.
-DraftOutput = tuple[Tensor, Tensor, Tensor]
-#: What a step hands the next besides its tokens: EAGLE's ``DraftOutput``, n-gram
-#: speculation's accepted drafts (n, draft_token_num) and their counts (n,) int32,
-#: or nothing (plain decoding).
+#: What a step hands the next besides its tokens: EAGLE's draft (topk_p, topk_index,
+#: hidden states), n-gram speculation's accepted drafts (n, draft_token_num) and
+#: their counts (n,) int32, or nothing (plain decoding).
 Extras = tuple[Tensor, ...]
 #: A step's tokens and extras as the payload of the run's map class.
 MakePayload = Callable[["Maps", Tensor, Extras], Any]
@@ -94,9 +91,11 @@ class Relay(Protocol):
 
 
 class FutureMap(Protocol):
-    """What the engine calls on every generated map it drives."""
+    """What the engine calls on every generated map it drives. Typed with the
+    engine's own batch, so mypy checks that ``ForwardBatch`` fits each map's batch
+    protocol where ``map_relay`` hands a map over."""
 
-    def resolve_future(self, batch: Any) -> None: ...
+    def resolve_future(self, batch: ForwardBatch) -> None: ...
     def stash(self, indices: Tensor, payload: Any) -> None: ...
     def seed(self, indices: Tensor, payload: Any) -> None: ...
     def release(self, indices: Tensor) -> None: ...
@@ -106,7 +105,7 @@ class LengthsLane(Protocol):
     """A map that relays the new lengths too, on its schedule lane (eagle, ngram)."""
 
     def publish(self, indices: Tensor, new_seq_lens: Tensor) -> None: ...
-    def resolve_seq_lens_cpu(self, batch: Any) -> None: ...
+    def resolve_seq_lens_cpu(self, batch: ForwardBatch) -> None: ...
 
 
 def _host_slots(batch: ForwardBatch) -> Tensor:

@@ -353,9 +353,8 @@ class Scheduler:
             return False
         # Some pages kept for the running requests' growth, so that admission does not
         # retract at once.
-        return self.budget.grow(
-            req, tokens, int(self.config.headroom * len(running.reqs))
-        )
+        headroom = int(self.config.headroom * len(running.reqs))
+        return self.budget.grow(req, tokens, headroom)
 
     def take_seeds(self) -> list[Request]:
         """Prebuilt requests admitted since the last call, whose relay rows need seeding."""
@@ -442,11 +441,9 @@ class Scheduler:
     def cap_lengths(self, batch: ForwardBatch) -> bool:
         """Drop the requests at their output limit from a decode batch whose lengths are
         resolved; returns whether any request is left. Host tensors only."""
-        kept = []
-        for i, (req, seq_len) in enumerate(
-            zip(batch.reqs, batch.seq_lens_cpu.tolist())
-        ):
-            if seq_len - len(req.spec.prompt) < self._output_limit(req.spec):
+        kept, lens = [], batch.seq_lens_cpu.tolist()
+        for i, req in enumerate(batch.reqs):
+            if lens[i] - len(req.spec.prompt) < self._output_limit(req.spec):
                 kept.append(i)
             else:
                 req.state = RequestState.CAPPED
@@ -486,9 +483,7 @@ class Scheduler:
             self._check_accounting(req, seq_len, count)
             req.seq_len = seq_len
             if self._append(req, row[:count]) is None:
-                assert req.state is not RequestState.CAPPED, (
-                    "capped request did not reach its limit"
-                )
+                assert req.state is not RequestState.CAPPED, "capped below its limit"
 
     def _check_accounting(self, req: Request, seq_len: int, count: int) -> None:
         """A step's length must follow from the tokens output so far."""
@@ -536,12 +531,9 @@ class Scheduler:
         window = max(0, first - 4)
         before = "".join(req.text[window:first])
         delta = "".join(req.text[window:])[len(before) :]
-        new = req.output[first:]
+        new, prompt, done = req.output[first:], len(req.spec.prompt), len(req.output)
         choice = {"index": 0, "text": delta, "token_ids": new, "finish_reason": reason}
-        usage = {
-            "prompt_tokens": len(req.spec.prompt),
-            "completion_tokens": len(req.output),
-        }
+        usage = {"prompt_tokens": prompt, "completion_tokens": done}
         chunk = {
             "id": f"cmpl-{req.spec.rid}",
             "object": "text_completion.chunk",
