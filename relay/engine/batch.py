@@ -52,7 +52,7 @@ class Request:
     #: KV pages reserved at admission (when admission reserves the worst case) and
     #: pages allocated so far.
     reserved_pages: int = 0
-    pages: list[int] = attrs.field(factory=list)
+    pages: int = 0
     #: What a prefill must put in the cache: the prompt, or after a retraction the
     #: prompt and the tokens output so far (fixed when it is retracted).
     context: tuple[int, ...] = ()

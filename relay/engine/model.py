@@ -112,17 +112,6 @@ class ModelConfig:
         """Width of one attention head."""
         return self.hidden // self.heads
 
-    def check(self) -> None:
-        """Raise ``ValueError`` on sizes the model cannot be built with."""
-        if self.hidden % self.heads:
-            raise ValueError(
-                f"hidden ({self.hidden}) must be a multiple of heads ({self.heads})"
-            )
-        if not 0 <= self.eos_token_id < self.vocab_size:
-            raise ValueError(
-                f"eos_token_id {self.eos_token_id} is outside the vocabulary"
-            )
-
 
 # -- the forwards, in TorchScript's subset of Python ---------------------------------
 # Weights of all layers are stacked on a leading layer dimension: wqkv (layers,
@@ -214,18 +203,12 @@ class _Program(torch.nn.Module):
 
     def __init__(self, target: TargetModel, kv: KVCache, draft_w: Tensor) -> None:
         super().__init__()
-        self.embed = target.embed
-        self.pos_embed = target.pos_embed
-        self.wqkv = target.wqkv
-        self.wo = target.wo
-        self.w_up = target.w_up
-        self.w_down = target.w_down
-        self.lm_head_t = target.lm_head_t
+        t = target
+        self.embed, self.pos_embed, self.lm_head_t = t.embed, t.pos_embed, t.lm_head_t
+        self.wqkv, self.wo, self.w_up, self.w_down = t.wqkv, t.wo, t.w_up, t.w_down
         self.draft_w = draft_w
-        self.k_cache = kv.k
-        self.v_cache = kv.v
-        self.history = kv.tokens
-        self.heads = target.config.heads
+        self.k_cache, self.v_cache, self.history = kv.k, kv.v, kv.tokens
+        self.heads = t.config.heads
         # Not empty: TorchScript infers the attribute's type, List[Tensor], from it.
         self.args: list[Tensor] = [self.embed]
 
@@ -505,7 +488,14 @@ class TargetModel:
     """The target model's weights: embeddings, pre-norm attention + SwiGLU layers, output head."""
 
     def __init__(self, config: ModelConfig, device: torch.device) -> None:
-        config.check()
+        if config.hidden % config.heads:
+            raise ValueError(
+                f"hidden ({config.hidden}) must be a multiple of heads ({config.heads})"
+            )
+        if not 0 <= config.eos_token_id < config.vocab_size:
+            raise ValueError(
+                f"eos_token_id {config.eos_token_id} is outside the vocabulary"
+            )
         self.config = config
         gen = torch.Generator().manual_seed(config.seed)
         h, f, v = config.hidden, config.ffn, config.vocab_size

@@ -17,14 +17,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 from torch import Tensor
 
+from relay.engine import trace
 from relay.engine.batch import ForwardBatch, SpecInfo
-from relay.engine.trace import (
-    FENCE_WAIT,
-    HOST_SEQ_LENS,
-    RESOLVE_SEQ_LENS,
-    Ranges,
-    no_ranges,
-)
+from relay.engine.trace import Ranges, no_ranges
 
 if TYPE_CHECKING:  # no map is imported with the engine
     from relay.engine.maps import Maps
@@ -138,14 +133,16 @@ class MapRelay:
     def resolve_lengths(self, batch: ForwardBatch) -> None:
         if self._lane is not None:
             # Blocks until the newest forward has published (not until it has
-            # finished), also on a CPU worker (Note [Host order of CPU records]).
+            # finished), also on a CPU worker (Note [Host order of CPU records]);
+            # Note [Tracing the fence wait].
+            step = batch.step
             with (
-                self.ranges(RESOLVE_SEQ_LENS, batch.step),
-                self.ranges(FENCE_WAIT, batch.step),  # Note [Tracing the fence wait]
+                self.ranges(trace.RESOLVE_SEQ_LENS, step),
+                self.ranges(trace.FENCE_WAIT, step),
             ):
                 self._lane.resolve_seq_lens_cpu(batch)
             return
-        with self.ranges(HOST_SEQ_LENS, batch.step):
+        with self.ranges(trace.HOST_SEQ_LENS, batch.step):
             lens = self._next_lens_cpu[_host_slots(batch)]
             batch.seq_lens_cpu = lens
             batch.seq_lens = lens.to(batch.req_pool_indices.device)
@@ -254,7 +251,7 @@ class DirectRelay:
         self._set_extras = _ngram_inputs if mode == "ngram" else _eagle_inputs
 
     def resolve_lengths(self, batch: ForwardBatch) -> None:
-        with self.ranges(HOST_SEQ_LENS, batch.step):
+        with self.ranges(trace.HOST_SEQ_LENS, batch.step):
             batch.seq_lens = self.seq_lens[batch.req_pool_indices]
             batch.seq_lens_cpu = batch.seq_lens.cpu()
             batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())

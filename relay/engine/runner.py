@@ -16,17 +16,10 @@ import attrs
 import torch
 from torch import Tensor
 
+from relay.engine import trace
 from relay.engine.batch import ForwardBatch, ForwardMode, Seeds, StepOutput
 from relay.engine.model import DraftHead, Forwards, KVCache, TargetModel, VerifyResult
-from relay.engine.trace import (
-    FORWARD,
-    PUBLISH,
-    RELEASE,
-    RESOLVE_FUTURE,
-    STASH,
-    Ranges,
-    no_ranges,
-)
+from relay.engine.trace import Ranges, no_ranges
 
 if TYPE_CHECKING:  # no map is imported with the engine
     from relay.engine.relays import Extras, Relay
@@ -147,10 +140,10 @@ class ModelRunner:
 
     def forward(self, batch: ForwardBatch, out: StepOutput) -> None:
         """Run ``batch`` and fill ``out`` with host copies of its results."""
-        with self.ranges(FORWARD, batch.step):
+        with self.ranges(trace.FORWARD, batch.step):
             if batch.released is not None:
                 # On the forward stream: after every forward that could still read them.
-                with self.ranges(RELEASE, batch.step):
+                with self.ranges(trace.RELEASE, batch.step):
                     self.relay.release(batch.released)
             if batch.mode is ForwardMode.IDLE:
                 self._idle(batch)
@@ -170,7 +163,7 @@ class ModelRunner:
         self.relay.seed(slots, tokens, extras, seeds.prompt_lens + 1)
 
     def _resolve_future(self, batch: ForwardBatch) -> None:
-        with self.ranges(RESOLVE_FUTURE, batch.step):
+        with self.ranges(trace.RESOLVE_FUTURE, batch.step):
             self.relay.resolve_future(batch)
         if self.record is not None and batch.reqs:
             inputs = (
@@ -182,11 +175,11 @@ class ModelRunner:
             )
 
     def _publish(self, batch: ForwardBatch, slots: Tensor, lens: Tensor) -> None:
-        with self.ranges(PUBLISH, batch.step):
+        with self.ranges(trace.PUBLISH, batch.step):
             self.relay.publish(slots, lens)
 
     def _stash(self, batch: ForwardBatch, hand: _Handoff) -> None:
-        with self.ranges(STASH, batch.step):
+        with self.ranges(trace.STASH, batch.step):
             self.relay.stash(hand.slots, hand.tokens, hand.extras)
 
     def _start_kernels(self, tokens: int) -> None:

@@ -95,7 +95,8 @@ def vocabulary(size: int, seed: int = 0) -> list[str]:
 
 
 class PageBudget:
-    """KV memory in pages of ``page_size`` tokens, handed out from a free list.
+    """KV memory in pages of ``page_size`` tokens, counted (a request's cache rows are
+    its slot's, so no page ever needs a name).
 
     With ``reserve``, admission reserves a request's worst case, so a running request
     never waits for memory, and pages are taken from the reservation as the sequence
@@ -105,8 +106,7 @@ class PageBudget:
     def __init__(self, pages: int, page_size: int, *, reserve: bool) -> None:
         self.page_size = page_size
         self.reserve = reserve
-        self.free_pages = list(range(pages - 1, -1, -1))
-        self.unreserved = pages
+        self.free = self.unreserved = pages
 
     def pages_for(self, tokens: int) -> int:
         """Pages that hold ``tokens`` tokens."""
@@ -128,43 +128,18 @@ class PageBudget:
         need = self.pages_for(tokens)
         if self.reserve:
             need = min(need, req.reserved_pages)
-        elif max(0, need - len(req.pages)) + headroom > len(self.free_pages):
+        elif max(0, need - req.pages) + headroom > self.free:
             return False
-        while len(req.pages) < need:
-            req.pages.append(self.free_pages.pop())
+        if need > req.pages:
+            self.free -= need - req.pages
+            req.pages = need
         return True
 
     def release(self, req: Request) -> None:
         """Return ``req``'s pages and reservation."""
-        self.free_pages.extend(reversed(req.pages))
-        req.pages.clear()
+        self.free += req.pages
         self.unreserved += req.reserved_pages
-        req.reserved_pages = 0
-
-
-@attrs.define(eq=False)
-class _RunningBatch:
-    """The requests in decode, with device slots kept across steps (filtered and merged)."""
-
-    reqs: list[Request]
-    slots: torch.Tensor
-
-    def filter_active(self) -> None:
-        """Drop finished, capped and retracted requests."""
-        if all(r.active for r in self.reqs):
-            return
-        keep = [i for i, r in enumerate(self.reqs) if r.active]
-        self.reqs = [self.reqs[i] for i in keep]
-        self.slots = self.slots[
-            torch.tensor(keep, dtype=torch.int64).to(self.slots.device)
-        ]
-
-    def add(self, reqs: list[Request]) -> None:
-        """Append requests whose prefill is done: they decode from the next step on."""
-        if reqs:
-            slots = torch.tensor([r.slot for r in reqs], dtype=torch.int64)
-            self.reqs = self.reqs + reqs
-            self.slots = torch.cat([self.slots, slots.to(self.slots.device)])
+        req.pages = req.reserved_pages = 0
 
 
 def _hits_stop(text: list[str], stops: tuple[str, ...]) -> bool:
@@ -214,7 +189,10 @@ class Scheduler:
         self.budget = PageBudget(config.kv_pages, config.page_size, reserve=reserve)
         self._free_slots = list(range(config.max_running, 0, -1))  # pop() reuses
         self._released: list[int] = []  # freed, not yet released to the relay
-        self._running = _RunningBatch([], torch.empty(0, dtype=torch.int64).to(device))
+        #: The requests in decode, and their device slots, kept across steps (filtered
+        #: and merged rather than rebuilt).
+        self._running: list[Request] = []
+        self._running_slots = torch.empty(0, dtype=torch.int64).to(device)
         self._last_was_prefill = False
         self._prebuilt: deque[Request] = deque()  # arrived prebuilt, not admitted
         self._seeds: list[Request] = []  # admitted prebuilt, relay rows not seeded
@@ -260,23 +238,40 @@ class Scheduler:
         """
         self._arrive()
         self._abort_due()
-        running = self._running
-        running.filter_active()
-        self._make_room(running)
-        self._admit_prebuilt(running)
-        if self.config.mixed and running.reqs:
-            batch = self._decode_batch(running)
+        self._filter_running()
+        self._make_room()
+        self._admit_prebuilt()
+        running = len(self._running)
+        if self.config.mixed and running:
+            batch = self._decode_batch()
             if self.waiting:
-                budget = self.config.max_prefill_tokens - len(running.reqs)
-                batch.chunk = self._prefill_batch(max(budget, 1), running)
+                budget = self.config.max_prefill_tokens - running
+                batch.chunk = self._prefill_batch(max(budget, 1))
             return batch
-        if self.waiting and not (running.reqs and self._last_was_prefill):
-            prefill = self._prefill_batch(self.config.max_prefill_tokens, running)
+        if self.waiting and not (running and self._last_was_prefill):
+            prefill = self._prefill_batch(self.config.max_prefill_tokens)
             if prefill is not None:
                 self._last_was_prefill = True
                 return prefill
         self._last_was_prefill = False
-        return self._decode_batch(running) if running.reqs else None
+        return self._decode_batch() if running else None
+
+    def _filter_running(self) -> None:
+        """Drop finished, capped and retracted requests from the running batch."""
+        if not all(r.active for r in self._running):
+            keep = [i for i, r in enumerate(self._running) if r.active]
+            self._running = [self._running[i] for i in keep]
+            rows = torch.tensor(keep, dtype=torch.int64).to(self.device)
+            self._running_slots = self._running_slots[rows]
+
+    def _start_running(self, reqs: list[Request]) -> None:
+        """Requests whose prefill is done decode from the next step on."""
+        if reqs:
+            slots = torch.tensor([r.slot for r in reqs], dtype=torch.int64)
+            self._running = self._running + reqs
+            self._running_slots = torch.cat(
+                [self._running_slots, slots.to(self.device)]
+            )
 
     def _arrive(self) -> None:
         while self.pending and self.pending[0].arrival_step <= self.clock:
@@ -299,10 +294,10 @@ class Scheduler:
             self.aborts += 1
             self._finish(req, "abort")
 
-    def _make_room(self, running: _RunningBatch) -> None:
+    def _make_room(self) -> None:
         """Give every running request the pages of its next step; where they run out,
         retract the newest running requests."""
-        reqs, end, i = running.reqs, len(running.reqs), 0
+        reqs, end, i = self._running, len(self._running), 0
         while i < end:
             req = reqs[i]
             # Its newest known length, plus what the step in flight and this one add.
@@ -312,7 +307,7 @@ class Scheduler:
             else:
                 end -= 1
                 self._retract(reqs[end])
-        running.filter_active()
+        self._filter_running()
 
     def _retract(self, req: Request) -> None:
         """Free ``req``'s slot and pages and queue it first, to be prefilled again with
@@ -328,13 +323,13 @@ class Scheduler:
         self.waiting.insert(1 if front else 0, req)
         self.retractions += 1
 
-    def _admit_prebuilt(self, running: _RunningBatch) -> None:
+    def _admit_prebuilt(self) -> None:
         """Admit arrived prebuilt requests straight into the running batch; their
         relay rows are seeded before the next forward (``take_seeds``)."""
         while self._prebuilt and self._free_slots:
             req = self._prebuilt[0]
             length = len(req.spec.prompt)
-            if not self._take_pages(req, length + 1 + 2 * self.lookahead, running):
+            if not self._take_pages(req, length + 1 + 2 * self.lookahead):
                 break
             self._prebuilt.popleft()
             req.slot = self._free_slots.pop()
@@ -343,17 +338,17 @@ class Scheduler:
             self.prebuilt += 1
             assert req.spec.first_token is not None
             if self._append(req, [req.spec.first_token]) is None:
-                running.add([req])
+                self._start_running([req])
                 self._seeds.append(req)
 
-    def _take_pages(self, req: Request, tokens: int, running: _RunningBatch) -> bool:
+    def _take_pages(self, req: Request, tokens: int) -> bool:
         """Pages for a request being admitted (or chunk-prefilled) to hold ``tokens``."""
         admitting = self.budget.reserve and req.state is RequestState.WAITING
         if admitting and not self.budget.try_reserve(req, self._worst(req.spec)):
             return False
         # Some pages kept for the running requests' growth, so that admission does not
         # retract at once.
-        headroom = int(self.config.headroom * len(running.reqs))
+        headroom = int(self.config.headroom * len(self._running))
         return self.budget.grow(req, tokens, headroom)
 
     def take_seeds(self) -> list[Request]:
@@ -361,9 +356,7 @@ class Scheduler:
         seeds, self._seeds = self._seeds, []
         return seeds
 
-    def _prefill_batch(
-        self, budget: int, running: _RunningBatch
-    ) -> ForwardBatch | None:
+    def _prefill_batch(self, budget: int) -> ForwardBatch | None:
         """A prefill of the waiting requests' next chunks, within ``budget`` tokens;
         requests whose last chunk is picked start running."""
         reqs: list[Request] = []
@@ -383,7 +376,7 @@ class Scheduler:
             end = start + take + (1 + 2 * self.lookahead if last else 0)
             if req.state is RequestState.WAITING and not self._free_slots:
                 break
-            if not self._take_pages(req, end, running):
+            if not self._take_pages(req, end):
                 break
             if req.state is RequestState.WAITING:
                 req.slot = self._free_slots.pop()
@@ -422,19 +415,19 @@ class Scheduler:
             chunk_lens=torch.tensor(lens, dtype=torch.int64).to(dev),
             final=final,
         )
-        running.add([r for r, f in zip(reqs, final) if f])
+        self._start_running([r for r, f in zip(reqs, final) if f])
         return batch
 
-    def _decode_batch(self, running: _RunningBatch) -> ForwardBatch:
+    def _decode_batch(self) -> ForwardBatch:
         empty = torch.empty(0, dtype=torch.int64)  # until the relay sets them
         return ForwardBatch(
             ForwardMode.DECODE,
-            list(running.reqs),
-            req_pool_indices=running.slots,  # never written in place: safe to share
+            list(self._running),
+            req_pool_indices=self._running_slots,  # never written in place: shared
             input_ids=empty.to(self.device),
             seq_lens=empty.to(self.device),
             seq_lens_cpu=empty,
-            epochs=[r.epoch for r in running.reqs],
+            epochs=[r.epoch for r in self._running],
         )
 
     # -- after the fence -----------------------------------------------------------
