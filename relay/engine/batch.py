@@ -14,15 +14,8 @@ from torch import Tensor
 
 from relay.engine.workload import RequestSpec
 
-__all__ = [
-    "ForwardBatch",
-    "ForwardMode",
-    "Request",
-    "RequestState",
-    "Seeds",
-    "SpecInfo",
-    "StepOutput",
-]
+__all__ = ["ForwardBatch", "ForwardMode", "Request", "RequestState", "Seeds"]
+__all__ += ["SpecInfo", "StepOutput"]
 
 
 class RequestState(enum.Enum):

@@ -35,14 +35,8 @@ from relay.engine.scheduler import Scheduler, SchedulerConfig, vocabulary
 from relay.engine.trace import BUILD, HOST_WAIT, PROCESS, RUN, ranges_for
 from relay.engine.workload import RequestSpec, WorkloadConfig, make_workload
 
-__all__ = [
-    "EngineConfig",
-    "RunResult",
-    "StepAgreement",
-    "ideal_speedup",
-    "run_workload",
-    "seed_prebuilt",
-]
+__all__ = ["EngineConfig", "RunResult", "StepAgreement", "ideal_speedup"]
+__all__ += ["run_workload", "seed_prebuilt"]
 
 #: ``progress(finished, total)`` after each processed step.
 Progress = Callable[[int, int], None]

@@ -42,15 +42,8 @@ if TYPE_CHECKING:  # no map is imported with the engine
 # stream too, after releasing the slots freed since the last launch, so neither the
 # release nor the lengths' publish lands out of order.
 
-__all__ = [
-    "DirectRelay",
-    "Extras",
-    "FutureMap",
-    "LengthsLane",
-    "MapRelay",
-    "Relay",
-    "map_relay",
-]
+__all__ = ["DirectRelay", "Extras", "FutureMap", "LengthsLane", "MapRelay", "Relay"]
+__all__ += ["map_relay"]
 
 #: What a step hands the next besides its tokens: EAGLE's draft (topk_p, topk_index,
 #: hidden states), n-gram speculation's accepted drafts (n, draft_token_num) and

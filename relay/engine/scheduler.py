@@ -23,13 +23,8 @@ from relay.engine.batch import (
 )
 from relay.engine.workload import RequestSpec
 
-__all__ = [
-    "PageBudget",
-    "Scheduler",
-    "SchedulerConfig",
-    "TokenAccountingError",
-    "vocabulary",
-]
+__all__ = ["PageBudget", "Scheduler", "SchedulerConfig", "TokenAccountingError"]
+__all__ += ["vocabulary"]
 
 
 # Note [One schedule for both modes]

@@ -29,30 +29,10 @@ from typing import Any, Protocol
 import attrs
 import torch
 
-__all__ = [
-    "BUILD",
-    "FENCE_WAIT",
-    "FORWARD",
-    "FORWARD_THREAD",
-    "HOST_SEQ_LENS",
-    "HOST_WAIT",
-    "KEPT_CATEGORIES",
-    "PROCESS",
-    "PUBLISH",
-    "RELEASE",
-    "RESOLVE_FUTURE",
-    "RESOLVE_SEQ_LENS",
-    "RUN",
-    "SCHEDULER_THREAD",
-    "STASH",
-    "Ranges",
-    "Span",
-    "Trace",
-    "load",
-    "no_ranges",
-    "ranges_for",
-    "record",
-]
+__all__ = ["BUILD", "FENCE_WAIT", "FORWARD", "FORWARD_THREAD", "HOST_SEQ_LENS"]
+__all__ += ["HOST_WAIT", "KEPT_CATEGORIES", "PROCESS", "PUBLISH", "RELEASE"]
+__all__ += ["RESOLVE_FUTURE", "RESOLVE_SEQ_LENS", "RUN", "SCHEDULER_THREAD", "STASH"]
+__all__ += ["Ranges", "Span", "Trace", "load", "no_ranges", "ranges_for", "record"]
 
 # What each range names (its step number follows, after a space).
 #: Scheduler: admit, filter and merge the running batch, pick the rows of step N.
