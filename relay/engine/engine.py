@@ -31,7 +31,7 @@ from relay.engine.maps import MapSource
 from relay.engine.model import KVCache, ModelConfig, TargetModel
 from relay.engine.relays import DirectRelay, Relay, map_relay
 from relay.engine.runner import ModelRunner, SpecConfig
-from relay.engine.scheduler import Scheduler, SchedulerConfig, vocabulary
+from relay.engine.scheduler import Scheduler, SchedulerConfig
 from relay.engine.trace import BUILD, HOST_WAIT, PROCESS, RUN, ranges_for
 from relay.engine.workload import RequestSpec, WorkloadConfig, make_workload
 
@@ -197,14 +197,9 @@ def run_workload(
         runner.warm_up()
         if config.record_inputs:
             runner.record = []
+        lookahead = 1 if spec is None else spec.steps + 1
         scheduler = Scheduler(
-            specs,
-            config.scheduler,
-            device=device,
-            pieces=vocabulary(model.vocab_size, model.seed),
-            eos_token_id=model.eos_token_id,
-            max_context=model.max_context,
-            lookahead=1 if spec is None else spec.steps + 1,
+            specs, config.scheduler, model, device=device, lookahead=lookahead
         )
         loop = "overlap" if config.overlap else "sync"
         with ranges(f"{RUN} {config.mode_name} {loop}", 0):

@@ -327,18 +327,14 @@ class _Program(torch.nn.Module):
         follow = seq_lens - 1  # where the drafts start reading
         for g in [3, 2, 1]:
             if width >= g + 1:
-                tail = (
-                    seq_lens[:, None] - g + torch.arange(g, device=context.device)
-                ).clamp(min=0)
+                tail = seq_lens[:, None] - g + torch.arange(g, device=context.device)
+                tail = tail.clamp(min=0)
                 key = context.gather(1, tail)  # (n, g)
                 windows = context.unfold(1, g, 1)  # (n, W - g + 1, g)
                 starts = torch.arange(windows.shape[1], device=context.device)
                 hit = (windows == key[:, None, :]).all(-1)
-                hit = (
-                    hit
-                    & (starts[None, :] + g < seq_lens[:, None])
-                    & (seq_lens[:, None] > g)
-                )
+                hit = hit & (starts[None, :] + g < seq_lens[:, None])
+                hit = hit & (seq_lens[:, None] > g)
                 best = torch.where(hit, starts[None, :], -1).max(1).values
                 new = (best >= 0) & ~found
                 follow = torch.where(new, best + g, follow)
@@ -376,15 +372,9 @@ class _Program(torch.nn.Module):
             k, v = k.transpose(1, 2), v.transpose(1, 2)  # (rows, heads, width, hd)
             branch_k.append(k)
             branch_v.append(v)
-            o = _tree_attention(
-                q,
-                k,
-                v,
-                self.k_cache[i, :, :, :prefix_width].index_select(0, slots),
-                self.v_cache[i, :, :, :prefix_width].index_select(0, slots),
-                prefix_ok,
-                causal,
-            )
+            prefix_k = self.k_cache[i, :, :, :prefix_width].index_select(0, slots)
+            prefix_v = self.v_cache[i, :, :, :prefix_width].index_select(0, slots)
+            o = _tree_attention(q, k, v, prefix_k, prefix_v, prefix_ok, causal)
             x = x + o @ self.wo[i]
             x = x + _mlp(x, self.w_up[i], self.w_down[i])
 

@@ -21,6 +21,7 @@ from relay.engine.batch import (
     RequestState,
     StepOutput,
 )
+from relay.engine.model import ModelConfig
 from relay.engine.workload import RequestSpec
 
 __all__ = ["PageBudget", "Scheduler", "SchedulerConfig", "TokenAccountingError"]
@@ -153,26 +154,23 @@ class Scheduler:
     """Admits arrivals, builds one batch per step and processes each step's results.
 
     ``lookahead`` is how many positions past its length one step may write (1 for
-    plain decoding, ``steps + 1`` for speculative decoding); ``pieces`` is each
-    token's text (``vocabulary``).
+    plain decoding, ``steps + 1`` for speculative decoding).
     """
 
     def __init__(
         self,
         specs: Sequence[RequestSpec],
         config: SchedulerConfig,
+        model: ModelConfig,
         *,
         device: torch.device,
-        pieces: list[str],
-        eos_token_id: int,
-        max_context: int,
         lookahead: int,
     ) -> None:
         self.config = config
         self.device = device
-        self.pieces = pieces
-        self.eos_token_id = eos_token_id
-        self.max_context = max_context
+        self.pieces = vocabulary(model.vocab_size, model.seed)  # each token's text
+        self.eos_token_id = model.eos_token_id
+        self.max_context = max_context = model.max_context
         self.lookahead = lookahead
         self.pending = deque(sorted(specs, key=lambda s: (s.arrival_step, s.rid)))
         self.waiting: deque[Request] = deque()
