@@ -55,11 +55,6 @@ class Request:
     #: [Rows of a retracted request]).
     epoch: int = 0
 
-    @property
-    def active(self) -> bool:
-        """Still to be scheduled."""
-        return self.state is RequestState.RUNNING
-
 
 class ForwardMode(enum.Enum):
     """What a forward does."""

@@ -157,16 +157,13 @@ def run_workload(
     model, spec = config.model, config.spec
     if specs is None:
         specs = make_workload(config.workload, model.vocab_size, model.eos_token_id)
-    saved_threads = torch.get_num_threads()
-    saved_interval = sys.getswitchinterval()
-    if device.type == "cpu":
-        if config.cpu_threads is not None:
-            torch.set_num_threads(config.cpu_threads)
-        if config.switch_interval is not None:
-            sys.setswitchinterval(config.switch_interval)
     with contextlib.ExitStack() as cleanup:
-        cleanup.callback(sys.setswitchinterval, saved_interval)
-        cleanup.callback(torch.set_num_threads, saved_threads)
+        cleanup.callback(sys.setswitchinterval, sys.getswitchinterval())
+        cleanup.callback(torch.set_num_threads, torch.get_num_threads())
+        if device.type == "cpu" and config.cpu_threads is not None:
+            torch.set_num_threads(config.cpu_threads)
+        if device.type == "cpu" and config.switch_interval is not None:
+            sys.setswitchinterval(config.switch_interval)
         if config.debug:
             # Debug maps check stream order only while the clocks are installed, from
             # before the lane's streams exist (docs/debugging.md).

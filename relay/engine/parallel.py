@@ -1,11 +1,9 @@
 """Data-parallel ranks: one process each, with its own scheduler, maps and forward executor.
 
-Requests are dealt round-robin to ranks. Ranks share every step, as data-parallel
-attention does: each step the schedulers agree (on a gloo group, host tensors)
-whether any rank has a batch and whether any has work left, and every forward,
-an idle rank's included, joins one collective on the forward's own group (gloo on
-the CPU, nccl on GPUs). A rank with no requests runs an idle forward: relay
-operations on zero indices, which allocate nothing, and the collective.
+Requests are dealt round-robin. Ranks share every step, as data-parallel attention
+does: the schedulers agree (gloo, host tensors) whether any rank has a batch and
+any has work left, and every forward joins one collective on its own group (gloo or
+nccl); a rank without requests runs an idle forward (relay calls on zero indices).
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
-"""How step N's outputs reach step N+1: through a generated map, or directly.
-
-``MapRelay`` is the overlap path: the forward gathers the previous forward's stash
-on its own stream (``resolve_future``); in speculative decoding the scheduler
-resolves the lengths behind the map's fence, in plain decoding it computes them on
-the host (every request grows by one token per step). ``DirectRelay`` is the
-synchronous baseline: the previous step has finished, so its outputs are read from
-plain per-slot tensors. The synchronous run checks the overlap run, so the two
-share no hand-over code.
+"""How step N's outputs reach step N+1: through a generated map (``MapRelay``, the
+overlap loop), or from plain per-slot tensors once step N has finished
+(``DirectRelay``, the synchronous baseline). The synchronous run checks the overlap
+run, so the two share no hand-over code.
 """
 
 from __future__ import annotations
@@ -101,10 +96,11 @@ def _host_slots(batch: ForwardBatch) -> Tensor:
 
 
 class MapRelay:
-    """The overlap hand-over, through one generated map (``map_relay`` builds it).
-
-    ``lane`` is the map itself where it relays lengths; ``None`` in plain decoding,
-    whose map relays tokens only: the host keeps each slot's next length.
+    """The overlap hand-over, through one generated map (``map_relay`` builds it): the
+    forward gathers the previous forward's stash on its own stream. ``lane`` is the
+    map itself where it relays lengths, which the scheduler resolves behind the map's
+    fence; ``None`` in plain decoding, whose map relays tokens only: every request
+    grows by one token per step, so the host keeps each slot's next length.
     """
 
     def __init__(

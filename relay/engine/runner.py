@@ -1,10 +1,6 @@
-"""The forward of one step, as it runs on the forward executor.
-
-Every forward starts by resolving the relay (decode batches), publishes the new
-lengths as soon as they exist, and ends by stashing what the next forward needs
-and copying its results to the host for the scheduler. A decode forward of a mixed
-batch also runs a prefill chunk: the relay resolves only the decode rows, and one
-publish and one stash cover the decode rows and the chunk's finished prompts.
+"""The forward of one step, as it runs on the forward executor: it resolves the
+relay (decode rows only, in a mixed batch), publishes the new lengths as soon as
+they exist, stashes what the next forward needs and copies its results to the host.
 """
 
 from __future__ import annotations
@@ -97,7 +93,6 @@ class ModelRunner:
         ranges: Ranges = no_ranges,
     ) -> None:
         self.model = model
-        self.kv = kv
         self.relay = relay
         self.spec = spec
         self.eagle = spec is not None and spec.method == "eagle"
@@ -116,11 +111,8 @@ class ModelRunner:
         50 ms each here); without a warm-up the first timed run would pay for it.
         Writes only the scratch slot's cache rows; touches no relay.
         """
-        device = self.model.device
-        slot = torch.zeros(1, dtype=torch.int64, device=device)
-        token = torch.ones(1, dtype=torch.int64, device=device)
-        prompt_len = torch.full((1,), 2, dtype=torch.int64, device=device)
-        seq_lens = prompt_len + 1
+        slot = torch.zeros(1, dtype=torch.int64, device=self.model.device)
+        token, prompt_len, seq_lens = slot + 1, slot + 2, slot + 3
         fw, spec = self.forwards, self.spec
         for _ in range(2):
             hidden, _ = fw.prefill(token[:, None].expand(1, 2), prompt_len, slot)
@@ -133,8 +125,7 @@ class ModelRunner:
                 )
                 fw.commit_and_extend(result, seq_lens, slot, spec.topk)
             elif spec is not None:
-                accept = token.new_zeros(1, spec.steps)
-                lens = torch.zeros(1, dtype=torch.int32, device=device)
+                accept, lens = self._first_extras(slot, slot)  # none accepted
                 result = fw.ngram_verify(token, accept, lens, seq_lens, 3, slot)
                 fw.commit(result, seq_lens, slot)
 

@@ -251,8 +251,9 @@ class Scheduler:
 
     def _filter_running(self) -> None:
         """Drop finished, capped and retracted requests from the running batch."""
-        if not all(r.active for r in self._running):
-            keep = [i for i, r in enumerate(self._running) if r.active]
+        running = [r.state is RequestState.RUNNING for r in self._running]
+        if not all(running):
+            keep = [i for i, still in enumerate(running) if still]
             self._running = [self._running[i] for i in keep]
             rows = torch.tensor(keep, dtype=torch.int64).to(self.device)
             self._running_slots = self._running_slots[rows]
