@@ -113,9 +113,8 @@ class RunResult:
     @property
     def occupancy(self) -> float:
         """Share of wall time the forward executor was busy."""
-        return (
-            self.forward_busy_seconds / self.wall_seconds if self.wall_seconds else 0.0
-        )
+        wall = self.wall_seconds
+        return self.forward_busy_seconds / wall if wall else 0.0
 
     @property
     def accept_length(self) -> float:

@@ -429,13 +429,10 @@ class _Program(torch.nn.Module):
 
 
 class KVCache:
-    """Keys and values of every layer, indexed by request-pool slot and position.
-
-    Shape per tensor: ``(layers, pool_size, heads, max_context, head_dim)``. A request
-    owns its slot's rows for its whole life, so the cache needs no block table; row 0
-    is the scratch slot. Positions at or beyond a request's length hold stale values
-    that attention masks out.
-    """
+    """Keys and values of every layer, ``(layers, pool_size, heads, max_context,
+    head_dim)``: a request owns its slot's rows for its whole life, so there is no
+    block table; row 0 is the scratch slot. Positions at or beyond a request's length
+    hold stale values that attention masks out."""
 
     def __init__(
         self, config: ModelConfig, pool_size: int, device: torch.device
@@ -512,12 +509,9 @@ class TargetModel:
 
 
 class DraftHead:
-    """An EAGLE-style draft head: next hidden from (previous hidden, current token).
-
-    A draft step reads the target's hidden state (or its own, further down a draft
-    chain) and the embedding of the token after it, and predicts the hidden state one
-    position on; the target's output head turns it into logits.
-    """
+    """An EAGLE-style draft head: from a hidden state (the target's, or its own further
+    down a draft chain) and the next token's embedding, the hidden state one position
+    on; the target's output head turns it into logits."""
 
     def __init__(self, target: TargetModel) -> None:
         c = target.config
@@ -592,14 +586,10 @@ class Forwards:
         max_seq_len: int,
         slots: Tensor,
     ) -> VerifyResult:
-        """Draft ``topk`` branches of ``steps`` tokens, then verify them greedily.
-
-        ``first`` (n, topk) are the branches' first tokens, drawn from the draft state
-        ``draft_hidden`` (n, hidden). ``bonus`` (n,) is the last verified token, at
-        position ``seq_lens - 1`` and not yet in the cache. The branch with the longest
-        accepted prefix wins (the first on a tie). Nothing is written to the cache:
-        see ``commit_and_extend``.
-        """
+        """Draft ``topk`` branches of ``steps`` tokens from ``first`` (n, topk) and the
+        draft state ``draft_hidden`` (n, hidden) after ``bonus`` (n,), the last verified
+        token (at ``seq_lens - 1``, uncached); verify them greedily: the longest accepted
+        prefix wins, the first on a tie. Writes no cache (``commit_and_extend`` does)."""
         args = [bonus, draft_hidden, first, seq_lens, slots]
         method = self.program.draft_and_verify
         return VerifyResult(*self._call(args, method, steps, max_seq_len))

@@ -25,7 +25,6 @@ from relay.engine.model import ModelConfig
 from relay.engine.workload import RequestSpec
 
 __all__ = ["PageBudget", "Scheduler", "SchedulerConfig", "TokenAccountingError"]
-__all__ += ["vocabulary"]
 
 
 # Note [One schedule for both modes]
@@ -77,17 +76,6 @@ class SchedulerConfig:
     #: With ``retract``: free pages admission leaves per running request, for their
     #: growth. Less admits more and retracts more.
     headroom: float = 0.25
-
-
-def vocabulary(size: int, seed: int = 0) -> list[str]:
-    """Each token id's text piece, for incremental detokenization of outputs."""
-    rng = random.Random(seed)
-    letters = "etaoinshrdlucmfwypvbgkjqxz"
-    return [
-        ("" if rng.random() < 0.7 else " ")
-        + "".join(rng.choice(letters) for _ in range(rng.randint(1, 4)))
-        for _ in range(size)
-    ]
 
 
 class PageBudget:
@@ -168,7 +156,13 @@ class Scheduler:
     ) -> None:
         self.config = config
         self.device = device
-        self.pieces = vocabulary(model.vocab_size, model.seed)  # each token's text
+        # Each token's text piece, for incremental detokenization of outputs.
+        rng, letters = random.Random(model.seed), "etaoinshrdlucmfwypvbgkjqxz"
+        self.pieces = [
+            ("" if rng.random() < 0.7 else " ")
+            + "".join(rng.choice(letters) for _ in range(rng.randint(1, 4)))
+            for _ in range(model.vocab_size)
+        ]
         self.eos_token_id = model.eos_token_id
         self.max_context = max_context = model.max_context
         self.lookahead = lookahead
@@ -364,15 +358,14 @@ class Scheduler:
                 take = min(remaining, room)
             else:
                 take = remaining if not reqs or remaining <= room else 0
-            if take <= 0:
-                break
             last = take == remaining
             end = start + take + (1 + 2 * self.lookahead if last else 0)
-            if req.state is RequestState.WAITING and not self._free_slots:
+            admitting = req.state is RequestState.WAITING
+            if take <= 0 or (admitting and not self._free_slots):
                 break
             if not self._take_pages(req, end):
                 break
-            if req.state is RequestState.WAITING:
+            if admitting:
                 req.slot = self._free_slots.pop()
                 req.state = RequestState.PREFILLING
             req.prefilled += take
