@@ -37,11 +37,6 @@ class SpecConfig:
         if self.method not in ("eagle", "ngram"):
             raise ValueError(f"method must be eagle or ngram (got {self.method!r})")
 
-    @property
-    def branches(self) -> int:
-        """Draft branches verified per request."""
-        return self.topk if self.method == "eagle" else 1
-
 
 def _to_host(t: Tensor) -> Tensor:
     """A host copy the scheduler reads once the step is done."""
@@ -249,7 +244,9 @@ class ModelRunner:
         """A decode (or verify) forward, with a mixed batch's chunk."""
         self._resolve_future(batch)
         spec, chunk = self.spec, batch.chunk
-        tokens = len(batch) * (1 if spec is None else spec.branches * (spec.steps + 1))
+        width = 1 if spec is None else spec.steps + 1  # each branch: drafts and bonus
+        branches = spec.topk if spec is not None and self.eagle else 1
+        tokens = len(batch) * width * branches
         parts: list[_Handoff] = []
         if chunk is None:
             self._start_kernels(tokens)

@@ -230,18 +230,13 @@ def load(path: Path) -> Trace:
             continue
         start, end = float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))
         row = threads.get((e.get("pid"), e.get("tid")), str(e.get("tid")))
-        if e.get("cat") == "kernel":
-            stream = f"stream {e.get('tid')}"
-            kernels.append(Span(str(e["name"]), 0, stream, start, end))
-            continue
-        if e.get("cat") != "user_annotation":
-            continue
-        name = str(e["name"])
-        if name.startswith(f"{RUN} "):
-            spans.append(Span(name.rsplit(" ", 1)[0], 0, row, start, end))
-            continue
+        name, ours = str(e["name"]), e.get("cat") == "user_annotation"
         match = _NAME.match(name)
-        if match is not None:
+        if e.get("cat") == "kernel":
+            kernels.append(Span(name, 0, f"stream {e.get('tid')}", start, end))
+        elif ours and name.startswith(f"{RUN} "):
+            spans.append(Span(name.rsplit(" ", 1)[0], 0, row, start, end))
+        elif ours and match is not None:
             spans.append(Span(match["what"], int(match["step"]), row, start, end))
     spans.sort(key=lambda s: (s.start, -s.end))
     kernels.sort(key=lambda s: s.start)
