@@ -11,15 +11,6 @@ from relay.engine.runner import SpecConfig
 from relay.engine.scheduler import SchedulerConfig
 from relay.engine.workload import RequestSpec, WorkloadConfig, make_workload
 
-__all__ = [
-    "EngineConfig",
-    "ModelConfig",
-    "RequestSpec",
-    "RunResult",
-    "SchedulerConfig",
-    "SpecConfig",
-    "StepAgreement",
-    "WorkloadConfig",
-    "make_workload",
-    "run_workload",
-]
+__all__ = ["EngineConfig", "ModelConfig", "RequestSpec", "RunResult", "SchedulerConfig"]
+__all__ += ["SpecConfig", "StepAgreement", "WorkloadConfig", "make_workload"]
+__all__ += ["run_workload"]

@@ -8,12 +8,12 @@ nccl); a rank without requests runs an idle forward (relay calls on zero indices
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import os
 import pickle
 import tempfile
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 
 import attrs
@@ -26,11 +26,11 @@ from relay.engine.workload import make_workload
 __all__ = ["merge_results", "run_data_parallel", "run_data_parallel_many"]
 
 
+@attrs.frozen
 class _GroupAgreement:
     """The schedulers' per-step agreement, on a host (gloo) group."""
 
-    def __init__(self, group: dist.ProcessGroup) -> None:
-        self.group = group
+    group: dist.ProcessGroup
 
     def agree(self, active: bool, more: bool) -> tuple[bool, bool]:
         flags = torch.tensor([int(active), int(more)], dtype=torch.int64)
@@ -38,15 +38,11 @@ class _GroupAgreement:
         return bool(flags[0]), bool(flags[1])
 
 
-def _step_sync(group: dist.ProcessGroup, device: torch.device) -> Callable[[int], None]:
+def _sync_tokens(group: dist.ProcessGroup, device: torch.device, tokens: int) -> None:
     """The forward's collective: every rank learns the step's global token count, as
     data-parallel attention does to pad its shared layers."""
-
-    def sync(tokens: int) -> None:
-        count = torch.tensor([tokens], dtype=torch.int64, device=device)
-        dist.all_reduce(count, group=group)
-
-    return sync
+    count = torch.tensor([tokens], dtype=torch.int64, device=device)
+    dist.all_reduce(count, group=group)
 
 
 def _rank_main(rank: int, world: int, configs: list[EngineConfig], shared: str) -> None:
@@ -59,20 +55,16 @@ def _rank_main(rank: int, world: int, configs: list[EngineConfig], shared: str) 
         backend, init_method=f"file://{shared}/init", rank=rank, world_size=world
     )
     try:
-        host_group = dist.new_group(backend="gloo")
-        forward_group = dist.new_group(backend=backend)
+        agree = _GroupAgreement(dist.new_group(backend="gloo"))
+        sync = functools.partial(_sync_tokens, dist.new_group(backend=backend), device)
         results = []
         for config in configs:
             model = config.model
             every = make_workload(config.workload, model.vocab_size, model.eos_token_id)
             specs = [s for s in every if s.rid % world == rank]  # round-robin
+            on_rank = attrs.evolve(config, device=str(device))
             results.append(
-                run_workload(
-                    attrs.evolve(config, device=str(device)),
-                    specs,
-                    agreement=_GroupAgreement(host_group),
-                    step_sync=_step_sync(forward_group, device),
-                )
+                run_workload(on_rank, specs, agreement=agree, step_sync=sync)
             )
         Path(shared, f"rank{rank}.pkl").write_bytes(pickle.dumps(results))
     finally:

@@ -152,13 +152,9 @@ class ModelRunner:
         with self.ranges(trace.RESOLVE_FUTURE, batch.step):
             self.relay.resolve_future(batch)
         if self.record is not None and batch.reqs:
-            inputs = (
-                batch.input_ids if self.spec is None else batch.spec_info.bonus_tokens
-            )
-            self.record.extend(
-                (batch.step, req.spec.rid, token)
-                for req, token in zip(batch.reqs, inputs.tolist())
-            )
+            ids = batch.input_ids if self.spec is None else batch.spec_info.bonus_tokens
+            rows = zip(batch.reqs, ids.tolist())
+            self.record += [(batch.step, req.spec.rid, token) for req, token in rows]
 
     def _publish(self, batch: ForwardBatch, slots: Tensor, lens: Tensor) -> None:
         with self.ranges(trace.PUBLISH, batch.step):
