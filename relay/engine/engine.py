@@ -35,9 +35,12 @@ from relay.engine.scheduler import Scheduler, SchedulerConfig
 from relay.engine.trace import BUILD, HOST_WAIT, PROCESS, RUN, ranges_for
 from relay.engine.workload import RequestSpec, WorkloadConfig, make_workload
 
-__all__ = ["EngineConfig", "RunResult", "StepAgreement", "ideal_speedup"]
-__all__ += ["run_workload", "seed_prebuilt"]
+__all__ = ["SCHEDULER_COUNTS", "EngineConfig", "RunResult", "StepAgreement"]
+__all__ += ["ideal_speedup", "run_workload", "seed_prebuilt"]
 
+#: The ``RunResult`` counts the scheduler keeps, under the same names.
+SCHEDULER_COUNTS: tuple[str, ...] = ("decode_rows", "decode_tokens", "retractions")
+SCHEDULER_COUNTS += ("aborts", "chunks", "prebuilt")
 #: ``progress(finished, total)`` after each processed step.
 Progress = Callable[[int, int], None]
 
@@ -269,14 +272,9 @@ def _loop(
         forward_busy_seconds=busy,
         steps=steps,
         idle_steps=idle_steps,
-        decode_rows=scheduler.decode_rows,
-        decode_tokens=scheduler.decode_tokens,
-        retractions=scheduler.retractions,
-        aborts=scheduler.aborts,
-        chunks=scheduler.chunks,
-        prebuilt=scheduler.prebuilt,
         aborted_ids=tuple(rid for rid, r in requests if r.finish_reason == "abort"),
         inputs=tuple(runner.record or ()),
+        **{name: getattr(scheduler, name) for name in SCHEDULER_COUNTS},
     )
 
 

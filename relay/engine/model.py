@@ -190,10 +190,8 @@ def _tree_attention(
 
 
 class _Program(torch.nn.Module):
-    """The forwards over one model's weights, draft head and KV cache.
-
-    Each method reads its tensors from ``args`` (Note [Forwards without the GIL]).
-    """
+    """The forwards over one model's weights, draft head and KV cache; each method
+    reads its tensors from ``args`` (Note [Forwards without the GIL])."""
 
     def __init__(self, target: TargetModel, kv: KVCache, draft_w: Tensor) -> None:
         super().__init__()
@@ -521,10 +519,8 @@ class DraftHead:
 
 
 class Forwards:
-    """The forwards of a target model (and draft head) over one KV cache.
-
-    ``compiled=False`` runs them eagerly, as where TorchScript is unavailable.
-    """
+    """The forwards of a target model (and draft head) over one KV cache;
+    ``compiled=False`` runs them eagerly, as where TorchScript is unavailable."""
 
     def __init__(
         self,

@@ -20,7 +20,7 @@ import attrs
 import torch
 import torch.distributed as dist
 
-from relay.engine.engine import EngineConfig, RunResult, run_workload
+from relay.engine.engine import SCHEDULER_COUNTS, EngineConfig, RunResult, run_workload
 from relay.engine.workload import make_workload
 
 __all__ = ["merge_results", "run_data_parallel", "run_data_parallel_many"]
@@ -72,8 +72,7 @@ def _rank_main(rank: int, world: int, configs: list[EngineConfig], shared: str) 
 
 
 #: ``RunResult`` counts that add up over ranks.
-_SUMMED = ["generated_tokens", "idle_steps", "decode_rows", "decode_tokens"]
-_SUMMED += ["retractions", "aborts", "chunks", "prebuilt"]
+_SUMMED = ("generated_tokens", "idle_steps", *SCHEDULER_COUNTS)
 
 
 def merge_results(results: list[RunResult]) -> RunResult:

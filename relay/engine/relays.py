@@ -225,11 +225,7 @@ class DirectRelay:
     """
 
     def __init__(
-        self,
-        pool_size: int,
-        device: torch.device,
-        ranges: Ranges = no_ranges,
-        mode: str = "decode",
+        self, pool_size: int, device: torch.device, ranges: Ranges, mode: str
     ) -> None:
         self.ranges = ranges
         self.pool_size = pool_size

@@ -100,12 +100,9 @@ class ModelRunner:
         self.record: list[tuple[int, int, int]] | None = None
 
     def warm_up(self) -> None:
-        """Run each of the model's forwards twice on the scratch slot 0, before timing.
-
-        TorchScript profiles a function's first calls and then optimizes it (about
-        50 ms each here); without a warm-up the first timed run would pay for it.
-        Writes only the scratch slot's cache rows; touches no relay.
-        """
+        """Run each of the model's forwards twice on the scratch slot 0, before timing:
+        TorchScript profiles a function's first calls and then optimizes it, which the
+        first timed run would pay for. Writes only the scratch slot's cache rows."""
         slot = torch.zeros(1, dtype=torch.int64, device=self.model.device)
         token, prompt_len, seq_lens = slot + 1, slot + 2, slot + 3
         fw, spec = self.forwards, self.spec
@@ -189,14 +186,11 @@ class ModelRunner:
         self._resolve_future(batch)
         self._publish(batch, empty, empty)
         self._start_kernels(0)
-        extras: Extras
-        if self.spec is not None and self.eagle:
-            config = self.model.config
-            extras = (
-                empty.new_empty((0, self.spec.topk), dtype=torch.float32),
-                empty.new_empty((0, self.spec.topk)),
-                empty.new_empty((0, config.hidden), dtype=config.dtype),
-            )
+        if self.spec is not None and self.eagle:  # a draft's rows, without drafting
+            c, topk = self.model.config, self.spec.topk
+            p = empty.new_empty((0, topk), dtype=torch.float32)
+            h = empty.new_empty((0, c.hidden), dtype=c.dtype)
+            extras: Extras = (p, empty.new_empty((0, topk)), h)
         else:
             extras = self._first_extras(empty, empty)  # (), or n-gram's empty rows
         self._stash(batch, _Handoff(empty, empty, extras, empty))

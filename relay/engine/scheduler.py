@@ -80,12 +80,9 @@ class SchedulerConfig:
 
 class PageBudget:
     """KV memory in pages of ``page_size`` tokens, counted (a request's cache rows are
-    its slot's, so no page ever needs a name).
-
-    With ``reserve``, admission reserves a request's worst case, so a running request
-    never waits for memory, and pages are taken from the reservation as the sequence
-    grows. Without it, pages are taken as sequences grow and may run out.
-    """
+    its slot's, so no page needs a name). With ``reserve``, admission reserves a
+    request's worst case, so a running request never waits for memory; without it,
+    pages are taken as sequences grow and may run out."""
 
     def __init__(self, pages: int, page_size: int, *, reserve: bool) -> None:
         self.page_size = page_size
@@ -218,11 +215,9 @@ class Scheduler:
     # -- building a batch (before the fence) ---------------------------------------
     def next_batch(self) -> ForwardBatch | None:
         """This step's batch: a prefill of admitted requests, or a decode of the running
-        (with a prefill chunk riding along, with mixed batches).
-
-        Prefill goes first when requests wait, but never twice in a row while
-        requests run, so decoding is not starved. ``None`` when nothing can run.
-        """
+        (with a prefill chunk riding along, with mixed batches); ``None`` when nothing
+        can run. Prefill goes first when requests wait, but never twice in a row while
+        requests run, so decoding is not starved."""
         self._arrive()
         self._abort_due()
         self._filter_running()
@@ -436,10 +431,8 @@ class Scheduler:
 
     # -- results of a finished step ----------------------------------------------------
     def process(self, batch: ForwardBatch, out: StepOutput) -> None:
-        """Append a finished step's tokens, detokenize, and finish requests.
-
-        Runs one step late in both modes (Note [One schedule for both modes]).
-        """
+        """Append a finished step's tokens, detokenize, and finish requests; one step
+        late in both modes (Note [One schedule for both modes])."""
         if batch.mode is ForwardMode.IDLE:
             return
         if batch.mode is ForwardMode.DECODE:
@@ -502,12 +495,9 @@ class Scheduler:
         return reason
 
     def _stream_chunk(self, req: Request, first: int, reason: str | None) -> None:
-        """Detokenize a request's new tokens and serialize the chunk a server streams.
-
-        Incremental detokenization re-decodes a short window before the new tokens
-        (as servers do, since a piece's text can depend on its neighbours) and sends
-        the text past what was already sent.
-        """
+        """Detokenize a request's new tokens and serialize the chunk a server streams:
+        as servers do, re-decode a short window before the new tokens (a piece's text
+        can depend on its neighbours) and send the text past what was already sent."""
         window = max(0, first - 4)
         before = "".join(req.text[window:first])
         delta = "".join(req.text[window:])[len(before) :]
