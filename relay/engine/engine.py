@@ -150,11 +150,8 @@ def run_workload(
     agreement: StepAgreement | None = None,
     step_sync: Callable[[int], None] | None = None,
 ) -> RunResult:
-    """Run ``specs`` (default: ``config.workload``) to completion and measure it.
-
-    ``agreement`` and ``step_sync`` make this one data-parallel rank
-    (``relay.engine.parallel``).
-    """
+    """Run ``specs`` (default: ``config.workload``) to completion and measure it;
+    ``agreement`` and ``step_sync`` make it one data-parallel rank (``parallel``)."""
     device = torch.device(config.device)
     model, spec = config.model, config.spec
     if specs is None:

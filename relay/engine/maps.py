@@ -54,12 +54,9 @@ class Maps:
 
 @attrs.frozen
 class MapSource:
-    """Where a run's maps come from (the modules of ``MAP_MODULES``).
-
-    ``folder=None`` is the packaged ``relay.maps``; otherwise a folder holding
-    ``decode.py``, ``decode_seq_lens.py``, ``eagle.py`` and ``ngram.py`` generated from the bundled
-    schemas. Plain data, so data-parallel ranks (spawned processes) load the same
-    files.
+    """Where a run's maps come from: ``folder=None`` is the packaged ``relay.maps``,
+    else a folder holding the modules of ``MAP_MODULES`` generated from the bundled
+    schemas. Plain data, so data-parallel ranks (spawned processes) load the same files.
     """
 
     folder: str | None = None

@@ -467,14 +467,13 @@ class TargetModel:
     """The target model's weights: embeddings, pre-norm attention + SwiGLU layers, output head."""
 
     def __init__(self, config: ModelConfig, device: torch.device) -> None:
-        if config.hidden % config.heads:
+        c = config
+        if c.hidden % c.heads:
             raise ValueError(
-                f"hidden ({config.hidden}) must be a multiple of heads ({config.heads})"
+                f"hidden ({c.hidden}) must be a multiple of heads ({c.heads})"
             )
-        if not 0 <= config.eos_token_id < config.vocab_size:
-            raise ValueError(
-                f"eos_token_id {config.eos_token_id} is outside the vocabulary"
-            )
+        if not 0 <= c.eos_token_id < c.vocab_size:
+            raise ValueError(f"eos_token_id {c.eos_token_id} is outside the vocabulary")
         self.config = config
         gen = torch.Generator().manual_seed(config.seed)
         h, f, v = config.hidden, config.ffn, config.vocab_size
@@ -496,10 +495,8 @@ class TargetModel:
             )
             for _ in range(config.layers)
         ]
-        # Stacked on a leading layer dimension (see the forwards above).
-        self.wqkv, self.wo, self.w_up, self.w_down = (
-            place(torch.stack(ws)) for ws in zip(*layers)
-        )
+        stacked = [place(torch.stack(ws)) for ws in zip(*layers)]  # (layers, ...)
+        self.wqkv, self.wo, self.w_up, self.w_down = stacked
         lm_head = normal(v, h, std=1.0)
         lm_head[config.eos_token_id] *= config.eos_boost
         self.lm_head_t = place(lm_head.t())  # (hidden, vocab)

@@ -97,10 +97,8 @@ def merge_results(results: list[RunResult]) -> RunResult:
 def run_data_parallel(
     config: EngineConfig, ranks: int
 ) -> tuple[RunResult, list[RunResult]]:
-    """Run ``config.workload`` on ``ranks`` spawned processes; (merged, per rank).
-
-    On CUDA each rank takes the GPU of its rank number.
-    """
+    """Run ``config.workload`` on ``ranks`` spawned processes (on CUDA, each on the
+    GPU of its rank number); (merged, per rank)."""
     (per_rank,) = run_data_parallel_many([config], ranks)
     return merge_results(per_rank), per_rank
 
@@ -113,10 +111,8 @@ def run_data_parallel_many(
     config = configs[0]
     if ranks < 1:
         raise ValueError(f"ranks must be >= 1 (got {ranks})")
-    if config.device.startswith("cuda") and torch.cuda.device_count() < ranks:
-        raise ValueError(
-            f"{ranks} ranks need {ranks} GPUs; {torch.cuda.device_count()} found"
-        )
+    if config.device.startswith("cuda") and (gpus := torch.cuda.device_count()) < ranks:
+        raise ValueError(f"{ranks} ranks need {ranks} GPUs; {gpus} found")
     with tempfile.TemporaryDirectory(prefix="relay-dp-") as shared:
         env_before = os.environ.get("OMP_NUM_THREADS")
         os.environ.setdefault("OMP_NUM_THREADS", "1")  # ranks share the host's cores
@@ -135,11 +131,9 @@ def run_data_parallel_many(
                 proc.start()
             for proc in procs:
                 proc.join()
-            failed = [p.name for p in procs if p.exitcode != 0]
+            failed = ", ".join(p.name for p in procs if p.exitcode != 0)
             if failed:
-                raise RuntimeError(
-                    f"data-parallel ranks failed: {', '.join(failed)} (see above)"
-                )
+                raise RuntimeError(f"data-parallel ranks failed: {failed} (see above)")
         finally:
             if env_before is None:
                 os.environ.pop("OMP_NUM_THREADS", None)

@@ -49,17 +49,15 @@ MakePayload = Callable[["Maps", Tensor, Extras], Any]
 
 
 class Relay(Protocol):
-    """The hand-over between steps, as the scheduler and the forward see it.
-
-    On the scheduler: ``resolve_lengths`` sets a decode batch's ``seq_lens``,
-    ``seq_lens_cpu`` and ``seq_lens_sum``; ``scheduled`` says a batch (any mode) is
-    about to launch, ``seeded`` that prebuilt requests took slots, with these lengths.
-    On the forward: ``resolve_future`` first fills a decode batch's inputs from the
-    previous forward, ``publish`` hands the new lengths to the scheduler mid-forward,
-    ``stash`` hands this step's tokens (and draft state) to the next forward,
-    ``release`` says the requests of slots ended (debug maps refuse stale reads),
-    and ``seed`` seeds prebuilt requests' rows (Note [Seeding a prebuilt request]).
-    """
+    """The hand-over between steps. On the scheduler: ``resolve_lengths`` sets a decode
+    batch's ``seq_lens``, ``seq_lens_cpu`` and ``seq_lens_sum``; ``scheduled`` says a
+    batch (any mode) is about to launch, ``seeded`` that prebuilt requests took slots,
+    with these lengths. On the forward: ``resolve_future`` first fills a decode batch's
+    inputs from the previous forward, ``publish`` hands the new lengths to the
+    scheduler mid-forward, ``stash`` hands this step's tokens (and draft state) to the
+    next forward, ``release`` says the requests of slots ended (debug maps refuse stale
+    reads), and ``seed`` seeds prebuilt requests' rows (Note [Seeding a prebuilt
+    request])."""
 
     def resolve_lengths(self, batch: ForwardBatch) -> None: ...
     def scheduled(self, batch: ForwardBatch) -> None: ...

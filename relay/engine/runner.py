@@ -68,12 +68,10 @@ def _joined(parts: list[_Handoff]) -> _Handoff:
 
 
 class ModelRunner:
-    """Runs prefill, decode and verify forwards against one relay.
-
-    ``step_sync(n)`` is called by every forward, idle ones included, with the
-    number of tokens this rank runs: the data-parallel collective of a shared step.
-    ``kernels_started()`` follows it, when the forward's kernels are about to run
-    (Note [Host turns on the CPU worker] in relay/engine/executors.py).
+    """Runs prefill, decode and verify forwards against one relay. Every forward, idle
+    ones included, calls ``step_sync(n)`` with the tokens this rank runs (the
+    data-parallel collective of a shared step), then ``kernels_started()`` when its
+    kernels are about to run (Note [Host turns on the CPU worker] in executors.py).
     """
 
     def __init__(

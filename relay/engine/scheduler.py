@@ -136,11 +136,9 @@ def _hits_stop(text: list[str], stops: tuple[str, ...]) -> bool:
 
 
 class Scheduler:
-    """Admits arrivals, builds one batch per step and processes each step's results.
-
+    """Admits arrivals, builds one batch per step and processes each step's results;
     ``lookahead`` is how many positions past its length one step may write (1 for
-    plain decoding, ``steps + 1`` for speculative decoding).
-    """
+    plain decoding, ``steps + 1`` for speculative decoding)."""
 
     def __init__(
         self,

@@ -134,10 +134,8 @@ def _quiet_stderr() -> Iterator[None]:
 
 @contextlib.contextmanager
 def record(path: Path, device: torch.device | str = "cpu") -> Iterator[None]:
-    """Profile the block and write its Chrome trace to ``path``, threads named by role.
-
-    Runs inside the block trace only with ``EngineConfig(trace=True)``.
-    """
+    """Profile the block and write its Chrome trace to ``path``, threads named by role
+    (runs inside the block trace only with ``EngineConfig(trace=True)``)."""
     profiler = _profile(torch.device(device))
     with _quiet_stderr():
         profiler.start()
