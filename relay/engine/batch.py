@@ -156,12 +156,12 @@ class Seeds:
 
 @attrs.define(eq=False)
 class StepOutput:
-    """What a forward leaves for the scheduler, on the host, valid once the step is done."""
+    """What a forward leaves for the scheduler, on the host, once the step is done:
+    (n, width) tokens, of which row i's first ``counts[i]`` are its new output tokens,
+    and (n,) sequence lengths after the step."""
 
-    #: (n, width) tokens; row i's first ``counts[i]`` are its new output tokens.
     tokens: Tensor | None = None
     counts: Tensor | None = None
-    #: (n,) sequence lengths after the step.
     new_seq_lens: Tensor | None = None
     #: The results of a mixed batch's prefill chunk.
     chunk: StepOutput | None = None

@@ -65,8 +65,7 @@ class EngineConfig:
     #: plays the device, the rest run the scheduler; both modes use the same setting.
     cpu_threads: int | None = 1
     #: ``sys.setswitchinterval`` during a CPU run: the forward thread gets the GIL back
-    #: within 1 ms of an op instead of up to 5 ms while the scheduler runs Python
-    #: (shorter intervals measured slower: the threads thrash).
+    #: within 1 ms of an op instead of up to 5 ms while the scheduler runs Python.
     switch_interval: float | None = 1e-3
     #: Open a named range around each piece of each step's work, for a profiler
     #: (``relay.engine.trace.record``); off, the ranges cost nothing (Note [Ranges
@@ -75,11 +74,6 @@ class EngineConfig:
     #: Keep each decode step's input tokens per request (``RunResult.inputs``), read
     #: back on the forward: for comparing two runs step by step, not for timing.
     record_inputs: bool = False
-
-    @property
-    def mode_name(self) -> str:
-        """``decode``, ``eagle`` or ``ngram``."""
-        return "decode" if self.spec is None else self.spec.method
 
 
 @attrs.frozen(kw_only=True)
@@ -154,6 +148,7 @@ def run_workload(
     ``agreement`` and ``step_sync`` make it one data-parallel rank (``parallel``)."""
     device = torch.device(config.device)
     model, spec = config.model, config.spec
+    mode = "decode" if spec is None else spec.method
     if specs is None:
         specs = make_workload(config.workload, model.vocab_size, model.eos_token_id)
     with contextlib.ExitStack() as cleanup:
@@ -180,7 +175,7 @@ def run_workload(
                 maps, spec, device, pool_size, debug=config.debug, ranges=ranges
             )
         else:
-            relay = DirectRelay(pool_size, device, ranges, config.mode_name)
+            relay = DirectRelay(pool_size, device, ranges, mode)
         runner = ModelRunner(
             TargetModel(model, device),
             KVCache(model, pool_size, device),
@@ -198,7 +193,7 @@ def run_workload(
             specs, config.scheduler, model, device=device, lookahead=lookahead
         )
         loop = "overlap" if config.overlap else "sync"
-        with ranges(f"{RUN} {config.mode_name} {loop}", 0):
+        with ranges(f"{RUN} {mode} {loop}", 0):
             result = _loop(scheduler, runner, executor, agreement, progress, len(specs))
     return result
 
@@ -227,15 +222,14 @@ def _loop(
             relay.resolve_lengths(batch)
             if not scheduler.cap_lengths(batch):
                 batch = batch.chunk  # a mixed batch's chunk runs alone
-        more = batch is not None or in_flight is not None or scheduler.has_work()
         active = batch is not None
-        any_active, any_more = (
-            (active, more) if agreement is None else agreement.agree(active, more)
-        )
-        if not any_more:
+        more = active or in_flight is not None or scheduler.has_work()
+        if agreement is not None:  # data-parallel: another rank's batch or work counts
+            active, more = agreement.agree(active, more)
+        if not more:
             break
         launched = None
-        if any_active:
+        if active:
             if batch is None:  # another rank has work: join its step
                 batch = ForwardBatch.idle(scheduler.device)
                 idle_steps += 1
@@ -258,8 +252,8 @@ def _loop(
         scheduler.clock += 1
     busy = executor.busy_seconds()  # waits for the executor
     wall = time.perf_counter() - start
-    outputs = scheduler.outputs()
     requests = sorted(scheduler.requests.items())
+    outputs = {rid: tuple(r.output) for rid, r in requests}
     reasons = Counter(r.finish_reason or "unfinished" for _, r in requests)
     return RunResult(
         outputs=outputs,

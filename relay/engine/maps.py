@@ -5,9 +5,9 @@ The engine takes every generated class it uses (the maps and their payloads) fro
 one ``Maps`` value, loaded when a run starts; no engine module binds a map class at
 import time. A process that generates the maps and then runs them (``relay demo``)
 therefore never mixes a fresh map class with a payload class of an older version
-of the same module. Modules generated outside ``relay.maps`` are imported from their files under a private name that
-includes a hash of their bytes: the same bytes give the same classes, and edited
-bytes give new classes, never a reload of old ones.
+of the same module. Modules generated outside ``relay.maps`` are imported from their
+files under a private name that includes a hash of their bytes: the same bytes give
+the same classes, and edited bytes give new classes, never a reload of old ones.
 """
 
 from __future__ import annotations

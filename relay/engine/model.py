@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import attrs
 import torch
@@ -69,14 +69,12 @@ _T = TypeVar("_T")
 
 def _script(module: _Module) -> _Module:
     """``module`` compiled by TorchScript, or ``module`` itself where TorchScript is unavailable."""
-    script = getattr(torch.jit, "script", None)
-    if script is None:
-        return module
     try:
+        script: Any = torch.jit.script  # an AttributeError where TorchScript is gone
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # TorchScript's deprecation notice
             compiled: _Module = script(module)
-    except Exception:  # noqa: BLE001 - any compiler failure: run eagerly instead
+    except Exception:  # noqa: BLE001 - missing or failing: run eagerly instead
         return module
     return compiled
 
@@ -155,12 +153,10 @@ def _tree_attention(
     prefix_ok: Tensor,
     causal: Tensor,
 ) -> Tensor:
-    """Attention of branch tokens over their request's prefix and their own branch.
-
+    """Attention of branch tokens over their request's prefix and their own branch:
     ``q`` (rows, width, heads, hd) with rows = n * topk; ``k``, ``v`` (rows, heads,
     width, hd); ``prefix_k``, ``prefix_v`` (n, heads, P, hd); ``prefix_ok`` (n, P);
-    ``causal`` (width, width). Returns (rows, width, heads * hd).
-    """
+    ``causal`` (width, width). Returns (rows, width, heads * hd)."""
     rows, width, heads, hd = q.shape[0], q.shape[1], q.shape[2], q.shape[3]
     n = prefix_k.shape[0]
     topk = rows // n
@@ -564,8 +560,9 @@ class Forwards:
     def decode(
         self, tokens: Tensor, seq_lens: Tensor, max_seq_len: int, slots: Tensor
     ) -> tuple[Tensor, Tensor]:
-        """One token per request at position ``seq_lens - 1``: hidden (n, hidden), next
-        (n,); ``max_seq_len``, the host maximum of ``seq_lens``, is the attention width."""
+        """One token per request at position ``seq_lens - 1``: hidden (n, hidden) and
+        next (n,); ``max_seq_len``, the host maximum of ``seq_lens``, is the attention
+        width."""
         args = [tokens, seq_lens, slots]
         return self._call(args, self.program.decode, max_seq_len)
 
@@ -580,9 +577,10 @@ class Forwards:
         slots: Tensor,
     ) -> VerifyResult:
         """Draft ``topk`` branches of ``steps`` tokens from ``first`` (n, topk) and the
-        draft state ``draft_hidden`` (n, hidden) after ``bonus`` (n,), the last verified
-        token (at ``seq_lens - 1``, uncached); verify them greedily: the longest accepted
-        prefix wins, the first on a tie. Writes no cache (``commit_and_extend`` does)."""
+        draft state ``draft_hidden`` (n, hidden) after ``bonus`` (n,), the last
+        verified token (at ``seq_lens - 1``, uncached); verify them greedily: the
+        longest accepted prefix wins, the first on a tie. Writes no cache
+        (``commit_and_extend`` does)."""
         args = [bonus, draft_hidden, first, seq_lens, slots]
         method = self.program.draft_and_verify
         return VerifyResult(*self._call(args, method, steps, max_seq_len))

@@ -80,9 +80,7 @@ def merge_results(results: list[RunResult]) -> RunResult:
     the mean busy time (so ``occupancy`` is the ranks' mean)."""
     outputs = {rid: out for r in results for rid, out in r.outputs.items()}
     busy = sum(r.forward_busy_seconds for r in results)
-    reasons: Counter[str] = Counter()
-    for r in results:
-        reasons.update(r.finish_reasons)
+    reasons = sum((Counter(r.finish_reasons) for r in results), Counter[str]())
     return RunResult(
         outputs=dict(sorted(outputs.items())),
         finish_reasons=dict(sorted(reasons.items())),

@@ -44,8 +44,6 @@ __all__ += ["map_relay"]
 #: hidden states), n-gram speculation's accepted drafts (n, draft_token_num) and
 #: their counts (n,) int32, or nothing (plain decoding).
 Extras = tuple[Tensor, ...]
-#: A step's tokens and extras as the payload of the run's map class.
-MakePayload = Callable[["Maps", Tensor, Extras], Any]
 
 
 class Relay(Protocol):
@@ -72,9 +70,8 @@ class Relay(Protocol):
 
 
 class FutureMap(Protocol):
-    """What the engine calls on every generated map it drives. Typed with the
-    engine's own batch, so mypy checks that ``ForwardBatch`` fits each map's batch
-    protocol where ``map_relay`` hands a map over."""
+    """What the engine calls on every generated map it drives; typed with its own
+    ``ForwardBatch``, so mypy checks in ``map_relay`` that it fits each map's."""
 
     def resolve_future(self, batch: ForwardBatch) -> None: ...
     def stash(self, indices: Tensor, payload: Any) -> None: ...
@@ -105,7 +102,7 @@ class MapRelay:
         self,
         future_map: FutureMap,
         maps: Maps,
-        payload: MakePayload,
+        payload: Callable[[Maps, Tensor, Extras], Any],  # the map's payload of a step
         lane: LengthsLane | None,
         pool_size: int,
         ranges: Ranges = no_ranges,
@@ -239,12 +236,6 @@ class DirectRelay:
             batch.seq_lens_cpu = batch.seq_lens.cpu()
             batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
 
-    def scheduled(self, batch: ForwardBatch) -> None:
-        pass  # lengths come from the finished step's publish
-
-    def seeded(self, slots: list[int], seq_lens: list[int]) -> None:
-        pass  # the seed's publish sets them
-
     def resolve_future(self, batch: ForwardBatch) -> None:
         slots = batch.req_pool_indices
         batch.input_ids = self.tokens[slots]
@@ -268,8 +259,11 @@ class DirectRelay:
         for store, value in zip(self.extras, extras):
             store[slots] = value
 
-    def release(self, slots: Tensor) -> None:
-        pass  # plain tensors: nothing tracks a slot's owner
+    def _nothing(self, *args: object) -> None:
+        """Plain tensors: the lengths come from the publish of the finished step or of
+        the seed, and nothing tracks a slot's owner."""
+
+    scheduled = seeded = release = _nothing
 
     def seed(
         self, slots: Tensor, tokens: Tensor, extras: Extras, seq_lens: Tensor

@@ -253,7 +253,7 @@ class ModelRunner:
             result = self._verify(batch, spec)
             rows = _Handoff(slots, result.bonus, (), lens + result.accept_lens + 1)
         # Speculative decoding publishes mid-forward, before the cache commit and the
-        # draft extension, which overlap the scheduler's wait-free part of the next batch.
+        # draft extension, which overlap the wait-free part of the next batch.
         published = _joined([rows, *parts])
         self._publish(batch, published.slots, published.new_seq_lens)
         if spec is not None:

@@ -125,13 +125,11 @@ class PageBudget:
 
 def _hits_stop(text: list[str], stops: tuple[str, ...]) -> bool:
     """Whether the output text ends in one of ``stops`` (the newest piece completes it)."""
-    longest = max(len(s) for s in stops)
-    tail = ""
+    longest, newest, tail = max(len(s) for s in stops), len(text[-1]), ""
     for piece in reversed(text):
         tail = piece + tail
-        if len(tail) >= longest + len(text[-1]):
+        if len(tail) >= longest + newest:
             break
-    newest = len(text[-1])
     return any(s in tail and tail.rfind(s) + len(s) > len(tail) - newest for s in stops)
 
 
@@ -171,8 +169,7 @@ class Scheduler:
         self.budget = PageBudget(config.kv_pages, config.page_size, reserve=reserve)
         self._free_slots = list(range(config.max_running, 0, -1))  # pop() reuses
         self._released: list[int] = []  # freed, not yet released to the relay
-        #: The requests in decode, and their device slots, kept across steps (filtered
-        #: and merged rather than rebuilt).
+        #: The requests in decode and their device slots, filtered and merged by step.
         self._running: list[Request] = []
         self._running_slots = torch.empty(0, dtype=torch.int64).to(device)
         self._last_was_prefill = False
@@ -327,8 +324,7 @@ class Scheduler:
         admitting = self.budget.reserve and req.state is RequestState.WAITING
         if admitting and not self.budget.try_reserve(req, self._worst(req.spec)):
             return False
-        # Some pages kept for the running requests' growth, so that admission does not
-        # retract at once.
+        # Pages kept for the running requests' growth: admission must not retract.
         headroom = int(self.config.headroom * len(self._running))
         return self.budget.grow(req, tokens, headroom)
 
@@ -529,10 +525,5 @@ class Scheduler:
 
     def take_released(self) -> torch.Tensor:
         """Slots freed since the last call, as a device tensor, for the next launch."""
-        released = torch.tensor(self._released, dtype=torch.int64, device=self.device)
-        self._released.clear()
-        return released
-
-    def outputs(self) -> dict[int, tuple[int, ...]]:
-        """Every request's output tokens, by request id."""
-        return {rid: tuple(r.output) for rid, r in sorted(self.requests.items())}
+        released, self._released = self._released, []
+        return torch.tensor(released, dtype=torch.int64, device=self.device)
