@@ -1,11 +1,8 @@
 """The reference overlap engine: a small transformer served with continuous batching.
 
-It runs plain and EAGLE-style speculative decoding in a synchronous loop and in an
-overlap loop whose step-to-step hand-over goes through the generated maps
-(``relay.maps.decode``, ``relay.maps.eagle``). See ``docs/engine.md``.
-
-The maps are imported when a run starts, not when this package is imported, so the
-demo can regenerate them first.
+It runs plain, EAGLE and n-gram decoding in a synchronous loop and in an overlap loop
+whose hand-over between steps goes through the generated maps, imported when a run
+starts (so the demo can generate them first). See ``docs/engine.md``.
 """
 
 from relay.engine.engine import EngineConfig, RunResult, StepAgreement, run_workload
@@ -14,15 +11,6 @@ from relay.engine.runner import SpecConfig
 from relay.engine.scheduler import SchedulerConfig
 from relay.engine.workload import RequestSpec, WorkloadConfig, make_workload
 
-__all__ = [
-    "EngineConfig",
-    "ModelConfig",
-    "RequestSpec",
-    "RunResult",
-    "SchedulerConfig",
-    "SpecConfig",
-    "StepAgreement",
-    "WorkloadConfig",
-    "make_workload",
-    "run_workload",
-]
+__all__ = ["EngineConfig", "ModelConfig", "RequestSpec", "RunResult", "SchedulerConfig"]
+__all__ += ["SpecConfig", "StepAgreement", "WorkloadConfig", "make_workload"]
+__all__ += ["run_workload"]

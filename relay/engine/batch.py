@@ -10,18 +10,12 @@ import enum
 
 import attrs
 import torch
+from torch import Tensor
 
 from relay.engine.workload import RequestSpec
 
-__all__ = [
-    "ForwardBatch",
-    "ForwardMode",
-    "Request",
-    "RequestState",
-    "Seeds",
-    "SpecInfo",
-    "StepOutput",
-]
+__all__ = ["ForwardBatch", "ForwardMode", "Request", "RequestState", "Seeds"]
+__all__ += ["SpecInfo", "StepOutput"]
 
 
 class RequestState(enum.Enum):
@@ -51,7 +45,7 @@ class Request:
     #: KV pages reserved at admission (when admission reserves the worst case) and
     #: pages allocated so far.
     reserved_pages: int = 0
-    pages: list[int] = attrs.field(factory=list)
+    pages: int = 0
     #: What a prefill must put in the cache: the prompt, or after a retraction the
     #: prompt and the tokens output so far (fixed when it is retracted).
     context: tuple[int, ...] = ()
@@ -60,11 +54,6 @@ class Request:
     #: Bumped by each retraction: rows of batches built before it are stale (Note
     #: [Rows of a retracted request]).
     epoch: int = 0
-
-    @property
-    def active(self) -> bool:
-        """Still to be scheduled."""
-        return self.state is RequestState.RUNNING
 
 
 class ForwardMode(enum.Enum):
@@ -76,29 +65,23 @@ class ForwardMode(enum.Enum):
     IDLE = "idle"
 
 
+def _empty(dtype: torch.dtype = torch.int64) -> Tensor:
+    return torch.empty(0, dtype=dtype)
+
+
 @attrs.define(eq=False)
 class SpecInfo:
     """Speculative-decoding inputs of a batch, filled by the relay on the forward stream."""
 
-    topk_p: torch.Tensor
-    topk_index: torch.Tensor
-    hidden_states: torch.Tensor | None = None
+    topk_p: Tensor = attrs.field(factory=lambda: _empty(torch.float32))
+    topk_index: Tensor = attrs.field(factory=_empty)
+    hidden_states: Tensor | None = None
     #: (n,) the bonus token of the previous verify: the draft's first input token.
-    bonus_tokens: torch.Tensor = attrs.field(
-        factory=lambda: torch.empty(0, dtype=torch.int64)
-    )
+    bonus_tokens: Tensor = attrs.field(factory=_empty)
     #: N-gram speculation: the previous verify's accepted drafts (n, draft_token_num)
     #: and their counts (n,), appended to each request's context before matching.
-    accept_tokens: torch.Tensor = attrs.field(
-        factory=lambda: torch.empty(0, dtype=torch.int64)
-    )
-    accept_lens: torch.Tensor = attrs.field(
-        factory=lambda: torch.empty(0, dtype=torch.int32)
-    )
-
-
-def _empty(device: torch.device, dtype: torch.dtype = torch.int64) -> torch.Tensor:
-    return torch.empty(0, dtype=dtype, device=device)
+    accept_tokens: Tensor = attrs.field(factory=_empty)
+    accept_lens: Tensor = attrs.field(factory=lambda: _empty(torch.int32))
 
 
 @attrs.define(eq=False)
@@ -108,23 +91,21 @@ class ForwardBatch:
     mode: ForwardMode
     reqs: list[Request]
     #: (n,) int64 device slots, >= 1.
-    req_pool_indices: torch.Tensor
+    req_pool_indices: Tensor
     #: Prefill: right-padded prompts (n, L). Decode: (n,) input tokens, gathered by
     #: the relay at the start of the forward (empty until then).
-    input_ids: torch.Tensor
-    #: Prefill: prompt lengths. Decode: lengths including the input token.
-    seq_lens: torch.Tensor
-    seq_lens_cpu: torch.Tensor
-    seq_lens_sum: int
-    spec_info: SpecInfo
-    #: Host copies of per-request limits, for the length check after the fence.
-    prompt_lens_cpu: torch.Tensor
-    max_new_cpu: torch.Tensor
+    input_ids: Tensor
+    #: Prefill: prompt lengths. Decode: lengths including the input token, set by
+    #: the relay before launch (empty until then).
+    seq_lens: Tensor
+    seq_lens_cpu: Tensor
+    seq_lens_sum: int = 0
+    spec_info: SpecInfo = attrs.field(factory=SpecInfo)
     #: Host maximum of ``seq_lens``: the attention width.
     max_seq_len: int = 0
     #: Slots whose requests ended since the previous launch, released on the forward
     #: stream before this batch runs (after every forward that could still read them).
-    released: torch.Tensor | None = None
+    released: Tensor | None = None
     #: The engine loop's step number (names the step's trace ranges).
     step: int = 0
     #: Each row's ``Request.epoch`` when the batch was built.
@@ -132,8 +113,8 @@ class ForwardBatch:
     #: Prefill: where each row's chunk starts in its context (device), its length
     #: (device), and whether it is the context's last chunk (host): only those rows
     #: produce a token.
-    starts: torch.Tensor | None = None
-    chunk_lens: torch.Tensor | None = None
+    starts: Tensor | None = None
+    chunk_lens: Tensor | None = None
     final: list[bool] = attrs.field(factory=list)
     #: Decode with mixed batches: a prefill chunk that rides in the same forward.
     chunk: ForwardBatch | None = None
@@ -141,27 +122,22 @@ class ForwardBatch:
     @classmethod
     def idle(cls, device: torch.device) -> ForwardBatch:
         """A batch with no requests: every relay operation on it is a no-op."""
-        empty = _empty(device)
-        host = _empty(torch.device("cpu"))
-        spec = SpecInfo(_empty(device, torch.float32), _empty(device))
-        return cls(ForwardMode.IDLE, [], empty, empty, empty, host, 0, spec, host, host)
+        empty = _empty().to(device)
+        return cls(ForwardMode.IDLE, [], empty, empty, empty, _empty())
 
     def __len__(self) -> int:
         return len(self.reqs)
 
-    def select(self, keep: torch.Tensor) -> None:
-        """Keep the rows where the host bool mask ``keep`` holds (after the fence)."""
-        rows_cpu = keep.nonzero().squeeze(1)
+    def select(self, kept: list[int]) -> None:
+        """Keep rows ``kept`` only (after the fence)."""
+        rows_cpu = torch.tensor(kept, dtype=torch.int64)
         rows = rows_cpu.to(self.req_pool_indices.device)
-        kept = rows_cpu.tolist()
         self.reqs = [self.reqs[i] for i in kept]
         self.epochs = [self.epochs[i] for i in kept]
         self.req_pool_indices = self.req_pool_indices[rows]
         self.seq_lens = self.seq_lens[rows]
         self.seq_lens_cpu = self.seq_lens_cpu[rows_cpu]
         self.seq_lens_sum = int(self.seq_lens_cpu.sum())
-        self.prompt_lens_cpu = self.prompt_lens_cpu[rows_cpu]
-        self.max_new_cpu = self.max_new_cpu[rows_cpu]
 
 
 @attrs.define(eq=False)
@@ -170,22 +146,22 @@ class Seeds:
 
     #: (m,) device slots; (m, L) right-padded prompts and (m,) their lengths, whose KV
     #: arrives from the prefill server; (m,) the first tokens it sampled.
-    slots: torch.Tensor
-    prompts: torch.Tensor
-    prompt_lens: torch.Tensor
-    first_tokens: torch.Tensor
+    slots: Tensor
+    prompts: Tensor
+    prompt_lens: Tensor
+    first_tokens: Tensor
     #: Slots freed since the last launch, released before the seed is written.
-    released: torch.Tensor
+    released: Tensor
 
 
 @attrs.define(eq=False)
 class StepOutput:
-    """What a forward leaves for the scheduler, on the host, valid once the step is done."""
+    """What a forward leaves for the scheduler, on the host, once the step is done:
+    (n, width) tokens, of which row i's first ``counts[i]`` are its new output tokens,
+    and (n,) sequence lengths after the step."""
 
-    #: (n, width) tokens; row i's first ``counts[i]`` are its new output tokens.
-    tokens: torch.Tensor | None = None
-    counts: torch.Tensor | None = None
-    #: (n,) sequence lengths after the step.
-    new_seq_lens: torch.Tensor | None = None
+    tokens: Tensor | None = None
+    counts: Tensor | None = None
+    new_seq_lens: Tensor | None = None
     #: The results of a mixed batch's prefill chunk.
     chunk: StepOutput | None = None

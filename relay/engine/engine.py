@@ -19,7 +19,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import attrs
 import torch
@@ -29,23 +29,18 @@ from relay.engine.batch import ForwardBatch, ForwardMode, Request, Seeds, StepOu
 from relay.engine.executors import ForwardExecutor, make_executor
 from relay.engine.maps import MapSource
 from relay.engine.model import KVCache, ModelConfig, TargetModel
+from relay.engine.relays import DirectRelay, Relay, map_relay
 from relay.engine.runner import ModelRunner, SpecConfig
-from relay.engine.scheduler import Scheduler, SchedulerConfig, Vocabulary
-from relay.engine.trace import BUILD, HOST_WAIT, PROCESS, RUN, Ranges, ranges_for
+from relay.engine.scheduler import Scheduler, SchedulerConfig
+from relay.engine.trace import BUILD, HOST_WAIT, PROCESS, RUN, ranges_for
 from relay.engine.workload import RequestSpec, WorkloadConfig, make_workload
 
-if TYPE_CHECKING:
-    from relay.engine.relays import Relay
+__all__ = ["SCHEDULER_COUNTS", "EngineConfig", "RunResult", "StepAgreement"]
+__all__ += ["ideal_speedup", "run_workload", "seed_prebuilt"]
 
-__all__ = [
-    "EngineConfig",
-    "RunResult",
-    "StepAgreement",
-    "ideal_speedup",
-    "run_workload",
-    "seed_prebuilt",
-]
-
+#: The ``RunResult`` counts the scheduler keeps, under the same names.
+SCHEDULER_COUNTS: tuple[str, ...] = ("decode_rows", "decode_tokens", "retractions")
+SCHEDULER_COUNTS += ("aborts", "chunks", "prebuilt")
 #: ``progress(finished, total)`` after each processed step.
 Progress = Callable[[int, int], None]
 
@@ -70,8 +65,7 @@ class EngineConfig:
     #: plays the device, the rest run the scheduler; both modes use the same setting.
     cpu_threads: int | None = 1
     #: ``sys.setswitchinterval`` during a CPU run: the forward thread gets the GIL back
-    #: within 1 ms of an op instead of up to 5 ms while the scheduler runs Python
-    #: (shorter intervals measured slower: the threads thrash).
+    #: within 1 ms of an op instead of up to 5 ms while the scheduler runs Python.
     switch_interval: float | None = 1e-3
     #: Open a named range around each piece of each step's work, for a profiler
     #: (``relay.engine.trace.record``); off, the ranges cost nothing (Note [Ranges
@@ -80,11 +74,6 @@ class EngineConfig:
     #: Keep each decode step's input tokens per request (``RunResult.inputs``), read
     #: back on the forward: for comparing two runs step by step, not for timing.
     record_inputs: bool = False
-
-    @property
-    def mode_name(self) -> str:
-        """``decode``, ``eagle`` or ``ngram``."""
-        return "decode" if self.spec is None else self.spec.method
 
 
 @attrs.frozen(kw_only=True)
@@ -121,9 +110,8 @@ class RunResult:
     @property
     def occupancy(self) -> float:
         """Share of wall time the forward executor was busy."""
-        return (
-            self.forward_busy_seconds / self.wall_seconds if self.wall_seconds else 0.0
-        )
+        wall = self.wall_seconds
+        return self.forward_busy_seconds / wall if wall else 0.0
 
     @property
     def accept_length(self) -> float:
@@ -148,48 +136,6 @@ class StepAgreement(Protocol):
         """(any rank has a batch now, any rank has work left)."""
 
 
-class _SingleRank:
-    def agree(self, active: bool, more: bool) -> tuple[bool, bool]:
-        return active, more
-
-
-def _make_relay(
-    config: EngineConfig, pool_size: int, device: torch.device, ranges: Ranges
-) -> Relay:
-    from relay.engine.relays import DirectRelay, MapRelay
-
-    if not config.overlap:
-        return DirectRelay(pool_size, device, ranges, config.mode_name)
-    maps = config.maps.load()  # Note [One set of map classes per run]
-    spec = config.spec
-    if spec is None:
-        decode = maps.decode(device, pool_size, debug=config.debug)
-        return MapRelay(decode, maps, ranges)
-    if spec.method == "ngram":
-        ngram = maps.ngram(
-            device, pool_size, draft_token_num=spec.steps, debug=config.debug
-        )
-        return MapRelay(ngram, maps, ranges)
-    eagle = maps.eagle(device, pool_size, topk=spec.topk, debug=config.debug)
-    return MapRelay(eagle, maps, ranges)
-
-
-def _make_scheduler(
-    config: EngineConfig, specs: Sequence[RequestSpec], device: torch.device
-) -> Scheduler:
-    spec = config.spec
-    return Scheduler(
-        specs,
-        config.scheduler,
-        device=device,
-        vocab=Vocabulary(config.model.vocab_size, config.model.seed),
-        eos_token_id=config.model.eos_token_id,
-        max_context=config.model.max_context,
-        lookahead=1 if spec is None else spec.steps + 1,
-        spec_topk=spec.topk if spec is not None and spec.method == "eagle" else 1,
-    )
-
-
 def run_workload(
     config: EngineConfig,
     specs: Sequence[RequestSpec] | None = None,
@@ -198,41 +144,43 @@ def run_workload(
     agreement: StepAgreement | None = None,
     step_sync: Callable[[int], None] | None = None,
 ) -> RunResult:
-    """Run ``specs`` (default: ``config.workload``) to completion and measure it.
-
-    ``agreement`` and ``step_sync`` make this one data-parallel rank
-    (``relay.engine.parallel``).
-    """
+    """Run ``specs`` (default: ``config.workload``) to completion and measure it;
+    ``agreement`` and ``step_sync`` make it one data-parallel rank (``parallel``)."""
     device = torch.device(config.device)
+    model, spec = config.model, config.spec
+    mode = "decode" if spec is None else spec.method
     if specs is None:
-        specs = make_workload(
-            config.workload, config.model.vocab_size, config.model.eos_token_id
-        )
-    saved_threads = torch.get_num_threads()
-    saved_interval = sys.getswitchinterval()
-    if device.type == "cpu":
-        if config.cpu_threads is not None:
+        specs = make_workload(config.workload, model.vocab_size, model.eos_token_id)
+    with contextlib.ExitStack() as cleanup:
+        cleanup.callback(sys.setswitchinterval, sys.getswitchinterval())
+        cleanup.callback(torch.set_num_threads, torch.get_num_threads())
+        if device.type == "cpu" and config.cpu_threads is not None:
             torch.set_num_threads(config.cpu_threads)
-        if config.switch_interval is not None:
+        if device.type == "cpu" and config.switch_interval is not None:
             sys.setswitchinterval(config.switch_interval)
-    clocks = contextlib.ExitStack()
-    if config.debug:
-        # Debug maps check stream order only while the clocks are installed, from
-        # before the lane's streams exist (docs/debugging.md).
-        clocks.enter_context(debug.happens_before())
-    try:
+        if config.debug:
+            # Debug maps check stream order only while the clocks are installed, from
+            # before the lane's streams exist (docs/debugging.md).
+            cleanup.enter_context(debug.happens_before())
         pool_size = config.scheduler.max_running + 1  # row 0 is the scratch row
-        model = TargetModel(config.model, device)
         ranges = ranges_for(config.trace)  # chosen once per run
         executor = make_executor(
             device, overlap=config.overlap, cpu_threads=config.cpu_threads
         )
-        relay = _make_relay(config, pool_size, device, ranges)
+        cleanup.callback(executor.close)
+        relay: Relay
+        if config.overlap:
+            maps = config.maps.load()  # Note [One set of map classes per run]
+            relay = map_relay(
+                maps, spec, device, pool_size, debug=config.debug, ranges=ranges
+            )
+        else:
+            relay = DirectRelay(pool_size, device, ranges, mode)
         runner = ModelRunner(
-            model,
-            KVCache(config.model, pool_size, device),
+            TargetModel(model, device),
+            KVCache(model, pool_size, device),
             relay,
-            spec=config.spec,
+            spec=spec,
             step_sync=step_sync,
             kernels_started=executor.kernels_started,
             ranges=ranges,
@@ -240,40 +188,25 @@ def run_workload(
         runner.warm_up()
         if config.record_inputs:
             runner.record = []
-        scheduler = _make_scheduler(config, specs, device)
+        lookahead = 1 if spec is None else spec.steps + 1
+        scheduler = Scheduler(
+            specs, config.scheduler, model, device=device, lookahead=lookahead
+        )
         loop = "overlap" if config.overlap else "sync"
-        try:
-            with ranges(f"{RUN} {config.mode_name} {loop}", 0):
-                return _loop(
-                    scheduler,
-                    relay,
-                    runner,
-                    executor,
-                    device,
-                    agreement or _SingleRank(),
-                    progress,
-                    len(specs),
-                    ranges,
-                )
-        finally:
-            executor.close()
-    finally:
-        clocks.close()
-        torch.set_num_threads(saved_threads)
-        sys.setswitchinterval(saved_interval)
+        with ranges(f"{RUN} {mode} {loop}", 0):
+            result = _loop(scheduler, runner, executor, agreement, progress, len(specs))
+    return result
 
 
 def _loop(
     scheduler: Scheduler,
-    relay: Relay,
     runner: ModelRunner,
     executor: ForwardExecutor,
-    device: torch.device,
-    agreement: StepAgreement,
+    agreement: StepAgreement | None,
     progress: Progress | None,
     total: int,
-    ranges: Ranges,
 ) -> RunResult:
+    relay, ranges = runner.relay, runner.ranges
     in_flight: tuple[ForwardBatch, StepOutput, object] | None = None
     steps = idle_steps = 0
     start = time.perf_counter()
@@ -287,20 +220,18 @@ def _loop(
         if batch is not None and batch.mode is ForwardMode.DECODE:
             batch.step = step
             relay.resolve_lengths(batch)
-            if scheduler.cap_lengths(batch):
-                relay.prepare_inputs(batch)
-            else:
+            if not scheduler.cap_lengths(batch):
                 batch = batch.chunk  # a mixed batch's chunk runs alone
-        more = batch is not None or in_flight is not None or scheduler.has_work()
-        any_active, any_more = agreement.agree(batch is not None, more)
-        if not any_more:
+        active = batch is not None
+        more = active or in_flight is not None or scheduler.has_work()
+        if agreement is not None:  # data-parallel: another rank's batch or work counts
+            active, more = agreement.agree(active, more)
+        if not more:
             break
         launched = None
-        if any_active:
-            if batch is None:
-                batch = ForwardBatch.idle(
-                    device
-                )  # another rank has work: join its step
+        if active:
+            if batch is None:  # another rank has work: join its step
+                batch = ForwardBatch.idle(scheduler.device)
                 idle_steps += 1
             batch.step = step
             batch.released = scheduler.take_released()
@@ -318,24 +249,12 @@ def _loop(
             if progress is not None:
                 progress(scheduler.finished, total)
         in_flight = launched
-        scheduler.tick()
-    return _result(scheduler, runner, executor, steps, idle_steps, start)
-
-
-def _result(
-    scheduler: Scheduler,
-    runner: ModelRunner,
-    executor: ForwardExecutor,
-    steps: int,
-    idle_steps: int,
-    start: float,
-) -> RunResult:
-    busy = executor.busy_seconds()
+        scheduler.clock += 1
+    busy = executor.busy_seconds()  # waits for the executor
     wall = time.perf_counter() - start
-    outputs = scheduler.outputs()
-    reasons = Counter(
-        r.finish_reason or "unfinished" for r in scheduler.requests.values()
-    )
+    requests = sorted(scheduler.requests.items())
+    outputs = {rid: tuple(r.output) for rid, r in requests}
+    reasons = Counter(r.finish_reason or "unfinished" for _, r in requests)
     return RunResult(
         outputs=outputs,
         finish_reasons=dict(sorted(reasons.items())),
@@ -344,18 +263,9 @@ def _result(
         forward_busy_seconds=busy,
         steps=steps,
         idle_steps=idle_steps,
-        decode_rows=scheduler.decode_rows,
-        decode_tokens=scheduler.decode_tokens,
-        retractions=scheduler.retractions,
-        aborts=scheduler.aborts,
-        chunks=scheduler.chunks,
-        prebuilt=scheduler.prebuilt,
-        aborted_ids=tuple(
-            rid
-            for rid, r in sorted(scheduler.requests.items())
-            if r.finish_reason == "abort"
-        ),
+        aborted_ids=tuple(rid for rid, r in requests if r.finish_reason == "abort"),
         inputs=tuple(runner.record or ()),
+        **{name: getattr(scheduler, name) for name in SCHEDULER_COUNTS},
     )
 
 

@@ -5,11 +5,9 @@ The engine takes every generated class it uses (the maps and their payloads) fro
 one ``Maps`` value, loaded when a run starts; no engine module binds a map class at
 import time. A process that generates the maps and then runs them (``relay demo``)
 therefore never mixes a fresh map class with a payload class of an older version
-of the same module (which once crashed the demo with ``'DecodePayload' object has
-no attribute 'bonus_tokens'`` after the eagle schema was edited). Modules generated
-outside ``relay.maps`` are imported from their files under a private name that
-includes a hash of their bytes: the same bytes give the same classes, and edited
-bytes give new classes, never a reload of old ones.
+of the same module. Modules generated outside ``relay.maps`` are imported from their
+files under a private name that includes a hash of their bytes: the same bytes give
+the same classes, and edited bytes give new classes, never a reload of old ones.
 """
 
 from __future__ import annotations
@@ -56,31 +54,22 @@ class Maps:
 
 @attrs.frozen
 class MapSource:
-    """Where a run's maps come from (the modules of ``MAP_MODULES``).
-
-    ``folder=None`` is the packaged ``relay.maps``; otherwise a folder holding
-    ``decode.py``, ``decode_seq_lens.py``, ``eagle.py`` and ``ngram.py`` generated from the bundled
-    schemas. Plain data, so data-parallel ranks (spawned processes) load the same
-    files.
+    """Where a run's maps come from: ``folder=None`` is the packaged ``relay.maps``,
+    else a folder holding the modules of ``MAP_MODULES`` generated from the bundled
+    schemas. Plain data, so data-parallel ranks (spawned processes) load the same files.
     """
 
     folder: str | None = None
 
     def load(self) -> Maps:
         """Import the modules of ``MAP_MODULES`` (once per content) and take their classes."""
-        modules = {stem: self._module(stem) for stem in MAP_MODULES}
-        decode, seq_lens, eagle, ngram = (modules[stem] for stem in MAP_MODULES)
-        return Maps(
-            decode=_class(decode, "DecodeFutureMap"),
-            decode_payload=_class(decode, "DecodePayload"),
-            decode_seq_lens=_class(seq_lens, "DecodeSeqLensFutureMap"),
-            decode_seq_lens_payload=_class(seq_lens, "DecodeSeqLensPayload"),
-            eagle=_class(eagle, "EagleFutureMap"),
-            eagle_payload=_class(eagle, "EaglePayload"),
-            ngram=_class(ngram, "NgramFutureMap"),
-            ngram_payload=_class(ngram, "NgramPayload"),
-            files=tuple(str(m.__file__) for m in modules.values()),
-        )
+        modules = [self._module(stem) for stem in MAP_MODULES]
+        classes = {}
+        for stem, module in zip(MAP_MODULES, modules):
+            prefix = stem.title().replace("_", "")  # decode_seq_lens: DecodeSeqLens
+            classes[stem] = _class(module, f"{prefix}FutureMap")
+            classes[f"{stem}_payload"] = _class(module, f"{prefix}Payload")
+        return Maps(**classes, files=tuple(str(m.__file__) for m in modules))
 
     def _module(self, stem: str) -> ModuleType:
         if self.folder is None:

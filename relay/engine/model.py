@@ -7,25 +7,18 @@ Each forward is one call into a TorchScript module (Note [Forwards without the G
 
 from __future__ import annotations
 
-import contextlib
 import math
 import warnings
-from collections.abc import Iterator
-from typing import TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import attrs
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = [
-    "DraftHead",
-    "Forwards",
-    "KVCache",
-    "ModelConfig",
-    "TargetModel",
-    "VerifyResult",
-]
+__all__ = ["DraftHead", "Forwards", "KVCache", "ModelConfig", "TargetModel"]
+__all__ += ["VerifyResult"]
 
 
 # Note [A model with a predictable core]
@@ -55,17 +48,14 @@ __all__ = [
 # On the CPU the "device" is a worker thread. In eager mode every torch op returns
 # to Python and must take the GIL back; while the scheduler thread runs Python, each
 # such hand-back waits for the interpreter's switch interval, so a forward of ~50
-# small ops crawls exactly when it should overlap (measured: a 40-op, 6 ms forward
-# took 590 ms beside a busy Python thread at Python's default 5 ms interval, and
-# 21 ms compiled). The forwards are therefore methods of one TorchScript module: a
-# call runs all of a forward's ops in the TorchScript interpreter, which holds no
-# GIL, like a GPU running a launched graph.
+# small ops crawls exactly when it should overlap. The forwards are therefore
+# methods of one TorchScript module: a call runs all of a forward's ops in the
+# TorchScript interpreter, which holds no GIL, like a GPU running a launched graph.
 #
 # One more detail keeps the interpreter off the GIL. A tensor that Python can see
 # takes the GIL whenever C++ drops its second-to-last reference to it (its Python
 # object changes owner). A tensor passed as an argument is dropped mid-call, after
-# its last use, so each argument cost one GIL hand-over (measured: 10 for 10 tensor
-# arguments, against 1 when they sit in a module attribute). So the module holds the
+# its last use, so each argument costs one GIL hand-over. So the module holds the
 # weights and caches as attributes, and each call's own tensors go in through the
 # ``args`` attribute, which ``Forwards`` clears only after the call returns.
 #
@@ -74,18 +64,17 @@ __all__ = [
 
 
 _Module = TypeVar("_Module", bound=torch.nn.Module)
+_T = TypeVar("_T")
 
 
 def _script(module: _Module) -> _Module:
     """``module`` compiled by TorchScript, or ``module`` itself where TorchScript is unavailable."""
-    script = getattr(torch.jit, "script", None)
-    if script is None:
-        return module
     try:
+        script: Any = torch.jit.script  # an AttributeError where TorchScript is gone
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # TorchScript's deprecation notice
             compiled: _Module = script(module)
-    except Exception:  # noqa: BLE001 - any compiler failure: run eagerly instead
+    except Exception:  # noqa: BLE001 - missing or failing: run eagerly instead
         return module
     return compiled
 
@@ -115,17 +104,6 @@ class ModelConfig:
         """Width of one attention head."""
         return self.hidden // self.heads
 
-    def check(self) -> None:
-        """Raise ``ValueError`` on sizes the model cannot be built with."""
-        if self.hidden % self.heads:
-            raise ValueError(
-                f"hidden ({self.hidden}) must be a multiple of heads ({self.heads})"
-            )
-        if not 0 <= self.eos_token_id < self.vocab_size:
-            raise ValueError(
-                f"eos_token_id {self.eos_token_id} is outside the vocabulary"
-            )
-
 
 # -- the forwards, in TorchScript's subset of Python ---------------------------------
 # Weights of all layers are stacked on a leading layer dimension: wqkv (layers,
@@ -151,8 +129,8 @@ def _qkv(x: Tensor, wqkv: Tensor, heads: int) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def _attend(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> Tensor:
-    """Softmax attention written out: for one query per row it measured 1.5x faster
-    than CPU ``scaled_dot_product_attention`` (hidden 128, 64 rows over 100 keys)."""
+    """Softmax attention written out: for one query per row, faster on the CPU than
+    ``scaled_dot_product_attention``."""
     scores = (q @ keys.transpose(-1, -2)) * (q.shape[-1] ** -0.5)
     return torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1) @ values
 
@@ -175,22 +153,17 @@ def _tree_attention(
     prefix_ok: Tensor,
     causal: Tensor,
 ) -> Tensor:
-    """Attention of branch tokens over their request's prefix and their own branch.
-
+    """Attention of branch tokens over their request's prefix and their own branch:
     ``q`` (rows, width, heads, hd) with rows = n * topk; ``k``, ``v`` (rows, heads,
     width, hd); ``prefix_k``, ``prefix_v`` (n, heads, P, hd); ``prefix_ok`` (n, P);
-    ``causal`` (width, width). Returns (rows, width, heads * hd).
-    """
+    ``causal`` (width, width). Returns (rows, width, heads * hd)."""
     rows, width, heads, hd = q.shape[0], q.shape[1], q.shape[2], q.shape[3]
     n = prefix_k.shape[0]
     topk = rows // n
     scale = 1.0 / math.sqrt(hd)
     # (n, heads, topk * width, hd): every branch token of a request, against its prefix.
-    q_req = (
-        q.view(n, topk, width, heads, hd)
-        .permute(0, 3, 1, 2, 4)
-        .reshape(n, heads, -1, hd)
-    )
+    q_req = q.view(n, topk, width, heads, hd).permute(0, 3, 1, 2, 4)
+    q_req = q_req.reshape(n, heads, -1, hd)
     s_prefix = (q_req @ prefix_k.transpose(-1, -2)) * scale  # (n, heads, topk*width, P)
     s_prefix = s_prefix.masked_fill(~prefix_ok[:, None, None, :], float("-inf"))
     q_row = q.transpose(1, 2)  # (rows, heads, width, hd)
@@ -204,38 +177,26 @@ def _tree_attention(
     p_prefix, p_branch = p[..., :prefix_width], p[..., prefix_width:]
     out = p_prefix @ prefix_v  # (n, heads, topk * width, hd)
     p_branch = p_branch.view(n, heads, topk, width, width).transpose(1, 2)
-    out_branch = (
-        p_branch.reshape(rows, heads, width, width) @ v
-    )  # (rows, heads, width, hd)
-    out = (
-        out.view(n, heads, topk, width, hd)
-        .transpose(1, 2)
-        .reshape(rows, heads, width, hd)
-    )
+    # (rows, heads, width, hd) both
+    out_branch = p_branch.reshape(rows, heads, width, width) @ v
+    out = out.view(n, heads, topk, width, hd).transpose(1, 2)
+    out = out.reshape(rows, heads, width, hd)
     joined: Tensor = (out + out_branch).transpose(1, 2).reshape(rows, width, heads * hd)
     return joined
 
 
 class _Program(torch.nn.Module):
-    """The forwards over one model's weights, draft head and KV cache.
-
-    Each method reads its tensors from ``args`` (Note [Forwards without the GIL]).
-    """
+    """The forwards over one model's weights, draft head and KV cache; each method
+    reads its tensors from ``args`` (Note [Forwards without the GIL])."""
 
     def __init__(self, target: TargetModel, kv: KVCache, draft_w: Tensor) -> None:
         super().__init__()
-        self.embed = target.embed
-        self.pos_embed = target.pos_embed
-        self.wqkv = target.wqkv
-        self.wo = target.wo
-        self.w_up = target.w_up
-        self.w_down = target.w_down
-        self.lm_head_t = target.lm_head_t
+        t = target
+        self.embed, self.pos_embed, self.lm_head_t = t.embed, t.pos_embed, t.lm_head_t
+        self.wqkv, self.wo, self.w_up, self.w_down = t.wqkv, t.wo, t.w_up, t.w_down
         self.draft_w = draft_w
-        self.k_cache = kv.k
-        self.v_cache = kv.v
-        self.history = kv.tokens
-        self.heads = target.config.heads
+        self.k_cache, self.v_cache, self.history = kv.k, kv.v, kv.tokens
+        self.heads = t.config.heads
         # Not empty: TorchScript infers the attribute's type, List[Tensor], from it.
         self.args: list[Tensor] = [self.embed]
 
@@ -268,19 +229,17 @@ class _Program(torch.nn.Module):
     def decode(self, max_seq_len: int) -> tuple[Tensor, Tensor]:
         tokens, seq_lens, slots = self.args[0], self.args[1], self.args[2]
         positions = seq_lens - 1
-        x = self.embed.index_select(0, tokens) + self.pos_embed.index_select(
-            0, positions
-        )
+        x = self.embed.index_select(0, tokens)
+        x = x + self.pos_embed.index_select(0, positions)
         valid = torch.arange(max_seq_len, device=x.device) < seq_lens[:, None]
         mask = valid[:, None, None, :]  # (n, 1, 1, L)
         for i in range(self.wqkv.shape[0]):
             q, k, v = _qkv(x, self.wqkv[i], self.heads)  # (n, heads, head_dim)
             self.k_cache[i, slots, :, positions] = k
             self.v_cache[i, slots, :, positions] = v
-            # index_select of a sliced view: a few times faster than advanced indexing.
-            keys = self.k_cache[i, :, :, :max_seq_len].index_select(
-                0, slots
-            )  # (n, heads, L, hd)
+            # (n, heads, L, hd); index_select of a sliced view: a few times faster
+            # than advanced indexing.
+            keys = self.k_cache[i, :, :, :max_seq_len].index_select(0, slots)
             values = self.v_cache[i, :, :, :max_seq_len].index_select(0, slots)
             o = _attend(q[:, :, None, :], keys, values, mask)
             x = x + o.flatten(1) @ self.wo[i]
@@ -289,12 +248,8 @@ class _Program(torch.nn.Module):
 
     @torch.jit.export
     def prefill_chunk(self, max_end: int) -> tuple[Tensor, Tensor]:
-        tokens, starts, lens, slots = (
-            self.args[0],
-            self.args[1],
-            self.args[2],
-            self.args[3],
-        )
+        tokens, starts = self.args[0], self.args[1]
+        lens, slots = self.args[2], self.args[3]
         m, length = tokens.shape[0], tokens.shape[1]
         offsets = torch.arange(length, device=tokens.device)
         positions = starts[:, None] + offsets  # (m, L)
@@ -302,14 +257,11 @@ class _Program(torch.nn.Module):
         rows = slots[:, None].expand(m, length)[valid]
         cols = positions[valid]
         self.history[rows, cols] = tokens[valid]
-        x = (
-            self.embed[tokens]
-            + self.pos_embed[positions.clamp(max=self.pos_embed.shape[0] - 1)]
-        )
+        last_position = self.pos_embed.shape[0] - 1
+        x = self.embed[tokens] + self.pos_embed[positions.clamp(max=last_position)]
         keys_at = torch.arange(max_end, device=tokens.device)
-        mask = (keys_at[None, None, :] <= positions[:, :, None])[
-            :, None
-        ]  # (m, 1, L, E)
+        # (m, 1, L, E)
+        mask = (keys_at[None, None, :] <= positions[:, :, None])[:, None]
         for i in range(self.wqkv.shape[0]):
             q, k, v = _qkv(x, self.wqkv[i], self.heads)  # (m, L, heads, head_dim)
             # Only the chunk's real positions: a padded one could land on a kept entry.
@@ -369,18 +321,14 @@ class _Program(torch.nn.Module):
         follow = seq_lens - 1  # where the drafts start reading
         for g in [3, 2, 1]:
             if width >= g + 1:
-                tail = (
-                    seq_lens[:, None] - g + torch.arange(g, device=context.device)
-                ).clamp(min=0)
+                tail = seq_lens[:, None] - g + torch.arange(g, device=context.device)
+                tail = tail.clamp(min=0)
                 key = context.gather(1, tail)  # (n, g)
                 windows = context.unfold(1, g, 1)  # (n, W - g + 1, g)
                 starts = torch.arange(windows.shape[1], device=context.device)
                 hit = (windows == key[:, None, :]).all(-1)
-                hit = (
-                    hit
-                    & (starts[None, :] + g < seq_lens[:, None])
-                    & (seq_lens[:, None] > g)
-                )
+                hit = hit & (starts[None, :] + g < seq_lens[:, None])
+                hit = hit & (seq_lens[:, None] > g)
                 best = torch.where(hit, starts[None, :], -1).max(1).values
                 new = (best >= 0) & ~found
                 follow = torch.where(new, best + g, follow)
@@ -406,53 +354,34 @@ class _Program(torch.nn.Module):
         prefix = seq_lens - 1  # cached tokens
         prefix_width = max_seq_len - 1
         tree = torch.cat([bonus[:, None, None].expand(n, topk, 1), drafts], dim=2)
-        positions = prefix[:, None] + torch.arange(
-            width, device=bonus.device
-        )  # (n, width)
-        x = (self.embed[tree] + self.pos_embed[positions][:, None]).reshape(
-            rows, width, -1
-        )
-        prefix_ok = (
-            torch.arange(prefix_width, device=x.device) < prefix[:, None]
-        )  # (n, P)
+        positions = prefix[:, None] + torch.arange(width, device=bonus.device)
+        x = self.embed[tree] + self.pos_embed[positions][:, None]
+        x = x.reshape(rows, width, -1)
+        prefix_ok = torch.arange(prefix_width, device=x.device) < prefix[:, None]
         causal = torch.ones(width, width, dtype=torch.bool, device=x.device).tril()
         branch_k: list[Tensor] = []
         branch_v: list[Tensor] = []
         for i in range(self.wqkv.shape[0]):
-            q, k, v = _qkv(
-                x, self.wqkv[i], self.heads
-            )  # (rows, width, heads, head_dim)
-            k, v = (
-                k.transpose(1, 2),
-                v.transpose(1, 2),
-            )  # (rows, heads, width, head_dim)
+            q, k, v = _qkv(x, self.wqkv[i], self.heads)  # (rows, width, heads, hd)
+            k, v = k.transpose(1, 2), v.transpose(1, 2)  # (rows, heads, width, hd)
             branch_k.append(k)
             branch_v.append(v)
-            o = _tree_attention(
-                q,
-                k,
-                v,
-                self.k_cache[i, :, :, :prefix_width].index_select(0, slots),
-                self.v_cache[i, :, :, :prefix_width].index_select(0, slots),
-                prefix_ok,
-                causal,
-            )
+            prefix_k = self.k_cache[i, :, :, :prefix_width].index_select(0, slots)
+            prefix_v = self.v_cache[i, :, :, :prefix_width].index_select(0, slots)
+            o = _tree_attention(q, k, v, prefix_k, prefix_v, prefix_ok, causal)
             x = x + o @ self.wo[i]
             x = x + _mlp(x, self.w_up[i], self.w_down[i])
 
         greedy = self._greedy(x).view(n, topk, width)
-        matched = (
-            (drafts == greedy[:, :, :steps]).long().cumprod(dim=2).sum(dim=2)
-        )  # (n, topk)
+        # (n, topk) drafts accepted along each branch
+        matched = (drafts == greedy[:, :, :steps]).long().cumprod(dim=2).sum(dim=2)
         best = matched.argmax(dim=1)  # first maximum: deterministic tie-break
         accept = matched.gather(1, best[:, None]).squeeze(1)
         rows_best = torch.arange(n, device=x.device) * topk + best
         tokens = greedy.view(rows, width)[rows_best]
         hidden = x[rows_best, accept]
         bonus_next = tokens.gather(1, accept[:, None]).squeeze(1)
-        stacked_k = torch.stack(branch_k)[
-            :, rows_best
-        ]  # (layers, n, heads, width, head_dim)
+        stacked_k = torch.stack(branch_k)[:, rows_best]  # (layers, n, heads, width, hd)
         stacked_v = torch.stack(branch_v)[:, rows_best]
         return tokens, accept, bonus_next, hidden, stacked_k, stacked_v
 
@@ -472,10 +401,8 @@ class _Program(torch.nn.Module):
     def _commit(
         self, branch_k: Tensor, branch_v: Tensor, seq_lens: Tensor, slots: Tensor
     ) -> None:
-        width = branch_k.shape[3]
-        positions = (seq_lens - 1)[:, None] + torch.arange(
-            width, device=seq_lens.device
-        )
+        offsets = torch.arange(branch_k.shape[3], device=seq_lens.device)
+        positions = (seq_lens - 1)[:, None] + offsets
         rows = slots[:, None]
         for i in range(branch_k.shape[0]):
             # Advanced indices split by a slice: the indexed dims come first.
@@ -496,29 +423,21 @@ class _Program(torch.nn.Module):
 
 
 class KVCache:
-    """Keys and values of every layer, indexed by request-pool slot and position.
-
-    Shape per tensor: ``(layers, pool_size, heads, max_context, head_dim)``. A request
-    owns its slot's rows for its whole life, so the cache needs no block table; row 0
-    is the scratch slot. Positions at or beyond a request's length hold stale values
-    that attention masks out.
-    """
+    """Keys and values of every layer, ``(layers, pool_size, heads, max_context,
+    head_dim)``: a request owns its slot's rows for its whole life, so there is no
+    block table; row 0 is the scratch slot. Positions at or beyond a request's length
+    hold stale values that attention masks out."""
 
     def __init__(
         self, config: ModelConfig, pool_size: int, device: torch.device
     ) -> None:
-        shape = (
-            config.layers,
-            pool_size,
-            config.heads,
-            config.max_context,
-            config.head_dim,
-        )
-        self.k = torch.zeros(shape, dtype=config.dtype, device=device)
-        self.v = torch.zeros(shape, dtype=config.dtype, device=device)
+        c = config
+        shape = (c.layers, pool_size, c.heads, c.max_context, c.head_dim)
+        self.k = torch.zeros(shape, dtype=c.dtype, device=device)
+        self.v = torch.zeros(shape, dtype=c.dtype, device=device)
         #: (pool_size, max_context) each slot's tokens, where n-gram drafts are matched.
         self.tokens = torch.zeros(
-            (pool_size, config.max_context), dtype=torch.int64, device=device
+            (pool_size, c.max_context), dtype=torch.int64, device=device
         )
 
 
@@ -544,7 +463,13 @@ class TargetModel:
     """The target model's weights: embeddings, pre-norm attention + SwiGLU layers, output head."""
 
     def __init__(self, config: ModelConfig, device: torch.device) -> None:
-        config.check()
+        c = config
+        if c.hidden % c.heads:
+            raise ValueError(
+                f"hidden ({c.hidden}) must be a multiple of heads ({c.heads})"
+            )
+        if not 0 <= c.eos_token_id < c.vocab_size:
+            raise ValueError(f"eos_token_id {c.eos_token_id} is outside the vocabulary")
         self.config = config
         gen = torch.Generator().manual_seed(config.seed)
         h, f, v = config.hidden, config.ffn, config.vocab_size
@@ -566,10 +491,8 @@ class TargetModel:
             )
             for _ in range(config.layers)
         ]
-        # Stacked on a leading layer dimension (see the forwards above).
-        self.wqkv, self.wo, self.w_up, self.w_down = (
-            place(torch.stack(ws)) for ws in zip(*layers)
-        )
+        stacked = [place(torch.stack(ws)) for ws in zip(*layers)]  # (layers, ...)
+        self.wqkv, self.wo, self.w_up, self.w_down = stacked
         lm_head = normal(v, h, std=1.0)
         lm_head[config.eos_token_id] *= config.eos_boost
         self.lm_head_t = place(lm_head.t())  # (hidden, vocab)
@@ -577,12 +500,9 @@ class TargetModel:
 
 
 class DraftHead:
-    """An EAGLE-style draft head: next hidden from (previous hidden, current token).
-
-    A draft step reads the target's hidden state (or its own, further down a draft
-    chain) and the embedding of the token after it, and predicts the hidden state one
-    position on; the target's output head turns it into logits.
-    """
+    """An EAGLE-style draft head: from a hidden state (the target's, or its own further
+    down a draft chain) and the next token's embedding, the hidden state one position
+    on; the target's output head turns it into logits."""
 
     def __init__(self, target: TargetModel) -> None:
         c = target.config
@@ -592,10 +512,8 @@ class DraftHead:
 
 
 class Forwards:
-    """The forwards of a target model (and draft head) over one KV cache.
-
-    ``compiled=False`` runs them eagerly, as where TorchScript is unavailable.
-    """
+    """The forwards of a target model (and draft head) over one KV cache;
+    ``compiled=False`` runs them eagerly, as where TorchScript is unavailable."""
 
     def __init__(
         self,
@@ -612,26 +530,22 @@ class Forwards:
         #: Whether the forwards run in TorchScript (without the GIL).
         self.compiled = self.program is not program
 
-    @contextlib.contextmanager
-    def _bound(self, args: list[Tensor]) -> Iterator[None]:
-        """Hand ``args`` to the module for one call (Note [Forwards without the GIL])."""
+    def _call(self, args: list[Tensor], method: Callable[..., _T], *sizes: int) -> _T:
+        """``method`` with ``args`` handed over in the module (Note [Forwards without
+        the GIL]), cleared once it returns."""
         self.program.args = args
         try:
-            yield
+            return method(*sizes)
         finally:
             self.program.args = []
 
     def prefill(
         self, tokens: Tensor, prompt_lens: Tensor, slots: Tensor
     ) -> tuple[Tensor, Tensor]:
-        """Run right-padded prompts ``tokens`` (m, L), fill their KV rows from position 0.
-
-        Returns the final hidden state at each prompt's last position (m, hidden) and
-        the greedy next token (m,). Padded positions write stale KV entries that later
-        steps overwrite or mask.
-        """
-        with self._bound([tokens, prompt_lens, slots]):
-            return self.program.prefill()
+        """Run right-padded prompts ``tokens`` (m, L), fill their KV rows from position
+        0: the hidden state at each prompt's last position (m, hidden) and the greedy
+        next token (m,). Padded positions write stale entries, overwritten or masked."""
+        return self._call([tokens, prompt_lens, slots], self.program.prefill)
 
     def prefill_chunk(
         self, tokens: Tensor, starts: Tensor, lens: Tensor, slots: Tensor, max_end: int
@@ -640,18 +554,17 @@ class Forwards:
         on, ``lens[i]`` long, after the ``starts[i]`` tokens already cached; ``max_end``
         is the host maximum of ``starts + lens``. Returns what ``prefill`` does, at
         each chunk's last position."""
-        with self._bound([tokens, starts, lens, slots]):
-            return self.program.prefill_chunk(max_end)
+        args = [tokens, starts, lens, slots]
+        return self._call(args, self.program.prefill_chunk, max_end)
 
     def decode(
         self, tokens: Tensor, seq_lens: Tensor, max_seq_len: int, slots: Tensor
     ) -> tuple[Tensor, Tensor]:
-        """One token per request at position ``seq_lens - 1``: hidden (n, hidden), next (n,).
-
-        ``max_seq_len`` is the host-side maximum of ``seq_lens`` (the attention width).
-        """
-        with self._bound([tokens, seq_lens, slots]):
-            return self.program.decode(max_seq_len)
+        """One token per request at position ``seq_lens - 1``: hidden (n, hidden) and
+        next (n,); ``max_seq_len``, the host maximum of ``seq_lens``, is the attention
+        width."""
+        args = [tokens, seq_lens, slots]
+        return self._call(args, self.program.decode, max_seq_len)
 
     def draft_and_verify(
         self,
@@ -663,17 +576,14 @@ class Forwards:
         max_seq_len: int,
         slots: Tensor,
     ) -> VerifyResult:
-        """Draft ``topk`` branches of ``steps`` tokens, then verify them greedily.
-
-        ``first`` (n, topk) are the branches' first tokens, drawn from the draft state
-        ``draft_hidden`` (n, hidden). ``bonus`` (n,) is the last verified token, at
-        position ``seq_lens - 1`` and not yet in the cache. Every branch is scored as its
-        own row over the shared cached prefix; the one with the longest accepted prefix
-        wins (the first on a tie). Nothing is written to the cache: see
-        ``commit_and_extend``.
-        """
-        with self._bound([bonus, draft_hidden, first, seq_lens, slots]):
-            return VerifyResult(*self.program.draft_and_verify(steps, max_seq_len))
+        """Draft ``topk`` branches of ``steps`` tokens from ``first`` (n, topk) and the
+        draft state ``draft_hidden`` (n, hidden) after ``bonus`` (n,), the last
+        verified token (at ``seq_lens - 1``, uncached); verify them greedily: the
+        longest accepted prefix wins, the first on a tie. Writes no cache
+        (``commit_and_extend`` does)."""
+        args = [bonus, draft_hidden, first, seq_lens, slots]
+        method = self.program.draft_and_verify
+        return VerifyResult(*self._call(args, method, steps, max_seq_len))
 
     def ngram_verify(
         self,
@@ -687,30 +597,26 @@ class Forwards:
         """N-gram speculation: append the previous step's ``accept_tokens[:accept_lens]``
         and ``bonus`` to each slot's context, draft ``accept_tokens.shape[1]`` tokens
         from its n-gram matches, and verify them as one branch (``draft_and_verify``)."""
-        draft_num = accept_tokens.shape[1]
-        with self._bound([bonus, accept_tokens, accept_lens, seq_lens, slots]):
-            return VerifyResult(*self.program.ngram_verify(draft_num, max_seq_len))
+        args = [bonus, accept_tokens, accept_lens, seq_lens, slots]
+        method, draft_num = self.program.ngram_verify, accept_tokens.shape[1]
+        return VerifyResult(*self._call(args, method, draft_num, max_seq_len))
 
     def commit(self, result: VerifyResult, seq_lens: Tensor, slots: Tensor) -> None:
         """Write the chosen branches to the cache (``commit_and_extend`` without the draft)."""
-        r = result
-        with self._bound([r.branch_k, r.branch_v, seq_lens, slots]):
-            self.program.commit()
+        args = [result.branch_k, result.branch_v, seq_lens, slots]
+        self._call(args, self.program.commit)
 
     def commit_and_extend(
         self, result: VerifyResult, seq_lens: Tensor, slots: Tensor, topk: int
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """Write the chosen branches to the cache, then draft the next step's top-k.
-
-        Returns ``(topk_p, topk_index, draft_hidden)`` after each bonus token.
-        """
+        """Write the chosen branches to the cache, then draft the next step's top-k:
+        ``(topk_p, topk_index, draft_hidden)`` after each bonus token."""
         r = result
-        with self._bound([r.branch_k, r.branch_v, seq_lens, slots, r.hidden, r.bonus]):
-            return self.program.commit_and_extend(topk)
+        args = [r.branch_k, r.branch_v, seq_lens, slots, r.hidden, r.bonus]
+        return self._call(args, self.program.commit_and_extend, topk)
 
     def extend(
         self, hidden: Tensor, tokens: Tensor, topk: int
     ) -> tuple[Tensor, Tensor, Tensor]:
         """The first draft after a prefill: ``(topk_p, topk_index, draft_hidden)``."""
-        with self._bound([hidden, tokens]):
-            return self.program.extend(topk)
+        return self._call([hidden, tokens], self.program.extend, topk)

@@ -1,37 +1,36 @@
 """Data-parallel ranks: one process each, with its own scheduler, maps and forward executor.
 
-Requests are dealt round-robin to ranks. Ranks share every step, as data-parallel
-attention does: each step the schedulers agree (on a gloo group, host tensors)
-whether any rank has a batch and whether any has work left, and every forward,
-an idle rank's included, joins one collective on the forward's own group (gloo on
-the CPU, nccl on GPUs). A rank with no requests runs an idle forward: relay
-operations on zero indices, which allocate nothing, and the collective.
+Requests are dealt round-robin. Ranks share every step, as data-parallel attention
+does: the schedulers agree (gloo, host tensors) whether any rank has a batch and
+any has work left, and every forward joins one collective on its own group (gloo or
+nccl); a rank without requests runs an idle forward (relay calls on zero indices).
 """
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import os
 import pickle
 import tempfile
-from collections.abc import Callable
+from collections import Counter
 from pathlib import Path
 
 import attrs
 import torch
 import torch.distributed as dist
 
-from relay.engine.engine import EngineConfig, RunResult, run_workload
+from relay.engine.engine import SCHEDULER_COUNTS, EngineConfig, RunResult, run_workload
 from relay.engine.workload import make_workload
 
 __all__ = ["merge_results", "run_data_parallel", "run_data_parallel_many"]
 
 
+@attrs.frozen
 class _GroupAgreement:
     """The schedulers' per-step agreement, on a host (gloo) group."""
 
-    def __init__(self, group: dist.ProcessGroup) -> None:
-        self.group = group
+    group: dist.ProcessGroup
 
     def agree(self, active: bool, more: bool) -> tuple[bool, bool]:
         flags = torch.tensor([int(active), int(more)], dtype=torch.int64)
@@ -39,15 +38,11 @@ class _GroupAgreement:
         return bool(flags[0]), bool(flags[1])
 
 
-def _step_sync(group: dist.ProcessGroup, device: torch.device) -> Callable[[int], None]:
+def _sync_tokens(group: dist.ProcessGroup, device: torch.device, tokens: int) -> None:
     """The forward's collective: every rank learns the step's global token count, as
     data-parallel attention does to pad its shared layers."""
-
-    def sync(tokens: int) -> None:
-        count = torch.tensor([tokens], dtype=torch.int64, device=device)
-        dist.all_reduce(count, group=group)
-
-    return sync
+    count = torch.tensor([tokens], dtype=torch.int64, device=device)
+    dist.all_reduce(count, group=group)
 
 
 def _rank_main(rank: int, world: int, configs: list[EngineConfig], shared: str) -> None:
@@ -60,66 +55,48 @@ def _rank_main(rank: int, world: int, configs: list[EngineConfig], shared: str) 
         backend, init_method=f"file://{shared}/init", rank=rank, world_size=world
     )
     try:
-        host_group = dist.new_group(backend="gloo")
-        forward_group = dist.new_group(backend=backend)
+        agree = _GroupAgreement(dist.new_group(backend="gloo"))
+        sync = functools.partial(_sync_tokens, dist.new_group(backend=backend), device)
         results = []
         for config in configs:
             model = config.model
-            specs = [
-                s
-                for s in make_workload(
-                    config.workload, model.vocab_size, model.eos_token_id
-                )
-                if s.rid % world == rank
-            ]
+            every = make_workload(config.workload, model.vocab_size, model.eos_token_id)
+            specs = [s for s in every if s.rid % world == rank]  # round-robin
+            on_rank = attrs.evolve(config, device=str(device))
             results.append(
-                run_workload(
-                    attrs.evolve(config, device=str(device)),
-                    specs,
-                    agreement=_GroupAgreement(host_group),
-                    step_sync=_step_sync(forward_group, device),
-                )
+                run_workload(on_rank, specs, agreement=agree, step_sync=sync)
             )
         Path(shared, f"rank{rank}.pkl").write_bytes(pickle.dumps(results))
     finally:
         dist.destroy_process_group()
 
 
+#: ``RunResult`` counts that add up over ranks.
+_SUMMED = ("generated_tokens", "idle_steps", *SCHEDULER_COUNTS)
+
+
 def merge_results(results: list[RunResult]) -> RunResult:
     """One result for all ranks: outputs together, the slowest rank's wall time, and
     the mean busy time (so ``occupancy`` is the ranks' mean)."""
-    outputs: dict[int, tuple[int, ...]] = {}
-    reasons: dict[str, int] = {}
-    for r in results:
-        outputs.update(r.outputs)
-        for k, v in r.finish_reasons.items():
-            reasons[k] = reasons.get(k, 0) + v
+    outputs = {rid: out for r in results for rid, out in r.outputs.items()}
+    busy = sum(r.forward_busy_seconds for r in results)
+    reasons = sum((Counter(r.finish_reasons) for r in results), Counter[str]())
     return RunResult(
         outputs=dict(sorted(outputs.items())),
         finish_reasons=dict(sorted(reasons.items())),
-        generated_tokens=sum(r.generated_tokens for r in results),
         wall_seconds=max(r.wall_seconds for r in results),
-        forward_busy_seconds=sum(r.forward_busy_seconds for r in results)
-        / len(results),
+        forward_busy_seconds=busy / len(results),
         steps=max(r.steps for r in results),
-        idle_steps=sum(r.idle_steps for r in results),
-        decode_rows=sum(r.decode_rows for r in results),
-        decode_tokens=sum(r.decode_tokens for r in results),
-        retractions=sum(r.retractions for r in results),
-        aborts=sum(r.aborts for r in results),
-        chunks=sum(r.chunks for r in results),
-        prebuilt=sum(r.prebuilt for r in results),
         aborted_ids=tuple(sorted(i for r in results for i in r.aborted_ids)),
+        **{name: sum(getattr(r, name) for r in results) for name in _SUMMED},
     )
 
 
 def run_data_parallel(
     config: EngineConfig, ranks: int
 ) -> tuple[RunResult, list[RunResult]]:
-    """Run ``config.workload`` on ``ranks`` spawned processes; (merged, per rank).
-
-    On CUDA each rank takes the GPU of its rank number.
-    """
+    """Run ``config.workload`` on ``ranks`` spawned processes (on CUDA, each on the
+    GPU of its rank number); (merged, per rank)."""
     (per_rank,) = run_data_parallel_many([config], ranks)
     return merge_results(per_rank), per_rank
 
@@ -132,17 +109,14 @@ def run_data_parallel_many(
     config = configs[0]
     if ranks < 1:
         raise ValueError(f"ranks must be >= 1 (got {ranks})")
-    if config.device.startswith("cuda") and torch.cuda.device_count() < ranks:
-        raise ValueError(
-            f"{ranks} ranks need {ranks} GPUs; {torch.cuda.device_count()} found"
-        )
+    if config.device.startswith("cuda") and (gpus := torch.cuda.device_count()) < ranks:
+        raise ValueError(f"{ranks} ranks need {ranks} GPUs; {gpus} found")
     with tempfile.TemporaryDirectory(prefix="relay-dp-") as shared:
         env_before = os.environ.get("OMP_NUM_THREADS")
         os.environ.setdefault("OMP_NUM_THREADS", "1")  # ranks share the host's cores
         try:
-            context = multiprocessing.get_context(
-                "spawn"
-            )  # no forked torch or CUDA state
+            # Spawned: no forked torch or CUDA state.
+            context = multiprocessing.get_context("spawn")
             procs = [
                 context.Process(
                     target=_rank_main,
@@ -155,16 +129,12 @@ def run_data_parallel_many(
                 proc.start()
             for proc in procs:
                 proc.join()
-            failed = [p.name for p in procs if p.exitcode != 0]
+            failed = ", ".join(p.name for p in procs if p.exitcode != 0)
             if failed:
-                raise RuntimeError(
-                    f"data-parallel ranks failed: {', '.join(failed)} (see above)"
-                )
+                raise RuntimeError(f"data-parallel ranks failed: {failed} (see above)")
         finally:
             if env_before is None:
                 os.environ.pop("OMP_NUM_THREADS", None)
-        per_rank = [
-            pickle.loads(Path(shared, f"rank{r}.pkl").read_bytes())
-            for r in range(ranks)
-        ]
+        files = [Path(shared, f"rank{r}.pkl") for r in range(ranks)]
+        per_rank = [pickle.loads(f.read_bytes()) for f in files]
     return [[per_rank[r][i] for r in range(ranks)] for i in range(len(configs))]

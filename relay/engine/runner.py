@@ -1,10 +1,6 @@
-"""The forward of one step, as it runs on the forward executor.
-
-Every forward starts by resolving the relay (decode batches), publishes the new
-lengths as soon as they exist, and ends by stashing what the next forward needs
-and copying its results to the host for the scheduler. A decode forward of a mixed
-batch also runs a prefill chunk: the relay resolves only the decode rows, and one
-publish and one stash cover the decode rows and the chunk's finished prompts.
+"""The forward of one step, as it runs on the forward executor: it resolves the
+relay (decode rows only, in a mixed batch), publishes the new lengths as soon as
+they exist, stashes what the next forward needs and copies its results to the host.
 """
 
 from __future__ import annotations
@@ -14,22 +10,14 @@ from typing import TYPE_CHECKING
 
 import attrs
 import torch
+from torch import Tensor
 
+from relay.engine import trace
 from relay.engine.batch import ForwardBatch, ForwardMode, Seeds, StepOutput
 from relay.engine.model import DraftHead, Forwards, KVCache, TargetModel, VerifyResult
-from relay.engine.trace import (
-    FORWARD,
-    PUBLISH,
-    RELEASE,
-    RESOLVE_FUTURE,
-    STASH,
-    Ranges,
-    no_ranges,
-)
+from relay.engine.trace import Ranges, no_ranges
 
-if (
-    TYPE_CHECKING
-):  # no map is imported with the engine (Note [One set of map classes per run])
+if TYPE_CHECKING:  # no map is imported with the engine
     from relay.engine.relays import Extras, Relay
 
 __all__ = ["ModelRunner", "SpecConfig"]
@@ -49,13 +37,8 @@ class SpecConfig:
         if self.method not in ("eagle", "ngram"):
             raise ValueError(f"method must be eagle or ngram (got {self.method!r})")
 
-    @property
-    def branches(self) -> int:
-        """Draft branches verified per request."""
-        return self.topk if self.method == "eagle" else 1
 
-
-def _to_host(t: torch.Tensor) -> torch.Tensor:
+def _to_host(t: Tensor) -> Tensor:
     """A host copy the scheduler reads once the step is done."""
     if t.device.type == "cpu":
         return t.clone()
@@ -67,39 +50,28 @@ def _to_host(t: torch.Tensor) -> torch.Tensor:
 class _Handoff:
     """What rows of one forward hand the next: slots, tokens, extras, new lengths."""
 
-    slots: torch.Tensor
-    tokens: torch.Tensor
-    extras: Extras | None
-    new_seq_lens: torch.Tensor
+    slots: Tensor
+    tokens: Tensor
+    extras: Extras
+    new_seq_lens: Tensor
 
 
 def _joined(parts: list[_Handoff]) -> _Handoff:
     if len(parts) == 1:
         return parts[0]
-    first = parts[0].extras
-    extras = (
-        None
-        if first is None
-        else tuple(
-            torch.cat([p.extras[i] for p in parts if p.extras is not None])
-            for i in range(len(first))
-        )
-    )
     return _Handoff(
         torch.cat([p.slots for p in parts]),
         torch.cat([p.tokens for p in parts]),
-        extras,
+        tuple(torch.cat(column) for column in zip(*(p.extras for p in parts))),
         torch.cat([p.new_seq_lens for p in parts]),
     )
 
 
 class ModelRunner:
-    """Runs prefill, decode and verify forwards against one relay.
-
-    ``step_sync(n)`` is called by every forward, idle ones included, with the
-    number of tokens this rank runs: the data-parallel collective of a shared step.
-    ``kernels_started()`` follows it, when the forward's kernels are about to run
-    (Note [Host turns on the CPU worker] in relay/engine/executors.py).
+    """Runs prefill, decode and verify forwards against one relay. Every forward, idle
+    ones included, calls ``step_sync(n)`` with the tokens this rank runs (the
+    data-parallel collective of a shared step), then ``kernels_started()`` when its
+    kernels are about to run (Note [Host turns on the CPU worker] in executors.py).
     """
 
     def __init__(
@@ -114,11 +86,10 @@ class ModelRunner:
         ranges: Ranges = no_ranges,
     ) -> None:
         self.model = model
-        self.kv = kv
         self.relay = relay
         self.spec = spec
-        eagle = spec is not None and spec.method == "eagle"
-        self.forwards = Forwards(model, kv, DraftHead(model) if eagle else None)
+        self.eagle = spec is not None and spec.method == "eagle"
+        self.forwards = Forwards(model, kv, DraftHead(model) if self.eagle else None)
         self.step_sync = step_sync
         self.kernels_started = kernels_started
         self.ranges = ranges
@@ -127,41 +98,33 @@ class ModelRunner:
         self.record: list[tuple[int, int, int]] | None = None
 
     def warm_up(self) -> None:
-        """Run each of the model's forwards twice on the scratch slot 0, before timing.
-
-        TorchScript profiles a function's first calls and then optimizes it (about
-        50 ms each here); without a warm-up the first timed run would pay for it.
-        Writes only the scratch slot's cache rows; touches no relay.
-        """
-        device = self.model.device
-        slot = torch.zeros(1, dtype=torch.int64, device=device)
-        token = torch.ones(1, dtype=torch.int64, device=device)
-        prompt_len = torch.full((1,), 2, dtype=torch.int64, device=device)
-        seq_lens = prompt_len + 1
-        fw = self.forwards
-        spec = self.spec
+        """Run each of the model's forwards twice on the scratch slot 0, before timing:
+        TorchScript profiles a function's first calls and then optimizes it, which the
+        first timed run would pay for. Writes only the scratch slot's cache rows."""
+        slot = torch.zeros(1, dtype=torch.int64, device=self.model.device)
+        token, prompt_len, seq_lens = slot + 1, slot + 2, slot + 3
+        fw, spec = self.forwards, self.spec
         for _ in range(2):
             hidden, _ = fw.prefill(token[:, None].expand(1, 2), prompt_len, slot)
             fw.prefill_chunk(token[:, None], prompt_len - 1, prompt_len - 1, slot, 2)
             fw.decode(token, seq_lens, 3, slot)
-            if spec is not None and spec.method == "eagle":
+            if spec is not None and self.eagle:
                 _, first, draft_hidden = fw.extend(hidden, token, spec.topk)
                 result = fw.draft_and_verify(
                     token, draft_hidden, first, spec.steps, seq_lens, 3, slot
                 )
                 fw.commit_and_extend(result, seq_lens, slot, spec.topk)
             elif spec is not None:
-                accept = token.new_zeros(1, spec.steps)
-                lens = torch.zeros(1, dtype=torch.int32, device=device)
+                accept, lens = self._first_extras(slot, slot)  # none accepted
                 result = fw.ngram_verify(token, accept, lens, seq_lens, 3, slot)
                 fw.commit(result, seq_lens, slot)
 
     def forward(self, batch: ForwardBatch, out: StepOutput) -> None:
         """Run ``batch`` and fill ``out`` with host copies of its results."""
-        with self.ranges(FORWARD, batch.step):
+        with self.ranges(trace.FORWARD, batch.step):
             if batch.released is not None:
                 # On the forward stream: after every forward that could still read them.
-                with self.ranges(RELEASE, batch.step):
+                with self.ranges(trace.RELEASE, batch.step):
                     self.relay.release(batch.released)
             if batch.mode is ForwardMode.IDLE:
                 self._idle(batch)
@@ -175,32 +138,25 @@ class ModelRunner:
         in place of the prefill server's transfer) and seed their relay rows (Note
         [Seeding a prebuilt request] in relay/engine/relays.py)."""
         self.relay.release(seeds.released)
-        slots = seeds.slots
+        slots, tokens = seeds.slots, seeds.first_tokens
         hidden, _ = self.forwards.prefill(seeds.prompts, seeds.prompt_lens, slots)
-        tokens = seeds.first_tokens
-        extras = self._prefill_extras(hidden, tokens)
+        extras = self._first_extras(hidden, tokens)
         self.relay.seed(slots, tokens, extras, seeds.prompt_lens + 1)
 
     def _resolve_future(self, batch: ForwardBatch) -> None:
-        with self.ranges(RESOLVE_FUTURE, batch.step):
+        with self.ranges(trace.RESOLVE_FUTURE, batch.step):
             self.relay.resolve_future(batch)
         if self.record is not None and batch.reqs:
-            inputs = (
-                batch.input_ids if self.spec is None else batch.spec_info.bonus_tokens
-            )
-            self.record.extend(
-                (batch.step, req.spec.rid, token)
-                for req, token in zip(batch.reqs, inputs.tolist())
-            )
+            ids = batch.input_ids if self.spec is None else batch.spec_info.bonus_tokens
+            rows = zip(batch.reqs, ids.tolist())
+            self.record += [(batch.step, req.spec.rid, token) for req, token in rows]
 
-    def _publish(
-        self, batch: ForwardBatch, slots: torch.Tensor, new_seq_lens: torch.Tensor
-    ) -> None:
-        with self.ranges(PUBLISH, batch.step):
-            self.relay.publish(slots, new_seq_lens)
+    def _publish(self, batch: ForwardBatch, slots: Tensor, lens: Tensor) -> None:
+        with self.ranges(trace.PUBLISH, batch.step):
+            self.relay.publish(slots, lens)
 
     def _stash(self, batch: ForwardBatch, hand: _Handoff) -> None:
-        with self.ranges(STASH, batch.step):
+        with self.ranges(trace.STASH, batch.step):
             self.relay.stash(hand.slots, hand.tokens, hand.extras)
 
     def _start_kernels(self, tokens: int) -> None:
@@ -210,21 +166,16 @@ class ModelRunner:
         if self.kernels_started is not None:
             self.kernels_started()
 
-    def _prefill_extras(
-        self, hidden: torch.Tensor, tokens: torch.Tensor
-    ) -> Extras | None:
+    def _first_extras(self, hidden: Tensor, tokens: Tensor) -> Extras:
         """What a finished prompt hands its first decode besides its token."""
         spec = self.spec
         if spec is None:
-            return None
-        if spec.method == "eagle":
+            return ()
+        if self.eagle:
             return self.forwards.extend(hidden, tokens, spec.topk)
         # Nothing verified yet: accept length 0 (what an unwritten row reads).
         n = tokens.shape[0]
-        return (
-            tokens.new_zeros(n, spec.steps),
-            torch.zeros(n, dtype=torch.int32, device=tokens.device),
-        )
+        return tokens.new_zeros(n, spec.steps), tokens.new_zeros(n, dtype=torch.int32)
 
     def _idle(self, batch: ForwardBatch) -> None:
         # Empty operations, as a rank with requests would issue them: each is a no-op
@@ -233,39 +184,25 @@ class ModelRunner:
         self._resolve_future(batch)
         self._publish(batch, empty, empty)
         self._start_kernels(0)
-        extras: Extras | None = None
-        if self.spec is not None and self.spec.method == "eagle":
-            h = self.model.config.hidden
-            extras = (
-                torch.empty(
-                    0, self.spec.topk, dtype=torch.float32, device=empty.device
-                ),
-                torch.empty(0, self.spec.topk, dtype=torch.int64, device=empty.device),
-                torch.empty(0, h, dtype=self.model.config.dtype, device=empty.device),
-            )
-        elif self.spec is not None:
-            extras = (
-                empty.new_empty(0, self.spec.steps),
-                torch.empty(0, dtype=torch.int32, device=empty.device),
-            )
+        if self.spec is not None and self.eagle:  # a draft's rows, without drafting
+            c, topk = self.model.config, self.spec.topk
+            p = empty.new_empty((0, topk), dtype=torch.float32)
+            h = empty.new_empty((0, c.hidden), dtype=c.dtype)
+            extras: Extras = (p, empty.new_empty((0, topk)), h)
+        else:
+            extras = self._first_extras(empty, empty)  # (), or n-gram's empty rows
         self._stash(batch, _Handoff(empty, empty, extras, empty))
 
     def _run_chunk(self, batch: ForwardBatch, out: StepOutput) -> _Handoff:
         """The model part of a prefill (or a mixed batch's chunk): fills ``out``;
         returns what the rows whose prompt is complete hand over."""
-        slots = batch.req_pool_indices
-        assert batch.chunk_lens is not None
+        slots, lens = batch.req_pool_indices, batch.chunk_lens
+        assert lens is not None
         if batch.starts is None:
-            hidden, tokens = self.forwards.prefill(
-                batch.input_ids, batch.chunk_lens, slots
-            )
+            hidden, tokens = self.forwards.prefill(batch.input_ids, lens, slots)
         else:
             hidden, tokens = self.forwards.prefill_chunk(
-                batch.input_ids,
-                batch.starts,
-                batch.chunk_lens,
-                slots,
-                batch.max_seq_len,
+                batch.input_ids, batch.starts, lens, slots, batch.max_seq_len
             )
         new_seq_lens = batch.seq_lens + 1
         final = torch.tensor(batch.final, device=slots.device)
@@ -276,116 +213,76 @@ class ModelRunner:
             rows = final.nonzero().squeeze(1)
             slots, hidden, tokens = slots[rows], hidden[rows], tokens[rows]
             new_seq_lens = new_seq_lens[rows]
-        return _Handoff(
-            slots, tokens, self._prefill_extras(hidden, tokens), new_seq_lens
-        )
+        extras = self._first_extras(hidden, tokens)
+        return _Handoff(slots, tokens, extras, new_seq_lens)
 
     def _prefill(self, batch: ForwardBatch, out: StepOutput) -> None:
         assert batch.chunk_lens is not None
-        if all(batch.final):
+        whole = all(batch.final)
+        if whole:
             # Known before the model runs: publish first so the scheduler waits least.
             self._publish(batch, batch.req_pool_indices, batch.seq_lens + 1)
         self._start_kernels(int(batch.chunk_lens.sum()))
         hand = self._run_chunk(batch, out)
-        if not all(batch.final):
+        if not whole:
             self._publish(batch, hand.slots, hand.new_seq_lens)
         self._stash(batch, hand)
 
     def _decode(self, batch: ForwardBatch, out: StepOutput) -> None:
         """A decode (or verify) forward, with a mixed batch's chunk."""
         self._resolve_future(batch)
-        tokens = len(batch) * (
-            1 if self.spec is None else self.spec.branches * (self.spec.steps + 1)
-        )
-        chunk = batch.chunk
-        if chunk is not None:
+        spec, chunk = self.spec, batch.chunk
+        width = 1 if spec is None else spec.steps + 1  # each branch: drafts and bonus
+        branches = spec.topk if spec is not None and self.eagle else 1
+        tokens = len(batch) * width * branches
+        parts: list[_Handoff] = []
+        if chunk is None:
+            self._start_kernels(tokens)
+        else:
             assert chunk.chunk_lens is not None
-            tokens += int(chunk.chunk_lens.sum())
-        self._start_kernels(tokens)
-        parts = []
-        if chunk is not None:
+            self._start_kernels(tokens + int(chunk.chunk_lens.sum()))
             out.chunk = StepOutput()
             parts.append(self._run_chunk(chunk, out.chunk))
-        if self.spec is None:
-            decoded = self._plain(batch, out)
-            self._publish(batch, *self._new_lens(decoded, parts))
-            self._stash(batch, _joined([decoded, *parts]))
-            return
-        result = self._verify(batch, self.spec)
-        new_seq_lens = batch.seq_lens + result.accept_lens + 1
-        verified = _Handoff(batch.req_pool_indices, result.bonus, None, new_seq_lens)
-        # on_publish: mid-forward, before the cache commit and the draft extension,
-        # which overlap the scheduler's wait-free part of the next batch.
-        with self.ranges(PUBLISH, batch.step):
-            self.on_publish(*self._new_lens(verified, parts))
-        extras = self._commit(batch, result, self.spec)
-        self._stash(batch, _joined([attrs.evolve(verified, extras=extras), *parts]))
-        out.tokens = _to_host(result.tokens)
-        out.counts = _to_host(result.accept_lens + 1)
-        out.new_seq_lens = _to_host(new_seq_lens)
-
-    @staticmethod
-    def _new_lens(
-        rows: _Handoff, parts: list[_Handoff]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        joined = [rows, *parts]
-        if len(joined) == 1:
-            return rows.slots, rows.new_seq_lens
-        return (
-            torch.cat([p.slots for p in joined]),
-            torch.cat([p.new_seq_lens for p in joined]),
-        )
-
-    def _plain(self, batch: ForwardBatch, out: StepOutput) -> _Handoff:
-        slots = batch.req_pool_indices
-        new_seq_lens = batch.seq_lens + 1
-        _, tokens = self.forwards.decode(
-            batch.input_ids, batch.seq_lens, batch.max_seq_len, slots
-        )
-        out.tokens = _to_host(tokens[:, None])
-        out.counts = _to_host(torch.ones_like(tokens))
-        out.new_seq_lens = _to_host(new_seq_lens)
-        return _Handoff(slots, tokens, None, new_seq_lens)
+        slots, lens = batch.req_pool_indices, batch.seq_lens
+        if spec is None:
+            fw = self.forwards
+            _, next_tokens = fw.decode(batch.input_ids, lens, batch.max_seq_len, slots)
+            rows = _Handoff(slots, next_tokens, (), lens + 1)
+            host_tokens, counts = next_tokens[:, None], torch.ones_like(next_tokens)
+        else:
+            result = self._verify(batch, spec)
+            rows = _Handoff(slots, result.bonus, (), lens + result.accept_lens + 1)
+        # Speculative decoding publishes mid-forward, before the cache commit and the
+        # draft extension, which overlap the wait-free part of the next batch.
+        published = _joined([rows, *parts])
+        self._publish(batch, published.slots, published.new_seq_lens)
+        if spec is not None:
+            rows = attrs.evolve(rows, extras=self._commit(batch, result, spec))
+            host_tokens, counts = result.tokens, result.accept_lens + 1
+        self._stash(batch, _joined([rows, *parts]))
+        out.tokens = _to_host(host_tokens)
+        out.counts = _to_host(counts)
+        out.new_seq_lens = _to_host(rows.new_seq_lens)
 
     def _verify(self, batch: ForwardBatch, spec: SpecConfig) -> VerifyResult:
-        info = batch.spec_info
-        slots = batch.req_pool_indices
-        if spec.method == "ngram":
+        info, slots = batch.spec_info, batch.req_pool_indices
+        bonus, lens, width = info.bonus_tokens, batch.seq_lens, batch.max_seq_len
+        if not self.eagle:
             # The n-gram map hands accept_tokens flat, (n * steps,), as sglang does.
             accept = info.accept_tokens.reshape(slots.shape[0], spec.steps)
-            return self.forwards.ngram_verify(
-                info.bonus_tokens,
-                accept,
-                info.accept_lens,
-                batch.seq_lens,
-                batch.max_seq_len,
-                slots,
-            )
-        assert info.hidden_states is not None, (
-            "speculative decode before any prefill stashed"
-        )
+            fw = self.forwards
+            return fw.ngram_verify(bonus, accept, info.accept_lens, lens, width, slots)
+        hidden, first = info.hidden_states, info.topk_index
+        assert hidden is not None, "decode before any prefill stashed"
         return self.forwards.draft_and_verify(
-            info.bonus_tokens,
-            info.hidden_states,
-            info.topk_index,
-            spec.steps,
-            batch.seq_lens,
-            batch.max_seq_len,
-            slots,
+            bonus, hidden, first, spec.steps, lens, width, slots
         )
 
     def _commit(
         self, batch: ForwardBatch, result: VerifyResult, spec: SpecConfig
     ) -> Extras:
-        slots = batch.req_pool_indices
-        if spec.method == "eagle":
-            return self.forwards.commit_and_extend(
-                result, batch.seq_lens, slots, spec.topk
-            )
-        self.forwards.commit(result, batch.seq_lens, slots)
-        accepted = result.tokens[:, : spec.steps]
-        return accepted, result.accept_lens.to(torch.int32)
-
-    def on_publish(self, slots: torch.Tensor, new_seq_lens: torch.Tensor) -> None:
-        """The verify step's publish callback: hand the accepted lengths to the scheduler."""
-        self.relay.publish(slots, new_seq_lens)
+        slots, lens = batch.req_pool_indices, batch.seq_lens
+        if self.eagle:
+            return self.forwards.commit_and_extend(result, lens, slots, spec.topk)
+        self.forwards.commit(result, lens, slots)
+        return result.tokens[:, : spec.steps], result.accept_lens.to(torch.int32)

@@ -19,18 +19,12 @@ from relay.engine.batch import (
     ForwardMode,
     Request,
     RequestState,
-    SpecInfo,
     StepOutput,
 )
+from relay.engine.model import ModelConfig
 from relay.engine.workload import RequestSpec
 
-__all__ = [
-    "PageBudget",
-    "Scheduler",
-    "SchedulerConfig",
-    "TokenAccountingError",
-    "Vocabulary",
-]
+__all__ = ["PageBudget", "Scheduler", "SchedulerConfig", "TokenAccountingError"]
 
 
 # Note [One schedule for both modes]
@@ -40,9 +34,9 @@ __all__ = [
 # the same point of its loop, after launching the next step, so both modes build
 # exactly the same batches, step by step. Arrivals and aborts are counted in steps
 # for the same reason, and retraction decides from the lengths of processed steps,
-# which both modes know at the same point. Lengths reach the scheduler earlier, through the schedule lane: a
-# request at its output limit is dropped from the very batch being built, in both
-# modes alike.
+# which both modes know at the same point. Lengths reach the scheduler earlier,
+# through the schedule lane: a request at its output limit is dropped from the very
+# batch being built, in both modes alike.
 
 
 # Note [Rows of a retracted request]
@@ -84,32 +78,16 @@ class SchedulerConfig:
     headroom: float = 0.25
 
 
-class Vocabulary:
-    """Token id -> text piece, for incremental detokenization of outputs."""
-
-    def __init__(self, size: int, seed: int = 0) -> None:
-        rng = random.Random(seed)
-        letters = "etaoinshrdlucmfwypvbgkjqxz"
-        self.pieces = [
-            ("" if rng.random() < 0.7 else " ")
-            + "".join(rng.choice(letters) for _ in range(rng.randint(1, 4)))
-            for _ in range(size)
-        ]
-
-
 class PageBudget:
-    """KV memory in pages of ``page_size`` tokens, handed out from a free list.
-
-    With ``reserve``, admission reserves a request's worst case, so a running request
-    never waits for memory, and pages are taken from the reservation as the sequence
-    grows. Without it, pages are taken as sequences grow and may run out.
-    """
+    """KV memory in pages of ``page_size`` tokens, counted (a request's cache rows are
+    its slot's, so no page needs a name). With ``reserve``, admission reserves a
+    request's worst case, so a running request never waits for memory; without it,
+    pages are taken as sequences grow and may run out."""
 
     def __init__(self, pages: int, page_size: int, *, reserve: bool) -> None:
         self.page_size = page_size
         self.reserve = reserve
-        self.free_pages = list(range(pages - 1, -1, -1))
-        self.unreserved = pages
+        self.free = self.unreserved = pages
 
     def pages_for(self, tokens: int) -> int:
         """Pages that hold ``tokens`` tokens."""
@@ -124,204 +102,162 @@ class PageBudget:
         req.reserved_pages = need
         return True
 
-    def fits(self, req: Request, tokens: int, headroom: int = 0) -> bool:
-        """Whether ``req`` can grow to ``tokens`` tokens and leave ``headroom`` pages."""
-        if self.reserve:
-            return True
-        more = max(0, self.pages_for(tokens) - len(req.pages))
-        return more + headroom <= len(self.free_pages)
-
-    def grow(self, req: Request, tokens: int) -> bool:
-        """Allocate pages so ``req`` holds ``tokens`` tokens (within its reservation,
-        when reserving); ``False``, allocating nothing, when the pages are not there."""
+    def grow(self, req: Request, tokens: int, headroom: int = 0) -> bool:
+        """Allocate pages so ``req`` holds ``tokens`` tokens: within its reservation
+        when reserving, else only if ``headroom`` pages stay free (``False``,
+        allocating nothing, when they would not)."""
         need = self.pages_for(tokens)
         if self.reserve:
             need = min(need, req.reserved_pages)
-        elif not self.fits(req, tokens):
+        elif max(0, need - req.pages) + headroom > self.free:
             return False
-        while len(req.pages) < need:
-            req.pages.append(self.free_pages.pop())
+        if need > req.pages:
+            self.free -= need - req.pages
+            req.pages = need
         return True
 
     def release(self, req: Request) -> None:
         """Return ``req``'s pages and reservation."""
-        self.free_pages.extend(reversed(req.pages))
-        req.pages.clear()
+        self.free += req.pages
         self.unreserved += req.reserved_pages
-        req.reserved_pages = 0
-
-
-@attrs.define(eq=False)
-class _RunningBatch:
-    """The requests in decode, with device slots kept across steps (filtered and merged)."""
-
-    reqs: list[Request]
-    slots: torch.Tensor  # device
-    prompt_lens: torch.Tensor  # host
-    max_new: torch.Tensor  # host
-
-    def filter_active(self) -> None:
-        """Drop finished, capped and retracted requests."""
-        if all(r.active for r in self.reqs):
-            return
-        keep = [i for i, r in enumerate(self.reqs) if r.active]
-        rows = torch.tensor(keep, dtype=torch.int64)
-        self.reqs = [self.reqs[i] for i in keep]
-        self.slots = self.slots[rows.to(self.slots.device)]
-        self.prompt_lens = self.prompt_lens[rows]
-        self.max_new = self.max_new[rows]
-
-    def add(self, reqs: list[Request], max_new: list[int]) -> None:
-        """Append requests whose prefill is done: they decode from the next step on."""
-        if not reqs:
-            return
-        slots = torch.tensor([r.slot for r in reqs], dtype=torch.int64)
-        self.reqs = self.reqs + reqs
-        self.slots = torch.cat([self.slots, slots.to(self.slots.device)])
-        prompts = torch.tensor([len(r.spec.prompt) for r in reqs], dtype=torch.int64)
-        self.prompt_lens = torch.cat([self.prompt_lens, prompts])
-        self.max_new = torch.cat([self.max_new, torch.tensor(max_new)])
+        req.pages = req.reserved_pages = 0
 
 
 def _hits_stop(text: list[str], stops: tuple[str, ...]) -> bool:
     """Whether the output text ends in one of ``stops`` (the newest piece completes it)."""
-    longest = max(len(s) for s in stops)
-    tail = ""
+    longest, newest, tail = max(len(s) for s in stops), len(text[-1]), ""
     for piece in reversed(text):
         tail = piece + tail
-        if len(tail) >= longest + len(text[-1]):
+        if len(tail) >= longest + newest:
             break
-    newest = len(text[-1])
     return any(s in tail and tail.rfind(s) + len(s) > len(tail) - newest for s in stops)
 
 
 class Scheduler:
-    """Admits arrivals, builds one batch per step and processes each step's results.
-
+    """Admits arrivals, builds one batch per step and processes each step's results;
     ``lookahead`` is how many positions past its length one step may write (1 for
-    plain decoding, ``steps + 1`` for speculative decoding).
-    """
+    plain decoding, ``steps + 1`` for speculative decoding)."""
 
     def __init__(
         self,
         specs: Sequence[RequestSpec],
         config: SchedulerConfig,
+        model: ModelConfig,
         *,
         device: torch.device,
-        vocab: Vocabulary,
-        eos_token_id: int,
-        max_context: int,
         lookahead: int,
-        spec_topk: int = 1,
     ) -> None:
         self.config = config
         self.device = device
-        self.vocab = vocab
-        self.eos_token_id = eos_token_id
+        # Each token's text piece, for incremental detokenization of outputs.
+        rng, letters = random.Random(model.seed), "etaoinshrdlucmfwypvbgkjqxz"
+        self.pieces = [
+            ("" if rng.random() < 0.7 else " ")
+            + "".join(rng.choice(letters) for _ in range(rng.randint(1, 4)))
+            for _ in range(model.vocab_size)
+        ]
+        self.eos_token_id = model.eos_token_id
+        self.max_context = max_context = model.max_context
         self.lookahead = lookahead
-        self.spec_topk = spec_topk
         self.pending = deque(sorted(specs, key=lambda s: (s.arrival_step, s.rid)))
         self.waiting: deque[Request] = deque()
         self.requests: dict[int, Request] = {}
         self.finished = 0
+        #: Steps so far: arrivals and aborts are counted in steps.
         self.clock = 0
-        # pop() reuses freed slots first.
-        self._free_slots = list(range(config.max_running, 0, -1))
+        reserve = not config.retract
+        self.budget = PageBudget(config.kv_pages, config.page_size, reserve=reserve)
+        self._free_slots = list(range(config.max_running, 0, -1))  # pop() reuses
         self._released: list[int] = []  # freed, not yet released to the relay
-        self.budget = PageBudget(
-            config.kv_pages, config.page_size, reserve=not config.retract
-        )
-        self._running = _RunningBatch(
-            [],
-            torch.empty(0, dtype=torch.int64, device=device),
-            torch.empty(0, dtype=torch.int64),
-            torch.empty(0, dtype=torch.int64),
-        )
+        #: The requests in decode and their device slots, filtered and merged by step.
+        self._running: list[Request] = []
+        self._running_slots = torch.empty(0, dtype=torch.int64).to(device)
         self._last_was_prefill = False
-        self._max_context = max_context
         self._prebuilt: deque[Request] = deque()  # arrived prebuilt, not admitted
         self._seeds: list[Request] = []  # admitted prebuilt, relay rows not seeded
         self._aborts: dict[int, list[Request]] = {}
-        # Speculative decoding statistics: rows of decode steps and tokens they emitted.
-        self.decode_rows = 0
-        self.decode_tokens = 0
-        self.streamed_bytes = 0
-        self.retractions = 0
-        self.aborts = 0
-        #: Prefill rows that were a part of a context, not all of it.
-        self.chunks = 0
-        self.prebuilt = 0
+        #: Rows of decode steps and the tokens they emitted (speculative decoding's
+        #: acceptance), bytes streamed to clients, requests retracted (each time),
+        #: aborted and prebuilt, and prefill rows that were a chunk of a context.
+        self.decode_rows = self.decode_tokens = self.streamed_bytes = 0
+        self.retractions = self.aborts = self.prebuilt = self.chunks = 0
         for spec in specs:
-            self._check_fits(spec)
-
-    def _check_fits(self, spec: RequestSpec) -> None:
-        if len(spec.prompt) + self.lookahead + 1 > self._max_context:
-            raise ValueError(
-                f"request {spec.rid}: a prompt of {len(spec.prompt)} tokens does "
-                f"not fit max_context {self._max_context}; raise max_context"
-            )
-        if self.budget.pages_for(self._worst(spec)) > self.config.kv_pages:
-            raise ValueError(
-                f"request {spec.rid} needs {self._worst(spec)} tokens of KV, more "
-                f"than the budget of {self.config.kv_pages} pages; raise kv_pages"
-            )
+            rid, prompt, worst = spec.rid, len(spec.prompt), self._worst(spec)
+            if prompt + lookahead + 1 > max_context:
+                raise ValueError(
+                    f"request {rid}: a prompt of {prompt} tokens does not fit "
+                    f"max_context {max_context}; raise max_context"
+                )
+            if self.budget.pages_for(worst) > config.kv_pages:
+                raise ValueError(
+                    f"request {rid} needs {worst} tokens of KV, more than the budget "
+                    f"of {config.kv_pages} pages; raise kv_pages"
+                )
 
     def _worst(self, spec: RequestSpec) -> int:
         return len(spec.prompt) + self._output_limit(spec) + 2 * self.lookahead
 
-    # -- state -------------------------------------------------------------------
+    def _output_limit(self, spec: RequestSpec) -> int:
+        """The output limit, clipped so prompt, output and look-ahead fit a slot."""
+        room = self.max_context - len(spec.prompt) - self.lookahead
+        return max(1, min(spec.max_new_tokens, room))
+
     def has_work(self) -> bool:
         """Requests still to arrive, wait or run."""
-        return bool(
-            self.pending
-            or self.waiting
-            or self._prebuilt
-            or self.finished < len(self.requests)
-        )
-
-    def tick(self) -> None:
-        """Advance the step clock (arrivals are counted in steps)."""
-        self.clock += 1
+        waiting = self.pending or self.waiting or self._prebuilt
+        return bool(waiting or self.finished < len(self.requests))
 
     # -- building a batch (before the fence) ---------------------------------------
     def next_batch(self) -> ForwardBatch | None:
         """This step's batch: a prefill of admitted requests, or a decode of the running
-        (with a prefill chunk riding along, with mixed batches).
-
-        Prefill goes first when requests wait, but never twice in a row while
-        requests run, so decoding is not starved. ``None`` when nothing can run.
-        """
+        (with a prefill chunk riding along, with mixed batches); ``None`` when nothing
+        can run. Prefill goes first when requests wait, but never twice in a row while
+        requests run, so decoding is not starved."""
         self._arrive()
         self._abort_due()
-        running = self._running
-        running.filter_active()
-        self._make_room(running)
-        self._admit_prebuilt(running)
-        if self.config.mixed and running.reqs:
-            batch = self._decode_batch(running)
+        self._filter_running()
+        self._make_room()
+        self._admit_prebuilt()
+        running = len(self._running)
+        if self.config.mixed and running:
+            batch = self._decode_batch()
             if self.waiting:
-                budget = self.config.max_prefill_tokens - len(running.reqs)
-                batch.chunk = self._prefill_batch(max(budget, 1), running)
+                budget = self.config.max_prefill_tokens - running
+                batch.chunk = self._prefill_batch(max(budget, 1))
             return batch
-        if self.waiting and not (running.reqs and self._last_was_prefill):
-            prefill = self._prefill_batch(self.config.max_prefill_tokens, running)
+        if self.waiting and not (running and self._last_was_prefill):
+            prefill = self._prefill_batch(self.config.max_prefill_tokens)
             if prefill is not None:
                 self._last_was_prefill = True
                 return prefill
         self._last_was_prefill = False
-        if not running.reqs:
-            return None
-        return self._decode_batch(running)
+        return self._decode_batch() if running else None
+
+    def _filter_running(self) -> None:
+        """Drop finished, capped and retracted requests from the running batch."""
+        running = [r.state is RequestState.RUNNING for r in self._running]
+        if not all(running):
+            keep = [i for i, still in enumerate(running) if still]
+            self._running = [self._running[i] for i in keep]
+            rows = torch.tensor(keep, dtype=torch.int64).to(self.device)
+            self._running_slots = self._running_slots[rows]
+
+    def _start_running(self, reqs: list[Request]) -> None:
+        """Requests whose prefill is done decode from the next step on."""
+        if reqs:
+            slots = torch.tensor([r.slot for r in reqs], dtype=torch.int64)
+            self._running = self._running + reqs
+            self._running_slots = torch.cat(
+                [self._running_slots, slots.to(self.device)]
+            )
 
     def _arrive(self) -> None:
         while self.pending and self.pending[0].arrival_step <= self.clock:
             spec = self.pending.popleft()
             req = Request(spec, context=spec.prompt)
             self.requests[spec.rid] = req
-            if spec.first_token is not None:
-                self._prebuilt.append(req)
-            else:
-                self.waiting.append(req)
+            prebuilt = spec.first_token is not None
+            (self._prebuilt if prebuilt else self.waiting).append(req)
             if spec.abort_step is not None:
                 self._aborts.setdefault(spec.abort_step, []).append(req)
 
@@ -330,32 +266,26 @@ class Scheduler:
         for req in self._aborts.pop(self.clock, []):
             if req.state is RequestState.FINISHED:
                 continue
-            if req in self.waiting:
-                self.waiting.remove(req)
-            if req in self._prebuilt:
-                self._prebuilt.remove(req)
+            for queue in (self.waiting, self._prebuilt):
+                if req in queue:
+                    queue.remove(req)
             self.aborts += 1
             self._finish(req, "abort")
 
-    def _bound(self, req: Request) -> int:
-        """Tokens ``req`` may hold once the step being built has run: its newest
-        known length, plus what the step in flight and this one may add."""
-        known = req.seq_len or len(req.context) + 1
-        return known + 2 * self.lookahead
-
-    def _make_room(self, running: _RunningBatch) -> None:
+    def _make_room(self) -> None:
         """Give every running request the pages of its next step; where they run out,
         retract the newest running requests."""
-        reqs = running.reqs
-        end = len(reqs)
-        i = 0
+        reqs, end, i = self._running, len(self._running), 0
         while i < end:
-            if self.budget.grow(reqs[i], self._bound(reqs[i])):
+            req = reqs[i]
+            # Its newest known length, plus what the step in flight and this one add.
+            bound = (req.seq_len or len(req.context) + 1) + 2 * self.lookahead
+            if self.budget.grow(req, bound):
                 i += 1
-                continue
-            end -= 1
-            self._retract(reqs[end])
-        running.filter_active()
+            else:
+                end -= 1
+                self._retract(reqs[end])
+        self._filter_running()
 
     def _retract(self, req: Request) -> None:
         """Free ``req``'s slot and pages and queue it first, to be prefilled again with
@@ -363,104 +293,81 @@ class Scheduler:
         req.epoch += 1
         req.state = RequestState.WAITING
         req.context = req.spec.prompt + tuple(req.output)
-        req.prefilled = 0
-        req.seq_len = 0
-        self._free_slot(req)
-        self.budget.release(req)
+        req.prefilled = req.seq_len = 0
+        self._free(req)
         # First in line, but behind a prompt half prefilled: at most one request holds
         # pages while it waits, so that one can always finish its prefill.
         front = self.waiting and self.waiting[0].state is RequestState.PREFILLING
         self.waiting.insert(1 if front else 0, req)
         self.retractions += 1
 
-    def _admit_prebuilt(self, running: _RunningBatch) -> None:
+    def _admit_prebuilt(self) -> None:
         """Admit arrived prebuilt requests straight into the running batch; their
         relay rows are seeded before the next forward (``take_seeds``)."""
         while self._prebuilt and self._free_slots:
             req = self._prebuilt[0]
             length = len(req.spec.prompt)
-            if not self._take_pages(req, length + 1 + 2 * self.lookahead, running):
+            if not self._take_pages(req, length + 1 + 2 * self.lookahead):
                 break
             self._prebuilt.popleft()
             req.slot = self._free_slots.pop()
-            req.prefilled = length
-            req.seq_len = length + 1
+            req.prefilled, req.seq_len = length, length + 1
             req.state = RequestState.RUNNING
             self.prebuilt += 1
             assert req.spec.first_token is not None
             if self._append(req, [req.spec.first_token]) is None:
-                running.add([req], [self._output_limit(req.spec)])
+                self._start_running([req])
                 self._seeds.append(req)
 
-    def _take_pages(self, req: Request, tokens: int, running: _RunningBatch) -> bool:
+    def _take_pages(self, req: Request, tokens: int) -> bool:
         """Pages for a request being admitted (or chunk-prefilled) to hold ``tokens``."""
-        if req.state is RequestState.WAITING and self.budget.reserve:
-            return self.budget.try_reserve(
-                req, self._worst(req.spec)
-            ) and self.budget.grow(req, tokens)
-        # Some pages kept for the running requests' growth, so that admission does not
-        # retract at once.
-        headroom = int(self.config.headroom * len(running.reqs))
-        if not self.budget.fits(req, tokens, headroom=headroom):
+        admitting = self.budget.reserve and req.state is RequestState.WAITING
+        if admitting and not self.budget.try_reserve(req, self._worst(req.spec)):
             return False
-        return self.budget.grow(req, tokens)
+        # Pages kept for the running requests' growth: admission must not retract.
+        headroom = int(self.config.headroom * len(self._running))
+        return self.budget.grow(req, tokens, headroom)
 
     def take_seeds(self) -> list[Request]:
         """Prebuilt requests admitted since the last call, whose relay rows need seeding."""
         seeds, self._seeds = self._seeds, []
         return seeds
 
-    def _output_limit(self, spec: RequestSpec) -> int:
-        """The output limit, clipped so prompt, output and look-ahead fit a slot."""
-        room = self._max_context - len(spec.prompt) - self.lookahead
-        return max(1, min(spec.max_new_tokens, room))
-
-    def _pick_chunks(
-        self, budget: int, running: _RunningBatch
-    ) -> list[tuple[Request, int, int]]:
-        """(request, chunk start, chunk length) of the next prefill, within ``budget``
-        tokens; requests whose last chunk is picked start running."""
-        picked: list[tuple[Request, int, int]] = []
-        tokens = 0
+    def _prefill_batch(self, budget: int) -> ForwardBatch | None:
+        """A prefill of the waiting requests' next chunks, within ``budget`` tokens;
+        requests whose last chunk is picked start running."""
+        reqs: list[Request] = []
+        starts: list[int] = []
+        lens: list[int] = []
         while self.waiting:
             req = self.waiting[0]
             start = req.prefilled
-            remaining = len(req.context) - start
-            room = budget - tokens
+            remaining, room = len(req.context) - start, budget - sum(lens)
             if self.config.chunked_prefill:
                 take = min(remaining, room)
             else:
-                take = remaining if not picked or remaining <= room else 0
-            if take <= 0:
+                take = remaining if not reqs or remaining <= room else 0
+            last = take == remaining
+            end = start + take + (1 + 2 * self.lookahead if last else 0)
+            admitting = req.state is RequestState.WAITING
+            if take <= 0 or (admitting and not self._free_slots):
                 break
-            final = take == remaining
-            end = start + take + (1 + 2 * self.lookahead if final else 0)
-            if req.state is RequestState.WAITING and not self._free_slots:
+            if not self._take_pages(req, end):
                 break
-            if not self._take_pages(req, end, running):
-                break
-            if req.state is RequestState.WAITING:
+            if admitting:
                 req.slot = self._free_slots.pop()
                 req.state = RequestState.PREFILLING
             req.prefilled += take
-            picked.append((req, start, take))
-            tokens += take
-            if not final:
+            reqs.append(req)
+            starts.append(start)
+            lens.append(take)
+            if not last:
                 break  # a chunk ends the batch; the request stays first in line
             self.waiting.popleft()
             req.state = RequestState.RUNNING
-        return picked
-
-    def _prefill_batch(
-        self, budget: int, running: _RunningBatch
-    ) -> ForwardBatch | None:
-        picked = self._pick_chunks(budget, running)
-        if not picked:
+        if not reqs:
             return None
-        reqs = [r for r, _, _ in picked]
-        starts = [start for _, start, _ in picked]
-        lens = [take for _, _, take in picked]
-        ends = [start + take for start, take in zip(starts, lens)]
+        ends = [start + n for start, n in zip(starts, lens)]
         final = [end == len(r.context) for r, end in zip(reqs, ends)]
         self.chunks += sum(1 for s, f in zip(starts, final) if s > 0 or not f)
         width = max(lens)
@@ -470,7 +377,6 @@ class Scheduler:
         ]
         ends_cpu = torch.tensor(ends, dtype=torch.int64)
         dev = self.device
-        limits = [self._output_limit(r.spec) for r in reqs]
         batch = ForwardBatch(
             ForwardMode.PREFILL,
             reqs,
@@ -479,54 +385,39 @@ class Scheduler:
             seq_lens=ends_cpu.to(dev),
             seq_lens_cpu=ends_cpu,
             seq_lens_sum=sum(ends),
-            spec_info=self._empty_spec(),
-            prompt_lens_cpu=torch.tensor([len(r.spec.prompt) for r in reqs]),
-            max_new_cpu=torch.tensor(limits, dtype=torch.int64),
             max_seq_len=max(ends),
             epochs=[r.epoch for r in reqs],
+            starts=torch.tensor(starts).to(dev) if any(starts) else None,
+            chunk_lens=torch.tensor(lens, dtype=torch.int64).to(dev),
             final=final,
         )
-        batch.chunk_lens = torch.tensor(lens, dtype=torch.int64).to(dev)
-        if any(starts):
-            batch.starts = torch.tensor(starts, dtype=torch.int64).to(dev)
-        done = [(r, n) for r, n, f in zip(reqs, limits, final) if f]
-        running.add([r for r, _ in done], [n for _, n in done])
+        self._start_running([r for r, f in zip(reqs, final) if f])
         return batch
 
-    def _decode_batch(self, running: _RunningBatch) -> ForwardBatch:
-        empty = torch.empty(0, dtype=torch.int64, device=self.device)
+    def _decode_batch(self) -> ForwardBatch:
+        empty = torch.empty(0, dtype=torch.int64)  # until the relay sets them
         return ForwardBatch(
             ForwardMode.DECODE,
-            list(running.reqs),
-            req_pool_indices=running.slots,  # never written in place: safe to share
-            input_ids=empty,  # set by the relay
-            seq_lens=empty,
-            seq_lens_cpu=torch.empty(0, dtype=torch.int64),
-            seq_lens_sum=0,
-            spec_info=self._empty_spec(),
-            prompt_lens_cpu=running.prompt_lens,
-            max_new_cpu=running.max_new,
-            epochs=[r.epoch for r in running.reqs],
-        )
-
-    def _empty_spec(self) -> SpecInfo:
-        dev = self.device
-        return SpecInfo(
-            torch.empty(0, self.spec_topk, dtype=torch.float32, device=dev),
-            torch.empty(0, self.spec_topk, dtype=torch.int64, device=dev),
+            list(self._running),
+            req_pool_indices=self._running_slots,  # never written in place: shared
+            input_ids=empty.to(self.device),
+            seq_lens=empty.to(self.device),
+            seq_lens_cpu=empty,
+            epochs=[r.epoch for r in self._running],
         )
 
     # -- after the fence -----------------------------------------------------------
     def cap_lengths(self, batch: ForwardBatch) -> bool:
         """Drop the requests at their output limit from a decode batch whose lengths are
         resolved; returns whether any request is left. Host tensors only."""
-        generated = batch.seq_lens_cpu - batch.prompt_lens_cpu
-        keep = generated < batch.max_new_cpu
-        if not bool(keep.all()):
-            for req, kept in zip(batch.reqs, keep.tolist()):
-                if not kept:
-                    req.state = RequestState.CAPPED
-            batch.select(keep)
+        kept, lens = [], batch.seq_lens_cpu.tolist()
+        for i, req in enumerate(batch.reqs):
+            if lens[i] - len(req.spec.prompt) < self._output_limit(req.spec):
+                kept.append(i)
+            else:
+                req.state = RequestState.CAPPED
+        if len(kept) < len(batch.reqs):
+            batch.select(kept)
         if not batch.reqs:
             return False
         batch.max_seq_len = int(batch.seq_lens_cpu.max())
@@ -534,10 +425,8 @@ class Scheduler:
 
     # -- results of a finished step ----------------------------------------------------
     def process(self, batch: ForwardBatch, out: StepOutput) -> None:
-        """Append a finished step's tokens, detokenize, and finish requests.
-
-        Runs one step late in both modes (Note [One schedule for both modes]).
-        """
+        """Append a finished step's tokens, detokenize, and finish requests; one step
+        late in both modes (Note [One schedule for both modes])."""
         if batch.mode is ForwardMode.IDLE:
             return
         if batch.mode is ForwardMode.DECODE:
@@ -550,18 +439,10 @@ class Scheduler:
             self._process_rows(batch.chunk, out.chunk)
 
     def _process_rows(self, batch: ForwardBatch, out: StepOutput) -> None:
-        assert (
-            out.tokens is not None
-            and out.counts is not None
-            and out.new_seq_lens is not None
-        )
-        for req, epoch, row, count, seq_len in zip(
-            batch.reqs,
-            batch.epochs,
-            out.tokens.tolist(),
-            out.counts.tolist(),
-            out.new_seq_lens.tolist(),
-        ):
+        tokens, counts, lens = out.tokens, out.counts, out.new_seq_lens
+        assert tokens is not None and counts is not None and lens is not None
+        rows = zip(tokens.tolist(), counts.tolist(), lens.tolist())
+        for req, epoch, (row, count, seq_len) in zip(batch.reqs, batch.epochs, rows):
             if req.state is RequestState.FINISHED or not self._current(req, epoch):
                 continue  # ended one step ago, or retracted since (extra rows)
             if count == 0:
@@ -569,9 +450,7 @@ class Scheduler:
             self._check_accounting(req, seq_len, count)
             req.seq_len = seq_len
             if self._append(req, row[:count]) is None:
-                assert req.state is not RequestState.CAPPED, (
-                    "capped request did not reach its limit"
-                )
+                assert req.state is not RequestState.CAPPED, "capped below its limit"
 
     def _check_accounting(self, req: Request, seq_len: int, count: int) -> None:
         """A step's length must follow from the tokens output so far."""
@@ -590,13 +469,12 @@ class Scheduler:
 
     def _append(self, req: Request, tokens: list[int]) -> str | None:
         """Output ``tokens`` until one ends the request; the reason it ended, if it did."""
-        pieces = self.vocab.pieces
         limit = self._output_limit(req.spec)
         first = len(req.output)
         reason = None
         for token in tokens:
             req.output.append(token)
-            req.text.append(pieces[token])
+            req.text.append(self.pieces[token])
             if token == self.eos_token_id:
                 reason = "eos"
             elif len(req.output) >= limit:
@@ -611,55 +489,41 @@ class Scheduler:
         return reason
 
     def _stream_chunk(self, req: Request, first: int, reason: str | None) -> None:
-        """Detokenize a request's new tokens and serialize the chunk a server streams.
-
-        Incremental detokenization re-decodes a short window before the new tokens
-        (as servers do, since a piece's text can depend on its neighbours) and sends
-        the text past what was already sent.
-        """
+        """Detokenize a request's new tokens and serialize the chunk a server streams:
+        as servers do, re-decode a short window before the new tokens (a piece's text
+        can depend on its neighbours) and send the text past what was already sent."""
         window = max(0, first - 4)
         before = "".join(req.text[window:first])
         delta = "".join(req.text[window:])[len(before) :]
+        new, prompt, done = req.output[first:], len(req.spec.prompt), len(req.output)
+        choice = {"index": 0, "text": delta, "token_ids": new, "finish_reason": reason}
+        usage = {"prompt_tokens": prompt, "completion_tokens": done}
         chunk = {
             "id": f"cmpl-{req.spec.rid}",
             "object": "text_completion.chunk",
             "model": "relay-reference",
-            "choices": [
-                {
-                    "index": 0,
-                    "text": delta,
-                    "token_ids": req.output[first:],
-                    "finish_reason": reason,
-                }
-            ],
-            "usage": {
-                "prompt_tokens": len(req.spec.prompt),
-                "completion_tokens": len(req.output),
-            },
+            "choices": [choice],
+            "usage": usage,
         }
         self.streamed_bytes += len(f"data: {json.dumps(chunk)}\n\n".encode())
 
     def _finish(self, req: Request, reason: str) -> None:
         req.state = RequestState.FINISHED
         req.finish_reason = reason
-        self._free_slot(req)
-        self.budget.release(req)
+        self._free(req)
         self.finished += 1
 
-    def _free_slot(self, req: Request) -> None:
-        # The slot may still be in an in-flight step; stream order keeps its next
-        # owner's writes behind that step, so it is free to reuse at once.
+    def _free(self, req: Request) -> None:
+        """Return ``req``'s slot and pages. The slot may still be in an in-flight step;
+        stream order keeps its next owner's writes behind that step, so it is free to
+        reuse at once."""
         if req.slot:
             self._free_slots.append(req.slot)
             self._released.append(req.slot)
             req.slot = 0
+        self.budget.release(req)
 
     def take_released(self) -> torch.Tensor:
         """Slots freed since the last call, as a device tensor, for the next launch."""
-        released = torch.tensor(self._released, dtype=torch.int64, device=self.device)
-        self._released.clear()
-        return released
-
-    def outputs(self) -> dict[int, tuple[int, ...]]:
-        """Every request's output tokens, by request id."""
-        return {rid: tuple(r.output) for rid, r in sorted(self.requests.items())}
+        released, self._released = self._released, []
+        return torch.tensor(released, dtype=torch.int64, device=self.device)

@@ -1,13 +1,8 @@
 """Named ranges of each step's work, recorded with ``torch.profiler`` (``relay demo --trace``).
 
 The engine opens a range around each piece of a step's work, named ``"<what> <step>"``
-(``"forward 12"``, ``"build batch 13"``), on the thread that does it: the scheduler
-thread builds batches, resolves lengths, waits for forwards and processes results;
-the forwards and the relay calls inside them run on the forward executor's worker
-thread (CPU overlap), or on the scheduler thread itself (CPU sync, and on CUDA, where
-that thread launches the kernels onto the forward stream). ``record`` writes them as
-a Chrome trace (Perfetto and ``chrome://tracing`` open it), with the threads named
-after their role; on CUDA the profiler adds each kernel on its stream.
+(``"forward 12"``), on the thread that does it. ``record`` writes them as a Chrome
+trace, threads named after their role (on CUDA with each kernel on its stream);
 ``load`` reads such a file back as ``Span``s, for tests and ``relay demo --plot``.
 
 Note [Ranges that cost nothing when off]
@@ -34,30 +29,10 @@ from typing import Any, Protocol
 import attrs
 import torch
 
-__all__ = [
-    "BUILD",
-    "FENCE_WAIT",
-    "FORWARD",
-    "FORWARD_THREAD",
-    "HOST_SEQ_LENS",
-    "HOST_WAIT",
-    "KEPT_CATEGORIES",
-    "PROCESS",
-    "PUBLISH",
-    "RELEASE",
-    "RESOLVE_FUTURE",
-    "RESOLVE_SEQ_LENS",
-    "RUN",
-    "SCHEDULER_THREAD",
-    "STASH",
-    "Ranges",
-    "Span",
-    "Trace",
-    "load",
-    "no_ranges",
-    "ranges_for",
-    "record",
-]
+__all__ = ["BUILD", "FENCE_WAIT", "FORWARD", "FORWARD_THREAD", "HOST_SEQ_LENS"]
+__all__ += ["HOST_WAIT", "KEPT_CATEGORIES", "PROCESS", "PUBLISH", "RELEASE"]
+__all__ += ["RESOLVE_FUTURE", "RESOLVE_SEQ_LENS", "RUN", "SCHEDULER_THREAD", "STASH"]
+__all__ += ["Ranges", "Span", "Trace", "load", "no_ranges", "ranges_for", "record"]
 
 # What each range names (its step number follows, after a space).
 #: Scheduler: admit, filter and merge the running batch, pick the rows of step N.
@@ -103,27 +78,22 @@ def no_ranges(what: str, step: int) -> AbstractContextManager[object]:
     return _OFF
 
 
-class _ProfilerRanges:
-    """Tracing on: a ``torch.profiler.record_function`` per range; remembers which
-    thread opened ranges, to name it in the trace."""
-
-    def __init__(self) -> None:
-        self.threads: dict[int, str] = {}
-
-    def __call__(self, what: str, step: int) -> AbstractContextManager[object]:
-        tid = threading.get_native_id()
-        if tid not in self.threads:
-            main = threading.current_thread() is threading.main_thread()
-            self.threads[tid] = SCHEDULER_THREAD if main else FORWARD_THREAD
-        return torch.profiler.record_function(f"{what} {step}")
+#: The role of each thread that opened a range, to name it in the trace.
+_THREADS: dict[int, str] = {}
 
 
-_ON = _ProfilerRanges()
+def _profiler_ranges(what: str, step: int) -> AbstractContextManager[object]:
+    """Tracing on: a ``torch.profiler.record_function`` per range."""
+    tid = threading.get_native_id()
+    if tid not in _THREADS:
+        main = threading.current_thread() is threading.main_thread()
+        _THREADS[tid] = SCHEDULER_THREAD if main else FORWARD_THREAD
+    return torch.profiler.record_function(f"{what} {step}")
 
 
 def ranges_for(tracing: bool) -> Ranges:
     """The ranges of a run, chosen once when it starts."""
-    return _ON if tracing else no_ranges
+    return _profiler_ranges if tracing else no_ranges
 
 
 def _profile(device: torch.device) -> torch.profiler.profile:
@@ -131,14 +101,11 @@ def _profile(device: torch.device) -> torch.profiler.profile:
     if device.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     options: dict[str, Any] = {}
-    try:
-        # Ranges opened on threads that exist before the profiler starts (a worker
-        # thread of an earlier run, or of this one) are dropped without it.
-        options["experimental_config"] = torch._C._profiler._ExperimentalConfig(
-            profile_all_threads=True
-        )
-    except (AttributeError, TypeError):  # older torch: the new threads only
-        pass
+    # Ranges opened on threads that exist before the profiler starts (a worker thread
+    # of an earlier run, or of this one) are dropped without it; older torch lacks it.
+    with contextlib.suppress(AttributeError, TypeError):
+        config = torch._C._profiler._ExperimentalConfig(profile_all_threads=True)
+        options["experimental_config"] = config
     return torch.profiler.profile(activities=activities, **options)
 
 
@@ -146,13 +113,7 @@ def _profile(device: torch.device) -> torch.profiler.profile:
 #: ran on the device. Host-side torch ops (``cpu_op``, ``cuda_runtime``: about 60 per
 #: forward) are left out, which keeps a trace of a few dozen requests under 1 MB.
 KEPT_CATEGORIES = frozenset(
-    {
-        "user_annotation",
-        "gpu_user_annotation",
-        "kernel",
-        "gpu_memcpy",
-        "gpu_memset",
-    }
+    {"user_annotation", "gpu_user_annotation", "kernel", "gpu_memcpy", "gpu_memset"}
 )
 
 
@@ -173,10 +134,8 @@ def _quiet_stderr() -> Iterator[None]:
 
 @contextlib.contextmanager
 def record(path: Path, device: torch.device | str = "cpu") -> Iterator[None]:
-    """Profile the block and write its Chrome trace to ``path``, threads named by role.
-
-    Runs inside the block trace only with ``EngineConfig(trace=True)``.
-    """
+    """Profile the block and write its Chrome trace to ``path``, threads named by role
+    (runs inside the block trace only with ``EngineConfig(trace=True)``)."""
     profiler = _profile(torch.device(device))
     with _quiet_stderr():
         profiler.start()
@@ -196,19 +155,14 @@ def record(path: Path, device: torch.device | str = "cpu") -> Iterator[None]:
             threads.add((event.get("pid"), event.get("tid")))
         # Thread names are ours (below): the profiler's say "thread 1234 (python)",
         # and a second profile in one process names only the first one's threads.
-        if not (event.get("ph") == "M" and event.get("name") == "thread_name"):
+        if event.get("ph") != "M" or event.get("name") != "thread_name":
             kept.append(event)
     for pid, tid in sorted(threads, key=str):
-        role = _ON.threads.get(tid) if isinstance(tid, int) else None
+        role = _THREADS.get(tid) if isinstance(tid, int) else None
         name = f"{role} ({tid})" if role is not None else f"thread {tid}"
+        args = {"name": name}
         kept.append(
-            {
-                "ph": "M",
-                "name": "thread_name",
-                "pid": pid,
-                "tid": tid,
-                "args": {"name": name},
-            }
+            {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": args}
         )
     data["traceEvents"] = kept
     Path(path).write_text(json.dumps(data), encoding="utf-8")
@@ -229,6 +183,10 @@ class Span:
         """Whether the two ranges were open at the same time."""
         return self.start < other.end and other.start < self.end
 
+    def holds(self, other: Span) -> bool:
+        """Whether ``other`` was open only while this range was."""
+        return self.start <= other.start and other.end <= self.end
+
 
 @attrs.frozen
 class Trace:
@@ -241,16 +199,12 @@ class Trace:
     def runs(self) -> dict[str, Trace]:
         """The trace of each run (``"decode sync"``, ``"eagle overlap"``, ...)."""
         found: dict[str, Trace] = {}
-        for run in self.spans:
-            if run.what.startswith(f"{RUN} "):
-
-                def inside(s: Span, run: Span = run) -> bool:
-                    return run.start <= s.start and s.end <= run.end
-
-                found[run.what.removeprefix(f"{RUN} ")] = Trace(
-                    tuple(s for s in self.spans if inside(s) and s is not run),
-                    tuple(k for k in self.kernels if inside(k)),
-                )
+        for run in (s for s in self.spans if s.what.startswith(f"{RUN} ")):
+            spans = [s for s in self.spans if run.holds(s) and s is not run]
+            kernels = [k for k in self.kernels if run.holds(k)]
+            found[run.what.removeprefix(f"{RUN} ")] = Trace(
+                tuple(spans), tuple(kernels)
+            )
         return found
 
     def named(self, what: str) -> dict[int, Span]:
@@ -274,19 +228,13 @@ def load(path: Path) -> Trace:
             continue
         start, end = float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))
         row = threads.get((e.get("pid"), e.get("tid")), str(e.get("tid")))
-        if e.get("cat") == "kernel":
-            kernels.append(
-                Span(str(e["name"]), 0, f"stream {e.get('tid')}", start, end)
-            )
-            continue
-        if e.get("cat") != "user_annotation":
-            continue
-        name = str(e["name"])
-        if name.startswith(f"{RUN} "):
-            spans.append(Span(name.rsplit(" ", 1)[0], 0, row, start, end))
-            continue
+        name, ours = str(e["name"]), e.get("cat") == "user_annotation"
         match = _NAME.match(name)
-        if match is not None:
+        if e.get("cat") == "kernel":
+            kernels.append(Span(name, 0, f"stream {e.get('tid')}", start, end))
+        elif ours and name.startswith(f"{RUN} "):
+            spans.append(Span(name.rsplit(" ", 1)[0], 0, row, start, end))
+        elif ours and match is not None:
             spans.append(Span(match["what"], int(match["step"]), row, start, end))
     spans.sort(key=lambda s: (s.start, -s.end))
     kernels.sort(key=lambda s: s.start)

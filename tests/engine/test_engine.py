@@ -22,9 +22,8 @@ from relay.engine import (
 from relay.engine.batch import ForwardBatch, StepOutput
 from relay.engine.maps import MapSource
 from relay.engine.model import KVCache, TargetModel
-from relay.engine.relays import MapRelay
+from relay.engine.relays import MapRelay, map_relay
 from relay.engine.runner import ModelRunner
-from relay.maps.decode import DecodeFutureMap
 from relay.maps.eagle import EagleFutureMap
 
 TINY = ModelConfig(
@@ -101,9 +100,9 @@ def test_freed_slots_are_released_on_the_forward_stream(
 
 def test_a_slot_released_too_early_is_caught_in_debug_mode() -> None:
     """Releasing on the host, before the in-flight forward that reads the slot, is reported."""
-    relay = MapRelay(DecodeFutureMap("cpu", 4, debug=True), MapSource().load())
+    relay = map_relay(MapSource().load(), None, torch.device("cpu"), 4, debug=True)
     slot = torch.tensor([2])
-    relay.stash(slot, torch.tensor([7]), None)
+    relay.stash(slot, torch.tensor([7]), ())
     relay.release(slot)  # wrong: the next forward still reads the slot's token
     batch = ForwardBatch.idle(torch.device("cpu"))
     batch.req_pool_indices = slot
@@ -187,17 +186,13 @@ def test_idle_forward_is_a_no_op(spec: SpecConfig | None) -> None:
     """An idle rank's forward issues every relay operation on zero indices: nothing changes."""
     device = torch.device("cpu")
     pool = 5
-    future_map: DecodeFutureMap | EagleFutureMap
-    if spec is None:
-        future_map = DecodeFutureMap(device, pool, debug=True)
-    else:
-        future_map = EagleFutureMap(device, pool, topk=spec.topk, debug=True)
+    relay = map_relay(MapSource().load(), spec, device, pool, debug=True)
+    future_map = relay.map
     before = {
         k: v.clone() for k, v in vars(future_map).items() if isinstance(v, torch.Tensor)
     }
     calls: list[int] = []
     model = TargetModel(TINY, device)
-    relay = MapRelay(future_map, MapSource().load())
     runner = ModelRunner(
         model, KVCache(TINY, pool, device), relay, spec=spec, step_sync=calls.append
     )

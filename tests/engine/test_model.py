@@ -160,23 +160,23 @@ def test_wait_does_not_hang_on_a_forward_without_kernels() -> None:
 def test_warm_up_touches_only_the_scratch_slot(speculative: bool) -> None:
     """Warming the forwards up writes slot 0's cache rows and nothing a request owns."""
     from relay.engine.maps import MapSource
-    from relay.engine.relays import MapRelay
+    from relay.engine.relays import map_relay
     from relay.engine.runner import ModelRunner, SpecConfig
-    from relay.maps.eagle import EagleFutureMap
 
     cpu = torch.device("cpu")
     spec = SpecConfig(steps=3, topk=2) if speculative else None
     kv = KVCache(CONFIG, POOL, cpu)
     kv.k.fill_(7.0)
     kv.v.fill_(7.0)
-    future_map = EagleFutureMap(cpu, POOL, topk=2, debug=True)
+    relay = map_relay(MapSource().load(), SpecConfig(), cpu, POOL, debug=True)
+    future_map = relay.map
     before = {
         k: v.clone() for k, v in vars(future_map).items() if isinstance(v, torch.Tensor)
     }
     runner = ModelRunner(
         TargetModel(CONFIG, cpu),
         kv,
-        MapRelay(future_map, MapSource().load()),
+        relay,
         spec=spec,
     )
     runner.warm_up()
