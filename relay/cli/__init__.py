@@ -12,9 +12,12 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import signal
 import sys
+import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from types import FrameType
+from typing import TYPE_CHECKING, NoReturn
 
 from relay import __version__
 from relay.cli.status import Exit
@@ -96,9 +99,18 @@ def _run(args: argparse.Namespace) -> int:
     return bench.run(args)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line usage error, as every other refusal of relay's."""
+
+    def error(self, message: str) -> NoReturn:
+        hint = f"`{self.prog} --help` lists the flags"
+        self.exit(Exit.USAGE, f"{self.prog}: error: {message} ({hint})\n")
+
+
 def _build_parser(command: str | None) -> argparse.ArgumentParser:
-    """The parser; only ``command``'s flags are built (the others' modules import torch)."""
-    parser = argparse.ArgumentParser(
+    """The parser; only ``command``'s flags are built (``demo``'s and ``generate``'s
+    without torch, so that a bad flag is refused at once)."""
+    parser = _Parser(
         prog="relay",
         description="Declare overlap-scheduling relay fields once as attrs schemas and "
         "generate typed FutureMap classes (device buffers, fences, resolve logic).",
@@ -142,9 +154,21 @@ def rich_console() -> Console:
     return _Console(width=160, no_color=True, highlight=False)
 
 
+class _Terminated(BaseException):
+    """SIGTERM, raised in the main thread like Ctrl-C's ``KeyboardInterrupt``, so that
+    ``with`` blocks (the demo's temporary folder, the engine's worker) clean up."""
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    raise _Terminated
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``relay`` console script and ``python -m relay``."""
     args_in = list(sys.argv[1:] if argv is None else argv)
+    # Only the main thread may set a handler (a caller may run ``main`` elsewhere).
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
     try:
         command = _command_named(args_in)
         parser = _build_parser(command)
@@ -162,6 +186,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("relay: interrupted", file=sys.stderr)
         return Exit.INTERRUPTED
+    except _Terminated:
+        print("relay: terminated", file=sys.stderr)
+        return Exit.TERMINATED
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous or signal.SIG_DFL)
 
 
 if __name__ == "__main__":
