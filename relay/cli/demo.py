@@ -9,15 +9,17 @@ demo never reads or writes the caller's project (no ``[tool.relay]`` lookup, not
 written under the working folder). For plain decoding, EAGLE and n-gram speculation
 (retraction under KV pressure, aborts, chunked prefill and prebuilt requests on) it
 then runs the synchronous loop and the overlap loop on the same workload, each several
-times, interleaved, and prints throughput, the measured speedup beside the ideal one
-and their ratio (the efficiency), forward occupancy, acceptance length, how many
-requests were retracted, aborted, chunked and prebuilt, and whether every overlap
-run produced the synchronous run's tokens. With --trace or --plot
+times, interleaved, and prints the forward's occupancy (its busy share of each run,
+measured within the run), throughput, the measured speedup beside the ideal one and
+their ratio (the efficiency; these compare two runs, so each is shown with its range),
+acceptance length, how many requests were retracted, aborted, chunked and prebuilt,
+and whether every overlap run produced the synchronous run's tokens. With --trace or --plot
 it then runs each loop once more, traced, on the first requests of the workload,
 and writes a Chrome trace (Perfetto, chrome://tracing) or a timeline picture.
 
 Exit status: 0 ok, 1 some outputs differ, 2 bad usage or an unusable device (one
-line on stderr), 3 a bundled schema is invalid.
+line on stderr), 3 a bundled schema is invalid, 130 Ctrl-C, 143 SIGTERM (both after
+removing the private folder).
 """
 
 from __future__ import annotations
