@@ -25,6 +25,7 @@ removing the private folder).
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import sys
@@ -146,6 +147,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _output_arguments(parser.add_argument_group("checks and output"))
 
 
+def _number_flag(
+    group: argparse._ArgumentGroup,
+    flag: str,
+    parse: Callable[[str], float],
+    default: float | None,
+    help_text: str,
+) -> None:
+    """A numeric flag whose help ends with its default."""
+    shown = "" if default is None else " (default: %(default)s)"
+    group.add_argument(flag, type=parse, default=default, help=help_text + shown)
+
+
 def _run_arguments(group: argparse._ArgumentGroup) -> None:
     """The model, the workload and the device."""
     group.add_argument(
@@ -166,102 +179,55 @@ def _run_arguments(group: argparse._ArgumentGroup) -> None:
         default="cpu",
         help="cpu (default), cuda, cuda:N, or auto (cuda when available)",
     )
-    group.add_argument(
-        "--requests",
-        type=_positive_int,
-        default=DEFAULTS["requests"],
-        help="number of requests (default: %(default)s)",
-    )
-    group.add_argument(
-        "--max-running",
-        type=_positive_int,
-        default=DEFAULTS["max_running"],
-        help="request-pool slots (default: %(default)s)",
-    )
+    number = functools.partial(_number_flag, group)
+    number("--requests", _positive_int, DEFAULTS["requests"], "number of requests")
+    slots = "request-pool slots"
+    number("--max-running", _positive_int, DEFAULTS["max_running"], slots)
     _scheduling_arguments(group)
-    group.add_argument(
-        "--arrival-rate",
-        type=_positive_float,
-        default=DEFAULTS["arrival_rate"],
-        help="mean arrivals per scheduler step (default: %(default)s)",
-    )
-    group.add_argument(
-        "--spec-steps",
-        type=_positive_int,
-        default=DEFAULTS["spec_steps"],
-        help="draft tokens per branch (default: %(default)s)",
-    )
-    group.add_argument(
-        "--topk",
-        type=_positive_int,
-        default=DEFAULTS["topk"],
-        help="draft branches per request (default: %(default)s)",
-    )
+    rate = "mean arrivals per scheduler step"
+    number("--arrival-rate", _positive_float, DEFAULTS["arrival_rate"], rate)
+    steps = "draft tokens per branch"
+    number("--spec-steps", _positive_int, DEFAULTS["spec_steps"], steps)
+    number("--topk", _positive_int, DEFAULTS["topk"], "draft branches per request")
     group.add_argument("--seed", type=int, default=0, help="model and workload seed")
-    group.add_argument(
+    number(
         "--threads",
-        type=_positive_int,
-        default=1,
-        help="torch intra-op threads of the CPU forward (default: 1; the "
-        "other cores run the scheduler)",
+        _positive_int,
+        1,
+        "torch intra-op threads of the CPU forward; the other cores run the scheduler",
     )
-    group.add_argument(
-        "--ranks",
-        type=_positive_int,
-        default=1,
-        help="data-parallel ranks, one process each (default: 1)",
-    )
-    group.add_argument(
+    number("--ranks", _positive_int, 1, "data-parallel ranks, one process each")
+    number(
         "--repeat",
-        type=_positive_int,
-        default=3,
-        help="timed runs of each loop per mode, sync and overlap interleaved; "
-        "figures are medians (default: %(default)s)",
+        _positive_int,
+        3,
+        "timed runs of each loop per mode, sync and overlap interleaved; figures are "
+        "medians with their range",
     )
 
 
 def _scheduling_arguments(group: argparse._ArgumentGroup) -> None:
     """KV pressure, chunks, aborts and prebuilt requests."""
-    group.add_argument(
+    number = functools.partial(_number_flag, group)
+    number(
         "--kv-pages",
-        type=_positive_int,
-        help=f"KV budget in pages of {DEFAULTS['page_size']} tokens (default: "
+        _positive_int,
+        None,
+        f"KV budget in pages of {DEFAULTS['page_size']} tokens (default: "
         f"{PAGES_PER_SLOT} per slot, and at least one full context: a full batch "
         "runs out and retracts its newest requests)",
     )
-    group.add_argument(
-        "--prefill-tokens",
-        type=_positive_int,
-        default=256,
-        help="prompt tokens per prefill, and the chunk size (default: %(default)s)",
-    )
-    group.add_argument(
-        "--abort-share",
-        type=_share,
-        default=0.05,
-        help="share of requests aborted mid-flight (default: %(default)s)",
-    )
-    group.add_argument(
-        "--prebuilt-share",
-        type=_share,
-        default=0.1,
-        help="share of requests arriving prefilled elsewhere (default: %(default)s)",
-    )
-    group.add_argument(
-        "--no-retract",
-        action="store_true",
-        help="admission reserves each request's worst case; nothing is retracted",
-    )
-    group.add_argument(
-        "--no-chunked-prefill",
-        action="store_true",
-        help="prefill each prompt whole",
-    )
-    group.add_argument(
-        "--mixed",
-        action="store_true",
-        help="a prefill chunk rides in the same forward as the decode rows",
-    )
+    chunk = "prompt tokens per prefill, and the chunk size"
+    number("--prefill-tokens", _positive_int, 256, chunk)
+    number("--abort-share", _share, 0.05, "share of requests aborted mid-flight")
+    prebuilt = "share of requests arriving prefilled elsewhere"
+    number("--prebuilt-share", _share, 0.1, prebuilt)
+    for flag, help_text in (
+        ("--no-retract", "admission reserves each request's worst case; no retraction"),
+        ("--no-chunked-prefill", "prefill each prompt whole"),
+        ("--mixed", "a prefill chunk rides in the same forward as the decode rows"),
+    ):
+        group.add_argument(flag, action="store_true", help=help_text)
 
 
 def _output_arguments(group: argparse._ArgumentGroup) -> None:
