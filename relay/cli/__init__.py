@@ -1,9 +1,8 @@
 """The ``relay`` command: generate, check, demo and bench.
 
 Each command's flags live in its own command module (``relay.codegen.cli``,
-``relay.cli.demo``, ``relay.bench.main``), imported only when that command runs,
-so ``relay --help`` and ``relay --version`` never import torch. The exit statuses
-of every command are ``relay.cli.status.Exit``. The libraries under the commands
+``relay.cli.demo``, ``relay.bench.main``), imported only when that command runs: no
+torch for ``--help``, ``--version``, nor a bad demo flag. Exit statuses: ``Exit``. The libraries under the commands
 (``relay.codegen``, ``relay.engine``, ``relay.bench``) import nothing from here.
 """
 
