@@ -76,7 +76,7 @@ def test_ideal_speedup_is_sync_wall_over_the_longer_part() -> None:
 
 
 def _table(rows: list[ModeResult], capsys: pytest.CaptureFixture[str]) -> list[str]:
-    """The lines ``relay demo -q`` prints for ``rows``, a cell per column."""
+    """The lines of the results table (and its notes) for ``rows``, as ``-q`` prints them."""
     from relay.cli.demo import _Reporter
 
     _Reporter(quiet=True).table(rows, ranks=1)
