@@ -411,9 +411,9 @@ def _private_maps(skip: bool, say: Callable[[str], None]) -> Iterator[MapSource]
 # hides all the scheduler's work keeps a forward-bound run's forward busy nearly all
 # the time. So it is the headline, with its range over the runs. Speedup, ideal and
 # efficiency each compare two runs, a sync one and an overlap one after it: another
-# process's load or the machine's drift slows one more than the other (a busy CPU
-# gives the overlap loop's two threads more of itself than the sync loop's one), so a
-# pair can beat its ideal. They are shown as measured, with their range, and a pair
+# process's load or the machine's drift slows one more than the other (and a busy CPU
+# may favour the overlap loop's two threads over the sync loop's one), so a pair can
+# beat its ideal. They are shown as measured, with their range, and a pair
 # above its ideal is marked and listed with its numbers, never capped.
 
 
