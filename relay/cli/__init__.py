@@ -29,7 +29,7 @@ __all__ = ["Exit", "main", "rich_console"]
 _EPILOG = """\
 exit status: 0 ok; 1 generated files drifted (generate --check) or a result is
 wrong (demo: overlap outputs differ; bench: values or memory differ); 2 bad usage,
-configuration or device; 3 invalid schema (generate); 130 Ctrl-C; 143 SIGTERM.
+configuration or device; 3 invalid schema (generate); 130 Ctrl-C; 143 SIGTERM (demo).
 
 `relay COMMAND --help` lists a command's flags."""
 
@@ -165,11 +165,14 @@ def _terminate(signum: int, frame: FrameType | None) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``relay`` console script and ``python -m relay``."""
     args_in = list(sys.argv[1:] if argv is None else argv)
-    # Only the main thread may set a handler (a caller may run ``main`` elsewhere).
-    main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
+    command = _command_named(args_in)
+    # The demo's temporary folders go on SIGTERM as on Ctrl-C: only there (generate
+    # handles signals itself), from the main thread, over the default action.
+    catch = command == "demo" and threading.current_thread() is threading.main_thread()
+    catch = catch and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    if catch:
+        signal.signal(signal.SIGTERM, _terminate)
     try:
-        command = _command_named(args_in)
         parser = _build_parser(command)
         args = parser.parse_args(args_in)
         if args.command is None:
@@ -189,8 +192,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("relay: terminated", file=sys.stderr)
         return Exit.TERMINATED
     finally:
-        if main_thread:
-            signal.signal(signal.SIGTERM, previous or signal.SIG_DFL)
+        if catch:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 if __name__ == "__main__":

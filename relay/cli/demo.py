@@ -197,13 +197,9 @@ def _run_arguments(group: argparse._ArgumentGroup) -> None:
         "torch intra-op threads of the CPU forward; the other cores run the scheduler",
     )
     number("--ranks", _positive_int, 1, "data-parallel ranks, one process each")
-    number(
-        "--repeat",
-        _positive_int,
-        3,
-        "timed runs of each loop per mode, sync and overlap interleaved; figures are "
-        "medians with their range",
-    )
+    repeat = "timed runs of each loop per mode, sync and overlap interleaved; figures"
+    repeat += " are medians with their range"
+    number("--repeat", _positive_int, 3, repeat)
 
 
 def _scheduling_arguments(group: argparse._ArgumentGroup) -> None:
