@@ -1,9 +1,8 @@
 """The ``relay`` command: generate, check, demo and bench.
 
 Each command's flags live in its own command module (``relay.codegen.cli``,
-``relay.cli.demo``, ``relay.bench.main``), imported only when that command runs,
-so ``relay --help`` and ``relay --version`` never import torch. The exit statuses
-of every command are ``relay.cli.status.Exit``. The libraries under the commands
+``relay.cli.demo``, ``relay.bench.main``), imported only when that command runs: no
+torch for ``--help``, ``--version``, nor a bad demo flag. Exit statuses: ``Exit``. The libraries under the commands
 (``relay.codegen``, ``relay.engine``, ``relay.bench``) import nothing from here.
 """
 
@@ -12,9 +11,12 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import signal
 import sys
+import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from types import FrameType
+from typing import TYPE_CHECKING, NoReturn
 
 from relay import __version__
 from relay.cli.status import Exit
@@ -27,7 +29,7 @@ __all__ = ["Exit", "main", "rich_console"]
 _EPILOG = """\
 exit status: 0 ok; 1 generated files drifted (generate --check) or a result is
 wrong (demo: overlap outputs differ; bench: values or memory differ); 2 bad usage,
-configuration or device; 3 invalid schema (generate).
+configuration or device; 3 invalid schema (generate); 130 Ctrl-C; 143 SIGTERM (demo).
 
 `relay COMMAND --help` lists a command's flags."""
 
@@ -96,9 +98,18 @@ def _run(args: argparse.Namespace) -> int:
     return bench.run(args)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line usage error, as every other refusal of relay's."""
+
+    def error(self, message: str) -> NoReturn:
+        hint = f"`{self.prog} --help` lists the flags"
+        self.exit(Exit.USAGE, f"{self.prog}: error: {message} ({hint})\n")
+
+
 def _build_parser(command: str | None) -> argparse.ArgumentParser:
-    """The parser; only ``command``'s flags are built (the others' modules import torch)."""
-    parser = argparse.ArgumentParser(
+    """The parser; only ``command``'s flags are built (``demo``'s and ``generate``'s
+    without torch, so that a bad flag is refused at once)."""
+    parser = _Parser(
         prog="relay",
         description="Declare overlap-scheduling relay fields once as attrs schemas and "
         "generate typed FutureMap classes (device buffers, fences, resolve logic).",
@@ -142,11 +153,26 @@ def rich_console() -> Console:
     return _Console(width=160, no_color=True, highlight=False)
 
 
+class _Terminated(BaseException):
+    """SIGTERM, raised in the main thread like Ctrl-C's ``KeyboardInterrupt``, so that
+    ``with`` blocks (the demo's temporary folder, the engine's worker) clean up."""
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    raise _Terminated
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``relay`` console script and ``python -m relay``."""
     args_in = list(sys.argv[1:] if argv is None else argv)
+    command = _command_named(args_in)
+    # The demo's temporary folders go on SIGTERM as on Ctrl-C: only there (generate
+    # handles signals itself), from the main thread, over the default action.
+    catch = command == "demo" and threading.current_thread() is threading.main_thread()
+    catch = catch and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    if catch:
+        signal.signal(signal.SIGTERM, _terminate)
     try:
-        command = _command_named(args_in)
         parser = _build_parser(command)
         args = parser.parse_args(args_in)
         if args.command is None:
@@ -162,6 +188,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("relay: interrupted", file=sys.stderr)
         return Exit.INTERRUPTED
+    except _Terminated:
+        print("relay: terminated", file=sys.stderr)
+        return Exit.TERMINATED
+    finally:
+        if catch:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,8 @@ class Exit(enum.IntEnum):
     INVALID_SCHEMA = 3
     #: Ctrl-C: 128 + SIGINT, as a shell reports it.
     INTERRUPTED = 130
+    #: SIGTERM: 128 + SIGTERM, after the same cleanup as Ctrl-C.
+    TERMINATED = 143
     #: The reader of our output went away (``relay demo | head``): 128 + SIGPIPE, as a
     #: shell reports a command killed by the signal; nothing is printed.
     BROKEN_PIPE = 141

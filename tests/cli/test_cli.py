@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -129,21 +130,88 @@ def test_demo_on_missing_cuda_is_one_line_and_exit_2(
     assert captured.out == ""
 
 
-@pytest.mark.parametrize(
-    "argv", [["--device", "tpu"], ["--requests", "0"], ["--repeat", "x"]]
-)
-def test_demo_bad_usage_exits_2_without_traceback(
-    argv: list[str], capsys: pytest.CaptureFixture[str]
+def test_demo_unusable_device_exits_2_with_one_line(
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """A demo flag it cannot run with exits 2 with an error line and no traceback."""
-    try:
-        code = main(["demo", *argv])
-    except SystemExit as exit_info:  # argparse's own usage errors
-        code = int(exit_info.code or 0)
-    assert code == Exit.USAGE
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    assert err.splitlines()[-1].startswith("relay demo: error:")
+    """``--device tpu`` (checked by torch): exit 2, one error line, no traceback."""
+    assert main(["demo", "--device", "tpu"]) == Exit.USAGE
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("relay demo: error: --device"), err
+
+
+def _python(code: str) -> subprocess.CompletedProcess[str]:
+    """``code`` in a fresh interpreter (so that ``sys.modules`` starts empty)."""
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--requests", "0"], "argument --requests: expected a whole number >= 1"),
+        (
+            ["--abort-share", "1.5"],
+            "argument --abort-share: expected a share in [0, 1]",
+        ),
+        (["--mode", "foo"], "argument --mode: invalid choice: 'foo'"),
+        (["--repeat", "x"], "argument --repeat: expected a whole number >= 1"),
+    ],
+)
+def test_a_bad_demo_flag_is_one_line_before_torch(argv: list[str], says: str) -> None:
+    """A bad flag value: one line naming the flag on stderr, exit 2, and torch never
+    imported (it takes seconds, more on a busy machine)."""
+    done = _python(
+        "import sys\nfrom relay.cli import main\ntry:\n"
+        f"    main({['demo', *argv]!r})\n"
+        "except SystemExit as stop:\n    print(stop.code, 'torch' in sys.modules)\n"
+    )
+    assert done.stdout.split() == ["2", "False"], done.stderr
+    err = done.stderr.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"relay demo: error: {says}"), err
+    assert "`relay demo --help` lists the flags" in err[0]
+
+
+def test_demo_without_the_generate_extra_refuses_before_torch() -> None:
+    """jinja2 missing: ``relay demo`` says which extra to install before importing torch."""
+    done = _python(
+        "import sys\nsys.modules['jinja2'] = None\nfrom relay.cli import main\n"
+        "print(main(['demo']), 'torch' in sys.modules)\n"
+    )
+    assert done.stdout.split() == ["2", "False"], done.stderr
+    assert done.stderr.startswith(
+        "relay demo: needs the generate extra (jinja2 missing)"
+    )
+
+
+def test_sigterm_removes_the_demos_temporary_folder() -> None:
+    """SIGTERM mid-run cleans up as Ctrl-C does: the private folder and its generated
+    modules are gone, one line on stderr, exit 143. The signal is sent once the demo
+    says it runs the engine (a gate on its output, not a sleep)."""
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "relay", "demo", "--model", "tiny", "--repeat", "999"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert demo.stdout is not None
+    folder = None
+    for line in demo.stdout:
+        if "into a private folder, " in line:
+            folder = Path(line.split("into a private folder, ")[1].strip())
+        if line.startswith("3. run the engine"):
+            break
+    assert folder is not None and len(list(folder.glob("*.py"))) == 4
+    demo.send_signal(signal.SIGTERM)
+    _, err = demo.communicate(timeout=300)
+    assert demo.returncode == Exit.TERMINATED == 143
+    assert err == "relay: terminated\n"
+    assert not folder.exists()
 
 
 def test_readme_quickstart_output_is_what_the_example_prints() -> None:

@@ -24,6 +24,8 @@ from pathlib import Path
 import attrs
 import pytest
 
+from relay.codegen.formatting import ruff_binary
+
 REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs"
 
@@ -174,6 +176,8 @@ def _install(tmp_path: Path) -> dict[str, str]:
         "sys.exit(console_entry())\n"
     )
     mypy.chmod(0o755)
+    # And the ruff the generate extra installs, as `pip install` puts it on the PATH.
+    (venv / "bin" / "ruff").symlink_to(ruff_binary())
     env = {
         k: v
         for k, v in os.environ.items()
@@ -226,3 +230,38 @@ def test_tutorial_and_ci_recipe_work_in_a_fresh_project(tmp_path: Path) -> None:
     # docs/ci.md's setup, while the project is clean: [tool.mypy], then the checks.
     assert _follow(DOCS / "ci.md", project, stop="## A plain shell script") == 1
     assert _follow(DOCS / "tutorial.md", project, start=later) == 3
+
+
+def test_tutorial_files_pass_the_default_ruff_check(tmp_path: Path) -> None:
+    """The files the tutorial has you create, in a project of their own, pass the
+    default ``ruff check`` of the ruff the generate extra installs (relay is a
+    third-party package there: its imports sort beside torch's)."""
+    (tmp_path / "pyproject.toml").write_text("[tool.relay]\n")
+    (tmp_path / "myengine").mkdir()
+    (tmp_path / "myengine" / "__init__.py").touch()  # step 2's `touch`
+    written = []
+    for block in blocks(DOCS / "tutorial.md"):
+        target = _file_target(block.intro)
+        if target is not None and block.lang == "python":
+            path = tmp_path / target[0]
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(block.body, encoding="utf-8")
+            written.append(target[0])
+    assert written == ["myengine/relay_schemas/decode.py", "myengine/loop.py"]
+    done = subprocess.run(
+        [str(ruff_binary()), "check", "--no-cache", "."],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_first_mypy_step_says_how_mypy_finds_an_editable_relay() -> None:
+    """Where the tutorial first runs mypy, it names the editable-install fix (a default
+    editable install hides relay from mypy behind an import hook)."""
+    text = (DOCS / "tutorial.md").read_text(encoding="utf-8")
+    first_mypy = text.index("$ mypy")
+    step = text[text.rindex("\n## ", 0, first_mypy) : text.index("\n## ", first_mypy)]
+    assert "import-not-found" in step and "editable_mode=compat" in step
