@@ -105,8 +105,10 @@ def _demo_rows(text: str) -> list[list[str]]:
 
 
 def _percent(cell: str) -> float | None:
+    """A table cell's leading percentage (the median; a range or mark may follow)."""
+    first = cell.split()[0] if cell.split() else ""
     try:
-        return float(cell.rstrip("%"))
+        return float(first.rstrip("%*"))
     except ValueError:
         return None
 
