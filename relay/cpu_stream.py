@@ -400,6 +400,9 @@ class ThreadStream:
         # (submission number, ticket) of tasks not finished yet, oldest first.
         self._pending: collections.deque[tuple[int, int]] = collections.deque()
         self._error: BaseException | None = None
+        # Tasks up to this ticket were queued behind a failed task before the host saw
+        # the failure: they are skipped, as work behind a failed device assert is.
+        self._skip_through = 0
         self._busy_seconds = 0.0
         self._exited = False
         # Made by a participant of a seeded schedule: the worker joins it (Note
@@ -491,8 +494,12 @@ class ThreadStream:
         return token
 
     def raise_pending(self) -> None:
-        """Re-raise, on the host, an exception a task raised on the worker."""
+        """Re-raise, on the host, an exception a task raised on the worker. The tasks
+        queued behind it by then are skipped (the first failure is the one to report);
+        tasks submitted later run."""
         if self._error is not None:
+            with self._cond:
+                self._skip_through = self._submitted
             error, self._error = self._error, None
             raise RuntimeError(f"a task on CPU stream {self.name!r} failed") from error
 
@@ -555,7 +562,7 @@ class ThreadStream:
                 self._running_order = self._pending[0][0]
             start = time.perf_counter()
             try:
-                if self._error is None:
+                if self._error is None and ticket > self._skip_through:
                     if observer is not None and token is not None:
                         observer.task_started(self, token)
                     fn()
