@@ -164,6 +164,7 @@ class _Turn:
         self.gone = False
 
     def can_run(self) -> bool:
+        """Whether the schedule may pick this participant now."""
         return not self.gone and (self.until is None or self.until())
 
 
@@ -241,7 +242,7 @@ class SeededSchedule:
                 ready = [t for t in self._turns if t.can_run()]
                 if ready:
                     break
-                if _free_work():
+                if _free_work(self):
                     self._cond.wait(_FREE_POLL_S)  # a stream outside the schedule
                     continue
                 self._deadlock = self._stuck()
@@ -308,10 +309,13 @@ def _wait_until(ready: Callable[[], bool], what: str) -> bool:
     return turn.schedule._wait_until(turn, ready, what)
 
 
-def _free_work() -> bool:
-    """Whether a stream outside the seeded schedule has work left (it may yet satisfy
-    a participant's wait)."""
-    return any(s._turn is None and s.oldest_pending() for s in list(_live_streams))
+def _free_work(schedule: SeededSchedule) -> bool:
+    """Whether a stream outside ``schedule`` has work left (it may yet satisfy a
+    participant's wait)."""
+    return any(
+        (s._turn is None or s._turn.schedule is not schedule) and s.oldest_pending()
+        for s in list(_live_streams)
+    )
 
 
 def switch_point() -> None:

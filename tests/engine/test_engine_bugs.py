@@ -276,3 +276,23 @@ def test_the_engine_as_shipped_reports_nothing_in_seeded_schedules(seed: int) ->
                 attrs.evolve(BASE, workload=workload, scheduler=scheduling)
             )
             assert seeded.prebuilt > 0
+
+
+def test_a_seed_replays_the_engine_run_that_reported(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The seed a failing test prints reproduces its run: the same picks, the same
+    report, each time."""
+    monkeypatch.setattr(engine_module, "seed_prebuilt", _seed_at_once)
+    config = attrs.evolve(
+        BASE,
+        workload=attrs.evolve(WORKLOAD, prebuilt_share=0.6),
+        scheduler=attrs.evolve(BASE.scheduler, retract=False, kv_pages=96),
+    )
+    runs = []
+    for _ in range(2):
+        with replaying(5) as schedule:
+            assert schedule is not None
+            runs.append((_debug_report(config), list(schedule.trace)))
+    assert runs[0] == runs[1]
+    assert runs[0][1], "the schedule made no choice"

@@ -11,8 +11,14 @@ import torch
 from relay_runtime_support import GUARD_S, batch_of, slots, thread_streams
 from schedule_support import SEEDS, replaying, seed_id
 
-import relay.device
-from relay.cpu_stream import CpuEvent, Gate, ScheduleDeadlock, seeded_schedule
+from relay.cpu_stream import (
+    CpuEvent,
+    Gate,
+    ScheduleDeadlock,
+    SeededSchedule,
+    active_schedule,
+    seeded_schedule,
+)
 from relay.device import CpuPolicy, register_policy
 from relay.maps.eagle import EagleFutureMap
 
@@ -141,7 +147,6 @@ def counting_policy(isolated_policies: None) -> Iterator[CountingCpuPolicy]:
     policy = CountingCpuPolicy()
     register_policy("cpu", lambda device: policy)
     yield policy
-    assert relay.device.policy_for(torch.device("cpu")) is policy
 
 
 def test_each_fast_publish_records_the_fence_once(
@@ -193,3 +198,28 @@ def test_a_chained_fence_with_publishes_out_of_host_order_is_clean() -> None:
     first: the chained fence should still cover both."""
     with seeded_schedule(1):
         _publish_from_two_streams(EagleFutureMap("cpu", POOL, topk=2, debug=True))
+
+
+# -- the reference engine's option --------------------------------------------------------
+
+
+def test_the_cpu_worker_runs_in_the_schedule_relay_schedule_seed_names(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``RELAY_SCHEDULE_SEED`` makes the overlap executor's worker and its caller take
+    turns in that seeded schedule until the executor closes; unset, they run free."""
+    from relay.engine.executors import make_executor
+
+    cpu = torch.device("cpu")
+    monkeypatch.setenv("RELAY_SCHEDULE_SEED", "7")
+    executor = make_executor(cpu, overlap=True)
+    schedule = active_schedule()
+    assert schedule is not None and schedule.seed == 7
+    seen: list[SeededSchedule | None] = []
+    executor.wait(executor.launch(lambda: seen.append(active_schedule())))
+    executor.close()
+    assert seen == [schedule] and active_schedule() is None
+    monkeypatch.delenv("RELAY_SCHEDULE_SEED")
+    executor = make_executor(cpu, overlap=True)
+    assert active_schedule() is None
+    executor.close()
