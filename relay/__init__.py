@@ -34,11 +34,14 @@ if TYPE_CHECKING:
         Field,
         FromPayload,
         Guard,
+        IfNone,
         Lane,
         Layout,
         Resolve,
         Schema,
         SourceLocation,
+        TargetShape,
+        Unwritten,
     )
 
 __version__ = "0.1.0"
@@ -51,10 +54,13 @@ _HOMES = {
     "Field": "relay.schema",
     "FromPayload": "relay.schema",
     "Guard": "relay.schema",
+    "IfNone": "relay.schema",
     "Lane": "relay.schema",
     "Layout": "relay.schema",
     "Resolve": "relay.schema",
     "Schema": "relay.schema",
+    "TargetShape": "relay.schema",
+    "Unwritten": "relay.schema",
     "SourceLocation": "relay.schema",
     "CompositionError": "relay.errors",
     "RelayDebugError": "relay.errors",
@@ -72,6 +78,7 @@ __all__ = [
     "Field",
     "FromPayload",
     "Guard",
+    "IfNone",
     "Lane",
     "Layout",
     "RelayDebugError",
@@ -82,6 +89,8 @@ __all__ = [
     "SchemaImportError",
     "SchemaIssue",
     "SourceLocation",
+    "TargetShape",
+    "Unwritten",
     "__version__",
 ]
 

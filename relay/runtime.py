@@ -1,19 +1,20 @@
-"""What generated maps call: the field table, and every path that is not the common case.
+"""What generated maps call: the map's state, and every path that is not the common case.
 
 A generated method is one body: cheap pre-tests, then its torch calls, one line per
 field (Note [One body] below). Everything else, refusals with relay's messages, casts,
-lazy allocation, debug mode, is here, generic, driven by the map's ``Table`` of
-``Column``s that the generator emits once per module. Generated modules import this
-module as ``_rt`` and nothing else from relay, so its names are the contract between
-the generator and the runtime.
+lazy allocation, debug mode, is here, generic, driven by the map's ``Table``: the
+schema's own ``Field`` declarations, which the generated module writes out once
+(Note [One model of a field]). What the runtime reads and writes on a map is its
+``MapState``, a typed object the map holds; nothing here reads or sets an attribute
+of a map by name. Generated modules import this module as ``_rt`` and nothing else
+from relay, so its names are the contract between the generator and the runtime.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import cast
 
-import attrs
 import torch
 
 from relay.debug import DebugChecks, poison
@@ -22,24 +23,46 @@ from relay.debug.owners import Owners
 from relay.device import CpuFence, Fence, HostMirror, new_fence
 from relay.errors import RelayError, SlotError
 from relay.fused import gather_rows, gather_rows_optional
-from relay.schema import Lane
+from relay.schema import (
+    FROM_PAYLOAD,
+    Alloc,
+    Field,
+    Guard,
+    IfNone,
+    Lane,
+    Layout,
+    Resolve,
+    Schema,
+    TargetShape,
+    Unwritten,
+    resolve_method,
+)
 
 __all__ = [
-    "FORWARD",
-    "SCHEDULE",
+    "FROM_PAYLOAD",
     "SLOT_DTYPES",
-    "Column",
+    "Alloc",
     "CpuFence",
     "DebugChecks",
     "Fence",
+    "Field",
+    "Guard",
     "HostMirror",
+    "IfNone",
+    "Lane",
+    "Layout",
+    "MapState",
     "Owners",
+    "Resolve",
+    "Schema",
     "Seed",
     "Table",
+    "TargetShape",
+    "Unwritten",
     "apply_seeds",
+    "buffer",
     "check_dim",
     "check_rows",
-    "debug_checks",
     "fits",
     "fits_optional",
     "gather_optional",
@@ -51,20 +74,16 @@ __all__ = [
     "host_sum",
     "lazy_buffer",
     "never_stashed",
-    "new_buffer",
-    "new_fence",
     "parent_is_none",
     "publish",
     "read_back",
+    "read_slots",
     "seed",
     "stash",
     "write_optional",
     "write_rows",
     "write_slots",
 ]
-
-FORWARD = Lane.FORWARD
-SCHEDULE = Lane.SCHEDULE
 
 #: A guard: checks a value about to be written, in debug mode (``guard_*`` below).
 GuardFn = Callable[[torch.Tensor, str], None]
@@ -73,72 +92,117 @@ GuardFn = Callable[[torch.Tensor, str], None]
 # Note [One body]
 # A generated write tests, inline, that the call is the common case: debug off, slots
 # the map may index with as they are (``write_rows``), and every value a tensor of the
-# declared dtype and shape. Then each field's write is one ``index_copy_`` that cannot
-# fail, so a call is all or nothing. A required eager first field is tested for its
-# number of dims only: its own ``index_copy_`` refuses another dtype or shape before it
-# writes anything, and the write goes on to the checked path then, as it does for a
-# value that is no tensor. Anything else goes to ``stash`` or ``publish``
-# here, which check, refuse, cast, allocate and run debug mode's bookkeeping, field by
-# field from the table. The resolves have no second path: they read the same rows
+# declared dtype and row shape, on the map's device, not requiring grad. Then each
+# field's write is one ``index_copy_`` that cannot fail, so a call is all or nothing.
+# The tests decide; no exception does: nothing is caught and passed over. Anything
+# else goes to ``stash`` or ``publish`` here, which check, refuse, cast, allocate and
+# run debug mode's bookkeeping, field by field from the table, and write only once
+# every check passed. The resolves have no second path: they read the same rows
 # either way, and in debug mode they also report what they read (``read_back``).
 
+# Note [One model of a field]
+# A generated module writes its schema out as the schema's own declarations (``Field``
+# and ``Schema`` of relay/schema.py, keyword arguments, docs left out), and ``Table``
+# reads those: there is no second spelling of an option. A new field option is its
+# attribute on ``Field``, its rule in relay/codegen/validate.py, and the code that acts
+# on it: here for the generic paths, or relay/codegen/methods.py for the bodies.
 
-@attrs.frozen
-class Column:
-    """One field of a map, as the generic paths need it."""
 
-    name: str
-    lane: Lane
-    #: ``None``: taken from the first payload that carries the field.
-    dtype: torch.dtype | None
-    #: Row dims: ints, and the names of symbolic dims (any size until allocated).
-    row: tuple[int | str, ...] = ()
-    lazy: bool = False
-    optional: bool = False
-    #: The payload attribute (or publish argument) the value comes from.
-    source: str = attrs.field(
-        default=attrs.Factory(lambda self: self.name, takes_self=True)
-    )
-    #: Where a resolve hands the rows, for messages and readers of the table.
-    target: str | None = None
-    guard: GuardFn | None = None
-    #: Rows never written read as zeros, in debug mode too (a legal read there).
-    zeros: bool = False
-    #: The resolve that reads the field: ``resolve_future``, or a schedule-side one.
-    reader: str = "resolve_future"
-    #: Resolved by placeholder substitution (debug mode reports those rows itself).
-    placeholder: bool = False
+def _reader(f: Field) -> str:
+    """The resolve that reads ``f``: ``resolve_future``, or its schedule-side resolve."""
+    return "resolve_future" if f.lane is Lane.FORWARD else resolve_method(f)
 
-    @property
-    def buf(self) -> str:
-        return f"{self.name}_buf"
 
-    @property
-    def declared_row(self) -> tuple[int | None, ...]:
-        return tuple(d if isinstance(d, int) else None for d in self.row)
+def _guard(f: Field) -> GuardFn | None:
+    """The runtime check of ``f``'s guard kind (Note [Guards in debug mode])."""
+    return _GUARDS[f.guard]
 
 
 class Table:
-    """A map's fields in declaration order, split by lane."""
+    """A map's schema as the generic paths read it: its fields by position, per lane."""
+
+    def __init__(self, schema: Schema) -> None:
+        self.schema = schema
+        self.owner = schema.name
+        self.fields = schema.fields
+        #: Positions of the forward fields (``stash``, ``seed``), in declaration order.
+        self.forward = tuple(
+            i for i, f in enumerate(self.fields) if f.lane is Lane.FORWARD
+        )
+        #: Positions of the schedule fields, in declaration order: ``publish`` hands
+        #: its values over in this order.
+        self.schedule = tuple(
+            i for i, f in enumerate(self.fields) if f.lane is Lane.SCHEDULE
+        )
+        self.readers = tuple(_reader(f) for f in self.fields)
+
+    def what(self, i: int) -> str:
+        """How messages name field ``i``: ``Map.field``."""
+        return f"{self.owner}.{self.fields[i].name}"
+
+    def declared_row(self, i: int) -> tuple[int | None, ...]:
+        """Field ``i``'s row dims, symbolic ones as ``None`` (any size until allocated)."""
+        return tuple(d if isinstance(d, int) else None for d in self.fields[i].shape)
+
+    def dtype(self, i: int) -> torch.dtype | None:
+        """Field ``i``'s dtype; ``None`` where it comes from the first payload."""
+        dtype = self.fields[i].dtype
+        return dtype if isinstance(dtype, torch.dtype) else None
+
+
+#: What ``seed`` took: the slots, the values, and the owners, for ``apply_seeds``.
+Seed = tuple[torch.Tensor, list[torch.Tensor | None], "Owners | None"]
+
+
+class MapState:
+    """What the runtime reads and writes on a map, typed: the map holds one
+    (``self._state``) and hands it to every runtime call."""
+
+    __slots__ = (
+        "buffers",
+        "carried",
+        "debug",
+        "device",
+        "fence",
+        "pool_size",
+        "seeds",
+        "table",
+    )
 
     def __init__(
-        self, owner: str, columns: tuple[Column, ...], *, seeded: bool = False
+        self, table: Table, device: torch.device, pool_size: int, debug: bool
     ) -> None:
-        self.owner = owner
-        self.columns = columns
-        #: The map has ``seed`` (Note [Seeds]).
-        self.seeded = seeded
-        self.forward = tuple(c for c in columns if c.lane is Lane.FORWARD)
-        #: In ``publish``'s parameter order: required fields first.
-        self.schedule = tuple(
-            sorted(
-                (c for c in columns if c.lane is Lane.SCHEDULE),
-                key=lambda c: c.optional,
-            )
+        self.table = table
+        #: With its index (``cuda:0`` for ``cuda``), as tensors made there report it.
+        self.device = torch.empty(0, device=device).device
+        self.pool_size = pool_size
+        #: Each field's buffer by position; ``None`` until a lazy one is allocated.
+        self.buffers: list[torch.Tensor | None] = [None] * len(table.fields)
+        #: Each optional field: whether the latest write carried it.
+        self.carried: list[bool] = [False] * len(table.fields)
+        #: Debug mode's checker; ``None`` with debug off.
+        self.debug: DebugChecks | None = (
+            _debug_checks(table, device, pool_size) if debug else None
         )
+        #: Rows ``seed`` took, for the next ``resolve_future`` to write first.
+        self.seeds: list[Seed] = []
+        #: The fence ``publish`` records and the schedule-side resolves wait on.
+        self.fence: Fence | CpuFence = new_fence(device, debug)
 
-    def what(self, column: Column) -> str:
-        return f"{self.owner}.{column.name}"
+    def buffer(
+        self, i: int, shape: tuple[int, ...], dtype: torch.dtype
+    ) -> torch.Tensor:
+        """Field ``i``'s eager buffer: zeros, or debug mode's poison where the field
+        does not declare that unwritten rows read as zeros."""
+        zeros = self.table.fields[i].unwritten is Unwritten.ZEROS
+        made = buffer(shape, dtype, self.device, self.debug is not None, zeros)
+        self.buffers[i] = made
+        return made
+
+    def adopt(self, i: int, view: torch.Tensor) -> torch.Tensor:
+        """Field ``i``'s buffer made by the map itself (a packed group's view)."""
+        self.buffers[i] = view
+        return view
 
 
 def check_dim(table: Table, name: str, value: int) -> int:
@@ -151,7 +215,7 @@ def check_dim(table: Table, name: str, value: int) -> int:
     return value
 
 
-def new_buffer(
+def buffer(
     shape: tuple[int, ...],
     dtype: torch.dtype,
     device: torch.device,
@@ -165,22 +229,21 @@ def new_buffer(
     return torch.zeros(shape, dtype=dtype, device=device)
 
 
-def debug_checks(
-    table: Table, device: torch.device, pool_size: int, debug: bool
-) -> DebugChecks | None:
-    """Debug mode's checker for a map of ``table``; ``None`` with debug off."""
-    if not debug:
-        return None
-    schedule = [c for c in table.columns if c.lane is Lane.SCHEDULE]
+def _debug_checks(table: Table, device: torch.device, pool_size: int) -> DebugChecks:
+    """Debug mode's checker for a map of ``table``."""
+    fields = table.fields
+    schedule = [fields[i] for i in table.schedule]
     return DebugChecks(
         device,
         pool_size,
         table.owner,
-        forward=tuple(c.name for c in table.forward),
-        schedule=tuple(c.name for c in schedule),
-        consumers=tuple(dict.fromkeys(c.reader for c in schedule)),
-        initial_zeros=tuple(c.name for c in table.columns if c.zeros),
-        seeds=tuple(c.name for c in table.forward) if table.seeded else (),
+        forward=tuple(fields[i].name for i in table.forward),
+        schedule=tuple(f.name for f in schedule),
+        consumers=tuple(dict.fromkeys(_reader(f) for f in schedule)),
+        initial_zeros=tuple(f.name for f in fields if f.unwritten is Unwritten.ZEROS),
+        seeds=tuple(fields[i].name for i in table.forward)
+        if table.schema.seeded
+        else (),
     )
 
 
@@ -189,63 +252,61 @@ def debug_checks(
 _INT64 = torch.int64  # a module constant: reading torch.int64 costs an attribute lookup
 
 
-# Note [Gathered slots]
+# Note [Slots on the host]
 # On the CPU an indexed write checks each index as it goes, so a slot outside the pool
-# would leave some rows written: the slots must be checked first. ``resolve_future``'s
-# ``index_select`` checks every slot before it writes anything, and an engine writes
-# with the very slots tensor it resolved; ``resolve_future`` remembers that tensor
-# (``_gathered``, a plain attribute store), and a write given it takes it as it is
-# while its version counter is still 0: no in-place change since it was made, so none
-# since the resolve. A tensor changed in place at any time (a persistent slots
-# buffer), and any other tensor, is read on the host once, as a list
-# (``Tensor.numpy`` would dispatch a view op). On CUDA a bad slot is a device-side
-# assert whatever relay does, and a host check would be a sync: there only debug
-# mode checks slots.
+# would leave some rows written: the slots are checked first, every time. Up to
+# ``HOST_SLOTS_IN_PYTHON_MAX`` of them are read as a list (``Tensor.numpy`` would
+# dispatch a view op); more with one ``aminmax``. Nothing is taken on trust: slots an
+# engine edited in place after a resolve (through ``.data`` or a numpy alias, which no
+# version counter sees) are checked like any others. On CUDA a bad slot is a
+# device-side assert whatever relay does, and a host check would be a sync: there only
+# debug mode checks slots.
 
 
-def write_rows(m: Any, indices: torch.Tensor) -> tuple[int, ...] | None:
-    """``(n,)`` when a write of map ``m`` may index with ``indices`` as they are: debug
-    off, int64 slots, in the pool (Note [Gathered slots]), at least one. Else ``None``,
-    and the write takes the checked path."""
-    try:
-        if (
-            indices is m._gathered  # never set in debug mode
-            and indices._version == 0
-            and indices.dtype is _INT64
-        ):
-            return (indices.numel(),)  # a 0-dim slot: one row, as index_copy_ takes it
-    except RuntimeError:  # an inference tensor keeps no version counter
-        pass
+def write_rows(s: MapState, indices: torch.Tensor) -> tuple[int, ...] | None:
+    """``(n,)`` when a write may index with ``indices`` as they are: debug off, a 1-D
+    int64 tensor of at least one slot, in the pool (Note [Slots on the host]). Else
+    ``None``, and the write takes the checked path."""
     if (
-        m._debug is not None
+        s.debug is not None
         or type(indices) is not torch.Tensor
         or indices.dtype is not _INT64
         or indices.ndim != 1
     ):
         return None
     n = indices.shape[0]
-    if n == 0 or (
-        indices.is_cpu
-        and (n > HOST_SLOTS_IN_PYTHON_MAX or not host_slots_ok(indices, m.pool_size))
-    ):
-        return None  # more slots are read on the host once, by the checked path
+    if n == 0 or (indices.is_cpu and not host_slots_ok(indices, s.pool_size)):
+        return None  # the checked path refuses the bad slot, naming it
     return (n,)
 
 
-#: Up to this many slots that no resolve gathered with, the gate reads them itself.
+#: Up to this many slots, the host check reads them as a list; above, one ``aminmax``.
 HOST_SLOTS_IN_PYTHON_MAX = 16
 
 
 def host_slots_ok(slots: torch.Tensor, pool_size: int) -> bool:
-    """Whether every slot of host ``slots`` is in the pool: read as a list, since
-    ``Tensor.numpy`` would dispatch a view op."""
-    values = _host_values(slots)
-    return min(values) >= 0 and max(values) < pool_size
+    """Whether every slot of host ``slots`` is in the pool (Note [Slots on the host])."""
+    if slots.numel() <= HOST_SLOTS_IN_PYTHON_MAX:
+        values = _host_values(slots)
+        return min(values) >= 0 and max(values) < pool_size
+    low, high = torch.aminmax(slots)  # one op; tolist() reads them without another
+    return cast(int, low.tolist()) >= 0 and cast(int, high.tolist()) < pool_size
 
 
 def _host_values(slots: torch.Tensor) -> list[int]:
     values = slots.tolist()  # no op dispatched; an int for a 0-dim slot
     return values if isinstance(values, list) else [values]
+
+
+def read_slots(s: MapState, op: str, indices: torch.Tensor) -> torch.Tensor:
+    """The slots resolve ``op`` gathers with: in debug mode checked first (in the pool,
+    none twice); int64 and int32 ones as they are, narrower integer ones widened
+    (``index_select`` takes no other)."""
+    if s.debug is not None:
+        s.debug.check_slots(op, indices)
+    if indices.dtype is torch.int64 or indices.dtype is torch.int32:
+        return indices
+    return _refuse_indices(f"{s.table.owner}.{op}", indices).long()
 
 
 def write_optional(
@@ -264,12 +325,17 @@ def write_optional(
 
 
 def fits(value: object, buf: torch.Tensor | None, index_shape: tuple[int, ...]) -> bool:
-    """The gate's test of a lazy field's value: a tensor of its buffer's dtype with one
-    buffer row per slot (no buffer yet: the checked path makes it)."""
+    """The gate's test of a value: a tensor of its buffer's dtype, device and row shape,
+    one row per slot, not requiring grad (no buffer yet: the checked path makes it)."""
     if buf is None or type(value) is not torch.Tensor or value.dtype is not buf.dtype:
         return False
     shape = value.shape
-    return shape[1:] == buf.shape[1:] and shape[:1] == index_shape
+    return (
+        shape[:1] == index_shape
+        and shape[1:] == buf.shape[1:]
+        and value.device == buf.device
+        and not value.requires_grad
+    )
 
 
 def fits_optional(
@@ -282,7 +348,12 @@ def fits_optional(
     if buf is None or type(value) is not torch.Tensor or value.dtype is not buf.dtype:
         return False
     shape = value.shape
-    return shape[1:] == buf.shape[1:] and shape[:1] == index_shape
+    return (
+        shape[:1] == index_shape
+        and shape[1:] == buf.shape[1:]
+        and value.device == buf.device
+        and not value.requires_grad
+    )
 
 
 def gather_optional(
@@ -300,67 +371,70 @@ def gather_optional(
 
 
 def stash(
-    m: Any,
-    table: Table,
-    indices: torch.Tensor,
-    payload: object,
-    owners: Owners | None = None,
+    s: MapState, indices: torch.Tensor, payload: object, owners: Owners | None = None
 ) -> None:
     """``stash`` off the common case (Note [One body])."""
-    values = [getattr(payload, c.source) for c in table.forward]
-    _write(m, table, "stash", table.forward, indices, values, owners)
+    table = s.table
+    values = [getattr(payload, table.fields[i].payload_name) for i in table.forward]
+    _write(s, "stash", table.forward, indices, values, owners)
 
 
 def publish(
-    m: Any,
-    table: Table,
+    s: MapState,
     indices: torch.Tensor,
     values: Sequence[torch.Tensor | None],
     owners: Owners | None = None,
 ) -> None:
-    """``publish`` off the common case: the values in ``table.schedule``'s order."""
-    if not _write(m, table, "publish", table.schedule, indices, values, owners):
+    """``publish`` off the common case: the values in declaration order."""
+    if not _write(s, "publish", s.table.schedule, indices, values, owners):
         return
-    if m._debug is not None:
-        m._debug.publishing()
-    m._fence.record()
+    if s.debug is not None:
+        s.debug.publishing()
+    s.fence.record()
 
 
 def _write(
-    m: Any,
-    table: Table,
+    s: MapState,
     op: str,
-    columns: Sequence[Column],
+    fields: Sequence[int],
     indices: torch.Tensor,
     given: Sequence[torch.Tensor | None],
     owners: Owners | None = None,
 ) -> bool:
     """Every check before any write, so a refused call leaves the map as it was;
     whether there was a row to write."""
-    values = _checked(m, table, op, columns, indices, given)
+    values = _checked(s, op, fields, indices, given, owners)
     if values is None:
         return False
     slots, checked = values
-    _apply(m, op, columns, slots, checked, owners)
+    _apply(s, op, fields, slots, checked, owners)
     return True
 
 
 def _apply(
-    m: Any,
+    s: MapState,
     op: str,
-    columns: Sequence[Column],
+    fields: Sequence[int],
     slots: torch.Tensor,
     values: Sequence[torch.Tensor | None],
     owners: Owners | None,
 ) -> None:
-    """Write checked ``values`` into rows ``slots``, then debug mode's record of it."""
-    debug: DebugChecks | None = m._debug
-    for c, value in zip(columns, values):
-        _write_column(m, c, slots, value, debug is not None)
+    """Write checked ``values`` into rows ``slots``, then debug mode's record of it.
+    No autograd graph is recorded: a value that requires grad is written detached
+    (a map's buffers never chain one step's graph into the next)."""
+    debug = s.debug
+    with torch.no_grad():
+        for i, value in zip(fields, values):
+            _write_field(s, i, slots, value)
     if debug is None:
         return
-    carried = {c.name: v is not None for c, v in zip(columns, values) if c.optional}
-    names = tuple(c.name for c in columns)
+    table = s.table
+    carried = {
+        table.fields[i].name: v is not None
+        for i, v in zip(fields, values)
+        if table.fields[i].optional
+    }
+    names = tuple(table.fields[i].name for i in fields)
     if op == "seed":
         debug.seeded(slots, names, carried=carried, owners=owners)
     else:
@@ -368,95 +442,103 @@ def _apply(
 
 
 def _checked(
-    m: Any,
-    table: Table,
+    s: MapState,
     op: str,
-    columns: Sequence[Column],
+    fields: Sequence[int],
     indices: torch.Tensor,
     given: Sequence[torch.Tensor | None],
+    owners: Owners | None,
 ) -> tuple[torch.Tensor, list[torch.Tensor | None]] | None:
     """The int64 slots and the values ready to write, or ``None`` for zero slots;
-    refuses what cannot be written, naming it."""
+    refuses what cannot be written, naming it, before anything is written. A 0-dim
+    slot is one slot, its value one row ``(1, *row)``, as ``resolve_future`` hands
+    such a slot's row back."""
+    table = s.table
+    if isinstance(indices, torch.Tensor) and indices.ndim == 0:
+        indices = indices.reshape(1)
     values = [
         None
-        if value is None and c.optional
+        if value is None and table.fields[i].optional
         else check_rows(
-            table.what(c), value, indices, getattr(m, c.buf), c.declared_row, c.dtype
+            table.what(i),
+            value,
+            indices,
+            s.buffers[i],
+            table.declared_row(i),
+            table.dtype(i),
+            s.device,
         )
-        for c, value in zip(columns, given)
+        for i, value in zip(fields, given)
     ]
-    debug: DebugChecks | None = m._debug
-    first = table.what(columns[0]) if columns else table.owner
+    first = table.what(fields[0]) if fields else table.owner
     slots = write_slots(
-        f"{table.owner}.{op}", first, indices, m.pool_size, host=debug is None
+        f"{table.owner}.{op}", first, indices, s.pool_size, host=s.debug is None
     )
     if slots is None:
         return None
+    if owners is not None:
+        _check_owners(f"{table.owner}.{op}", owners, slots.numel())
+    debug = s.debug
     if debug is not None:
         debug.check_slots(op, indices, scratch_ok=op != "seed")
-        for c, value in zip(columns, values):
-            if c.guard is not None and value is not None:
-                c.guard(value, table.what(c))
+        for i, value in zip(fields, values):
+            guard = _guard(table.fields[i])
+            if guard is not None and value is not None:
+                guard(value, table.what(i))
     return slots, values
 
 
-def _write_column(
-    m: Any,
-    c: Column,
-    slots: torch.Tensor,
-    value: torch.Tensor | None,
-    debug: bool,
+def _check_owners(what: str, owners: Owners, count: int) -> None:
+    """``owners`` names one request per row; refused before any write otherwise."""
+    given = owners.numel() if isinstance(owners, torch.Tensor) else len(owners)
+    if given != count:
+        raise RelayError(
+            f"{what}: owners must name one request per row: {count} rows, {given} "
+            "owners. Nothing was written"
+        )
+
+
+def _write_field(
+    s: MapState, i: int, slots: torch.Tensor, value: torch.Tensor | None
 ) -> None:
-    buf: torch.Tensor | None = getattr(m, c.buf)
-    if c.optional:
-        setattr(m, f"_{c.name}_carried", value is not None)
+    f = s.table.fields[i]
+    buf = s.buffers[i]
+    if f.optional:
+        s.carried[i] = value is not None
     if value is None:  # an optional field left out: Note [Optional fields]
         if buf is not None:
             buf.index_fill_(0, slots, 0)
         return
     if buf is None:
         buf = lazy_buffer(
-            m.pool_size, c.dtype, value[(0,) * slots.ndim], debug, c.zeros
+            s.pool_size,
+            s.table.dtype(i),
+            value[(0,) * slots.ndim],
+            s.debug is not None,
+            f.unwritten is Unwritten.ZEROS,
         )
-        setattr(m, c.buf, buf)
+        s.buffers[i] = buf
     buf.index_copy_(0, slots, value)
 
 
-#: What ``seed`` took: the slots, the values, and the owners, for ``apply_seeds``.
-Seed = tuple[torch.Tensor, list[torch.Tensor | None], "Owners | None"]
-
-
-# Note [Seeds]
-# A request prefilled elsewhere starts with no forward of its own, so the scheduler
-# hands its first values to the map: ``seed``. A finished request's last forward may
-# still be in flight on the same row and stash there after the scheduler seeded it;
-# so ``seed`` checks and copies the values and only queues them, and the next
-# ``resolve_future``, which runs on the forward stream after every forward before it,
-# writes them first. That orders the seed after the in-flight stash on every device
-# policy, with no fence of its own.
-
-
 def seed(
-    m: Any,
-    table: Table,
-    indices: torch.Tensor,
-    payload: object,
-    owners: Owners | None = None,
+    s: MapState, indices: torch.Tensor, payload: object, owners: Owners | None = None
 ) -> None:
     """``seed``: check the rows now, queue copies for the next ``resolve_future``."""
-    given = [getattr(payload, c.source) for c in table.forward]
-    checked = _checked(m, table, "seed", table.forward, indices, given)
+    table = s.table
+    given = [getattr(payload, table.fields[i].payload_name) for i in table.forward]
+    checked = _checked(s, "seed", table.forward, indices, given, owners)
     if checked is not None:
         slots, values = checked
-        copies = [None if v is None else v.clone() for v in values]
-        m._seeds.append((slots.clone(), copies, owners))
+        copies = [None if v is None else v.detach().clone() for v in values]
+        s.seeds.append((slots.clone(), copies, owners))
 
 
-def apply_seeds(m: Any, table: Table) -> None:
+def apply_seeds(s: MapState) -> None:
     """Write the queued seeds, oldest first (on the forward stream, in resolve_future)."""
-    while m._seeds:
-        slots, values, owners = m._seeds.pop(0)
-        _apply(m, "seed", table.forward, slots, values, owners)
+    while s.seeds:
+        slots, values, owners = s.seeds.pop(0)
+        _apply(s, "seed", s.table.forward, slots, values, owners)
 
 
 def parent_is_none(table: Table, method: str, parent: str) -> RelayError:
@@ -479,9 +561,7 @@ def lazy_buffer(
     """A lazy field's buffer, shaped and typed by one row ``first`` of its first value,
     which ``check_rows`` already accepted."""
     row = tuple(first.shape)
-    return new_buffer(
-        (pool_size, *row), dtype or first.dtype, first.device, debug, zeros
-    )
+    return buffer((pool_size, *row), dtype or first.dtype, first.device, debug, zeros)
 
 
 def check_rows(
@@ -491,6 +571,7 @@ def check_rows(
     buf: torch.Tensor | None,
     declared_row: tuple[int | None, ...] = (),
     declared_dtype: torch.dtype | None = None,
+    device: torch.device | None = None,
 ) -> torch.Tensor:
     """``value`` ready to write into ``buf`` at ``indices``: a tensor with one row per
     index, shaped like the buffer's rows (before a lazy buffer exists: like
@@ -510,10 +591,11 @@ def check_rows(
             "slot (e.g. torch.as_tensor(values, device=...)). Nothing was written"
         )
     slots = _refuse_indices(what, indices)
-    if buf is not None and value.device != buf.device:
+    home = buf.device if buf is not None else device  # a lazy buffer: the map's device
+    if home is not None and value.device != home:
         raise RelayError(
-            f"{what}: got a tensor on {value.device} for a map on {buf.device}; move "
-            f"it first (.to({str(buf.device)!r})). Nothing was written"
+            f"{what}: got a tensor on {value.device} for a map on {home}; move "
+            f"it first (.to({str(home)!r})). Nothing was written"
         )
     got = tuple(value.shape)
     lead = tuple(slots.shape)  # a 0-dim slot is one slot, its value one row
@@ -649,8 +731,7 @@ def never_stashed(owner: str, field: str) -> RelayError:
 
 
 def read_back(
-    m: Any,
-    table: Table,
+    s: MapState,
     op: str,
     indices: torch.Tensor,
     owners: Owners | None = None,
@@ -659,17 +740,21 @@ def read_back(
     """Debug mode: ``op`` gathered rows ``indices`` of its fields (optional ones only
     where the latest write carried them; none under the optional parents ``absent``,
     which the batch lacked): checked fresh, then poisoned again."""
-    debug: DebugChecks = m._debug
-    columns = [
-        c
-        for c in table.columns
-        if c.reader == op
-        and c.target is not None
-        and not c.placeholder
-        and c.target.split(".")[0] not in absent
+    debug = s.debug
+    assert debug is not None, "read_back runs in debug mode only"
+    table = s.table
+    read = [
+        i
+        for i, f in enumerate(table.fields)
+        if table.readers[i] == op
+        and f.target is not None
+        and f.resolve is not Resolve.PLACEHOLDER
+        and f.target.split(".")[0] not in absent
     ]
-    buffers = {c.name: getattr(m, c.buf) for c in columns}
-    carried = {c.name: getattr(m, f"_{c.name}_carried") for c in columns if c.optional}
+    buffers = {table.fields[i].name: s.buffers[i] for i in read}
+    carried = {
+        table.fields[i].name: s.carried[i] for i in read if table.fields[i].optional
+    }
     debug.read(op, indices, buffers, carried=carried, owners=owners)
 
 
@@ -692,7 +777,7 @@ def host_sum(values: torch.Tensor) -> int:
 # write, and no host sync. A guard on a floating field lets NaN through (it is not a
 # value below the bound); only guard_finite refuses NaN and infinities. A Guard kind
 # is its member in relay/schema.py, its rule in relay/codegen/validate.py and its
-# ``guard_<value>`` here, which the generated table names.
+# check here (``_GUARDS``).
 
 
 def guard_non_negative(value: torch.Tensor, what: str) -> None:
@@ -712,3 +797,11 @@ def guard_finite(value: torch.Tensor, what: str) -> None:
     torch._assert_async(
         torch.isfinite(value).all(), text("guard_finite_summary", what=what)
     )
+
+
+_GUARDS: dict[Guard, GuardFn | None] = {
+    Guard.NONE: None,
+    Guard.NON_NEGATIVE: guard_non_negative,
+    Guard.POSITIVE: guard_positive,
+    Guard.FINITE: guard_finite,
+}

@@ -49,6 +49,7 @@ __all__ = [
     "TargetShape",
     "Unwritten",
     "bundled_names",
+    "resolve_method",
 ]
 
 
@@ -244,6 +245,15 @@ class Field:
     def payload_name(self) -> str:
         """The payload attribute (or publish keyword) the value comes from."""
         return self.source if self.source is not None else self.name
+
+
+def resolve_method(field: Field) -> str:
+    """A schedule field's resolve: named after its host mirror, else its target's leaf
+    (``resolve_seq_lens_cpu``)."""
+    if field.lane is not Lane.SCHEDULE:
+        raise ValueError(f"{field.name} is not a schedule field")
+    leaf = field.host_mirror or field.target or field.name
+    return f"resolve_{leaf.rsplit('.', 1)[-1]}"
 
 
 def _to_fields(value: Sequence[Field]) -> tuple[Field, ...]:

@@ -79,13 +79,17 @@ def _canonical(value: object) -> object:
 
 
 def _options(declaration: AttrsInstance, skip: tuple[str, ...]) -> dict[str, object]:
-    """An attrs declaration's values by name (new options are hashed without a change here)."""
-    names = sorted(a.name for a in attrs.fields(type(declaration)))
-    return {
-        name: _canonical(getattr(declaration, name))
-        for name in names
-        if name not in skip
-    }
+    """An attrs declaration's values by name, those left at their default omitted: a
+    relay upgrade that adds an option (at a default that keeps today's meaning) leaves
+    every schema's hash as it was, so ``--check`` calls it a generator change, not a
+    schema change. New options are hashed without a change here."""
+    found = {}
+    for a in sorted(attrs.fields(type(declaration)), key=lambda a: a.name):
+        value = getattr(declaration, a.name)
+        if a.name in skip or (a.default is not attrs.NOTHING and value == a.default):
+            continue
+        found[a.name] = _canonical(value)
+    return found
 
 
 def schema_hash(schema: Schema) -> str:

@@ -14,12 +14,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import attrs
-import torch
 
 from relay.codegen import naming
 from relay.codegen.layout import PackedGroup
-from relay.runtime import HOST_SUM_IN_PYTHON_MAX
-from relay.schema import Alloc, Field, IfNone, Lane, Resolve, Schema, TargetShape
+from relay.schema import (
+    Alloc,
+    Field,
+    IfNone,
+    Lane,
+    Resolve,
+    Schema,
+    TargetShape,
+    resolve_method,
+)
 
 __all__ = [
     "Fused",
@@ -56,65 +63,46 @@ def _lazy(f: Field) -> bool:
 # --- stash / publish / seed -------------------------------------------------------------
 
 
-def _test(f: Field) -> str:
-    """The gate's test of ``f``'s value: a tensor of the declared dtype and shape;
-    a lazy or optional field's against its buffer (``_rt.fits``: none yet, no fit)."""
-    v = f.payload_name
-    if _lazy(f) or f.optional:
-        helper = "_rt.fits_optional" if f.optional else "_rt.fits"
-        return f"{helper}({v}, {_buf(f)}, index_shape)"
-    assert isinstance(f.dtype, torch.dtype)
-    shape = "index_shape"
-    if f.shape:
-        shape += f" + self.{naming.row_cache(f)}"
-    dtype = naming.dtype(f.dtype)
-    return (
-        f"type({v}) is torch.Tensor and {v}.dtype is {dtype} and {v}.shape == {shape}"
-    )
+def _carried(schema: Schema, f: Field) -> str:
+    """Whether the latest write carried optional field ``f``: the map state's flag."""
+    return f"self._state.carried[{schema.fields.index(f)}]"
 
 
-def _write(f: Field) -> str:
-    """The common case's write of ``f``: one line (Note [One body] in runtime.py)."""
-    v = f.payload_name
+def _test(f: Field, v: str) -> str:
+    """The gate's test of ``f``'s value ``v`` against its buffer (``_rt.fits``): a
+    tensor of its dtype, device and row shape, one row per slot, not requiring grad; an
+    optional field's may be left out; a lazy field's buffer must exist."""
+    helper = "_rt.fits_optional" if f.optional else "_rt.fits"
+    return f"{helper}({v}, {_buf(f)}, index_shape)"
+
+
+def _write(schema: Schema, f: Field, v: str) -> str:
+    """The common case's write of ``f``'s value ``v``: one line (Note [One body] in
+    runtime.py)."""
     if f.optional:
-        flag = f"self.{naming.carried_flag(f)}"
+        flag = _carried(schema, f)
         return f"{flag} = _rt.write_optional({_buf(f)}, indices, {v})"
     if _lazy(f):  # the gate saw the buffer made; the helper narrows its type
         return f"_rt.write_optional({_buf(f)}, indices, {v})"
     return f"{_buf(f)}.index_copy_(0, indices, {v})"
 
 
-def write(op: str, fields: Sequence[Field], checked: str) -> list[str]:
+def write(schema: Schema, op: str, fields: Sequence[Field], checked: str) -> list[str]:
     """``stash`` or ``publish``: the gate, the writes, else ``checked`` (the call of
-    the runtime's checked path). A required eager first field is tested for its
-    number of dims only: its ``index_copy_`` refuses another dtype or shape before it
-    writes anything, and then nothing is written (Note [One body] in runtime.py)."""
-    lines = []
-    if op != "publish":
-        lines += [f"{f.payload_name} = payload.{f.payload_name}" for f in fields]
-    lines.append("index_shape = _rt.write_rows(self, indices)")
-    first = fields[0] if fields else None
-    trusted = first is not None and not first.optional and not _lazy(first)
-    tests = [
-        f"{f.payload_name}.ndim == {1 + len(f.shape)}"
-        if trusted and f is first
-        else _test(f)
-        for f in fields
-    ]
-    writes = [_write(f) for f in fields]
+    the runtime's checked path). The gate's tests decide; nothing is caught (Note [One
+    body] in runtime.py)."""
+    prefix = "" if op == "publish" else "payload."  # publish takes its values as such
+    values = [f"{prefix}{f.payload_name}" for f in fields]
+    writes = [_write(schema, f, v) for f, v in zip(fields, values)]
     if op == "publish":
-        writes.append("self._fence.record()")
-    gate = " and ".join(["index_shape", *tests])
-    if not trusted:
-        return [*lines, f"if {gate}:", *_indent(writes), "else:", f"    {checked}"]
+        writes.append("self._state.fence.record()")
+    gate = " and ".join(["index_shape", *map(_test, fields, values)])
     return [
-        *lines,
-        "try:",
-        f"    if {gate}:",
-        *_indent(_indent([*writes, "return"])),
-        "except (AttributeError, IndexError, RuntimeError, TypeError):",
-        "    pass  # refused before any write: the checked path says why, or casts",
-        checked,
+        "index_shape = _rt.write_rows(self._state, indices)",
+        f"if {gate}:",
+        *_indent(writes),
+        "else:",
+        f"    {checked}",
     ]
 
 
@@ -130,7 +118,7 @@ def resolve_init(f: Field) -> list[str]:
         # Each row's columns after its start offset.
         width = naming.shape_literal(tuple(str(d) for d in f.shape))[1:-1].rstrip(",")
         return [
-            f"self.{naming.row_cache(f)}_columns = torch.arange({width}, device=self.device)"
+            f"self.{naming.row_cache(f)}_columns = torch.arange({width}, device=device)"
         ]
     return []
 
@@ -175,7 +163,7 @@ def _flat(f: Field) -> str:
 def _gather_read(schema: Schema, f: Field, target: str) -> list[str]:
     """Hand ``f``'s rows at ``indices`` to ``target`` (not for packed fields)."""
     if f.optional:
-        flag = f"self.{naming.carried_flag(f)}"
+        flag = _carried(schema, f)
         flat = ", flat=True" if _flat(f) else ""
         return [f"{target} = _rt.gather_optional({_buf(f)}, {flag}, indices{flat})"]
     gather = f"{_buf(f)}.index_select(0, indices){_flat(f)}"
@@ -223,7 +211,7 @@ def _packed_read(f: Field, target: str) -> str:
     return join(f"{target} = torch.unflatten(", [local, "1", f"{_buf(f)}.shape[1:]"])
 
 
-def _fused_block(reads: Sequence[Field], fused: Fused) -> list[str]:
+def _fused_block(schema: Schema, reads: Sequence[Field], fused: Fused) -> list[str]:
     """Every gather of a packed map at once: one ``index_select`` per packed buffer and
     per field of its own, or with ``fused_gather`` set, one ``_rt.gather_rows``."""
     required = [naming.packed_rows(g.dtype) for g in fused.groups]
@@ -239,7 +227,7 @@ def _fused_block(reads: Sequence[Field], fused: Fused) -> list[str]:
             continue
         local = naming.value_local(f)
         if f.optional:
-            flag = f"self.{naming.carried_flag(f)}"
+            flag = _carried(schema, f)
             optional.append(local)
             optional_args.append(f"{_buf(f)} if {flag} else None")
             torch_path.append(
@@ -324,10 +312,29 @@ def _prologue(schema: Schema, method: str) -> tuple[list[str], str | None]:
         bound = first
         lines += [f"{first} = batch.{first}", *_none(first, parents[first], method)]
         lines.append(f"indices = {first}.{rest}")
+    elif first in parents:  # the slots themselves may be None (sglang's future_indices)
+        lines.append(f"indices = batch.{first}")
+        if parents[first] is IfNone.SKIP:
+            lines += ["if indices is None:", "    return"]
+        else:
+            args = ", ".join(naming.string_literal(a) for a in (method, first))
+            lines += [
+                "if indices is None:",
+                f"    raise _rt.parent_is_none(_TABLE, {args})",
+            ]
     else:
         lines.append(f"indices = batch.{schema.indices}")
     lines += ["if indices.numel() == 0:", "    return"]
     return lines, bound
+
+
+def _slots_read(method: str) -> list[str]:
+    """Debug mode's check of the slots a resolve reads, and slots narrower than int64
+    widened (``index_select`` takes int64 and int32 only): one test when neither."""
+    return [
+        "if debug is not None or indices.dtype is not torch.int64:",
+        f'    indices = _rt.read_slots(self._state, "{method}", indices)',
+    ]
 
 
 def _owners(schema: Schema) -> list[str]:
@@ -374,15 +381,6 @@ def _placeholder_reports(schema: Schema, reads: Sequence[Field]) -> list[str]:
     return report
 
 
-def _vouches(reads: Sequence[Field]) -> bool:
-    """A required gather by ``indices``: its ``index_select`` checked every slot."""
-    return any(f.resolve is not Resolve.PLACEHOLDER and not f.optional for f in reads)
-
-
-#: Debug off, the slots the resolve checked (Note [Gathered slots] in runtime.py).
-_VOUCH = ["if debug is None:", "    self._gathered = indices"]
-
-
 def resolve_future(
     schema: Schema, reads: Sequence[Field], fused: Fused | None
 ) -> list[str]:
@@ -391,12 +389,8 @@ def resolve_future(
     debug mode checks the slots and reports the reads."""
     lines, bound = _prologue(schema, "resolve_future")
     if schema.seeded:  # on the forward stream, whatever this batch holds (Note [Seeds])
-        lines[:0] = ["if self._seeds:", "    _rt.apply_seeds(self, _TABLE)"]
-    lines += [
-        "debug = self._debug",
-        "if debug is not None:",
-        '    debug.check_slots("resolve_future", indices)',
-    ]
+        lines[:0] = ["if self._state.seeds:", "    _rt.apply_seeds(self._state)"]
+    lines += ["debug = self._state.debug", *_slots_read("resolve_future")]
     parents = {k: v for k, v in schema.optional_parents if k != bound}
     under: dict[str, list[Field]] = {}
     outside = []
@@ -416,9 +410,8 @@ def resolve_future(
 
     if fused is not None:
         lines += [s for f in reads for s in _stashed(schema, f)]
-        lines += _fused_block(reads, fused)
+        lines += _fused_block(schema, reads, fused)
     lines += _reads(schema, outside, fused, spelled)
-    vouch = fused is not None and _vouches(reads) or _vouches(outside)
     reports = _placeholder_reports(schema, outside)
     absent = []
     for parent, fields in under.items():
@@ -426,38 +419,26 @@ def resolve_future(
         placeholders = _placeholder_reports(schema, fields)
         if parents[parent] is IfNone.REFUSE:
             lines += body
-            vouch = vouch or _vouches(fields)
             reports += placeholders
             continue
         lines.append(f"{parent} = batch.{parent}")
         if placeholders:  # reported where they were read
             body += ["if debug is not None:", *_indent(placeholders)]
-        if not vouch and _vouches(fields):
-            body += _VOUCH  # the only gathers that check the slots are here
         lines += [f"if {parent} is not None:", *_indent(body)]
         named = naming.string_literal(parent)
         absent.append(f"(() if {parent} is not None else ({named},))")
-    return lines + _future_reports(schema, reads, reports, absent, vouch)
+    return lines + _future_reports(schema, reads, reports, absent)
 
 
 def _future_reports(
-    schema: Schema,
-    reads: Sequence[Field],
-    reports: list[str],
-    absent: list[str],
-    vouch: bool,
+    schema: Schema, reads: Sequence[Field], reports: list[str], absent: list[str]
 ) -> list[str]:
-    """The end of ``resolve_future``: debug off, the slots it may vouch for; debug on,
-    the reports of what it read."""
+    """The end of ``resolve_future``: debug mode's reports of what it read."""
     if any(f.resolve is not Resolve.PLACEHOLDER for f in reads):
         args = ['"resolve_future"', "indices", *_owners(schema)]
         if absent:
             args.append(f"absent={' + '.join(absent)}")
-        reports = [join("_rt.read_back(self, _TABLE, ", args), *reports]
-    if vouch and reports:
-        return [*_VOUCH, "else:", *_indent(reports)]
-    if vouch:
-        return _VOUCH
+        reports = [join("_rt.read_back(self._state, ", args), *reports]
     return ["if debug is not None:", *_indent(reports)] if reports else []
 
 
@@ -471,45 +452,31 @@ def _host(f: Field, source: str) -> list[str]:
     stmts = [f"host = {copy}"]
     if f.host_mirror is not None:
         stmts.append(f"batch.{f.host_mirror} = host")
-    if isinstance(f.dtype, torch.dtype) and not (
-        f.dtype.is_floating_point or f.dtype.is_complex
-    ):
-        # relay.runtime.host_sum inlined for integers: no call, and no op dispatched.
-        most = HOST_SUM_IN_PYTHON_MAX
-        total = (
-            f"sum(host.tolist()) if host.numel() <= {most} else int(host.numpy().sum())"
-        )
-    else:
-        total = "_rt.host_sum(host)"
-    return [*stmts, f"batch.{f.host_sum} = {total}"]
+    return [*stmts, f"batch.{f.host_sum} = _rt.host_sum(host)"]
 
 
 def resolve_schedule(schema: Schema, f: Field) -> list[str]:
     """A schedule-lane resolve: the fence wait, then the field's read."""
-    method = naming.resolve_method(f)
+    method = resolve_method(f)
     value = naming.value_local(f)
     lines, _bound = _prologue(schema, method)
-    lines += [
-        "self._fence.wait()",
-        "debug = self._debug",
-        "if debug is not None:",
-        f'    debug.waited("{method}")',
-        f'    debug.check_slots("{method}", indices)',
-    ]
+    lines += ["self._state.fence.wait()", "debug = self._state.debug"]
+    lines += ["if debug is not None:", f'    debug.waited("{method}")']
+    lines += _slots_read(method)
     gather = f"{_buf(f)}.index_select(0, indices){_flat(f)}"
     read = [*_stashed(schema, f), f"{value} = {gather}"]
     if f.target is not None:
         read.append(f"batch.{f.target} = {value}")
     read += _host(f, value)
     if f.optional:
-        flag = f"self.{naming.carried_flag(f)}"
+        flag = _carried(schema, f)
         nones = [f.host_mirror, f.host_sum, f.target]
         lines += [f"if {flag} and {_buf(f)} is not None:", *_indent(read), "else:"]
         lines += _indent([f"batch.{p} = None" for p in nones if p is not None])
     else:
         lines += read
     args = [f'"{method}"', "indices", *_owners(schema)]
-    report = join("_rt.read_back(self, _TABLE, ", args)
+    report = join("_rt.read_back(self._state, ", args)
     return [*lines, "if debug is not None:", f"    {report}"]
 
 
@@ -519,8 +486,8 @@ def invalidate(schema: Schema, placeholders: Sequence[Field]) -> list[str]:
     lines = [
         "if indices.numel() == 0:",
         "    return",
-        "if self._debug is not None:",
-        '    self._debug.check_slots("invalidate", indices, scratch_ok=False)',
+        "if self._state.debug is not None:",
+        '    self._state.debug.check_slots("invalidate", indices, scratch_ok=False)',
     ]
     parents = dict(schema.optional_parents)
     for f in placeholders:
@@ -543,7 +510,10 @@ def invalidate(schema: Schema, placeholders: Sequence[Field]) -> list[str]:
 
 def release() -> list[str]:
     """Nothing with debug off; debug mode marks the slots' unread values stale."""
-    return ["if self._debug is not None:", "    self._debug.release(indices)"]
+    return [
+        "if self._state.debug is not None:",
+        "    self._state.debug.release(indices)",
+    ]
 
 
 def lane_fields(schema: Schema, lane: Lane) -> list[Field]:

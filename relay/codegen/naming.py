@@ -19,7 +19,7 @@ import unicodedata
 
 import torch
 
-from relay.schema import Dim, Field, Lane, Schema
+from relay.schema import Dim, Field, Lane, Schema, resolve_method
 
 #: Every fixed name a generated module binds or uses: module imports and aliases,
 #: method names and parameters, ``self`` attributes and locals. A field, source, dim or schema name equal to one of these (as Python sees
@@ -54,11 +54,9 @@ RESERVED = frozenset(
         "index_shape",
         "owners",
         "host",
+        "state",
         # attributes of the map
-        "_debug",
-        "_fence",
-        "_gathered",
-        "_seeds",
+        "_state",
         "fused_gather",
     }
 )
@@ -190,14 +188,6 @@ def value_local(field: Field) -> str:
 def placeholder_locals(field: Field) -> tuple[str, str, str]:
     """Locals of a placeholder resolve: the target, its pending mask, the rows read."""
     return f"{field.name}_at", f"{field.name}_pending", f"{field.name}_rows"
-
-
-def resolve_method(field: Field) -> str:
-    """The schedule-side resolve: named after the host mirror, else the target's leaf."""
-    if field.lane is not Lane.SCHEDULE:
-        raise ValueError(f"{field.name} is not a schedule field")
-    leaf = field.host_mirror or field.target or field.name
-    return f"resolve_{leaf.rsplit('.', 1)[-1]}"
 
 
 def _path_names(schema: Schema, path: str) -> set[str]:

@@ -31,6 +31,7 @@ from relay.schema import (
     SourceLocation,
     TargetShape,
     Unwritten,
+    resolve_method,
 )
 
 _DTYPE_HINT = "torch.int64, torch.float32, torch.bfloat16"
@@ -247,6 +248,24 @@ def _check_seeds_and_owners(c: _Collector, fields: list[Field]) -> None:
             f"(got {_got(owners)})",
             'write owners="rids" (each row\'s request id), or leave it out',
         )
+    # What a resolve reads (the owners, a scatter's offsets) must not be what a resolve
+    # writes: the first resolve would overwrite it before it is read.
+    written = {
+        path: f
+        for f in fields
+        for path in (f.target, f.host_mirror, f.host_sum)
+        if isinstance(path, str)
+    }
+    read: list[tuple[Field | None, str, object]] = [(None, "owners", owners)]
+    read += [(f, "offsets", f.offsets) for f in fields]
+    for field, what, path in read:
+        if isinstance(path, str) and path in written:
+            c.add(
+                field,
+                f"{what}={path!r} is also where {written[path].name!r} resolves to: "
+                "the resolve would overwrite it before reading it",
+                f"read {what} from a batch attribute no field writes",
+            )
 
 
 def _check_docs(c: _Collector, fields: list[Field]) -> None:
@@ -500,7 +519,7 @@ def _check_unique(c: _Collector, fields: list[Field]) -> None:
             else:
                 first_source[key] = f
         if f.lane is Lane.SCHEDULE and _valid_path(f.host_mirror or f.target or ""):
-            method = naming.resolve_method(f)
+            method = resolve_method(f)
             if method in naming.METHODS:
                 c.add(
                     f,

@@ -8,6 +8,7 @@ formatter lays the module out afterwards.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
 
 import attrs
@@ -22,7 +23,7 @@ from relay.schema import (
     Lane,
     Resolve,
     Schema,
-    Unwritten,
+    resolve_method,
 )
 
 __all__ = ["MapView", "map_view"]
@@ -89,9 +90,8 @@ class MapView:
     payload: tuple[PayloadField, ...]
     protocols: tuple[ProtocolView, ...]  # nested first, the batch protocol last
     exports: tuple[str, ...]
-    cls_literal: str
-    columns: tuple[str, ...]
-    seeded: bool
+    schema_args: str
+    fields: tuple[str, ...]
     init_params: str
     init: tuple[Statement, ...]
     methods: tuple[Method, ...]
@@ -102,32 +102,49 @@ def _join(opener: str, args: Sequence[str], closer: str = ")") -> str:
 
 
 # --- the table ------------------------------------------------------------------------------
+# Note [One model of a field] in relay/runtime.py: the module writes its schema out as
+# the schema's own declarations, every attribute that differs from its default, by
+# keyword; a new option of Field or Schema is written out with no change here.
+
+#: Attributes the table leaves out: docs go into the code's doc strings, the field
+#: list is written field by field, and a declaration's site is the schema file's.
+_NOT_IN_TABLE = frozenset({"doc", "fields", "declared_at"})
 
 
-def _column(f: Field) -> str:
-    """``_rt.Column(...)``: what the runtime's generic paths know of ``f``."""
-    dtype = "None" if isinstance(f.dtype, FromPayload) else naming.dtype(f.dtype)
-    lane = "_rt.FORWARD" if f.lane is Lane.FORWARD else "_rt.SCHEDULE"
-    args = [naming.string_literal(f.name), lane, dtype]
-    if f.shape:
-        args.append(_names_tuple(tuple(str(d) for d in f.shape), quote=True))
-    if f.alloc is Alloc.LAZY:
-        args.append("lazy=True")
-    if f.optional:
-        args.append("optional=True")
-    if f.source is not None:
-        args.append(f"source={naming.string_literal(f.source)}")
-    if f.target is not None:
-        args.append(f"target={naming.string_literal(f.target)}")
-    if f.guard.value != "none":
-        args.append(f"guard=_rt.guard_{f.guard.value}")
-    if f.lane is Lane.SCHEDULE:
-        args.append(f"reader={naming.string_literal(naming.resolve_method(f))}")
-    if f.unwritten is Unwritten.ZEROS:
-        args.append("zeros=True")
-    if f.resolve is Resolve.PLACEHOLDER:
-        args.append("placeholder=True")
-    return _join("_rt.Column(", args)
+def _literal(value: object) -> str:
+    """``value`` as the generated module spells it (``_rt`` re-exports the vocabulary)."""
+    if isinstance(value, torch.dtype):
+        return naming.dtype(value)
+    if isinstance(value, FromPayload):
+        return "_rt.FROM_PAYLOAD"
+    if isinstance(value, enum.Enum):
+        return f"_rt.{type(value).__name__}.{value.name}"
+    if isinstance(value, str):
+        return naming.string_literal(value)
+    if isinstance(value, tuple):
+        items = [_literal(v) for v in value]
+        return _join("(", items, ",)" if len(items) == 1 else ")")
+    if value is None or isinstance(value, (bool, int)):
+        return repr(value)
+    raise TypeError(f"no literal for {value!r} in a generated table")
+
+
+def _declared(obj: Field | Schema) -> list[str]:
+    """``name=value`` for each attribute of ``obj`` that differs from its default."""
+    args = []
+    for a in attrs.fields(type(obj)):
+        if a.name in _NOT_IN_TABLE:
+            continue
+        value = getattr(obj, a.name)
+        if a.default is not attrs.NOTHING and value == a.default:
+            continue
+        args.append(f"{a.name}={_literal(value)}")
+    return args
+
+
+def _field_declaration(f: Field) -> str:
+    """``_rt.Field(...)``: ``f`` as its schema declares it, its doc left out."""
+    return _join("_rt.Field(", _declared(f))
 
 
 def _names_tuple(dims: tuple[str, ...], *, quote: bool) -> str:
@@ -141,21 +158,19 @@ def _names_tuple(dims: tuple[str, ...], *, quote: bool) -> str:
 
 
 def _init(schema: Schema, packed: Sequence[PackedGroup]) -> list[Statement]:
-    cls = naming.string_literal(schema.name)
     dims = naming.symbolic_dims(schema.fields)
     stmts = [
-        Statement("self.device = torch.device(device)"),
+        Statement("self.device = device = torch.device(device)"),
         Statement('self.pool_size = _rt.check_dim(_TABLE, "pool_size", pool_size)'),
         Statement("self.debug = debug"),
-        Statement(
-            "self._debug = _rt.debug_checks(_TABLE, self.device, pool_size, debug)"
-        ),
         *(
             Statement(f"{d} = _rt.check_dim(_TABLE, {naming.string_literal(d)}, {d})")
             for d in dims
         ),
     ]
-    del cls
+    made = [f for f in schema.fields if f.alloc is Alloc.EAGER]  # through ``state``
+    bound = "state = self._state" if made else "self._state"
+    stmts.append(Statement(f"{bound} = _rt.MapState(_TABLE, device, pool_size, debug)"))
     if packed:
         stmts.append(
             Statement(
@@ -166,72 +181,60 @@ def _init(schema: Schema, packed: Sequence[PackedGroup]) -> list[Statement]:
     for g in packed:
         stmts += _group(g)
     member_of = {m.field.name: (g, m) for g in packed for m in g.members}
-    for f in schema.fields:
-        stmts += _field_init(f, member_of.get(f.name))
-    stmts.append(Statement("self._gathered: torch.Tensor | None = None"))
-    if schema.seeded:
-        stmts.append(
-            Statement(
-                "self._seeds: list[_rt.Seed] = []",
-                "Rows ``seed`` took, for the next ``resolve_future`` to write first.",
-            )
-        )
-    if any(f.lane is Lane.SCHEDULE for f in schema.fields):
-        stmts.append(Statement("self._fence = _rt.new_fence(self.device, debug)"))
+    for i, f in enumerate(schema.fields):
+        stmts += _field_init(i, f, member_of.get(f.name))
     return stmts
 
 
 def _group(g: PackedGroup) -> list[Statement]:
     packed = f"self.{naming.packed_buffer(g.dtype)}"
     names = ", ".join(m.field.name for m in g.members)
-    args = [f"(pool_size, {g.columns})", naming.dtype(g.dtype), "self.device", "debug"]
+    args = [f"(pool_size, {g.columns})", naming.dtype(g.dtype), "device", "debug"]
     widths = naming.shape_literal(tuple(m.width for m in g.members))
     return [
         Statement(
-            _join(f"{packed}: torch.Tensor = _rt.new_buffer(", args),
+            _join(f"{packed} = _rt.buffer(", args),
             f"Rows of {names} side by side (Note [Packed layout]).",
         ),
         Statement(f"self.{naming.packed_widths(g.dtype)} = {widths}"),
     ]
 
 
-def _field_init(f: Field, member: tuple[PackedGroup, Member] | None) -> list[Statement]:
+def _field_init(
+    i: int, f: Field, member: tuple[PackedGroup, Member] | None
+) -> list[Statement]:
+    """Field ``i``'s buffer, made or adopted by the map's state (which fills it with
+    zeros or debug mode's poison, as the field declares)."""
     buf = f"self.{naming.buffer(f)}"
     doc = naming.doc_text(f.doc) or f.name
     if member is not None:
-        stmts = [Statement(_packed_column(f, buf, *member), doc)]
+        view = _packed_column(f, *member)
+        stmts = [Statement(f"{buf} = state.adopt({i}, {view})", doc)]
     elif f.alloc is Alloc.LAZY:
-        stmts = [Statement(f"{buf}: torch.Tensor | None = None", doc)]
+        stmts = []  # a property over the map's state (``_lazy_buffers``)
     else:
         assert isinstance(f.dtype, torch.dtype)
-        args = [naming.eager_shape(f), naming.dtype(f.dtype), "self.device", "debug"]
-        if f.unwritten is Unwritten.ZEROS:
-            args.append("zeros=True")
-        stmts = [Statement(_join(f"{buf}: torch.Tensor = _rt.new_buffer(", args), doc)]
-    if f.optional:
-        stmts.append(Statement(f"self.{naming.carried_flag(f)} = False"))
-    if f.shape and not f.optional and f.alloc is Alloc.EAGER:
-        row = naming.shape_literal(tuple(str(d) for d in f.shape))
-        stmts.append(Statement(f"self.{naming.row_cache(f)} = {row}"))
+        args = [str(i), naming.eager_shape(f), naming.dtype(f.dtype)]
+        stmts = [Statement(_join(f"{buf} = state.buffer(", args), doc)]
     stmts += [Statement(code) for code in methods.resolve_init(f)]
     if f.host_mirror is not None or f.host_sum is not None:
-        host = f"self.{naming.host_mirror(f)} = _rt.HostMirror(self.device, pool_size)"
+        host = f"self.{naming.host_mirror(f)} = _rt.HostMirror(device, pool_size)"
         stmts.append(Statement(host))
     return stmts
 
 
-def _packed_column(f: Field, buf: str, group: PackedGroup, member: Member) -> str:
+def _packed_column(f: Field, group: PackedGroup, member: Member) -> str:
     """The field's fixed view of its group's buffer (Note [Packed layout])."""
     packed = f"self.{naming.packed_buffer(group.dtype)}"
     if not f.shape:
-        return _join(f"{buf}: torch.Tensor = {packed}.select(", ["1", member.start])
+        return _join(f"{packed}.select(", ["1", member.start])
     narrow = ["1", member.start, member.width]
     if len(f.shape) == 1:
-        return _join(f"{buf}: torch.Tensor = {packed}.narrow(", narrow)
+        return _join(f"{packed}.narrow(", narrow)
     dims = naming.shape_literal(tuple(str(d) for d in f.shape))
     columns = _join(f"{packed}.narrow(", narrow)
     # torch.unflatten, not the method: torch types the function, not Tensor.unflatten.
-    return _join(f"{buf}: torch.Tensor = torch.unflatten(", [columns, "1", dims])
+    return _join("torch.unflatten(", [columns, "1", dims])
 
 
 # --- the methods ------------------------------------------------------------------------------
@@ -263,9 +266,11 @@ def _read_doc(f: Field) -> list[str]:
 def _writes(schema: Schema) -> list[Method]:
     """``stash``, ``publish``, ``invalidate`` and ``seed``, those the schema has."""
     forward = methods.lane_fields(schema, Lane.FORWARD)
-    schedule = methods.lane_fields(schema, Lane.SCHEDULE)
-    schedule = [f for f in schedule if not f.optional] + [
-        f for f in schedule if f.optional
+    declared = methods.lane_fields(schema, Lane.SCHEDULE)
+    # Required parameters first (Python's rule); the checked path takes the values in
+    # declaration order, as the table has them.
+    schedule = [f for f in declared if not f.optional] + [
+        f for f in declared if f.optional
     ]
     owners = ", owners: _rt.Owners | None = None" if schema.owners else ""
     passed = ", owners" if schema.owners else ""
@@ -273,8 +278,8 @@ def _writes(schema: Schema) -> list[Method]:
     found = []
     if forward:
         head = f"def stash(self, indices: torch.Tensor, {payload}{owners}) -> None:"
-        checked = f"_rt.stash(self, _TABLE, indices, payload{passed})"
-        body = methods.write("stash", forward, checked)
+        checked = f"_rt.stash(self._state, indices, payload{passed})"
+        body = methods.write(schema, "stash", forward, checked)
         found.append(Method(head, _STASH_DOC, tuple(body)))
     if schedule:
         params = [
@@ -284,10 +289,10 @@ def _writes(schema: Schema) -> list[Method]:
         if schema.owners:
             params.append("owners: _rt.Owners | None = None")
         head = _join("def publish(", ["self", "indices: torch.Tensor", *params], ")")
-        names = [f.payload_name for f in schedule]
+        names = [f.payload_name for f in declared]
         values = _join("(", names, ",)" if len(names) == 1 else ")")
-        checked = f"_rt.publish(self, _TABLE, indices, {values}{passed})"
-        body = methods.write("publish", schedule, checked)
+        checked = f"_rt.publish(self._state, indices, {values}{passed})"
+        body = methods.write(schema, "publish", schedule, checked)
         found.append(Method(f"{head} -> None:", _PUBLISH_DOC, tuple(body)))
     placeholders = [f for f in schema.fields if f.resolve is Resolve.PLACEHOLDER]
     if placeholders:
@@ -302,22 +307,36 @@ def _writes(schema: Schema) -> list[Method]:
         found.append(Method(head, tuple(doc), tuple(body)))
     if schema.seeded:
         head = f"def seed(self, indices: torch.Tensor, {payload}{owners}) -> None:"
-        call = (f"_rt.seed(self, _TABLE, indices, payload{passed})",)
+        call = (f"_rt.seed(self._state, indices, payload{passed})",)
         found.append(Method(head, _SEED_DOC, call))
+    return found
+
+
+def _lazy_buffers(schema: Schema) -> list[Method]:
+    """A lazy field's ``<name>_buf``: a read-only property over the map's state, where
+    the runtime puts the buffer it allocates on the first write that carries one."""
+    found = []
+    for i, f in enumerate(schema.fields):
+        if f.alloc is Alloc.LAZY:
+            head = (
+                f"@property\n    def {naming.buffer(f)}(self) -> torch.Tensor | None:"
+            )
+            doc = (naming.doc_text(f.doc) or f.name,)
+            found.append(Method(head, doc, (f"return self._state.buffers[{i}]",)))
     return found
 
 
 def _methods(schema: Schema, packed: Sequence[PackedGroup]) -> list[Method]:
     batch = f"batch: {naming.batch_protocol(schema)}"
     forward = methods.lane_fields(schema, Lane.FORWARD)
-    found = _writes(schema)
+    found = [*_lazy_buffers(schema), *_writes(schema)]
     head = "def release(self, indices: torch.Tensor) -> None:"
     found.append(Method(head, _RELEASE_DOC, tuple(methods.release())))
     reads = [f for f in forward if f.target is not None]
     if reads:
         found.append(_resolve_future(schema, reads, packed, batch))
     for f in methods.lane_fields(schema, Lane.SCHEDULE):
-        name = naming.resolve_method(f)
+        name = resolve_method(f)
         doc = [
             f"Schedule lane: wait for the newest ``publish``, then resolve ``{f.name}``.",
             "",
@@ -443,9 +462,8 @@ def map_view(schema: Schema, *, source: str) -> MapView:
         ),
         protocols=protocols,
         exports=tuple(sorted(exports)),
-        cls_literal=naming.string_literal(schema.name),
-        columns=tuple(map(_column, schema.fields)),
-        seeded=schema.seeded,
+        schema_args=", ".join(_declared(schema)),
+        fields=tuple(map(_field_declaration, schema.fields)),
         init_params=", ".join(
             [
                 "device: torch.device | str",

@@ -193,8 +193,9 @@ BEHAVIOURS: dict[str, tuple[Callable[[ModuleType], None], Callable[[str], str]]]
     "omitted field's zero-fill dropped": (
         omitted_rows_read_zeros,
         lambda text: text.replace(
-            "_rt.write_optional(\n                    self.scores_buf, indices, scores",
-            "scores is not None and _rt.write_optional(self.scores_buf, indices, scores",
+            "_rt.write_optional(\n                self.scores_buf, indices, payload.scores",
+            "payload.scores is not None and _rt.write_optional("
+            "self.scores_buf, indices, payload.scores",
         ),
     ),
     "host mirror handed the device tensor": (
@@ -205,13 +206,11 @@ BEHAVIOURS: dict[str, tuple[Callable[[ModuleType], None], Callable[[str], str]]]
     ),
     "debug release doing nothing": (
         debug_release_marks_rows_stale,
-        lambda text: text.replace("self._debug.release(indices)", "pass"),
+        lambda text: text.replace("self._state.debug.release(indices)", "pass"),
     ),
     "zeros rows allocated as poison": (
         zeros_before_first_write,
-        lambda text: text.replace(
-            "self.device, debug, zeros=True", "self.device, debug"
-        ),
+        lambda text: text.replace("unwritten=_rt.Unwritten.ZEROS, ", ""),
     ),
 }
 

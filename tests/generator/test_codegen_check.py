@@ -72,7 +72,7 @@ def test_stale_file(generated: Project, relay_cli: Callable[..., Run]) -> None:
         for line in run.out.splitlines()
         if line.startswith("-") and not line.startswith("---")
     ]
-    assert any("guard=_rt.guard_non_negative" in line for line in removed), removed
+    assert any("guard=_rt.Guard.NON_NEGATIVE" in line for line in removed), removed
     assert removed[0].startswith("-# schema-hash: sha256:")
 
 

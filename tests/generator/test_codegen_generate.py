@@ -12,6 +12,7 @@ import types
 from collections.abc import Callable
 from pathlib import Path
 
+import attrs
 import pytest
 import torch
 from codegen_support import REPO, Project, Run, run_relay_process
@@ -20,6 +21,7 @@ from relay.codegen import configured_job, explicit_job, plan, run_job
 from relay.codegen.files import WriteError, schema_hash
 from relay.codegen.formatting import GENERATOR
 from relay.codegen.loader import load_schema
+from relay.schema import Field, Lane, Schema
 
 BUNDLED = sorted(
     p.stem for p in (REPO / "relay" / "schemas").glob("*.py") if p.name != "__init__.py"
@@ -332,3 +334,27 @@ def test_doc_trailing_spaces_do_not_reach_generated_code(project: Project) -> No
         doc="Relay.   \n\n    Details   \n",
     )
     assert _hygiene_problems("docs.py", content.encode("utf-8")) == []
+
+
+def test_an_option_added_at_its_default_changes_no_schema_hash() -> None:
+    """A relay upgrade that adds a field or schema option, at a default that keeps
+    today's meaning, leaves every schema's hash as it was: ``--check`` then reports a
+    generator change, not "its schema changed"."""
+
+    @attrs.frozen
+    class UpgradedField(Field):
+        stride: int = attrs.field(default=1, kw_only=True)
+
+    def schema(field_cls: type[Field], **extra: object) -> Schema:
+        return Schema(
+            name="UpFutureMap",
+            fields=[
+                field_cls(
+                    "x", lane=Lane.FORWARD, dtype=torch.int64, target="x", **extra
+                )
+            ],
+        )
+
+    today = schema_hash(schema(Field))
+    assert schema_hash(schema(UpgradedField)) == today
+    assert schema_hash(schema(UpgradedField, stride=2)) != today

@@ -72,6 +72,22 @@ FIELD_CASES = {
         "resolve=Resolve.SCATTER writes a required forward-lane field",
         "make the field a required forward-lane field with a target",
     ),
+    "scatter of an optional field": (
+        (
+            'Field("x", lane=Lane.FORWARD, dtype=torch.int64, target="flat", '
+            'resolve=Resolve.SCATTER, offsets="starts", optional=True),'
+        ),
+        "resolve=Resolve.SCATTER writes a required forward-lane field",
+        "make the field a required forward-lane field with a target",
+    ),
+    "offsets that a field writes": (
+        (
+            'Field("x", lane=Lane.FORWARD, dtype=torch.int64, target="flat", '
+            'resolve=Resolve.SCATTER, offsets="input_ids"),'
+        ),
+        "offsets='input_ids' is also where 'tokens' resolves to",
+        "read offsets from a batch attribute no field writes",
+    ),
     "offsets without a scatter": (
         'Field("x", lane=Lane.FORWARD, dtype=torch.int64, target="x", offsets="at"),',
         "offsets names where scattered rows start, but resolve is Resolve.GATHER",
@@ -113,6 +129,11 @@ SCHEMA_CASES = {
         "    seeded=True,\n",
         [LENS],
         "seeded=True makes seed(indices, payload) hand rows to the next resolve_future",
+    ),
+    "owners that a field writes": (
+        '    owners="input_ids",\n',
+        [TOKENS],
+        "owners='input_ids' is also where 'tokens' resolves to",
     ),
     "owners that are no path": (
         '    owners="request ids",\n',

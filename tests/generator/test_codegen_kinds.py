@@ -16,18 +16,19 @@ from relay.schema import FROM_PAYLOAD, Alloc, Field, Guard, Lane, Schema
 from relay.testing.model import ReferenceRelay
 
 
-def test_every_guard_has_its_runtime_helper() -> None:
-    """Each Guard but NONE has the runtime helper a generated table names for it, and a
-    field's table entry names it."""
+def test_every_guard_has_its_runtime_check() -> None:
+    """Each Guard but NONE has its runtime check, and the generated table declares the
+    field's guard as the schema does (Note [One model of a field])."""
     for guard in Guard:
+        assert guard in runtime._GUARDS
         if guard is Guard.NONE:
             continue
-        assert callable(getattr(runtime, f"guard_{guard.value}"))
+        assert callable(runtime._GUARDS[guard])
         schema = Schema(
             name="GFutureMap",
             fields=[Field("x", lane=Lane.FORWARD, dtype=torch.float32, guard=guard)],
         )
-        assert f"guard=_rt.guard_{guard.value}" in render(
+        assert f"guard=_rt.Guard.{guard.name}" in render(
             schema, source="schemas/g.py", command="relay generate"
         )
 

@@ -52,8 +52,9 @@ def test_one_class_and_one_attribute_test_for_debug_mode(stem: str) -> None:
     assert "stash" in methods or "publish" in methods
     for name, method in methods.items():
         source = inspect.getsource(method)
-        tests = source.count("self._debug is") + source.count("_rt.write_rows(self")
-        tests += source.count("debug = self._debug")
+        tests = source.count("self._state.debug is")
+        tests += source.count("_rt.write_rows(self._state")
+        tests += source.count("debug = self._state.debug")
         assert tests <= 1, f"{cls.__name__}.{name}"
 
 
@@ -67,7 +68,7 @@ def test_debug_flag_sets_the_checker_not_the_class(stem: str) -> None:
     kwargs = {k: v for k, v in dims.items() if k in params}
     plain, checked = cls("cpu", 4, **kwargs), cls("cpu", 4, **kwargs, debug=True)
     assert type(plain) is cls and type(checked) is cls
-    assert plain._debug is None and checked._debug is not None
+    assert plain._state.debug is None and checked._state.debug is not None
 
 
 class CountingDecodeMap(DecodeFutureMap):

@@ -266,13 +266,14 @@ class BundledMap:
 
     def tensors(self, relay: Any) -> dict[str, torch.Tensor]:
         """Every tensor the map holds, by attribute (its buffers, whatever their layout)."""
-        # ``_gathered`` is no buffer: it is the caller's index tensor of the latest
-        # resolve_future, kept to recognise the same slots at the next write.
-        return {
-            name: t
-            for name, t in vars(relay).items()
-            if isinstance(t, torch.Tensor) and name != "_gathered"
+        found = {
+            name: t for name, t in vars(relay).items() if isinstance(t, torch.Tensor)
         }
+        # Lazy buffers live in the map's state (a property reads them).
+        for f, buf in zip(self.schema.fields, relay._state.buffers):
+            if buf is not None:
+                found.setdefault(f"{f.name}_buf", buf)
+        return found
 
 
 def _assert_rows(what: str, got: Any, want: torch.Tensor, n: int) -> None:

@@ -214,7 +214,7 @@ def test_the_schedulers_stream_waits_on_the_fence_for_a_held_publish(
         gate.hold()  # the forward's work before the publish
         bundled.publish(relay, indices, values)
     with _on(scheduler_stream):
-        relay._fence.wait()  # what every schedule resolve does first
+        relay._state.fence.wait()  # what every schedule resolve does first
         waited = record(scheduler_stream)
     assert not is_done(waited), "the scheduler's stream did not wait on the fence"
     gate.open()  # before the resolve: a host-mirrored one blocks the host

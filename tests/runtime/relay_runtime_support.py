@@ -111,11 +111,17 @@ def load_generated(schema: Schema, tmp_path: Path, module: str) -> ModuleType:
 def buffer_copies(relay: Any) -> dict[str, torch.Tensor]:
     """A copy of every allocated buffer of ``relay``, to show a refused call wrote
     nothing (``buffers_unchanged``)."""
-    return {
+    found = {
         name: value.clone()
         for name, value in vars(relay).items()
         if name.endswith("_buf") and isinstance(value, torch.Tensor)
     }
+    # Lazy buffers live in the map's state (their ``<name>_buf`` is a property).
+    state = relay._state
+    for f, buf in zip(state.table.fields, state.buffers):
+        if buf is not None:
+            found.setdefault(f"{f.name}_buf", buf.clone())
+    return found
 
 
 def buffers_unchanged(relay: Any, before: dict[str, torch.Tensor]) -> bool:

@@ -1,6 +1,6 @@
-"""The debug-off common case (Note [One body], Note [Gathered slots] in runtime.py,
-Note [Bare CPU fence]): whatever its gate lets through untested is refused on the
-checked path, before any write, and the bare fence orders as the chained one."""
+"""The debug-off common case (Note [One body], Note [Slots on the host] in runtime.py,
+Note [Bare CPU fence]): what its gate does not take goes to the checked path, which
+refuses it before any write, and the bare fence orders as the chained one."""
 
 from __future__ import annotations
 
@@ -30,27 +30,36 @@ from relay.device import CpuFence, CpuPolicy, Fence
 from relay.errors import SlotError
 from relay.maps.decode import DecodeFutureMap, DecodePayload
 from relay.maps.eagle import EagleFutureMap, EaglePayload
+from relay.schema import Field, Lane, Schema
+from relay.testing import load_map_class
 
 POOL = 9
 TOPK = 2
 
 
 def resolved(relay: Any, indices: torch.Tensor) -> Batch:
-    """Resolve a batch whose slots tensor is ``indices`` itself (so it is vouched for)."""
+    """Resolve a batch whose slots tensor is ``indices`` itself."""
     batch = Batch(req_pool_indices=indices)
     relay.resolve_future(batch)
     return batch
 
 
-def test_a_vouched_slots_tensor_changed_in_place_is_checked_again() -> None:
-    """The slots resolve_future gathered with, then set to a slot outside the pool in
-    place, are refused by stash and publish with nothing written."""
+@pytest.mark.parametrize("edit", ["in place", "through .data", "through numpy"])
+def test_slots_edited_after_a_resolve_are_checked_again(edit: str) -> None:
+    """The slots resolve_future gathered with, then set to a slot outside the pool
+    (where no version counter sees it, too), are refused by stash and publish with
+    nothing written."""
     relay = EagleFutureMap("cpu", POOL, topk=TOPK)
     indices = slots(1, 2)
     resolved(relay, indices)
-    relay.stash(indices, eagle_payload(2, TOPK, base=3))  # vouched: written as is
+    relay.stash(indices, eagle_payload(2, TOPK, base=3))
     assert relay.output_tokens_buf[1:3].tolist() == [3, 4]
-    indices[1] = POOL
+    if edit == "in place":
+        indices[1] = POOL
+    elif edit == "through .data":
+        indices.data[1] = POOL
+    else:
+        indices.numpy()[1] = POOL
     before = buffer_copies(relay)
     with pytest.raises(
         SlotError, match=r"^EagleFutureMap\.stash: slot 9 at position 1"
@@ -61,9 +70,8 @@ def test_a_vouched_slots_tensor_changed_in_place_is_checked_again() -> None:
     assert buffers_unchanged(relay, before)
 
 
-def test_inference_tensor_slots_are_always_checked() -> None:
-    """Slots made under inference_mode keep no version counter: never taken as they
-    are past the gate's own host check."""
+def test_inference_tensor_slots_are_checked_like_any() -> None:
+    """Slots made under inference_mode (no version counter) are read on the host too."""
     relay = DecodeFutureMap("cpu", POOL)
     with torch.inference_mode():
         indices = torch.tensor([1, POOL + 3])
@@ -72,17 +80,29 @@ def test_inference_tensor_slots_are_always_checked() -> None:
     with torch.inference_mode():
         good = torch.tensor([1, 2])
     resolved(relay, good)
-    assert runtime.write_rows(relay, good) == (2,)  # read on the host: in the pool
+    assert runtime.write_rows(relay._state, good) == (
+        2,
+    )  # read on the host: in the pool
     before = buffer_copies(relay)
     with pytest.raises(SlotError, match=r"^DecodeFutureMap\.stash: slot 12"):
         relay.stash(indices, DecodePayload(next_token_ids=slots(5, 6)))
     assert buffers_unchanged(relay, before)
 
 
-def test_int32_gathered_slots_are_cast_on_every_write() -> None:
-    """Int32 slots resolve_future gathered with are refused by the fast path's
-    ``index_copy_`` before it writes; the checked path casts and checks them, and
-    still refuses a bad later field with nothing written."""
+@pytest.mark.parametrize("n", [3, 40], ids=["listed", "aminmax"])
+def test_a_slot_outside_the_pool_in_a_long_batch_writes_nothing(n: int) -> None:
+    """Both host checks (a list up to 16 slots, one aminmax above) see the last slot."""
+    relay = DecodeFutureMap("cpu", 64)
+    indices = torch.arange(1, n + 1)
+    indices[-1] = 64
+    with pytest.raises(SlotError, match=rf"slot 64 at position {n - 1}"):
+        relay.stash(indices, DecodePayload(next_token_ids=torch.arange(n)))
+    assert not relay.output_tokens_buf.any()
+
+
+def test_int32_slots_are_cast_on_every_write() -> None:
+    """Int32 slots take the checked path, which casts and checks them, and still
+    refuses a bad later field with nothing written."""
     relay = EagleFutureMap("cpu", POOL, topk=TOPK)
     indices = torch.tensor([3, 4], dtype=torch.int32)
     resolved(relay, indices)
@@ -131,41 +151,66 @@ FAST_CASES: dict[str, tuple[int, Callable[[], EaglePayload]]] = {
     ),
     "last field another width": (2, lambda: _eagle(2, hidden_states=torch.ones(2, 5))),
     "last field a tuple": (2, lambda: _eagle(2, hidden_states=(1.0, 2.0))),
+    "first field on another device": (
+        2,
+        lambda: _eagle(2, bonus_tokens=torch.ones(2, dtype=torch.int64, device="meta")),
+    ),
+    "later field on another device": (
+        2,
+        lambda: _eagle(2, topk_p=torch.ones(2, TOPK, device="meta")),
+    ),
+    "last field on another device": (
+        2,
+        lambda: _eagle(2, hidden_states=torch.ones(2, 4, device="meta")),
+    ),
+    "later field requires grad": (
+        2,
+        lambda: _eagle(2, topk_p=torch.ones(2, TOPK, requires_grad=True)),
+    ),
 }
-
-
-def _outcome(relay: Any, indices: torch.Tensor, payload: EaglePayload) -> object:
-    """What a stash did: the error message, or the buffers it left."""
-    try:
-        relay.stash(indices, payload)
-    except RelayError as error:
-        return str(error)
-    return {k: v.tolist() for k, v in buffer_copies(relay).items()}
 
 
 @pytest.mark.parametrize("case", sorted(FAST_CASES))
 def test_the_fast_path_does_what_the_checked_path_does(case: str) -> None:
-    """With slots resolve_future vouched for, a stash accepts, casts or refuses (with
-    the same message, nothing written) exactly as with slots it did not: a refused
+    """A stash through the generated gate accepts, casts or refuses (with the same
+    message, nothing written) exactly as the runtime's checked path does: a refused
     later field never follows a written first one."""
     n, make = FAST_CASES[case]
     outcomes = []
-    for vouched in (True, False):
+    for path in ("generated", "checked"):
         relay = EagleFutureMap("cpu", POOL, topk=TOPK)
         relay.stash(slots(1, 2, 3), eagle_payload(3, TOPK, hidden=torch.zeros(3, 4)))
         indices = slots(*range(1, n + 1))
-        resolved(relay, indices if vouched else slots(*range(1, n + 1)))
-        assert (relay._gathered is indices) is vouched
         before = buffer_copies(relay)
-        outcome = _outcome(relay, indices, make())
-        if isinstance(outcome, str):
+        try:
+            if path == "generated":
+                relay.stash(indices, make())
+            else:
+                runtime.stash(relay._state, indices, make())
+        except RelayError as error:
+            outcome: object = str(error)
             assert buffers_unchanged(relay, before), outcome
+        else:
+            outcome = {k: v.tolist() for k, v in buffer_copies(relay).items()}
+            assert not any(b.requires_grad for b in buffer_copies(relay).values())
         outcomes.append(outcome)
     assert outcomes[0] == outcomes[1]
 
 
-def test_a_refused_publish_on_vouched_slots_writes_nothing() -> None:
-    """publish's fast path: a (n, 1) value is refused as the checked path refuses it."""
+def test_a_payload_that_requires_grad_chains_no_graph_through_the_map() -> None:
+    """Values that require grad are written detached: the buffers and what a resolve
+    hands over carry no autograd graph from one step into the next."""
+    relay = EagleFutureMap("cpu", POOL, topk=TOPK)
+    topk_p = torch.ones(2, TOPK, requires_grad=True) * 0.5
+    relay.stash(slots(1, 2), _eagle(2, topk_p=topk_p))
+    assert not relay.topk_p_buf.requires_grad
+    batch = resolved(relay, slots(1, 2))
+    assert batch.spec_info.topk_p.grad_fn is None
+    assert batch.spec_info.topk_p.tolist() == [[0.5] * TOPK] * 2
+
+
+def test_a_refused_publish_writes_nothing() -> None:
+    """publish's gate: a (n, 1) value is refused as the checked path refuses it."""
     relay = EagleFutureMap("cpu", POOL, topk=TOPK)
     indices = slots(1, 2)
     resolved(relay, indices)
@@ -174,9 +219,9 @@ def test_a_refused_publish_on_vouched_slots_writes_nothing() -> None:
         RelayError, match=r"^EagleFutureMap\.new_seq_lens: got a tensor"
     ):
         relay.publish(indices, torch.tensor([[4], [5]]))
-    assert buffers_unchanged(relay, before) and not relay._fence.created
+    assert buffers_unchanged(relay, before) and not relay._state.fence.created
     relay.publish(indices, torch.tensor([4, 5]))
-    assert relay.new_seq_lens_buf[1:3].tolist() == [4, 5] and relay._fence.created
+    assert relay.new_seq_lens_buf[1:3].tolist() == [4, 5] and relay._state.fence.created
 
 
 def _lines_run(call: Callable[[], None], code: Any) -> set[int]:
@@ -275,16 +320,18 @@ def test_a_debug_off_cpu_map_records_and_waits_on_the_bare_event() -> None:
     """After the first publish, the fence's record and wait are the CpuEvent's own
     methods; no event exists before it; debug mode keeps the chained Fence."""
     relay = EagleFutureMap("cpu", POOL, topk=TOPK)
-    assert isinstance(relay._fence, CpuFence) and not relay._fence.created
+    assert isinstance(relay._state.fence, CpuFence) and not relay._state.fence.created
     relay.publish(slots(1), torch.tensor([4]))
-    record, wait = relay._fence.record, relay._fence.wait
+    record, wait = relay._state.fence.record, relay._state.fence.wait
     assert isinstance(record.__self__, CpuEvent)  # type: ignore[attr-defined]
     assert record.__func__ is CpuEvent.record  # type: ignore[attr-defined]
     assert wait.__func__ is CpuEvent.synchronize  # type: ignore[attr-defined]
     batch = Batch(req_pool_indices=slots(1))
     relay.resolve_seq_lens_cpu(batch)
     assert batch.seq_lens_sum == 4
-    assert type(EagleFutureMap("cpu", POOL, topk=TOPK, debug=True)._fence) is Fence
+    assert (
+        type(EagleFutureMap("cpu", POOL, topk=TOPK, debug=True)._state.fence) is Fence
+    )
 
 
 def test_a_registered_cpu_policy_keeps_the_policy_fence(
@@ -302,7 +349,7 @@ def test_a_registered_cpu_policy_keeps_the_policy_fence(
     monkeypatch.setitem(device_module._FACTORIES, "cpu", lambda device: Logged())
     relay = EagleFutureMap("cpu", POOL, topk=TOPK)
     relay.publish(slots(1), torch.tensor([4]))
-    assert type(relay._fence) is Fence and calls == ["record"]
+    assert type(relay._state.fence) is Fence and calls == ["record"]
 
 
 def test_publishes_from_two_streams_are_both_waited_for() -> None:
@@ -339,3 +386,68 @@ def test_unsigned_slots_are_refused_before_any_write(
         assert buffers_unchanged(relay, before)
     relay.stash(torch.tensor([4, 5], dtype=torch.uint8), eagle_payload(2, TOPK, base=3))
     assert relay.output_tokens_buf[4:6].tolist() == [3, 4]
+
+
+def test_a_lazy_fields_first_value_on_another_device_is_refused() -> None:
+    """Before its buffer exists, a lazy field's value must be on the map's device: its
+    buffer would be allocated there otherwise. Refused with nothing written."""
+    relay = EagleFutureMap("cpu", POOL, topk=TOPK)
+    before = buffer_copies(relay)
+    hidden = torch.ones(2, 4, device="meta")
+    with pytest.raises(RelayError, match=r"hidden_states: got a tensor on meta"):
+        relay.stash(slots(1, 2), _eagle(2, hidden_states=hidden))
+    assert buffers_unchanged(relay, before) and relay.hidden_states_buf is None
+
+
+def test_owners_of_the_wrong_length_are_refused_before_any_write() -> None:
+    """owners= names one request per row (debug mode reads them; debug off, a write
+    ignores them): a list of another length is refused with nothing written."""
+    cls = load_map_class(
+        Schema(
+            name="OwnedFutureMap",
+            owners="rids",
+            fields=[Field("tok", lane=Lane.FORWARD, dtype=torch.int64, target="t")],
+        )
+    )
+    relay = cls("cpu", POOL, debug=True)
+    before = buffer_copies(relay)
+    payload = sys.modules[cls.__module__].OwnedPayload(tok=slots(5, 6))
+    with pytest.raises(RelayError, match=r"owners must name one request per row"):
+        relay.stash(slots(1, 2), payload, owners=[7])
+    assert buffers_unchanged(relay, before)
+
+
+@pytest.mark.parametrize("dtype", [torch.int16, torch.int8, torch.uint8, torch.int32])
+def test_narrow_integer_slots_resolve_as_int64_ones_do(dtype: torch.dtype) -> None:
+    """Slots of any integer dtype a write takes are taken by the resolves too (debug off:
+    ``index_select`` itself takes only int32 and int64)."""
+    relay = EagleFutureMap("cpu", POOL, topk=TOPK)
+    relay.stash(slots(3, 4).to(dtype), eagle_payload(2, TOPK, base=7))
+    relay.publish(slots(3, 4).to(dtype), torch.tensor([5, 6]))
+    batch = resolved(relay, slots(4, 3).to(dtype))
+    relay.resolve_seq_lens_cpu(batch)
+    assert batch.spec_info.bonus_tokens.tolist() == [8, 7]
+    assert batch.seq_lens.tolist() == [6, 5] and batch.seq_lens_sum == 11
+
+
+def test_a_0_dim_slot_is_one_slot_on_every_path() -> None:
+    """A 0-dim slot takes the one-row value its resolve hands back, whether or not a
+    resolve used it first; a value shaped like one row alone is refused before any
+    write."""
+    for first_resolved in (False, True):
+        relay = EagleFutureMap("cpu", POOL, topk=TOPK)
+        slot = torch.tensor(3)
+        if first_resolved:
+            resolved(relay, slot)
+        relay.stash(slot, eagle_payload(1, TOPK, base=7))
+        batch = resolved(relay, slot)
+        assert batch.spec_info.bonus_tokens.tolist() == [7]
+        before = buffer_copies(relay)
+        flat = EaglePayload(
+            bonus_tokens=torch.tensor(5),
+            topk_p=torch.ones(TOPK),
+            topk_index=torch.ones(TOPK, dtype=torch.int64),
+        )
+        with pytest.raises(RelayError, match=r"output_tokens: got a tensor of shape"):
+            relay.stash(slot, flat)
+        assert buffers_unchanged(relay, before)

@@ -11,7 +11,6 @@ import pytest
 import torch
 from debug_support import (
     batch,
-    needs_debug_contract,
     payload_of,
     placeholder_map_class,
     slots,
@@ -24,7 +23,7 @@ from relay.maps.eagle import EagleFutureMap, EaglePayload
 from relay.testing import Namespace
 
 # The ordering checks need the clocks, which an engine installs (a debug map does not).
-pytestmark = [needs_debug_contract, pytest.mark.usefixtures("clocks_on")]
+pytestmark = pytest.mark.usefixtures("clocks_on")
 
 POOL = 9
 TOPK = 2
@@ -327,4 +326,4 @@ def test_debug_off_allocates_no_debug_state() -> None:
     relay.stash(slots(1), DecodePayload(next_token_ids=torch.tensor([2])))
     relay.resolve_future(batch(1))
     relay.release(slots(1))
-    assert relay._debug is None
+    assert relay._state.debug is None

@@ -165,12 +165,12 @@ def test_fence_is_created_on_the_first_publish_not_at_construction(
 ) -> None:
     """No event exists until the first publish; stash and resolve_future never make one."""
     relay = EagleFutureMap("cpu", POOL, topk=2)
-    assert not relay._fence.created
+    assert not relay._state.fence.created
     relay.stash(slots(1), eagle_payload(1, 2))
     relay.resolve_future(batch_of(1))
-    assert not relay._fence.created and recording.calls == []
+    assert not relay._state.fence.created and recording.calls == []
     relay.publish(slots(1), torch.tensor([9]))
-    assert relay._fence.created
+    assert relay._state.fence.created
     relay.publish(slots(2), torch.tensor([9]))
     assert recording.names() == ["new_event", "record", "record"], "one reusable event"
 

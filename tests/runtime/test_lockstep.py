@@ -4,24 +4,38 @@ runs 10,000 operations against the model with no divergence, and a divergence is
 from __future__ import annotations
 
 import importlib
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import torch
-from debug_support import needs_debug_contract
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from relay.codegen.loader import load_schema
 from relay.maps.decode import DecodeFutureMap
-from relay.schema import Alloc, Field, Lane, Resolve, Schema
+from relay.schema import (
+    FROM_PAYLOAD,
+    Alloc,
+    Field,
+    Guard,
+    IfNone,
+    Lane,
+    Layout,
+    Resolve,
+    Schema,
+    TargetShape,
+    Unwritten,
+)
 from relay.testing import (
     LockstepDivergence,
     Namespace,
     ReferenceRelay,
     check_lockstep,
+    load_map_class,
     run_lockstep,
 )
 from relay.testing.pytest_plugin import relay_lockstep  # noqa: F401  (the fixture)
@@ -38,7 +52,6 @@ def _bundled(name: str) -> tuple[Schema, type[Any]]:
     return schema, cls
 
 
-@needs_debug_contract
 @pytest.mark.parametrize("name", BUNDLED)
 def test_each_bundled_schema_runs_10000_operations_in_lockstep(name: str) -> None:
     """The generated map in debug mode and the model agree on 10,000 operations."""
@@ -46,14 +59,12 @@ def test_each_bundled_schema_runs_10000_operations_in_lockstep(name: str) -> Non
     assert check_lockstep(schema, cls, operations=10_000, steps=200) >= 10_000
 
 
-@needs_debug_contract
 def test_lockstep_with_real_worker_threads() -> None:
     """The same on real ThreadStream workers: forward work queued, schedule resolves on the host."""
     schema, cls = _bundled("eagle")
     assert check_lockstep(schema, cls, operations=600, steps=100, threads=True) >= 600
 
 
-@needs_debug_contract
 def test_a_schema_declared_in_the_test_is_rendered_and_checked(
     relay_lockstep: Callable[..., int],  # noqa: F811
 ) -> None:
@@ -166,3 +177,100 @@ def test_the_model_refuses_to_invent_a_value() -> None:
     model.release([2])
     with pytest.raises(AssertionError, match="tok: slot 2 holds no value"):
         model.resolve_future(Namespace(req_pool_indices=torch.tensor([2])))
+
+
+def _every_option() -> Schema:
+    """One schema that declares every field option, each at a value other than its
+    default somewhere (and the schema options seeding and an optional parent)."""
+    return Schema(
+        name="EveryOptionFutureMap",
+        seeded=True,
+        optional_parents={"spec_info": IfNone.SKIP},
+        fields=[
+            Field(
+                "tok",
+                lane=Lane.FORWARD,
+                dtype=torch.int64,
+                source="next_tokens",
+                target="input_ids",
+                resolve=Resolve.PLACEHOLDER,
+                guard=Guard.NON_NEGATIVE,
+            ),
+            Field(
+                "topk_p",
+                lane=Lane.FORWARD,
+                dtype=torch.float32,
+                shape=("topk",),
+                target="spec_info.topk_p",
+                guard=Guard.FINITE,
+            ),
+            Field(
+                "accept",
+                lane=Lane.FORWARD,
+                dtype=torch.int64,
+                shape=(2,),
+                target="spec_info.accept",
+                target_shape=TargetShape.FLAT,
+                unwritten=Unwritten.ZEROS,
+            ),
+            Field(
+                "hidden",
+                lane=Lane.FORWARD,
+                dtype=FROM_PAYLOAD,
+                shape=("hidden",),
+                alloc=Alloc.LAZY,
+                optional=True,
+                target="spec_info.hidden",
+            ),
+            Field(
+                "drafts",
+                lane=Lane.FORWARD,
+                dtype=torch.int64,
+                shape=(2,),
+                target="draft_ids",
+                resolve=Resolve.SCATTER,
+                offsets="draft_starts",
+            ),
+            Field(
+                "lens",
+                lane=Lane.SCHEDULE,
+                dtype=torch.int64,
+                target="seq_lens",
+                host_mirror="seq_lens_cpu",
+                host_sum="seq_lens_sum",
+                guard=Guard.POSITIVE,
+            ),
+            Field(
+                "conf",
+                lane=Lane.SCHEDULE,
+                dtype=torch.float32,
+                optional=True,
+                target="conf",
+            ),
+        ],
+    )
+
+
+@pytest.mark.parametrize("layout", [Layout.SEPARATE, Layout.PACKED])
+@pytest.mark.parametrize("debug", [True, False], ids=["debug-on", "debug-off"])
+def test_a_schema_with_every_option_runs_in_lockstep_through_its_own_table(
+    layout: Layout, debug: bool
+) -> None:
+    """Every field option, rendered and run against the reference model; the generated
+    table is the schema's own declarations (Note [One model of a field]): equal to the
+    schema the test declared, with nothing translated."""
+    schema = attrs.evolve(
+        _every_option(),
+        name=f"Every{layout.name.title()}FutureMap",
+        layout=layout,
+        owners="rids" if layout is Layout.PACKED else None,
+    )
+    covered = {
+        a.name
+        for a in attrs.fields(Field)
+        if any(getattr(f, a.name) != a.default for f in schema.fields)
+    }
+    assert covered >= {a.name for a in attrs.fields(Field)} - {"doc", "declared_at"}
+    cls = load_map_class(schema)
+    assert sys.modules[cls.__module__]._TABLE.schema == schema
+    assert check_lockstep(schema, cls, operations=400, steps=100, debug=debug) == 400

@@ -135,7 +135,7 @@ def test_eager_buffers_have_pool_size_rows_per_field(
         assert getattr(relay, f"{name}_buf") is None, (
             f"{name} is lazy: no buffer before a stash"
         )
-    buffers = {a[: -len("_buf")] for a in vars(relay) if a.endswith("_buf")}
+    buffers = {a[: -len("_buf")] for a in dir(relay) if a.endswith("_buf")}
     assert buffers == set(eager) | set(lazy)
 
 
@@ -620,7 +620,7 @@ def test_zero_indices_make_every_method_a_no_op(debug: bool) -> None:
     relay.resolve_future(batch)
     relay.resolve_seq_lens_cpu(batch)
     assert relay.hidden_states_buf is None and relay.dsa_topk_indices_buf is None
-    assert not relay._fence.created
+    assert not relay._state.fence.created
     assert batch.input_ids.tolist() == [7]
     assert batch.seq_lens_sum == -1 and batch.seq_lens_cpu.numel() == 0
     assert batch.spec_info.dsa_topk_indices is None
@@ -637,7 +637,7 @@ def test_zero_indices_no_op_on_the_confidence_lane() -> None:
     batch = _empty_batch()
     relay.resolve_draft_confidence_cpu(batch)
     relay.resolve_seq_lens_cpu(batch)
-    assert not relay._fence.created
+    assert not relay._state.fence.created
     assert batch.draft_confidence_cpu.numel() == 0
 
 

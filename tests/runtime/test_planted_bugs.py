@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 import torch
-from debug_support import needs_debug_contract
 from relay_runtime_support import GUARD_S, thread_streams
 from schedule_support import SEEDS, replaying, seed_id
 
@@ -27,7 +26,7 @@ from relay.schema import Field, Lane, Resolve, Schema
 from relay.testing import Namespace, load_map_class
 
 # The ordering checks need the clocks, which an engine installs (a debug map does not).
-pytestmark = [needs_debug_contract, pytest.mark.usefixtures("clocks_on", "schedule")]
+pytestmark = pytest.mark.usefixtures("clocks_on", "schedule")
 
 
 @pytest.fixture(params=[None, *SEEDS], ids=seed_id)
@@ -124,7 +123,7 @@ def test_schedule_side_read_with_no_fence_wait() -> None:
     with nothing ordering it after them: reported naming both streams."""
     _publish_then_resolve(EagleFutureMap("cpu", POOL, topk=TOPK, debug=True))  # clean
     relay = EagleFutureMap("cpu", POOL, topk=TOPK, debug=True)
-    relay._fence.wait = lambda: None  # type: ignore[method-assign]  # the planted bug
+    relay._state.fence.wait = lambda: None  # type: ignore[method-assign]  # the planted bug
     with pytest.raises(
         RelayDebugError,
         match=r"new_seq_lens: slot 3: resolve_seq_lens_cpu on host thread .* reads the value "
@@ -135,7 +134,7 @@ def test_schedule_side_read_with_no_fence_wait() -> None:
 
 def _unchained_record(relay: Any) -> Callable[[], None]:
     """The fence's record without Note [Fence chaining]: the bug of sglang #30435."""
-    fence = relay._fence
+    fence = relay._state.fence
 
     def record() -> None:
         policy = fence._policy
@@ -162,7 +161,7 @@ def test_a_second_publishing_stream_without_chaining() -> None:
         EagleFutureMap("cpu", POOL, topk=TOPK, debug=True)
     )  # chained
     relay = EagleFutureMap("cpu", POOL, topk=TOPK, debug=True)
-    relay._fence.record = _unchained_record(relay)  # type: ignore[method-assign]
+    relay._state.fence.record = _unchained_record(relay)  # type: ignore[method-assign]
     with pytest.raises(
         RelayDebugError,
         match=r"new_seq_lens: slot 1: resolve_seq_lens_cpu .* publish wrote on "
@@ -320,7 +319,7 @@ def test_two_publishing_streams_in_any_order() -> None:
     fence runs clean only where the streams publish in host order:
     tests/runtime/test_seeded_schedules.py, a known issue of ``Fence.record``.)"""
     relay = EagleFutureMap("cpu", POOL, topk=TOPK, debug=True)
-    relay._fence.record = _unchained_record(relay)  # type: ignore[method-assign]
+    relay._state.fence.record = _unchained_record(relay)  # type: ignore[method-assign]
     with pytest.raises(
         RelayDebugError,
         match=r"new_seq_lens: slot [12]: resolve_seq_lens_cpu .* publish wrote on "

@@ -9,7 +9,6 @@ import pytest
 import torch
 from debug_support import (
     batch,
-    needs_debug_contract,
     payload_of,
     placeholder_map_class,
     slots,
@@ -22,7 +21,7 @@ from relay.maps.eagle import EagleFutureMap, EaglePayload
 from relay.maps.eagle_confidence import EagleConfidenceFutureMap
 
 # The ordering checks need the clocks, which an engine installs (a debug map does not).
-pytestmark = [needs_debug_contract, pytest.mark.usefixtures("clocks_on")]
+pytestmark = pytest.mark.usefixtures("clocks_on")
 
 _SETTINGS = settings(
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
