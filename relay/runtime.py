@@ -163,8 +163,10 @@ class MapState:
         "carried",
         "debug",
         "device",
+        "dtypes",
         "fence",
         "pool_size",
+        "rows",
         "seeds",
         "table",
     )
@@ -178,6 +180,10 @@ class MapState:
         self.pool_size = pool_size
         #: Each field's buffer by position; ``None`` until a lazy one is allocated.
         self.buffers: list[torch.Tensor | None] = [None] * len(table.fields)
+        #: Each buffer's dtype and row shape, for the gate (``None`` and ``()`` before
+        #: a lazy one is allocated: no value fits then).
+        self.dtypes: list[torch.dtype | None] = [None] * len(table.fields)
+        self.rows: list[tuple[int, ...]] = [()] * len(table.fields)
         #: Each optional field: whether the latest write carried it.
         self.carried: list[bool] = [False] * len(table.fields)
         #: Debug mode's checker; ``None`` with debug off.
@@ -195,14 +201,17 @@ class MapState:
         """Field ``i``'s eager buffer: zeros, or debug mode's poison where the field
         does not declare that unwritten rows read as zeros."""
         zeros = self.table.fields[i].unwritten is Unwritten.ZEROS
-        made = buffer(shape, dtype, self.device, self.debug is not None, zeros)
-        self.buffers[i] = made
-        return made
+        return self.adopt(
+            i, buffer(shape, dtype, self.device, self.debug is not None, zeros)
+        )
 
-    def adopt(self, i: int, view: torch.Tensor) -> torch.Tensor:
-        """Field ``i``'s buffer made by the map itself (a packed group's view)."""
-        self.buffers[i] = view
-        return view
+    def adopt(self, i: int, buf: torch.Tensor) -> torch.Tensor:
+        """Field ``i``'s buffer ``buf`` (a packed group's view the map made, or one the
+        runtime allocated), with its dtype and row shape for the gate."""
+        self.buffers[i] = buf
+        self.dtypes[i] = buf.dtype
+        self.rows[i] = tuple(buf.shape[1:])
+        return buf
 
 
 def check_dim(table: Table, name: str, value: int) -> int:
@@ -274,9 +283,16 @@ def write_rows(s: MapState, indices: torch.Tensor) -> tuple[int, ...] | None:
         or indices.ndim != 1
     ):
         return None
-    n = indices.shape[0]
-    if n == 0 or (indices.is_cpu and not host_slots_ok(indices, s.pool_size)):
-        return None  # the checked path refuses the bad slot, naming it
+    n = indices.numel()
+    if n == 0:
+        return None
+    if indices.is_cpu:
+        if n <= HOST_SLOTS_IN_PYTHON_MAX:
+            values: list[int] = indices.tolist()  # no op dispatched
+            if min(values) < 0 or max(values) >= s.pool_size:
+                return None  # the checked path refuses the bad slot, naming it
+        elif not host_slots_ok(indices, s.pool_size):
+            return None
     return (n,)
 
 
@@ -324,34 +340,30 @@ def write_optional(
     return True
 
 
-def fits(value: object, buf: torch.Tensor | None, index_shape: tuple[int, ...]) -> bool:
-    """The gate's test of a value: a tensor of its buffer's dtype, device and row shape,
-    one row per slot, not requiring grad (no buffer yet: the checked path makes it)."""
-    if buf is None or type(value) is not torch.Tensor or value.dtype is not buf.dtype:
-        return False
-    shape = value.shape
+def fits(s: MapState, i: int, value: object, index_shape: tuple[int, ...]) -> bool:
+    """The gate's test of field ``i``'s value: a tensor of its buffer's dtype, on the
+    map's device, one buffer row per slot, not requiring grad (a lazy field with no
+    buffer yet fits nothing: the checked path makes it). The whole shape is compared
+    at once: slicing a ``torch.Size`` costs more than the rest of the test."""
     return (
-        shape[:1] == index_shape
-        and shape[1:] == buf.shape[1:]
-        and value.device == buf.device
+        type(value) is torch.Tensor
+        and value.dtype is s.dtypes[i]
+        and value.shape == index_shape + s.rows[i]
+        and value.device == s.device
         and not value.requires_grad
     )
 
 
 def fits_optional(
-    value: object, buf: torch.Tensor | None, index_shape: tuple[int, ...]
+    s: MapState, i: int, value: object, index_shape: tuple[int, ...]
 ) -> bool:
     """``fits`` for an optional field, whose value may be left out (``None``); spelled
     out, not calling ``fits``: a call per field is what the gate saves."""
-    if value is None:
-        return True
-    if buf is None or type(value) is not torch.Tensor or value.dtype is not buf.dtype:
-        return False
-    shape = value.shape
-    return (
-        shape[:1] == index_shape
-        and shape[1:] == buf.shape[1:]
-        and value.device == buf.device
+    return value is None or (
+        type(value) is torch.Tensor
+        and value.dtype is s.dtypes[i]
+        and value.shape == index_shape + s.rows[i]
+        and value.device == s.device
         and not value.requires_grad
     )
 
@@ -510,14 +522,16 @@ def _write_field(
             buf.index_fill_(0, slots, 0)
         return
     if buf is None:
-        buf = lazy_buffer(
-            s.pool_size,
-            s.table.dtype(i),
-            value[(0,) * slots.ndim],
-            s.debug is not None,
-            f.unwritten is Unwritten.ZEROS,
+        buf = s.adopt(
+            i,
+            lazy_buffer(
+                s.pool_size,
+                s.table.dtype(i),
+                value[(0,) * slots.ndim],
+                s.debug is not None,
+                f.unwritten is Unwritten.ZEROS,
+            ),
         )
-        s.buffers[i] = buf
     buf.index_copy_(0, slots, value)
 
 

@@ -157,15 +157,19 @@ def _us(ns: Any) -> str:
 
 
 def bench(results: Path) -> list[str]:
-    """relay bench --device cuda: ops and time per step, generated against the baseline
-    and the floor."""
+    """relay bench --device cuda: ops and time per step, generated against the baseline,
+    the plain floor (the same torch calls as plain tensor methods) and the replay floor
+    (``floor`` in the JSON). JSON written before the plain floor shows ``-`` for it."""
     path = results / "bench.json"
     if not path.is_file():
         return [_missing("bench.json")]
     data = json.loads(path.read_text())
     rows = [
-        "| schema | shape | ops base / gen / floor | us base / gen / floor | gen/base | gen/floor |",
-        "|---|---|---|---|---|---|",
+        (
+            "| schema | shape | ops base / gen / plain / replay "
+            "| us base / gen / plain / replay | gen/base | gen/plain | gen/replay |"
+        ),
+        "|---|---|---|---|---|---|---|",
     ]
     for c in data.get("configs", []):
         if not c.get("ok", True) or c.get("error"):
@@ -174,11 +178,14 @@ def bench(results: Path) -> list[str]:
             )
             continue
         ops, ns = c["ops"], c["ns"]
-        sides = ("baseline", "generated", "floor")
+        sides = ("baseline", "generated", "plain", "floor")
+        ratios = ("generated/baseline", "generated/plain", "generated/floor")
         rows.append(
-            f"| {c['schema']} | {c['label']} | {' / '.join(str(ops[k]) for k in sides)} "
-            f"| {' / '.join(_us(ns[k]) for k in sides)} "
-            f"| {c['generated/baseline']['median']:.2f}x | {c['generated/floor']['median']:.2f}x |"
+            f"| {c['schema']} | {c['label']} "
+            f"| {' / '.join(str(ops.get(k, '-')) for k in sides)} "
+            f"| {' / '.join(_us(ns.get(k)) for k in sides)} | "
+            + " | ".join(f"{c[r]['median']:.2f}x" if r in c else "-" for r in ratios)
+            + " |"
         )
     meta = data.get("meta", {})
     rows.append("")

@@ -145,13 +145,27 @@ def _ratio(num: list[float], den: list[float]) -> dict[str, float]:
     }
 
 
+def _plain(pair: Any, side: Any, shape: Any, work: Any) -> tuple[Any, str | None]:
+    """The generated side's plain floor, or None and why the schema's step has none."""
+    from relay.bench.plain import Unsupported, build_plain
+    from relay.schema import Schema
+
+    methods = [m for m, _ in side.calls]
+    try:
+        schema = Schema.bundled(pair.schema)
+        return build_plain(schema, side.map, shape, work, methods), None
+    except Unsupported as why:
+        return None, str(why)
+
+
 def measure(
     pair: Any, gen: Any, shape: Any, device: Any, args: argparse.Namespace
 ) -> dict[str, Any]:
     """One configuration: values checked, one step of each side counted, then the
-    baseline, the generated map and its floor timed, interleaved."""
+    baseline, the generated map and its two floors (the replay, and the plain tensor
+    methods where the schema's step has one) timed, interleaved."""
     from relay.bench.replay import floor_calls, record
-    from relay.bench.sides import Workload, build_side, compare_values
+    from relay.bench.sides import Workload, build_side, compare_values, observed, same
     from relay.bench.timing import time_interleaved, timer_for
     from relay.opcount import count_ops
 
@@ -164,9 +178,11 @@ def measure(
     side = build_side(
         "generated", gen.new_map(device, shape, debug=False), work, gen.payload_cls
     )
+    plain, plain_missing = _plain(pair, side, shape, work)
+    driven = [base, side] if plain is None else [base, side, plain]
     for _ in range(2):  # the steady state: lazy buffers allocated, first calls made
-        base.step()
-        side.step()
+        for each in driven:
+            each.step()
     recording = record(side.calls)
     floor = floor_calls(recording)
     counted = {
@@ -179,8 +195,19 @@ def measure(
         for _, call in floor:
             call()
 
-    base_ns, gen_ns, floor_ns = time_interleaved(
-        [base.step, side.step, floor_step],
+    steps = [base.step, side.step, floor_step]
+    if plain is not None:
+        plain.step()  # as many steps as the generated map: the same values now
+        want, got = dict(observed(side.batch, True)), dict(observed(plain.batch, True))
+        problems += [
+            f"{pair.schema} {shape.label}: the plain floor's {key} differs"
+            for key, value in want.items()
+            if not same(value, got[key])
+        ]
+        counted["plain"] = {m: count_ops(c) for m, c in plain.calls}
+        steps.append(plain.step)
+    base_ns, gen_ns, floor_ns, *plain_ns = time_interleaved(
+        steps,
         timer_for(device),
         repeat=args.repeat or preset["repeat"],
         warmup=args.warmup,
@@ -188,7 +215,7 @@ def measure(
     )
     from statistics import median
 
-    return {
+    result = {
         "schema": pair.schema, "baseline": pair.design, "label": shape.label,
         "pool": shape.pool,
         "batch": shape.batch, "topk": shape.topk, "hidden": shape.hidden,
@@ -198,7 +225,13 @@ def measure(
         "ns": {"baseline": median(base_ns), "generated": median(gen_ns), "floor": median(floor_ns)},
         "generated/baseline": _ratio(gen_ns, base_ns),
         "generated/floor": _ratio(gen_ns, floor_ns),
+        "plain_missing": plain_missing,
     }  # fmt: skip
+    if plain_ns:
+        result["ns"]["plain"] = median(plain_ns[0])
+        result["generated/plain"] = _ratio(gen_ns, plain_ns[0])
+        result["plain_source"] = plain.source
+    return result
 
 
 def _meta(device: Any, args: argparse.Namespace) -> dict[str, Any]:
@@ -226,30 +259,38 @@ def _meta(device: Any, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _render(meta: dict[str, Any], results: list[dict[str, Any]]) -> None:
-    """The results as one plain table, then each schema's ops per method."""
+    """The results as one plain table, then each schema's ops per method and its plain
+    floor's source."""
     print(
         f"relay bench: {meta['device']}{' (' + meta['gpu'] + ')' if meta['gpu'] else ''}, "
         f"{meta['machine']}, torch {meta['torch']}, {meta['torch_threads']} thread(s), "
         f"{meta['repeat']} repeats, {meta['date']}, commit {meta['commit']}\n"
-        "ops: data ops per step, baseline/generated/floor; ratios: median of the "
-        "per-repeat ratios (p25-p75)\n"
+        "ops: data ops per step, baseline/generated/plain/replay; plain: the same torch "
+        "calls as plain tensor methods; replay: the recorded aten calls replayed; "
+        "ratios: median of the per-repeat ratios (p25-p75)\n"
     )
-    head = ("schema", "shape", "ops", "baseline us", "generated us", "floor us",
-            "gen/baseline", "gen/floor")  # fmt: skip
+    head = ("schema", "shape", "ops", "baseline us", "generated us", "plain us",
+            "replay us", "gen/baseline", "gen/plain", "gen/replay")  # fmt: skip
     rows = [head]
     for r in results:
         if r["error"] is not None or not r["ok"]:
-            rows.append((r["schema"], r["label"], "FAILED", "", "", "", "", ""))
+            rows.append((r["schema"], r["label"], "FAILED", *[""] * (len(head) - 3)))
             continue
         ops, ns = r["ops"], r["ns"]
 
-        def ratio(q: dict[str, float]) -> str:
-            return f"{q['median']:.2f}x ({q['p25']:.2f}-{q['p75']:.2f})"
+        def ratio(q: dict[str, float] | None) -> str:
+            return (
+                "-"
+                if q is None
+                else f"{q['median']:.2f}x ({q['p25']:.2f}-{q['p75']:.2f})"
+            )
 
+        sides = ("baseline", "generated", "plain", "floor")
         rows.append((
-            r["schema"], r["label"], f"{ops['baseline']}/{ops['generated']}/{ops['floor']}",
-            *(f"{ns[k] / 1e3:.1f}" for k in ("baseline", "generated", "floor")),
-            ratio(r["generated/baseline"]), ratio(r["generated/floor"]),
+            r["schema"], r["label"], "/".join(str(ops.get(k, "-")) for k in sides),
+            *("-" if k not in ns else f"{ns[k] / 1e3:.1f}" for k in sides),
+            ratio(r["generated/baseline"]), ratio(r.get("generated/plain")),
+            ratio(r["generated/floor"]),
         ))  # fmt: skip
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     for row in rows:
@@ -273,6 +314,11 @@ def _render(meta: dict[str, Any], results: list[dict[str, Any]]) -> None:
                 for side in (base, gen)
             ]
             print(f"  {method}: {ops[0] or '(none)'} | {ops[1] or '(none)'}")
+        if r.get("plain_source"):
+            print("  plain floor, one function per method in step order:")
+            print("\n".join(f"    {line}" for line in r["plain_source"].splitlines()))
+        else:
+            print(f"  no plain floor: {r.get('plain_missing')}")
 
 
 def run(args: argparse.Namespace) -> int:

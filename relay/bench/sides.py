@@ -16,7 +16,7 @@ import torch
 from relay.bench.baseline import DecodeBaseline, DecodeSeqLensBaseline, EagleBaseline
 
 __all__ = ["PAIRS", "Generated", "Pair", "Shape", "Workload", "build_side"]
-__all__ += ["compare_values", "discover"]
+__all__ += ["compare_values", "discover", "observed", "same"]
 
 
 @attrs.frozen
@@ -267,7 +267,7 @@ def build_side(
     return Side(name, relay_map, batch, tuple(calls))
 
 
-def _observed(batch: Batch, with_seq_lens: bool) -> Iterator[tuple[str, object]]:
+def observed(batch: Batch, with_seq_lens: bool) -> Iterator[tuple[str, object]]:
     """What the next forward and the scheduler read from ``batch``."""
     spec = batch.spec_info
     yield (
@@ -282,7 +282,7 @@ def _observed(batch: Batch, with_seq_lens: bool) -> Iterator[tuple[str, object]]
     yield "seq_lens_sum", batch.seq_lens_sum
 
 
-def _same(a: object, b: object) -> bool:
+def same(a: object, b: object) -> bool:
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
         same_kind = (a.dtype, a.shape, a.device) == (b.dtype, b.shape, b.device)
         return same_kind and bool(torch.equal(a, b))
@@ -318,11 +318,11 @@ def compare_values(
         gen.step()
         assert work.values["new_seq_lens"] is not None
         work.seq_lens = work.values["new_seq_lens"]
-        want, got = dict(_observed(base.batch, both)), dict(_observed(gen.batch, both))
+        want, got = dict(observed(base.batch, both)), dict(observed(gen.batch, both))
         problems += [
             f"{where} step {step}: {key} differs (baseline {want[key]!r:.60}, "
             f"generated {got[key]!r:.60})"
             for key in want
-            if not _same(want[key], got[key])
+            if not same(want[key], got[key])
         ]
     return problems

@@ -63,24 +63,24 @@ def _lazy(f: Field) -> bool:
 # --- stash / publish / seed -------------------------------------------------------------
 
 
-def _carried(schema: Schema, f: Field) -> str:
+def _carried(schema: Schema, f: Field, state: str = "self._state") -> str:
     """Whether the latest write carried optional field ``f``: the map state's flag."""
-    return f"self._state.carried[{schema.fields.index(f)}]"
+    return f"{state}.carried[{schema.fields.index(f)}]"
 
 
-def _test(f: Field, v: str) -> str:
-    """The gate's test of ``f``'s value ``v`` against its buffer (``_rt.fits``): a
-    tensor of its dtype, device and row shape, one row per slot, not requiring grad; an
+def _test(schema: Schema, f: Field, v: str) -> str:
+    """The gate's test of ``f``'s value ``v`` (``_rt.fits``): a tensor of its buffer's
+    dtype and row shape, one row per slot, on the map's device, not requiring grad; an
     optional field's may be left out; a lazy field's buffer must exist."""
     helper = "_rt.fits_optional" if f.optional else "_rt.fits"
-    return f"{helper}({v}, {_buf(f)}, index_shape)"
+    return f"{helper}(state, {schema.fields.index(f)}, {v}, index_shape)"
 
 
 def _write(schema: Schema, f: Field, v: str) -> str:
     """The common case's write of ``f``'s value ``v``: one line (Note [One body] in
     runtime.py)."""
     if f.optional:
-        flag = _carried(schema, f)
+        flag = _carried(schema, f, "state")
         return f"{flag} = _rt.write_optional({_buf(f)}, indices, {v})"
     if _lazy(f):  # the gate saw the buffer made; the helper narrows its type
         return f"_rt.write_optional({_buf(f)}, indices, {v})"
@@ -95,10 +95,12 @@ def write(schema: Schema, op: str, fields: Sequence[Field], checked: str) -> lis
     values = [f"{prefix}{f.payload_name}" for f in fields]
     writes = [_write(schema, f, v) for f, v in zip(fields, values)]
     if op == "publish":
-        writes.append("self._state.fence.record()")
-    gate = " and ".join(["index_shape", *map(_test, fields, values)])
+        writes.append("state.fence.record()")
+    tests = [_test(schema, f, v) for f, v in zip(fields, values)]
+    gate = " and ".join(["index_shape", *tests])
     return [
-        "index_shape = _rt.write_rows(self._state, indices)",
+        "state = self._state",
+        "index_shape = _rt.write_rows(state, indices)",
         f"if {gate}:",
         *_indent(writes),
         "else:",

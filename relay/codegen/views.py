@@ -278,7 +278,7 @@ def _writes(schema: Schema) -> list[Method]:
     found = []
     if forward:
         head = f"def stash(self, indices: torch.Tensor, {payload}{owners}) -> None:"
-        checked = f"_rt.stash(self._state, indices, payload{passed})"
+        checked = f"_rt.stash(state, indices, payload{passed})"
         body = methods.write(schema, "stash", forward, checked)
         found.append(Method(head, _STASH_DOC, tuple(body)))
     if schedule:
@@ -291,7 +291,7 @@ def _writes(schema: Schema) -> list[Method]:
         head = _join("def publish(", ["self", "indices: torch.Tensor", *params], ")")
         names = [f.payload_name for f in declared]
         values = _join("(", names, ",)" if len(names) == 1 else ")")
-        checked = f"_rt.publish(self._state, indices, {values}{passed})"
+        checked = f"_rt.publish(state, indices, {values}{passed})"
         body = methods.write(schema, "publish", schedule, checked)
         found.append(Method(f"{head} -> None:", _PUBLISH_DOC, tuple(body)))
     placeholders = [f for f in schema.fields if f.resolve is Resolve.PLACEHOLDER]

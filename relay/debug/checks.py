@@ -16,7 +16,7 @@ from relay import cpu_stream
 from relay.debug.clocks import FenceRecord, HappensBefore, Tick, clocks
 from relay.debug.messages import text
 from relay.debug.owners import Owners, Requests
-from relay.debug.state import Row, State, StateTable, poison
+from relay.debug.state import Plan, Row, State, StateTable, poison
 from relay.device import CpuPolicy, policy_for
 from relay.errors import RelayDebugError
 
@@ -289,6 +289,8 @@ class DebugChecks:
         if owners is not None:
             requests = self._requests.ids(self._where(op), owners, rows.numel())
         plan = self.state.write_plan(op, fields, carried)
+        if seed and requests is not None:
+            self._seed_keeps_live_values(op, rows, fields, plan, requests)
         tick, stream = self._tick()
         if tick is None:
             self.state.stamp(plan, rows, 0, 0, requests)
@@ -315,6 +317,42 @@ class DebugChecks:
             unordered,
         )
         self.state.stamp(plan, rows, tick.writer, tick.clock, requests)
+
+    def _seed_keeps_live_values(
+        self,
+        op: str,
+        rows: torch.Tensor,
+        fields: tuple[str, ...],
+        plan: Plan,
+        requests: torch.Tensor,
+    ) -> None:
+        """A seed for a request must not land on a value another request has not read
+        yet and whose slot was never released: that request still holds the row."""
+        block = self.state.block(plan, rows)
+        lost = self.state.unread_of_others(block, requests)
+
+        def problem(first: int) -> str:
+            j, i = divmod(first, rows.numel())
+            row = self.state.row(block, j, i)
+            return text(
+                "seed_over_unread",
+                owner=self.owner,
+                field=fields[j],
+                slot=int(rows[i]),
+                op=op,
+                request=self._requests.name(int(requests[i])),
+                writer_op=row.op,
+                other=self._requests.name(row.owner or 0),
+            )
+
+        fields_text = ", ".join(fields)
+        self._require(
+            lost.logical_not(),
+            lambda: text(
+                "seed_over_unread_summary", owner=self.owner, fields=fields_text, op=op
+            ),
+            problem,
+        )
 
     def _where(self, op: str) -> str:
         return f"{self.owner}.{op}"

@@ -149,6 +149,17 @@ MESSAGES: Final[Mapping[str, str]] = MappingProxyType(
             "{owner}.{fields}: {op} on {stream} seeds a row that a forward may still "
             "read or stash into, with no order between them"
         ),
+        "seed_over_unread": (
+            "{owner}.{field}: slot {slot}: {op} for request {request} would overwrite "
+            "the value {writer_op} wrote for request {other}, which no read has taken "
+            "and no release ended: request {other} still holds the row, and its value "
+            "would be lost. Release the slot (release(...)) once its request ends, "
+            "then seed it."
+        ),
+        "seed_over_unread_summary": (
+            "{owner}.{fields}: {op} would overwrite a value another request has not "
+            "read, in a slot never released"
+        ),
         # -- the fence --------------------------------------------------------------------
         "stale_fence": (
             "{owner}.{op}: fence waited on with no publish since the last wait; the rows "

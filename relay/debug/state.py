@@ -305,6 +305,16 @@ class StateTable:
         write was made for, or that write did not say."""
         return (block[..., _OWNED] == 0) | (block[..., _OWNER] == owners)
 
+    @staticmethod
+    def unread_of_others(block: torch.Tensor, owners: torch.Tensor) -> torch.Tensor:
+        """Per row: a value no read has taken and no release ended (readable, clocks
+        on or off), which the latest write made for another request than ``owners``."""
+        return (
+            (block[..., _READY] < BLOCKED)
+            & (block[..., _OWNED] != 0)
+            & (block[..., _OWNER] != owners)
+        )
+
     def taken_only(self, rows: torch.Tensor, taken: torch.Tensor) -> torch.Tensor:
         """``rows`` with the positions ``taken`` leaves out sent to row 0, whose checks
         pass (no host sync to drop them)."""

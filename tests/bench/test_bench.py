@@ -15,10 +15,12 @@ import torch
 
 from relay.bench import sides
 from relay.bench.baseline import DecodeBaseline, EagleBaseline
+from relay.bench.plain import Plain, Unsupported, build_plain
 from relay.bench.replay import Call, floor_calls, record
 from relay.bench.sides import PAIRS, Pair, Shape, Workload, build_side, compare_values
 from relay.cli import main
 from relay.opcount import count_ops
+from relay.schema import Field, Lane, Resolve, Schema
 
 CPU = torch.device("cpu")
 FOUND, _ = sides.discover()
@@ -152,6 +154,101 @@ def test_the_floor_spells_calls_as_a_hand_written_map() -> None:
     assert not any(isinstance(c, str) and "aten" in c for c in code.co_consts)
 
 
+def _generated_and_plain(
+    pair: Pair, generated: sides.Generated, shape: Shape, seed: int = 0
+) -> tuple[Workload, sides.Side, Plain]:
+    """The generated map's side and its plain floor over one workload, each one step
+    in. The plain floor runs over a second map's buffers (the bench shares the
+    generated map's), so a write to the wrong rows cannot hide behind the other side's."""
+    work = Workload.random(shape, CPU, seed, spec=pair.spec)
+    side, other = (
+        build_side(name, generated.new_map(CPU, shape, debug=False), work, payload)
+        for name, payload in [("generated", generated.payload_cls)] * 2
+    )
+    schema = Schema.bundled(pair.schema)
+    plain = build_plain(schema, other.map, shape, work, [m for m, _ in side.calls])
+    side.step()
+    plain.step()
+    return work, side, plain
+
+
+#: Both host sums (a Python sum up to 64 slots, numpy above) and no hidden state.
+PLAIN_SHAPES = {
+    False: [*TINY[False], Shape(257, 100)],
+    True: [*TINY[True], Shape(257, 100, 8, 0)],
+}
+
+
+@pytest.mark.parametrize("pair,generated", FOUND, ids=[p.schema for p, _ in FOUND])
+def test_the_plain_floor_dispatches_the_generated_ops(
+    pair: Pair, generated: sides.Generated
+) -> None:
+    """The plain floor makes the generated step's calls: per method, in the step's
+    order, the same data ops and view ops, in the same order."""
+    for shape in PLAIN_SHAPES[pair.spec]:
+        _, side, plain = _generated_and_plain(pair, generated, shape)
+        assert [m for m, _ in plain.calls] == [m for m, _ in side.calls]
+        want = {m: count_ops(c) for m, c in side.calls}
+        assert {m: count_ops(c) for m, c in plain.calls} == want, shape.label
+
+
+@pytest.mark.parametrize("pair,generated", FOUND, ids=[p.schema for p, _ in FOUND])
+def test_the_plain_floor_resolves_the_same_values(
+    pair: Pair, generated: sides.Generated
+) -> None:
+    """Over several steps with fresh outputs, the plain floor hands the next forward
+    and the scheduler what the generated map hands them."""
+    for shape in PLAIN_SHAPES[pair.spec]:
+        work, side, plain = _generated_and_plain(pair, generated, shape, seed=3)
+        g = torch.Generator().manual_seed(4)
+        for step in range(3):
+            work.renew(shape, g, spec=pair.spec)
+            plain.bind(work.values)
+            side.step()
+            plain.step()
+            want = dict(sides.observed(side.batch, True))
+            got = dict(sides.observed(plain.batch, True))
+            for key, value in want.items():
+                assert sides.same(value, got[key]), (shape.label, step, key)
+
+
+def test_the_plain_floor_is_plain_tensor_methods() -> None:
+    """No relay Python and no op overloads: the calls are tensor methods on bound
+    tensors, the fence's bound record and wait, and the driver's own ``seq_lens + 1``."""
+    for pair, generated in FOUND:
+        shape = PLAIN_SHAPES[pair.spec][0]
+        _, _, plain = _generated_and_plain(pair, generated, shape)
+        assert "_rt" not in plain.source and "aten" not in plain.source
+        for _, call in plain.calls:
+            names = set(call.__code__.co_names)
+            bound = {n for n in names if n in plain.namespace}
+            assert all(
+                isinstance(plain.namespace[n], (torch.Tensor, tuple, sides.Batch))
+                for n in bound - {"record", "wait", "advance"}
+            ), (pair.schema, bound)
+
+
+def test_a_step_the_plain_floor_does_not_write_is_refused() -> None:
+    """A placeholder field: no plain floor rather than a wrong one."""
+    schema = Schema(
+        name="PlaceholderFutureMap",
+        fields=[
+            Field(
+                "output_tokens",
+                lane=Lane.FORWARD,
+                dtype=torch.int64,
+                source="next_token_ids",
+                target="input_ids",
+                resolve=Resolve.PLACEHOLDER,
+            )
+        ],
+    )
+    work = Workload.random(Shape(17, 4), CPU, 0, spec=False)
+    relay_map = DecodeBaseline(CPU, 17)  # refused before any buffer is looked for
+    with pytest.raises(Unsupported, match="placeholder"):
+        build_plain(schema, relay_map, Shape(17, 4), work, ["resolve_future", "stash"])
+
+
 def _swap(monkeypatch: pytest.MonkeyPatch, schema: str, baseline: type[Any]) -> None:
     swapped = tuple(
         Pair(p.schema, baseline, p.design, p.spec) if p.schema == schema else p
@@ -213,7 +310,7 @@ def test_cuda_without_cuda_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_quick_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``relay bench --quick`` exits 0 with every generated pair at every quick shape:
-    values agree, ops are counted per method for all three sides (the floor's equal to
+    values agree, ops are counted per method for all four sides (both floors' equal to
     the generated map's), and every time and ratio is there."""
     out_json = tmp_path / "bench.json"
     assert main(["bench", "--quick", "-q", "--json", str(out_json)]) == 0
@@ -225,16 +322,22 @@ def test_quick_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     for config in data["configs"]:
         assert config["ok"] is True and config["problems"] == []
         ops, methods = config["ops"], config["methods"]
-        assert ops["baseline"] > 0 and ops["generated"] == ops["floor"] > 0
-        assert methods["floor"] == methods["generated"]
+        assert ops["baseline"] > 0
+        assert ops["generated"] == ops["floor"] == ops["plain"] > 0
+        assert methods["floor"] == methods["generated"] == methods["plain"]
         assert all(
-            config["ns"][side] > 0 for side in ("baseline", "generated", "floor")
+            config["ns"][side] > 0
+            for side in ("baseline", "generated", "floor", "plain")
         )
-        for ratio in ("generated/baseline", "generated/floor"):
+        for ratio in ("generated/baseline", "generated/floor", "generated/plain"):
             q = config[ratio]
             assert 0 < q["p25"] <= q["median"] <= q["p75"]
+        assert config["plain_missing"] is None
+        assert "index_select(0, idx)" in config["plain_source"]
     out = capsys.readouterr().out
-    assert "gen/baseline" in out and "gen/floor" in out and "index_copy_" in out
+    for column in ("gen/baseline", "gen/plain", "gen/replay", "plain us", "replay us"):
+        assert column in out
+    assert "index_copy_" in out and "plain floor, one function per method" in out
     assert "values: generated == baseline in every configuration" in out
 
 

@@ -318,6 +318,29 @@ def _unordered_seed_summary() -> tuple[str, Callable[[], object]]:
     return want, lambda: d.seeded(rows(6), ("tok",))
 
 
+def _seed_over_unread() -> tuple[str, Callable[[], object]]:
+    d = checks()
+    d.wrote("stash", rows(4), ("tok",), owners=["req-a"])
+    want = text(
+        "seed_over_unread",
+        owner="M",
+        field="tok",
+        slot=4,
+        op="seed",
+        request="'req-b'",
+        writer_op="stash",
+        other="'req-a'",
+    )
+    return want, lambda: d.seeded(rows(4), ("tok",), owners=["req-b"])
+
+
+def _seed_over_unread_summary() -> tuple[str, Callable[[], object]]:
+    d = checks(named=False)
+    d.wrote("stash", rows(4), ("tok",), owners=["req-a"])
+    want = text("seed_over_unread_summary", owner="M", fields="tok", op="seed")
+    return want, lambda: d.seeded(rows(4), ("tok",), owners=["req-b"])
+
+
 #: Per message: the expected text and the call that must raise it.
 TRIGGERS: dict[str, Callable[[], tuple[str, Callable[[], object]]]] = {
     "indices_dtype": _indices_dtype,
@@ -339,6 +362,8 @@ TRIGGERS: dict[str, Callable[[], tuple[str, Callable[[], object]]]] = {
     "wrong_owner": _wrong_owner,
     "unordered_seed": _unordered_seed,
     "unordered_seed_summary": _unordered_seed_summary,
+    "seed_over_unread": _seed_over_unread,
+    "seed_over_unread_summary": _seed_over_unread_summary,
     "unordered_write": _unordered_write,
     "write_summary": _write_summary,
     "stale_fence": _stale_fence,

@@ -396,33 +396,28 @@ def test_a_slot_outside_the_pool_is_refused_before_any_write(
                 torch.testing.assert_close(after[k], v, rtol=0, atol=0, msg=name + k)
 
 
-def test_every_cpu_write_checks_its_slots_on_the_host(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Nothing is taken on trust (Note [Slots on the host]): every stash and publish on
-    the CPU checks its slots, also the very tensor the latest resolve_future gathered
-    with, which an engine may have edited since where no version counter sees it."""
-    checked: list[torch.Tensor] = []
-    real = runtime.host_slots_ok
-
-    def spy(indices: torch.Tensor, pool_size: int) -> bool:
-        checked.append(indices)
-        return real(indices, pool_size)
-
-    monkeypatch.setattr(runtime, "host_slots_ok", spy)
-    relay = EagleFutureMap("cpu", POOL, topk=TOPK)
-    indices = slots(1, 2)
-    payload = EaglePayload(**_eagle_extras(2))
+@pytest.mark.parametrize("n", [2, 40], ids=["listed", "aminmax"])
+def test_every_cpu_write_checks_its_slots_on_the_host(n: int) -> None:
+    """Nothing is taken on trust (Note [Slots on the host]): a stash or publish on the
+    CPU checks its slots even when they are the very tensor the latest resolve_future
+    gathered with and the previous write took, edited since where no version counter
+    sees it."""
+    relay = EagleFutureMap("cpu", 64, topk=TOPK)
+    indices = slots(*range(1, n + 1))
+    payload = EaglePayload(**_eagle_extras(n))
     relay.stash(indices, payload)
     relay.resolve_future(Batch(req_pool_indices=indices))
-    relay.publish(indices, torch.tensor([5, 6]))
+    relay.publish(indices, torch.arange(n) + 5)
     relay.stash(indices, payload)
-    assert len(checked) == 3
     relay.resolve_future(Batch(req_pool_indices=indices))
-    indices.numpy()[1] = POOL  # no version counter sees this edit
+    indices.numpy()[-1] = 64  # no version counter sees this edit
     before = _tensors(relay)
-    with pytest.raises(SlotError, match=f"slot {POOL} at position 1"):
-        relay.stash(indices, payload)
+    for write in (
+        partial(relay.stash, indices, payload),
+        partial(relay.publish, indices, torch.arange(n) + 6),
+    ):
+        with pytest.raises(SlotError, match=f"slot 64 at position {n - 1}"):
+            write()
     for k, v in before.items():
         torch.testing.assert_close(_tensors(relay)[k], v, rtol=0, atol=0, msg=k)
 

@@ -1,0 +1,274 @@
+"""The plain floor: a generated map's step as the same torch calls, plain tensor methods.
+
+Built from the schema (its fields, lanes and layout), not from the generated code or a
+recording of it: for each method of the step one straight-line function that makes the
+calls the design needs, spelled as a hand-written map spells them
+(``buf.index_copy_(0, idx, v)``, ``buf.index_select(0, idx)``, the fence's record and
+wait, the host copy and sum), over names bound once when it is built: the generated
+map's own buffers (so both move the same memory), the workload's tensors, a fence of
+its own and a batch of its own. Left out is all of relay's own Python: the payload
+object, the method calls of the map's API, the gates' checks, branches and
+bookkeeping. Kept is handing the results over: a resolve still stores them on the
+batch, where the next forward reads them. ``tests/bench/`` asserts that the plain floor dispatches exactly the
+generated step's data ops and view ops, method by method, and resolves the same values.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import attrs
+import torch
+
+from relay.bench.sides import Batch, Shape, advance_seq_lens
+from relay.codegen.layout import packed_groups
+from relay.cpu_stream import CpuEvent
+from relay.device import CpuPolicy, HostMirror, policy_for
+from relay.runtime import HOST_SLOTS_IN_PYTHON_MAX, HOST_SUM_IN_PYTHON_MAX
+from relay.schema import Field, Lane, Resolve, Schema, TargetShape, resolve_method
+
+__all__ = ["Plain", "Unsupported", "build_plain"]
+
+#: The driver's own step where a map relays no lengths (``relay.bench.sides``).
+SEQ_LENS_PLUS_ONE = "seq_lens + 1"
+
+
+class Unsupported(Exception):
+    """The schema's step uses something the plain floor does not write (placeholders,
+    scatters): the bench reports no plain floor for it rather than a wrong one."""
+
+
+@attrs.define
+class Plain:
+    """The plain floor of one map at one shape: its source, one function per method of
+    the step in the driver's order, and the batch it hands its results to."""
+
+    source: str
+    calls: tuple[tuple[str, Callable[[], None]], ...]
+    batch: Batch
+    namespace: dict[str, Any]
+    sources: tuple[str, ...]
+
+    def step(self) -> None:
+        for _, call in self.calls:
+            call()
+
+    def bind(self, values: Mapping[str, torch.Tensor | None]) -> None:
+        """Take the workload's current values (after ``Workload.renew``)."""
+        self.namespace.update((f"v_{s}", values[s]) for s in self.sources)
+
+
+class _Builder:
+    """The namespace the plain functions run in, and their source lines per method."""
+
+    def __init__(self, schema: Schema, relay_map: Any, shape: Shape, work: Any) -> None:
+        self.schema, self.device, self.shape = schema, relay_map.device, shape
+        self.values: Mapping[str, torch.Tensor | None] = work.values
+        self.ns: dict[str, Any] = {"idx": work.indices}
+        self.batch = Batch.new(work.indices, work.seq_lens)
+        self.ns["batch"] = self.batch
+        #: Fields whose latest write carried a value: the ones a resolve gathers.
+        self.carried: set[str] = set()
+        self.sources: list[str] = []
+        for f in schema.fields:
+            if not isinstance(f, Field):
+                raise Unsupported(f"{f!r} is not a field")
+            if f.resolve is not Resolve.GATHER:
+                raise Unsupported(f"{f.name} resolves by {f.resolve.value}")
+        self._buffers(relay_map)
+
+    def _value(self, f: Field) -> torch.Tensor | None:
+        name = f.payload_name
+        if name not in self.values:
+            raise Unsupported(f"{f.name}: the workload has no {name}")
+        if name not in self.sources:
+            self.sources.append(name)
+            self.ns[f"v_{name}"] = self.values[name]
+        return self.values[name]
+
+    def _buffers(self, relay_map: Any) -> None:
+        """The generated map's own buffers (``<field>_buf``; a packed group's shared
+        buffer is the base of its fields' views): the plain floor moves the very memory
+        the generated step moves, so neither finds the caches warmer. Built after the
+        map's first stash, so lazy buffers that a value was given for exist."""
+        ns = self.ns
+        for g in packed_groups(self.schema):
+            views = [getattr(relay_map, f"{m.field.name}_buf") for m in g.members]
+            packed = views[0]._base
+            if packed is None or any(v._base is not packed for v in views):
+                raise Unsupported(f"no packed {g.dtype} buffer on the map")
+            key = str(g.dtype).removeprefix("torch.")
+            ns[f"p_{key}"] = packed
+            ns[f"w_{key}"] = tuple(math.prod(v.shape[1:]) for v in views)
+        for f in self.schema.fields:
+            value = self._value(f)
+            if value is not None:
+                self.carried.add(f.name)
+            buf = getattr(relay_map, f"{f.name}_buf")
+            if buf is not None:  # a lazy field never carried has none, and no ops
+                ns[f"b_{f.name}"] = buf
+            elif value is not None:
+                raise Unsupported(f"{f.name}: no buffer after a stash that carried it")
+
+    def _fence(self) -> None:
+        """The fence's record and wait as the device policy does them, bound once."""
+        policy = policy_for(self.device)
+        if type(policy) is CpuPolicy:
+            event = CpuEvent()  # CpuPolicy: record is event.record, wait synchronize
+            self.ns["record"], self.ns["wait"] = event.record, event.synchronize
+            return
+        event = policy.new_event()
+        self.ns["record"] = event.record  # on the current stream, as policy.record
+        self.ns["wait"] = functools.partial(policy.wait, event)
+
+    # --- the methods ----------------------------------------------------------------
+
+    def _writes(self, fields: Sequence[Field]) -> list[str]:
+        lines = []
+        if self.device.type == "cpu" and self.shape.batch > HOST_SLOTS_IN_PYTHON_MAX:
+            # relay checks CPU write slots on the host first (Note [Slots on the host]
+            # in relay/runtime.py), over 16 slots with one op: made here too; reading
+            # and comparing its result are relay's checks, left out.
+            lines.append("idx.aminmax()")
+        for f in fields:
+            if f"b_{f.name}" not in self.ns:
+                continue  # a lazy field never carried: the map writes nothing either
+            if f.name in self.carried:
+                lines.append(f"b_{f.name}.index_copy_(0, idx, v_{f.payload_name})")
+            else:
+                lines.append(f"b_{f.name}.index_fill_(0, idx, 0)")  # omitted: cleared
+        return lines
+
+    def stash(self) -> list[str]:
+        return self._writes([f for f in self.schema.fields if f.lane is Lane.FORWARD])
+
+    def publish(self) -> list[str]:
+        schedule = [f for f in self.schema.fields if f.lane is Lane.SCHEDULE]
+        schedule.sort(key=lambda f: f.optional)  # publish's parameter order
+        return [*self._writes(schedule), "record()"]
+
+    def _parents(self, targets: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+        """Bind each dotted target's parent once. An optional parent (``None`` on some
+        batches) would need a check the bench's batches never take: not written."""
+        lines, spelled = [], {}
+        optional = dict(self.schema.optional_parents)
+        for target in targets:
+            first, _, rest = target.partition(".")
+            if first in optional:
+                raise Unsupported(f"optional parent {first}")
+            if rest and f"{first} = batch.{first}" not in lines:
+                lines.append(f"{first} = batch.{first}")
+            spelled[target] = target if rest else f"batch.{target}"
+        return lines, spelled
+
+    def resolve_future(self) -> list[str]:
+        reads = [
+            f
+            for f in self.schema.fields
+            if f.lane is Lane.FORWARD and f.target is not None
+        ]
+        lines, spelled = self._parents([f.target for f in reads if f.target])
+        groups = packed_groups(self.schema)
+        # Packed: one gather per group and per field of its own, then the views
+        # (relay/codegen/layout.py, Note [Packed layout]).
+        late = []
+        for g in groups:
+            key = str(g.dtype).removeprefix("torch.")
+            names = ", ".join(f"r_{m.field.name}" for m in g.members)
+            lines.append(f"g_{key} = p_{key}.index_select(0, idx)")
+            late.append(f"{names}, = g_{key}.split_with_sizes(w_{key}, 1)")
+        members = {m.field.name for g in groups for m in g.members}
+        for f in reads:
+            assert f.target is not None
+            flat = ".flatten()" if f.target_shape is TargetShape.FLAT else ""
+            if f.name in members:
+                if not f.shape:
+                    view = ".squeeze(1)"
+                elif len(f.shape) == 1:
+                    view = ""
+                else:
+                    view = f".unflatten(1, b_{f.name}.shape[1:])"
+                late.append(f"{spelled[f.target]} = r_{f.name}{view}")
+            elif f.name not in self.carried:
+                late.append(f"{spelled[f.target]} = None")
+            elif groups:
+                lines.append(f"r_{f.name} = b_{f.name}.index_select(0, idx){flat}")
+                late.append(f"{spelled[f.target]} = r_{f.name}")
+            else:
+                gather = f"b_{f.name}.index_select(0, idx){flat}"
+                lines.append(f"{spelled[f.target]} = {gather}")
+        return lines + late
+
+    def resolve_schedule(self, f: Field) -> list[str]:
+        if f.name not in self.carried:
+            nones = [f.target, f.host_mirror, f.host_sum]
+            return ["wait()", *(f"batch.{p} = None" for p in nones if p)]
+        flat = ".flatten()" if f.target_shape is TargetShape.FLAT else ""
+        lines = ["wait()", f"r = b_{f.name}.index_select(0, idx){flat}"]
+        if f.target is not None:
+            lines.append(f"batch.{f.target} = r")
+        if f.host_mirror is None and f.host_sum is None:
+            return lines
+        mirror = HostMirror(self.device, self.shape.pool)
+        if mirror.copy is torch.Tensor.clone:
+            lines.append("h = r.clone()")
+        else:
+            self.ns[f"copy_{f.name}"] = mirror.copy  # the device policy's host copy
+            lines.append(f"h = copy_{f.name}(r)")
+        if f.host_mirror is not None:
+            lines.append(f"batch.{f.host_mirror} = h")
+        if f.host_sum is not None:
+            # The generated map's host sum, its branch on the batch size taken here.
+            integral = isinstance(f.dtype, torch.dtype) and not (
+                f.dtype.is_floating_point or f.dtype.is_complex
+            )
+            if not integral:
+                total = "int(h.sum())"
+            elif self.shape.batch <= HOST_SUM_IN_PYTHON_MAX:
+                total = "sum(h.tolist())"
+            else:
+                total = "int(h.numpy().sum())"
+            lines.append(f"batch.{f.host_sum} = {total}")
+        return lines
+
+
+def build_plain(
+    schema: Schema,
+    relay_map: Any,
+    shape: Shape,
+    work: Any,
+    methods: Sequence[str],
+) -> Plain:
+    """The plain floor of ``relay_map`` (generated from ``schema``, one stash in) at
+    ``shape`` over its buffers and ``work``'s tensors: one function per name of
+    ``methods`` (the generated step's, in its order). Raises ``Unsupported``."""
+    b = _Builder(schema, relay_map, shape, work)
+    schedule = {resolve_method(f): f for f in schema.fields if f.lane is Lane.SCHEDULE}
+    if schedule:
+        b._fence()
+    b.ns["advance"] = advance_seq_lens
+    bodies: list[tuple[str, list[str]]] = []
+    for name in methods:
+        if name == "stash":
+            body = b.stash()
+        elif name == "publish":
+            body = b.publish()
+        elif name == "resolve_future":
+            body = b.resolve_future()
+        elif name in schedule:
+            body = b.resolve_schedule(schedule[name])
+        elif name == SEQ_LENS_PLUS_ONE:
+            body = ["advance(batch)"]  # the scheduler's own work, as the driver does it
+        else:
+            raise Unsupported(f"no plain {name}")
+        bodies.append((name, body or ["pass"]))
+    source = []
+    for m, (_, body) in enumerate(bodies):
+        source += [f"def m{m}():", *(f"    {line}" for line in body)]
+    text = "\n".join(source) + "\n"
+    exec(compile(text, "<relay bench plain floor>", "exec"), b.ns)  # noqa: S102
+    calls = tuple((name, b.ns[f"m{m}"]) for m, (name, _) in enumerate(bodies))
+    return Plain(text, calls, b.batch, b.ns, tuple(b.sources))
