@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import collections
 import itertools
+import os
 import queue
+import random
 import threading
 import time
 import weakref
@@ -21,9 +23,16 @@ from typing import Any, Protocol
 
 __all__ = [
     "CpuEvent",
+    "Gate",
+    "ScheduleDeadlock",
+    "SeededSchedule",
     "StreamObserver",
     "ThreadStream",
+    "active_schedule",
     "current_cpu_stream",
+    "schedule_seed_from_env",
+    "seeded_schedule",
+    "switch_point",
     "use_cpu_stream",
 ]
 
@@ -114,6 +123,266 @@ def _host_order() -> int:
         return next(_submission_order)
 
 
+# Note [Seeded schedules]
+# A free-running worker and host interleave as the OS likes, so a test of an ordering
+# bug sees one interleaving per run and may miss the one that shows the bug. Inside
+# ``seeded_schedule(seed)`` the host thread that opened it and the workers of the
+# ``ThreadStream``s it creates run one at a time: each holds a baton while it runs, and
+# at every switch point (a submit, a task's start and end, an event record or wait, a
+# report of a relay call to debug mode) a ``random.Random(seed)`` picks who runs next
+# among the participants that can go on. So a seed names one interleaving, and running
+# it again replays it exactly (the picks are in ``SeededSchedule.trace``).
+#
+# A participant that must wait (a host wait for a task or a record, a worker with no
+# task, a ``Gate``) gives the baton away with the condition it waits for; the next
+# pick takes only participants whose condition holds. It cannot deadlock silently: a
+# waiter always hands the baton to a side that can make progress, and when no
+# participant can, the schedule raises ``ScheduleDeadlock`` naming the seed and what
+# each side waits for (a real deadlock of the code under test, found at once). Every
+# wait between participants must therefore be one the schedule sees: these events and
+# streams, or a ``Gate``; a plain ``threading`` wait inside a schedule blocks the baton
+# holder for good. Streams made outside the schedule run free; a wait on their work is
+# polled until it ends.
+
+
+class ScheduleDeadlock(RuntimeError):
+    """In a seeded schedule, every participant waits for another and none can go on."""
+
+
+class _Turn:
+    """One participant of a seeded schedule: a host thread or a stream's worker."""
+
+    __slots__ = ("gone", "name", "number", "schedule", "until", "what")
+
+    def __init__(self, schedule: SeededSchedule, number: int, name: str) -> None:
+        self.schedule = schedule
+        self.number = number
+        self.name = name
+        #: What the participant waits for before it can run again (``None``: nothing).
+        self.until: Callable[[], bool] | None = None
+        self.what = ""
+        self.gone = False
+
+    def can_run(self) -> bool:
+        """Whether the schedule may pick this participant now."""
+        return not self.gone and (self.until is None or self.until())
+
+
+class SeededSchedule:
+    """One interleaving of a host thread and its streams' workers, drawn from ``seed``
+    (Note [Seeded schedules]). Made by ``seeded_schedule``."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        self._rng = random.Random(seed)
+        self._cond = threading.Condition()
+        self._turns: list[_Turn] = []
+        self._holder: _Turn | None = None
+        self._ended = False
+        self._deadlock: str | None = None
+        #: The participant picked at each switch point that offered a choice, by the
+        #: number it joined under (0: the host): the schedule, for replay checks.
+        self.trace: list[int] = []
+
+    def __repr__(self) -> str:
+        return f"SeededSchedule(seed={self.seed})"
+
+    # -- membership ----------------------------------------------------------------
+    def _admit(self, name: str) -> _Turn:
+        """A new participant; joined by the baton holder, so numbers are deterministic."""
+        with self._cond:
+            turn = _Turn(self, len(self._turns), name)
+            self._turns.append(turn)
+            return turn
+
+    def _enter(self, turn: _Turn) -> None:
+        """On the participant's own thread: run once it holds the baton."""
+        with self._cond:
+            while self._holder is not turn and not self._ended:
+                self._cond.wait()
+
+    def _leave(self, turn: _Turn) -> None:
+        """``turn``'s thread ends: hand the baton on for good."""
+        with self._cond:
+            turn.gone = True
+            if self._ended or self._holder is not turn:
+                return
+            self._hand_on(turn)
+
+    def _end(self) -> None:
+        """Every participant runs free from now on."""
+        with self._cond:
+            self._ended = True
+            self._holder = None
+            self._cond.notify_all()
+
+    # -- switch points -------------------------------------------------------------
+    def _switch(self, turn: _Turn) -> None:
+        with self._cond:
+            if self._ended or self._holder is not turn:
+                return
+            turn.until = None
+            self._hand_on(turn)
+
+    def _wait_until(self, turn: _Turn, ready: Callable[[], bool], what: str) -> bool:
+        """Give the baton away until ``ready()``; False if the schedule ended before
+        it held (the caller then waits as it would outside a schedule)."""
+        with self._cond:
+            if self._ended or self._holder is not turn:
+                return ready()
+            turn.until, turn.what = ready, what
+            self._hand_on(turn)
+            return ready()
+
+    def _hand_on(self, turn: _Turn) -> None:
+        """``turn`` holds the baton: pick who runs next among the participants that can
+        (``turn`` itself included), and return once ``turn`` holds it again; lock held."""
+        try:
+            while True:
+                ready = [t for t in self._turns if t.can_run()]
+                if ready:
+                    break
+                if _free_work(self):
+                    self._cond.wait(_FREE_POLL_S)  # a stream outside the schedule
+                    continue
+                self._deadlock = self._stuck()
+                self._ended = True
+                self._holder = None
+                self._cond.notify_all()
+                if turn.gone:
+                    return  # the waiters left run free (and block for good)
+                raise ScheduleDeadlock(self._deadlock)
+            if len(ready) == 1:
+                chosen = ready[0]
+            else:
+                chosen = ready[self._rng.randrange(len(ready))]
+                self.trace.append(chosen.number)
+            self._holder = chosen
+            if chosen is turn or turn.gone:
+                self._cond.notify_all()
+                return
+            self._cond.notify_all()
+            while self._holder is not turn and not self._ended:
+                self._cond.wait()
+        finally:
+            turn.until = None
+
+    def _stuck(self) -> str:
+        waits = "; ".join(
+            f"{t.name} waits for {t.what or 'its turn'}"
+            for t in self._turns
+            if not t.gone
+        )
+        return (
+            f"seeded schedule {self.seed}: every thread waits and none can go on "
+            f"({waits}); replay it with RELAY_SCHEDULE_SEED={self.seed}"
+        )
+
+
+#: Between two looks at a wait on a stream outside the seeded schedule.
+_FREE_POLL_S = 0.005
+#: The seeded schedule in force, or ``None`` (the default: threads run free).
+_schedule: SeededSchedule | None = None
+
+
+def _turn() -> _Turn | None:
+    """The calling thread's place in the seeded schedule in force, if it has one."""
+    turn: _Turn | None = getattr(_local, "turn", None)
+    if turn is None or turn.schedule is not _schedule:
+        return None
+    return turn
+
+
+def _switch() -> None:
+    """A switch point: in a seeded schedule, maybe let another participant run."""
+    turn = _turn()
+    if turn is not None:
+        turn.schedule._switch(turn)
+
+
+def _wait_until(ready: Callable[[], bool], what: str) -> bool:
+    """In a seeded schedule, let the others run until ``ready()`` holds; False outside
+    one (the caller waits its own way)."""
+    turn = _turn()
+    if turn is None:
+        return False
+    return turn.schedule._wait_until(turn, ready, what)
+
+
+def _free_work(schedule: SeededSchedule) -> bool:
+    """Whether a stream outside ``schedule`` has work left (it may yet satisfy a
+    participant's wait)."""
+    return any(
+        (s._turn is None or s._turn.schedule is not schedule) and s.oldest_pending()
+        for s in list(_live_streams)
+    )
+
+
+def switch_point() -> None:
+    """A point where a seeded schedule may switch to another thread (debug mode calls
+    it at every relay call); free outside one."""
+    if _schedule is not None:
+        _switch()
+
+
+def active_schedule() -> SeededSchedule | None:
+    """The seeded schedule in force (Note [Seeded schedules]), or ``None``."""
+    return _schedule
+
+
+@contextmanager
+def seeded_schedule(seed: int) -> Iterator[SeededSchedule]:
+    """Run the calling thread and the workers of the ``ThreadStream``s made inside the
+    block in the interleaving ``seed`` draws (Note [Seeded schedules])::
+
+        with seeded_schedule(7):
+            run_workload(config)  # the same interleaving every time
+    """
+    global _schedule
+    if _schedule is not None:
+        raise RuntimeError(f"{_schedule!r} is already in force; one at a time")
+    schedule = SeededSchedule(seed)
+    host = schedule._admit(f"host thread {threading.current_thread().name!r}")
+    schedule._holder = host
+    previous = getattr(_local, "turn", None)
+    _local.turn = host
+    _schedule = schedule
+    try:
+        yield schedule
+    finally:
+        _schedule = None
+        _local.turn = previous
+        schedule._end()
+
+
+def schedule_seed_from_env() -> int | None:
+    """The seed ``RELAY_SCHEDULE_SEED`` names (to replay a schedule), or ``None``."""
+    value = os.environ.get("RELAY_SCHEDULE_SEED", "").strip()
+    return int(value) if value else None
+
+
+class Gate:
+    """A flag one thread sets and another waits for, which a seeded schedule sees (a
+    plain ``threading.Event`` wait would hold the baton: Note [Seeded schedules])."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+
+    def set(self) -> None:
+        """Open the gate."""
+        self._event.set()
+
+    def is_set(self) -> bool:
+        """Whether the gate is open."""
+        return self._event.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the gate opens (``timeout``: a guard outside a schedule)."""
+        if _wait_until(self._event.is_set, "a gate"):
+            return True
+        return self._event.wait(timeout)
+
+
 class ThreadStream:
     """Runs submitted callables in order on one daemon worker thread."""
 
@@ -135,7 +404,17 @@ class ThreadStream:
         # (submission number, ticket) of tasks not finished yet, oldest first.
         self._pending: collections.deque[tuple[int, int]] = collections.deque()
         self._error: BaseException | None = None
+        # Tasks up to this ticket were queued behind a failed task before the host saw
+        # the failure: they are skipped, as work behind a failed device assert is.
+        self._skip_through = 0
         self._busy_seconds = 0.0
+        self._exited = False
+        # Made by a participant of a seeded schedule: the worker joins it (Note
+        # [Seeded schedules]); otherwise it runs free.
+        creator = _turn() if _schedule is not None else None
+        self._turn = (
+            creator.schedule._admit(repr(self)) if creator is not None else None
+        )
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
         _live_streams.add(self)
@@ -153,6 +432,8 @@ class ThreadStream:
             ticket = self._submitted
             self._pending.append((next(_submission_order), ticket))
         self._tasks.put((ticket, fn, token))
+        if _schedule is not None:
+            _switch()
         return ticket
 
     def newest_before(self, order: int | None) -> int:
@@ -190,10 +471,14 @@ class ThreadStream:
         finished and ``join``, the calling thread is ordered after that task's end for
         a happens-before checker; ``join=False`` is a wait the caller does not rely on
         for order (a scheduling courtesy, or one whose order comes from elsewhere)."""
+
+        def ready() -> bool:
+            return done() or self._finished >= ticket or self._error is not None
+
+        if _schedule is None or not _wait_until(ready, f"{self!r}'s task {ticket}"):
+            with self._cond:
+                self._cond.wait_for(ready)
         with self._cond:
-            self._cond.wait_for(
-                lambda: done() or self._finished >= ticket or self._error is not None
-            )
             token = None
             if join and self._finished >= ticket:
                 token = self._done_token_of(ticket)
@@ -213,8 +498,12 @@ class ThreadStream:
         return token
 
     def raise_pending(self) -> None:
-        """Re-raise, on the host, an exception a task raised on the worker."""
+        """Re-raise, on the host, an exception a task raised on the worker. The tasks
+        queued behind it by then are skipped (the first failure is the one to report);
+        tasks submitted later run."""
         if self._error is not None:
+            with self._cond:
+                self._skip_through = self._submitted
             error, self._error = self._error, None
             raise RuntimeError(f"a task on CPU stream {self.name!r} failed") from error
 
@@ -227,6 +516,8 @@ class ThreadStream:
     def close(self) -> None:
         """Finish queued work and stop the worker."""
         self._tasks.put(None)
+        if _schedule is not None:
+            _wait_until(lambda: self._exited, f"{self!r} to stop")
         self._thread.join()
         _live_streams.discard(self)
 
@@ -248,17 +539,34 @@ class ThreadStream:
 
     def _run(self) -> None:
         _local.stream = self
+        turn = self._turn
+        if turn is not None:
+            _local.turn = turn
+            turn.schedule._enter(turn)
+        try:
+            self._serve(turn)
+        finally:
+            self._exited = True
+            if turn is not None:
+                turn.schedule._leave(turn)
+
+    def _serve(self, turn: _Turn | None) -> None:
+        tasks = self._tasks
         while True:
-            item = self._tasks.get()
+            if turn is not None:
+                turn.schedule._wait_until(turn, lambda: not tasks.empty(), "a task")
+            item = tasks.get()
             if item is None:
                 return
             ticket, fn, token = item
+            if turn is not None:
+                turn.schedule._switch(turn)
             self._running_ticket = ticket
             with self._cond:
                 self._running_order = self._pending[0][0]
             start = time.perf_counter()
             try:
-                if self._error is None:
+                if self._error is None and ticket > self._skip_through:
                     if observer is not None and token is not None:
                         observer.task_started(self, token)
                     fn()
@@ -276,6 +584,8 @@ class ThreadStream:
                     self._finished = ticket
                     self._pending.popleft()
                     self._cond.notify_all()
+                if turn is not None:
+                    turn.schedule._switch(turn)
 
 
 class CpuEvent:
@@ -295,6 +605,8 @@ class CpuEvent:
     def record(self) -> None:
         """Record on the calling thread's stream. CPU ops are synchronous, so the work
         before this point has already run: the record completes at once."""
+        if _schedule is not None:
+            _switch()
         stream = current_cpu_stream()
         if observer is not None:
             # A task's record sits at its submission in host order; a host's, now.
@@ -307,13 +619,18 @@ class CpuEvent:
 
     def synchronize(self) -> None:
         """Block the calling thread until the newest record has completed."""
+        if _schedule is not None:
+            _switch()
         if not _live_streams and observer is None:
             return  # no stream can hold pending work and nothing to report: synchronous
         current = current_cpu_stream()
         # See Note [Host order of CPU records].
         before = current.running_order if current is not None else None
         horizon = before if before is not None else _host_order()
-        for stream in list(_live_streams):
+        streams = list(_live_streams)
+        if _schedule is not None:
+            streams.sort(key=lambda s: s.serial)  # the same waits on every replay
+        for stream in streams:
             if stream is current:
                 continue  # already in stream order
             newest = stream.newest_before(before)

@@ -12,6 +12,7 @@ from typing import Any, Concatenate, NamedTuple, ParamSpec, TypeVar
 
 import torch
 
+from relay import cpu_stream
 from relay.debug.clocks import FenceRecord, HappensBefore, Tick, clocks
 from relay.debug.messages import text
 from relay.debug.owners import Owners, Requests
@@ -88,7 +89,10 @@ _R = TypeVar("_R")
 # on one row (a forward's stash on the worker, a host write the engine forgot to order)
 # may run at the same moment; if both read before either stamps, each passes and the
 # race goes unreported, on some runs only. Each map's checks and stamps therefore run
-# under one lock: whichever comes second sees the first, in either order.
+# under one lock: whichever comes second sees the first, in either order. Each report
+# is also a switch point of a seeded schedule (Note [Seeded schedules] in
+# relay/cpu_stream.py), taken before the lock: a participant never hands the baton
+# on while it holds a lock another may need.
 
 
 def _atomic(
@@ -99,6 +103,7 @@ def _atomic(
 
     @functools.wraps(method)
     def locked(self: DebugChecks, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        cpu_stream.switch_point()
         with self._lock:
             return method(self, *args, **kwargs)
 
@@ -200,6 +205,7 @@ class DebugChecks:
     ) -> None:
         """Before anything is written: every slot in range (row 0 only if ``scratch_ok``),
         and no slot twice (row 0 may repeat where it is allowed: padding)."""
+        cpu_stream.switch_point()  # a relay call begins
         rows = self._slots(op, indices)
         if rows.numel() == 0:
             return
@@ -609,12 +615,14 @@ class DebugChecks:
 
     def publishing(self) -> None:
         """``publish`` is about to record the fence (before: the record may wake a waiter)."""
+        cpu_stream.switch_point()
         self._fresh = set(self._consumers)
         if self._model_fence and self.clocks.enabled:
             self._fence = self.clocks.record_fence(self._stream(), self._fence)
 
     def waited(self, consumer: str) -> None:
         """``consumer`` waited on the fence: a publish must have come since its last wait."""
+        cpu_stream.switch_point()
         if consumer not in self._fresh:
             raise RelayDebugError(text("stale_fence", owner=self.owner, op=consumer))
         self._fresh.discard(consumer)

@@ -5,7 +5,9 @@ and schedule halves of a map.)
 
 - ``InlineExecutor``: CPU, synchronous: the forward runs in the scheduler's thread.
 - ``WorkerExecutor``: CPU, overlap: forwards run in order on a ``ThreadStream``
-  worker, so the scheduler's Python really runs while the forward's torch ops do.
+  worker, so the scheduler's Python really runs while the forward's torch ops do; with
+  a schedule seed (or ``RELAY_SCHEDULE_SEED``), the worker and the scheduler take turns
+  in the interleaving the seed draws (Note [Seeded schedules] in relay/cpu_stream.py).
 - ``CudaStreamExecutor``: a private CUDA forward stream; synchronous mode waits after
   each launch, overlap mode does not.
 
@@ -16,6 +18,7 @@ synchronizes through ``relay.debug`` (free when the checker is off).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -23,7 +26,12 @@ from typing import Any, Protocol
 import torch
 
 from relay import debug
-from relay.cpu_stream import ThreadStream
+from relay.cpu_stream import (
+    ThreadStream,
+    active_schedule,
+    schedule_seed_from_env,
+    seeded_schedule,
+)
 
 __all__ = [
     "CudaStreamExecutor",
@@ -96,9 +104,18 @@ class InlineExecutor:
 
 
 class WorkerExecutor:
-    """Overlap on the CPU: forwards run on a ``ThreadStream`` worker thread."""
+    """Overlap on the CPU: forwards run on a ``ThreadStream`` worker thread.
 
-    def __init__(self, threads: int | None = None) -> None:
+    ``schedule_seed``: the worker and the calling thread (the scheduler) run in the
+    seeded schedule of that seed until ``close`` (unless one is in force already), so
+    a run's interleaving replays exactly."""
+
+    def __init__(
+        self, threads: int | None = None, *, schedule_seed: int | None = None
+    ) -> None:
+        self._schedule = contextlib.ExitStack()
+        if schedule_seed is not None and active_schedule() is None:
+            self._schedule.enter_context(seeded_schedule(schedule_seed))
         self.stream = ThreadStream("relay-forward")
         self._started = 0  # ticket of the newest forward whose kernels started
         if threads is not None:
@@ -131,8 +148,11 @@ class WorkerExecutor:
         return self.stream.busy_seconds
 
     def close(self) -> None:
-        self.stream.synchronize()
-        self.stream.close()
+        try:
+            self.stream.synchronize()
+            self.stream.close()
+        finally:
+            self._schedule.close()
 
 
 class CudaStreamExecutor:
@@ -179,13 +199,23 @@ class CudaStreamExecutor:
 
 
 def make_executor(
-    device: torch.device, *, overlap: bool, cpu_threads: int | None = None
+    device: torch.device,
+    *,
+    overlap: bool,
+    cpu_threads: int | None = None,
+    schedule_seed: int | None = None,
 ) -> ForwardExecutor:
-    """The executor for ``device`` and loop mode; ``cpu_threads`` for the CPU worker."""
+    """The executor for ``device`` and loop mode; ``cpu_threads`` for the CPU worker;
+    ``schedule_seed`` (default: ``RELAY_SCHEDULE_SEED``, if set) runs the CPU worker
+    in that seeded schedule (Note [Seeded schedules] in relay/cpu_stream.py)."""
     if device.type == "cuda":
         return CudaStreamExecutor(device, sync=not overlap)
     if device.type != "cpu":
         raise ValueError(
             f"the reference engine runs on cpu or cuda, not {device.type!r}"
         )
-    return WorkerExecutor(cpu_threads) if overlap else InlineExecutor()
+    if not overlap:
+        return InlineExecutor()
+    if schedule_seed is None:
+        schedule_seed = schedule_seed_from_env()
+    return WorkerExecutor(cpu_threads, schedule_seed=schedule_seed)

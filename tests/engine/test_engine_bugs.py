@@ -1,6 +1,8 @@
 """Bugs that real engines shipped, planted back into a monkeypatched engine: each is
 reported by name, by debug mode, by the step-by-step input comparison of the two loops
-or by the engine's token accounting."""
+or by the engine's token accounting; in the interleaving the OS picks, and in each of
+20 seeded schedules of the forward worker and the scheduler (Note [Seeded schedules]
+in relay/cpu_stream.py), where the engine as shipped reports nothing."""
 
 from __future__ import annotations
 
@@ -9,11 +11,13 @@ from typing import Any
 
 import attrs
 import pytest
+from schedule_support import SEEDS, replaying, seed_id
 
 from relay.debug import DebugCheckFailed
 from relay.engine import (
     EngineConfig,
     ModelConfig,
+    RunResult,
     SchedulerConfig,
     WorkloadConfig,
     run_workload,
@@ -111,7 +115,20 @@ def _debug_report(config: EngineConfig) -> str:
     raise AssertionError("the run passed: the planted bug went unreported")
 
 
-def test_seeding_without_the_wait_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+@functools.cache
+def _synchronous_run() -> RunResult:
+    """The synchronous loop's run of ``BASE``, with its inputs (no thread to schedule)."""
+    return run_workload(attrs.evolve(BASE, record_inputs=True, overlap=False))
+
+
+#: Each planted bug runs free, and in every seeded schedule.
+SCHEDULES = pytest.mark.parametrize("seed", [None, *SEEDS], ids=seed_id)
+
+
+@SCHEDULES
+def test_seeding_without_the_wait_is_reported(
+    monkeypatch: pytest.MonkeyPatch, seed: int | None
+) -> None:
     """sglang's prebuilt-request race: a seed written while the slot's previous owner's
     extra forward is in flight is an unordered write in debug mode."""
     monkeypatch.setattr(engine_module, "seed_prebuilt", _seed_at_once)
@@ -120,13 +137,15 @@ def test_seeding_without_the_wait_is_reported(monkeypatch: pytest.MonkeyPatch) -
         workload=attrs.evolve(WORKLOAD, prebuilt_share=0.6),
         scheduler=attrs.evolve(BASE.scheduler, retract=False, kv_pages=96),
     )
-    report = _debug_report(config)
-    assert _reports_unordered_seed(report), report
+    with replaying(seed):
+        report = _debug_report(config)
+        assert _reports_unordered_seed(report), report
     print(report)
 
 
+@SCHEDULES
 def test_a_retracted_requests_stash_in_its_reused_slot_is_reported(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, seed: int | None
 ) -> None:
     """An engine that seeds a slot freed by a retraction at once, as if a retracted
     request had no forward in flight: that forward's stash lands on the seed, an
@@ -154,35 +173,40 @@ def test_a_retracted_requests_stash_in_its_reused_slot_is_reported(
         workload=attrs.evolve(WORKLOAD, requests=64, prebuilt_share=0.5),
         scheduler=attrs.evolve(BASE.scheduler, kv_pages=12),
     )
-    report = _debug_report(config)
-    assert _reports_unordered_seed(report), report
+    with replaying(seed):
+        report = _debug_report(config)
+        assert _reports_unordered_seed(report), report
     print(report)
 
 
+@SCHEDULES
 def test_a_token_processed_twice_after_a_retraction_is_reported(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, seed: int | None
 ) -> None:
     """A retracted request's row of the step in flight processed anyway: its tokens
     come out of that step and again from the re-prefill. The token accounting names
     it; against a run without retraction, the token comparison does too."""
     monkeypatch.setattr(Scheduler, "_current", lambda self, req, epoch: True)
-    with pytest.raises(TokenAccountingError, match="processed twice"):
-        run_workload(attrs.evolve(BASE, overlap=True))
+    with replaying(seed):
+        with pytest.raises(TokenAccountingError, match="processed twice"):
+            run_workload(attrs.evolve(BASE, overlap=True))
     # With the accounting check silenced, the outputs show the duplicate.
     monkeypatch.setattr(
         Scheduler, "_check_accounting", lambda self, req, seq_len, count: None
     )
-    retracting = run_workload(attrs.evolve(BASE, debug=False))
-    assert retracting.retractions > 0
-    roomy = attrs.evolve(BASE.scheduler, retract=False, kv_pages=96)
-    reference = run_workload(attrs.evolve(BASE, debug=False, scheduler=roomy))
-    problem = first_output_difference(reference.outputs, retracting.outputs)
-    assert problem is not None and "token comparison: request" in problem
+    with replaying(seed):
+        retracting = run_workload(attrs.evolve(BASE, debug=False))
+        assert retracting.retractions > 0
+        roomy = attrs.evolve(BASE.scheduler, retract=False, kv_pages=96)
+        reference = run_workload(attrs.evolve(BASE, debug=False, scheduler=roomy))
+        problem = first_output_difference(reference.outputs, retracting.outputs)
+        assert problem is not None and "token comparison: request" in problem
     print(problem)
 
 
+@SCHEDULES
 def test_inputs_applied_to_reordered_rows_are_reported(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, seed: int | None
 ) -> None:
     """vLLM's stale placeholders after a reorder: the overlap relay resolves the rows
     as the scheduler first built them and hands the values over by position after the
@@ -204,12 +228,13 @@ def test_inputs_applied_to_reordered_rows_are_reported(
     monkeypatch.setattr(Scheduler, "cap_lengths", capping)
     monkeypatch.setattr(MapRelay, "resolve_future", by_position)
     config = attrs.evolve(BASE, debug=False, record_inputs=True)
-    sync = run_workload(attrs.evolve(config, overlap=False))
-    overlap = run_workload(attrs.evolve(config, overlap=True))
-    steps = first_input_difference(sync, overlap)
-    assert steps is not None and steps.startswith("step inputs: step"), steps
-    tokens = first_output_difference(sync.outputs, overlap.outputs)
-    assert tokens is not None and "token comparison: request" in tokens
+    with replaying(seed):
+        sync = run_workload(attrs.evolve(config, overlap=False))
+        overlap = run_workload(attrs.evolve(config, overlap=True))
+        steps = first_input_difference(sync, overlap)
+        assert steps is not None and steps.startswith("step inputs: step"), steps
+        tokens = first_output_difference(sync.outputs, overlap.outputs)
+        assert tokens is not None and "token comparison: request" in tokens
     print(steps, tokens, sep="\n")
 
 
@@ -232,3 +257,42 @@ def test_the_engine_as_shipped_reports_nothing() -> None:
             attrs.evolve(BASE, workload=prebuilt, scheduler=scheduling)
         )
         assert seeded.prebuilt > 0
+
+
+@pytest.mark.parametrize("seed", SEEDS, ids=seed_id)
+def test_the_engine_as_shipped_reports_nothing_in_seeded_schedules(seed: int) -> None:
+    """The planted bugs' workloads, unpatched, in each seeded schedule: no report, and
+    the overlap loop hands the model exactly the synchronous loop's inputs."""
+    with replaying(seed):
+        overlap = run_workload(attrs.evolve(BASE, record_inputs=True, overlap=True))
+        assert first_input_difference(_synchronous_run(), overlap) is None
+        # The two seeding bugs' workloads, seeded behind the forward stream.
+        for share, requests, scheduling in (
+            (0.6, 32, attrs.evolve(BASE.scheduler, retract=False, kv_pages=96)),
+            (0.5, 64, attrs.evolve(BASE.scheduler, kv_pages=12)),
+        ):
+            workload = attrs.evolve(WORKLOAD, requests=requests, prebuilt_share=share)
+            seeded = run_workload(
+                attrs.evolve(BASE, workload=workload, scheduler=scheduling)
+            )
+            assert seeded.prebuilt > 0
+
+
+def test_a_seed_replays_the_engine_run_that_reported(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The seed a failing test prints reproduces its run: the same picks, the same
+    report, each time."""
+    monkeypatch.setattr(engine_module, "seed_prebuilt", _seed_at_once)
+    config = attrs.evolve(
+        BASE,
+        workload=attrs.evolve(WORKLOAD, prebuilt_share=0.6),
+        scheduler=attrs.evolve(BASE.scheduler, retract=False, kv_pages=96),
+    )
+    runs = []
+    for _ in range(2):
+        with replaying(5) as schedule:
+            assert schedule is not None
+            runs.append((_debug_report(config), list(schedule.trace)))
+    assert runs[0] == runs[1]
+    assert runs[0][1], "the schedule made no choice"

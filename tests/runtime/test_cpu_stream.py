@@ -205,6 +205,27 @@ def test_worker_error_re_raises_on_the_host() -> None:
         assert ran == [1], "the stream keeps working once the error was reported"
 
 
+def test_tasks_queued_behind_a_failed_task_are_skipped() -> None:
+    """Tasks queued behind a failed one before the host saw the failure do not run
+    (their reports would hide the first); tasks submitted after it do."""
+    ran: list[int] = []
+    gate = threading.Event()
+    with thread_streams("fwd") as (stream,):
+
+        def broken() -> None:
+            assert gate.wait(GUARD_S)
+            raise ValueError("forward blew up")
+
+        stream.submit(broken)
+        stream.submit(lambda: ran.append(1))
+        gate.set()
+        with pytest.raises(RuntimeError, match="'fwd' failed"):
+            stream.synchronize()
+        stream.submit(lambda: ran.append(2))
+        stream.synchronize()
+    assert ran == [2]
+
+
 def test_host_wait_does_not_hang_when_the_recording_task_fails() -> None:
     """A task that raises before its record makes a host wait raise instead of hanging."""
     with thread_streams("fwd") as (stream,):

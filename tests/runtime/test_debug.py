@@ -20,6 +20,7 @@ from relay_runtime_support import GUARD_S, thread_streams
 from relay import RelayDebugError
 from relay.maps.decode import DecodeFutureMap, DecodePayload
 from relay.maps.eagle import EagleFutureMap, EaglePayload
+from relay.testing import Namespace
 
 # The ordering checks need the clocks, which an engine installs (a debug map does not).
 pytestmark = pytest.mark.usefixtures("clocks_on")
@@ -163,6 +164,49 @@ def test_each_publish_allows_one_wait_per_consumer() -> None:
         match="resolve_draft_confidence_cpu: fence waited on with no publish since the last wait",
     ):
         relay.resolve_draft_confidence_cpu(b)  # type: ignore[arg-type]
+
+
+def test_fence_freshness_is_kept_per_consumer() -> None:
+    """One consumer waiting twice on one publish is stale even while the other has not
+    waited yet: freshness is each reader's own, not a count of waits per publish."""
+    from relay.maps.eagle_confidence import EagleConfidenceFutureMap
+
+    relay = EagleConfidenceFutureMap("cpu", POOL, topk=1, draft_tokens=2, debug=True)
+    relay.publish(slots(1, 2), torch.tensor([5, 6]), torch.tensor([[0.5, 0.25]] * 2))
+    relay.resolve_seq_lens_cpu(batch(1))  # type: ignore[arg-type]
+    with pytest.raises(
+        RelayDebugError,
+        match="resolve_seq_lens_cpu: fence waited on with no publish since the last wait",
+    ):
+        relay.resolve_seq_lens_cpu(batch(2))  # type: ignore[arg-type]
+    b = batch(1)
+    relay.resolve_draft_confidence_cpu(b)  # type: ignore[arg-type]
+    assert b.draft_confidence_cpu.tolist() == [[0.5, 0.25]]
+
+
+def test_a_resolve_under_a_skipped_optional_parent_consumes_nothing() -> None:
+    """A prefill batch of the n-gram map has ``spec_info=None``: the resolve leaves the
+    fields under it alone, and debug mode must not count it as a read, so the next
+    resolve of the same slots, with a ``spec_info``, still takes the values."""
+    from relay.maps.ngram import NgramFutureMap, NgramPayload
+
+    relay = NgramFutureMap("cpu", POOL, draft_token_num=2, debug=True)
+    relay.stash(
+        slots(3, 4),
+        NgramPayload(
+            bonus_tokens=torch.tensor([11, 12]),
+            accept_tokens=torch.tensor([[1, 2], [3, 4]]),
+            accept_lens=torch.tensor([2, 1], dtype=torch.int32),
+        ),
+    )
+    prefill = Namespace(req_pool_indices=slots(3, 4), spec_info=None)
+    relay.resolve_future(prefill)  # type: ignore[arg-type]
+    assert prefill.spec_info is None
+    b = batch(3, 4)
+    relay.resolve_future(b)  # type: ignore[arg-type]
+    assert b.spec_info.bonus_tokens.tolist() == [11, 12]
+    assert b.spec_info.accept_tokens.tolist() == [1, 2, 3, 4]
+    assert b.spec_info.accept_lens.tolist() == [2, 1]
 
 
 def test_placeholder_positions_holding_real_tokens_are_not_reads() -> None:

@@ -443,6 +443,40 @@ def test_an_event_wait_is_ordered_after_the_record_it_waited_for_only() -> None:
             resolve(d, "tok", buf, torch.tensor([2]))
 
 
+def test_an_event_wait_that_returned_at_the_record_does_not_join_the_task_end() -> None:
+    """The host's event wait is issued while the task is queued, and returns at the
+    task's record; by the time it looks, the task has also written slot 2 and ended.
+    The host is ordered after the record (slot 1), not after the task's end (slot 2)."""
+    d = checks()
+    buf = torch.zeros(POOL, dtype=torch.int64)
+    event = CpuEvent()
+    go, ended = threading.Event(), threading.Event()
+
+    def forward() -> None:
+        assert go.wait(GUARD_S)
+        stash(d, "tok", buf, torch.tensor([1]), [5])
+        event.record()
+        stash(d, "tok", buf, torch.tensor([2]), [7])
+
+    with thread_streams("fwd") as (stream,):
+        stream.submit(forward)
+        stream.submit(ended.set)  # opens once the forward's end is booked
+        newest_before = stream.newest_before
+
+        def the_task_ends_meanwhile(order: int | None) -> int:
+            newest = newest_before(order)  # the forward, still queued
+            go.set()
+            assert ended.wait(GUARD_S)
+            return newest
+
+        stream.newest_before = the_task_ends_meanwhile  # type: ignore[method-assign]
+        event.synchronize()
+        stream.newest_before = newest_before  # type: ignore[method-assign]
+        assert resolve(d, "tok", buf, torch.tensor([1])).tolist() == [5]
+        with pytest.raises(RelayDebugError, match="nothing orders the read"):
+            resolve(d, "tok", buf, torch.tensor([2]))
+
+
 class FakeStream:
     """A device stream as the checker sees one (a stream id), on a fake CPU policy."""
 
