@@ -169,11 +169,6 @@ def host_mirror(field: Field) -> str:
     return f"_{field.name}_host"
 
 
-def carried_flag(field: Field) -> str:
-    """The private flag of an optional field: whether the latest write carried it."""
-    return f"_{field.name}_carried"
-
-
 def value_local(field: Field) -> str:
     """The local holding a schedule field's gathered rows (fields never shadow locals:
     ``indices``, ``slots``, ``batch`` and ``self`` are reserved)."""
@@ -203,7 +198,7 @@ def bound_names(schema: Schema) -> frozenset[str]:
     if isinstance(schema.owners, str):
         names.update(_path_names(schema, schema.owners))
     for f in schema.fields:
-        names.update({buffer(f), host_mirror(f), carried_flag(f), f.payload_name})
+        names.update({buffer(f), host_mirror(f), f.payload_name})
         if isinstance(f.offsets, str):
             names.update(_path_names(schema, f.offsets))
         names.add(value_local(f))
