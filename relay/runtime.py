@@ -303,7 +303,7 @@ def write_rows(s: MapState, indices: torch.Tensor) -> tuple[int, ...] | None:
 
 
 #: Up to this many slots, the host check reads them as a list; above, one ``aminmax``.
-HOST_SLOTS_IN_PYTHON_MAX = 16
+HOST_SLOTS_IN_PYTHON_MAX = 32
 
 
 def host_slots_ok(slots: torch.Tensor, pool_size: int) -> bool:

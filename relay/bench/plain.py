@@ -130,7 +130,7 @@ class _Builder:
         lines = []
         if self.device.type == "cpu" and self.shape.batch > HOST_SLOTS_IN_PYTHON_MAX:
             # relay checks CPU write slots on the host first (Note [Slots on the host]
-            # in relay/runtime.py), over 16 slots with one op: made here too; reading
+            # in relay/runtime.py), over 32 slots with one op: made here too; reading
             # and comparing its result are relay's checks, left out.
             lines.append("idx.aminmax()")
         for f in fields:

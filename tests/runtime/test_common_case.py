@@ -91,7 +91,7 @@ def test_inference_tensor_slots_are_checked_like_any() -> None:
 
 @pytest.mark.parametrize("n", [3, 40], ids=["listed", "aminmax"])
 def test_a_slot_outside_the_pool_in_a_long_batch_writes_nothing(n: int) -> None:
-    """Both host checks (a list up to 16 slots, one aminmax above) see the last slot."""
+    """Both host checks (a list up to 32 slots, one aminmax above) see the last slot."""
     relay = DecodeFutureMap("cpu", 64)
     indices = torch.arange(1, n + 1)
     indices[-1] = 64

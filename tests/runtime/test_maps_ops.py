@@ -255,7 +255,7 @@ def test_eagle_step_costs_fewer_than_sglangs_twelve_ops(n: int) -> None:
     """The EAGLE step with hidden states is 11 data ops (sglang: 12, whose host sum is
     ``sum`` and its read-out, and whose ``.cpu()`` on the CPU hands over ``seq_lens``
     itself as the host copy, where relay clones: Note [CPU host mirror]); packed, one
-    gather fewer: 10. Plain decoding is 2 (sglang: 3). Above 16 slots on the CPU, stash
+    gather fewer: 10. Plain decoding is 2 (sglang: 3). Above 32 slots on the CPU, stash
     and publish each check their slots with one more op, which sglang's step does not
     do (a bad slot there writes some rows): 13 and 12, decoding 3."""
     cases = {
@@ -371,7 +371,7 @@ def test_a_slot_outside_the_pool_is_refused_before_any_write(
 ) -> None:
     """Debug off, on the CPU, every bundled map: a stash or publish whose last slot is
     outside the pool raises ``SlotError`` naming it, writes no row of any field (the
-    CPU kernels would have written the rows before it), checking with no op up to 16
+    CPU kernels would have written the rows before it), checking with no op up to 32
     slots and an aminmax above (the gate's, then the checked path's)."""
     for name, relay, payload, values, _ in _cases(n):
         good = slots(*range(1, n + 1))
