@@ -2,7 +2,8 @@
 
 Exit status: 0 every side ran and resolved the same values, 1 a side raised or the
 values differ, 2 bad usage or device. Timings never fail a run. torch is imported by
-``run`` only, so building the flags (``relay --help``) stays fast."""
+``run`` only, after the flags are checked (``flags_problem``), so building the flags
+(``relay --help``) and refusing a bad one stay fast."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import argparse
 import datetime
 import itertools
 import json
+import math
 import os
 import platform
 import subprocess
@@ -20,7 +22,7 @@ from typing import Any
 
 from relay.cli.status import Exit
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["add_arguments", "flags_problem", "run"]
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = Exit.OK, Exit.FAILED, Exit.USAGE
 
@@ -100,32 +102,52 @@ def _device(name: str) -> Any:
     return device
 
 
+def _sizes(args: argparse.Namespace) -> tuple[tuple[int, ...], ...]:
+    """Pools, batches, top-ks and hidden sizes: the flags', else the preset's."""
+    preset = PRESETS["quick" if args.quick else "default"]["sizes"]
+    flags = (args.pool, args.batch, args.topk, args.hidden)
+    return tuple(given or default for given, default in zip(flags, preset))
+
+
+def flags_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with the parsed flags, as far as it shows without torch (a device
+    name and the schema names are checked by ``run``, after importing it); None if
+    nothing is."""
+    pools, batches, topks, _ = _sizes(args)
+    if min(topks) < 1 or min(pools) < 2 or min(batches) < 1:
+        return "--topk and --batch must be >= 1, --pool >= 2 (row 0 is scratch)"
+    sample_ms = args.sample_ms
+    if (args.repeat is not None and args.repeat < 1) or (
+        sample_ms is not None and not (math.isfinite(sample_ms) and sample_ms > 0)
+    ):
+        return "--repeat must be >= 1 and --sample-ms > 0"
+    if args.warmup < 0 or args.threads < 0:
+        return "--warmup and --threads must be >= 0 (--threads 0 keeps torch's)"
+    if all(batch > pool - 1 for pool in pools for batch in batches):
+        return "no shape fits: a pool of P rows holds at most P - 1 requests"
+    return None
+
+
 def _configs(args: argparse.Namespace) -> list[Any] | str:
     """Every (pair, generated, shape) to measure, or a usage message."""
     from relay.bench.sides import PAIRS, Shape, discover
 
-    pools, batches, topks, hiddens = PRESETS["quick" if args.quick else "default"][
-        "sizes"
-    ]
-    pools, batches = args.pool or pools, args.batch or batches
-    topks, hiddens = args.topk or topks, args.hidden or hiddens
+    pools, batches, topks, hiddens = _sizes(args)
     unknown = [s for s in args.schema or () if s not in [p.schema for p in PAIRS]]
     if unknown:
         known = ", ".join(p.schema for p in PAIRS)
         return f"no baseline is declared for {', '.join(unknown)}; choose from {known}"
-    if min(topks) < 1 or min(pools) < 2 or min(batches) < 1:
-        return "--topk and --batch must be >= 1, --pool >= 2 (row 0 is scratch)"
-    if args.repeat is not None and args.repeat < 1 or (args.sample_ms or 1) <= 0:
-        return "--repeat must be >= 1 and --sample-ms > 0"
     found, skipped = discover(args.schema)
     for pair, why in skipped:
         print(f"relay bench: {pair.schema} skipped ({why})", file=sys.stderr)
+    if not found:
+        return "no generated map to compare: every schema was skipped"
     configs = []
     for pair, gen in found:
         grid = itertools.product(pools, batches, topks if pair.spec else [0],
                                  hiddens if pair.spec else [0])  # fmt: skip
         configs += [(pair, gen, Shape(*s)) for s in grid if s[1] <= s[0] - 1]
-    return configs or "no shape fits: a pool of P rows holds at most P - 1 requests"
+    return configs  # not empty: flags_problem saw a shape that fits
 
 
 def _counts(counts: dict[str, Any]) -> dict[str, Any]:
@@ -323,6 +345,9 @@ def _render(meta: dict[str, Any], results: list[dict[str, Any]]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``relay bench`` with parsed ``args``; returns the exit status."""
+    problem = flags_problem(args)
+    if problem is not None:
+        return _usage(problem)
     import torch
 
     device = _device(args.device)

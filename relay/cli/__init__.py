@@ -2,8 +2,9 @@
 
 Each command's flags live in its own command module (``relay.codegen.cli``,
 ``relay.cli.demo``, ``relay.bench.main``), imported only when that command runs: no
-torch for ``--help``, ``--version``, nor a bad demo flag. Exit statuses: ``Exit``. The libraries under the commands
-(``relay.codegen``, ``relay.engine``, ``relay.bench``) import nothing from here.
+torch for ``--help``, ``--version``, nor a bad demo or bench flag (``relay bench`` checks
+its flags before it imports torch). Exit statuses: ``Exit``. The libraries under the
+commands (``relay.codegen``, ``relay.engine``, ``relay.bench``) import nothing from here.
 """
 
 from __future__ import annotations
@@ -107,8 +108,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _build_parser(command: str | None) -> argparse.ArgumentParser:
-    """The parser; only ``command``'s flags are built (``demo``'s and ``generate``'s
-    without torch, so that a bad flag is refused at once)."""
+    """The parser; only ``command``'s flags are built (every command's without torch,
+    so that a bad flag is refused at once)."""
     parser = _Parser(
         prog="relay",
         description="Declare overlap-scheduling relay fields once as attrs schemas and "

@@ -290,15 +290,42 @@ def test_a_side_that_raises_exits_1(
         ["--pool", "9", "--batch", "1", "--topk", "0"],
         ["--schema", "no_such_schema"],
         ["--repeat", "0"],
+        ["--sample-ms", "0"],
+        ["--warmup", "-1"],
+        ["--threads", "-1"],
         ["--device", "no_such_device"],
     ],
-    ids=["batch-over-pool", "topk-0", "unknown-schema", "repeat-0", "bad-device"],
+    ids=[
+        "batch-over-pool",
+        "topk-0",
+        "unknown-schema",
+        "repeat-0",
+        "sample-ms-0",
+        "warmup-negative",
+        "threads-negative",
+        "bad-device",
+    ],
 )
 def test_bad_usage_exits_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     """Bad sizes, names or devices exit 2 with one line on stderr."""
     assert main(["bench", "-q", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("relay bench: ") and "\n" not in err
+
+
+def test_every_schema_skipped_exits_2(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No generated module to compare (each skipped) is said as such, not as a shape
+    that does not fit."""
+    skipped = [(_pair("decode"), "no module relay.maps.decode")]
+    monkeypatch.setattr(sides, "discover", lambda schemas=None: ([], skipped))
+    assert main(["bench", "-q", "--schema", "decode"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        "relay bench: decode skipped (no module relay.maps.decode)",
+        "relay bench: no generated map to compare: every schema was skipped",
+    ]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")
@@ -354,6 +381,45 @@ def test_bench_flags_import_no_torch() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout
     assert out.strip() == "['relay.bench', 'relay.bench.main']"
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (
+            ["--batch", "x"],
+            "error: argument --batch: expected comma-separated ints, got 'x'",
+        ),
+        (["--pool", "0"], "--topk and --batch must be >= 1, --pool >= 2"),
+        (["--topk", "0"], "--topk and --batch must be >= 1, --pool >= 2"),
+        (["--pool", "2", "--batch", "4"], "no shape fits"),
+        (["--repeat", "0"], "--repeat must be >= 1 and --sample-ms > 0"),
+        (["--sample-ms", "0"], "--repeat must be >= 1 and --sample-ms > 0"),
+        (["--sample-ms", "nan"], "--repeat must be >= 1 and --sample-ms > 0"),
+        (["--warmup", "-1"], "--warmup and --threads must be >= 0"),
+        (["--threads", "-1"], "--warmup and --threads must be >= 0"),
+    ],
+)
+def test_a_bad_bench_flag_is_one_line_before_torch(argv: list[str], says: str) -> None:
+    """A bad flag value: one line on stderr, exit 2, and torch never imported (it takes
+    seconds; the bench would otherwise import it only to refuse the flag)."""
+    code = (
+        "import sys\nfrom relay.cli import main\ntry:\n"
+        f"    code = main({['bench', *argv]!r})\n"
+        "except SystemExit as stop:\n    code = stop.code\n"
+        "print(code, 'torch' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.stdout.split() == ["2", "False"], done.stderr
+    err = done.stderr.splitlines()
+    assert len(err) == 1 and err[0].startswith("relay bench: "), err
+    assert says in err[0], err
 
 
 @pytest.mark.gpu
