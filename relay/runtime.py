@@ -614,10 +614,21 @@ def _write_field(
     buf.index_copy_(0, slots, value)
 
 
+# Note [Seeds]
+# A request prefilled elsewhere starts with no forward of its own, so the scheduler
+# hands its first values to the map: ``seed``. A finished request's last forward may
+# still be in flight on the same row and stash there after the scheduler seeded it;
+# so ``seed`` checks and copies the values and only queues them, and the next
+# ``resolve_future``, which runs on the forward stream after every forward before it,
+# writes them first. That orders the seed after the in-flight stash on every device
+# policy, with no fence of its own.
+
+
 def seed(
     s: MapState, indices: torch.Tensor, payload: object, owners: Owners | None = None
 ) -> None:
-    """``seed``: check the rows now, queue copies for the next ``resolve_future``."""
+    """``seed``: check the rows now, queue copies for the next ``resolve_future``
+    (Note [Seeds])."""
     table = s.table
     given = [getattr(payload, table.fields[i].payload_name) for i in table.forward]
     checked = _checked(s, "seed", table.forward, indices, given, owners)
