@@ -80,6 +80,8 @@ __all__ = [
     "read_back",
     "read_slots",
     "scatter_at",
+    "scatter_kept",
+    "scatter_rows",
     "scattered",
     "seed",
     "stash",
@@ -138,6 +140,8 @@ class Table:
             i for i, f in enumerate(self.fields) if f.lane is Lane.SCHEDULE
         )
         self.readers = tuple(_reader(f) for f in self.fields)
+        #: Each field's predecessors in its scatter target (``after``), nearest first.
+        self.before = tuple(_predecessors(self.fields, f) for f in self.fields)
 
     def what(self, i: int) -> str:
         """How messages name field ``i``: ``Map.field``."""
@@ -170,6 +174,7 @@ class MapState:
         "dtypes",
         "fence",
         "pool_size",
+        "produced",
         "rows",
         "seeds",
         "table",
@@ -200,6 +205,9 @@ class MapState:
         self.seeds: list[Seed] = []
         #: The fence ``publish`` records and the schedule-side resolves wait on.
         self.fence: Fence | CpuFence = new_fence(device, debug)
+        #: Debug mode: each counted scatter field's count its latest write stashed per
+        #: slot (Note [Counted scatters]).
+        self.produced: dict[int, torch.Tensor] = {}
 
     def buffer(
         self, i: int, shape: tuple[int, ...], dtype: torch.dtype
@@ -397,11 +405,231 @@ def scatter_at(
 
 
 def scattered(s: MapState, i: int, target: torch.Tensor) -> None:
-    """Debug mode, after field ``i``'s scatter: a target whose field is guarded
-    non-negative holds no negative placeholder (Note [Scatter destinations])."""
+    """Debug mode, after field ``i``'s scatter (the last of those into its target): a
+    target one of whose fields is guarded non-negative holds no negative placeholder
+    (Note [Scatter destinations])."""
     f = s.table.fields[i]
-    if s.debug is not None and f.guard in (Guard.NON_NEGATIVE, Guard.POSITIVE):
+    guarded = any(
+        g.guard in (Guard.NON_NEGATIVE, Guard.POSITIVE)
+        for g in s.table.fields
+        if g.resolve is Resolve.SCATTER and g.target == f.target
+    )
+    if s.debug is not None and guarded:
         s.debug.check_scattered(f.name, target)
+
+
+# Note [Counted scatters]
+# A scatter field that declares ``lengths`` lays only each request's first
+# ``lengths[i]`` values of its row into the target, and one that declares ``after``
+# starts where another scatter field into the same target ends in each request's span
+# (the sampled token, then 0 to K drafts). Rows keep their full width in the buffer:
+# what varies is how many of a row's values a resolve lays in, so a producer and a
+# consumer cannot disagree on where a row's values are, only on how many there are.
+# Debug mode keeps the count each stash carried per slot and reports a resolve that
+# reads more (reading fewer is a trim, the scheduler's right). On the CPU the values
+# are picked with a mask; elsewhere a mask would read the counts back to the host, a
+# sync that stalls the overlap, so each covered position takes the value of the one
+# entry that covers it (``scatter_kept``), with no host read.
+
+
+def _predecessors(fields: tuple[Field, ...], f: Field) -> tuple[int, ...]:
+    """Positions of the scatter fields before ``f`` in its target's span (``after``),
+    nearest first; validation refused a cycle or a name that is no field."""
+    names = {g.name: j for j, g in enumerate(fields)}
+    found: list[int] = []
+    after = f.after
+    while after is not None and after in names and len(found) < len(fields):
+        found.append(names[after])
+        after = fields[names[after]].after
+    return tuple(found)
+
+
+def _per_request(
+    s: MapState, i: int, path: object, value: object, n: int, device: torch.device
+) -> torch.Tensor:
+    """``value`` (``batch.<path>`` of field ``i``) as int64 if it holds one integer per
+    request, on the target's device; refused before anything is written otherwise."""
+    if (
+        isinstance(value, torch.Tensor)
+        and value.dtype in (torch.int64, torch.int32)
+        and value.ndim == 1
+        and value.numel() == n
+        and value.device == device
+    ):
+        return value if value.dtype is torch.int64 else value.long()
+    got = (
+        f"a {value.dtype} tensor of shape {tuple(value.shape)} on {value.device}"
+        if isinstance(value, torch.Tensor)
+        else f"a {type(value).__name__}"
+    )
+    raise RelayError(
+        f"{s.table.what(i)}: batch.{path} must hold one integer per request ({n}, an "
+        f"int64 or int32 vector on {device}, the target's device), got {got}. Nothing "
+        "was written"
+    )
+
+
+def scatter_rows(
+    s: MapState,
+    i: int,
+    rows: torch.Tensor,
+    offsets: object,
+    indices: torch.Tensor,
+    target: torch.Tensor,
+    lengths: object = None,
+    before: tuple[object, ...] = (),
+) -> None:
+    """Field ``i``'s gathered ``rows`` into flat ``target``: each request's first
+    ``lengths`` values (all of them without), from its start offset plus what the
+    fields before it in the span hold, ``before`` giving the counts of those that
+    declare lengths, nearest first (Note [Counted scatters]). Positions and counts are
+    checked first, naming the request: a refused call writes nothing."""
+    table = s.table
+    f = table.fields[i]
+    n = indices.numel()
+    width = math.prod(s.rows[i])
+    home = target.device
+    starts = _per_request(s, i, f.offsets, offsets, n, home)
+    counts = None
+    if lengths is not None:
+        counts = _per_request(s, i, f.lengths, lengths, n, home)
+    shift: torch.Tensor | int = 0
+    given = iter(before)
+    for j in table.before[i]:
+        g = table.fields[j]
+        if g.lengths is None:
+            shift = shift + math.prod(s.rows[j])
+        else:
+            shift = shift + _per_request(s, j, g.lengths, next(given), n, home)
+    first = starts + shift if table.before[i] else starts
+    size = target.numel()
+    span: torch.Tensor | int = width if counts is None else counts
+    debug = s.debug
+    if debug is not None:
+        if table.before[i]:  # the whole span: another field's values count too
+            debug.check_scatter(f.name, indices, starts, shift + span, size)
+        else:
+            debug.check_scatter(f.name, indices, first, span, size)
+        if counts is not None:
+            debug.check_counts(f.name, indices, counts, width, s.produced.get(i))
+    elif first.is_cpu:
+        _host_span_check(table.what(i), f.lengths, indices, first, span, width, size)
+    columns = s.columns.get(i)
+    if columns is None:
+        columns = s.columns[i] = torch.arange(width, device=home)
+    at = first.unsqueeze(1) + columns
+    block = rows.reshape(n, width)
+    if counts is None:
+        target.index_copy_(0, at.flatten(), block.flatten())
+        return
+    keep = columns < counts.unsqueeze(1)
+    if target.is_cpu:
+        target.index_copy_(0, at[keep], block[keep])
+    else:
+        scatter_kept(target, at, keep, block)
+
+
+def scatter_kept(
+    target: torch.Tensor, at: torch.Tensor, keep: torch.Tensor, block: torch.Tensor
+) -> None:
+    """``target[at[keep]] = block[keep]`` with no host read (Note [Counted scatters]):
+    each position takes the number of the kept entry that covers it (positions were
+    checked not to overlap), then its value; an entry not kept covers nothing."""
+    size = target.numel()
+    if size == 0:
+        return
+    entry = torch.arange(keep.numel(), device=target.device).view_as(keep)
+    taken = torch.where(keep, entry, -1).flatten()
+    cover = torch.full((size,), -1, dtype=torch.int64, device=target.device)
+    cover.scatter_reduce_(0, at.clamp(0, size - 1).flatten(), taken, "amax")
+    values = block.flatten().index_select(0, cover.clamp(min=0))
+    target.copy_(torch.where(cover >= 0, values, target))
+
+
+def _host_span_check(
+    what: str,
+    path: str | None,
+    indices: torch.Tensor,
+    first: torch.Tensor,
+    span: torch.Tensor | int,
+    width: int,
+    size: int,
+) -> None:
+    """Debug off, on the host: each request's count in ``[0, width]`` and its values
+    inside the target (Note [Scatter destinations])."""
+    n = first.numel()
+    counts = [span] * n if isinstance(span, int) else cast(list[int], span.tolist())
+    starts = cast(list[int], first.tolist())
+    for j, (at, count) in enumerate(zip(starts, counts)):
+        if not 0 <= count <= width:
+            raise RelayError(
+                f"{what}: batch.{path} gives request {j} (slot {int(indices[j])}) "
+                f"{count} value(s), outside [0, {width}] (its row's width). Nothing was "
+                "written"
+            )
+        if count and (at < 0 or at + count > size):
+            raise RelayError(
+                f"{what}: request {j} (slot {int(indices[j])}) starts at {at}, so its "
+                f"{count} value(s) would not fit the target's {size} positions. "
+                "Nothing was written"
+            )
+
+
+def stashed_counts(
+    s: MapState, indices: torch.Tensor, payload: object
+) -> dict[int, torch.Tensor]:
+    """Debug mode: the producer's count of each counted scatter field, from the
+    payload attribute named after its ``lengths`` (Note [Counted scatters]); checked
+    before anything is written. Nothing with debug off."""
+    debug = s.debug
+    if debug is None:
+        return {}
+    table = s.table
+    n = indices.numel()
+    counts = {}
+    for i in table.forward:
+        f = table.fields[i]
+        if f.lengths is None:
+            continue
+        name = f.lengths.rsplit(".", 1)[-1]
+        value = getattr(payload, name)
+        if not (
+            isinstance(value, torch.Tensor)
+            and value.dtype in (torch.int64, torch.int32)
+            and value.numel() == n
+            and value.ndim <= 1
+            and value.device == s.device
+        ):
+            got = (
+                f"a {value.dtype} tensor of shape {tuple(value.shape)}"
+                if isinstance(value, torch.Tensor)
+                else f"a {type(value).__name__}"
+            )
+            raise RelayError(
+                f"{table.what(i)}: payload.{name} must hold one integer count per row "
+                f"({n}, an int64 or int32 vector on {s.device}), got {got}. Nothing was "
+                "written"
+            )
+        count = value.reshape(-1).long()
+        if s.buffers[i] is not None:  # a lazy one's width comes with its first rows
+            debug.check_counts(f.name, indices, count, math.prod(s.rows[i]))
+        counts[i] = count
+    return counts
+
+
+def record_counts(
+    s: MapState, indices: torch.Tensor, counts: dict[int, torch.Tensor]
+) -> None:
+    """Debug mode, after a write: the count each slot's row now carries."""
+    slots = indices.reshape(-1).long()
+    for i, count in counts.items():
+        produced = s.produced.get(i)
+        if produced is None:
+            width = math.prod(s.rows[i])
+            produced = s.produced[i] = torch.full(
+                (s.pool_size,), width, dtype=torch.int64, device=s.device
+            )
+        produced.index_copy_(0, slots, count)
 
 
 def write_optional(
@@ -467,7 +695,9 @@ def stash(
     """``stash`` off the common case (Note [One body])."""
     table = s.table
     values = [getattr(payload, table.fields[i].payload_name) for i in table.forward]
-    _write(s, "stash", table.forward, indices, values, owners)
+    counts = stashed_counts(s, indices, payload)
+    if _write(s, "stash", table.forward, indices, values, owners) and counts:
+        record_counts(s, indices, counts)
 
 
 def publish(
@@ -620,11 +850,14 @@ def seed(
     """``seed``: check the rows now, queue copies for the next ``resolve_future``."""
     table = s.table
     given = [getattr(payload, table.fields[i].payload_name) for i in table.forward]
+    counts = stashed_counts(s, indices, payload)
     checked = _checked(s, "seed", table.forward, indices, given, owners)
     if checked is not None:
         slots, values = checked
         copies = [None if v is None else v.detach().clone() for v in values]
         s.seeds.append((slots.clone(), copies, owners))
+        if counts:
+            record_counts(s, indices, counts)
 
 
 def apply_seeds(s: MapState) -> None:

@@ -117,6 +117,13 @@ def write(schema: Schema, op: str, fields: Sequence[Field], checked: str) -> lis
 def resolve_doc(f: Field) -> str:
     """The resolve doc string's line for ``f``'s target."""
     later = " (when the latest write carried it, else ``None``)" if f.optional else ""
+    if f.resolve is Resolve.SCATTER and (f.after or f.lengths):
+        after = f", after ``{f.after}``" if f.after else ""
+        count = f", the first ``batch.{f.lengths}`` of each row" if f.lengths else ""
+        return (
+            f"- ``batch.{f.target}``: from each row's ``batch.{f.offsets}``{after}, "
+            f"``{naming.buffer(f)}[indices]``{count}."
+        )
     if f.resolve is Resolve.SCATTER:
         return (
             f"- ``batch.{f.target}``: from each row's ``batch.{f.offsets}``, "
@@ -180,13 +187,51 @@ def _scatter_read(schema: Schema, f: Field, target: str) -> list[str]:
     i = schema.fields.index(f)
     rows = naming.value_local(f)
     flat = ".flatten()" if f.shape else ""
+    shared = [
+        g
+        for g in schema.fields
+        if g.resolve is Resolve.SCATTER and g.target == f.target
+    ]
+    check = [] if shared[-1] is not f else ["if debug is not None:"]
+    check += [f"    _rt.scattered(self._state, {i}, {target})"] if check else []
+    if f.lengths is not None or f.after is not None:
+        return [*_stashed(schema, f), *_counted_scatter(schema, f, target), *check]
     at = f"_rt.scatter_at(self._state, {i}, batch.{f.offsets}, indices, {target})"
     return [
         *_stashed(schema, f),
         f"{rows} = {_buf(f)}.index_select(0, indices){flat}",
         f"{target}.index_copy_(0, {at}, {rows})",
-        "if debug is not None:",
-        f"    _rt.scattered(self._state, {i}, {target})",
+        *check,
+    ]
+
+
+def _counted_scatter(schema: Schema, f: Field, target: str) -> list[str]:
+    """A scatter with counts or after another field in its span (Note [Counted
+    scatters] in runtime.py): one gather, then the runtime's checked scatter."""
+    i = schema.fields.index(f)
+    rows = naming.value_local(f)
+    by_name = {g.name: g for g in schema.fields}
+    before: list[str] = []
+    after = f.after
+    while after is not None and len(before) < len(schema.fields):
+        g = by_name[after]
+        if g.lengths is not None:
+            before.append(f"batch.{g.lengths}")
+        after = g.after
+    args = [
+        "self._state",
+        str(i),
+        rows,
+        f"batch.{f.offsets}",
+        "indices",
+        target,
+        f"batch.{f.lengths}" if f.lengths is not None else "None",
+    ]
+    if before:
+        args.append(join("(", before, ",)" if len(before) == 1 else ")"))
+    return [
+        f"{rows} = {_buf(f)}.index_select(0, indices)",
+        join("_rt.scatter_rows(", args),
     ]
 
 
