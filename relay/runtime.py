@@ -582,10 +582,10 @@ def stashed_counts(
     payload attribute named after its ``lengths`` (Note [Counted scatters]); checked
     before anything is written. Nothing with debug off."""
     debug = s.debug
-    if debug is None:
+    n = indices.numel() if isinstance(indices, torch.Tensor) else 0
+    if debug is None or n == 0:
         return {}
     table = s.table
-    n = indices.numel()
     counts = {}
     for i in table.forward:
         f = table.fields[i]

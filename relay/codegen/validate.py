@@ -987,6 +987,8 @@ def _check_counted_scatters(c: _Collector, fields: list[Field]) -> None:
     for f in fields:
         seen = {f.name}
         after = f.after if f.resolve is Resolve.SCATTER else None
+        if after == f.name:
+            continue  # refused above: after must name another field
         while isinstance(after, str) and after in by_name:
             if after in seen:
                 c.add(
