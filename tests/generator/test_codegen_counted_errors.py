@@ -38,8 +38,10 @@ CASES = {
     "lengths on a gather": (
         [
             'Field("tok", lane=Lane.FORWARD, dtype=torch.int64, target="t"),',
-            'Field("x", lane=Lane.FORWARD, dtype=torch.int64, shape=(3,), target="u", '
-            'lengths="n"),',
+            (
+                'Field("x", lane=Lane.FORWARD, dtype=torch.int64, shape=(3,), target="u", '
+                'lengths="n"),'
+            ),
         ],
         "lengths belongs to a scatter, but resolve is Resolve.GATHER",
         "add resolve=Resolve.SCATTER with offsets=..., or remove lengths=...",
@@ -54,8 +56,10 @@ CASES = {
     ),
     "lengths that are no path": (
         [
-            'Field("x", shape=(3,), target="u", offsets="starts", lengths="n drafts", '
-            "**S),"
+            (
+                'Field("x", shape=(3,), target="u", offsets="starts", lengths="n drafts", '
+                "**S),"
+            )
         ],
         "lengths must be a dotted attribute path of the batch",
         'write lengths="num_draft_tokens", or leave it out',
@@ -70,8 +74,10 @@ CASES = {
     ),
     "lengths that are the offsets": (
         [
-            'Field("x", shape=(3,), target="u", offsets="starts", lengths="starts", '
-            "**S),"
+            (
+                'Field("x", shape=(3,), target="u", offsets="starts", lengths="starts", '
+                "**S),"
+            )
         ],
         "lengths='starts' is also where a field resolves to, or the offsets",
         "read lengths from a batch attribute no field writes",
@@ -83,10 +89,14 @@ CASES = {
     ),
     "a count named like a payload attribute": (
         [
-            'Field("tok", lane=Lane.FORWARD, dtype=torch.int64, target="t", '
-            'source="n"),',
-            'Field("x", shape=(3,), target="u", offsets="starts", lengths="spec.n", '
-            "**S),",
+            (
+                'Field("tok", lane=Lane.FORWARD, dtype=torch.int64, target="t", '
+                'source="n"),'
+            ),
+            (
+                'Field("x", shape=(3,), target="u", offsets="starts", lengths="spec.n", '
+                "**S),"
+            ),
         ],
         "the stash payload carries the producer's count as 'n'",
         "name the count attribute otherwise, or give that field another source",
@@ -104,8 +114,10 @@ CASES = {
     "after a field with other offsets": (
         [
             TOKEN,
-            'Field("x", shape=(3,), target="input_ids", offsets="draft_starts", '
-            'after="tok", **S),',
+            (
+                'Field("x", shape=(3,), target="input_ids", offsets="draft_starts", '
+                'after="tok", **S),'
+            ),
         ],
         "so both scatter into one target from one offsets",
         "give both resolve=Resolve.SCATTER, target='input_ids' and offsets='starts'",
@@ -113,8 +125,10 @@ CASES = {
     "after a field into another target": (
         [
             TOKEN,
-            'Field("x", shape=(3,), target="draft_ids", offsets="starts", after="tok", '
-            "**S),",
+            (
+                'Field("x", shape=(3,), target="draft_ids", offsets="starts", after="tok", '
+                "**S),"
+            ),
         ],
         "so both scatter into one target from one offsets",
         "give both resolve=Resolve.SCATTER, target='input_ids' and offsets='starts'",
@@ -122,10 +136,14 @@ CASES = {
     "two fields after one": (
         [
             TOKEN,
-            'Field("y", shape=(3,), target="input_ids", offsets="starts", after="tok", '
-            "**S),",
-            'Field("x", shape=(3,), target="input_ids", offsets="starts", after="tok", '
-            "**S),",
+            (
+                'Field("y", shape=(3,), target="input_ids", offsets="starts", after="tok", '
+                "**S),"
+            ),
+            (
+                'Field("x", shape=(3,), target="input_ids", offsets="starts", after="tok", '
+                "**S),"
+            ),
         ],
         "after='tok', like field 'y'",
         "lay it after 'y' instead",
