@@ -81,7 +81,7 @@ __all__ = [
     "read_slots",
     "scatter_at",
     "scatter_kept",
-    "scatter_rows",
+    "scatter_span",
     "scattered",
     "seed",
     "stash",
@@ -140,8 +140,6 @@ class Table:
             i for i, f in enumerate(self.fields) if f.lane is Lane.SCHEDULE
         )
         self.readers = tuple(_reader(f) for f in self.fields)
-        #: Each field's predecessors in its scatter target (``after``), nearest first.
-        self.before = tuple(_predecessors(self.fields, f) for f in self.fields)
 
     def what(self, i: int) -> str:
         """How messages name field ``i``: ``Map.field``."""
@@ -422,26 +420,16 @@ def scattered(s: MapState, i: int, target: torch.Tensor) -> None:
 # A scatter field that declares ``lengths`` lays only each request's first
 # ``lengths[i]`` values of its row into the target, and one that declares ``after``
 # starts where another scatter field into the same target ends in each request's span
-# (the sampled token, then 0 to K drafts). Rows keep their full width in the buffer:
-# what varies is how many of a row's values a resolve lays in, so a producer and a
-# consumer cannot disagree on where a row's values are, only on how many there are.
-# Debug mode keeps the count each stash carried per slot and reports a resolve that
-# reads more (reading fewer is a trim, the scheduler's right). On the CPU the values
-# are picked with a mask; elsewhere a mask would read the counts back to the host, a
-# sync that stalls the overlap, so each covered position takes the value of the one
-# entry that covers it (``scatter_kept``), with no host read.
-
-
-def _predecessors(fields: tuple[Field, ...], f: Field) -> tuple[int, ...]:
-    """Positions of the scatter fields before ``f`` in its target's span (``after``),
-    nearest first; validation refused a cycle or a name that is no field."""
-    names = {g.name: j for j, g in enumerate(fields)}
-    found: list[int] = []
-    after = f.after
-    while after is not None and after in names and len(found) < len(fields):
-        found.append(names[after])
-        after = fields[names[after]].after
-    return tuple(found)
+# (the sampled token, then 0 to K drafts). Such a target's fields are one call,
+# ``scatter_span``: every field's counts and every request's span checked, then each
+# field written, so a refused resolve writes none of them. Rows keep their full width
+# in the buffer: what varies is how many of a row's values a resolve lays in, so a
+# producer and a consumer cannot disagree on where a row's values are, only on how
+# many there are. Debug mode keeps the count each stash carried per slot and reports
+# a resolve that reads more (reading fewer is a trim, the scheduler's right). On the
+# CPU the values are picked with a mask; elsewhere a mask would read the counts back
+# to the host, a sync that stalls the overlap, so each covered position takes the
+# value of the one entry that covers it (``scatter_kept``), with no host read.
 
 
 def _per_request(
@@ -469,64 +457,60 @@ def _per_request(
     )
 
 
-def scatter_rows(
+def scatter_span(
     s: MapState,
-    i: int,
-    rows: torch.Tensor,
+    fields: tuple[int, ...],
+    rows: tuple[torch.Tensor, ...],
     offsets: object,
     indices: torch.Tensor,
     target: torch.Tensor,
-    lengths: object = None,
-    before: tuple[object, ...] = (),
+    lengths: tuple[object, ...],
 ) -> None:
-    """Field ``i``'s gathered ``rows`` into flat ``target``: each request's first
-    ``lengths`` values (all of them without), from its start offset plus what the
-    fields before it in the span hold, ``before`` giving the counts of those that
-    declare lengths, nearest first (Note [Counted scatters]). Positions and counts are
-    checked first, naming the request: a refused call writes nothing."""
+    """The gathered ``rows`` of scatter ``fields`` (in their order in a request's span)
+    into flat ``target``: each request's span from its start offset, each field's
+    first ``lengths`` values of its row (all of them where ``None``) after the fields
+    before it (Note [Counted scatters]). Every position and count is checked first,
+    naming the request: a refused call writes nothing."""
     table = s.table
-    f = table.fields[i]
+    head = table.fields[fields[0]]
     n = indices.numel()
-    width = math.prod(s.rows[i])
     home = target.device
-    starts = _per_request(s, i, f.offsets, offsets, n, home)
-    counts = None
-    if lengths is not None:
-        counts = _per_request(s, i, f.lengths, lengths, n, home)
-    shift: torch.Tensor | int = 0
-    given = iter(before)
-    for j in table.before[i]:
-        g = table.fields[j]
-        if g.lengths is None:
-            shift = shift + math.prod(s.rows[j])
-        else:
-            shift = shift + _per_request(s, j, g.lengths, next(given), n, home)
-    first = starts + shift if table.before[i] else starts
+    starts = _per_request(s, fields[0], head.offsets, offsets, n, home)
+    widths = [math.prod(s.rows[i]) for i in fields]
+    counts = [
+        None
+        if value is None
+        else _per_request(s, i, table.fields[i].lengths, value, n, home)
+        for i, value in zip(fields, lengths)
+    ]
     size = target.numel()
-    span: torch.Tensor | int = width if counts is None else counts
     debug = s.debug
     if debug is not None:
-        if table.before[i]:  # the whole span: another field's values count too
-            debug.check_scatter(f.name, indices, starts, shift + span, size)
+        span: torch.Tensor | int = 0
+        for i, width, count in zip(fields, widths, counts):
+            if count is not None:
+                debug.check_counts(
+                    table.fields[i].name, indices, count, width, s.produced.get(i)
+                )
+            span = span + (width if count is None else count)
+        debug.check_scatter(head.name, indices, starts, span, size)
+    elif starts.is_cpu:
+        _host_span_check(s, fields, indices, starts, widths, counts, size)
+    first: torch.Tensor = starts
+    for i, block, width, count in zip(fields, rows, widths, counts):
+        columns = s.columns.get(i)
+        if columns is None:
+            columns = s.columns[i] = torch.arange(width, device=home)
+        at = first.unsqueeze(1) + columns
+        block = block.reshape(n, width)
+        if count is None:
+            target.index_copy_(0, at.flatten(), block.flatten())
+        elif target.is_cpu:
+            keep = columns < count.unsqueeze(1)
+            target.index_copy_(0, at[keep], block[keep])
         else:
-            debug.check_scatter(f.name, indices, first, span, size)
-        if counts is not None:
-            debug.check_counts(f.name, indices, counts, width, s.produced.get(i))
-    elif first.is_cpu:
-        _host_span_check(table.what(i), f.lengths, indices, first, span, width, size)
-    columns = s.columns.get(i)
-    if columns is None:
-        columns = s.columns[i] = torch.arange(width, device=home)
-    at = first.unsqueeze(1) + columns
-    block = rows.reshape(n, width)
-    if counts is None:
-        target.index_copy_(0, at.flatten(), block.flatten())
-        return
-    keep = columns < counts.unsqueeze(1)
-    if target.is_cpu:
-        target.index_copy_(0, at[keep], block[keep])
-    else:
-        scatter_kept(target, at, keep, block)
+            scatter_kept(target, at, columns < count.unsqueeze(1), block)
+        first = first + (width if count is None else count)
 
 
 def scatter_kept(
@@ -547,32 +531,38 @@ def scatter_kept(
 
 
 def _host_span_check(
-    what: str,
-    path: str | None,
+    s: MapState,
+    fields: tuple[int, ...],
     indices: torch.Tensor,
-    first: torch.Tensor,
-    span: torch.Tensor | int,
-    width: int,
+    starts: torch.Tensor,
+    widths: list[int],
+    counts: list[torch.Tensor | None],
     size: int,
 ) -> None:
-    """Debug off, on the host: each request's count in ``[0, width]`` and its values
+    """Debug off, on the host: each count in ``[0, width]`` and each field's values
     inside the target (Note [Scatter destinations])."""
-    n = first.numel()
-    counts = [span] * n if isinstance(span, int) else cast(list[int], span.tolist())
-    starts = cast(list[int], first.tolist())
-    for j, (at, count) in enumerate(zip(starts, counts)):
-        if not 0 <= count <= width:
-            raise RelayError(
-                f"{what}: batch.{path} gives request {j} (slot {int(indices[j])}) "
-                f"{count} value(s), outside [0, {width}] (its row's width). Nothing was "
-                "written"
-            )
-        if count and (at < 0 or at + count > size):
-            raise RelayError(
-                f"{what}: request {j} (slot {int(indices[j])}) starts at {at}, so its "
-                f"{count} value(s) would not fit the target's {size} positions. "
-                "Nothing was written"
-            )
+    n = starts.numel()
+    taken = [
+        [width] * n if count is None else cast(list[int], count.tolist())
+        for width, count in zip(widths, counts)
+    ]
+    for j, at in enumerate(cast(list[int], starts.tolist())):
+        for i, width, each in zip(fields, widths, taken):
+            count = each[j]
+            what = s.table.what(i)
+            if not 0 <= count <= width:
+                raise RelayError(
+                    f"{what}: batch.{s.table.fields[i].lengths} gives request {j} (slot "
+                    f"{int(indices[j])}) {count} value(s), outside [0, {width}] (its "
+                    "row's width). Nothing was written"
+                )
+            if count and (at < 0 or at + count > size):
+                raise RelayError(
+                    f"{what}: request {j} (slot {int(indices[j])}) puts its {count} "
+                    f"value(s) from {at}, outside the target's {size} positions. "
+                    "Nothing was written"
+                )
+            at += count
 
 
 def stashed_counts(

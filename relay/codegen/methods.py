@@ -183,55 +183,71 @@ def _placeholder_read(f: Field, target: str) -> list[str]:
 def _scatter_read(schema: Schema, f: Field, target: str) -> list[str]:
     """Rows at ``indices`` into flat ``target`` from each request's start offset: one
     gather, the checked positions (Note [Scatter destinations] in runtime.py), one
-    scatter."""
+    scatter. A counted field, or several fields into one target, is one span."""
+    span = _span(schema, f)
+    if span:
+        last = max(span, key=schema.fields.index)
+        return _span_read(schema, span, target) if f is last else []
     i = schema.fields.index(f)
     rows = naming.value_local(f)
     flat = ".flatten()" if f.shape else ""
-    shared = [
-        g
-        for g in schema.fields
-        if g.resolve is Resolve.SCATTER and g.target == f.target
-    ]
-    check = [] if shared[-1] is not f else ["if debug is not None:"]
-    check += [f"    _rt.scattered(self._state, {i}, {target})"] if check else []
-    if f.lengths is not None or f.after is not None:
-        return [*_stashed(schema, f), *_counted_scatter(schema, f, target), *check]
     at = f"_rt.scatter_at(self._state, {i}, batch.{f.offsets}, indices, {target})"
     return [
         *_stashed(schema, f),
         f"{rows} = {_buf(f)}.index_select(0, indices){flat}",
         f"{target}.index_copy_(0, {at}, {rows})",
-        *check,
+        "if debug is not None:",
+        f"    _rt.scattered(self._state, {i}, {target})",
     ]
 
 
-def _counted_scatter(schema: Schema, f: Field, target: str) -> list[str]:
-    """A scatter with counts or after another field in its span (Note [Counted
-    scatters] in runtime.py): one gather, then the runtime's checked scatter."""
-    i = schema.fields.index(f)
-    rows = naming.value_local(f)
-    by_name = {g.name: g for g in schema.fields}
-    before: list[str] = []
-    after = f.after
-    while after is not None and len(before) < len(schema.fields):
-        g = by_name[after]
-        if g.lengths is not None:
-            before.append(f"batch.{g.lengths}")
-        after = g.after
+def _span(schema: Schema, f: Field) -> list[Field]:
+    """The scatter fields into ``f``'s target, first of a request's span first (``after``
+    chains them; validation refused any other layout), where ``f`` counts its values or
+    shares its target; else none. The span is read where its last field is declared."""
+    shared = [
+        g
+        for g in schema.fields
+        if g.resolve is Resolve.SCATTER and g.target == f.target
+    ]
+    if len(shared) == 1 and f.lengths is None:
+        return []
+    following = {g.after: g for g in shared}
+    order = [next(g for g in shared if g.after is None)]
+    while order[-1].name in following and len(order) < len(shared):
+        order.append(following[order[-1].name])
+    return order
+
+
+def _span_read(schema: Schema, span: Sequence[Field], target: str) -> list[str]:
+    """Every field of one span: each gathered, then one checked scatter of them all
+    (Note [Counted scatters] in runtime.py)."""
+    head = span[0]
+    positions = [str(schema.fields.index(g)) for g in span]
+    locals_ = [naming.value_local(g) for g in span]
+    counts = [f"batch.{g.lengths}" if g.lengths else "None" for g in span]
+
+    def tup(items: list[str]) -> str:
+        return join("(", items, ",)" if len(items) == 1 else ")")
+
     args = [
         "self._state",
-        str(i),
-        rows,
-        f"batch.{f.offsets}",
+        tup(positions),
+        tup(locals_),
+        f"batch.{head.offsets}",
         "indices",
         target,
-        f"batch.{f.lengths}" if f.lengths is not None else "None",
+        tup(counts),
     ]
-    if before:
-        args.append(join("(", before, ",)" if len(before) == 1 else ")"))
     return [
-        f"{rows} = {_buf(f)}.index_select(0, indices)",
-        join("_rt.scatter_rows(", args),
+        *(line for g in span for line in _stashed(schema, g)),
+        *(
+            f"{local} = {_buf(g)}.index_select(0, indices)"
+            for g, local in zip(span, locals_)
+        ),
+        join("_rt.scatter_span(", args),
+        "if debug is not None:",
+        f"    _rt.scattered(self._state, {positions[-1]}, {target})",
     ]
 
 
