@@ -16,8 +16,8 @@ import torch
 
 from relay import RelayDebugError, RelayError, runtime
 from relay.maps.vllm_drafts import VllmDraftsFutureMap, VllmDraftsPayload
-from relay.testing import Namespace, check_lockstep
 from relay.schemas import vllm_drafts
+from relay.testing import Namespace, check_lockstep
 
 POOL = 17
 K = 3
@@ -77,7 +77,9 @@ class VllmStyleEngine:
             for r in running
         }
         order = running + prefill  # decode rows first, as vLLM lays them out
-        sizes = [1 + scheduled[r.rid] if r in running else len(r.prefill) for r in order]
+        sizes = [
+            1 + scheduled[r.rid] if r in running else len(r.prefill) for r in order
+        ]
         starts = [sum(sizes[:i]) for i in range(len(order))]
         input_ids = torch.full((sum(sizes),), PAD)
         for r, at in zip(order, starts):
