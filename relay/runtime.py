@@ -469,13 +469,14 @@ def scatter_span(
     """The gathered ``rows`` of scatter ``fields`` (in their order in a request's span)
     into flat ``target``: each request's span from its start offset, each field's
     first ``lengths`` values of its row (all of them where ``None``) after the fields
-    before it (Note [Counted scatters]). Every position and count is checked first,
-    naming the request: a refused call writes nothing."""
+    before it (Note [Counted scatters]). Every position is checked before the first
+    write, naming the request: a refused call writes nothing."""
     table = s.table
-    head = table.fields[fields[0]]
     n = indices.numel()
     home = target.device
-    starts = _per_request(s, fields[0], head.offsets, offsets, n, home)
+    starts = _per_request(
+        s, fields[0], table.fields[fields[0]].offsets, offsets, n, home
+    )
     widths = [math.prod(s.rows[i]) for i in fields]
     counts = [
         None
@@ -483,34 +484,64 @@ def scatter_span(
         else _per_request(s, i, table.fields[i].lengths, value, n, home)
         for i, value in zip(fields, lengths)
     ]
-    size = target.numel()
     debug = s.debug
     if debug is not None:
-        span: torch.Tensor | int = 0
-        for i, width, count in zip(fields, widths, counts):
-            if count is not None:
-                debug.check_counts(
-                    table.fields[i].name, indices, count, width, s.produced.get(i)
-                )
-            span = span + (width if count is None else count)
-        debug.check_scatter(head.name, indices, starts, span, size)
-    elif starts.is_cpu:
-        _host_span_check(s, fields, indices, starts, widths, counts, size)
+        _debug_span(s, debug, fields, indices, starts, widths, counts, target.numel())
+    # Each field's positions and values, then (debug off, on the CPU) the positions
+    # checked, then the writes: all or nothing.
+    writes: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
     first: torch.Tensor = starts
-    for i, block, width, count in zip(fields, rows, widths, counts):
-        columns = s.columns.get(i)
-        if columns is None:
-            columns = s.columns[i] = torch.arange(width, device=home)
-        at = first.unsqueeze(1) + columns
-        block = block.reshape(n, width)
-        if count is None:
-            target.index_copy_(0, at.flatten(), block.flatten())
-        elif target.is_cpu:
-            keep = columns < count.unsqueeze(1)
-            target.index_copy_(0, at[keep], block[keep])
+    last = len(fields) - 1
+    for k, (i, block, width, count) in enumerate(zip(fields, rows, widths, counts)):
+        if count is None and width == 1:  # one value per request: at its start
+            writes.append((first, block if block.ndim == 1 else block.flatten(), None))
         else:
-            scatter_kept(target, at, columns < count.unsqueeze(1), block)
-        first = first + (width if count is None else count)
+            columns = s.columns.get(i)
+            if columns is None:
+                columns = s.columns[i] = torch.arange(width, device=home)
+            at = first.unsqueeze(1) + columns
+            if block.ndim != 2:
+                block = block.reshape(n, width)
+            if count is None:
+                writes.append((at.flatten(), block.flatten(), None))
+            elif target.is_cpu:
+                keep = columns < count.unsqueeze(1)
+                writes.append((at[keep], block[keep], None))
+            else:
+                writes.append((at, block, columns < count.unsqueeze(1)))
+        if k < last:
+            first = first + (width if count is None else count)
+    if debug is None and target.is_cpu:
+        size = target.numel()
+        if not all(_inside(at, size) for at, _, _ in writes):
+            _name_outside(s, fields, indices, starts, widths, counts, size)
+    for at, values, keep in writes:
+        if keep is None:
+            target.index_copy_(0, at, values)
+        else:
+            scatter_kept(target, at, keep, values)
+
+
+def _debug_span(
+    s: MapState,
+    debug: DebugChecks,
+    fields: tuple[int, ...],
+    indices: torch.Tensor,
+    starts: torch.Tensor,
+    widths: list[int],
+    counts: list[torch.Tensor | None],
+    size: int,
+) -> None:
+    """Debug mode, before a span's scatter: each count in its row's width and no more
+    than the slot's stash wrote, each request's span inside the target and apart from
+    the others' (named by the span's first field)."""
+    span: torch.Tensor | int = 0
+    for i, width, count in zip(fields, widths, counts):
+        if count is not None:
+            name = s.table.fields[i].name
+            debug.check_counts(name, indices, count, width, s.produced.get(i))
+        span = span + (width if count is None else count)
+    debug.check_scatter(s.table.fields[fields[0]].name, indices, starts, span, size)
 
 
 def scatter_kept(
@@ -530,7 +561,21 @@ def scatter_kept(
     target.copy_(torch.where(cover >= 0, values, target))
 
 
-def _host_span_check(
+#: Up to this many positions, a span's host check reads them as a list; above, one
+#: ``aminmax``.
+HOST_POSITIONS_IN_PYTHON_MAX = 64
+
+
+def _inside(at: torch.Tensor, size: int) -> bool:
+    """Whether every host position of ``at`` is in ``[0, size)``."""
+    if at.numel() <= HOST_POSITIONS_IN_PYTHON_MAX:
+        values = cast(list[int], at.tolist())  # no op dispatched
+        return not values or (min(values) >= 0 and max(values) < size)
+    low, high = torch.aminmax(at)
+    return cast(int, low.tolist()) >= 0 and cast(int, high.tolist()) < size
+
+
+def _name_outside(
     s: MapState,
     fields: tuple[int, ...],
     indices: torch.Tensor,
@@ -539,8 +584,10 @@ def _host_span_check(
     counts: list[torch.Tensor | None],
     size: int,
 ) -> None:
-    """Debug off, on the host: each count in ``[0, width]`` and each field's values
-    inside the target (Note [Scatter destinations])."""
+    """Refuse the first request whose values fall outside the target (debug off, on
+    the host: Note [Scatter destinations]), once ``_inside`` found one. A count is
+    taken as its row's width at most and 0 at least, as the write takes it; debug mode
+    reports one outside."""
     n = starts.numel()
     taken = [
         [width] * n if count is None else cast(list[int], count.tolist())
@@ -548,21 +595,14 @@ def _host_span_check(
     ]
     for j, at in enumerate(cast(list[int], starts.tolist())):
         for i, width, each in zip(fields, widths, taken):
-            count = each[j]
-            what = s.table.what(i)
-            if not 0 <= count <= width:
-                raise RelayError(
-                    f"{what}: batch.{s.table.fields[i].lengths} gives request {j} (slot "
-                    f"{int(indices[j])}) {count} value(s), outside [0, {width}] (its "
-                    "row's width). Nothing was written"
-                )
+            count = min(max(each[j], 0), width)
             if count and (at < 0 or at + count > size):
                 raise RelayError(
-                    f"{what}: request {j} (slot {int(indices[j])}) puts its {count} "
-                    f"value(s) from {at}, outside the target's {size} positions. "
-                    "Nothing was written"
+                    f"{s.table.what(i)}: request {j} (slot {int(indices[j])}) puts its "
+                    f"{count} value(s) from {at}, outside the target's {size} "
+                    "positions. Nothing was written"
                 )
-            at += count
+            at += each[j]
 
 
 def stashed_counts(

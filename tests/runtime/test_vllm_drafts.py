@@ -239,26 +239,79 @@ def test_a_request_reads_its_token_then_its_scheduled_drafts(debug: bool) -> Non
 
 
 @pytest.mark.parametrize(
-    ("counts", "message"),
+    ("counts", "starts", "message"),
     [
-        (torch.tensor([1, 4]), r"gives request 1 \(slot 2\) 4 value\(s\), outside"),
-        (torch.tensor([1, -1]), r"gives request 1 \(slot 2\) -1 value\(s\), outside"),
-        (torch.tensor([1.0, 2.0]), r"got a torch\.float32 tensor"),
-        (torch.tensor([1]), r"must hold one integer per request \(2"),
-        ([1, 2], r"got a list"),
+        (torch.tensor([1.0, 2.0]), [0, 2], r"got a torch\.float32 tensor"),
+        (torch.tensor([1]), [0, 2], r"must hold one integer per request \(2"),
+        ([1, 2], [0, 2], r"got a list"),
+        (
+            torch.tensor([1, 3]),
+            [0, 2],
+            r"request 1 \(slot 2\) puts its 3 value\(s\) from 3, outside the "
+            r"target's 5 positions",
+        ),
+        (
+            torch.tensor([1, 2]),
+            [-1, 2],
+            r"^VllmDraftsFutureMap.sampled_tokens: request 0 \(slot 4\) puts its 1 "
+            r"value\(s\) from -1",
+        ),
     ],
-    ids=["wider than the row", "negative", "floats", "one short", "a list"],
+    ids=["floats", "one short", "a list", "running past the end", "negative offset"],
 )
 def test_bad_counts_are_refused_before_anything_is_written(
-    counts: object, message: str
+    counts: object, starts: list[int], message: str
 ) -> None:
-    """Debug off, on the CPU: relay's message naming the map, field and request."""
+    """Debug off, on the CPU: relay's message naming the map, field and request, and
+    neither field of the span written."""
     relay, batch = _two_requests(False)
     batch.num_draft_tokens = counts
+    batch.query_starts = torch.tensor(starts)
     with pytest.raises(RelayError, match=message) as raised:
         relay.resolve_future(batch)
-    assert str(raised.value).startswith("VllmDraftsFutureMap.draft_tokens: ")
-    assert batch.input_ids.tolist()[2:] == [PAD] * 3  # the drafts' field wrote nothing
+    assert str(raised.value).startswith("VllmDraftsFutureMap.")
+    assert batch.input_ids.tolist() == [PAD] * 5
+
+
+def test_a_long_batch_running_past_the_end_is_refused() -> None:
+    """More requests than the host reads as a list: the positions are checked with
+    ``aminmax``, the bad request then named."""
+    relay = VllmDraftsFutureMap("cpu", 40, drafts=K)
+    slots = torch.arange(1, 21)
+    relay.stash(
+        slots,
+        VllmDraftsPayload(
+            sampled_token_ids=slots * 10,
+            draft_token_ids=torch.ones(20, K, dtype=torch.int64),
+            num_draft_tokens=torch.full((20,), K),
+        ),
+    )
+    batch = Namespace(
+        slots=slots,
+        req_ids=None,
+        query_starts=torch.arange(20) * 2,
+        num_draft_tokens=torch.ones(20, dtype=torch.int64),
+        input_ids=torch.full((39,), PAD),
+    )
+    with pytest.raises(RelayError, match=r"request 19 \(slot 20\) puts its 1 value"):
+        relay.resolve_future(batch)
+    assert batch.input_ids.tolist() == [PAD] * 39
+    batch.input_ids = torch.full((40,), PAD)
+    relay.resolve_future(batch)
+    assert batch.input_ids.tolist()[:4] == [10, 1, 20, 1]
+
+
+@pytest.mark.parametrize("count", [4, -1])
+def test_a_count_outside_the_row_is_named_in_debug_mode(count: int) -> None:
+    """With debug off a count is taken as 0 to the row's width, as the write takes it;
+    debug mode names it."""
+    relay, batch = _two_requests(True)
+    batch.num_draft_tokens = torch.tensor([1, count])
+    with pytest.raises(
+        RelayDebugError,
+        match=rf"request 1 \(slot 2\) has a count of {count} value\(s\), outside",
+    ):
+        relay.resolve_future(batch)
 
 
 def test_a_stash_whose_count_is_wider_than_the_row_is_refused_in_debug_mode() -> None:
