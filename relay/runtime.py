@@ -515,11 +515,11 @@ def scatter_span(
         size = target.numel()
         if not all(_inside(at, size) for at, _, _ in writes):
             _name_outside(s, fields, indices, starts, widths, counts, size)
-    for at, values, keep in writes:
-        if keep is None:
+    for at, values, mask in writes:
+        if mask is None:
             target.index_copy_(0, at, values)
         else:
-            scatter_kept(target, at, keep, values)
+            scatter_kept(target, at, mask, values)
 
 
 def _debug_span(

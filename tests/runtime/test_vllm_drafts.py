@@ -247,14 +247,18 @@ def test_a_request_reads_its_token_then_its_scheduled_drafts(debug: bool) -> Non
         (
             torch.tensor([1, 3]),
             [0, 2],
-            r"request 1 \(slot 2\) puts its 3 value\(s\) from 3, outside the "
-            r"target's 5 positions",
+            (
+                r"request 1 \(slot 2\) puts its 3 value\(s\) from 3, outside the "
+                r"target's 5 positions"
+            ),
         ),
         (
             torch.tensor([1, 2]),
             [-1, 2],
-            r"^VllmDraftsFutureMap.sampled_tokens: request 0 \(slot 4\) puts its 1 "
-            r"value\(s\) from -1",
+            (
+                r"^VllmDraftsFutureMap.sampled_tokens: request 0 \(slot 4\) puts its 1 "
+                r"value\(s\) from -1"
+            ),
         ),
     ],
     ids=["floats", "one short", "a list", "running past the end", "negative offset"],
