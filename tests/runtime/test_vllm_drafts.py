@@ -8,6 +8,7 @@ named by debug mode."""
 from __future__ import annotations
 
 import random
+import sys
 from collections.abc import Callable
 
 import attrs
@@ -16,8 +17,10 @@ import torch
 
 from relay import RelayDebugError, RelayError, runtime
 from relay.maps.vllm_drafts import VllmDraftsFutureMap, VllmDraftsPayload
+from relay.schema import Field, Lane, Resolve, Schema
 from relay.schemas import vllm_drafts
-from relay.testing import Namespace, check_lockstep
+from relay.slots import SlotTable
+from relay.testing import Namespace, check_lockstep, load_map_class
 
 POOL = 17
 K = 3
@@ -41,7 +44,7 @@ class VllmStyleEngine:
     def __init__(self, seed: int, debug: bool) -> None:
         self.rng = random.Random(seed)
         self.map = VllmDraftsFutureMap("cpu", POOL, drafts=K, debug=debug)
-        self.free = list(range(1, POOL))
+        self.slots = SlotTable(POOL, [self.map])
         self.rows: list[Row] = []
         self.next_rid = 0
         #: Step N's outputs by step-N row, and each request's step-N row.
@@ -52,15 +55,14 @@ class VllmStyleEngine:
         self.steps = 0
 
     def _admit_and_reorder(self) -> None:
-        for row in [r for r in self.rows if r.rid in self.prev_row]:
-            if self.rng.random() < 0.2:  # finished: its slot returns to the pool
-                self.rows.remove(row)
-                self.map.release(torch.tensor([row.slot]))
-                self.free.append(row.slot)
-        while self.free and len(self.rows) < 6 and self.rng.random() < 0.6:
-            slot = self.free.pop(self.rng.randrange(len(self.free)))
+        ended = [
+            r for r in self.rows if r.rid in self.prev_row and self.rng.random() < 0.2
+        ]
+        self.slots.finish(r.rid for r in ended)  # released, free for newcomers
+        self.rows = [r for r in self.rows if r not in ended]
+        while self.slots.free and len(self.rows) < 6 and self.rng.random() < 0.6:
             prompt = [self.rng.randrange(1000) for _ in range(self.rng.randint(1, 4))]
-            self.rows.append(Row(self.next_rid, slot, prompt))
+            self.rows.append(Row(self.next_rid, self.slots.take(self.next_rid), prompt))
             self.next_rid += 1
         self.rng.shuffle(self.rows)  # condense and swap: rows move every step
 
@@ -92,7 +94,7 @@ class VllmStyleEngine:
             expected[at] = self.sampled[prev]
             expected[at + 1 : at + 1 + d] = torch.tensor(self.drafts[prev][:d])
         batch = Namespace(
-            slots=torch.tensor([r.slot for r in running]),
+            slots=self.slots.indices(r.rid for r in running),
             req_ids=[r.rid for r in running],
             query_starts=torch.tensor(starts[: len(running)], dtype=torch.int32),
             num_draft_tokens=torch.tensor(
@@ -115,7 +117,7 @@ class VllmStyleEngine:
         self.prev_row = {r.rid: i for i, r in enumerate(order)}
         if n:
             self.map.stash(
-                torch.tensor([r.slot for r in order]),
+                self.slots.indices(r.rid for r in order),
                 VllmDraftsPayload(
                     sampled_token_ids=torch.tensor(self.sampled),
                     draft_token_ids=torch.tensor(self.drafts),
@@ -352,3 +354,43 @@ def test_the_device_path_lays_in_what_the_host_path_does() -> None:
         host.index_copy_(0, at[keep], block[keep])
         runtime.scatter_kept(device, at, keep, block)
         assert torch.equal(host, device)
+
+
+PLACEHOLDERS = Schema(
+    name="OwnedPlaceholderFutureMap",
+    owners="rids",
+    fields=[
+        Field(
+            "tokens",
+            lane=Lane.FORWARD,
+            dtype=torch.int64,
+            target="input_ids",
+            resolve=Resolve.PLACEHOLDER,
+        )
+    ],
+)
+
+
+def test_owners_of_a_placeholder_read_are_given_per_target_position() -> None:
+    """docs/integrating.md's owners contract: a placeholder read's rows are the target's
+    positions, so its owners name one request per position (any id where a position
+    holds a real token), not one per row of the slots."""
+    cls = load_map_class(PLACEHOLDERS)
+    payload = sys.modules[cls.__module__].OwnedPlaceholderPayload
+    relay = cls("cpu", 8, debug=True)
+    relay.stash(
+        torch.tensor([2, 5]), payload(tokens=torch.tensor([20, 50])), owners=["a", "b"]
+    )
+    batch = Namespace(
+        req_pool_indices=torch.tensor([2, 5]),
+        input_ids=torch.tensor([-5, 7, -2]),  # a real token between the placeholders
+        rids=["a", "b"],  # per row: refused
+    )
+    with pytest.raises(
+        RelayDebugError, match=r"owners must name one request per row: 3"
+    ):
+        relay.resolve_future(batch)
+    batch.input_ids = torch.tensor([-5, 7, -2])
+    batch.rids = ["b", "b", "a"]  # per position
+    relay.resolve_future(batch)
+    assert batch.input_ids.tolist() == [50, 7, 20]
