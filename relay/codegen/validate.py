@@ -1033,6 +1033,13 @@ def _check_lengths(
             'give the row a width, e.g. shape=("drafts",), or remove lengths=...',
         )
     leaf = f.lengths.rsplit(".", 1)[-1]
+    if f.lane is Lane.FORWARD and naming.identifier_problem(leaf) is not None:
+        c.add(
+            f,
+            f"the stash payload carries the producer's count as {leaf!r} (the last name "
+            "of lengths), a name the generated module keeps for itself",
+            "name the count attribute otherwise",
+        )
     clash = payload.get(leaf)
     if clash is not None:
         c.add(

@@ -101,6 +101,16 @@ CASES = {
         "the stash payload carries the producer's count as 'n'",
         "name the count attribute otherwise, or give that field another source",
     ),
+    "a count named like a reserved name": (
+        [
+            (
+                'Field("x", shape=(3,), target="u", offsets="starts", '
+                'lengths="spec.indices", **S),'
+            )
+        ],
+        "a name the generated module keeps for itself",
+        "name the count attribute otherwise",
+    ),
     "after a field that is not there": (
         ['Field("x", shape=(3,), target="u", offsets="starts", after="sampled", **S),'],
         "after must name another scatter field of the schema (got 'sampled'",
