@@ -437,14 +437,11 @@ def _per_request(
 ) -> torch.Tensor:
     """``value`` (``batch.<path>`` of field ``i``) as int64 if it holds one integer per
     request, on the target's device; refused before anything is written otherwise."""
-    if (
-        isinstance(value, torch.Tensor)
-        and value.dtype in (torch.int64, torch.int32)
-        and value.ndim == 1
-        and value.numel() == n
-        and value.device == device
-    ):
-        return value if value.dtype is torch.int64 else value.long()
+    if type(value) is torch.Tensor and value.shape == (n,) and value.device == device:
+        if value.dtype is _INT64:
+            return value
+        if value.dtype is torch.int32:
+            return value.long()
     got = (
         f"a {value.dtype} tensor of shape {tuple(value.shape)} on {value.device}"
         if isinstance(value, torch.Tensor)
@@ -455,6 +452,11 @@ def _per_request(
         f"int64 or int32 vector on {device}, the target's device), got {got}. Nothing "
         "was written"
     )
+
+
+#: Up to this many positions, a span's host check reads them as a list; above, one
+#: ``aminmax`` costs less than reading them.
+HOST_POSITIONS_IN_PYTHON_MAX = 48
 
 
 def scatter_span(
@@ -477,49 +479,69 @@ def scatter_span(
     starts = _per_request(
         s, fields[0], table.fields[fields[0]].offsets, offsets, n, home
     )
-    widths = [math.prod(s.rows[i]) for i in fields]
-    counts = [
-        None
-        if value is None
-        else _per_request(s, i, table.fields[i].lengths, value, n, home)
-        for i, value in zip(fields, lengths)
-    ]
+    counts: list[torch.Tensor | None] = []
+    widths: list[int] = []
+    for i, value in zip(fields, lengths):
+        widths.append(math.prod(s.rows[i]))
+        if value is None:
+            counts.append(None)
+        else:
+            counts.append(_per_request(s, i, table.fields[i].lengths, value, n, home))
     debug = s.debug
     if debug is not None:
         _debug_span(s, debug, fields, indices, starts, widths, counts, target.numel())
     # Each field's positions and values, then (debug off, on the CPU) the positions
     # checked, then the writes: all or nothing.
-    writes: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
+    positions: list[torch.Tensor] = []
+    values: list[torch.Tensor] = []
+    masks: list[torch.Tensor | None] = []
     first: torch.Tensor = starts
-    last = len(fields) - 1
-    for k, (i, block, width, count) in enumerate(zip(fields, rows, widths, counts)):
+    host = target.is_cpu
+    before: int = 0
+    counted: torch.Tensor | None = None
+    for i, block, width, count in zip(fields, rows, widths, counts):
+        if positions:  # after the fields before it in the span
+            first = first + (before if counted is None else counted)
+        before, counted = width, count
         if count is None and width == 1:  # one value per request: at its start
-            writes.append((first, block if block.ndim == 1 else block.flatten(), None))
+            positions.append(first)
+            values.append(block if block.ndim == 1 else block.flatten())
+            masks.append(None)
+            continue
+        columns = s.columns.get(i)
+        if columns is None:
+            columns = s.columns[i] = torch.arange(width, device=home)
+        at = first.unsqueeze(1) + columns
+        if block.ndim != 2:
+            block = block.reshape(n, width)
+        if count is None:
+            at, block, keep = at.flatten(), block.flatten(), None
+        elif host:
+            keep = columns < count.unsqueeze(1)
+            at, block, keep = at[keep], block[keep], None
         else:
-            columns = s.columns.get(i)
-            if columns is None:
-                columns = s.columns[i] = torch.arange(width, device=home)
-            at = first.unsqueeze(1) + columns
-            if block.ndim != 2:
-                block = block.reshape(n, width)
-            if count is None:
-                writes.append((at.flatten(), block.flatten(), None))
-            elif target.is_cpu:
-                keep = columns < count.unsqueeze(1)
-                writes.append((at[keep], block[keep], None))
-            else:
-                writes.append((at, block, columns < count.unsqueeze(1)))
-        if k < last:
-            first = first + (width if count is None else count)
-    if debug is None and target.is_cpu:
+            keep = columns < count.unsqueeze(1)
+        positions.append(at)
+        values.append(block)
+        masks.append(keep)
+    if debug is None and host:
         size = target.numel()
-        if not all(_inside(at, size) for at, _, _ in writes):
-            _name_outside(s, fields, indices, starts, widths, counts, size)
-    for at, values, mask in writes:
+        for at in positions:
+            if at.numel() > HOST_POSITIONS_IN_PYTHON_MAX:
+                low, high = torch.aminmax(at)  # tolist reads them without an op
+                inside = (
+                    cast(int, low.tolist()) >= 0 and cast(int, high.tolist()) < size
+                )
+            else:
+                seen = at.tolist()  # no op dispatched
+                inside = not seen or (min(seen) >= 0 and max(seen) < size)
+            if not inside:
+                _name_outside(s, fields, indices, starts, widths, counts, size)
+    for at, value, mask in zip(positions, values, masks):
         if mask is None:
-            target.index_copy_(0, at, values)
+            target.index_copy_(0, at, value)
         else:
-            scatter_kept(target, at, mask, values)
+            scatter_kept(target, at, mask, value)
 
 
 def _debug_span(
@@ -561,20 +583,6 @@ def scatter_kept(
     target.copy_(torch.where(cover >= 0, values, target))
 
 
-#: Up to this many positions, a span's host check reads them as a list; above, one
-#: ``aminmax``.
-HOST_POSITIONS_IN_PYTHON_MAX = 64
-
-
-def _inside(at: torch.Tensor, size: int) -> bool:
-    """Whether every host position of ``at`` is in ``[0, size)``."""
-    if at.numel() <= HOST_POSITIONS_IN_PYTHON_MAX:
-        values = cast(list[int], at.tolist())  # no op dispatched
-        return not values or (min(values) >= 0 and max(values) < size)
-    low, high = torch.aminmax(at)
-    return cast(int, low.tolist()) >= 0 and cast(int, high.tolist()) < size
-
-
 def _name_outside(
     s: MapState,
     fields: tuple[int, ...],
@@ -585,7 +593,7 @@ def _name_outside(
     size: int,
 ) -> None:
     """Refuse the first request whose values fall outside the target (debug off, on
-    the host: Note [Scatter destinations]), once ``_inside`` found one. A count is
+    the host: Note [Scatter destinations]), once ``scatter_span`` found one. A count is
     taken as its row's width at most and 0 at least, as the write takes it; debug mode
     reports one outside."""
     n = starts.numel()
