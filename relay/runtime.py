@@ -492,38 +492,10 @@ def scatter_span(
         _debug_span(s, debug, fields, indices, starts, widths, counts, target.numel())
     # Each field's positions and values, then (debug off, on the CPU) the positions
     # checked, then the writes: all or nothing.
-    positions: list[torch.Tensor] = []
-    values: list[torch.Tensor] = []
-    masks: list[torch.Tensor | None] = []
-    first: torch.Tensor = starts
     host = target.is_cpu
-    before: int = 0
-    counted: torch.Tensor | None = None
-    for i, block, width, count in zip(fields, rows, widths, counts):
-        if positions:  # after the fields before it in the span
-            first = first + (before if counted is None else counted)
-        before, counted = width, count
-        if count is None and width == 1:  # one value per request: at its start
-            positions.append(first)
-            values.append(block if block.ndim == 1 else block.flatten())
-            masks.append(None)
-            continue
-        columns = s.columns.get(i)
-        if columns is None:
-            columns = s.columns[i] = torch.arange(width, device=home)
-        at = first.unsqueeze(1) + columns
-        if block.ndim != 2:
-            block = block.reshape(n, width)
-        if count is None:
-            at, block, keep = at.flatten(), block.flatten(), None
-        elif host:
-            keep = columns < count.unsqueeze(1)
-            at, block, keep = at[keep], block[keep], None
-        else:
-            keep = columns < count.unsqueeze(1)
-        positions.append(at)
-        values.append(block)
-        masks.append(keep)
+    positions, values, masks = _span_places(
+        s, fields, rows, starts, widths, counts, host
+    )
     if debug is None and host:
         size = target.numel()
         for at in positions:
@@ -542,6 +514,52 @@ def scatter_span(
             target.index_copy_(0, at, value)
         else:
             scatter_kept(target, at, mask, value)
+
+
+def _span_places(
+    s: MapState,
+    fields: tuple[int, ...],
+    rows: tuple[torch.Tensor, ...],
+    starts: torch.Tensor,
+    widths: list[int],
+    counts: list[torch.Tensor | None],
+    host: bool,
+) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor | None]]:
+    """Each field's target positions and values, in span order: on the host only the
+    counted ones; elsewhere all of a counted field's, with the mask of those kept."""
+    n = starts.numel()
+    positions: list[torch.Tensor] = []
+    values: list[torch.Tensor] = []
+    masks: list[torch.Tensor | None] = []
+    first = starts
+    before: int = 0
+    counted: torch.Tensor | None = None
+    for i, block, width, count in zip(fields, rows, widths, counts):
+        if positions:  # after the fields before it in the span
+            first = first + (before if counted is None else counted)
+        before, counted = width, count
+        if count is None and width == 1:  # one value per request: at its start
+            positions.append(first)
+            values.append(block if block.ndim == 1 else block.flatten())
+            masks.append(None)
+            continue
+        columns = s.columns.get(i)
+        if columns is None:
+            columns = s.columns[i] = torch.arange(width, device=starts.device)
+        at = first.unsqueeze(1) + columns
+        if block.ndim != 2:
+            block = block.reshape(n, width)
+        if count is None:
+            at, block, keep = at.flatten(), block.flatten(), None
+        elif host:
+            keep = columns < count.unsqueeze(1)
+            at, block, keep = at[keep], block[keep], None
+        else:
+            keep = columns < count.unsqueeze(1)
+        positions.append(at)
+        values.append(block)
+        masks.append(keep)
+    return positions, values, masks
 
 
 def _debug_span(

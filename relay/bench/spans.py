@@ -71,7 +71,9 @@ def relay_step(
     """The generated map's step, its map and its batch."""
     from relay.maps.vllm_drafts import VllmDraftsFutureMap, VllmDraftsPayload
 
-    relay = VllmDraftsFutureMap(device, POOL, drafts=DRAFTS, debug=debug)
+    relay = VllmDraftsFutureMap(
+        device, POOL, num_speculative_tokens=DRAFTS, debug=debug
+    )
     payload = VllmDraftsPayload(
         sampled_token_ids=work.sampled,
         draft_token_ids=work.drafts,

@@ -8,9 +8,10 @@ SCHEMA = Schema(
     name="VllmDraftsFutureMap",
     doc="""Relay of vLLM-style speculative decoding with a variable draft count.
 
-    Step N stashes each request's sampled token and its drafts (up to ``drafts``, of
-    which ``num_draft_tokens`` are real) into the request's slot. Step N+1, whose rows
-    may be in any order, lays them into its flat ``input_ids``: the sampled token at
+    Step N stashes each request's sampled token and its drafts (up to
+    ``num_speculative_tokens``, of which ``num_draft_tokens`` are real) into the
+    request's slot. Step N+1, whose rows may be in any order, lays them into its flat
+    ``input_ids``: the sampled token at
     the request's start offset (vLLM's ``query_start_loc[:-1]``, int32 taken), then the
     request's scheduled drafts right after it. Each request keeps one slot for its
     life, so the step-to-step row map is the slots tensor in row order.
@@ -33,7 +34,7 @@ SCHEMA = Schema(
             "draft_tokens",
             lane=Lane.FORWARD,
             dtype=torch.int64,
-            shape=("drafts",),
+            shape=("num_speculative_tokens",),
             source="draft_token_ids",
             target="input_ids",
             resolve=Resolve.SCATTER,

@@ -43,7 +43,9 @@ class VllmStyleEngine:
 
     def __init__(self, seed: int, debug: bool) -> None:
         self.rng = random.Random(seed)
-        self.map = VllmDraftsFutureMap("cpu", POOL, drafts=K, debug=debug)
+        self.map = VllmDraftsFutureMap(
+            "cpu", POOL, num_speculative_tokens=K, debug=debug
+        )
         self.slots = SlotTable(POOL, [self.map])
         self.rows: list[Row] = []
         self.next_rid = 0
@@ -212,7 +214,7 @@ def test_each_planted_glue_bug_is_named_by_debug_mode(
 
 
 def _two_requests(debug: bool) -> tuple[VllmDraftsFutureMap, Namespace]:
-    relay = VllmDraftsFutureMap("cpu", 8, drafts=K, debug=debug)
+    relay = VllmDraftsFutureMap("cpu", 8, num_speculative_tokens=K, debug=debug)
     relay.stash(
         torch.tensor([2, 4]),
         VllmDraftsPayload(
@@ -282,7 +284,7 @@ def test_bad_counts_are_refused_before_anything_is_written(
 def test_a_long_batch_running_past_the_end_is_refused() -> None:
     """More requests than the host reads as a list: the positions are checked with
     ``aminmax``, the bad request then named."""
-    relay = VllmDraftsFutureMap("cpu", 40, drafts=K)
+    relay = VllmDraftsFutureMap("cpu", 40, num_speculative_tokens=K)
     slots = torch.arange(1, 21)
     relay.stash(
         slots,
@@ -322,7 +324,7 @@ def test_a_count_outside_the_row_is_named_in_debug_mode(count: int) -> None:
 
 def test_a_stash_whose_count_is_wider_than_the_row_is_refused_in_debug_mode() -> None:
     """The producer's count is checked at the stash, before anything is written."""
-    relay = VllmDraftsFutureMap("cpu", 8, drafts=K, debug=True)
+    relay = VllmDraftsFutureMap("cpu", 8, num_speculative_tokens=K, debug=True)
     with pytest.raises(RelayDebugError, match=r"has a count of 4 value\(s\)"):
         relay.stash(
             torch.tensor([2]),
