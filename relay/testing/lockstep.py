@@ -121,7 +121,7 @@ def _new_batch(
 ) -> Namespace:
     batch = Namespace()
     for f in schema.fields:
-        for path in (f.target, f.host_mirror, f.host_sum):
+        for path in (f.target, f.host_mirror, f.host_sum, f.offsets, f.lengths):
             if path is None:
                 continue
             *parents, leaf = path.split(".")

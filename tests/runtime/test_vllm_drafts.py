@@ -396,3 +396,34 @@ def test_owners_of_a_placeholder_read_are_given_per_target_position() -> None:
     batch.rids = ["b", "b", "a"]  # per position
     relay.resolve_future(batch)
     assert batch.input_ids.tolist() == [50, 7, 20]
+
+
+def test_a_three_field_span_with_nested_paths_runs_in_lockstep() -> None:
+    """A token, counted drafts, then a fixed pair after them, all in one target below
+    the batch, offsets and counts on another object: against the reference model."""
+    scatter = {"lane": Lane.FORWARD, "dtype": torch.int64, "resolve": Resolve.SCATTER}
+    schema = Schema(
+        name="ThreeSpanFutureMap",
+        fields=[
+            Field("tok", target="spec.ids", offsets="meta.starts", **scatter),
+            Field(
+                "drafts",
+                shape=("k",),
+                target="spec.ids",
+                offsets="meta.starts",
+                lengths="meta.n",
+                after="tok",
+                **scatter,
+            ),
+            Field(
+                "pair",
+                shape=(2,),
+                target="spec.ids",
+                offsets="meta.starts",
+                after="drafts",
+                **scatter,
+            ),
+        ],
+    )
+    assert check_lockstep(schema, operations=600, steps=100) == 600
+    assert check_lockstep(schema, operations=300, steps=100, debug=False) == 300
