@@ -498,17 +498,16 @@ def scatter_span(
     )
     if debug is None and host:
         size = target.numel()
+        seen: list[int] = []  # the positions read as lists, checked at once
         for at in positions:
-            if at.numel() > HOST_POSITIONS_IN_PYTHON_MAX:
-                low, high = torch.aminmax(at)  # tolist reads them without an op
-                inside = (
-                    cast(int, low.tolist()) >= 0 and cast(int, high.tolist()) < size
-                )
-            else:
-                seen = at.tolist()  # no op dispatched
-                inside = not seen or (min(seen) >= 0 and max(seen) < size)
-            if not inside:
+            if at.numel() <= HOST_POSITIONS_IN_PYTHON_MAX:
+                seen += at.tolist()  # no op dispatched
+                continue
+            low, high = torch.aminmax(at)  # tolist reads them without an op
+            if cast(int, low.tolist()) < 0 or cast(int, high.tolist()) >= size:
                 _name_outside(s, fields, indices, starts, widths, counts, size)
+        if seen and (min(seen) < 0 or max(seen) >= size):
+            _name_outside(s, fields, indices, starts, widths, counts, size)
     for at, value, mask in zip(positions, values, masks):
         if mask is None:
             target.index_copy_(0, at, value)
