@@ -19,7 +19,11 @@ from relay.maps.eagle import EagleBatch, EagleFutureMap, EaglePayload
 from relay.maps.eagle_confidence import EagleConfidenceFutureMap, EagleConfidencePayload
 from relay.maps.eagle_dsa import EagleDsaFutureMap, EagleDsaPayload
 from relay.maps.eagle_multilayer import EagleMultiLayerFutureMap, EagleMultiLayerPayload
-from relay.maps.vllm_drafts import VllmDraftsBatch, VllmDraftsFutureMap, VllmDraftsPayload
+from relay.maps.vllm_drafts import (
+    VllmDraftsBatch,
+    VllmDraftsFutureMap,
+    VllmDraftsPayload,
+)
 
 
 def _empty() -> torch.Tensor:
@@ -175,7 +179,9 @@ class VllmBatch:
     input_ids: torch.Tensor
 
 
-def counted_scatter(batch: VllmBatch, sampled: torch.Tensor, drafts: torch.Tensor) -> None:
+def counted_scatter(
+    batch: VllmBatch, sampled: torch.Tensor, drafts: torch.Tensor
+) -> None:
     relay = VllmDraftsFutureMap("cpu", 9, num_speculative_tokens=3)
     payload = VllmDraftsPayload(
         sampled_token_ids=sampled,
