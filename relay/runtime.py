@@ -80,6 +80,8 @@ __all__ = [
     "read_back",
     "read_slots",
     "scatter_at",
+    "scatter_kept",
+    "scatter_span",
     "scattered",
     "seed",
     "stash",
@@ -170,6 +172,7 @@ class MapState:
         "dtypes",
         "fence",
         "pool_size",
+        "produced",
         "rows",
         "seeds",
         "table",
@@ -200,6 +203,9 @@ class MapState:
         self.seeds: list[Seed] = []
         #: The fence ``publish`` records and the schedule-side resolves wait on.
         self.fence: Fence | CpuFence = new_fence(device, debug)
+        #: Debug mode: each counted scatter field's count its latest write stashed per
+        #: slot (Note [Counted scatters]).
+        self.produced: dict[int, torch.Tensor] = {}
 
     def buffer(
         self, i: int, shape: tuple[int, ...], dtype: torch.dtype
@@ -397,11 +403,288 @@ def scatter_at(
 
 
 def scattered(s: MapState, i: int, target: torch.Tensor) -> None:
-    """Debug mode, after field ``i``'s scatter: a target whose field is guarded
-    non-negative holds no negative placeholder (Note [Scatter destinations])."""
+    """Debug mode, after field ``i``'s scatter (the last of those into its target): a
+    target one of whose fields is guarded non-negative holds no negative placeholder
+    (Note [Scatter destinations])."""
     f = s.table.fields[i]
-    if s.debug is not None and f.guard in (Guard.NON_NEGATIVE, Guard.POSITIVE):
+    guarded = any(
+        g.guard in (Guard.NON_NEGATIVE, Guard.POSITIVE)
+        for g in s.table.fields
+        if g.resolve is Resolve.SCATTER and g.target == f.target
+    )
+    if s.debug is not None and guarded:
         s.debug.check_scattered(f.name, target)
+
+
+# Note [Counted scatters]
+# A scatter field that declares ``lengths`` lays only each request's first
+# ``lengths[i]`` values of its row into the target, and one that declares ``after``
+# starts where another scatter field into the same target ends in each request's span
+# (the sampled token, then 0 to K drafts). Such a target's fields are one call,
+# ``scatter_span``: every field's counts and every request's span checked, then each
+# field written, so a refused resolve writes none of them. Rows keep their full width
+# in the buffer: what varies is how many of a row's values a resolve lays in, so a
+# producer and a consumer cannot disagree on where a row's values are, only on how
+# many there are. Debug mode keeps the count each stash carried per slot and reports
+# a resolve that reads more (reading fewer is a trim, the scheduler's right). On the
+# CPU the values are picked with a mask; elsewhere a mask would read the counts back
+# to the host, a sync that stalls the overlap, so each covered position takes the
+# value of the one entry that covers it (``scatter_kept``), with no host read.
+
+
+def _per_request(
+    s: MapState, i: int, path: object, value: object, n: int, device: torch.device
+) -> torch.Tensor:
+    """``value`` (``batch.<path>`` of field ``i``) as int64 if it holds one integer per
+    request, on the target's device; refused before anything is written otherwise."""
+    if type(value) is torch.Tensor and value.shape == (n,) and value.device == device:
+        if value.dtype is _INT64:
+            return value
+        if value.dtype is torch.int32:
+            return value.long()
+    got = (
+        f"a {value.dtype} tensor of shape {tuple(value.shape)} on {value.device}"
+        if isinstance(value, torch.Tensor)
+        else f"a {type(value).__name__}"
+    )
+    raise RelayError(
+        f"{s.table.what(i)}: batch.{path} must hold one integer per request ({n}, an "
+        f"int64 or int32 vector on {device}, the target's device), got {got}. Nothing "
+        "was written"
+    )
+
+
+#: Up to this many positions, a span's host check reads them as a list; above, one
+#: ``aminmax`` costs less than reading them.
+HOST_POSITIONS_IN_PYTHON_MAX = 48
+
+
+def scatter_span(
+    s: MapState,
+    fields: tuple[int, ...],
+    rows: tuple[torch.Tensor, ...],
+    offsets: object,
+    indices: torch.Tensor,
+    target: torch.Tensor,
+    lengths: tuple[object, ...],
+) -> None:
+    """The gathered ``rows`` of scatter ``fields`` (in their order in a request's span)
+    into flat ``target``: each request's span from its start offset, each field's
+    first ``lengths`` values of its row (all of them where ``None``) after the fields
+    before it (Note [Counted scatters]). Every position is checked before the first
+    write, naming the request: a refused call writes nothing."""
+    table = s.table
+    n = indices.numel()
+    home = target.device
+    starts = _per_request(
+        s, fields[0], table.fields[fields[0]].offsets, offsets, n, home
+    )
+    counts: list[torch.Tensor | None] = []
+    widths: list[int] = []
+    for i, value in zip(fields, lengths):
+        widths.append(math.prod(s.rows[i]))
+        if value is None:
+            counts.append(None)
+        else:
+            counts.append(_per_request(s, i, table.fields[i].lengths, value, n, home))
+    debug = s.debug
+    if debug is not None:
+        _debug_span(s, debug, fields, indices, starts, widths, counts, target.numel())
+    # Each field's positions and values, then (debug off, on the CPU) the positions
+    # checked, then the writes: all or nothing.
+    host = target.is_cpu
+    positions, values, masks = _span_places(
+        s, fields, rows, starts, widths, counts, host
+    )
+    if debug is None and host:
+        size = target.numel()
+        seen: list[int] = []  # the positions read as lists, checked at once
+        for at in positions:
+            if at.numel() <= HOST_POSITIONS_IN_PYTHON_MAX:
+                seen += at.tolist()  # no op dispatched
+                continue
+            low, high = torch.aminmax(at)  # tolist reads them without an op
+            if cast(int, low.tolist()) < 0 or cast(int, high.tolist()) >= size:
+                _name_outside(s, fields, indices, starts, widths, counts, size)
+        if seen and (min(seen) < 0 or max(seen) >= size):
+            _name_outside(s, fields, indices, starts, widths, counts, size)
+    for at, value, mask in zip(positions, values, masks):
+        if mask is None:
+            target.index_copy_(0, at, value)
+        else:
+            scatter_kept(target, at, mask, value)
+
+
+def _span_places(
+    s: MapState,
+    fields: tuple[int, ...],
+    rows: tuple[torch.Tensor, ...],
+    starts: torch.Tensor,
+    widths: list[int],
+    counts: list[torch.Tensor | None],
+    host: bool,
+) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor | None]]:
+    """Each field's target positions and values, in span order: on the host only the
+    counted ones; elsewhere all of a counted field's, with the mask of those kept."""
+    n = starts.numel()
+    positions: list[torch.Tensor] = []
+    values: list[torch.Tensor] = []
+    masks: list[torch.Tensor | None] = []
+    first = starts
+    before: int = 0
+    counted: torch.Tensor | None = None
+    for i, block, width, count in zip(fields, rows, widths, counts):
+        if positions:  # after the fields before it in the span
+            first = first + (before if counted is None else counted)
+        before, counted = width, count
+        if count is None and width == 1:  # one value per request: at its start
+            positions.append(first)
+            values.append(block if block.ndim == 1 else block.flatten())
+            masks.append(None)
+            continue
+        columns = s.columns.get(i)
+        if columns is None:
+            columns = s.columns[i] = torch.arange(width, device=starts.device)
+        at = first.unsqueeze(1) + columns
+        if block.ndim != 2:
+            block = block.reshape(n, width)
+        if count is None:
+            at, block, keep = at.flatten(), block.flatten(), None
+        elif host:
+            keep = columns < count.unsqueeze(1)
+            at, block, keep = at[keep], block[keep], None
+        else:
+            keep = columns < count.unsqueeze(1)
+        positions.append(at)
+        values.append(block)
+        masks.append(keep)
+    return positions, values, masks
+
+
+def _debug_span(
+    s: MapState,
+    debug: DebugChecks,
+    fields: tuple[int, ...],
+    indices: torch.Tensor,
+    starts: torch.Tensor,
+    widths: list[int],
+    counts: list[torch.Tensor | None],
+    size: int,
+) -> None:
+    """Debug mode, before a span's scatter: each count in its row's width and no more
+    than the slot's stash wrote, each request's span inside the target and apart from
+    the others' (named by the span's first field)."""
+    span: torch.Tensor | int = 0
+    for i, width, count in zip(fields, widths, counts):
+        if count is not None:
+            name = s.table.fields[i].name
+            debug.check_counts(name, indices, count, width, s.produced.get(i))
+        span = span + (width if count is None else count)
+    debug.check_scatter(s.table.fields[fields[0]].name, indices, starts, span, size)
+
+
+def scatter_kept(
+    target: torch.Tensor, at: torch.Tensor, keep: torch.Tensor, block: torch.Tensor
+) -> None:
+    """``target[at[keep]] = block[keep]`` with no host read (Note [Counted scatters]):
+    each position takes the number of the kept entry that covers it (positions were
+    checked not to overlap), then its value; an entry not kept covers nothing."""
+    size = target.numel()
+    if size == 0:
+        return
+    entry = torch.arange(keep.numel(), device=target.device).view_as(keep)
+    taken = torch.where(keep, entry, -1).flatten()
+    cover = torch.full((size,), -1, dtype=torch.int64, device=target.device)
+    cover.scatter_reduce_(0, at.clamp(0, size - 1).flatten(), taken, "amax")
+    values = block.flatten().index_select(0, cover.clamp(min=0))
+    target.copy_(torch.where(cover >= 0, values, target))
+
+
+def _name_outside(
+    s: MapState,
+    fields: tuple[int, ...],
+    indices: torch.Tensor,
+    starts: torch.Tensor,
+    widths: list[int],
+    counts: list[torch.Tensor | None],
+    size: int,
+) -> None:
+    """Refuse the first request whose values fall outside the target (debug off, on
+    the host: Note [Scatter destinations]), once ``scatter_span`` found one. A count is
+    taken as its row's width at most and 0 at least, as the write takes it; debug mode
+    reports one outside."""
+    n = starts.numel()
+    taken = [
+        [width] * n if count is None else cast(list[int], count.tolist())
+        for width, count in zip(widths, counts)
+    ]
+    for j, at in enumerate(cast(list[int], starts.tolist())):
+        for i, width, each in zip(fields, widths, taken):
+            count = min(max(each[j], 0), width)
+            if count and (at < 0 or at + count > size):
+                raise RelayError(
+                    f"{s.table.what(i)}: request {j} (slot {int(indices[j])}) puts its "
+                    f"{count} value(s) from {at}, outside the target's {size} "
+                    "positions. Nothing was written"
+                )
+            at += each[j]
+
+
+def stashed_counts(
+    s: MapState, indices: torch.Tensor, payload: object
+) -> dict[int, torch.Tensor]:
+    """Debug mode: the producer's count of each counted scatter field, from the
+    payload attribute named after its ``lengths`` (Note [Counted scatters]); checked
+    before anything is written. Nothing with debug off."""
+    debug = s.debug
+    n = indices.numel() if isinstance(indices, torch.Tensor) else 0
+    if debug is None or n == 0:
+        return {}
+    table = s.table
+    counts = {}
+    for i in table.forward:
+        f = table.fields[i]
+        if f.lengths is None:
+            continue
+        name = f.lengths.rsplit(".", 1)[-1]
+        value = getattr(payload, name)
+        if not (
+            isinstance(value, torch.Tensor)
+            and value.dtype in (torch.int64, torch.int32)
+            and value.numel() == n
+            and value.ndim <= 1
+            and value.device == s.device
+        ):
+            got = (
+                f"a {value.dtype} tensor of shape {tuple(value.shape)}"
+                if isinstance(value, torch.Tensor)
+                else f"a {type(value).__name__}"
+            )
+            raise RelayError(
+                f"{table.what(i)}: payload.{name} must hold one integer count per row "
+                f"({n}, an int64 or int32 vector on {s.device}), got {got}. Nothing was "
+                "written"
+            )
+        count = value.reshape(-1).long()
+        if s.buffers[i] is not None:  # a lazy one's width comes with its first rows
+            debug.check_counts(f.name, indices, count, math.prod(s.rows[i]))
+        counts[i] = count
+    return counts
+
+
+def record_counts(
+    s: MapState, indices: torch.Tensor, counts: dict[int, torch.Tensor]
+) -> None:
+    """Debug mode, after a write: the count each slot's row now carries."""
+    slots = indices.reshape(-1).long()
+    for i, count in counts.items():
+        produced = s.produced.get(i)
+        if produced is None:
+            width = math.prod(s.rows[i])
+            produced = s.produced[i] = torch.full(
+                (s.pool_size,), width, dtype=torch.int64, device=s.device
+            )
+        produced.index_copy_(0, slots, count)
 
 
 def write_optional(
@@ -467,7 +750,9 @@ def stash(
     """``stash`` off the common case (Note [One body])."""
     table = s.table
     values = [getattr(payload, table.fields[i].payload_name) for i in table.forward]
-    _write(s, "stash", table.forward, indices, values, owners)
+    counts = stashed_counts(s, indices, payload)
+    if _write(s, "stash", table.forward, indices, values, owners) and counts:
+        record_counts(s, indices, counts)
 
 
 def publish(
@@ -631,11 +916,14 @@ def seed(
     (Note [Seeds])."""
     table = s.table
     given = [getattr(payload, table.fields[i].payload_name) for i in table.forward]
+    counts = stashed_counts(s, indices, payload)
     checked = _checked(s, "seed", table.forward, indices, given, owners)
     if checked is not None:
         slots, values = checked
         copies = [None if v is None else v.detach().clone() for v in values]
         s.seeds.append((slots.clone(), copies, owners))
+        if counts:
+            record_counts(s, indices, counts)
 
 
 def apply_seeds(s: MapState) -> None:

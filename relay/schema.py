@@ -237,6 +237,15 @@ class Field:
     target_shape: TargetShape = TargetShape.ROWS
     #: Doc string carried into the generated code.
     doc: str = ""
+    #: ``Resolve.SCATTER``: the batch tensor of each request's count of values to lay
+    #: in (0 to the row's width), e.g. ``"num_draft_tokens"``: only that many are
+    #: written. The stash payload carries the producer's count under the path's last
+    #: name; debug mode reports a request that reads more than its stash wrote.
+    lengths: str | None = None
+    #: ``Resolve.SCATTER``: another scatter field into the same target from the same
+    #: offsets; this field's values start right after that field's in each request's
+    #: span (the drafts after the sampled token).
+    after: str | None = None
     declared_at: SourceLocation = attrs.field(
         factory=_declaration_site, kw_only=True, eq=False, repr=False
     )

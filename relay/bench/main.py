@@ -82,6 +82,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--seed", type=int, default=0, help="seed of the workloads")
     add("--json", type=Path, metavar="PATH", help="also write every figure to PATH")
     add("-q", "--quiet", action="store_true", help="no progress on stderr")  # fmt: skip
+    add(
+        "--spans",
+        action="store_true",
+        help="time the vllm_drafts map's counted scatter against its plain floor instead",
+    )
 
 
 def _usage(message: str) -> int:
@@ -343,6 +348,34 @@ def _render(meta: dict[str, Any], results: list[dict[str, Any]]) -> None:
             print(f"  no plain floor: {r.get('plain_missing')}")
 
 
+def _spans(args: argparse.Namespace, device: Any) -> int:
+    """``relay bench --spans``: the counted scatter against its plain floor
+    (``relay/bench/spans.py``), at ``--batch`` sizes."""
+    import torch
+
+    from relay.bench import spans
+
+    saved = torch.get_num_threads()
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    try:
+        results = spans.measure(
+            args.batch or spans.BATCHES,
+            device,
+            repeat=args.repeat or (5 if args.quick else 15),
+            warmup=args.warmup,
+            sample_ms=args.sample_ms or 0.25,
+            seed=args.seed,
+        )
+    finally:
+        torch.set_num_threads(saved)
+    print(spans.render(results))
+    if args.json is not None:
+        args.json.write_text(json.dumps({"spans": results}, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return EXIT_OK if all(r["same"] for r in results) else EXIT_FAILED
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``relay bench`` with parsed ``args``; returns the exit status."""
     problem = flags_problem(args)
@@ -353,6 +386,8 @@ def run(args: argparse.Namespace) -> int:
     device = _device(args.device)
     if isinstance(device, str):
         return _usage(device)
+    if args.spans:
+        return _spans(args, device)
     configs = _configs(args)
     if isinstance(configs, str):
         return _usage(configs)

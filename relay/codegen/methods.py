@@ -117,6 +117,13 @@ def write(schema: Schema, op: str, fields: Sequence[Field], checked: str) -> lis
 def resolve_doc(f: Field) -> str:
     """The resolve doc string's line for ``f``'s target."""
     later = " (when the latest write carried it, else ``None``)" if f.optional else ""
+    if f.resolve is Resolve.SCATTER and (f.after or f.lengths):
+        after = f", after ``{f.after}``" if f.after else ""
+        count = f", the first ``batch.{f.lengths}`` of each row" if f.lengths else ""
+        return (
+            f"- ``batch.{f.target}``: from each row's ``batch.{f.offsets}``{after}, "
+            f"``{naming.buffer(f)}[indices]``{count}."
+        )
     if f.resolve is Resolve.SCATTER:
         return (
             f"- ``batch.{f.target}``: from each row's ``batch.{f.offsets}``, "
@@ -176,7 +183,11 @@ def _placeholder_read(f: Field, target: str) -> list[str]:
 def _scatter_read(schema: Schema, f: Field, target: str) -> list[str]:
     """Rows at ``indices`` into flat ``target`` from each request's start offset: one
     gather, the checked positions (Note [Scatter destinations] in runtime.py), one
-    scatter."""
+    scatter. A counted field, or several fields into one target, is one span."""
+    span = _span(schema, f)
+    if span:
+        last = max(span, key=schema.fields.index)
+        return _span_read(schema, span, target) if f is last else []
     i = schema.fields.index(f)
     rows = naming.value_local(f)
     flat = ".flatten()" if f.shape else ""
@@ -187,6 +198,56 @@ def _scatter_read(schema: Schema, f: Field, target: str) -> list[str]:
         f"{target}.index_copy_(0, {at}, {rows})",
         "if debug is not None:",
         f"    _rt.scattered(self._state, {i}, {target})",
+    ]
+
+
+def _span(schema: Schema, f: Field) -> list[Field]:
+    """The scatter fields into ``f``'s target, first of a request's span first (``after``
+    chains them; validation refused any other layout), where ``f`` counts its values or
+    shares its target; else none. The span is read where its last field is declared."""
+    shared = [
+        g
+        for g in schema.fields
+        if g.resolve is Resolve.SCATTER and g.target == f.target
+    ]
+    if len(shared) == 1 and f.lengths is None:
+        return []
+    following = {g.after: g for g in shared}
+    order = [next(g for g in shared if g.after is None)]
+    while order[-1].name in following and len(order) < len(shared):
+        order.append(following[order[-1].name])
+    return order
+
+
+def _span_read(schema: Schema, span: Sequence[Field], target: str) -> list[str]:
+    """Every field of one span: each gathered, then one checked scatter of them all
+    (Note [Counted scatters] in runtime.py)."""
+    head = span[0]
+    positions = [str(schema.fields.index(g)) for g in span]
+    locals_ = [naming.value_local(g) for g in span]
+    counts = [f"batch.{g.lengths}" if g.lengths else "None" for g in span]
+
+    def tup(items: list[str]) -> str:
+        return join("(", items, ",)" if len(items) == 1 else ")")
+
+    args = [
+        "self._state",
+        tup(positions),
+        tup(locals_),
+        f"batch.{head.offsets}",
+        "indices",
+        target,
+        tup(counts),
+    ]
+    return [
+        *(line for g in span for line in _stashed(schema, g)),
+        *(
+            f"{local} = {_buf(g)}.index_select(0, indices)"
+            for g, local in zip(span, locals_)
+        ),
+        join("_rt.scatter_span(", args),
+        "if debug is not None:",
+        f"    _rt.scattered(self._state, {positions[-1]}, {target})",
     ]
 
 

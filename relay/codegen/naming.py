@@ -201,6 +201,8 @@ def bound_names(schema: Schema) -> frozenset[str]:
         names.update({buffer(f), host_mirror(f), f.payload_name})
         if isinstance(f.offsets, str):
             names.update(_path_names(schema, f.offsets))
+        if isinstance(f.lengths, str):  # its last name is a payload attribute too
+            names.update(_path_names(schema, f.lengths))
         names.add(value_local(f))
         names.update(placeholder_locals(f))
         for path in (f.target, f.host_mirror, f.host_sum):

@@ -135,6 +135,7 @@ def validate(schema: Schema, display: Callable[[str], str]) -> list[SchemaIssue]
     _check_docs(c, fields)
     _check_parents(c, fields)
     _check_seeds_and_owners(c, fields)
+    _check_counted_scatters(c, fields)
     return c.issues
 
 
@@ -541,7 +542,7 @@ def _check_unique(c: _Collector, fields: list[Field]) -> None:
             path = getattr(f, role)
             if not _valid_path(path):
                 continue
-            if path in first_path:
+            if path in first_path and not _spans_one_target(fields, f, role):
                 other, other_role = first_path[path]
                 c.add(
                     f,
@@ -935,3 +936,160 @@ def control_character(text: str) -> str | None:
         named = f" ({_CONTROL_NAMES[code]})" if code in _CONTROL_NAMES else ""
         return f"U+{code:04X}{named} at line {line}, column {column}"
     return None
+
+
+# --- counted scatters (Note [Counted scatters] in relay/runtime.py) ---------------------
+
+
+def _spans_one_target(fields: list[Field], f: Field, role: str) -> bool:
+    """Whether ``f`` shares its target with the scatter field it comes ``after``: the
+    one case where two fields resolve into one attribute (``_check_counted_scatters``
+    checks the rest)."""
+    return (
+        role == "target"
+        and f.resolve is Resolve.SCATTER
+        and isinstance(f.after, str)
+        and any(g.name == f.after and g.target == f.target for g in fields)
+    )
+
+
+def _check_counted_scatters(c: _Collector, fields: list[Field]) -> None:
+    """``lengths`` and ``after``: per-request counts, and several scatter fields laid
+    one after another into each request's span of one target."""
+    by_name = {f.name: f for f in fields if isinstance(f.name, str)}
+    written = {
+        path
+        for f in fields
+        for path in (f.target, f.host_mirror, f.host_sum)
+        if isinstance(path, str)
+    }
+    payload = {f.payload_name: f for f in fields if f.lane is Lane.FORWARD}
+    leaves: dict[str, tuple[str, Field]] = {}
+    followed: dict[str, Field] = {}
+    for f in fields:
+        for option in ("lengths", "after"):
+            value = getattr(f, option)
+            if value is not None and f.resolve is not Resolve.SCATTER:
+                c.add(
+                    f,
+                    f"{option} belongs to a scatter, but resolve is {f.resolve} (got "
+                    f"{option}={value!r})",
+                    f"add resolve=Resolve.SCATTER with offsets=..., or remove {option}=...",
+                )
+        if f.resolve is not Resolve.SCATTER:
+            continue
+        if f.lengths is not None:
+            _check_lengths(c, f, written, payload, leaves)
+        if f.after is not None:
+            _check_after(c, f, by_name, followed)
+    # A target's scatter fields form one chain: two that are not laid one after the
+    # other would overlap (the unique-path check refuses a second field with no after).
+    for f in fields:
+        seen = {f.name}
+        after = f.after if f.resolve is Resolve.SCATTER else None
+        if after == f.name:
+            continue  # refused above: after must name another field
+        while isinstance(after, str) and after in by_name:
+            if after in seen:
+                c.add(
+                    f,
+                    f"after={f.after!r} leads back to {f.name!r}: the fields' places "
+                    "in the span depend on each other",
+                    "start the chain at a field without after=...",
+                )
+                break
+            seen.add(after)
+            after = by_name[after].after
+
+
+def _check_lengths(
+    c: _Collector,
+    f: Field,
+    written: set[str],
+    payload: dict[str, Field],
+    leaves: dict[str, tuple[str, Field]],
+) -> None:
+    if not _valid_path(f.lengths):
+        c.add(
+            f,
+            "lengths must be a dotted attribute path of the batch holding each "
+            f"request's count of values (got {_got(f.lengths)})",
+            'write lengths="num_draft_tokens", or leave it out',
+        )
+        return
+    assert isinstance(f.lengths, str)
+    if f.lengths in written or f.lengths == f.offsets:
+        c.add(
+            f,
+            f"lengths={f.lengths!r} is also where a field resolves to, or the offsets: "
+            "a count must be read from a batch attribute of its own",
+            "read lengths from a batch attribute no field writes",
+        )
+    if isinstance(f.shape, tuple) and not f.shape:
+        c.add(
+            f,
+            "lengths counts the values of each row, but the row is one value (got "
+            "shape=())",
+            'give the row a width, e.g. shape=("drafts",), or remove lengths=...',
+        )
+    leaf = f.lengths.rsplit(".", 1)[-1]
+    if f.lane is Lane.FORWARD and naming.identifier_problem(leaf) is not None:
+        c.add(
+            f,
+            f"the stash payload carries the producer's count as {leaf!r} (the last name "
+            "of lengths), a name the generated module keeps for itself",
+            "name the count attribute otherwise",
+        )
+    clash = payload.get(leaf)
+    if clash is not None:
+        c.add(
+            f,
+            f"the stash payload carries the producer's count as {leaf!r} (the last "
+            f"name of lengths), which is also the payload attribute of field "
+            f"{clash.name!r} ({c.where(clash.declared_at)})",
+            "name the count attribute otherwise, or give that field another source",
+        )
+    first = leaves.setdefault(leaf, (f.lengths, f))
+    if first[0] != f.lengths:
+        c.add(
+            f,
+            f"lengths={f.lengths!r} and {first[0]!r} (field {first[1].name!r}) both "
+            f"end in {leaf!r}, the payload attribute of the producer's count",
+            "give the counts different last names",
+        )
+
+
+def _check_after(
+    c: _Collector, f: Field, by_name: dict[str, Field], followed: dict[str, Field]
+) -> None:
+    first = by_name.get(f.after) if isinstance(f.after, str) else None
+    if first is None or first is f:
+        c.add(
+            f,
+            f"after must name another scatter field of the schema (got {_got(f.after)})",
+            "name the field whose values come first in each request's span",
+        )
+        return
+    if (
+        first.resolve is not Resolve.SCATTER
+        or first.target != f.target
+        or first.offsets != f.offsets
+    ):
+        c.add(
+            f,
+            f"after={first.name!r} lays this field's values after that field's in each "
+            f"request's span, so both scatter into one target from one offsets (got "
+            f"{first.name!r}: resolve={first.resolve}, target={first.target!r}, "
+            f"offsets={first.offsets!r}; this field: target={f.target!r}, "
+            f"offsets={f.offsets!r})",
+            f"give both resolve=Resolve.SCATTER, target={first.target!r} and "
+            f"offsets={first.offsets!r}",
+        )
+    other = followed.setdefault(first.name, f)
+    if other is not f:
+        c.add(
+            f,
+            f"after={first.name!r}, like field {other.name!r} "
+            f"({c.where(other.declared_at)}): both would start at the same place",
+            f"lay it after {other.name!r} instead",
+        )

@@ -402,6 +402,8 @@ def _protocols(schema: Schema) -> tuple[ProtocolView, ...]:
             add(f.target, "torch.Tensor" if in_place else tensor, True)
         if f.offsets is not None:
             add(f.offsets, "torch.Tensor", False)
+        if f.lengths is not None:
+            add(f.lengths, "torch.Tensor", False)
         if f.host_mirror is not None:
             add(f.host_mirror, tensor, True)
         if f.host_sum is not None:
@@ -431,6 +433,27 @@ def _protocols(schema: Schema) -> tuple[ProtocolView, ...]:
     return tuple(views)
 
 
+def _payload_counts(forward: Sequence[Field]) -> tuple[PayloadField, ...]:
+    """The producer's count of each counted scatter (``lengths``), once per name (Note
+    [Counted scatters] in relay/runtime.py)."""
+    counted: dict[str, list[str]] = {}
+    for f in forward:
+        if f.lengths is not None:
+            counted.setdefault(f.lengths.rsplit(".", 1)[-1], []).append(f.name)
+    return tuple(
+        PayloadField(
+            name,
+            "torch.Tensor",
+            False,
+            naming.doc_text(
+                f"How many values of each row of {', '.join(names)} are real (0 to the "
+                "row's width); debug mode reports a resolve that reads more."
+            ),
+        )
+        for name, names in counted.items()
+    )
+
+
 def map_view(schema: Schema, *, source: str) -> MapView:
     """The view of one validated schema."""
     packed = packed_groups(schema)
@@ -458,7 +481,8 @@ def map_view(schema: Schema, *, source: str) -> MapView:
                 naming.doc_text(f.doc) or f.name,
             )
             for f in forward
-        ),
+        )
+        + _payload_counts(forward),
         protocols=protocols,
         exports=tuple(sorted(exports)),
         schema_args=", ".join(_declared(schema)),

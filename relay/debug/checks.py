@@ -230,33 +230,37 @@ class DebugChecks:
         field: str,
         indices: torch.Tensor,
         starts: torch.Tensor,
-        width: int,
+        width: int | torch.Tensor,
         size: int,
     ) -> None:
         """Before a scatter: every request's ``width`` positions from its start lie in
         the target's ``size``, and no two requests' positions overlap (Note [Scatter
-        destinations] in relay/runtime.py)."""
+        destinations] in relay/runtime.py). ``width`` may be one per request (Note
+        [Counted scatters])."""
         n = starts.numel()
         if n == 0:
             return
         order = starts.argsort()
         ordered = starts[order]
-        ends = ordered + width
+        ends = ordered + (width if isinstance(width, int) else width[order])
         ok = (ordered >= 0) & (ends <= size)
         ok[1:] &= ordered[1:] >= ends[:-1]
         where = {"owner": self.owner, "field": field}
+
+        def wide(j: int) -> int:
+            return width if isinstance(width, int) else int(width[j])
 
         def problem(first: int) -> str:
             j = int(order[first])
             at = int(starts[j])
             slot = int(indices.reshape(-1)[j])
-            if at < 0 or at + width > size:
+            if at < 0 or at + wide(j) > size:
                 return text(
                     "scatter_outside",
                     request=j,
                     slot=slot,
                     start=at,
-                    width=width,
+                    width=wide(j),
                     size=size,
                     **where,
                 )
@@ -269,11 +273,53 @@ class DebugChecks:
                 other=k,
                 other_slot=int(indices.reshape(-1)[k]),
                 other_start=int(starts[k]),
-                width=width,
+                width=wide(k),
                 **where,
             )
 
         self._require(ok, lambda: text("scatter_summary", **where), problem)
+
+    def check_counts(
+        self,
+        field: str,
+        indices: torch.Tensor,
+        counts: torch.Tensor,
+        width: int,
+        produced: torch.Tensor | None = None,
+    ) -> None:
+        """A counted scatter's counts (Note [Counted scatters] in relay/runtime.py):
+        each in ``[0, width]``, and, where ``produced`` holds what each slot's stash
+        carried, no more than that (a consumer reading values no producer wrote)."""
+        slots = indices.reshape(-1).long()
+        ok = (counts >= 0) & (counts <= width)
+        wrote = None
+        if produced is not None:
+            wrote = produced.index_select(0, slots.to(produced.device))
+            ok &= counts <= wrote.to(counts.device)
+        where = {"owner": self.owner, "field": field}
+
+        def problem(j: int) -> str:
+            count = int(counts[j])
+            slot = int(slots[j])
+            if not 0 <= count <= width or wrote is None:
+                return text(
+                    "scatter_count_outside",
+                    request=j,
+                    slot=slot,
+                    count=count,
+                    width=width,
+                    **where,
+                )
+            return text(
+                "scatter_count_disagrees",
+                request=j,
+                slot=slot,
+                count=count,
+                wrote=int(wrote[j]),
+                **where,
+            )
+
+        self._require(ok, lambda: text("scatter_count_summary", **where), problem)
 
     def check_scattered(self, field: str, target: torch.Tensor) -> None:
         """After a scatter into a non-negative field's target: no position still holds

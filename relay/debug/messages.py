@@ -175,6 +175,19 @@ MESSAGES: Final[Mapping[str, str]] = MappingProxyType(
         "scatter_summary": (
             "{owner}.{field}: a scatter's offsets run outside the target or overlap"
         ),
+        "scatter_count_outside": (
+            "{owner}.{field}: request {request} (slot {slot}) has a count of {count} "
+            "value(s), outside [0, {width}]: a row holds {width}."
+        ),
+        "scatter_count_disagrees": (
+            "{owner}.{field}: request {request} (slot {slot}) reads {count} value(s), "
+            "but its stash wrote {wrote}: the producer and the consumer disagree on its "
+            "count (drafts trimmed on one side, or another step's count)."
+        ),
+        "scatter_count_summary": (
+            "{owner}.{field}: a count is outside the row's width, or more than the "
+            "stash wrote"
+        ),
         "scatter_leftover": (
             "{owner}.{field}: after the scatter, position {position} of the target "
             "still holds {value}: a placeholder no request's row covered (an offset one "

@@ -293,7 +293,7 @@ class _Program(torch.nn.Module):
 
     @torch.jit.export
     def ngram_verify(
-        self, draft_num: int, max_seq_len: int
+        self, draft_num: int, max_seq_len: int, variable: int
     ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
         bonus, accept_tokens, accept_lens = self.args[0], self.args[1], self.args[2]
         seq_lens, slots = self.args[3], self.args[4]
@@ -306,15 +306,21 @@ class _Program(torch.nn.Module):
         rows = slots[:, None].expand(n, draft_num)
         self.history[rows[taken], positions[taken]] = accept_tokens[taken]
         self.history[slots, last] = bonus
-        drafts = self._ngram_drafts(slots, seq_lens, draft_num, max_seq_len)
-        return self._verify(bonus, drafts[:, None, :], seq_lens, max_seq_len, slots)
+        drafts, found = self._ngram_drafts(slots, seq_lens, draft_num, max_seq_len)
+        limit: Tensor | None = None
+        if variable != 0:
+            limit = found  # a request verifies only the drafts its match found
+        return self._verify(
+            bonus, drafts[:, None, :], seq_lens, max_seq_len, slots, limit
+        )
 
     def _ngram_drafts(
         self, slots: Tensor, seq_lens: Tensor, draft_num: int, width: int
-    ) -> Tensor:
+    ) -> tuple[Tensor, Tensor]:
         """For each row, the ``draft_num`` tokens that followed the latest earlier
         occurrence of its context's last 3, else 2, else 1 tokens; without one, its
-        last token repeated."""
+        last token repeated. And how many of them the match really found (0 to
+        ``draft_num``; 0 without one): the rest repeat the context's last token."""
         context = self.history.index_select(0, slots)[:, :width]  # (n, W)
         n = context.shape[0]
         found = torch.zeros(n, dtype=torch.bool, device=context.device)
@@ -335,7 +341,8 @@ class _Program(torch.nn.Module):
                 found = found | new
         at = follow[:, None] + torch.arange(draft_num, device=context.device)
         at = torch.minimum(at, (seq_lens - 1)[:, None])
-        return context.gather(1, at)
+        real = torch.where(found, (seq_lens - follow).clamp(max=draft_num), 0)
+        return context.gather(1, at), real
 
     def _verify(
         self,
@@ -344,8 +351,10 @@ class _Program(torch.nn.Module):
         seq_lens: Tensor,
         max_seq_len: int,
         slots: Tensor,
+        limit: Tensor | None = None,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-        """Verify ``drafts`` (n, topk, steps) after ``bonus`` greedily (``Forwards.draft_and_verify``)."""
+        """Verify ``drafts`` (n, topk, steps) after ``bonus`` greedily (``Forwards.draft_and_verify``),
+        accepting at most ``limit`` (n,) drafts of a row where it is given."""
         n, topk, steps = drafts.shape[0], drafts.shape[1], drafts.shape[2]
         # Verification: each branch is a row of ``width`` tokens after the request's
         # cached prefix, which all its branches share (Note [Verifying over a shared prefix]).
@@ -375,6 +384,8 @@ class _Program(torch.nn.Module):
         greedy = self._greedy(x).view(n, topk, width)
         # (n, topk) drafts accepted along each branch
         matched = (drafts == greedy[:, :, :steps]).long().cumprod(dim=2).sum(dim=2)
+        if limit is not None:
+            matched = torch.minimum(matched, limit[:, None])
         best = matched.argmax(dim=1)  # first maximum: deterministic tie-break
         accept = matched.gather(1, best[:, None]).squeeze(1)
         rows_best = torch.arange(n, device=x.device) * topk + best
@@ -593,13 +604,17 @@ class Forwards:
         seq_lens: Tensor,
         max_seq_len: int,
         slots: Tensor,
+        variable: bool = False,
     ) -> VerifyResult:
         """N-gram speculation: append the previous step's ``accept_tokens[:accept_lens]``
         and ``bonus`` to each slot's context, draft ``accept_tokens.shape[1]`` tokens
-        from its n-gram matches, and verify them as one branch (``draft_and_verify``)."""
+        from its n-gram matches, and verify them as one branch (``draft_and_verify``).
+        ``variable``: each request verifies only the drafts its match found, 0 to
+        ``accept_tokens.shape[1]`` (none without a match), so draft counts vary."""
         args = [bonus, accept_tokens, accept_lens, seq_lens, slots]
         method, draft_num = self.program.ngram_verify, accept_tokens.shape[1]
-        return VerifyResult(*self._call(args, method, draft_num, max_seq_len))
+        sizes = (draft_num, max_seq_len, int(variable))
+        return VerifyResult(*self._call(args, method, *sizes))
 
     def commit(self, result: VerifyResult, seq_lens: Tensor, slots: Tensor) -> None:
         """Write the chosen branches to the cache (``commit_and_extend`` without the draft)."""

@@ -27,15 +27,20 @@ __all__ = ["ModelRunner", "SpecConfig"]
 class SpecConfig:
     """Speculative decoding: ``method`` ``eagle`` drafts ``topk`` branches of ``steps``
     tokens with a draft head; ``ngram`` drafts one branch of ``steps`` tokens from
-    n-gram matches in the request's own context (``topk`` unused)."""
+    n-gram matches in the request's own context (``topk`` unused). ``variable_drafts``
+    (n-gram only): each request verifies 0 to ``steps`` drafts, as many as its match
+    found, instead of padding a short match with its last token."""
 
     steps: int = 3
     topk: int = 2
     method: str = "eagle"
+    variable_drafts: bool = False
 
     def __attrs_post_init__(self) -> None:
         if self.method not in ("eagle", "ngram"):
             raise ValueError(f"method must be eagle or ngram (got {self.method!r})")
+        if self.variable_drafts and self.method != "ngram":
+            raise ValueError("variable_drafts needs method='ngram'")
 
 
 def _to_host(t: Tensor) -> Tensor:
@@ -116,7 +121,10 @@ class ModelRunner:
                 fw.commit_and_extend(result, seq_lens, slot, spec.topk)
             elif spec is not None:
                 accept, lens = self._first_extras(slot, slot)  # none accepted
-                result = fw.ngram_verify(token, accept, lens, seq_lens, 3, slot)
+                variable = spec.variable_drafts
+                result = fw.ngram_verify(
+                    token, accept, lens, seq_lens, 3, slot, variable
+                )
                 fw.commit(result, seq_lens, slot)
 
     def forward(self, batch: ForwardBatch, out: StepOutput) -> None:
@@ -271,7 +279,10 @@ class ModelRunner:
             # The n-gram map hands accept_tokens flat, (n * steps,), as sglang does.
             accept = info.accept_tokens.reshape(slots.shape[0], spec.steps)
             fw = self.forwards
-            return fw.ngram_verify(bonus, accept, info.accept_lens, lens, width, slots)
+            variable = spec.variable_drafts
+            return fw.ngram_verify(
+                bonus, accept, info.accept_lens, lens, width, slots, variable
+            )
         hidden, first = info.hidden_states, info.topk_index
         assert hidden is not None, "decode before any prefill stashed"
         return self.forwards.draft_and_verify(

@@ -117,10 +117,11 @@ def _new_batch(
     indices: torch.Tensor,
     owners: list[int] | None = None,
     dims: Mapping[str, int] | None = None,
+    counts: Mapping[str, list[int]] | None = None,
 ) -> Namespace:
     batch = Namespace()
     for f in schema.fields:
-        for path in (f.target, f.host_mirror, f.host_sum):
+        for path in (f.target, f.host_mirror, f.host_sum, f.offsets, f.lengths):
             if path is None:
                 continue
             *parents, leaf = path.split(".")
@@ -131,18 +132,30 @@ def _new_batch(
                 node = getattr(node, name)
             setattr(node, leaf, UNSET)
     set_path(batch, schema.indices, indices)
+    # A flat target of each request's span and a gap, the gaps left alone: the span
+    # holds the values of every scatter field into the target, a counted one's
+    # ``counts`` of each row (its whole row where none are given). No gap where a field
+    # is guarded non-negative: debug mode reports a negative value the scatter left.
+    spans: dict[str, list[FieldDecl]] = {}
     for f in schema.fields:
         if f.resolve is Resolve.SCATTER and f.target and f.offsets:
-            # A flat target of each row's values and a gap, the gaps left alone.
-            sizes = [
-                d if isinstance(d, int) else (dims or {}).get(d, 3) for d in f.shape
-            ]
-            width = 1 + math.prod(sizes)
-            dtype = f.dtype if isinstance(f.dtype, torch.dtype) else torch.int64
-            set_path(
-                batch, f.target, torch.full((len(indices) * width,), -7, dtype=dtype)
-            )
-            set_path(batch, f.offsets, torch.arange(len(indices)) * width)
+            spans.setdefault(f.target, []).append(f)
+    n = len(indices)
+    for target, fields in spans.items():
+        guarded = any(f.guard in (Guard.NON_NEGATIVE, Guard.POSITIVE) for f in fields)
+        sizes = [0 if guarded else 1] * n
+        for f in fields:
+            row = [d if isinstance(d, int) else (dims or {}).get(d, 3) for d in f.shape]
+            taken = (counts or {}).get(f.lengths or "", [math.prod(row)] * n)
+            sizes = [size + count for size, count in zip(sizes, taken)]
+            if f.lengths is not None:
+                set_path(batch, f.lengths, torch.tensor(taken, dtype=torch.int64))
+        first = fields[0]
+        dtype = first.dtype if isinstance(first.dtype, torch.dtype) else torch.int64
+        set_path(batch, target, torch.full((sum(sizes),), -7, dtype=dtype))
+        starts = [sum(sizes[:request]) for request in range(n)]
+        assert first.offsets is not None
+        set_path(batch, first.offsets, torch.tensor(starts, dtype=torch.int64))
     if schema.owners is not None:
         set_path(batch, schema.owners, owners)
     return batch
@@ -206,6 +219,10 @@ class _Driver:
             if f.unwritten is Unwritten.ZEROS
         }
         self.fence_fresh: set[str] = set()
+        #: Counted scatters (``lengths``): the count each slot's latest stash carried.
+        self.produced: dict[str, dict[int, int]] = {
+            f.lengths: {} for f in schema.fields if f.lengths is not None
+        }
         # FROM_PAYLOAD fields: the dtype of the first payload, drawn once per run.
         self.payload_dtype = {
             f.name: data.draw(
@@ -377,6 +394,14 @@ class _Driver:
         slots = self._slots(range(1, self.pool_size))
         indices = self._indices(slots)
         values = self._write_values(self.forward_fields, len(slots))
+        for f in self.forward_fields:
+            if f.lengths is not None:  # the producer's count: 0 to the row's width
+                width = math.prod(self._row_shape(f))
+                made = [self.rng.randint(0, width) for _ in slots]
+                values[f.lengths.rsplit(".", 1)[-1]] = torch.tensor(
+                    made, dtype=torch.int64, device=self.device
+                )
+                self.produced[f.lengths].update(zip(slots, made))
         assert self.payload_cls is not None
         payload = self.payload_cls(**values)
         self.history.append(f"stash({slots}, {_describe(values)})")
@@ -420,9 +445,19 @@ class _Driver:
             candidates &= self.fresh[f.name] | self.unwritten.get(f.name, set())
         order = self._slots(candidates)  # picks come in any order
         indices = self._indices(list(order))
+        # The consumer's counts: what the stash wrote, or fewer (a trim).
+        counts = {
+            path: [
+                made if self.rng.random() < 0.5 else self.rng.randint(0, made)
+                for made in (produced.get(slot, 0) for slot in order)
+            ]
+            for path, produced in self.produced.items()
+        }
         map_batch, model_batch = (
-            _new_batch(self.schema, indices, self._owners(indices), self.dims),
-            _new_batch(self.schema, indices.clone(), self._owners(indices), self.dims),
+            _new_batch(self.schema, indices, self._owners(indices), self.dims, counts),
+            _new_batch(
+                self.schema, indices.clone(), self._owners(indices), self.dims, counts
+            ),
         )
         paths: list[str] = []
         for f in self.forward_fields:

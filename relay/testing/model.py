@@ -11,6 +11,7 @@ compares every value they hand over.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -205,11 +206,17 @@ class ReferenceRelay:
             return rows.flatten() if f.target_shape is TargetShape.FLAT else rows
         if f.resolve is Resolve.SCATTER and f.target is not None and f.offsets:
             # Each row's values into the flat target from the row's start offset.
+            # With lengths, only each request's first lengths[i] values; with after,
+            # from the end of the named field's values in the request's span.
             flat: torch.Tensor = get_path(batch, f.target).clone()
             starts = get_path(batch, f.offsets).tolist()
-            for start, slot in zip(starts, slots):
+            for request, (start, slot) in enumerate(zip(starts, slots)):
                 row = self.row(f.name, slot).reshape(-1)
-                flat[start : start + row.numel()] = row.to(flat.dtype)
+                at = start + sum(
+                    self._count(g, batch, request) for g in self._before(f)
+                )
+                count = self._count(f, batch, request)
+                flat[at : at + count] = row[:count].to(flat.dtype)
             return flat
         if f.resolve is not Resolve.PLACEHOLDER or f.target is None:
             raise ModelError(f"{f.name}: the model does not know resolve={f.resolve}")
@@ -224,6 +231,22 @@ class ReferenceRelay:
                 for x in current.tolist()
             ]
         )
+
+    def _before(self, f: FieldDecl) -> list[FieldDecl]:
+        """The scatter fields whose values come before ``f``'s in a request's span."""
+        found = []
+        while f.after is not None:
+            f = self.fields[f.after]
+            found.append(f)
+        return found
+
+    def _count(self, f: FieldDecl, batch: Any, request: int) -> int:
+        """How many values of its row scatter field ``f`` lays in for ``request``: its
+        ``lengths`` entry, else the whole row."""
+        if f.lengths is not None:
+            return int(get_path(batch, f.lengths)[request])
+        sizes = [d if isinstance(d, int) else self.dims[d] for d in f.shape]
+        return math.prod(sizes)
 
     def _parent_absent(self, f: FieldDecl, batch: Any) -> bool:
         """Whether ``f``'s target (or the slots) goes through an optional parent the

@@ -88,3 +88,40 @@ def test_ngram_acceptance_stays_where_the_relayed_lengths_put_it(
     assert result.accept_length > 2.5, result.accept_length
     plain = run_workload(attrs.evolve(ngram, spec=None))
     assert plain.outputs == result.outputs
+
+
+def test_variable_draft_counts_change_acceptance_not_outputs() -> None:
+    """N-gram speculation with variable draft counts: each request verifies only the
+    drafts its match found (0 to 3 a step), so fewer drafts are accepted than with a
+    short match padded by its last token, and the outputs stay plain decoding's, in
+    both loops, with the relay's maps in debug mode."""
+    workload = WorkloadConfig(
+        requests=16, min_prompt=4, max_prompt=40, min_output=16, max_output=40
+    )
+    scheduler = SchedulerConfig(
+        max_running=4, max_prefill_tokens=64, kv_pages=96, page_size=8, retract=False
+    )
+    fixed = EngineConfig(
+        model=REPEATING,
+        workload=workload,
+        scheduler=scheduler,
+        spec=SpecConfig(steps=3, method="ngram"),
+        overlap=True,
+        debug=True,
+    )
+    variable = attrs.evolve(
+        fixed, spec=SpecConfig(steps=3, method="ngram", variable_drafts=True)
+    )
+    padded, counted = run_workload(fixed), run_workload(variable)
+    synced = run_workload(attrs.evolve(variable, overlap=False))
+    assert counted.outputs == padded.outputs == synced.outputs
+    assert 1.0 < counted.accept_length < padded.accept_length, (
+        counted.accept_length,
+        padded.accept_length,
+    )
+
+
+def test_variable_drafts_need_ngram() -> None:
+    """EAGLE's draft head always drafts ``steps`` tokens: the option is refused there."""
+    with pytest.raises(ValueError, match="variable_drafts needs method='ngram'"):
+        SpecConfig(steps=3, variable_drafts=True)

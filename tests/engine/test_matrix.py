@@ -31,6 +31,8 @@ MODES: dict[str, SpecConfig | None] = {
     "decode": None,
     "eagle": SpecConfig(steps=3, topk=2),
     "ngram": SpecConfig(steps=3, method="ngram"),
+    # 0 to 3 drafts per request and step, as many as its n-gram match found.
+    "ngram_variable": SpecConfig(steps=3, method="ngram", variable_drafts=True),
 }
 FEATURES = ("retract", "abort", "chunked", "mixed", "prebuilt")
 

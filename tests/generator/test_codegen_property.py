@@ -108,6 +108,34 @@ def fields(draw: st.DrawFn, i: int) -> Field:
     )
 
 
+def _span(tail: str, target: str, guard: Guard) -> list[Field]:
+    """A token and its counted drafts laid one after the other into one flat target
+    (``lengths`` and ``after``)."""
+    starts, count = f"starts_{tail}", f"n_{tail}"
+    return [
+        Field(
+            f"tok_{tail}",
+            lane=Lane.FORWARD,
+            dtype=torch.int64,
+            target=target,
+            resolve=Resolve.SCATTER,
+            offsets=starts,
+            guard=guard,
+        ),
+        Field(
+            f"drafts_{tail}",
+            lane=Lane.FORWARD,
+            dtype=torch.int64,
+            shape=("drafts",),
+            target=target,
+            resolve=Resolve.SCATTER,
+            offsets=starts,
+            lengths=count,
+            after=f"tok_{tail}",
+        ),
+    ]
+
+
 def _packable(i: int, dtype: torch.dtype) -> Field:
     return Field(
         f"p{i}", lane=Lane.FORWARD, dtype=dtype, shape=("topk",), target=f"pk.p{i}"
@@ -122,6 +150,11 @@ def schemas(draw: st.DrawFn) -> Schema:
     layout = draw(st.sampled_from(Layout))
     if layout is Layout.PACKED:
         declared += [_packable(0, torch.float32), _packable(1, torch.float32)]
+    if draw(st.booleans()):
+        tail = draw(tails)
+        declared += _span(
+            tail, draw(paths(f"ids_{tail}")), draw(st.sampled_from(Guard))
+        )
     schema = Schema(
         name=f"M{draw(tails)}FutureMap",
         fields=declared,
@@ -185,6 +218,7 @@ def every_combination(layout: Layout) -> Schema:
         )
     if layout is Layout.PACKED:
         declared += [_packable(0, torch.float32), _packable(1, torch.float32)]
+    declared += _span("every", "spec_info.ids", Guard.NON_NEGATIVE)
     schema = Schema(f"Every{layout.value.title()}FutureMap", declared, layout=layout)
     assert validate(schema, str) == []
     return schema

@@ -63,7 +63,7 @@ def test_debug_flag_sets_the_checker_not_the_class(stem: str) -> None:
     """debug=True builds the same class, with debug mode's checker set."""
     _schema, cls = _bundled(stem)
     dims = {d: 2 for d in ("topk", "hidden", "vocab", "draft_tokens", "layers")}
-    dims["draft_token_num"] = 2
+    dims["draft_token_num"] = dims["num_speculative_tokens"] = 2
     params = inspect.signature(cls).parameters
     kwargs = {k: v for k, v in dims.items() if k in params}
     plain, checked = cls("cpu", 4, **kwargs), cls("cpu", 4, **kwargs, debug=True)

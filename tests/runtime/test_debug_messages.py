@@ -394,6 +394,49 @@ def _scatter_leftover_summary() -> tuple[str, Callable[[], object]]:
     return want, lambda: checks(named=False).check_scattered("tok", target)
 
 
+def _counts(
+    named: bool = True, produced: list[int] | None = None
+) -> Callable[[], object]:
+    d = checks(named=named)
+    wrote = None if produced is None else torch.tensor(produced)
+    return lambda: d.check_counts("tok", rows(3, 5), torch.tensor([1, 3]), 2, wrote)
+
+
+def _scatter_count_outside() -> tuple[str, Callable[[], object]]:
+    want = text(
+        "scatter_count_outside",
+        owner="M",
+        field="tok",
+        request=1,
+        slot=5,
+        count=3,
+        width=2,
+    )
+    return want, _counts()
+
+
+def _scatter_count_disagrees() -> tuple[str, Callable[[], object]]:
+    d = checks()
+    wrote = torch.tensor([2, 2, 2, 2, 2, 1, 2, 2])
+    want = text(
+        "scatter_count_disagrees",
+        owner="M",
+        field="tok",
+        request=1,
+        slot=5,
+        count=2,
+        wrote=1,
+    )
+    return want, lambda: d.check_counts(
+        "tok", rows(3, 5), torch.tensor([2, 2]), 2, wrote
+    )
+
+
+def _scatter_count_summary() -> tuple[str, Callable[[], object]]:
+    want = text("scatter_count_summary", owner="M", field="tok")
+    return want, _counts(named=False)
+
+
 #: Per message: the expected text and the call that must raise it.
 TRIGGERS: dict[str, Callable[[], tuple[str, Callable[[], object]]]] = {
     "indices_dtype": _indices_dtype,
@@ -421,6 +464,9 @@ TRIGGERS: dict[str, Callable[[], tuple[str, Callable[[], object]]]] = {
     "scatter_summary": _scatter_summary,
     "scatter_leftover": _scatter_leftover,
     "scatter_leftover_summary": _scatter_leftover_summary,
+    "scatter_count_outside": _scatter_count_outside,
+    "scatter_count_disagrees": _scatter_count_disagrees,
+    "scatter_count_summary": _scatter_count_summary,
     "seed_over_unread_summary": _seed_over_unread_summary,
     "unordered_write": _unordered_write,
     "write_summary": _write_summary,

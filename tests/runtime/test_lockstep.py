@@ -223,6 +223,14 @@ def _every_option() -> Schema:
                 target="spec_info.hidden",
             ),
             Field(
+                "bonus",
+                lane=Lane.FORWARD,
+                dtype=torch.int64,
+                target="draft_ids",
+                resolve=Resolve.SCATTER,
+                offsets="draft_starts",
+            ),
+            Field(
                 "drafts",
                 lane=Lane.FORWARD,
                 dtype=torch.int64,
@@ -230,6 +238,8 @@ def _every_option() -> Schema:
                 target="draft_ids",
                 resolve=Resolve.SCATTER,
                 offsets="draft_starts",
+                lengths="num_drafts",
+                after="bonus",
             ),
             Field(
                 "lens",

@@ -23,7 +23,7 @@ BUNDLED = sorted(p.stem for p in (ROOT / "relay" / "schemas").glob("*.py"))
 POOL = 9
 #: A size for every symbolic dim a bundled schema declares.
 DIMS = {"topk": 2, "hidden": 4, "draft_tokens": 3, "vocab": 5, "dsa_topk": 2}
-DIMS["draft_token_num"] = 3
+DIMS["draft_token_num"] = DIMS["num_speculative_tokens"] = 3
 
 
 def _bundled(stem: str) -> tuple[Schema, Any]:
@@ -59,6 +59,9 @@ def _payload(cls: Any, fields: list[Field], n: int, **change: object) -> Any:
     values: dict[str, object] = {
         f.payload_name: _value(f, n, 3 * i) for i, f in enumerate(fields)
     }
+    for f in fields:  # a counted scatter's producer count: none of the row is real
+        if f.lengths is not None:
+            values[f.lengths.rsplit(".", 1)[-1]] = torch.zeros(n, dtype=torch.int64)
     values.update(change)
     return payload_cls(**values)
 

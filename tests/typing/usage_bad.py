@@ -14,6 +14,7 @@ from relay.maps.decode import DecodeFutureMap, DecodePayload
 from relay.maps.decode_seq_lens import DecodeSeqLensFutureMap
 from relay.maps.eagle import EagleFutureMap, EaglePayload
 from relay.maps.eagle_confidence import EagleConfidenceFutureMap
+from relay.maps.vllm_drafts import VllmDraftsFutureMap, VllmDraftsPayload
 
 
 @dataclass
@@ -106,3 +107,20 @@ def misuse(batch: Batch, tokens: torch.Tensor) -> None:
     eagle.resolve_seq_lens(batch)  # E: attr-defined
     total: str = batch.seq_lens_sum  # E: assignment
     del hidden_rows, total
+
+
+@dataclass
+class UncountedBatch:
+    """Lacks ``num_draft_tokens``, the consumer's counts a counted scatter reads."""
+
+    slots: torch.Tensor
+    req_ids: list[str]
+    query_starts: torch.Tensor
+    input_ids: torch.Tensor
+
+
+def counted_misuse(batch: UncountedBatch, tokens: torch.Tensor) -> None:
+    relay = VllmDraftsFutureMap("cpu", 9, num_speculative_tokens=3)
+    VllmDraftsFutureMap("cpu", 9)  # E: call-arg
+    VllmDraftsPayload(sampled_token_ids=tokens, draft_token_ids=tokens)  # E: call-arg
+    relay.resolve_future(batch)  # E: arg-type

@@ -19,6 +19,11 @@ from relay.maps.eagle import EagleBatch, EagleFutureMap, EaglePayload
 from relay.maps.eagle_confidence import EagleConfidenceFutureMap, EagleConfidencePayload
 from relay.maps.eagle_dsa import EagleDsaFutureMap, EagleDsaPayload
 from relay.maps.eagle_multilayer import EagleMultiLayerFutureMap, EagleMultiLayerPayload
+from relay.maps.vllm_drafts import (
+    VllmDraftsBatch,
+    VllmDraftsFutureMap,
+    VllmDraftsPayload,
+)
 
 
 def _empty() -> torch.Tensor:
@@ -161,3 +166,29 @@ def other_maps(batch: ScheduleBatch) -> float:
     )
     multilayer.resolve_future(batch)
     return float(batch.draft_confidence_cpu.sum())
+
+
+@dataclass
+class VllmBatch:
+    """vLLM's decode rows: slots in row order, request ids, offsets and draft counts."""
+
+    slots: torch.Tensor
+    req_ids: list[str]
+    query_starts: torch.Tensor
+    num_draft_tokens: torch.Tensor
+    input_ids: torch.Tensor
+
+
+def counted_scatter(
+    batch: VllmBatch, sampled: torch.Tensor, drafts: torch.Tensor
+) -> None:
+    relay = VllmDraftsFutureMap("cpu", 9, num_speculative_tokens=3)
+    payload = VllmDraftsPayload(
+        sampled_token_ids=sampled,
+        draft_token_ids=drafts,
+        num_draft_tokens=batch.num_draft_tokens,
+    )
+    relay.stash(batch.slots, payload, owners=batch.req_ids)
+    relay.resolve_future(batch)
+    fits: VllmDraftsBatch = batch
+    del fits

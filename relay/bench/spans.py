@@ -1,0 +1,192 @@
+"""``relay bench --spans``: a counted scatter's step against its plain floor.
+
+The bundled ``vllm_drafts`` map hands each request's sampled token and 0 to K drafts
+to the next step's flat ``input_ids`` (Note [Counted scatters] in relay/runtime.py).
+Its step (``stash``, then ``resolve_future``) is timed beside the plain floor: the same
+torch calls in the same order, written as a hand-written map writes them, over the
+map's own buffers, with none of relay's Python around them (the payload, the gates,
+the checks' reading and comparing; an ``aminmax`` relay dispatches for a host check
+is made here too, as ``relay/bench/plain.py`` does). ``tests/bench/test_spans.py``
+asserts that both dispatch the same ops and lay in the same values. Offsets and
+counts are int32, as vLLM's ``query_start_loc`` is.
+"""
+
+from __future__ import annotations
+
+import statistics
+import types
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+import torch
+
+from relay.bench.timing import quantile, time_interleaved, timer_for
+from relay.runtime import HOST_POSITIONS_IN_PYTHON_MAX, HOST_SLOTS_IN_PYTHON_MAX
+
+__all__ = ["SpanWork", "measure", "plain_step", "relay_step", "render", "workload"]
+
+#: Drafts per request at most (K), and the pool, of every span configuration.
+DRAFTS = 3
+POOL = 513
+BATCHES = (1, 8, 64, 256)
+
+
+@attrs.frozen
+class SpanWork:
+    """One step's values: slots, the stash's tokens, drafts and counts, the next
+    batch's int32 offsets and counts, and the size of its flat ``input_ids``."""
+
+    slots: torch.Tensor
+    sampled: torch.Tensor
+    drafts: torch.Tensor
+    made: torch.Tensor
+    starts: torch.Tensor
+    counts: torch.Tensor
+    size: int
+
+
+def workload(batch: int, device: torch.device, seed: int = 0) -> SpanWork:
+    """``batch`` requests in random slots, each with 0 to K drafts, some trimmed."""
+    g = torch.Generator().manual_seed(seed)
+    slots = torch.randperm(POOL - 1, generator=g)[:batch] + 1
+    made = torch.randint(0, DRAFTS + 1, (batch,), generator=g)
+    counts = torch.minimum(made, torch.randint(0, DRAFTS + 1, (batch,), generator=g))
+    sizes = counts + 1
+    starts = torch.cumsum(sizes, 0) - sizes
+    return SpanWork(
+        slots=slots.to(device),
+        sampled=torch.randint(0, 32_000, (batch,), generator=g).to(device),
+        drafts=torch.randint(0, 32_000, (batch, DRAFTS), generator=g).to(device),
+        made=made.to(device),
+        starts=starts.to(device, torch.int32),
+        counts=counts.to(device, torch.int32),
+        size=int(sizes.sum()),
+    )
+
+
+def relay_step(
+    work: SpanWork, device: torch.device, debug: bool = False
+) -> tuple[Callable[[], None], Any, Any]:
+    """The generated map's step, its map and its batch."""
+    from relay.maps.vllm_drafts import VllmDraftsFutureMap, VllmDraftsPayload
+
+    relay = VllmDraftsFutureMap(
+        device, POOL, num_speculative_tokens=DRAFTS, debug=debug
+    )
+    payload = VllmDraftsPayload(
+        sampled_token_ids=work.sampled,
+        draft_token_ids=work.drafts,
+        num_draft_tokens=work.made,
+    )
+    batch = types.SimpleNamespace(
+        slots=work.slots,
+        req_ids=None,
+        query_starts=work.starts,
+        num_draft_tokens=work.counts,
+        input_ids=torch.full((work.size,), -1, device=device),
+    )
+
+    def step() -> None:
+        relay.stash(work.slots, payload)
+        relay.resolve_future(batch)
+
+    return step, relay, batch
+
+
+def plain_step(
+    work: SpanWork, relay: Any, device: torch.device
+) -> tuple[Callable[[], None], torch.Tensor]:
+    """The plain floor over ``relay``'s own buffers, and the ``input_ids`` it fills."""
+    sampled_buf: torch.Tensor = relay.sampled_tokens_buf
+    drafts_buf: torch.Tensor = relay.draft_tokens_buf
+    idx, sampled, drafts = work.slots, work.sampled, work.drafts
+    starts32, counts32 = work.starts, work.counts
+    cols = torch.arange(DRAFTS, device=device)
+    input_ids = torch.full((work.size,), -1, device=device)
+    n = idx.numel()
+    # The host checks relay makes with one op (slots above 16, positions above 48).
+    slots_op = device.type == "cpu" and n > HOST_SLOTS_IN_PYTHON_MAX
+    starts_op = device.type == "cpu" and n > HOST_POSITIONS_IN_PYTHON_MAX
+
+    def step() -> None:
+        if slots_op:
+            idx.aminmax()
+        sampled_buf.index_copy_(0, idx, sampled)
+        drafts_buf.index_copy_(0, idx, drafts)
+        a = sampled_buf.index_select(0, idx)
+        b = drafts_buf.index_select(0, idx)
+        starts = starts32.long()
+        counts = counts32.long()
+        first = starts + 1
+        at = first.unsqueeze(1) + cols
+        keep = cols < counts.unsqueeze(1)
+        at_kept, b_kept = at[keep], b[keep]
+        if starts_op:
+            starts.aminmax()
+        if device.type == "cpu" and at_kept.numel() > HOST_POSITIONS_IN_PYTHON_MAX:
+            at_kept.aminmax()
+        input_ids.index_copy_(0, starts, a)
+        input_ids.index_copy_(0, at_kept, b_kept)
+
+    return step, input_ids
+
+
+def measure(
+    batches: Sequence[int] = BATCHES,
+    device: torch.device | None = None,
+    *,
+    repeat: int = 15,
+    warmup: int = 3,
+    sample_ms: float = 0.25,
+    seed: int = 0,
+) -> list[dict[str, Any]]:
+    """Per batch size: each side's median microseconds per step and the ratio's
+    quartiles over the interleaved samples; whether both laid in the same values."""
+    device = device or torch.device("cpu")
+    timer = timer_for(device)
+    results = []
+    for batch in batches:
+        work = workload(batch, device, seed)
+        generated, relay, relay_batch = relay_step(work, device)
+        generated()  # allocates nothing, but warms the columns cache
+        plain, input_ids = plain_step(work, relay, device)
+        plain()
+        same = bool(torch.equal(relay_batch.input_ids, input_ids))
+        times = time_interleaved(
+            [generated, plain],
+            timer,
+            repeat=repeat,
+            warmup=warmup,
+            target_ns=int(sample_ms * 1e6),
+        )
+        ratios = [g / p for g, p in zip(*times)]
+        results.append(
+            {
+                "batch": batch,
+                "generated_us": statistics.median(times[0]) / 1e3,
+                "plain_us": statistics.median(times[1]) / 1e3,
+                "ratio": {q: quantile(ratios, v) for q, v in _QUARTILES},
+                "same": same,
+            }
+        )
+    return results
+
+
+_QUARTILES = (("p25", 0.25), ("median", 0.5), ("p75", 0.75))
+
+
+def render(results: Sequence[dict[str, Any]]) -> str:
+    """The table ``relay bench --spans`` prints."""
+    lines = [
+        f"vllm_drafts (P={POOL}, K={DRAFTS}): stash + resolve_future per step",
+        "batch  generated us  plain us  gen/plain (p25-p75)  values",
+    ]
+    for r in results:
+        q = r["ratio"]
+        lines.append(
+            f"{r['batch']:5d}  {r['generated_us']:12.1f}  {r['plain_us']:8.1f}  "
+            f"{q['median']:.2f}x ({q['p25']:.2f}-{q['p75']:.2f})  "
+            + ("same" if r["same"] else "DIFFER")
+        )
+    return "\n".join(lines)
