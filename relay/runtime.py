@@ -588,14 +588,17 @@ def scatter_kept(
 ) -> None:
     """``target[at[keep]] = block[keep]`` with no host read (Note [Counted scatters]):
     each position takes the number of the kept entry that covers it (positions were
-    checked not to overlap), then its value; an entry not kept covers nothing."""
+    checked not to overlap), then its value; an entry not kept covers nothing. A kept
+    entry outside the target fails in ``scatter_reduce_``, before ``target`` changes
+    (on CUDA a device-side assert, as any index op's): it is never moved into range."""
     size = target.numel()
     if size == 0:
         return
     entry = torch.arange(keep.numel(), device=target.device).view_as(keep)
     taken = torch.where(keep, entry, -1).flatten()
     cover = torch.full((size,), -1, dtype=torch.int64, device=target.device)
-    cover.scatter_reduce_(0, at.clamp(0, size - 1).flatten(), taken, "amax")
+    # An entry not kept may point anywhere: it covers position 0 with -1, a no-op.
+    cover.scatter_reduce_(0, torch.where(keep, at, 0).flatten(), taken, "amax")
     values = block.flatten().index_select(0, cover.clamp(min=0))
     target.copy_(torch.where(cover >= 0, values, target))
 

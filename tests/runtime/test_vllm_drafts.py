@@ -358,6 +358,21 @@ def test_the_device_path_lays_in_what_the_host_path_does() -> None:
         assert torch.equal(host, device)
 
 
+def test_the_device_path_never_moves_a_kept_entry_into_range() -> None:
+    """A kept entry past the target's end fails before the target changes (on CUDA a
+    device-side assert, as any index op's), and is not laid at the last position;
+    entries not kept may point anywhere."""
+    at = torch.tensor([[0, 1, 9], [3, 4, 5]])  # 9 and 5 are past a 5-long target
+    block = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    target = torch.full((5,), PAD)
+    runtime.scatter_kept(target, at, torch.tensor([[1, 1, 0], [1, 1, 0]]).bool(), block)
+    assert target.tolist() == [1, 2, PAD, 4, 5]
+    before = target.clone()
+    with pytest.raises(RuntimeError):
+        runtime.scatter_kept(target, at, torch.ones(2, 3, dtype=torch.bool), block)
+    assert torch.equal(target, before)
+
+
 PLACEHOLDERS = Schema(
     name="OwnedPlaceholderFutureMap",
     owners="rids",
