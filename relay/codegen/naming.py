@@ -63,7 +63,17 @@ RESERVED = frozenset(
 
 #: Methods every generated map may define besides the schedule resolves.
 METHODS = frozenset(
-    {"stash", "publish", "invalidate", "release", "resolve_future", "seed"}
+    {
+        "stash",
+        "publish",
+        "invalidate",
+        "release",
+        "resolve_future",
+        "seed",
+        "graph_wrote",
+        "stash_partial",
+        "resolve_tails",
+    }
 )
 
 _MAP_SUFFIX = "FutureMap"
