@@ -25,6 +25,7 @@ SCHEMA = Schema(
             source="bonus_tokens",
             target="spec_info.bonus_tokens",
             guard=Guard.NON_NEGATIVE,
+            graph_written=True,
             doc="The bonus token: the target model's token after the accepted drafts.",
         ),
         Field(
@@ -35,6 +36,7 @@ SCHEMA = Schema(
             alloc=Alloc.LAZY,
             optional=True,
             target="spec_info.topk_p",
+            kept=True,
             doc="Probabilities of the draft's first top-k candidates.",
         ),
         Field(
@@ -45,6 +47,7 @@ SCHEMA = Schema(
             alloc=Alloc.LAZY,
             optional=True,
             target="spec_info.topk_index",
+            kept=True,
             doc="Token ids of the draft's first top-k candidates.",
         ),
         Field(
@@ -55,6 +58,7 @@ SCHEMA = Schema(
             alloc=Alloc.LAZY,
             optional=True,
             target="spec_info.hidden_states",
+            kept=True,
             doc="The target model's last hidden state, when the draft model reads it.",
         ),
         Field(
@@ -65,6 +69,7 @@ SCHEMA = Schema(
             alloc=Alloc.LAZY,
             optional=True,
             target="spec_info.draft_probs",
+            kept=True,
             doc="The draft's probabilities over the vocabulary, for rejection sampling.",
         ),
         Field(
@@ -75,6 +80,7 @@ SCHEMA = Schema(
             alloc=Alloc.LAZY,
             optional=True,
             target="spec_info.dsa_topk_indices",
+            kept=True,
             doc="KV positions the sparse-attention indexer selected for each request.",
         ),
         Field(
@@ -85,6 +91,11 @@ SCHEMA = Schema(
             host_mirror="seq_lens_cpu",
             host_sum="seq_lens_sum",
             guard=Guard.NON_NEGATIVE,
+            graph_written=True,
+            stream_ordered=True,
+            tails="mix_running_indices",
+            tails_kv="out_cache_loc",
+            tails_kv_table="req_to_token",
             doc="Each request's sequence length after verification (accepted tokens "
             "included).",
         ),

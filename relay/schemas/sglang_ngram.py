@@ -58,6 +58,10 @@ SCHEMA = Schema(
             host_mirror="seq_lens_cpu",
             host_sum="seq_lens_sum",
             guard=Guard.NON_NEGATIVE,
+            stream_ordered=True,
+            tails="mix_running_indices",
+            tails_kv="out_cache_loc",
+            tails_kv_table="req_to_token",
             doc="Each request's sequence length after verification (accepted tokens "
             "included).",
         ),

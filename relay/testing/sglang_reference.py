@@ -240,7 +240,9 @@ class SglangRelay:
         n = len(slots)
         if n == 0:
             return
-        assert self.req_to_token is not None, "the tails read the request-to-token table"
+        assert self.req_to_token is not None, (
+            "the tails read the request-to-token table"
+        )
         fresh = self.gather("new_seq_lens", slots)
         seq_lens = batch.seq_lens.clone()
         seq_lens[-n:] = fresh + 1
