@@ -1,4 +1,5 @@
-"""Relay of n-gram speculative decoding, as sglang relays it."""
+"""Relay of n-gram speculative decoding, as the reference engine relays it (sglang's own
+relay, call for call, is ``sglang_ngram``)."""
 
 import torch
 
