@@ -43,6 +43,9 @@ RESERVED = frozenset(
         "release",
         "resolve_future",
         "seed",
+        "graph_wrote",
+        "stash_partial",
+        "resolve_tails",
         # parameters and locals
         "self",
         "device",
@@ -55,6 +58,7 @@ RESERVED = frozenset(
         "owners",
         "host",
         "state",
+        "stream_ordered",
         # attributes of the map
         "_state",
         "fused_gather",
@@ -215,6 +219,9 @@ def bound_names(schema: Schema) -> frozenset[str]:
         names.update(placeholder_locals(f))
         for path in (f.target, f.host_mirror, f.host_sum):
             if path is not None:
+                names.update(_path_names(schema, path))
+        for path in (f.tails, f.tails_kv, f.tails_kv_table):
+            if isinstance(path, str):
                 names.update(_path_names(schema, path))
         if f.lane is Lane.SCHEDULE:
             names.add(resolve_method(f))

@@ -432,7 +432,7 @@ class _Driver:
         candidates = set(range(1, self.pool_size))
         for f in self.forward_fields:
             if f.kept and self._keeps(f):
-                candidates &= self.fresh[f.name] | self.unwritten.get(f.name, set())
+                candidates &= self.fresh[f.name] | self._zeros(f)
         slots = self._slots(candidates)
         indices = self._indices(slots)
         values = self._write_values(partial, len(slots))
@@ -443,6 +443,14 @@ class _Driver:
         )
         self.model.stash_partial(slots, values)
         self._wrote(partial, slots, values)
+
+    def _zeros(self, f: FieldDecl) -> set[int]:
+        """The slots of ``f`` that read as zeros: never written, of a field declared
+        ``Unwritten.ZEROS`` whose buffer exists (a lazy one's is made by its first
+        write; before it a resolve refuses, there being no row shape to read)."""
+        if f.alloc is Alloc.LAZY and not self.model.written[f.name]:
+            return set()
+        return self.unwritten.get(f.name, set())
 
     def _keeps(self, f: FieldDecl) -> bool:
         """Whether debug mode checks kept field ``f``'s rows in a partial stash: it has
@@ -535,7 +543,7 @@ class _Driver:
         ]
         candidates = set(range(1, self.pool_size))
         for f in read:
-            candidates &= self.fresh[f.name] | self.unwritten.get(f.name, set())
+            candidates &= self.fresh[f.name] | self._zeros(f)
         order = self._slots(candidates)  # picks come in any order
         indices = self._indices(list(order))
         map_batch, model_batch = (
