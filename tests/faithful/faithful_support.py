@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import random
+from collections import Counter
 from types import SimpleNamespace
 from typing import Any
 
@@ -88,6 +89,9 @@ class Run:
         self.decoded = False
         self.lengths: dict[int, int] = {}
         self.history: list[str] = []
+        #: What the run exercised (non-empty steps by kind), so a test can tell that a
+        #: method was really compared and not only drawn.
+        self.seen: Counter[str] = Counter()
         self.kinds = ["admit", "decode", "decode", "decode", "finish"]
         if self.speculative:
             self.kinds += ["mixed", "no_draft_input"]
@@ -235,6 +239,7 @@ class Run:
             payload = {**payload, "bonus_tokens": None}
         self.map.stash(indices, self.payload(**payload))
         self.history.append(f"write {slots} (extras: {carry}, graph: {graph})")
+        self.seen["graph_wrote"] += graph
 
     # -- the engine's steps ------------------------------------------------------------
     def admit(self) -> None:
@@ -255,15 +260,18 @@ class Run:
         scheduler resolves their lengths, the forward its inputs, then writes."""
         slots = self._ready()
         self.history.append(f"decode {slots}")
+        self.seen["decode"] += bool(slots)
         if self.speculative:
             got, want = self._pair(slots)
             ordered = self.rng.random() < 0.5
             self.map.resolve_seq_lens_cpu(got, stream_ordered=ordered)
+            self.seen["stream_ordered"] += ordered and bool(slots)
             self.model.resolve_seq_lens_cpu(want, stream_ordered=ordered)
             paths = ["seq_lens", "seq_lens_cpu", "seq_lens_sum"]
             self.compare("resolve_seq_lens_cpu", got, want, paths)
             if self.confidence:
                 self.map.resolve_confidence_cpu(got)
+                self.seen["resolve_confidence_cpu"] += bool(slots)
                 want.confidence_cpu = self.model.resolve_confidence_cpu(want)
                 self.compare("resolve_confidence_cpu", got, want, ["confidence_cpu"])
         got, want = self._pair(slots)
@@ -293,6 +301,7 @@ class Run:
             len(slots), dtype=self.rng.choice([torch.int64, torch.int32])
         )
         self.history.append(f"stage {slots}")
+        self.seen["stash_partial"] += bool(slots)
         self.model.stash_bonus_tokens(slots, bonus)
         self.map.stash_partial(torch.tensor(slots, dtype=torch.int64), bonus)
 
@@ -309,6 +318,7 @@ class Run:
                 if name == "topk_p":
                     payload["topk_index"] = None
         self.history.append(f"restash {slots} keeping {sorted(payload)}")
+        self.seen["kept"] += bool(slots)
         self.model.stash(slots, payload)
         self.map.stash(torch.tensor(slots, dtype=torch.int64), self.payload(**payload))
 
@@ -319,6 +329,7 @@ class Run:
         prefill = self._admitted(self.rng.randint(0, 2))
         slots = prefill + running
         self.history.append(f"mixed {prefill} + tails {running}")
+        self.seen["resolve_tails"] += bool(running)
         got, want = self._pair(slots)
         lagging = [self.lengths[s] - self.rng.randint(0, 2) for s in slots]
         for batch in (got, want):
@@ -345,6 +356,7 @@ class Run:
         self.map.resolve_future(got)
         self.model.resolve_forward_inputs(want)
         self.compare("a batch without spec_info", got, want, ["seq_lens", "spec_info"])
+        self.seen["no_draft_input"] += 1
 
     def finish(self) -> None:
         """Some pending requests end: their slots are released and reused later."""
