@@ -301,7 +301,7 @@ def _writes(schema: Schema) -> list[Method]:
         found.append(Method(f"{head} -> None:", _PUBLISH_DOC, tuple(body)))
     partial = [f for f in forward if not f.kept]
     if len(partial) < len(forward):
-        params = _value_params(partial)
+        params = _value_params(_required_first(partial))
         if schema.owners:
             params.append("owners: _rt.Owners | None = None")
         head = _join("def stash_partial(", ["self", "indices: torch.Tensor", *params])
