@@ -103,7 +103,7 @@ SCHEMA = Schema(
             "confidence",
             lane=Lane.SCHEDULE,
             dtype=torch.float32,
-            shape=("gamma",),
+            shape=("draft_tokens",),
             alloc=Alloc.LAZY,
             optional=True,
             target="confidence",

@@ -25,7 +25,14 @@ from relay.testing.sglang_reference import SglangRelay
 
 POOL = 10
 MAX_LEN = 512
-DIMS = {"topk": 2, "hidden": 3, "vocab": 5, "dsa_topk": 2, "gamma": 3, "draft": 3}
+DIMS = {
+    "topk": 2,
+    "hidden": 3,
+    "vocab": 5,
+    "dsa_topk": 2,
+    "draft_tokens": 3,
+    "draft": 3,
+}
 #: The extras an EAGLE run carries once its first decode does (prefill may omit them).
 EAGLE_EXTRAS = ("topk", "hidden_states", "draft_probs", "dsa_topk_indices")
 
@@ -230,7 +237,7 @@ class Run:
                 lens = self._lengths(slots, self.rng.choice([torch.int64, torch.int32]))
             confidence = None
             if self.confidence:
-                confidence = self._floats(n, DIMS["gamma"], dtype=torch.float32)
+                confidence = self._floats(n, DIMS["draft_tokens"], dtype=torch.float32)
             self.model.publish(slots, lens, confidence)
             keywords = {"confidence": confidence} if self.confidence else {}
             self.map.publish(indices, None if graph else lens, **keywords)
