@@ -1101,6 +1101,12 @@ def _tails_problems(schema: Schema, f: Field) -> list[Problem]:
                 'add host_mirror="seq_lens_cpu", or remove host_sum',
             )
         )
+    return problems + _tails_path_problems(schema, f)
+
+
+def _tails_path_problems(schema: Schema, f: Field) -> list[Problem]:
+    """The batch attributes ``resolve_tails`` reads and writes."""
+    problems = []
     if (f.tails_kv is None) != (f.tails_kv_table is None):
         problems.append(
             (
