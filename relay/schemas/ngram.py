@@ -67,8 +67,9 @@ SCHEMA = Schema(
             host_mirror="seq_lens_cpu",
             host_sum="seq_lens_sum",
             guard=Guard.POSITIVE,
+            tails="mix_running_indices",
             doc="Each request's sequence length after verification (accepted tokens "
-            "included).",
+            "included); a mixed batch's decode rows bind it late (resolve_tails).",
         ),
     ],
 )
