@@ -4,10 +4,14 @@ sglang overlap loop makes, over random steps, and compared on every value handed
 
 The driver keeps requests in slots as an engine does: a request is admitted (prefill
 publishes its length and stashes its first values), decodes (the scheduler resolves
-its lengths, the forward resolves its draft input, verification publishes and stashes
-again), may be staged and leave staging (a partial stash of its bonus token), and ends
-(its slot released and reused). It draws only what a correct engine does, so the map
-may run in debug mode and any report of it is a failure too.
+its lengths, waiting or stream-ordered, the forward resolves its draft input,
+verification publishes and stashes again, on some EAGLE runs through buffers a captured
+graph wrote), may be stashed again keeping extras, staged and leave staging (a partial
+stash of its bonus token), ride in a mixed batch as a decode tail, and ends (its slot
+released and reused); batches without a draft input pass by. It draws only what a
+correct engine does, so the map may run in debug mode and any report of it is a
+failure too. Not drawn, where the map and sglang differ (docs/sglang.md): a batch
+whose ``future_indices`` is None, and a mixed batch without host lengths.
 """
 
 from __future__ import annotations
