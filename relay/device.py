@@ -334,6 +334,15 @@ class Fence:
         event = self._event
         self._policy.wait(event if event is not None else self._get_event())
 
+    def wait_on_stream(self) -> None:
+        """Order the calling stream after the newest publish with a device-side wait,
+        whatever the policy's ``wait`` does (HIP's blocks the host): a stream-ordered
+        read."""
+        event = self._event
+        policy = self._policy
+        stream = policy.current_stream()
+        policy.stream_wait(stream, event if event is not None else self._get_event())
+
 
 # Note [Bare CPU fence]
 # On the CPU a ``CpuEvent`` needs none of ``Fence``'s work: ops are synchronous, there is
@@ -381,6 +390,11 @@ class CpuFence:
 
     def _first_wait(self) -> None:
         self._event().synchronize()
+
+    def wait_on_stream(self) -> None:
+        """As ``wait``: CPU work is ordered by the host (a worker stream's task waits in
+        its own order)."""
+        self.wait()
 
 
 def new_fence(device: torch.device, debug: bool) -> Fence | CpuFence:

@@ -60,7 +60,9 @@ __all__ = [
     "Table",
     "TargetShape",
     "Unwritten",
+    "adopted",
     "apply_seeds",
+    "bind_tails",
     "buffer",
     "check_dim",
     "check_rows",
@@ -69,6 +71,7 @@ __all__ = [
     "gather_optional",
     "gather_rows",
     "gather_rows_optional",
+    "graph_wrote",
     "guard_finite",
     "guard_non_negative",
     "guard_positive",
@@ -79,12 +82,15 @@ __all__ = [
     "publish",
     "read_back",
     "read_slots",
+    "read_tails",
     "scatter_at",
     "scatter_kept",
     "scatter_span",
     "scattered",
     "seed",
     "stash",
+    "stash_partial",
+    "write_kept",
     "write_optional",
     "write_rows",
     "write_slots",
@@ -265,6 +271,7 @@ def _debug_checks(table: Table, device: torch.device, pool_size: int) -> DebugCh
         seeds=tuple(fields[i].name for i in table.forward)
         if table.schema.seeded
         else (),
+        graph_written=tuple(f.name for f in fields if f.graph_written),
     )
 
 
@@ -808,6 +815,8 @@ def _apply(
     if debug is None:
         return
     table = s.table
+    # A kept or graph-written field left out was not written (Note [Left to others]).
+    fields, values = _written(table, fields, values)
     carried = {
         table.fields[i].name: v is not None
         for i, v in zip(fields, values)
@@ -837,7 +846,7 @@ def _checked(
         indices = indices.reshape(1)
     values = [
         None
-        if value is None and table.fields[i].optional
+        if value is None and (table.fields[i].optional or table.fields[i].graph_written)
         else check_rows(
             table.what(i),
             value,
@@ -882,6 +891,8 @@ def _write_field(
 ) -> None:
     f = s.table.fields[i]
     buf = s.buffers[i]
+    if value is None and (f.kept or f.graph_written):
+        return  # Note [Left to others]
     if f.optional:
         s.carried[i] = value is not None
     if value is None:  # an optional field left out: Note [Optional fields]
@@ -919,6 +930,13 @@ def seed(
     (Note [Seeds])."""
     table = s.table
     given = [getattr(payload, table.fields[i].payload_name) for i in table.forward]
+    for i, value in zip(table.forward, given):
+        if value is None and table.fields[i].graph_written:
+            raise RelayError(
+                f"{table.what(i)}: seed needs its value: a captured graph writes the "
+                "rows of the steps it runs, and a seeded request ran none here. "
+                "Nothing was written"
+            )
     counts = stashed_counts(s, indices, payload)
     checked = _checked(s, "seed", table.forward, indices, given, owners)
     if checked is not None:
@@ -1200,3 +1218,138 @@ _GUARDS: dict[Guard, GuardFn | None] = {
     Guard.POSITIVE: guard_positive,
     Guard.FINITE: guard_finite,
 }
+
+
+# --- graph-written buffers, partial stashes, late-bound tails ------------------------------
+
+# Note [Left to others]
+# A write may leave a field's rows to someone else: a graph-written field's value is
+# ``None`` where a captured graph already wrote the rows (``graph_wrote`` tells debug
+# mode), and a kept field's rows survive ``stash_partial`` and a ``stash`` that leaves
+# an optional kept field out. Such a field is no write of the call: its buffer, its
+# carried flag and debug mode's record of its rows stay as they were.
+
+
+def _written(
+    table: Table, fields: Sequence[int], values: Sequence[torch.Tensor | None]
+) -> tuple[list[int], list[torch.Tensor | None]]:
+    """The fields a write really wrote, and their values (Note [Left to others])."""
+    kept = [
+        (i, v)
+        for i, v in zip(fields, values)
+        if v is not None or not (table.fields[i].kept or table.fields[i].graph_written)
+    ]
+    return [i for i, _ in kept], [v for _, v in kept]
+
+
+def adopted(
+    s: MapState,
+    i: int,
+    buf: torch.Tensor | None,
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """Field ``i``'s buffer: ``buf``, which the engine allocated for a captured graph to
+    write, checked and filled in place as the field declares (zeros, or debug mode's
+    poison); or, without one, a buffer the map makes."""
+    if buf is None:
+        return s.buffer(i, shape, dtype)
+    what = s.table.what(i)
+    if not isinstance(buf, torch.Tensor):
+        raise RelayError(
+            f"{what}: the buffer handed to the constructor must be a tensor (got a "
+            f"{type(buf).__name__}); allocate it with torch.empty({shape}, "
+            f"dtype={dtype}), or leave it out for the map to make its own"
+        )
+    if buf.dtype != dtype or tuple(buf.shape) != shape or buf.device != s.device:
+        raise RelayError(
+            f"{what}: the buffer handed to the constructor must be a {dtype} tensor of "
+            f"shape {shape} on {s.device} (got a {buf.dtype} tensor of shape "
+            f"{tuple(buf.shape)} on {buf.device}); allocate it so, or leave it out for "
+            "the map to make its own"
+        )
+    if s.table.fields[i].unwritten is Unwritten.ZEROS:
+        buf.zero_()
+    elif s.debug is not None:
+        buf.fill_(poison(dtype))
+    return s.adopt(i, buf)
+
+
+def graph_wrote(
+    s: MapState, indices: torch.Tensor, owners: Owners | None = None
+) -> None:
+    """Debug mode: a captured graph wrote rows ``indices`` of every graph-written field,
+    on the calling stream; they are fresh for one read, as a stash would leave them."""
+    debug = s.debug
+    assert debug is not None, "graph_wrote reports in debug mode only"
+    table = s.table
+    names = tuple(f.name for f in table.fields if f.graph_written)
+    debug.check_slots("graph_wrote", indices)
+    debug.wrote("graph_wrote", indices, names, owners=owners)
+
+
+def write_kept(
+    buf: torch.Tensor | None,
+    indices: torch.Tensor,
+    value: torch.Tensor | None,
+    carried: bool,
+) -> bool:
+    """The common case's write of an optional kept field: a value left out keeps the
+    rows and the carried flag (Note [Left to others])."""
+    if value is None:
+        return carried
+    if buf is not None:
+        buf.index_copy_(0, indices, value)
+    return True
+
+
+def stash_partial(
+    s: MapState,
+    indices: torch.Tensor,
+    values: Sequence[torch.Tensor | None],
+    owners: Owners | None = None,
+) -> None:
+    """``stash_partial`` off the common case: the fields not kept, in declaration order;
+    debug mode first checks every kept row still holds a value to keep."""
+    table = s.table
+    fields = [i for i in table.forward if not table.fields[i].kept]
+    debug = s.debug
+    if debug is not None and isinstance(indices, torch.Tensor) and indices.numel():
+        kept = [i for i in table.forward if table.fields[i].kept]
+        debug.peek(
+            "stash_partial",
+            indices,
+            {table.fields[i].name: s.buffers[i] for i in kept},
+            carried={
+                table.fields[i].name: s.carried[i] and s.buffers[i] is not None
+                for i in kept
+                if table.fields[i].optional or s.buffers[i] is None
+            },
+            stale="kept_stale",
+        )
+    _write(s, "stash_partial", fields, indices, values, owners)
+
+
+def bind_tails(target: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """A copy of ``target`` whose last ``len(rows)`` entries are ``rows``, cast to its
+    dtype (the batch's own tensor may still be read by the step in flight)."""
+    n = rows.shape[0]
+    if n > target.shape[0]:
+        raise RelayError(
+            f"resolve_tails: {n} decode rows, but the batch's tensor has only "
+            f"{target.shape[0]} entries; the decode rows are the batch's last rows"
+        )
+    bound = target.clone()
+    bound[target.shape[0] - n :] = rows
+    return bound
+
+
+def read_tails(s: MapState, i: int, indices: torch.Tensor) -> None:
+    """Debug mode: ``resolve_tails`` read rows ``indices`` of field ``i`` a second time.
+    They must hold a value a reader may take, ordered after its publish; the read
+    neither consumes nor poisons them (a schedule-side resolve may take them later)."""
+    debug = s.debug
+    assert debug is not None, "read_tails runs in debug mode only"
+    name = s.table.fields[i].name
+    debug.waited(None)
+    debug.peek("resolve_tails", indices, {name: s.buffers[i]}, stale="stale_tail")

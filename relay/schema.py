@@ -246,6 +246,23 @@ class Field:
     #: offsets; this field's values start right after that field's in each request's
     #: span (the drafts after the sampled token).
     after: str | None = None
+    #: The engine allocates the buffer (the constructor's ``<name>_buf=``) and a captured
+    #: graph writes its rows: a write may pass ``None`` (no scatter), ``graph_wrote``
+    #: declares the graph's write.
+    graph_written: bool = False
+    #: Forward lane: ``stash_partial`` keeps this field's rows, and an optional kept
+    #: field left out of ``stash`` keeps them too.
+    kept: bool = False
+    #: Schedule lane: the resolve takes ``stream_ordered=True`` to order its read on the
+    #: stream (a device-side wait) instead of blocking the host.
+    stream_ordered: bool = False
+    #: Schedule lane: batch attribute of a mixed batch's decode-row slots (its last
+    #: rows); ``resolve_tails`` rebuilds their lengths from the published ones.
+    tails: str | None = None
+    #: With ``tails``: batch attribute of the KV write locations to rebuild as well.
+    tails_kv: str | None = None
+    #: With ``tails_kv``: batch attribute of the request-to-token table.
+    tails_kv_table: str | None = None
     declared_at: SourceLocation = attrs.field(
         factory=_declaration_site, kw_only=True, eq=False, repr=False
     )

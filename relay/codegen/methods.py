@@ -72,28 +72,35 @@ def _test(schema: Schema, f: Field, v: str) -> str:
     """The gate's test of ``f``'s value ``v`` (``_rt.fits``): a tensor of its buffer's
     dtype and row shape, one row per slot, on the map's device, not requiring grad; an
     optional field's may be left out; a lazy field's buffer must exist."""
-    helper = "_rt.fits_optional" if f.optional else "_rt.fits"
+    left_out = f.optional or f.graph_written  # Note [Left to others] in runtime.py
+    helper = "_rt.fits_optional" if left_out else "_rt.fits"
     return f"{helper}(state, {schema.fields.index(f)}, {v}, index_shape)"
 
 
-def _write(schema: Schema, f: Field, v: str) -> str:
-    """The common case's write of ``f``'s value ``v``: one line (Note [One body] in
+def _write(schema: Schema, f: Field, v: str) -> list[str]:
+    """The common case's write of ``f``'s value ``v``: one statement (Note [One body] in
     runtime.py)."""
+    if f.optional and f.kept:  # left out, the rows and the flag stay
+        flag = _carried(schema, f, "state")
+        return [f"{flag} = _rt.write_kept({_buf(f)}, indices, {v}, {flag})"]
     if f.optional:
         flag = _carried(schema, f, "state")
-        return f"{flag} = _rt.write_optional({_buf(f)}, indices, {v})"
+        return [f"{flag} = _rt.write_optional({_buf(f)}, indices, {v})"]
     if _lazy(f):  # the gate saw the buffer made; the helper narrows its type
-        return f"_rt.write_optional({_buf(f)}, indices, {v})"
-    return f"{_buf(f)}.index_copy_(0, indices, {v})"
+        return [f"_rt.write_optional({_buf(f)}, indices, {v})"]
+    if f.graph_written:  # None: the graph wrote the rows (Note [Left to others])
+        return [f"if {v} is not None:", f"    {_buf(f)}.index_copy_(0, indices, {v})"]
+    return [f"{_buf(f)}.index_copy_(0, indices, {v})"]
 
 
 def write(schema: Schema, op: str, fields: Sequence[Field], checked: str) -> list[str]:
     """``stash`` or ``publish``: the gate, the writes, else ``checked`` (the call of
     the runtime's checked path). The gate's tests decide; nothing is caught (Note [One
     body] in runtime.py)."""
-    prefix = "" if op == "publish" else "payload."  # publish takes its values as such
+    # publish and stash_partial take their values as such
+    prefix = "payload." if op in ("stash", "seed") else ""
     values = [f"{prefix}{f.payload_name}" for f in fields]
-    writes = [_write(schema, f, v) for f, v in zip(fields, values)]
+    writes = [line for f, v in zip(fields, values) for line in _write(schema, f, v)]
     if op == "publish":
         writes.append("state.fence.record()")
     tests = [_test(schema, f, v) for f, v in zip(fields, values)]
@@ -506,11 +513,21 @@ def _host(f: Field, source: str) -> list[str]:
 
 
 def resolve_schedule(schema: Schema, f: Field) -> list[str]:
-    """A schedule-lane resolve: the fence wait, then the field's read."""
+    """A schedule-lane resolve: the fence wait (on the stream where the caller asks and
+    the field allows it), then the field's read."""
     method = resolve_method(f)
     value = naming.value_local(f)
     lines, _bound = _prologue(schema, method)
-    lines += ["self._state.fence.wait()", "debug = self._state.debug"]
+    if f.stream_ordered:
+        lines += [
+            "if stream_ordered:",
+            "    self._state.fence.wait_on_stream()",
+            "else:",
+            "    self._state.fence.wait()",
+        ]
+    else:
+        lines.append("self._state.fence.wait()")
+    lines.append("debug = self._state.debug")
     lines += ["if debug is not None:", f'    debug.waited("{method}")']
     lines += _slots_read(method)
     gather = f"{_buf(f)}.index_select(0, indices){_flat(f)}"
@@ -528,6 +545,50 @@ def resolve_schedule(schema: Schema, f: Field) -> list[str]:
     args = [f'"{method}"', "indices", *_owners(schema)]
     report = join("_rt.read_back(self._state, ", args)
     return [*lines, "if debug is not None:", f"    {report}"]
+
+
+def graph_wrote(schema: Schema) -> list[str]:
+    """Nothing with debug off; debug mode records the graph's write of the rows."""
+    args = ", ".join(["self._state", "indices", *(["owners"] if schema.owners else [])])
+    return ["if self._state.debug is not None:", f"    _rt.graph_wrote({args})"]
+
+
+def resolve_tails(schema: Schema, f: Field) -> list[str]:
+    """Late binding of a mixed batch's decode tails from field ``f``'s published rows:
+    a stream-ordered fence wait, one gather, then each declared tail rebuilt on a copy
+    of the batch's tensor; debug mode checks the second read."""
+    assert f.tails is not None and f.target is not None
+    i = schema.fields.index(f)
+    value = naming.value_local(f)
+    lines = [
+        f"indices = batch.{f.tails}",
+        "if indices.numel() == 0:",
+        "    return",
+        "self._state.fence.wait_on_stream()",
+        "debug = self._state.debug",
+        *_slots_read("resolve_tails"),
+        *_stashed(schema, f),
+        f"{value} = {_buf(f)}.index_select(0, indices)",
+        f"batch.{f.target} = _rt.bind_tails(batch.{f.target}, {value} + 1)",
+    ]
+    if f.tails_kv is not None:
+        locations = f"batch.{f.tails_kv_table}[indices, {value}]"
+        lines.append(
+            f"batch.{f.tails_kv} = _rt.bind_tails(batch.{f.tails_kv}, {locations})"
+        )
+    if f.host_mirror is not None:  # validation: a host_sum comes with a host_mirror
+        mirror = f"batch.{f.host_mirror}"
+        lines += [
+            f"host = self.{naming.host_mirror(f)}.copy({value}) + 1",
+            f"{mirror} = _rt.bind_tails({mirror}, host)",
+        ]
+        if f.host_sum is not None:
+            lines.append(f"batch.{f.host_sum} = _rt.host_sum({mirror})")
+    return [
+        *lines,
+        "if debug is not None:",
+        f"    _rt.read_tails(self._state, {i}, indices)",
+    ]
 
 
 def invalidate(schema: Schema, placeholders: Sequence[Field]) -> list[str]:

@@ -43,6 +43,9 @@ RESERVED = frozenset(
         "release",
         "resolve_future",
         "seed",
+        "graph_wrote",
+        "stash_partial",
+        "resolve_tails",
         # parameters and locals
         "self",
         "device",
@@ -55,6 +58,7 @@ RESERVED = frozenset(
         "owners",
         "host",
         "state",
+        "stream_ordered",
         # attributes of the map
         "_state",
         "fused_gather",
@@ -63,7 +67,17 @@ RESERVED = frozenset(
 
 #: Methods every generated map may define besides the schedule resolves.
 METHODS = frozenset(
-    {"stash", "publish", "invalidate", "release", "resolve_future", "seed"}
+    {
+        "stash",
+        "publish",
+        "invalidate",
+        "release",
+        "resolve_future",
+        "seed",
+        "graph_wrote",
+        "stash_partial",
+        "resolve_tails",
+    }
 )
 
 _MAP_SUFFIX = "FutureMap"
@@ -207,6 +221,9 @@ def bound_names(schema: Schema) -> frozenset[str]:
         names.update(placeholder_locals(f))
         for path in (f.target, f.host_mirror, f.host_sum):
             if path is not None:
+                names.update(_path_names(schema, path))
+        for path in (f.tails, f.tails_kv, f.tails_kv_table):
+            if isinstance(path, str):
                 names.update(_path_names(schema, path))
         if f.lane is Lane.SCHEDULE:
             names.add(resolve_method(f))

@@ -136,6 +136,7 @@ def validate(schema: Schema, display: Callable[[str], str]) -> list[SchemaIssue]
     _check_parents(c, fields)
     _check_seeds_and_owners(c, fields)
     _check_counted_scatters(c, fields)
+    _check_partial_and_tails(c, fields)
     return c.issues
 
 
@@ -302,6 +303,7 @@ def _check_field(c: _Collector, f: Field) -> None:
     _check_shape(c, f)
     _check_target(c, f)
     _check_handover(c, f)
+    _check_left_and_late(c, f)
 
 
 def _check_name(c: _Collector, f: Field) -> None:
@@ -1093,3 +1095,242 @@ def _check_after(
             f"({c.where(other.declared_at)}): both would start at the same place",
             f"lay it after {other.name!r} instead",
         )
+
+
+# --- graph-written buffers, kept fields, stream-ordered reads, late-bound tails -----------
+
+
+def _check_left_and_late(c: _Collector, f: Field) -> None:
+    """``graph_written``, ``kept``, ``stream_ordered`` and the ``tails`` options."""
+    for option in ("graph_written", "kept", "stream_ordered"):
+        if not isinstance(getattr(f, option), bool):
+            c.add(
+                f,
+                f"{option} must be True or False (got {_got(getattr(f, option))})",
+                f"write {option}=True, or leave it out",
+            )
+    for option in ("tails", "tails_kv", "tails_kv_table"):
+        value = getattr(f, option)
+        if value is not None and not _valid_path(value):
+            c.add(
+                f,
+                f"{option} must be a dotted attribute path of the batch (got "
+                f"{_got(value)})",
+                f'write {option}="{_TAILS_EXAMPLE[option]}", or leave it out',
+            )
+    _add_all(c, f, _graph_problems(c.schema, f))
+    if f.kept is True and f.lane is Lane.SCHEDULE:
+        c.add(
+            f,
+            "kept=True keeps a forward field's rows through a partial stash, but this "
+            "field is on the schedule lane, which no stash writes",
+            "remove kept=True, or move the field to lane=Lane.FORWARD",
+        )
+    if f.stream_ordered is True and f.lane is Lane.FORWARD:
+        c.add(
+            f,
+            "stream_ordered=True orders a schedule resolve's fence wait on the stream, "
+            "but a forward-lane field has no fence (stream order is its only order)",
+            "remove stream_ordered=True, or move the field to lane=Lane.SCHEDULE",
+        )
+    _add_all(c, f, _tails_problems(c.schema, f))
+
+
+_TAILS_EXAMPLE = {
+    "tails": "mix_running_indices",
+    "tails_kv": "out_cache_loc",
+    "tails_kv_table": "req_to_token",
+}
+
+
+def _graph_problems(schema: Schema, f: Field) -> list[Problem]:
+    if f.graph_written is not True:
+        return []
+    problems = []
+    if f.alloc is Alloc.LAZY or isinstance(f.dtype, FromPayload):
+        problems.append(
+            (
+                (
+                    "graph_written=True adopts a buffer the engine allocated before the map "
+                    "(a captured graph writes it at a fixed address), so it needs "
+                    f"alloc=Alloc.EAGER and a fixed dtype (got alloc={f.alloc}, "
+                    f"dtype={f.dtype!r})"
+                ),
+                "remove alloc=Alloc.LAZY and give a torch dtype, or remove graph_written",
+            )
+        )
+    if f.optional is True:
+        problems.append(
+            (
+                (
+                    "graph_written=True already lets a write pass None (the graph wrote the "
+                    "rows), so the field cannot also be optional (None: left out)"
+                ),
+                "remove optional=True, or remove graph_written",
+            )
+        )
+    packed = (
+        schema.layout is Layout.PACKED
+        and f.lane is Lane.FORWARD
+        and f.target is not None
+        and f.resolve is Resolve.GATHER
+    )
+    if packed:
+        problems.append(
+            (
+                (
+                    "graph_written=True adopts the engine's buffer, but layout=Layout.PACKED "
+                    "makes this field's buffer a view of the map's own packed buffer"
+                ),
+                "declare the schema with Layout.SEPARATE, or remove graph_written",
+            )
+        )
+    return problems
+
+
+def _tails_problems(schema: Schema, f: Field) -> list[Problem]:
+    if f.tails is None:
+        if f.tails_kv is not None or f.tails_kv_table is not None:
+            return [
+                (
+                    (
+                        "tails_kv and tails_kv_table rebuild a mixed batch's KV write "
+                        "locations in resolve_tails, which needs tails=..."
+                    ),
+                    (
+                        'add tails="mix_running_indices", or remove tails_kv and '
+                        "tails_kv_table"
+                    ),
+                )
+            ]
+        return []
+    problems = []
+    if f.lane is not Lane.SCHEDULE:
+        problems.append(
+            (
+                (
+                    "tails=... rebuilds decode rows' lengths from published values, so it "
+                    "needs lane=Lane.SCHEDULE"
+                ),
+                "move the field to lane=Lane.SCHEDULE, or remove tails",
+            )
+        )
+    if f.optional is True:
+        problems.append(
+            (
+                (
+                    "tails=... reads the published rows of every mixed batch, so the field "
+                    "cannot be optional (a publish may leave it out)"
+                ),
+                "remove optional=True, or remove tails",
+            )
+        )
+    if f.shape != () or not _is_int_dtype(f.dtype):
+        problems.append(
+            (
+                (
+                    "tails=... rebuilds one length per decode row, so it needs shape=() and "
+                    f"an integer dtype (got shape={f.shape!r}, dtype={f.dtype!r})"
+                ),
+                (
+                    "declare the lengths field with shape=() and dtype=torch.int64, or "
+                    "remove tails"
+                ),
+            )
+        )
+    if f.resolve is not Resolve.GATHER or f.target is None:
+        problems.append(
+            (
+                (
+                    "tails=... rebuilds the last rows of the field's gathered target, so it "
+                    f"needs resolve=Resolve.GATHER and a target (got resolve={f.resolve}, "
+                    f"target={f.target!r})"
+                ),
+                "gather the field into a target, or remove tails",
+            )
+        )
+    if f.host_sum is not None and f.host_mirror is None:
+        problems.append(
+            (
+                (
+                    "tails=... recomputes host_sum from the whole host copy of the lengths, "
+                    "so it needs host_mirror as well"
+                ),
+                'add host_mirror="seq_lens_cpu", or remove host_sum',
+            )
+        )
+    return problems + _tails_path_problems(schema, f)
+
+
+def _tails_path_problems(schema: Schema, f: Field) -> list[Problem]:
+    """The batch attributes ``resolve_tails`` reads and writes."""
+    problems = []
+    if (f.tails_kv is None) != (f.tails_kv_table is None):
+        problems.append(
+            (
+                (
+                    "tails_kv (the KV write locations) and tails_kv_table (the "
+                    "request-to-token table they are read from) go together"
+                ),
+                (
+                    'write both, e.g. tails_kv="out_cache_loc", '
+                    'tails_kv_table="req_to_token", or neither'
+                ),
+            )
+        )
+    parents = (
+        {p for p, _ in schema.optional_parents}
+        if isinstance(schema.optional_parents, tuple)
+        else set()
+    )
+    for option in ("tails", "tails_kv", "tails_kv_table"):
+        path = getattr(f, option)
+        if isinstance(path, str) and path.split(".")[0] in parents:
+            problems.append(
+                (
+                    (
+                        f"{option} {path!r} goes through an optional parent, which a "
+                        "mixed batch may lack"
+                    ),
+                    f"name an attribute outside optional_parents for {option}",
+                )
+            )
+    return problems
+
+
+def _check_partial_and_tails(c: _Collector, fields: list[Field]) -> None:
+    """Across fields: a partial stash writes something, one field binds the tails, and
+    the tails' paths are no other field's targets."""
+    forward = [f for f in fields if f.lane is Lane.FORWARD]
+    kept = [f for f in forward if f.kept is True]
+    if kept and len(kept) == len(forward):
+        c.add(
+            kept[0],
+            "every forward field is kept=True, so stash_partial would write nothing",
+            "leave kept=True off the fields a partial stash refreshes (the bonus token)",
+        )
+    tails = [f for f in fields if f.tails is not None]
+    for f in tails[1:]:
+        c.add(
+            f,
+            f"tails=... is also declared on field {tails[0].name!r} "
+            f"({c.where(tails[0].declared_at)}); a map has one resolve_tails",
+            "declare tails on the lengths field alone",
+        )
+    written = {
+        getattr(f, role): f
+        for f in fields
+        for role in ("target", "host_mirror", "host_sum")
+        if isinstance(getattr(f, role), str)
+    }
+    for f in tails[:1]:
+        for option in ("tails", "tails_kv", "tails_kv_table"):
+            path = getattr(f, option)
+            other = written.get(path) if isinstance(path, str) else None
+            if other is not None:
+                c.add(
+                    f,
+                    f"{option} {path!r} is also where field {other.name!r} resolves "
+                    f"({c.where(other.declared_at)})",
+                    f"give {option} an attribute of its own",
+                )

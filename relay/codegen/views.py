@@ -212,6 +212,11 @@ def _field_init(
         stmts = [Statement(f"{buf} = state.adopt({i}, {view})", doc)]
     elif f.alloc is Alloc.LAZY:
         stmts = []  # a property over the map's state (``_lazy_buffers``)
+    elif f.graph_written:  # the engine's buffer, if it hands one over
+        assert isinstance(f.dtype, torch.dtype)
+        args = ["state", str(i), naming.buffer(f), naming.eager_shape(f)]
+        args.append(naming.dtype(f.dtype))
+        stmts = [Statement(_join(f"{buf} = _rt.adopted(", args), doc)]
     else:
         assert isinstance(f.dtype, torch.dtype)
         args = [str(i), naming.eager_shape(f), naming.dtype(f.dtype)]
@@ -248,6 +253,12 @@ _PUBLISH_DOC = (
 _SEED_DOC = (
     "Rows for requests prebuilt elsewhere: the next ``resolve_future`` writes them first.",
 )
+_PARTIAL_DOC = (
+    "Forward lane: write only the fields not kept into rows ``indices``; kept rows stay.",
+)
+_GRAPH_DOC = (
+    "A captured graph wrote rows ``indices`` of the graph-written fields (debug mode's record).",
+)
 _RELEASE_DOC = (
     "The requests in slots ``indices`` ended (debug mode marks unread rows stale).",
 )
@@ -268,9 +279,7 @@ def _writes(schema: Schema) -> list[Method]:
     declared = methods.lane_fields(schema, Lane.SCHEDULE)
     # Required parameters first (Python's rule); the checked path takes the values in
     # declaration order, as the table has them.
-    schedule = [f for f in declared if not f.optional] + [
-        f for f in declared if f.optional
-    ]
+    schedule = _required_first(declared)
     owners = ", owners: _rt.Owners | None = None" if schema.owners else ""
     passed = ", owners" if schema.owners else ""
     payload = f"payload: {naming.payload_class(schema)}"
@@ -281,10 +290,7 @@ def _writes(schema: Schema) -> list[Method]:
         body = methods.write(schema, "stash", forward, checked)
         found.append(Method(head, _STASH_DOC, tuple(body)))
     if schedule:
-        params = [
-            f"{f.payload_name}: torch.Tensor" + (" | None = None" if f.optional else "")
-            for f in schedule
-        ]
+        params = _value_params(schedule)
         if schema.owners:
             params.append("owners: _rt.Owners | None = None")
         head = _join("def publish(", ["self", "indices: torch.Tensor", *params], ")")
@@ -293,6 +299,20 @@ def _writes(schema: Schema) -> list[Method]:
         checked = f"_rt.publish(state, indices, {values}{passed})"
         body = methods.write(schema, "publish", schedule, checked)
         found.append(Method(f"{head} -> None:", _PUBLISH_DOC, tuple(body)))
+    partial = [f for f in forward if not f.kept]
+    if len(partial) < len(forward):
+        params = _value_params(_required_first(partial))
+        if schema.owners:
+            params.append("owners: _rt.Owners | None = None")
+        head = _join("def stash_partial(", ["self", "indices: torch.Tensor", *params])
+        names = [f.payload_name for f in partial]
+        values = _join("(", names, ",)" if len(names) == 1 else ")")
+        checked = f"_rt.stash_partial(state, indices, {values}{passed})"
+        body = methods.write(schema, "stash_partial", _required_first(partial), checked)
+        found.append(Method(f"{head} -> None:", _PARTIAL_DOC, tuple(body)))
+    if any(f.graph_written for f in schema.fields):
+        head = f"def graph_wrote(self, indices: torch.Tensor{owners}) -> None:"
+        found.append(Method(head, _GRAPH_DOC, tuple(methods.graph_wrote(schema))))
     placeholders = [f for f in schema.fields if f.resolve is Resolve.PLACEHOLDER]
     if placeholders:
         doc = [
@@ -309,6 +329,26 @@ def _writes(schema: Schema) -> list[Method]:
         call = (f"_rt.seed(self._state, indices, payload{passed})",)
         found.append(Method(head, _SEED_DOC, call))
     return found
+
+
+def _required_first(fields: Sequence[Field]) -> list[Field]:
+    return [f for f in fields if not f.optional] + [f for f in fields if f.optional]
+
+
+def _value_params(fields: Sequence[Field]) -> list[str]:
+    """A write's value parameters: an optional field's defaults to ``None``; a
+    graph-written field's may be ``None`` (the graph wrote the rows) but is required."""
+    return [
+        f"{f.payload_name}: "
+        + (
+            "torch.Tensor | None = None"
+            if f.optional
+            else "torch.Tensor | None"
+            if f.graph_written
+            else "torch.Tensor"
+        )
+        for f in fields
+    ]
 
 
 def _lazy_buffers(schema: Schema) -> list[Method]:
@@ -343,11 +383,44 @@ def _methods(schema: Schema, packed: Sequence[PackedGroup]) -> list[Method]:
             "",
             *_read_doc(f),
         ]
+        if f.stream_ordered:
+            doc += [
+                "",
+                "``stream_ordered=True`` orders the read on the calling stream",
+                "(a device-side wait) instead of blocking the host.",
+            ]
         body = methods.resolve_schedule(schema, f)
+        params = f"{batch}, stream_ordered: bool = False" if f.stream_ordered else batch
         found.append(
-            Method(f"def {name}(self, {batch}) -> None:", tuple(doc), tuple(body))
+            Method(f"def {name}(self, {params}) -> None:", tuple(doc), tuple(body))
         )
+        if f.tails is not None:
+            found.append(_resolve_tails(schema, f, batch))
     return found
+
+
+def _resolve_tails(schema: Schema, f: Field, batch: str) -> Method:
+    doc = [
+        "Late-bind a mixed batch's decode tails from the published ``"
+        + f.name
+        + "``, on the stream.",
+        "",
+        f"With ``indices = batch.{f.tails}`` (the batch's last rows):",
+        "",
+        f"- the last rows of ``batch.{f.target}``: ``{naming.buffer(f)}[indices] + 1``.",
+    ]
+    if f.tails_kv is not None:
+        doc.append(
+            f"- the last rows of ``batch.{f.tails_kv}``: "
+            f"``batch.{f.tails_kv_table}[indices, {naming.buffer(f)}[indices]]``."
+        )
+    if f.host_mirror is not None:
+        doc.append(f"- the last rows of ``batch.{f.host_mirror}``: a host copy.")
+    if f.host_sum is not None:
+        doc.append(f"- ``batch.{f.host_sum}``: the sum of the host copy.")
+    body = methods.resolve_tails(schema, f)
+    head = f"def resolve_tails(self, {batch}) -> None:"
+    return Method(head, tuple(naming.doc_text(line) for line in doc), tuple(body))
 
 
 def _resolve_future(
@@ -408,6 +481,11 @@ def _protocols(schema: Schema) -> tuple[ProtocolView, ...]:
             add(f.host_mirror, tensor, True)
         if f.host_sum is not None:
             add(f.host_sum, "int | None" if f.optional else "int", True)
+        if f.tails is not None:
+            add(f.tails, "torch.Tensor", False)
+        if f.tails_kv is not None and f.tails_kv_table is not None:
+            add(f.tails_kv, "torch.Tensor", True)
+            add(f.tails_kv_table, "torch.Tensor", False)
     for parent, _how in schema.optional_parents:
         current = members[()].get(parent)
         if current is not None and not current.writable:
@@ -476,7 +554,9 @@ def map_view(schema: Schema, *, source: str) -> MapView:
         payload=tuple(
             PayloadField(
                 f.payload_name,
-                "torch.Tensor | None" if f.optional else "torch.Tensor",
+                "torch.Tensor | None"
+                if f.optional or f.graph_written
+                else "torch.Tensor",
                 f.optional,
                 naming.doc_text(f.doc) or f.name,
             )
@@ -493,6 +573,11 @@ def map_view(schema: Schema, *, source: str) -> MapView:
                 "pool_size: int",
                 "*",
                 *(f"{d}: int" for d in dims),
+                *(
+                    f"{naming.buffer(f)}: torch.Tensor | None = None"
+                    for f in schema.fields
+                    if f.graph_written
+                ),
                 "debug: bool = False",
             ]
         ),

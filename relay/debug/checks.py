@@ -133,8 +133,12 @@ class DebugChecks:
         consumers: tuple[str, ...] = (),
         initial_zeros: tuple[str, ...] = (),
         seeds: tuple[str, ...] = (),
+        graph_written: tuple[str, ...] = (),
     ) -> None:
         self.device = torch.device(device)
+        #: Fields a captured graph writes (``graph_wrote``): a read finding nothing to
+        #: take there is named as a read before the graph ran.
+        self.graph_written = frozenset(graph_written)
         self.pool_size = pool_size
         self.owner = owner
         self.state = StateTable(
@@ -637,6 +641,8 @@ class DebugChecks:
                 why=_WHY[why],
                 **where,
             )
+        if why is not None and field in self.graph_written:
+            return text("graph_not_run", why=_WHY[why], **where)
         if why is not None:
             extra = {"writer_op": row.op} if why == "released" else {}
             return text(why, **where, **extra)
@@ -659,6 +665,62 @@ class DebugChecks:
             **where,
         )
 
+    @_atomic
+    def peek(
+        self,
+        op: str,
+        rows: torch.Tensor,
+        buffers: Mapping[str, torch.Tensor | None],
+        *,
+        carried: Mapping[str, bool] | None = None,
+        stale: str,
+    ) -> None:
+        """``op`` relies on rows ``rows`` of the fields in ``buffers`` without consuming
+        them (a second read, or rows a partial stash keeps): each must hold a value a
+        reader may take, ordered after its write. Nothing is consumed or poisoned.
+        ``stale`` is the message key of a row that fails."""
+        rows = self._slots(op, rows)
+        if rows.numel() == 0:
+            return
+        plan = self.state.read_plan(op, tuple(buffers), carried)
+        names = plan.names
+        if not names:
+            return
+        block = self.state.block(plan, rows)
+        tick, stream = self._tick()
+        ok = self.state.readable(block, None if tick is None else tick.seen)
+        zeros = self.state.never_written_zeros(plan, block)
+        if zeros is not None:
+            ok = ok | zeros
+
+        def problem(first: int) -> str:
+            j, i = divmod(first, rows.numel())
+            row = self.state.row(block, j, i)
+            why = _nothing_pending(row)
+            reason = (
+                _WHY[why]
+                if why is not None
+                else f"its write ({row.op} on {self.clocks.writer_name(row.writer)}) "
+                f"is not ordered before {op} on {stream}"
+            )
+            return text(
+                stale,
+                owner=self.owner,
+                field=names[j],
+                slot=int(rows[i]),
+                op=op,
+                why=reason,
+            )
+
+        fields_text = ", ".join(names)
+        self._require(
+            ok,
+            lambda: text(
+                stale + "_summary", owner=self.owner, fields=fields_text, op=op
+            ),
+            problem,
+        )
+
     def publishing(self) -> None:
         """``publish`` is about to record the fence (before: the record may wake a waiter)."""
         cpu_stream.switch_point()
@@ -666,12 +728,16 @@ class DebugChecks:
         if self._model_fence and self.clocks.enabled:
             self._fence = self.clocks.record_fence(self._stream(), self._fence)
 
-    def waited(self, consumer: str) -> None:
-        """``consumer`` waited on the fence: a publish must have come since its last wait."""
+    def waited(self, consumer: str | None) -> None:
+        """``consumer`` waited on the fence: a publish must have come since its last wait.
+        ``None``: a wait that is no consumer's (a second read, checked row by row)."""
         cpu_stream.switch_point()
-        if consumer not in self._fresh:
-            raise RelayDebugError(text("stale_fence", owner=self.owner, op=consumer))
-        self._fresh.discard(consumer)
+        if consumer is not None:
+            if consumer not in self._fresh:
+                raise RelayDebugError(
+                    text("stale_fence", owner=self.owner, op=consumer)
+                )
+            self._fresh.discard(consumer)
         if self._model_fence and self.clocks.enabled and self._fence is not None:
             self.clocks.join(self._stream(), self._fence.clock)
 

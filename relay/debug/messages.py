@@ -198,6 +198,32 @@ MESSAGES: Final[Mapping[str, str]] = MappingProxyType(
             "placeholder"
         ),
         # -- the fence --------------------------------------------------------------------
+        # -- graph-written rows, kept rows, late-bound tails ---------------------------
+        "graph_not_run": (
+            "{owner}.{field}: slot {slot}: {op} reads a row a captured graph writes, but "
+            "it holds no value to take ({why}): the read came before the graph ran, or "
+            "no graph_wrote(indices) declared the graph's write. Call graph_wrote once the "
+            "graph has written the rows, before any resolve reads them"
+        ),
+        "kept_stale": (
+            "{owner}.{field}: slot {slot}: {op} keeps this field's row, but it holds no "
+            "value to keep ({why}): the next resolve would hand over a stale value. "
+            "Stash the row in full (stash) before a partial stash keeps it"
+        ),
+        "kept_stale_summary": (
+            "{owner}.{op}: a kept row of {fields} holds no value to keep (already read, "
+            "never written or released)"
+        ),
+        "stale_tail": (
+            "{owner}.{field}: slot {slot}: {op} binds a decode tail from a row that holds "
+            "no published value to take ({why}): the tail would carry a stale length. "
+            "Publish the in-flight step's lengths before the tails are bound, and bind "
+            "them before the schedule-side resolve consumes them"
+        ),
+        "stale_tail_summary": (
+            "{owner}.{op}: a decode tail of {fields} was bound from a row holding no "
+            "published value (already read, never written, released or not ordered)"
+        ),
         "stale_fence": (
             "{owner}.{op}: fence waited on with no publish since the last wait; the rows "
             "it would read are stale. Call publish(...) for this step before resolving."

@@ -118,6 +118,9 @@ class ForwardBatch:
     final: list[bool] = attrs.field(factory=list)
     #: Decode with mixed batches: a prefill chunk that rides in the same forward.
     chunk: ForwardBatch | None = None
+    #: A mixed batch whose decode rows the forward binds late: their slots (all rows
+    #: are tails); empty otherwise (Note [Late-bound tails] in relay/engine/runner.py).
+    mix_running_indices: Tensor = attrs.field(factory=_empty)
 
     @classmethod
     def idle(cls, device: torch.device) -> ForwardBatch:

@@ -189,8 +189,14 @@ def run_workload(
         if config.record_inputs:
             runner.record = []
         lookahead = 1 if spec is None else spec.steps + 1
+        late = spec is not None and spec.method == "ngram"  # its map binds tails
         scheduler = Scheduler(
-            specs, config.scheduler, model, device=device, lookahead=lookahead
+            specs,
+            config.scheduler,
+            model,
+            device=device,
+            lookahead=lookahead,
+            late_tails=late,
         )
         loop = "overlap" if config.overlap else "sync"
         with ranges(f"{RUN} {mode} {loop}", 0):
@@ -219,9 +225,10 @@ def _loop(
             seed_prebuilt(seeds, scheduler, relay, runner, executor)
         if batch is not None and batch.mode is ForwardMode.DECODE:
             batch.step = step
-            relay.resolve_lengths(batch)
-            if not scheduler.cap_lengths(batch):
-                batch = batch.chunk  # a mixed batch's chunk runs alone
+            if not scheduler.bound_tails(batch):  # else the forward binds them
+                relay.resolve_lengths(batch)
+                if not scheduler.cap_lengths(batch):
+                    batch = batch.chunk  # a mixed batch's chunk runs alone
         active = batch is not None
         more = active or in_flight is not None or scheduler.has_work()
         if agreement is not None:  # data-parallel: another rank's batch or work counts

@@ -55,9 +55,11 @@ class Relay(Protocol):
     scheduler mid-forward, ``stash`` hands this step's tokens (and draft state) to the
     next forward, ``release`` says the requests of slots ended (debug maps refuse stale
     reads), and ``seed`` seeds prebuilt requests' rows (Note [Seeding a prebuilt
-    request])."""
+    request]). ``resolve_tails``, first in a forward, sets a late-bound mixed batch's
+    lengths (Note [Late-bound tails] in runner.py)."""
 
     def resolve_lengths(self, batch: ForwardBatch) -> None: ...
+    def resolve_tails(self, batch: ForwardBatch) -> None: ...
     def scheduled(self, batch: ForwardBatch) -> None: ...
     def seeded(self, slots: list[int], seq_lens: list[int]) -> None: ...
     def resolve_future(self, batch: ForwardBatch) -> None: ...
@@ -86,6 +88,12 @@ class LengthsLane(Protocol):
     def resolve_seq_lens_cpu(self, batch: ForwardBatch) -> None: ...
 
 
+class TailsLane(Protocol):
+    """A map whose lengths a mixed batch's decode rows bind late (ngram)."""
+
+    def resolve_tails(self, batch: ForwardBatch) -> None: ...
+
+
 def _host_slots(batch: ForwardBatch) -> Tensor:
     return torch.tensor([req.slot for req in batch.reqs], dtype=torch.int64)
 
@@ -106,8 +114,10 @@ class MapRelay:
         lane: LengthsLane | None,
         pool_size: int,
         ranges: Ranges = no_ranges,
+        tails: TailsLane | None = None,
     ) -> None:
         self.map = future_map
+        self._tails = tails
         self.maps = maps  # future_map's class and its payload classes
         self.ranges = ranges
         self._payload = payload
@@ -131,6 +141,19 @@ class MapRelay:
             batch.seq_lens_cpu = lens
             batch.seq_lens = lens.to(batch.req_pool_indices.device)
             batch.seq_lens_sum = int(lens.sum())
+
+    def resolve_tails(self, batch: ForwardBatch) -> None:
+        assert self._tails is not None, "only a map with tails binds them"
+        n, device = len(batch), batch.req_pool_indices.device
+        batch.seq_lens = torch.zeros(n, dtype=torch.int64, device=device)
+        batch.seq_lens_cpu = torch.zeros(n, dtype=torch.int64)  # every row a tail
+        self._tails.resolve_tails(batch)
+        # The map binds a tail to its published length plus the token the row decodes
+        # now (sglang publishes committed lengths); the engine's published lengths
+        # count that token already.
+        batch.seq_lens = batch.seq_lens - 1
+        batch.seq_lens_cpu = batch.seq_lens_cpu - 1
+        batch.seq_lens_sum -= n
 
     def scheduled(self, batch: ForwardBatch) -> None:
         if self._lane is not None:
@@ -200,7 +223,7 @@ def map_relay(
         return MapRelay(decode, maps, _decode_payload, None, pool_size, ranges)
     if spec.method == "ngram":
         ngram = maps.ngram(device, pool_size, draft_token_num=spec.steps, debug=debug)
-        return MapRelay(ngram, maps, _ngram_payload, ngram, pool_size, ranges)
+        return MapRelay(ngram, maps, _ngram_payload, ngram, pool_size, ranges, ngram)
     eagle = maps.eagle(device, pool_size, topk=spec.topk, debug=debug)
     return MapRelay(eagle, maps, _eagle_payload, eagle, pool_size, ranges)
 
@@ -235,6 +258,9 @@ class DirectRelay:
             batch.seq_lens = self.seq_lens[batch.req_pool_indices]
             batch.seq_lens_cpu = batch.seq_lens.cpu()
             batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
+
+    #: Its tensors hold the finished step's lengths, at schedule time or in the forward.
+    resolve_tails = resolve_lengths
 
     def resolve_future(self, batch: ForwardBatch) -> None:
         slots = batch.req_pool_indices

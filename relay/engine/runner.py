@@ -22,6 +22,17 @@ if TYPE_CHECKING:  # no map is imported with the engine
 
 __all__ = ["ModelRunner", "SpecConfig"]
 
+# Note [Late-bound tails]
+# A mixed batch of n-gram speculation launches before the scheduler knows its decode
+# rows' lengths: the step in flight has not said how many drafts it accepted. The
+# scheduler takes host bounds instead (Scheduler.bound_tails: the attention width; a
+# batch with a row that could reach its output limit resolves first, as others do),
+# and the forward binds the lengths first thing, on its own stream, from the published
+# ones (the map's ``resolve_tails``, which reads them without consuming them), as
+# sglang binds its mixed batches' decode tails. Both loops decide from the same host
+# values, so they build the same batches; the synchronous one reads its finished
+# step's lengths at the same point.
+
 
 @attrs.frozen(kw_only=True)
 class SpecConfig:
@@ -153,6 +164,8 @@ class ModelRunner:
 
     def _resolve_future(self, batch: ForwardBatch) -> None:
         with self.ranges(trace.RESOLVE_FUTURE, batch.step):
+            if batch.mix_running_indices.numel():
+                self.relay.resolve_tails(batch)  # Note [Late-bound tails]
             self.relay.resolve_future(batch)
         if self.record is not None and batch.reqs:
             ids = batch.input_ids if self.spec is None else batch.spec_info.bonus_tokens

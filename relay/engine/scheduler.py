@@ -146,8 +146,10 @@ class Scheduler:
         *,
         device: torch.device,
         lookahead: int,
+        late_tails: bool = False,
     ) -> None:
         self.config = config
+        self.late_tails = late_tails  # Note [Late-bound tails] in runner.py
         self.device = device
         # Each token's text piece, for incremental detokenization of outputs.
         rng, letters = random.Random(model.seed), "etaoinshrdlucmfwypvbgkjqxz"
@@ -405,6 +407,23 @@ class Scheduler:
             seq_lens_cpu=empty,
             epochs=[r.epoch for r in self._running],
         )
+
+    def bound_tails(self, batch: ForwardBatch) -> bool:
+        """Whether a mixed batch launches before its decode rows' lengths are known
+        (Note [Late-bound tails] in runner.py): only when no row can reach its output
+        limit in the step in flight; the attention width is then their bound. Host
+        values only, the same in both loops."""
+        if not (self.late_tails and batch.chunk is not None):
+            return False
+        bounds = [
+            (r.seq_len or len(r.context) + 1) + self.lookahead for r in batch.reqs
+        ]
+        for req, bound in zip(batch.reqs, bounds):
+            if bound - len(req.spec.prompt) >= self._output_limit(req.spec):
+                return False
+        batch.max_seq_len = max(bounds)
+        batch.mix_running_indices = batch.req_pool_indices
+        return True
 
     # -- after the fence -----------------------------------------------------------
     def cap_lengths(self, batch: ForwardBatch) -> bool:

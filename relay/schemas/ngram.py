@@ -1,4 +1,5 @@
-"""Relay of n-gram speculative decoding, as sglang relays it."""
+"""Relay of n-gram speculative decoding, as the reference engine relays it (sglang's own
+relay, call for call, is ``sglang_ngram``)."""
 
 import torch
 
@@ -66,8 +67,9 @@ SCHEMA = Schema(
             host_mirror="seq_lens_cpu",
             host_sum="seq_lens_sum",
             guard=Guard.POSITIVE,
+            tails="mix_running_indices",
             doc="Each request's sequence length after verification (accepted tokens "
-            "included).",
+            "included); a mixed batch's decode rows bind it late (resolve_tails).",
         ),
     ],
 )

@@ -38,8 +38,8 @@ from hypothesis import strategies as st
 
 from relay import debug as debug_mode
 from relay.cpu_stream import ThreadStream, use_cpu_stream
+from relay.schema import Alloc, FromPayload, Guard, Lane, Resolve, Schema, Unwritten
 from relay.schema import Field as FieldDecl
-from relay.schema import FromPayload, Guard, Lane, Resolve, Schema, Unwritten
 from relay.testing.model import ReferenceRelay, get_path, set_path
 
 __all__ = [
@@ -198,12 +198,23 @@ class _Driver:
         self.forward = forward
         self.second = second
         self.threads = threads
-        keywords = {
+        keywords: dict[str, Any] = {
             name: dims[name]
             for name in typing.get_type_hints(map_cls.__init__)
             if name in dims
         }
+        # Graph-written fields: the engine's own buffers, handed over in some runs.
+        self.graph_fields = [f for f in schema.fields if f.graph_written]
+        adopt: bool = bool(self.graph_fields) and data.draw(st.booleans())
+        if adopt:
+            for f in self.graph_fields:
+                assert isinstance(f.dtype, torch.dtype)
+                shape = (pool_size, *self._row_shape(f))
+                keywords[f"{f.name}_buf"] = torch.zeros(shape, dtype=f.dtype)
         self.map = map_cls(device, pool_size, debug=debug, **keywords)
+        self.tails_fields = [f for f in schema.fields if f.tails is not None]
+        # Graph-written schedule rows not yet behind a publish's fence.
+        self.behind_graph: set[int] = set()
         self.model = ReferenceRelay(schema, dims)
         self.payload_cls = _payload_class(map_cls)
         self.forward_fields = [f for f in schema.fields if f.lane is Lane.FORWARD]
@@ -343,6 +354,11 @@ class _Driver:
         kinds = ["release"]
         if self.forward_fields:
             kinds += ["stash", "stash", "resolve_future", "resolve_future"]
+        if any(f.kept for f in self.forward_fields):
+            kinds.append("stash_partial")
+        if self.graph_fields:
+            kinds.append("graph")
+        kinds += [f"tails:{f.name}" for f in self.tails_fields]
         if self.schedule_fields:
             kinds += [
                 "publish",
@@ -360,6 +376,12 @@ class _Driver:
         self.rng = random.Random(seed)
         if kind == "stash":
             self.stash()
+        elif kind == "stash_partial":
+            self.stash_partial()
+        elif kind == "graph":
+            self.graph()
+        elif kind.startswith("tails:"):
+            self.resolve_tails(self.model.fields[kind.split(":", 1)[1]])
         elif kind == "publish":
             self.publish()
         elif kind == "resolve_future":
@@ -374,7 +396,7 @@ class _Driver:
     ) -> dict[str, torch.Tensor | None]:
         values: dict[str, torch.Tensor | None] = {}
         for f in fields:
-            carried = not f.optional or self.rng.random() < 0.6
+            carried = not (f.optional or f.graph_written) or self.rng.random() < 0.6
             values[f.payload_name] = self._value(f, n) if carried else None
         return values
 
@@ -384,6 +406,8 @@ class _Driver:
         if not slots:
             return
         for f in fields:
+            if values[f.payload_name] is None and (f.kept or f.graph_written):
+                continue  # left to the rows' earlier value, or to the graph
             self.unwritten.get(f.name, set()).difference_update(slots)
             if values[f.payload_name] is None:
                 self.fresh[f.name] -= set(slots)
@@ -422,6 +446,107 @@ class _Driver:
         self._wrote(self.schedule_fields, slots, values)
         if slots:
             self.fence_fresh = set(self.consumer.values())
+            for f in self.schedule_fields:  # the graph's rows, now behind the fence
+                if f.graph_written:
+                    self.fresh[f.name] |= self.behind_graph
+            self.behind_graph = set()
+
+    def stash_partial(self) -> None:
+        """A partial stash over rows whose kept fields still hold a value to keep."""
+        partial = [f for f in self.forward_fields if not f.kept]
+        candidates = set(range(1, self.pool_size))
+        for f in self.forward_fields:
+            if f.kept and self._keeps(f):
+                candidates &= self.fresh[f.name] | self._zeros(f)
+        slots = self._slots(candidates)
+        indices = self._indices(slots)
+        values = self._write_values(partial, len(slots))
+        self.history.append(f"stash_partial({slots}, {_describe(values)})")
+        owners = self._owned(indices)
+        self._on(
+            self.forward, lambda: self.map.stash_partial(indices, **values, **owners)
+        )
+        self.model.stash_partial(slots, values)
+        self._wrote(partial, slots, values)
+
+    def _zeros(self, f: FieldDecl) -> set[int]:
+        """The slots of ``f`` that read as zeros: never written, of a field declared
+        ``Unwritten.ZEROS`` whose buffer exists (a lazy one's is made by its first
+        write; before it a resolve refuses, there being no row shape to read)."""
+        if f.alloc is Alloc.LAZY and not self.model.written[f.name]:
+            return set()
+        return self.unwritten.get(f.name, set())
+
+    def _keeps(self, f: FieldDecl) -> bool:
+        """Whether debug mode checks kept field ``f``'s rows in a partial stash: it has
+        a buffer, and (optional) the latest write carried it."""
+        if f.alloc is Alloc.LAZY and not self.model.written[f.name]:
+            return False  # no buffer yet
+        return self.model.hands_over(f.name)
+
+    def graph(self) -> None:
+        """A captured graph writes rows of every graph-written field into the map's
+        buffers, on the forward stream, and the engine declares it (graph_wrote)."""
+        slots = self._slots(range(1, self.pool_size))
+        indices = self._indices(slots)
+        values = {f.name: self._value(f, len(slots)) for f in self.graph_fields}
+        self.history.append(f"graph_wrote({slots}, {_describe(values)})")
+        buffers = {
+            f.name: getattr(self.map, f"{f.name}_buf") for f in self.graph_fields
+        }
+        owners = self._owned(indices)
+
+        def run() -> None:
+            for name, value in values.items():
+                buffers[name][indices.long()] = value.to(buffers[name].dtype)
+            self.map.graph_wrote(indices, **owners)
+
+        self._on(self.forward, run)
+        self.model.graph_wrote(slots, values)
+        for f in self.graph_fields:
+            if f.lane is Lane.FORWARD:
+                self.fresh[f.name] |= set(slots)
+            else:  # read only behind the next publish's fence
+                self.fresh[f.name] -= set(slots)
+                self.behind_graph |= set(slots)
+
+    def resolve_tails(self, f: FieldDecl) -> None:
+        """resolve_tails over a mixed batch: prefill rows, then decode rows whose
+        published lengths a reader may still take (a second read: nothing consumed)."""
+        assert f.tails is not None and f.target is not None
+        slots = self._slots(self.fresh[f.name])  # published behind the fence, unread
+        indices = self._indices(slots)
+        prefill = self.rng.randrange(3)
+        total = prefill + len(slots)
+        g = torch.Generator().manual_seed(self.rng.randrange(2**31))
+        lengths = torch.randint(1, 50, (total,), generator=g)
+        batches = []
+        for _ in range(2):
+            batch = Namespace()
+            set_path(batch, f.tails, indices.clone())
+            set_path(batch, f.target, lengths.clone())
+            if f.host_mirror is not None:
+                set_path(batch, f.host_mirror, lengths.clone())
+            if f.host_sum is not None:
+                set_path(batch, f.host_sum, int(lengths.sum()))
+            if f.tails_kv is not None and f.tails_kv_table is not None:
+                set_path(batch, f.tails_kv, torch.arange(total) * 7)
+                width = 1002  # every published length the harness draws, and 1 more
+                table = torch.arange(self.pool_size * width).reshape(-1, width)
+                set_path(batch, f.tails_kv_table, table)
+            batches.append(batch)
+        map_batch, model_batch = batches
+        self.history.append(f"resolve_tails({slots})")
+        self.map.resolve_tails(map_batch)  # on the host, behind the map's fence
+        self.model.resolve_tails(f.name, model_batch)
+        paths = [f.target, f.tails_kv, f.host_mirror, f.host_sum]
+        if slots:
+            self._compare(
+                f"resolve_tails({slots})",
+                map_batch,
+                model_batch,
+                [p for p in paths if p is not None],
+            )
 
     def release(self) -> None:
         slots = self._slots(range(1, self.pool_size))
@@ -431,6 +556,7 @@ class _Driver:
         self.model.release(slots)
         for fresh in self.fresh.values():
             fresh -= set(slots)
+        self.behind_graph -= set(slots)
         for slot in slots:  # the slot's next request is another one
             self.owner[slot] = self.owner.get(slot, slot) + self.pool_size
 
@@ -442,7 +568,7 @@ class _Driver:
         ]
         candidates = set(range(1, self.pool_size))
         for f in read:
-            candidates &= self.fresh[f.name] | self.unwritten.get(f.name, set())
+            candidates &= self.fresh[f.name] | self._zeros(f)
         order = self._slots(candidates)  # picks come in any order
         indices = self._indices(list(order))
         # The consumer's counts: what the stash wrote, or fewer (a trim).
@@ -504,8 +630,12 @@ class _Driver:
             _new_batch(self.schema, indices, self._owners(indices), self.dims),
             _new_batch(self.schema, indices.clone(), self._owners(indices), self.dims),
         )
-        self.history.append(f"{consumer}({slots})")
-        getattr(self.map, consumer)(map_batch)  # on the host, behind the map's fence
+        ordered = f.stream_ordered and self.rng.random() < 0.5
+        keywords = {"stream_ordered": True} if ordered else {}
+        self.history.append(
+            f"{consumer}({slots}{', stream_ordered' if ordered else ''})"
+        )
+        getattr(self.map, consumer)(map_batch, **keywords)  # behind the map's fence
         self.model.resolve_schedule(f.name, model_batch)
         if slots:
             paths = [p for p in (f.target, f.host_mirror, f.host_sum) if p is not None]

@@ -92,18 +92,45 @@ class ReferenceRelay:
         """The schedule lane's write: ``values`` by publish keyword."""
         self._write(Lane.SCHEDULE, slots, values)
 
+    def stash_partial(
+        self, slots: Sequence[int], values: Mapping[str, torch.Tensor | None]
+    ) -> None:
+        """A partial stash: the forward fields not kept, by payload name; every kept
+        field's rows stay as they were."""
+        self._write(Lane.FORWARD, slots, values, partial=True)
+
+    def graph_wrote(
+        self, slots: Sequence[int], values: Mapping[str, torch.Tensor]
+    ) -> None:
+        """A captured graph wrote ``values`` (by field name) into the rows of ``slots``
+        of every graph-written field: they hold those values, as after a write."""
+        for f in self.schema.fields:
+            if f.graph_written and slots:
+                self.written[f.name].update(slots)
+                dtype = self.dtype[f.name]
+                assert dtype is not None, "a graph-written field has a fixed dtype"
+                for position, slot in enumerate(slots):
+                    row = values[f.name][position].to(dtype).clone()
+                    self.rows[f.name][slot] = row
+
     def _write(
         self,
         lane: Lane,
         slots: Sequence[int],
         values: Mapping[str, torch.Tensor | None],
+        *,
+        partial: bool = False,
     ) -> None:
         if not slots:
             return  # zero indices: nothing happens, not even to ``carried``
         for f in self.schema.fields:
-            if f.lane is not lane:
+            if f.lane is not lane or (partial and f.kept):
                 continue
             value = values.get(f.payload_name)
+            if value is None and (f.kept or f.graph_written):
+                # A kept field left out keeps its rows and its carried flag; a
+                # graph-written one left out was written by the graph (graph_wrote).
+                continue
             self.written[f.name].update(slots)
             if f.optional:
                 self.carried[f.name] = value is not None
@@ -178,6 +205,39 @@ class ReferenceRelay:
     def resolve_schedule(self, field: str, batch: Any) -> None:
         """The schedule-side resolve of ``field``: target, host mirror and host sum."""
         self._resolve(self.fields[field], batch)
+
+    def resolve_tails(self, field: str, batch: Any) -> None:
+        """Late binding of a mixed batch's decode tails (docs/schema.md): with the
+        decode rows' slots in ``batch.<tails>`` (the batch's last rows), each one's
+        entry of the target (and of the host mirror) becomes its published length + 1,
+        its KV location ``table[slot, published length]``; the host sum is the
+        mirror's. Nothing is consumed: it is a second read of the published values."""
+        f = self.fields[field]
+        assert f.tails is not None and f.target is not None
+        slots = [int(s) for s in get_path(batch, f.tails).tolist()]
+        if not slots:
+            return
+        n = len(slots)
+        lengths = torch.stack([self.row(f.name, slot) for slot in slots])
+
+        def bound(path: str, rows: torch.Tensor) -> None:
+            current: torch.Tensor = get_path(batch, path)
+            new = current.clone()
+            for k, value in enumerate(rows.tolist()):
+                new[current.shape[0] - n + k] = value
+            set_path(batch, path, new)
+
+        bound(f.target, lengths + 1)
+        if f.tails_kv is not None and f.tails_kv_table is not None:
+            table: torch.Tensor = get_path(batch, f.tails_kv_table)
+            bound(
+                f.tails_kv,
+                torch.stack([table[s, int(x)] for s, x in zip(slots, lengths)]),
+            )
+        if f.host_mirror is not None:
+            bound(f.host_mirror, lengths + 1)
+            if f.host_sum is not None:
+                set_path(batch, f.host_sum, int(get_path(batch, f.host_mirror).sum()))
 
     def _resolve(self, f: FieldDecl, batch: Any) -> None:
         if self._parent_absent(f, batch):

@@ -37,7 +37,8 @@ from relay.testing import check_lockstep
 def every_option(layout: Layout) -> Schema:
     """Every field option at once: optional lazy fields, a host mirror and sum, a
     placeholder, every guard, rows read as zeros, a flat target, an optional parent,
-    seeding and owners (and, packed, two fields sharing a buffer)."""
+    seeding and owners, a kept field, a graph-written, stream-ordered lengths field with
+    late-bound tails (and, packed, two fields sharing a buffer)."""
     forward = Lane.FORWARD
     fields = [
         Field("tokens", lane=forward, dtype=torch.int64, target="input_ids",
@@ -50,11 +51,13 @@ def every_option(layout: Layout) -> Schema:
               target="spec_info.accept", target_shape=TargetShape.FLAT,
               unwritten=Unwritten.ZEROS),
         Field("hidden", lane=forward, dtype=FROM_PAYLOAD, shape=("hidden",),
-              alloc=Alloc.LAZY, optional=True, target="spec_info.hidden"),
+              alloc=Alloc.LAZY, optional=True, target="spec_info.hidden", kept=True),
         Field("scores", lane=forward, dtype=torch.float32, shape=(2,), optional=True,
               target="scores"),
         Field("lens", lane=Lane.SCHEDULE, dtype=torch.int64, target="seq_lens",
-              host_mirror="seq_lens_cpu", host_sum="seq_lens_sum", guard=Guard.POSITIVE),
+              host_mirror="seq_lens_cpu", host_sum="seq_lens_sum", guard=Guard.POSITIVE,
+              graph_written=True, stream_ordered=True, tails="mix_running_indices",
+              tails_kv="out_cache_loc", tails_kv_table="req_to_token"),
         Field("conf", lane=Lane.SCHEDULE, dtype=torch.float32, optional=True,
               target="conf", host_mirror="conf_cpu"),
     ]  # fmt: skip

@@ -82,11 +82,23 @@ def fields(draw: st.DrawFn, i: int) -> Field:
         draw(paths(f"t{i}_{tail}")) if needs_target or draw(st.booleans()) else None
     )
     host_mirror = host_sum = None
+    late: dict[str, object] = {}
     if lane is Lane.SCHEDULE:
         if draw(st.booleans()):
             host_mirror = draw(paths(f"m{i}_{tail}"))
         if shape == () and dtype in (torch.int64, torch.int32) and draw(st.booleans()):
             host_sum = f"h{i}_{tail}"
+        late["stream_ordered"] = draw(st.booleans())
+        lengths = shape == () and dtype in (torch.int64, torch.int32) and not optional
+        if lengths and resolve is Resolve.GATHER and draw(st.booleans()):
+            late["tails"] = f"x{i}_{tail}"  # late-bound tails
+            if draw(st.booleans()):
+                late["tails_kv"] = f"kv{i}_{tail}"
+                late["tails_kv_table"] = f"kt{i}_{tail}"
+            if host_sum is not None and host_mirror is None:
+                host_mirror = f"hm{i}_{tail}"
+    else:
+        late["kept"] = draw(st.booleans())
     return Field(
         name,
         lane=lane,
@@ -105,6 +117,12 @@ def fields(draw: st.DrawFn, i: int) -> Field:
         if shape and target is not None and draw(st.booleans())
         else TargetShape.ROWS,
         doc=draw(docs),
+        # Eager, required fields of a fixed dtype only: validation refuses the rest.
+        graph_written=alloc is Alloc.EAGER
+        and not optional
+        and isinstance(dtype, torch.dtype)
+        and draw(st.booleans()),
+        **late,  # type: ignore[arg-type]
     )
 
 

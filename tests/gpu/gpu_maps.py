@@ -213,7 +213,7 @@ class BundledMap:
     def batch(self, indices: torch.Tensor) -> SimpleNamespace:
         """An engine batch over ``indices`` with every attribute the map reads or writes."""
         batch = SimpleNamespace()
-        setattr(batch, self.schema.indices, indices)
+        set_path(batch, self.schema.indices, indices)
         for f in self.schema.fields:
             for path in (f.target, f.host_mirror, f.host_sum):
                 if path:
@@ -306,7 +306,9 @@ def load_map(stem: str) -> BundledMap:
     rows = {f.name: _row(stem, f) for f in schema.fields}
     dims: dict[str, int] = {}
     for param in inspect.signature(cls.__init__).parameters.values():
-        if param.kind is inspect.Parameter.KEYWORD_ONLY and param.name != "debug":
+        # A graph-written field's buffer (``<field>_buf=``) is left to the map.
+        keyword = param.kind is inspect.Parameter.KEYWORD_ONLY
+        if keyword and param.name != "debug" and not param.name.endswith("_buf"):
             if param.name not in DIM_SIZES:
                 raise DriverError(
                     f"{cls.__name__}(..., {param.name}=?): no size for this constructor dim; "
@@ -339,7 +341,10 @@ def load_map(stem: str) -> BundledMap:
         sorted(
             name
             for name, _ in inspect.getmembers(cls, inspect.isfunction)
-            if schedule and name.startswith("resolve_") and name != "resolve_future"
+            if schedule
+            and name.startswith("resolve_")
+            # resolve_tails reads a mixed batch's tails again, not a schedule resolve.
+            and name not in ("resolve_future", "resolve_tails")
         )
     )
     if schedule and not resolves:

@@ -190,6 +190,69 @@ def _stale_fence() -> tuple[str, Callable[[], object]]:
     return want, lambda: checks().waited("resolve_lens")
 
 
+def _graph_not_run() -> tuple[str, Callable[[], object]]:
+    d = DebugChecks(
+        torch.device("cpu"), POOL, "M", forward=("tok",), graph_written=("tok",)
+    )
+    d.wrote("graph_wrote", rows(2), ("tok",))
+    d.read("resolve_future", rows(2), {"tok": buf()})
+    want = text(
+        "graph_not_run",
+        owner="M",
+        field="tok",
+        slot=2,
+        op="resolve_future",
+        why="its value was already read",
+    )
+    return want, lambda: d.read("resolve_future", rows(2), {"tok": buf()})
+
+
+def _kept_stale() -> tuple[str, Callable[[], object]]:
+    d = checks()
+    want = text(
+        "kept_stale",
+        owner="M",
+        field="opt",
+        slot=3,
+        op="stash_partial",
+        why="no stash or publish ever wrote it",
+    )
+    return want, lambda: d.peek(
+        "stash_partial", rows(3), {"opt": buf()}, stale="kept_stale"
+    )
+
+
+def _kept_stale_summary() -> tuple[str, Callable[[], object]]:
+    want = text("kept_stale_summary", owner="M", fields="opt", op="stash_partial")
+    return want, lambda: checks(named=False).peek(
+        "stash_partial", rows(3), {"opt": buf()}, stale="kept_stale"
+    )
+
+
+def _stale_tail() -> tuple[str, Callable[[], object]]:
+    d = checks()
+    d.wrote("publish", rows(5), ("lens",))
+    d.read("resolve_lens", rows(5), {"lens": buf()})
+    want = text(
+        "stale_tail",
+        owner="M",
+        field="lens",
+        slot=5,
+        op="resolve_tails",
+        why="its value was already read",
+    )
+    return want, lambda: d.peek(
+        "resolve_tails", rows(5), {"lens": buf()}, stale="stale_tail"
+    )
+
+
+def _stale_tail_summary() -> tuple[str, Callable[[], object]]:
+    want = text("stale_tail_summary", owner="M", fields="lens", op="resolve_tails")
+    return want, lambda: checks(named=False).peek(
+        "resolve_tails", rows(5), {"lens": buf()}, stale="stale_tail"
+    )
+
+
 def _guard_non_negative_summary() -> tuple[str, Callable[[], object]]:
     want = text("guard_non_negative_summary", what="M.tok")
     return want, lambda: runtime.guard_non_negative(rows(1, -1), "M.tok")
@@ -471,6 +534,11 @@ TRIGGERS: dict[str, Callable[[], tuple[str, Callable[[], object]]]] = {
     "unordered_write": _unordered_write,
     "write_summary": _write_summary,
     "stale_fence": _stale_fence,
+    "graph_not_run": _graph_not_run,
+    "kept_stale": _kept_stale,
+    "kept_stale_summary": _kept_stale_summary,
+    "stale_tail": _stale_tail,
+    "stale_tail_summary": _stale_tail_summary,
     "guard_non_negative_summary": _guard_non_negative_summary,
     "guard_positive_summary": _guard_positive_summary,
     "guard_finite_summary": _guard_finite_summary,

@@ -181,7 +181,9 @@ def test_the_model_refuses_to_invent_a_value() -> None:
 
 def _every_option() -> Schema:
     """One schema that declares every field option, each at a value other than its
-    default somewhere (and the schema options seeding and an optional parent)."""
+    default somewhere (and the schema options seeding and an optional parent): kept
+    fields, graph-written ones on both lanes, a stream-ordered read and late-bound
+    tails included."""
     return Schema(
         name="EveryOptionFutureMap",
         seeded=True,
@@ -212,6 +214,7 @@ def _every_option() -> Schema:
                 target="spec_info.accept",
                 target_shape=TargetShape.FLAT,
                 unwritten=Unwritten.ZEROS,
+                kept=True,
             ),
             Field(
                 "hidden",
@@ -221,6 +224,7 @@ def _every_option() -> Schema:
                 alloc=Alloc.LAZY,
                 optional=True,
                 target="spec_info.hidden",
+                kept=True,
             ),
             Field(
                 "bonus",
@@ -240,6 +244,7 @@ def _every_option() -> Schema:
                 offsets="draft_starts",
                 lengths="num_drafts",
                 after="bonus",
+                graph_written=True,
             ),
             Field(
                 "lens",
@@ -249,6 +254,11 @@ def _every_option() -> Schema:
                 host_mirror="seq_lens_cpu",
                 host_sum="seq_lens_sum",
                 guard=Guard.POSITIVE,
+                graph_written=True,
+                stream_ordered=True,
+                tails="mix_running_indices",
+                tails_kv="out_cache_loc",
+                tails_kv_table="req_to_token",
             ),
             Field(
                 "conf",

@@ -1,0 +1,115 @@
+"""Relay of EAGLE speculative decoding with its extras, faithful to sglang 0.5.23."""
+
+import torch
+
+from relay.schema import FROM_PAYLOAD, Alloc, Field, Guard, IfNone, Lane, Schema
+
+SCHEMA = Schema(
+    name="SglangEagleFutureMap",
+    doc="""Relay of EAGLE-family speculation as sglang 0.5.23 relays it (docs/sglang.md).
+
+    Verification publishes the new lengths (and, with a ragged verify, a confidence
+    per draft token) for the scheduler; the end of the step stashes the bonus token
+    and the draft's extras (top-k, hidden state, draft probabilities, the sparse
+    indexer's KV positions) for the next step's draft input, which gathers them by
+    its ``future_indices``. Each extra is allocated by the first payload that carries
+    it, with that payload's dtype and row. A batch with no draft input is left alone.
+    """,
+    indices="spec_info.future_indices",
+    optional_parents={"spec_info": IfNone.SKIP},
+    fields=[
+        Field(
+            "output_tokens",
+            lane=Lane.FORWARD,
+            dtype=torch.int64,
+            source="bonus_tokens",
+            target="spec_info.bonus_tokens",
+            guard=Guard.NON_NEGATIVE,
+            graph_written=True,
+            doc="The bonus token: the target model's token after the accepted drafts.",
+        ),
+        Field(
+            "topk_p",
+            lane=Lane.FORWARD,
+            dtype=FROM_PAYLOAD,
+            shape=("topk",),
+            alloc=Alloc.LAZY,
+            optional=True,
+            target="spec_info.topk_p",
+            kept=True,
+            doc="Probabilities of the draft's first top-k candidates.",
+        ),
+        Field(
+            "topk_index",
+            lane=Lane.FORWARD,
+            dtype=FROM_PAYLOAD,
+            shape=("topk",),
+            alloc=Alloc.LAZY,
+            optional=True,
+            target="spec_info.topk_index",
+            kept=True,
+            doc="Token ids of the draft's first top-k candidates.",
+        ),
+        Field(
+            "hidden_states",
+            lane=Lane.FORWARD,
+            dtype=FROM_PAYLOAD,
+            shape=("hidden",),
+            alloc=Alloc.LAZY,
+            optional=True,
+            target="spec_info.hidden_states",
+            kept=True,
+            doc="The target model's last hidden state, when the draft model reads it.",
+        ),
+        Field(
+            "draft_probs",
+            lane=Lane.FORWARD,
+            dtype=FROM_PAYLOAD,
+            shape=("vocab",),
+            alloc=Alloc.LAZY,
+            optional=True,
+            target="spec_info.draft_probs",
+            kept=True,
+            doc="The draft's probabilities over the vocabulary, for rejection sampling.",
+        ),
+        Field(
+            "dsa_topk_indices",
+            lane=Lane.FORWARD,
+            dtype=FROM_PAYLOAD,
+            shape=("dsa_topk",),
+            alloc=Alloc.LAZY,
+            optional=True,
+            target="spec_info.dsa_topk_indices",
+            kept=True,
+            doc="KV positions the sparse-attention indexer selected for each request.",
+        ),
+        Field(
+            "new_seq_lens",
+            lane=Lane.SCHEDULE,
+            dtype=torch.int64,
+            target="seq_lens",
+            host_mirror="seq_lens_cpu",
+            host_sum="seq_lens_sum",
+            guard=Guard.NON_NEGATIVE,
+            graph_written=True,
+            stream_ordered=True,
+            tails="mix_running_indices",
+            tails_kv="out_cache_loc",
+            tails_kv_table="req_to_token",
+            doc="Each request's sequence length after verification (accepted tokens "
+            "included).",
+        ),
+        Field(
+            "confidence",
+            lane=Lane.SCHEDULE,
+            dtype=torch.float32,
+            shape=("draft_tokens",),
+            alloc=Alloc.LAZY,
+            optional=True,
+            target="confidence",
+            host_mirror="confidence_cpu",
+            doc="The draft's confidence in each of its tokens, as verification "
+            "measured it (a ragged verify only).",
+        ),
+    ],
+)

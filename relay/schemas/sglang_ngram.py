@@ -1,0 +1,69 @@
+"""Relay of n-gram speculative decoding, faithful to sglang 0.5.23's FutureMap."""
+
+import torch
+
+from relay.schema import (
+    FROM_PAYLOAD,
+    Alloc,
+    Field,
+    Guard,
+    IfNone,
+    Lane,
+    Schema,
+    TargetShape,
+    Unwritten,
+)
+
+SCHEMA = Schema(
+    name="SglangNgramFutureMap",
+    doc="""Relay of n-gram speculation as sglang 0.5.23 relays it (docs/sglang.md).
+
+    A verify step stashes the drafts the target accepted and how many, by the draft
+    input's ``future_indices``; the next step gathers them into its draft input,
+    the drafts flattened to one dimension. No bonus token is relayed. Both buffers
+    are allocated by the first stash, with its dtypes, and read as zeros until a
+    row is first written (accept length 0). A batch with no draft input is left
+    alone. The accepted lengths are published right after verification, and the
+    scheduler reads them behind the fence, on the device and on the host.
+    """,
+    indices="spec_info.future_indices",
+    optional_parents={"spec_info": IfNone.SKIP},
+    fields=[
+        Field(
+            "accept_tokens",
+            lane=Lane.FORWARD,
+            dtype=FROM_PAYLOAD,
+            shape=("draft_token_num",),
+            alloc=Alloc.LAZY,
+            target="spec_info.accept_tokens",
+            target_shape=TargetShape.FLAT,
+            unwritten=Unwritten.ZEROS,
+            doc="The drafts the target accepted, left-aligned; only the first "
+            "``accept_lens`` of a request's are meaningful.",
+        ),
+        Field(
+            "accept_lens",
+            lane=Lane.FORWARD,
+            dtype=FROM_PAYLOAD,
+            alloc=Alloc.LAZY,
+            target="spec_info.accept_lens",
+            unwritten=Unwritten.ZEROS,
+            doc="How many drafts the target accepted (0 in a row never verified).",
+        ),
+        Field(
+            "new_seq_lens",
+            lane=Lane.SCHEDULE,
+            dtype=torch.int64,
+            target="seq_lens",
+            host_mirror="seq_lens_cpu",
+            host_sum="seq_lens_sum",
+            guard=Guard.NON_NEGATIVE,
+            stream_ordered=True,
+            tails="mix_running_indices",
+            tails_kv="out_cache_loc",
+            tails_kv_table="req_to_token",
+            doc="Each request's sequence length after verification (accepted tokens "
+            "included).",
+        ),
+    ],
+)

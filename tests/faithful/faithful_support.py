@@ -1,0 +1,391 @@
+"""The faithful lockstep: a bundled ``sglang_*`` map beside ``SglangRelay`` (the model
+of sglang 0.5.23's relay, ``relay/testing/sglang_reference.py``), driven by the calls an
+sglang overlap loop makes, over random steps, and compared on every value handed over.
+
+The driver keeps requests in slots as an engine does: a request is admitted (prefill
+publishes its length and stashes its first values), decodes (the scheduler resolves
+its lengths, waiting or stream-ordered, the forward resolves its draft input,
+verification publishes and stashes again, on some EAGLE runs through buffers a captured
+graph wrote), may be stashed again keeping extras, staged and leave staging (a partial
+stash of its bonus token), ride in a mixed batch as a decode tail, and ends (its slot
+released and reused); batches without a draft input pass by. It draws only what a
+correct engine does, so the map may run in debug mode and any report of it is a
+failure too. Not drawn, where the map and sglang differ (docs/sglang.md): a batch
+whose ``future_indices`` is None, and a mixed batch without host lengths.
+"""
+
+from __future__ import annotations
+
+import importlib
+import random
+from collections import Counter
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from relay.testing.sglang_reference import SglangRelay
+
+POOL = 10
+MAX_LEN = 512
+DIMS = {
+    "topk": 2,
+    "hidden": 3,
+    "vocab": 5,
+    "dsa_topk": 2,
+    "draft_tokens": 3,
+    "draft": 3,
+}
+#: The extras an EAGLE run carries once its first decode does (prefill may omit them).
+EAGLE_EXTRAS = ("topk", "hidden_states", "draft_probs", "dsa_topk_indices")
+
+
+class Divergence(AssertionError):
+    """The map and the model handed a batch different values."""
+
+
+def same(a: Any, b: Any) -> bool:
+    """Equal values, dtypes and shapes (NaN equal to NaN); or equal plain values."""
+    if isinstance(a, Tensor) and isinstance(b, Tensor):
+        if a.dtype != b.dtype or a.shape != b.shape:
+            return False
+        if a.dtype.is_floating_point:
+            return bool(((a == b) | (a.isnan() & b.isnan())).all())
+        return bool(torch.equal(a, b))
+    return type(a) is type(b) and a == b
+
+
+def map_class(name: str) -> type[Any]:
+    """The bundled faithful map ``relay.maps.sglang_<name>``."""
+    module = importlib.import_module(f"relay.maps.sglang_{name}")
+    cls: type[Any] = getattr(module, f"Sglang{name.capitalize()}FutureMap")
+    return cls
+
+
+def payload_class(name: str) -> type[Any]:
+    module = importlib.import_module(f"relay.maps.sglang_{name}")
+    cls: type[Any] = getattr(module, f"Sglang{name.capitalize()}Payload")
+    return cls
+
+
+class Run:
+    """One lockstep run of one algorithm (``decode``, ``eagle`` or ``ngram``)."""
+
+    def __init__(self, algorithm: str, seed: int, *, debug: bool) -> None:
+        self.algorithm = algorithm
+        self.speculative = algorithm != "decode"
+        self.rng = random.Random(seed)
+        self.gen = torch.Generator().manual_seed(seed)
+        self.table = torch.randint(0, 10_000, (POOL, MAX_LEN), generator=self.gen)
+        #: EAGLE: half the runs hand the map buffers a captured graph writes.
+        self.adopted: dict[str, Tensor] = {}
+        if algorithm == "eagle" and self.rng.random() < 0.5:
+            self.adopted = {
+                "output_tokens_buf": torch.empty(POOL, dtype=torch.int64),
+                "new_seq_lens_buf": torch.empty(POOL, dtype=torch.int64),
+            }
+        self.map = map_class(algorithm)("cpu", POOL, debug=debug, **self.adopted)
+        self.payload = payload_class(algorithm)
+        self.confidence = algorithm == "eagle" and self.rng.random() < 0.5
+        self.model = SglangRelay(
+            algorithm, req_to_token=self.table, confidence=self.confidence
+        )
+        self.free = list(range(1, POOL))
+        #: Slots whose request has values written and not yet read (its next step).
+        self.pending: set[int] = set()
+        #: EAGLE: the extras this run carries from its first decode on, and whether
+        #: a decode has carried them yet (prefill before then omits them).
+        self.extras = [e for e in EAGLE_EXTRAS if self.rng.random() < 0.7]
+        self.decoded = False
+        self.lengths: dict[int, int] = {}
+        self.history: list[str] = []
+        #: What the run exercised (non-empty steps by kind), so a test can tell that a
+        #: method was really compared and not only drawn.
+        self.seen: Counter[str] = Counter()
+        self.kinds = ["admit", "decode", "decode", "decode", "finish"]
+        if self.speculative:
+            self.kinds += ["mixed", "no_draft_input"]
+        if algorithm == "eagle":
+            self.kinds += ["stage", "restash"]
+
+    # -- values ------------------------------------------------------------------------
+    def _ints(self, n: int, *shape: int, low: int = 0, dtype: torch.dtype) -> Tensor:
+        return torch.randint(low, 1000, (n, *shape), generator=self.gen).to(dtype)
+
+    def _floats(self, n: int, *shape: int, dtype: torch.dtype) -> Tensor:
+        return torch.randn((n, *shape), generator=self.gen).to(dtype)
+
+    def _payload(self, n: int, carry: bool) -> dict[str, Tensor | None]:
+        """One step's payload for ``n`` rows, as sglang's worker builds it."""
+        if self.algorithm == "ngram":
+            lens = self._ints(n, low=0, dtype=torch.int32) % (DIMS["draft"] + 1)
+            return {
+                "accept_tokens": self._ints(n, DIMS["draft"], dtype=torch.int64),
+                "accept_lens": lens,
+            }
+        bonus = self._ints(n, dtype=self.rng.choice([torch.int64, torch.int32]))
+        values: dict[str, Tensor | None] = {"bonus_tokens": bonus}
+        if self.algorithm == "decode":
+            return values
+        for name in ("topk_p", "topk_index", "hidden_states", "draft_probs"):
+            values[name] = None
+        values["dsa_topk_indices"] = None
+        if not (carry and self.extras):
+            return values
+        if "topk" in self.extras:
+            values["topk_p"] = self._floats(n, DIMS["topk"], dtype=torch.float32)
+            values["topk_index"] = self._ints(n, DIMS["topk"], dtype=torch.int64)
+        if "hidden_states" in self.extras:
+            values["hidden_states"] = self._floats(
+                n, DIMS["hidden"], dtype=torch.bfloat16
+            )
+        if "draft_probs" in self.extras and "topk" in self.extras:
+            values["draft_probs"] = self._floats(n, DIMS["vocab"], dtype=torch.float32)
+        if "dsa_topk_indices" in self.extras:
+            values["dsa_topk_indices"] = self._ints(
+                n, DIMS["dsa_topk"], dtype=torch.int32
+            )
+        return values
+
+    # -- batches -----------------------------------------------------------------------
+    def _batch(self, slots: list[int]) -> SimpleNamespace:
+        indices = torch.tensor(slots, dtype=torch.int64)
+        batch = SimpleNamespace(
+            req_pool_indices=indices,
+            input_ids=None,
+            seq_lens=None,
+            seq_lens_cpu=None,
+            seq_lens_sum=None,
+            confidence=None,
+            confidence_cpu=None,
+            spec_info=None,
+            req_to_token=self.table,
+        )
+        if not slots:
+            # sglang's idle batch (an idle data-parallel rank) comes with empty input
+            # ids and lengths, which its resolves gather again (relay's leave alone).
+            batch.input_ids = torch.empty((0,), dtype=torch.int64)
+            batch.seq_lens = torch.empty((0,), dtype=torch.int64)
+            batch.seq_lens_cpu = torch.empty((0,), dtype=torch.int64)
+            batch.seq_lens_sum = 0
+        if self.speculative:
+            batch.spec_info = SimpleNamespace(
+                future_indices=indices.clone(),
+                bonus_tokens=None,
+                topk_p=None,
+                topk_index=None,
+                hidden_states=None,
+                draft_probs=None,
+                dsa_topk_indices=None,
+                accept_tokens=None,
+                accept_lens=None,
+                future_dsa_topk_indices_available=(
+                    "dsa_topk_indices" in self.model.rows
+                ),
+            )
+        return batch
+
+    def _pair(self, slots: list[int]) -> tuple[SimpleNamespace, SimpleNamespace]:
+        return self._batch(slots), self._batch(slots)
+
+    def compare(self, what: str, got: Any, want: Any, paths: list[str]) -> None:
+        for path in paths:
+            a, b = got, want
+            for part in path.split("."):
+                a, b = getattr(a, part), getattr(b, part)
+            if not same(a, b):
+                recent = "\n  ".join(self.history[-10:])
+                raise Divergence(
+                    f"sglang_{self.algorithm}: after {what}, batch.{path} differs\n"
+                    f"  map:   {a!r}\n  model: {b!r}\n"
+                    f"recent steps (oldest first):\n  {recent}"
+                )
+
+    def _ready(self, most: int | None = None) -> list[int]:
+        """Some pending slots whose every row is defined, in random order."""
+        ready = sorted(s for s in self.pending if self._defined(s))
+        k = self.rng.randint(0, len(ready) if most is None else min(most, len(ready)))
+        return self.rng.sample(ready, k)
+
+    def _defined(self, slot: int) -> bool:
+        """Whether every buffer the model holds has a defined row for ``slot``: a
+        request stashed before an extra's buffer existed has an uninitialised row
+        there, which sglang would hand over as garbage (never drawn)."""
+        rows = self.model.rows
+        return all(slot in rows[name] or name in self.model.zeros for name in rows)
+
+    # -- the engine's writes -----------------------------------------------------------
+    def _lengths(self, slots: list[int], dtype: torch.dtype) -> Tensor:
+        grown = [self.lengths.get(s, 0) + self.rng.randint(1, 3) for s in slots]
+        self.lengths.update(zip(slots, grown))
+        return torch.tensor(grown, dtype=dtype)
+
+    def _write(self, slots: list[int], carry: bool) -> None:
+        """Verification's publish (speculative), then the end-of-step stash; on a run
+        with adopted buffers, sometimes the captured graph writes the lengths and
+        bonus tokens itself and both calls skip them."""
+        n = len(slots)
+        indices = torch.tensor(slots, dtype=torch.int64)
+        payload = self._payload(n, carry)
+        graph = bool(self.adopted) and n > 0 and self.rng.random() < 0.5
+        if graph:
+            lens = self._lengths(slots, torch.int64)
+            payload["bonus_tokens"] = bonus = self._ints(n, dtype=torch.int64)
+            self.adopted["new_seq_lens_buf"][indices] = lens
+            self.adopted["output_tokens_buf"][indices] = bonus
+            self.map.graph_wrote(indices)
+            self.model.graph_writes(slots, lens, bonus)
+        if self.speculative:
+            if not graph:
+                lens = self._lengths(slots, self.rng.choice([torch.int64, torch.int32]))
+            confidence = None
+            if self.confidence:
+                confidence = self._floats(n, DIMS["draft_tokens"], dtype=torch.float32)
+            self.model.publish(slots, lens, confidence)
+            keywords = {"confidence": confidence} if self.confidence else {}
+            self.map.publish(indices, None if graph else lens, **keywords)
+        self.model.stash(slots, payload)
+        if graph:
+            payload = {**payload, "bonus_tokens": None}
+        self.map.stash(indices, self.payload(**payload))
+        self.history.append(f"write {slots} (extras: {carry}, graph: {graph})")
+        self.seen["graph_wrote"] += graph
+
+    # -- the engine's steps ------------------------------------------------------------
+    def admit(self) -> None:
+        """A prefill of up to three waiting requests: their first values."""
+        slots = self._admitted(self.rng.randint(0, 3))
+        self._write(slots, carry=self.decoded)
+        self.pending.update(slots)
+
+    def _admitted(self, most: int) -> list[int]:
+        k = min(len(self.free), most)
+        slots = [self.free.pop(self.rng.randrange(len(self.free))) for _ in range(k)]
+        for slot in slots:
+            self.lengths[slot] = self.rng.randint(1, 50)
+        return slots
+
+    def decode(self) -> None:
+        """One decode step of some pending requests (none: an idle rank): the
+        scheduler resolves their lengths, the forward its inputs, then writes."""
+        slots = self._ready()
+        self.history.append(f"decode {slots}")
+        self.seen["decode"] += bool(slots)
+        if self.speculative:
+            got, want = self._pair(slots)
+            ordered = self.rng.random() < 0.5
+            self.map.resolve_seq_lens_cpu(got, stream_ordered=ordered)
+            self.seen["stream_ordered"] += ordered and bool(slots)
+            self.model.resolve_seq_lens_cpu(want, stream_ordered=ordered)
+            paths = ["seq_lens", "seq_lens_cpu", "seq_lens_sum"]
+            self.compare("resolve_seq_lens_cpu", got, want, paths)
+            if self.confidence:
+                self.map.resolve_confidence_cpu(got)
+                self.seen["resolve_confidence_cpu"] += bool(slots)
+                want.confidence_cpu = self.model.resolve_confidence_cpu(want)
+                self.compare("resolve_confidence_cpu", got, want, ["confidence_cpu"])
+        got, want = self._pair(slots)
+        self.map.resolve_future(got)
+        self.model.resolve_forward_inputs(want)
+        self.compare("resolve_future", got, want, self._forward_paths())
+        self.decoded = True
+        self._write(slots, carry=True)
+        self.pending.update(slots)
+
+    def _forward_paths(self) -> list[str]:
+        if self.algorithm == "decode":
+            return ["input_ids"]
+        if self.algorithm == "ngram":
+            return ["spec_info.accept_tokens", "spec_info.accept_lens"]
+        names = ["bonus_tokens", "topk_p", "topk_index", "hidden_states"]
+        names += ["draft_probs", "dsa_topk_indices"]
+        return [f"spec_info.{name}" for name in names]
+
+    def stage(self) -> None:
+        """Requests leave the sparse-attention staging area: a partial stash of
+        their bonus tokens keeps the extras their last verify stashed."""
+        if not (self.decoded and self.extras):
+            return
+        slots = self._ready()
+        bonus = self._ints(
+            len(slots), dtype=self.rng.choice([torch.int64, torch.int32])
+        )
+        self.history.append(f"stage {slots}")
+        self.seen["stash_partial"] += bool(slots)
+        self.model.stash_bonus_tokens(slots, bonus)
+        self.map.stash_partial(torch.tensor(slots, dtype=torch.int64), bonus)
+
+    def restash(self) -> None:
+        """Pending requests stashed again before any read, some extras left out: the
+        rows of an omitted extra keep what the earlier stash wrote."""
+        if not (self.decoded and self.extras):
+            return
+        slots = self._ready()
+        payload = self._payload(len(slots), carry=True)
+        for name in ("topk_p", "hidden_states", "draft_probs", "dsa_topk_indices"):
+            if self.rng.random() < 0.5:
+                payload[name] = None
+                if name == "topk_p":
+                    payload["topk_index"] = None
+        self.history.append(f"restash {slots} keeping {sorted(payload)}")
+        self.seen["kept"] += bool(slots)
+        self.model.stash(slots, payload)
+        self.map.stash(torch.tensor(slots, dtype=torch.int64), self.payload(**payload))
+
+    def mixed(self) -> None:
+        """A mixed batch: a prefill chunk of new requests with running decode rows
+        appended, built with lagging lengths; the forward late-binds the tails."""
+        running = self._ready()
+        prefill = self._admitted(self.rng.randint(0, 2))
+        slots = prefill + running
+        self.history.append(f"mixed {prefill} + tails {running}")
+        self.seen["resolve_tails"] += bool(running)
+        got, want = self._pair(slots)
+        lagging = [self.lengths[s] - self.rng.randint(0, 2) for s in slots]
+        for batch in (got, want):
+            batch.mix_running_indices = torch.tensor(running, dtype=torch.int64)
+            batch.seq_lens = torch.tensor(lagging, dtype=torch.int64)
+            # The faithful maps model an engine whose backends need host lengths.
+            batch.seq_lens_cpu = batch.seq_lens.clone()
+            batch.seq_lens_sum = sum(lagging)
+            batch.out_cache_loc = torch.full((len(slots),), -5, dtype=torch.int64)
+            batch.prefix_lens = [length - 1 for length in lagging]
+        self.map.resolve_tails(got)
+        self.model.resolve_mixed_spec_tails(want)
+        paths = ["seq_lens", "out_cache_loc", "seq_lens_cpu", "seq_lens_sum"]
+        self.compare("resolve_tails", got, want, paths)
+        self._write(slots, carry=self.decoded)
+        self.pending.update(slots)
+
+    def no_draft_input(self) -> None:
+        """A batch without a draft input (a prefill): every resolve leaves it alone."""
+        got, want = self._pair(sorted(self.pending))
+        got.spec_info = want.spec_info = None
+        self.map.resolve_seq_lens_cpu(got)
+        self.model.resolve_seq_lens_cpu(want)
+        self.map.resolve_future(got)
+        self.model.resolve_forward_inputs(want)
+        self.compare("a batch without spec_info", got, want, ["seq_lens", "spec_info"])
+        self.seen["no_draft_input"] += 1
+
+    def finish(self) -> None:
+        """Some pending requests end: their slots are released and reused later."""
+        slots = self.rng.sample(sorted(self.pending), min(2, len(self.pending)))
+        slots = slots[: self.rng.randint(0, len(slots))]
+        self.history.append(f"finish {slots}")
+        self.map.release(torch.tensor(slots, dtype=torch.int64))
+        self.pending.difference_update(slots)
+        self.free.extend(slots)
+
+    def step(self) -> None:
+        getattr(self, self.rng.choice(self.kinds))()
+
+
+def run(algorithm: str, seed: int, steps: int, *, debug: bool) -> Run:
+    """``steps`` random steps of one lockstep run; raises ``Divergence`` on the first
+    value the map and the model disagree on."""
+    lockstep = Run(algorithm, seed, debug=debug)
+    for _ in range(steps):
+        lockstep.step()
+    return lockstep

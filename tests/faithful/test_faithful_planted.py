@@ -1,0 +1,173 @@
+"""Planted bugs of an sglang-0.5.23-style loop driving the faithful maps: each hands
+the next step a wrong value with debug off (the sglang model says which), and debug
+mode names it, the field and the slot; the same loop without the plant runs clean."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import Tensor
+
+from relay import RelayDebugError
+from relay.maps.sglang_eagle import SglangEagleFutureMap, SglangEaglePayload
+from relay.testing.sglang_reference import SglangRelay
+
+POOL = 6
+TABLE = torch.arange(POOL * 64).reshape(POOL, 64)
+
+
+def _slots(*values: int) -> Tensor:
+    return torch.tensor(values, dtype=torch.int64)
+
+
+def _batch(*slots: int) -> SimpleNamespace:
+    indices = _slots(*slots)
+    info = SimpleNamespace(
+        future_indices=indices, future_dsa_topk_indices_available=False
+    )
+    return SimpleNamespace(req_pool_indices=indices, spec_info=info, req_to_token=TABLE)
+
+
+def _payload(
+    n: int, *, topk: bool = True, bonus: Tensor | None = None
+) -> SglangEaglePayload:
+    return SglangEaglePayload(
+        bonus_tokens=torch.arange(10, 10 + n) if bonus is None else bonus,
+        topk_p=torch.rand(n, 2) if topk else None,
+        topk_index=torch.randint(0, 9, (n, 2)) if topk else None,
+    )
+
+
+def _adopted() -> dict[str, Tensor]:
+    return {
+        "output_tokens_buf": torch.zeros(POOL, dtype=torch.int64),
+        "new_seq_lens_buf": torch.zeros(POOL, dtype=torch.int64),
+    }
+
+
+def _graph_step(
+    relay: SglangEagleFutureMap, buffers: dict[str, Tensor], *, planted: bool
+) -> None:
+    """Step 1 verifies slots 1 and 2 through the captured graph, which scatters the
+    lengths and bonus tokens into the adopted buffers; publish and stash skip them.
+    The plant: the graph's replay is skipped (the engine took another path) while
+    publish and stash still pass ``None``."""
+    slots = _slots(1, 2)
+    if not planted:
+        buffers["new_seq_lens_buf"][slots] = torch.tensor([5, 7])
+        buffers["output_tokens_buf"][slots] = torch.tensor([11, 12])
+        relay.graph_wrote(slots)
+    relay.publish(slots, None)
+    relay.stash(slots, SglangEaglePayload(bonus_tokens=None))
+
+
+@pytest.mark.parametrize("planted", [False, True])
+def test_a_graph_written_row_read_before_the_graph_ran(planted: bool) -> None:
+    """Debug off, the skipped replay hands the scheduler the adopted buffer's stale
+    zeros as lengths; debug on names the field and slot."""
+    buffers = _adopted()
+    quiet = SglangEagleFutureMap("cpu", POOL, **buffers)
+    _graph_step(quiet, buffers, planted=planted)
+    batch = _batch(1, 2)
+    quiet.resolve_seq_lens_cpu(batch)
+    assert batch.seq_lens.tolist() == ([0, 0] if planted else [5, 7])
+    buffers = _adopted()
+    checked = SglangEagleFutureMap("cpu", POOL, debug=True, **buffers)
+    _graph_step(checked, buffers, planted=planted)
+    if not planted:
+        checked.resolve_seq_lens_cpu(_batch(1, 2))
+        return
+    with pytest.raises(RelayDebugError, match=r"new_seq_lens: slot 1: .*graph"):
+        checked.resolve_seq_lens_cpu(_batch(1, 2))
+
+
+def _staging(relay: SglangEagleFutureMap | SglangRelay, *, planted: bool) -> None:
+    """Slot 3's request verifies (top-k stashed) and its next step reads it; it ends and
+    a new request takes slot 3, whose prefill stashes no top-k (the plant: the engine
+    drops the kept field from that stash), is staged, and leaves staging with a
+    partial stash of its bonus token."""
+    first = {
+        "bonus_tokens": torch.tensor([4]),
+        "topk_p": torch.ones(1, 2),
+        "topk_index": torch.ones(1, 2, dtype=torch.int64),
+    }
+    second = {
+        "bonus_tokens": torch.tensor([5]),
+        "topk_p": None if planted else torch.zeros(1, 2),
+        "topk_index": None if planted else torch.zeros(1, 2, dtype=torch.int64),
+    }
+    if isinstance(relay, SglangRelay):
+        relay.stash([3], first)
+        relay.resolve_spec_extras(_batch(3))
+        relay.stash([3], second)
+        relay.stash_bonus_tokens([3], torch.tensor([6]))
+        return
+    relay.stash(_slots(3), SglangEaglePayload(**first))
+    relay.resolve_future(_batch(3))
+    relay.release(_slots(3))
+    relay.stash(_slots(3), SglangEaglePayload(**second))
+    relay.stash_partial(_slots(3), torch.tensor([6]))
+
+
+@pytest.mark.parametrize("planted", [False, True])
+def test_a_partial_stash_that_drops_a_kept_field(planted: bool) -> None:
+    """Debug off, the new request's draft reads the previous owner's top-k (as sglang
+    would); debug on reports the kept row at the partial stash."""
+    model = SglangRelay("eagle")
+    _staging(model, planted=planted)
+    quiet = SglangEagleFutureMap("cpu", POOL)
+    _staging(quiet, planted=planted)
+    got, want = _batch(3), _batch(3)
+    quiet.resolve_future(got)
+    model.resolve_spec_extras(want)
+    assert torch.equal(got.spec_info.topk_p, want.spec_info.topk_p)
+    assert torch.equal(
+        got.spec_info.topk_p, torch.ones(1, 2) if planted else torch.zeros(1, 2)
+    )
+    checked = SglangEagleFutureMap("cpu", POOL, debug=True)
+    if not planted:
+        _staging(checked, planted=False)
+        checked.resolve_future(_batch(3))
+        return
+    with pytest.raises(RelayDebugError, match=r"topk_p: slot 3: stash_partial keeps"):
+        _staging(checked, planted=True)
+
+
+def _mixed(relay: SglangEagleFutureMap, *, planted: bool) -> SimpleNamespace:
+    """Slot 2 decodes (the scheduler resolves its lengths); the next batch is mixed,
+    slot 2 a decode tail. The plant: the tails are bound before the in-flight step
+    publishes slot 2's new length, from the row the scheduler already consumed."""
+    relay.publish(_slots(2), torch.tensor([9]))
+    relay.stash(_slots(2), _payload(1))
+    relay.resolve_seq_lens_cpu(_batch(2))
+    relay.resolve_future(_batch(2))
+    mixed = _batch(4, 2)
+    mixed.mix_running_indices = _slots(2)
+    mixed.seq_lens = torch.tensor([3, 9])
+    mixed.seq_lens_cpu = mixed.seq_lens.clone()
+    mixed.seq_lens_sum = 12
+    mixed.out_cache_loc = torch.tensor([100, 101])
+    if not planted:
+        relay.publish(_slots(2), torch.tensor([11]))
+    relay.resolve_tails(mixed)
+    return mixed
+
+
+@pytest.mark.parametrize("planted", [False, True])
+def test_a_stale_tail(planted: bool) -> None:
+    """Debug off, the tail binds the old length (9, so position 9 of the table, not
+    11); debug on names the field and slot at resolve_tails."""
+    quiet = _mixed(SglangEagleFutureMap("cpu", POOL), planted=planted)
+    length = 9 if planted else 11
+    assert quiet.seq_lens.tolist() == [3, length + 1]
+    assert quiet.out_cache_loc.tolist() == [100, int(TABLE[2, length])]
+    checked = SglangEagleFutureMap("cpu", POOL, debug=True)
+    if not planted:
+        _mixed(checked, planted=False)
+        return
+    with pytest.raises(
+        RelayDebugError, match=r"new_seq_lens: slot 2: resolve_tails binds"
+    ):
+        _mixed(checked, planted=True)
