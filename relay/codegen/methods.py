@@ -369,18 +369,14 @@ def _prologue(schema: Schema, method: str) -> tuple[list[str], str | None]:
         bound = first
         lines += [f"{first} = batch.{first}", *_none(first, parents[first], method)]
         lines.append(f"indices = {first}.{rest}")
-    elif first in parents:  # the slots themselves may be None (sglang's future_indices)
-        lines.append(f"indices = batch.{first}")
-        if parents[first] is IfNone.SKIP:
-            lines += ["if indices is None:", "    return"]
-        else:
-            args = ", ".join(naming.string_literal(a) for a in (method, first))
-            lines += [
-                "if indices is None:",
-                f"    raise _rt.parent_is_none(_TABLE, {args})",
-            ]
     else:
         lines.append(f"indices = batch.{schema.indices}")
+    how = parents.get(schema.indices)
+    if how is IfNone.SKIP:  # the slots themselves may be None (sglang's future_indices)
+        lines += ["if indices is None:", "    return"]
+    elif how is IfNone.REFUSE:
+        args = ", ".join(naming.string_literal(a) for a in (method, schema.indices))
+        lines += ["if indices is None:", f"    raise _rt.parent_is_none(_TABLE, {args})"]
     lines += ["if indices.numel() == 0:", "    return"]
     return lines, bound
 

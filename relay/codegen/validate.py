@@ -190,13 +190,16 @@ def _check_parents(c: _Collector, fields: list[Field]) -> None:
                 f"optional_parents[{name!r}] must be an IfNone (got {_got(how)})",
                 fix,
             )
-        indices = isinstance(c.schema.indices, str) and c.schema.indices.split(".")[0]
-        if not isinstance(name, str) or (name not in firsts and name != indices):
+        slots = c.schema.indices if isinstance(c.schema.indices, str) else ""
+        if not isinstance(name, str) or (
+            name not in firsts and name not in (slots.split(".")[0], slots)
+        ):
             c.add(
                 None,
                 f"optional_parents names {name!r}, which is the first part of no "
-                "target path (nor of indices)",
-                'name the batch attribute a target goes through, e.g. "spec_info"',
+                "target path, nor of indices, nor the indices path itself",
+                'name the batch attribute a target goes through, e.g. "spec_info", '
+                'or the slots path, e.g. "spec_info.future_indices"',
             )
     named = {name for name, _ in parents}
     for f in fields:

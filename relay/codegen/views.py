@@ -486,10 +486,11 @@ def _protocols(schema: Schema) -> tuple[ProtocolView, ...]:
         if f.tails_kv is not None and f.tails_kv_table is not None:
             add(f.tails_kv, "torch.Tensor", True)
             add(f.tails_kv_table, "torch.Tensor", False)
-    for parent, _how in schema.optional_parents:
-        current = members[()].get(parent)
+    for parent, _how in schema.optional_parents:  # a parent, or the slots path itself
+        *head, leaf = parent.split(".")
+        current = members.get(tuple(head), {}).get(leaf)
         if current is not None and not current.writable:
-            members[()][parent] = Attribute(parent, f"{current.type} | None", False)
+            members[tuple(head)][leaf] = Attribute(leaf, f"{current.type} | None", False)
     views = []
     for path in sorted((p for p in members if p), key=lambda p: (-len(p), p)):
         doc = f"The attributes of ``batch.{'.'.join(path)}`` the map reads and writes."

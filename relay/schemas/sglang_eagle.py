@@ -16,7 +16,10 @@ SCHEMA = Schema(
     it, with that payload's dtype and row. A batch with no draft input is left alone.
     """,
     indices="spec_info.future_indices",
-    optional_parents={"spec_info": IfNone.SKIP},
+    optional_parents={
+        "spec_info": IfNone.SKIP,
+        "spec_info.future_indices": IfNone.SKIP,
+    },
     fields=[
         Field(
             "output_tokens",

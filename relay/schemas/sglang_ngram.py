@@ -27,7 +27,10 @@ SCHEMA = Schema(
     scheduler reads them behind the fence, on the device and on the host.
     """,
     indices="spec_info.future_indices",
-    optional_parents={"spec_info": IfNone.SKIP},
+    optional_parents={
+        "spec_info": IfNone.SKIP,
+        "spec_info.future_indices": IfNone.SKIP,
+    },
     fields=[
         Field(
             "accept_tokens",

@@ -10,8 +10,8 @@ graph wrote), may be stashed again keeping extras, staged and leave staging (a p
 stash of its bonus token), ride in a mixed batch as a decode tail, and ends (its slot
 released and reused); batches without a draft input pass by. It draws only what a
 correct engine does, so the map may run in debug mode and any report of it is a
-failure too. Not drawn, where the map and sglang differ (docs/sglang.md): a batch
-whose ``future_indices`` is None, and a mixed batch without host lengths.
+failure too. Not drawn, where the map and sglang differ (docs/sglang.md): a mixed
+batch without host lengths.
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ class Run:
         self.seen: Counter[str] = Counter()
         self.kinds = ["admit", "decode", "decode", "decode", "finish"]
         if self.speculative:
-            self.kinds += ["mixed", "no_draft_input"]
+            self.kinds += ["mixed", "no_draft_input", "no_future_indices"]
         if algorithm == "eagle":
             self.kinds += ["stage", "restash"]
 
@@ -368,6 +368,22 @@ class Run:
         self.model.resolve_forward_inputs(want)
         self.compare("a batch without spec_info", got, want, ["seq_lens", "spec_info"])
         self.seen["no_draft_input"] += 1
+
+    def no_future_indices(self) -> None:
+        """A draft input with no ``future_indices`` yet: the schedule read and the
+        n-gram extras leave the batch alone in sglang; its EAGLE extras read would
+        raise, where the faithful map skips it as well (docs/sglang.md)."""
+        got, want = self._pair(sorted(self.pending))
+        got.spec_info.future_indices = want.spec_info.future_indices = None
+        self.map.resolve_seq_lens_cpu(got)
+        self.model.resolve_seq_lens_cpu(want)
+        self.map.resolve_future(got)
+        if self.algorithm == "ngram":
+            self.model.resolve_forward_inputs(want)
+        self.compare(
+            "a draft input without future_indices", got, want, ["seq_lens", "spec_info"]
+        )
+        self.seen["no_future_indices"] += 1
 
     def finish(self) -> None:
         """Some pending requests end: their slots are released and reused later."""

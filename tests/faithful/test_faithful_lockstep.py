@@ -20,8 +20,15 @@ EXERCISED = {
         "resolve_tails",
         "resolve_confidence_cpu",
         "no_draft_input",
+        "no_future_indices",
     },
-    "ngram": {"decode", "stream_ordered", "resolve_tails", "no_draft_input"},
+    "ngram": {
+        "decode",
+        "stream_ordered",
+        "resolve_tails",
+        "no_draft_input",
+        "no_future_indices",
+    },
 }
 
 

@@ -277,3 +277,56 @@ def test_a_batch_whose_optional_slots_are_none_is_skipped_or_refused(
         relay.resolve_future(batch)
         relay.resolve_seq_lens(batch)
         assert batch.input_ids.tolist() == [8, 7] and batch.seq_lens.tolist() == [4, 3]
+
+
+def test_a_nested_slots_path_named_whole_may_be_none() -> None:
+    """``optional_parents`` naming the nested slots path whole (sglang 0.5.23's
+    ``spec_info.future_indices``): a draft input without slots is left alone (SKIP) or
+    refused naming the path (REFUSE), and one without a draft input is skipped by the
+    parent's own entry."""
+    from relay.errors import RelayError
+    from relay.schema import IfNone
+    from relay.testing import Namespace, load_map_class
+
+    for how in (IfNone.SKIP, IfNone.REFUSE):
+        schema = Schema(
+            name=f"NestedSlots{how.name.title()}FutureMap",
+            indices="spec_info.future_indices",
+            optional_parents={
+                "spec_info": IfNone.SKIP,
+                "spec_info.future_indices": how,
+            },
+            fields=[
+                Field(
+                    "tok",
+                    lane=Lane.FORWARD,
+                    dtype=torch.int64,
+                    target="spec_info.bonus",
+                ),
+                Field("lens", lane=Lane.SCHEDULE, dtype=torch.int64, target="seq_lens"),
+            ],
+        )
+        cls = load_map_class(schema)
+        payload_cls = getattr(
+            importlib.import_module(cls.__module__), f"{schema.name[:-9]}Payload"
+        )
+        relay = cls("cpu", POOL)
+        relay.stash(slots(1, 2), payload_cls(tok=slots(7, 8)))
+        relay.publish(slots(1, 2), torch.tensor([3, 4]))
+        for resolve in (relay.resolve_future, relay.resolve_seq_lens):
+            resolve(Namespace(spec_info=None))  # the parent's SKIP
+            batch = Namespace(spec_info=Namespace(future_indices=None))
+            if how is IfNone.SKIP:
+                resolve(batch)
+                assert not hasattr(batch.spec_info, "bonus")
+                assert not hasattr(batch, "seq_lens")
+            else:
+                with pytest.raises(
+                    RelayError, match=r"batch\.spec_info\.future_indices is None"
+                ):
+                    resolve(batch)
+        batch = Namespace(spec_info=Namespace(future_indices=slots(2, 1)))
+        relay.resolve_future(batch)
+        relay.resolve_seq_lens(batch)
+        assert batch.spec_info.bonus.tolist() == [8, 7]
+        assert batch.seq_lens.tolist() == [4, 3]
