@@ -376,7 +376,10 @@ def _prologue(schema: Schema, method: str) -> tuple[list[str], str | None]:
         lines += ["if indices is None:", "    return"]
     elif how is IfNone.REFUSE:
         args = ", ".join(naming.string_literal(a) for a in (method, schema.indices))
-        lines += ["if indices is None:", f"    raise _rt.parent_is_none(_TABLE, {args})"]
+        lines += [
+            "if indices is None:",
+            f"    raise _rt.parent_is_none(_TABLE, {args})",
+        ]
     lines += ["if indices.numel() == 0:", "    return"]
     return lines, bound
 

@@ -490,7 +490,9 @@ def _protocols(schema: Schema) -> tuple[ProtocolView, ...]:
         *head, leaf = parent.split(".")
         current = members.get(tuple(head), {}).get(leaf)
         if current is not None and not current.writable:
-            members[tuple(head)][leaf] = Attribute(leaf, f"{current.type} | None", False)
+            members[tuple(head)][leaf] = Attribute(
+                leaf, f"{current.type} | None", False
+            )
     views = []
     for path in sorted((p for p in members if p), key=lambda p: (-len(p), p)):
         doc = f"The attributes of ``batch.{'.'.join(path)}`` the map reads and writes."
