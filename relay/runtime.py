@@ -310,8 +310,10 @@ def write_rows(s: MapState, indices: torch.Tensor) -> tuple[int, ...] | None:
             values: list[int] = indices.tolist()  # no op dispatched
             if min(values) < 0 or max(values) >= s.pool_size:
                 return None  # the checked path refuses the bad slot, naming it
-        elif not host_slots_ok(indices, s.pool_size):
-            return None
+        else:  # host_slots_ok's aminmax, inlined on the hot path
+            low, high = torch.aminmax(indices)
+            if cast(int, low.tolist()) < 0 or cast(int, high.tolist()) >= s.pool_size:
+                return None
     return (n,)
 
 
