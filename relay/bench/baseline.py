@@ -312,7 +312,9 @@ class SglangEagleBaseline:
             self.output_tokens_buf[indices] = bonus_tokens.to(torch.int64)
         pool = self.pool_size
         self.topk_p_buf = _write_extra(self.topk_p_buf, pool, indices, topk_p)
-        self.topk_index_buf = _write_extra(self.topk_index_buf, pool, indices, topk_index)
+        self.topk_index_buf = _write_extra(
+            self.topk_index_buf, pool, indices, topk_index
+        )
         self.hidden_states_buf = _write_extra(
             self.hidden_states_buf, pool, indices, hidden_states
         )
