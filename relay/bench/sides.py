@@ -82,25 +82,21 @@ class Pair:
             kwargs["topk"] = shape.topk
         return self.baseline(device, shape.pool, **kwargs)
 
-    def graph_fields(self) -> list[tuple[str, str]]:
-        """(field, payload or ``publish`` name) of each field the graph writes."""
+    def graph_fields(self) -> list[Field]:
+        """The fields the captured graph writes (none unless ``graph``)."""
         if not self.graph:
             return []
         schema = Schema.bundled(self.schema)
-        return [
-            (f.name, f.payload_name)
-            for f in schema.fields
-            if isinstance(f, Field) and f.graph_written
-        ]
+        return [f for f in schema.fields if isinstance(f, Field) and f.graph_written]
 
 
 _TOKENS = "tokens gathered; host seq_lens + 1"
 _SEQ_LENS = "token placeholders; seq_lens relayed, to the host, summed"
 _EAGLE = "bonus token, top-k, hidden gathered; seq_lens relayed, to the host, summed"
-_SGLANG_EAGLE = "sglang 0.5.23: " + _EAGLE + ", by spec_info.future_indices"
+_SGLANG_EAGLE = "sglang 0.5.23, by spec_info.future_indices: " + _EAGLE
 _SGLANG_GRAPH = _SGLANG_EAGLE + "; seq_lens and bonus token written by a captured graph"
 _SGLANG_NGRAM = (
-    "sglang 0.5.23: accepted drafts and counts gathered by spec_info.future_indices; "
+    "sglang 0.5.23, by spec_info.future_indices: accepted drafts and counts gathered; "
     "seq_lens relayed, to the host, summed"
 )
 _NOT_IN_A_DECODE_STEP = ("resolve_confidence_cpu", "resolve_tails")
@@ -411,11 +407,17 @@ def build_side(
 
 
 def _adopted(pair: Pair, shape: Shape, device: torch.device) -> dict[str, torch.Tensor]:
-    """Buffers a captured graph writes, allocated by the engine before the map."""
-    return {
-        f"{f}_buf": torch.zeros(shape.pool, dtype=torch.int64, device=device)
-        for f, _ in pair.graph_fields()
-    }
+    """Buffers a captured graph writes (one scalar per slot, as sglang's lengths and
+    bonus tokens), allocated by the engine before the map."""
+    adopted = {}
+    for f in pair.graph_fields():
+        assert isinstance(f.dtype, torch.dtype) and not f.shape, f
+        adopted[f"{f.name}_buf"] = torch.zeros(shape.pool, dtype=f.dtype, device=device)
+    return adopted
+
+
+def _graph_values(pair: Pair) -> list[tuple[str, str]]:
+    return [(f.name, f.payload_name) for f in pair.graph_fields()]
 
 
 def generated_side(
@@ -438,7 +440,7 @@ def generated_side(
         work,
         generated.payload_cls,
         left_out=pair.left_out,
-        graph=pair.graph_fields(),
+        graph=_graph_values(pair),
     )
 
 
@@ -455,7 +457,7 @@ def pair_sides(
     relay_map = pair.new_baseline(device, shape, _adopted(pair, shape, device))
     base = build_side(
         "baseline", relay_map, work, None, left_out=pair.left_out,
-        graph=pair.graph_fields(),
+        graph=_graph_values(pair),
     )  # fmt: skip
     return base, generated_side(pair, generated, shape, device, work, debug=debug)
 
