@@ -1,9 +1,9 @@
 """Hand-written FutureMaps in sglang's style: what ``relay bench`` compares with.
 
-Written from DOMAIN.md's "sglang today, op by op", as lean as an engine keeps them: no
-value checks, gathers by ``buf[req_pool_indices]``, a host copy only where the design
-needs one. ``DecodeSeqLensBaseline`` is the older sentinel design that relays
-``seq_lens`` too. Stash and publish take keyword tensors named as the generated
+Written from DOMAIN.md's "sglang today, op by op" and, for sglang 0.5.23's EAGLE and
+n-gram relays, from docs/sglang.md, as lean as an engine keeps them: no value checks,
+gathers by ``buf[slots]``, a host copy only where the design needs one.
+``DecodeSeqLensBaseline`` is the older sentinel design that relays ``seq_lens`` too. Stash and publish take keyword tensors named as the generated
 payload's fields, so one driver feeds both sides. The fence and the host copy follow
 the device: a device-side wait and a pinned copy on a private stream on CUDA, a host
 wait on HIP, plain calls on the CPU.
@@ -11,6 +11,7 @@ wait on HIP, plain calls on the CPU.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -21,7 +22,9 @@ __all__ = [
     "DecodeBaseline",
     "DecodeSeqLensBaseline",
     "EagleBaseline",
+    "NgramBaseline",
     "PublishReady",
+    "SglangEagleBaseline",
 ]
 
 
@@ -234,3 +237,201 @@ class EagleBaseline:
             self.new_seq_lens_buf, batch, batch.seq_lens
         )
         batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
+
+
+def _write_extra(
+    buf: torch.Tensor | None, pool_size: int, indices: torch.Tensor, value: Any
+) -> torch.Tensor | None:
+    """sglang 0.5.23's optional extra: allocated (uninitialised) by the first payload
+    that carries it, with its dtype and row; written only when a payload carries it."""
+    if value is None:
+        return buf
+    if buf is None:
+        shape = (pool_size, *value.shape[1:])
+        buf = torch.empty(shape, dtype=value.dtype, device=value.device)
+    buf[indices] = value.to(buf.dtype)
+    return buf
+
+
+class SglangEagleBaseline:
+    """EAGLE as sglang 0.5.23 relays it (docs/sglang.md): slots are the draft input's
+    ``future_indices`` (a batch with no draft input is skipped); every extra is
+    allocated by the first stash that carries it and written only when a payload
+    carries it. The lengths and bonus-token buffers may be adopted from a captured
+    verify graph: the engine hands over the very tensors the graph wrote
+    (``graph_wrote``), and ``publish`` and ``stash`` skip their scatter once for them."""
+
+    def __init__(
+        self,
+        device: torch.device | str,
+        pool_size: int,
+        *,
+        output_tokens_buf: torch.Tensor | None = None,
+        new_seq_lens_buf: torch.Tensor | None = None,
+    ) -> None:
+        self.device = torch.device(device)
+        self.pool_size = pool_size
+        own = functools.partial(torch.empty, pool_size, dtype=torch.int64)
+        self.output_tokens_buf = (
+            own(device=self.device) if output_tokens_buf is None else output_tokens_buf
+        )
+        self.new_seq_lens_buf = (
+            own(device=self.device) if new_seq_lens_buf is None else new_seq_lens_buf
+        )
+        self.topk_p_buf: torch.Tensor | None = None
+        self.topk_index_buf: torch.Tensor | None = None
+        self.hidden_states_buf: torch.Tensor | None = None
+        self.draft_probs_buf: torch.Tensor | None = None
+        self.dsa_topk_indices_buf: torch.Tensor | None = None
+        self.confidence_buf: torch.Tensor | None = None
+        self.published_bonus: torch.Tensor | None = None
+        self.published_seq_lens: torch.Tensor | None = None
+        self._ready = PublishReady(self.device)
+
+    def graph_wrote(
+        self, *, bonus_tokens: torch.Tensor, new_seq_lens: torch.Tensor
+    ) -> None:
+        self.published_bonus, self.published_seq_lens = bonus_tokens, new_seq_lens
+
+    def stash(
+        self,
+        indices: torch.Tensor,
+        *,
+        bonus_tokens: torch.Tensor,
+        topk_p: torch.Tensor | None = None,
+        topk_index: torch.Tensor | None = None,
+        hidden_states: torch.Tensor | None = None,
+        draft_probs: torch.Tensor | None = None,
+        dsa_topk_indices: torch.Tensor | None = None,
+    ) -> None:
+        if indices.numel() == 0:
+            return
+        if bonus_tokens is self.published_bonus:
+            self.published_bonus = None  # the graph wrote them
+        else:
+            self.output_tokens_buf[indices] = bonus_tokens.to(torch.int64)
+        pool = self.pool_size
+        self.topk_p_buf = _write_extra(self.topk_p_buf, pool, indices, topk_p)
+        self.topk_index_buf = _write_extra(
+            self.topk_index_buf, pool, indices, topk_index
+        )
+        self.hidden_states_buf = _write_extra(
+            self.hidden_states_buf, pool, indices, hidden_states
+        )
+        self.draft_probs_buf = _write_extra(
+            self.draft_probs_buf, pool, indices, draft_probs
+        )
+        self.dsa_topk_indices_buf = _write_extra(
+            self.dsa_topk_indices_buf, pool, indices, dsa_topk_indices
+        )
+
+    def publish(
+        self,
+        indices: torch.Tensor,
+        new_seq_lens: torch.Tensor,
+        confidence: torch.Tensor | None = None,
+    ) -> None:
+        if indices.numel() == 0:
+            return
+        if new_seq_lens is self.published_seq_lens:
+            self.published_seq_lens = None  # the graph wrote them
+        else:
+            self.new_seq_lens_buf[indices] = new_seq_lens.to(torch.int64)
+        self.confidence_buf = _write_extra(
+            self.confidence_buf, self.pool_size, indices, confidence
+        )
+        self._ready.record()
+
+    def resolve_future(self, batch: Any) -> None:
+        spec_info = batch.spec_info
+        if spec_info is None or spec_info.future_indices is None:
+            return
+        indices = spec_info.future_indices
+        if indices.numel() == 0:
+            return
+        spec_info.bonus_tokens = self.output_tokens_buf[indices]
+        if self.topk_p_buf is not None and self.topk_index_buf is not None:
+            spec_info.topk_p = self.topk_p_buf[indices]
+            spec_info.topk_index = self.topk_index_buf[indices]
+        if self.hidden_states_buf is not None:
+            spec_info.hidden_states = self.hidden_states_buf[indices]
+        if self.draft_probs_buf is not None:
+            spec_info.draft_probs = self.draft_probs_buf[indices]
+        dsa = self.dsa_topk_indices_buf
+        spec_info.dsa_topk_indices = None if dsa is None else dsa[indices]
+
+    def resolve_seq_lens_cpu(self, batch: Any) -> None:
+        _resolve_seq_lens(self._ready, self.new_seq_lens_buf, batch)
+
+
+def _resolve_seq_lens(ready: PublishReady, buf: torch.Tensor, batch: Any) -> None:
+    """sglang 0.5.23's schedule read by the draft input's ``future_indices``."""
+    spec_info = batch.spec_info
+    if spec_info is None or spec_info.future_indices is None:
+        return
+    indices = spec_info.future_indices
+    if indices.numel() == 0:
+        return
+    ready.wait()
+    batch.seq_lens = buf[indices]
+    batch.seq_lens_cpu = ready.host_rows(buf, batch, batch.seq_lens)
+    batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
+
+
+class NgramBaseline:
+    """n-gram speculation as sglang 0.5.23 relays it (docs/sglang.md): the accepted
+    drafts and their count, in two buffers allocated by the first stash with its dtypes
+    and zero-filled (an unstashed row reads accept length 0), gathered by the draft
+    input's ``future_indices`` (the drafts flattened); no bonus token. The accepted
+    lengths are published behind the fence for the scheduler."""
+
+    def __init__(self, device: torch.device | str, pool_size: int) -> None:
+        self.device = torch.device(device)
+        self.pool_size = pool_size
+        self.accept_tokens_buf: torch.Tensor | None = None
+        self.accept_lens_buf: torch.Tensor | None = None
+        self.new_seq_lens_buf = torch.empty(
+            (pool_size,), dtype=torch.int64, device=self.device
+        )
+        self._ready = PublishReady(self.device)
+
+    def stash(
+        self,
+        indices: torch.Tensor,
+        *,
+        accept_tokens: torch.Tensor,
+        accept_lens: torch.Tensor,
+    ) -> None:
+        if indices.numel() == 0:
+            return
+        if self.accept_tokens_buf is None or self.accept_lens_buf is None:
+            self.accept_tokens_buf = torch.zeros(
+                (self.pool_size, *accept_tokens.shape[1:]),
+                dtype=accept_tokens.dtype,
+                device=self.device,
+            )
+            self.accept_lens_buf = torch.zeros(
+                (self.pool_size,), dtype=accept_lens.dtype, device=self.device
+            )
+        self.accept_tokens_buf[indices] = accept_tokens
+        self.accept_lens_buf[indices] = accept_lens
+
+    def publish(self, indices: torch.Tensor, new_seq_lens: torch.Tensor) -> None:
+        if indices.numel() == 0:
+            return
+        self.new_seq_lens_buf[indices] = new_seq_lens.to(torch.int64)
+        self._ready.record()
+
+    def resolve_future(self, batch: Any) -> None:
+        spec_info = batch.spec_info
+        if spec_info is None or spec_info.future_indices is None:
+            return
+        indices = spec_info.future_indices
+        tokens, lens = self.accept_tokens_buf, self.accept_lens_buf
+        if indices.numel() == 0 or tokens is None or lens is None:
+            return  # no slots, or nothing stashed yet
+        spec_info.accept_tokens = tokens[indices].flatten()
+        spec_info.accept_lens = lens[indices]
+
+    def resolve_seq_lens_cpu(self, batch: Any) -> None:
+        _resolve_seq_lens(self._ready, self.new_seq_lens_buf, batch)

@@ -140,17 +140,17 @@ def _configs(args: argparse.Namespace) -> list[Any] | str:
     pools, batches, topks, hiddens = _sizes(args)
     unknown = [s for s in args.schema or () if s not in [p.schema for p in PAIRS]]
     if unknown:
-        known = ", ".join(p.schema for p in PAIRS)
+        known = ", ".join(dict.fromkeys(p.schema for p in PAIRS))
         return f"no baseline is declared for {', '.join(unknown)}; choose from {known}"
     found, skipped = discover(args.schema)
     for pair, why in skipped:
-        print(f"relay bench: {pair.schema} skipped ({why})", file=sys.stderr)
+        print(f"relay bench: {pair.name} skipped ({why})", file=sys.stderr)
     if not found:
         return "no generated map to compare: every schema was skipped"
     configs = []
     for pair, gen in found:
         grid = itertools.product(pools, batches, topks if pair.spec else [0],
-                                 hiddens if pair.spec else [0])  # fmt: skip
+                                 hiddens if pair.spec and pair.hidden else [0])  # fmt: skip
         configs += [(pair, gen, Shape(*s)) for s in grid if s[1] <= s[0] - 1]
     return configs  # not empty: flags_problem saw a shape that fits
 
@@ -180,7 +180,8 @@ def _plain(pair: Any, side: Any, shape: Any, work: Any) -> tuple[Any, str | None
     methods = [m for m, _ in side.calls]
     try:
         schema = Schema.bundled(pair.schema)
-        return build_plain(schema, side.map, shape, work, methods), None
+        plain = build_plain(schema, side.map, shape, work, methods, graph=pair.graph)
+        return plain, None
     except Unsupported as why:
         return None, str(why)
 
@@ -192,7 +193,7 @@ def measure(
     baseline, the generated map and its two floors (the replay, and the plain tensor
     methods where the schema's step has one) timed, interleaved."""
     from relay.bench.replay import floor_calls, record
-    from relay.bench.sides import Workload, build_side, compare_values, observed, same
+    from relay.bench.sides import Workload, compare_values, observed, pair_sides, same
     from relay.bench.timing import time_interleaved, timer_for
     from relay.opcount import count_ops
 
@@ -201,10 +202,7 @@ def measure(
         pair, gen, shape, device, steps=CHECK_STEPS, seed=args.seed
     )
     work = Workload.random(shape, device, args.seed, spec=pair.spec)
-    base = build_side("baseline", pair.new_baseline(device, shape), work, None)
-    side = build_side(
-        "generated", gen.new_map(device, shape, debug=False), work, gen.payload_cls
-    )
+    base, side = pair_sides(pair, gen, shape, device, work)
     plain, plain_missing = _plain(pair, side, shape, work)
     driven = [base, side] if plain is None else [base, side, plain]
     for _ in range(2):  # the steady state: lazy buffers allocated, first calls made
@@ -227,7 +225,7 @@ def measure(
         plain.step()  # as many steps as the generated map: the same values now
         want, got = dict(observed(side.batch, True)), dict(observed(plain.batch, True))
         problems += [
-            f"{pair.schema} {shape.label}: the plain floor's {key} differs"
+            f"{pair.name} {shape.label}: the plain floor's {key} differs"
             for key, value in want.items()
             if not same(value, got[key])
         ]
@@ -243,7 +241,8 @@ def measure(
     from statistics import median
 
     result = {
-        "schema": pair.schema, "baseline": pair.design, "label": shape.label,
+        "schema": pair.schema, "name": pair.name, "graph": pair.graph,
+        "baseline": pair.design, "label": shape.label,
         "pool": shape.pool,
         "batch": shape.batch, "topk": shape.topk, "hidden": shape.hidden,
         "ok": not problems, "problems": problems, "error": None,
@@ -301,7 +300,7 @@ def _render(meta: dict[str, Any], results: list[dict[str, Any]]) -> None:
     rows = [head]
     for r in results:
         if r["error"] is not None or not r["ok"]:
-            rows.append((r["schema"], r["label"], "FAILED", *[""] * (len(head) - 3)))
+            rows.append((r["name"], r["label"], "FAILED", *[""] * (len(head) - 3)))
             continue
         ops, ns = r["ops"], r["ns"]
 
@@ -314,7 +313,7 @@ def _render(meta: dict[str, Any], results: list[dict[str, Any]]) -> None:
 
         sides = ("baseline", "generated", "plain", "floor")
         rows.append((
-            r["schema"], r["label"], "/".join(str(ops.get(k, "-")) for k in sides),
+            r["name"], r["label"], "/".join(str(ops.get(k, "-")) for k in sides),
             *("-" if k not in ns else f"{ns[k] / 1e3:.1f}" for k in sides),
             ratio(r["generated/baseline"]), ratio(r.get("generated/plain")),
             ratio(r["generated/floor"]),
@@ -329,10 +328,10 @@ def _render(meta: dict[str, Any], results: list[dict[str, Any]]) -> None:
         )
     seen = set()
     for r in results:
-        if r["schema"] in seen or r["error"] is not None:
+        if r["name"] in seen or r["error"] is not None:
             continue
-        seen.add(r["schema"])
-        print(f"\n{r['schema']} {r['label']}, baseline: {r['baseline']}")
+        seen.add(r["name"])
+        print(f"\n{r['name']} {r['label']}, baseline: {r['baseline']}")
         print("  data ops per method, baseline | generated")
         base, gen = r["methods"]["baseline"], r["methods"]["generated"]
         for method in dict.fromkeys([*base, *gen]):
@@ -402,18 +401,19 @@ def run(args: argparse.Namespace) -> int:
             try:
                 result = measure(pair, gen, shape, device, args)
             except Exception as error:  # noqa: BLE001 - reported per configuration
-                result = {"schema": pair.schema, "label": shape.label, "ok": False,
-                          "problems": [], "error": f"{type(error).__name__}: {error}"}  # fmt: skip
+                result = {"schema": pair.schema, "name": pair.name,
+                          "label": shape.label, "ok": False, "problems": [],
+                          "error": f"{type(error).__name__}: {error}"}  # fmt: skip
             results.append(result)
             if not args.quiet:
                 verdict = "ok" if result["ok"] else "FAILED"
-                print(f"[{n}/{len(configs)}] {pair.schema} {shape.label}: {verdict} "
+                print(f"[{n}/{len(configs)}] {pair.name} {shape.label}: {verdict} "
                       f"({time.perf_counter() - start:.1f} s)", file=sys.stderr)  # fmt: skip
     finally:
         torch.set_num_threads(saved)
     _render(meta, results)
     failures = [
-        f"{r['schema']} {r['label']}: {r['error']}" for r in results if r["error"]
+        f"{r['name']} {r['label']}: {r['error']}" for r in results if r["error"]
     ]
     failures += [p for r in results for p in r["problems"]]
     print("\n" + ("\n".join(failures) if failures else

@@ -64,8 +64,11 @@ class Plain:
 class _Builder:
     """The namespace the plain functions run in, and their source lines per method."""
 
-    def __init__(self, schema: Schema, relay_map: Any, shape: Shape, work: Any) -> None:
+    def __init__(
+        self, schema: Schema, relay_map: Any, shape: Shape, work: Any, graph: bool
+    ) -> None:
         self.schema, self.device, self.shape = schema, relay_map.device, shape
+        self.graph = graph
         self.values: Mapping[str, torch.Tensor | None] = work.values
         self.ns: dict[str, Any] = {"idx": work.indices}
         self.batch = Batch.new(work.indices, work.seq_lens)
@@ -81,6 +84,8 @@ class _Builder:
         self._buffers(relay_map)
 
     def _value(self, f: Field) -> torch.Tensor | None:
+        if self.graph and f.graph_written:
+            return None  # a captured graph wrote it: the map is handed None
         name = f.payload_name
         if name not in self.values:
             raise Unsupported(f"{f.name}: the workload has no {name}")
@@ -105,7 +110,7 @@ class _Builder:
             ns[f"w_{key}"] = tuple(math.prod(v.shape[1:]) for v in views)
         for f in self.schema.fields:
             value = self._value(f)
-            if value is not None:
+            if value is not None or f.graph_written:  # a graph-written one: always
                 self.carried.add(f.name)
             buf = getattr(relay_map, f"{f.name}_buf")
             if buf is not None:  # a lazy field never carried has none, and no ops
@@ -136,6 +141,8 @@ class _Builder:
         for f in fields:
             if f"b_{f.name}" not in self.ns:
                 continue  # a lazy field never carried: the map writes nothing either
+            if (f.kept or f.graph_written) and self._value(f) is None:
+                continue  # kept as it is, or written by the captured graph
             if f.name in self.carried:
                 lines.append(f"b_{f.name}.index_copy_(0, idx, v_{f.payload_name})")
             else:
@@ -151,14 +158,12 @@ class _Builder:
         return [*self._writes(schedule), "record()"]
 
     def _parents(self, targets: Sequence[str]) -> tuple[list[str], dict[str, str]]:
-        """Bind each dotted target's parent once. An optional parent (``None`` on some
-        batches) would need a check the bench's batches never take: not written."""
+        """Bind each dotted target's parent once. An optional parent's test for None
+        (a batch with no draft input is skipped) is a gate's branch: left out, as the
+        test for zero slots is, since the bench's batches never take it."""
         lines, spelled = [], {}
-        optional = dict(self.schema.optional_parents)
         for target in targets:
             first, _, rest = target.partition(".")
-            if first in optional:
-                raise Unsupported(f"optional parent {first}")
             if rest and f"{first} = batch.{first}" not in lines:
                 lines.append(f"{first} = batch.{first}")
             spelled[target] = target if rest else f"batch.{target}"
@@ -241,11 +246,15 @@ def build_plain(
     shape: Shape,
     work: Any,
     methods: Sequence[str],
+    *,
+    graph: bool = False,
 ) -> Plain:
     """The plain floor of ``relay_map`` (generated from ``schema``, one stash in) at
     ``shape`` over its buffers and ``work``'s tensors: one function per name of
-    ``methods`` (the generated step's, in its order). Raises ``Unsupported``."""
-    b = _Builder(schema, relay_map, shape, work)
+    ``methods`` (the generated step's, in its order). ``graph``: a captured graph
+    wrote the ``graph_written`` fields, which the step then does not write. Raises
+    ``Unsupported``."""
+    b = _Builder(schema, relay_map, shape, work, graph)
     schedule = {resolve_method(f): f for f in schema.fields if f.lane is Lane.SCHEDULE}
     if schedule:
         b._fence()
@@ -262,6 +271,8 @@ def build_plain(
             body = b.resolve_schedule(schedule[name])
         elif name == SEQ_LENS_PLUS_ONE:
             body = ["advance(batch)"]  # the scheduler's own work, as the driver does it
+        elif name == "graph_wrote" and graph:
+            body = []  # debug mode's record of the graph's write: nothing to do here
         else:
             raise Unsupported(f"no plain {name}")
         bodies.append((name, body or ["pass"]))

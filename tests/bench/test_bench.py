@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import torch
 
@@ -17,7 +18,7 @@ from relay.bench import sides
 from relay.bench.baseline import DecodeBaseline, EagleBaseline
 from relay.bench.plain import Plain, Unsupported, build_plain
 from relay.bench.replay import Call, floor_calls, record
-from relay.bench.sides import PAIRS, Pair, Shape, Workload, build_side, compare_values
+from relay.bench.sides import PAIRS, Pair, Shape, Workload, compare_values
 from relay.cli import main
 from relay.opcount import count_ops
 from relay.schema import Field, Lane, Resolve, Schema
@@ -30,16 +31,23 @@ TINY = {
 }
 
 
-def _pair(schema: str) -> Pair:
-    return next(p for p in PAIRS if p.schema == schema)
+def _pair(name: str) -> Pair:
+    return next(p for p in PAIRS if p.name == name)
 
 
-def _baseline_ops(schema: str, shape: Shape) -> dict[str, tuple[str, ...]]:
-    pair = _pair(schema)
+def _ops(name: str, shape: Shape) -> tuple[dict[str, tuple[str, ...]], ...]:
+    """Data ops per method of a steady step: the baseline's, the generated map's."""
+    pair = _pair(name)
+    generated = {p.name: g for p, g in FOUND}[name]
     work = Workload.random(shape, CPU, 0, spec=pair.spec)
-    side = build_side("baseline", pair.new_baseline(CPU, shape), work, None)
-    side.step()  # the first resolve reads the priming stash; count a steady step
-    return {method: count_ops(call).data for method, call in side.calls}
+    both = sides.pair_sides(pair, generated, shape, CPU, work)
+    for side in both:
+        side.step()  # the first resolve reads the priming stash; count a steady step
+    return tuple({m: count_ops(call).data for m, call in side.calls} for side in both)
+
+
+def _baseline_ops(name: str, shape: Shape) -> dict[str, tuple[str, ...]]:
+    return _ops(name, shape)[0]
 
 
 def test_eagle_baseline_dispatches_domain_totals() -> None:
@@ -67,7 +75,96 @@ def test_decode_baselines_dispatch_domain_totals() -> None:
     assert sum(len(v) for v in ops.values()) == 12
 
 
-@pytest.mark.parametrize("pair,generated", FOUND, ids=[p.schema for p, _ in FOUND])
+#: sglang 0.5.23's EAGLE step with top-k and hidden state, as its map dispatches it.
+SGLANG_EAGLE_OPS = {
+    "resolve_future": ("index",) * 4,
+    "publish": ("index_put_",),
+    "stash": ("index_put_",) * 4,
+    "resolve_seq_lens_cpu": ("index", "sum", "_local_scalar_dense"),
+}
+
+
+def test_sglang_baselines_dispatch_what_sglang_dispatches() -> None:
+    """sglang 0.5.23's maps, op by op: EAGLE 12 ops a step (the confidence and the
+    mixed batch's tails are not called in a decode step), 10 when a captured graph
+    wrote the lengths and bonus tokens (no scatter for them); n-gram 8; plain
+    decoding 3, the very baseline of ``decode``."""
+    shape = Shape(257, 4, 4, 64)
+    assert _baseline_ops("sglang_eagle", shape) == SGLANG_EAGLE_OPS
+    assert _baseline_ops("sglang_eagle/graph", shape) == {
+        **SGLANG_EAGLE_OPS,
+        "graph_wrote": (),
+        "publish": (),
+        "stash": ("index_put_",) * 3,
+    }
+    assert _baseline_ops("sglang_ngram", shape) == {
+        "resolve_future": ("index", "index"),
+        "publish": ("index_put_",),
+        "stash": ("index_put_", "index_put_"),
+        "resolve_seq_lens_cpu": ("index", "sum", "_local_scalar_dense"),
+    }
+    assert _baseline_ops("sglang_decode", Shape(257, 4)) == _baseline_ops(
+        "decode", Shape(257, 4)
+    )
+
+
+@pytest.mark.parametrize("batch", [4, 100])
+def test_a_graph_written_step_scatters_none_of_the_graphs_values(batch: int) -> None:
+    """The generated map handed ``None`` for the values the captured graph wrote
+    dispatches no write for them: its publish only its host slot check (above 32 slots
+    on the CPU), its stash one ``index_copy_`` fewer than the step without a graph."""
+    shape = Shape(257, batch, 4, 64)
+    _, plain = _ops("sglang_eagle", shape)
+    _, graph = _ops("sglang_eagle/graph", shape)
+    check = ("aminmax",) if batch > 32 else ()
+    assert plain["publish"] == (*check, "index_copy_")
+    assert graph["publish"] == check
+    assert plain["stash"] == (*check, *("index_copy_",) * 4)
+    assert graph["stash"] == (*check, *("index_copy_",) * 3)
+    assert graph["graph_wrote"] == ()
+
+
+def test_the_graphs_values_reach_the_batch() -> None:
+    """In the graph-written step the values both sides hand over are the ones the
+    captured graph wrote (the values check is not comparing stale buffers)."""
+    pair = _pair("sglang_eagle/graph")
+    generated = {p.name: g for p, g in FOUND}[pair.name]
+    shape = Shape(17, 4, 2, 8)
+    work = Workload.random(shape, CPU, 0, spec=True)
+    both = sides.pair_sides(pair, generated, shape, CPU, work)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        bonus = work.values["bonus_tokens"]
+        work.renew(shape, g, spec=True)
+        for side in both:
+            side.check_step()
+            assert torch.equal(side.batch.spec_info.bonus_tokens, bonus)
+            assert torch.equal(side.batch.seq_lens, work.values["new_seq_lens"])
+
+
+@pytest.mark.parametrize("name", ["sglang_eagle", "sglang_eagle/graph", "sglang_ngram"])
+def test_the_faithful_steps_follow_the_draft_inputs_slots(name: str) -> None:
+    """Both sides read their slots from ``spec_info.future_indices``, as sglang does:
+    a batch whose draft input has none, or has no draft input, is left as it is."""
+    pair = _pair(name)
+    generated = {p.name: g for p, g in FOUND}[name]
+    shape = Shape(17, 4, 2, 8)
+    work = Workload.random(shape, CPU, 0, spec=True)
+    for side in sides.pair_sides(pair, generated, shape, CPU, work):
+        resolves = [(m, c) for m, c in side.calls if m.startswith("resolve_")]
+        assert [m for m, _ in resolves] == ["resolve_future", "resolve_seq_lens_cpu"]
+        side.batch.spec_info.future_indices = None
+        before = dict(sides.observed(side.batch, True))
+        for _, call in resolves:
+            assert count_ops(call).data == ()
+        after = dict(sides.observed(side.batch, True))
+        assert all(after[key] is value for key, value in before.items())
+        side.batch.spec_info = None  # type: ignore[assignment]
+        for _, call in resolves:
+            assert count_ops(call).data == ()
+
+
+@pytest.mark.parametrize("pair,generated", FOUND, ids=[p.name for p, _ in FOUND])
 @pytest.mark.parametrize("debug", [False, True], ids=["debug-off", "debug-on"])
 def test_generated_and_baseline_resolve_the_same_values(
     pair: Pair, generated: sides.Generated, debug: bool
@@ -102,7 +199,7 @@ def test_values_check_catches_a_wrong_row() -> None:
     assert problems and all("next tokens differs" in p for p in problems)
 
 
-@pytest.mark.parametrize("pair,generated", FOUND, ids=[p.schema for p, _ in FOUND])
+@pytest.mark.parametrize("pair,generated", FOUND, ids=[p.name for p, _ in FOUND])
 def test_the_floor_replays_exactly_the_generated_calls(
     pair: Pair, generated: sides.Generated
 ) -> None:
@@ -110,12 +207,7 @@ def test_the_floor_replays_exactly_the_generated_calls(
     method, and each of its calls returns what the recorded call returned."""
     shape = TINY[pair.spec][0]
     work = Workload.random(shape, CPU, 0, spec=pair.spec)
-    side = build_side(
-        "generated",
-        generated.new_map(CPU, shape, debug=False),
-        work,
-        generated.payload_cls,
-    )
+    side = sides.generated_side(pair, generated, shape, CPU, work)
     side.step()
     recording = record(side.calls)
     floor = floor_calls(recording)
@@ -156,20 +248,22 @@ def test_the_floor_spells_calls_as_a_hand_written_map() -> None:
 
 def _generated_and_plain(
     pair: Pair, generated: sides.Generated, shape: Shape, seed: int = 0
-) -> tuple[Workload, sides.Side, Plain]:
+) -> tuple[Workload, sides.Side, Plain, sides.Side]:
     """The generated map's side and its plain floor over one workload, each one step
-    in. The plain floor runs over a second map's buffers (the bench shares the
-    generated map's), so a write to the wrong rows cannot hide behind the other side's."""
+    in, and the second map whose buffers the plain floor runs over (the bench shares
+    the generated map's), so a write to the wrong rows cannot hide behind the other
+    side's."""
     work = Workload.random(shape, CPU, seed, spec=pair.spec)
     side, other = (
-        build_side(name, generated.new_map(CPU, shape, debug=False), work, payload)
-        for name, payload in [("generated", generated.payload_cls)] * 2
+        sides.generated_side(pair, generated, shape, CPU, work, name=name)
+        for name in ("generated", "other")
     )
     schema = Schema.bundled(pair.schema)
-    plain = build_plain(schema, other.map, shape, work, [m for m, _ in side.calls])
+    methods = [m for m, _ in side.calls]
+    plain = build_plain(schema, other.map, shape, work, methods, graph=pair.graph)
     side.step()
     plain.step()
-    return work, side, plain
+    return work, side, plain, other
 
 
 #: Both host sums (a Python sum up to 64 slots, numpy above) and no hidden state.
@@ -179,33 +273,36 @@ PLAIN_SHAPES = {
 }
 
 
-@pytest.mark.parametrize("pair,generated", FOUND, ids=[p.schema for p, _ in FOUND])
+@pytest.mark.parametrize("pair,generated", FOUND, ids=[p.name for p, _ in FOUND])
 def test_the_plain_floor_dispatches_the_generated_ops(
     pair: Pair, generated: sides.Generated
 ) -> None:
     """The plain floor makes the generated step's calls: per method, in the step's
     order, the same data ops and view ops, in the same order."""
     for shape in PLAIN_SHAPES[pair.spec]:
-        _, side, plain = _generated_and_plain(pair, generated, shape)
+        _, side, plain, _ = _generated_and_plain(pair, generated, shape)
         assert [m for m, _ in plain.calls] == [m for m, _ in side.calls]
         want = {m: count_ops(c) for m, c in side.calls}
         assert {m: count_ops(c) for m, c in plain.calls} == want, shape.label
 
 
-@pytest.mark.parametrize("pair,generated", FOUND, ids=[p.schema for p, _ in FOUND])
+@pytest.mark.parametrize("pair,generated", FOUND, ids=[p.name for p, _ in FOUND])
 def test_the_plain_floor_resolves_the_same_values(
     pair: Pair, generated: sides.Generated
 ) -> None:
     """Over several steps with fresh outputs, the plain floor hands the next forward
     and the scheduler what the generated map hands them."""
     for shape in PLAIN_SHAPES[pair.spec]:
-        work, side, plain = _generated_and_plain(pair, generated, shape, seed=3)
+        work, side, plain, other = _generated_and_plain(pair, generated, shape, seed=3)
         g = torch.Generator().manual_seed(4)
         for step in range(3):
             work.renew(shape, g, spec=pair.spec)
             plain.bind(work.values)
-            side.step()
-            plain.step()
+            side.check_step()
+            for method, call in plain.calls:
+                if method == "graph_wrote" and other.graph is not None:
+                    other.graph()  # the captured graph writes the floor's buffers
+                call()
             want = dict(sides.observed(side.batch, True))
             got = dict(sides.observed(plain.batch, True))
             for key, value in want.items():
@@ -217,7 +314,7 @@ def test_the_plain_floor_is_plain_tensor_methods() -> None:
     tensors, the fence's bound record and wait, and the driver's own ``seq_lens + 1``."""
     for pair, generated in FOUND:
         shape = PLAIN_SHAPES[pair.spec][0]
-        _, _, plain = _generated_and_plain(pair, generated, shape)
+        _, _, plain, _ = _generated_and_plain(pair, generated, shape)
         assert "_rt" not in plain.source and "aten" not in plain.source
         for _, call in plain.calls:
             names = set(call.__code__.co_names)
@@ -251,8 +348,7 @@ def test_a_step_the_plain_floor_does_not_write_is_refused() -> None:
 
 def _swap(monkeypatch: pytest.MonkeyPatch, schema: str, baseline: type[Any]) -> None:
     swapped = tuple(
-        Pair(p.schema, baseline, p.design, p.spec) if p.schema == schema else p
-        for p in PAIRS
+        attrs.evolve(p, baseline=baseline) if p.schema == schema else p for p in PAIRS
     )
     monkeypatch.setattr(sides, "PAIRS", swapped)
 
@@ -343,9 +439,13 @@ def test_quick_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "--quick", "-q", "--json", str(out_json)]) == 0
     data = json.loads(out_json.read_text())
     assert {"date", "commit", "device", "machine", "torch"} <= set(data["meta"])
-    assert [c["schema"] for c in data["configs"]] == [
-        p.schema for p, _ in FOUND for _ in ((1,), (2,))
+    assert [c["name"] for c in data["configs"]] == [
+        p.name for p, _ in FOUND for _ in ((1,), (2,))
     ]
+    assert {c["hidden"] for c in data["configs"] if c["schema"] == "sglang_ngram"} == {
+        0
+    }
+    assert [c["graph"] for c in data["configs"]].count(True) == 2
     for config in data["configs"]:
         assert config["ok"] is True and config["problems"] == []
         ops, methods = config["ops"], config["methods"]
