@@ -320,6 +320,14 @@ class Schema:
     #: Batch attribute naming each row's request (ids), for debug mode: a value read by
     #: another request than the one whose forward stashed it is reported.
     owners: str | None = None
+    #: Batch attribute holding the slots for the schedule lane's resolves, where the
+    #: scheduler's object names them its own way (``indices`` when left out). Declared,
+    #: the module has a second Protocol, the schedule lane's batch, with only what
+    #: the schedule resolves read and write.
+    schedule_indices: str | None = None
+    #: Batch attribute naming each row's request for the schedule lane's resolves, in
+    #: debug mode (``owners`` when left out); declared, a second Protocol as above.
+    schedule_owners: str | None = None
     declared_at: SourceLocation = attrs.field(
         factory=_declaration_site, kw_only=True, eq=False, repr=False
     )
@@ -363,6 +371,32 @@ class Schema:
             )
         return load_base(path, site.file, site.line, Schema)
 
+    # Note [Slots per lane]
+    # A schedule resolve is called by the scheduler, whose object may not be the
+    # forward's batch: ``schedule_indices`` and ``schedule_owners`` name where that
+    # lane's resolves read their slots and (in debug mode) their requests, each
+    # falling back to the schema's ``indices`` and ``owners``. Declaring either splits
+    # the batch Protocol in two, so a scheduler-side object with only the schedule
+    # lane's attributes type-checks. ``resolve_tails`` reads its own slots (``tails``)
+    # and stays with the forward batch it late-binds.
+
+    @property
+    def lanes_apart(self) -> bool:
+        """Whether the schedule lane names its own slots or owners (Note [Slots per lane])."""
+        return self.schedule_indices is not None or self.schedule_owners is not None
+
+    def slots_of(self, lane: Lane) -> str:
+        """The batch attribute ``lane``'s resolves read their slots from."""
+        if lane is Lane.SCHEDULE and self.schedule_indices is not None:
+            return self.schedule_indices
+        return self.indices
+
+    def owners_of(self, lane: Lane) -> str | None:
+        """The batch attribute ``lane``'s resolves read their requests from, if any."""
+        if lane is Lane.SCHEDULE and self.schedule_owners is not None:
+            return self.schedule_owners
+        return self.owners
+
     def field(self, name: str) -> Field:
         """The field called ``name``; ``CompositionError`` (at the caller's line) if none is."""
         for f in self.fields:
@@ -387,13 +421,16 @@ class Schema:
         optional_parents: dict[str, IfNone] | None = None,
         seeded: bool | None = None,
         owners: str | None = None,
+        schedule_indices: str | None = None,
+        schedule_owners: str | None = None,
     ) -> Schema:
         """A new schema made of this one's fields and the differences given.
 
         ``drop`` removes fields by name; ``replace`` puts each given field where the
         base field of the same name was; ``add`` inserts new fields before the field
         named ``before`` (at the end without it). ``indices``, ``layout``,
-        ``optional_parents``, ``seeded`` and ``owners`` default to this schema's. Base fields are the same objects, so a problem in one is
+        ``optional_parents``, ``seeded``, ``owners``, ``schedule_indices`` and
+        ``schedule_owners`` default to this schema's. Base fields are the same objects, so a problem in one is
         reported at the base module's line; the new schema is declared where
         ``derive`` is called. Raises ``CompositionError`` when a name given is not a
         field of the schema.
@@ -450,6 +487,12 @@ class Schema:
             else optional_parents,
             seeded=self.seeded if seeded is None else seeded,
             owners=self.owners if owners is None else owners,
+            schedule_indices=self.schedule_indices
+            if schedule_indices is None
+            else schedule_indices,
+            schedule_owners=self.schedule_owners
+            if schedule_owners is None
+            else schedule_owners,
             declared_at=site,
         )
 

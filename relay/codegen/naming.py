@@ -138,18 +138,29 @@ def batch_protocol(schema: Schema) -> str:
     return f"{prefix(schema)}Batch"
 
 
+def schedule_protocol(schema: Schema) -> str:
+    """The schedule lane's batch Protocol, where the schema names that lane's slots or
+    owners (Note [Slots per lane] in relay/schema.py)."""
+    return f"{prefix(schema)}ScheduleBatch"
+
+
 def _camel(part: str) -> str:
     return "".join(word[:1].upper() + word[1:] for word in part.split("_"))
 
 
-def nested_protocol(schema: Schema, path: tuple[str, ...]) -> str:
-    """``("spec_info",)`` -> ``EagleSpecInfo``: the protocol of ``batch.spec_info``.
+def nested_protocol(
+    schema: Schema, path: tuple[str, ...], *, schedule: bool = False
+) -> str:
+    """``("spec_info",)`` -> ``EagleSpecInfo``: the protocol of ``batch.spec_info``
+    (``EagleScheduleSpecInfo`` on the schedule lane's batch, ``schedule=True``).
 
     The stem is not repeated when the path starts with it (``SpecFutureMap`` and
     ``spec_info`` give ``SpecInfo``, not ``SpecSpecInfo``).
     """
     camel = "".join(_camel(part) for part in path)
     stem = prefix(schema)
+    if schedule:
+        camel = f"Schedule{camel}"
     if camel.startswith(stem) and camel != stem:
         return camel
     return f"{stem}{camel}"
