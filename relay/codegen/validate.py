@@ -1380,6 +1380,16 @@ def _check_lanes_apart(c: _Collector, fields: list[Field]) -> None:
     valid = [(o, p) for o, p in declared if _valid_path(p)]
     if not valid or not any(f.lane is Lane.SCHEDULE for f in fields):
         return
+    for f in fields:
+        if f.lane is Lane.SCHEDULE and f.resolve is Resolve.PLACEHOLDER:
+            c.add(
+                f,
+                f"a schedule-lane placeholder is written by invalidate on the forward "
+                f"batch, but with {valid[0][0]} the schedule resolve hands its value "
+                "to the scheduler's own object, so the placeholders would stay where "
+                "they were written",
+                f"resolve the field with Resolve.GATHER, or leave {valid[0][0]} out",
+            )
     _check_lane_roles(c, fields, valid)
     parents = (
         {p for p, _ in schema.optional_parents}
@@ -1423,10 +1433,13 @@ def _check_lane_roles(
             "tails_kv_table",
         ):
             roles.append((f, role, getattr(f, role)))
+    reported: set[frozenset[str]] = set()
     for option, path in declared:
         for owner, role, other in roles:
             if role == option or not isinstance(other, str):
                 continue
+            if owner is None and frozenset((role, option)) in reported:
+                continue  # schedule_indices against schedule_owners, once
             if other == path and {role, option} <= {"owners", "schedule_owners"}:
                 continue  # both lanes may read one owners attribute
             if other == path and option == "schedule_indices" and role in _SLOTS:
@@ -1440,6 +1453,7 @@ def _check_lane_roles(
                 problem = f"{option}={path!r} goes through {other!r}, {whose}"
             else:
                 continue
+            reported.add(frozenset((role, option)))
             c.add(
                 None,
                 f"{problem}; the schedule lane reads it as its "
