@@ -208,9 +208,11 @@ def placeholder_locals(field: Field) -> tuple[str, str, str]:
 def _path_names(schema: Schema, path: str) -> set[str]:
     parts = tuple(path.split("."))
     names = set(parts)
-    names.update(
-        nested_protocol(schema, parts[:depth]) for depth in range(1, len(parts))
-    )
+    for schedule in (False, True) if schema.lanes_apart else (False,):
+        names.update(
+            nested_protocol(schema, parts[:depth], schedule=schedule)
+            for depth in range(1, len(parts))
+        )
     return names
 
 
@@ -220,8 +222,11 @@ def bound_names(schema: Schema) -> frozenset[str]:
     names = set(RESERVED)
     names.update({schema.name, payload_class(schema), batch_protocol(schema)})
     names.update(_path_names(schema, schema.indices))
-    if isinstance(schema.owners, str):
-        names.update(_path_names(schema, schema.owners))
+    if schema.lanes_apart:  # Note [Slots per lane] in relay/schema.py
+        names.add(schedule_protocol(schema))
+    for owners in (schema.owners, schema.schedule_indices, schema.schedule_owners):
+        if isinstance(owners, str):
+            names.update(_path_names(schema, owners))
     for f in schema.fields:
         names.update({buffer(f), host_mirror(f), f.payload_name})
         if isinstance(f.offsets, str):
