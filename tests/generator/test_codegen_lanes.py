@@ -321,3 +321,23 @@ def test_the_batch_protocols_split_by_lane() -> None:
     hints = typing.get_type_hints(cls.resolve_seq_lens_cpu)
     assert hints["batch"] is module.LanesApartScheduleBatch
     assert typing.get_type_hints(cls.resolve_future)["batch"] is module.LanesApartBatch
+
+
+def test_derive_keeps_or_changes_the_schedule_lanes_attributes() -> None:
+    """``derive`` takes the base's schedule slots and owners unless it is given others."""
+    base = Schema.bundled("vllm_drafts")
+    kept = base.derive(name="KeptFutureMap", doc="Kept.")
+    assert (kept.schedule_indices, kept.schedule_owners) == ("slots", "req_ids")
+    changed = base.derive(
+        name="ChangedFutureMap",
+        doc="Changed.",
+        schedule_indices="lookup_slots",
+        schedule_owners="lookup_ids",
+    )
+    assert (changed.schedule_indices, changed.schedule_owners) == (
+        "lookup_slots",
+        "lookup_ids",
+    )
+    assert changed.slots_of(SCHED) == "lookup_slots"
+    assert changed.slots_of(FWD) == "slots"
+    assert validate(changed, str) == []
