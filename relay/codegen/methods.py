@@ -358,9 +358,7 @@ def _none(parent: str, how: IfNone, method: str) -> list[str]:
     ]
 
 
-def _prologue(
-    schema: Schema, method: str, lane: Lane
-) -> tuple[list[str], str | None]:
+def _prologue(schema: Schema, method: str, lane: Lane) -> tuple[list[str], str | None]:
     """The slots of ``lane``'s resolves (Note [Slots per lane] in relay/schema.py), the
     zero-slots return; and the optional parent the slots path goes through, bound (its
     ``None`` case already handled)."""

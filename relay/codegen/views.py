@@ -544,9 +544,7 @@ def _protocol_set(schema: Schema, lane: Lane | None) -> tuple[ProtocolView, ...]
     else:
         name = naming.batch_protocol(schema)
         doc = "What the map reads and writes on a batch; any class with these fits."
-    views.append(
-        ProtocolView(name, naming.doc_text(doc), tuple(members[()].values()))
-    )
+    views.append(ProtocolView(name, naming.doc_text(doc), tuple(members[()].values())))
     return tuple(views)
 
 

@@ -121,7 +121,9 @@ def _scheduler_batch(
     batch = Namespace()
     slots = schema.schedule_indices or schema.indices
     requests = schema.schedule_owners or schema.owners
-    given = [(p, UNSET) for p in (f.target, f.host_mirror, f.host_sum) if p]
+    given: list[tuple[str, Any]] = [
+        (p, UNSET) for p in (f.target, f.host_mirror, f.host_sum) if p
+    ]
     given += [(slots, indices), *([(requests, owners)] if requests else [])]
     for path, value in given:
         *parents, leaf = path.split(".")

@@ -155,8 +155,10 @@ REFUSED: list[tuple[str, dict[str, Any], list[Field], str, str]] = [
         "protocol-name-taken",
         {"schedule_indices": "sched_slots"},
         [tokens(target="schedule_batch.ids"), lens()],
-        "would be named LanesScheduleBatch, which is also the Protocol of the "
-        "batch's 'schedule_batch'",
+        (
+            "would be named LanesScheduleBatch, which is also the Protocol of the "
+            "batch's 'schedule_batch'"
+        ),
         "rename the schema",
     ),
 ]

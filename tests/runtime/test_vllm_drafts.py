@@ -253,7 +253,7 @@ class SwappedLookup(VllmStyleEngine):
         raise AssertionError("debug mode did not name the swapped slots")
 
 
-def test_a_scheduler_lookup_of_swapped_slots_is_named_with_its_own_request_ids() -> None:
+def test_a_swapped_scheduler_lookup_is_named_with_its_own_ids() -> None:
     """The scheduler's object names its requests itself (``schedule_owners``): a lookup
     whose slots were reordered without its ids is named with those ids."""
     engine = SwappedLookup(0, debug=True)
