@@ -428,73 +428,81 @@ class Schema:
 
         ``drop`` removes fields by name; ``replace`` puts each given field where the
         base field of the same name was; ``add`` inserts new fields before the field
-        named ``before`` (at the end without it). ``indices``, ``layout``,
-        ``optional_parents``, ``seeded``, ``owners``, ``schedule_indices`` and
-        ``schedule_owners`` default to this schema's. Base fields are the same objects, so a problem in one is
-        reported at the base module's line; the new schema is declared where
-        ``derive`` is called. Raises ``CompositionError`` when a name given is not a
-        field of the schema.
+        named ``before`` (at the end without it). The schema options left out
+        (``indices``, ``owners``, ...) are this schema's. Base fields are the same
+        objects, so a problem in one is reported at the base module's line; the new
+        schema is declared where ``derive`` is called. Raises ``CompositionError`` when
+        a name given is not a field of the schema.
         """
         site = _declaration_site()
-
-        def refuse(problem: str, fix: str) -> CompositionError:
-            return CompositionError(site.file, site.line, problem, fix)
-
-        if (
-            isinstance(drop, str)
-            or isinstance(add, Field)
-            or isinstance(replace, Field)
-        ):
-            raise refuse(
-                "derive(add=, drop=, replace=) each take a list",
-                'write drop=["hidden_states"] or add=[Field(...)]',
-            )
-        known = [f.name for f in self.fields if _named(f)]
-        for option, wanted in (
-            ("drop", list(drop)),
-            ("replace", [f.name for f in replace if _named(f)]),
-            ("before", [] if before is None else [before]),
-        ):
-            for missing in (n for n in wanted if n not in known):
-                raise refuse(*_no_such_field(self, missing, f"derive({option}=...)"))
-        swaps = {f.name: f for f in replace if _named(f)}
-        for both in (n for n in drop if n in swaps):
-            raise refuse(
-                f"derive() both drops and replaces {both!r}",
-                "keep it in one of drop=... or replace=...",
-            )
-        if before is not None and before in drop:
-            raise refuse(
-                f"derive(before={before!r}) names a field that drop=... removes",
-                "insert before another field, or keep it",
-            )
-        kept = [
-            swaps.get(f.name, f) if _named(f) else f
-            for f in self.fields
-            if not (_named(f) and f.name in drop)
-        ]
-        at = len(kept)
-        if before is not None:
-            at = next(i for i, f in enumerate(kept) if _named(f) and f.name == before)
-        return Schema(
+        fields = _arranged(self, site, add, before, drop, replace)
+        given: dict[str, Any] = {
+            "indices": indices,
+            "layout": layout,
+            "optional_parents": optional_parents,
+            "seeded": seeded,
+            "owners": owners,
+            "schedule_indices": schedule_indices,
+            "schedule_owners": schedule_owners,
+        }
+        return attrs.evolve(  # the options not given stay the base's
+            self,
             name=name,
-            fields=[*kept[:at], *add, *kept[at:]],
+            fields=fields,
             doc=doc,
-            indices=self.indices if indices is None else indices,
-            layout=self.layout if layout is None else layout,
-            optional_parents=self.optional_parents
-            if optional_parents is None
-            else optional_parents,
-            seeded=self.seeded if seeded is None else seeded,
-            owners=self.owners if owners is None else owners,
-            schedule_indices=self.schedule_indices
-            if schedule_indices is None
-            else schedule_indices,
-            schedule_owners=self.schedule_owners
-            if schedule_owners is None
-            else schedule_owners,
             declared_at=site,
+            **{k: v for k, v in given.items() if v is not None},
         )
+
+
+def _arranged(
+    base: Schema,
+    site: SourceLocation,
+    add: Sequence[Field],
+    before: str | None,
+    drop: Sequence[str],
+    replace: Sequence[Field],
+) -> list[Field]:
+    """``base``'s fields less ``drop``, with ``replace`` in place and ``add`` inserted
+    before ``before`` (at the end without it); refused at ``site`` where a name given
+    is not a field of ``base``."""
+
+    def refuse(problem: str, fix: str) -> CompositionError:
+        return CompositionError(site.file, site.line, problem, fix)
+
+    if isinstance(drop, str) or isinstance(add, Field) or isinstance(replace, Field):
+        raise refuse(
+            "derive(add=, drop=, replace=) each take a list",
+            'write drop=["hidden_states"] or add=[Field(...)]',
+        )
+    known = [f.name for f in base.fields if _named(f)]
+    for option, wanted in (
+        ("drop", list(drop)),
+        ("replace", [f.name for f in replace if _named(f)]),
+        ("before", [] if before is None else [before]),
+    ):
+        for missing in (n for n in wanted if n not in known):
+            raise refuse(*_no_such_field(base, missing, f"derive({option}=...)"))
+    swaps = {f.name: f for f in replace if _named(f)}
+    for both in (n for n in drop if n in swaps):
+        raise refuse(
+            f"derive() both drops and replaces {both!r}",
+            "keep it in one of drop=... or replace=...",
+        )
+    if before is not None and before in drop:
+        raise refuse(
+            f"derive(before={before!r}) names a field that drop=... removes",
+            "insert before another field, or keep it",
+        )
+    kept = [
+        swaps.get(f.name, f) if _named(f) else f
+        for f in base.fields
+        if not (_named(f) and f.name in drop)
+    ]
+    at = len(kept)
+    if before is not None:
+        at = next(i for i, f in enumerate(kept) if _named(f) and f.name == before)
+    return [*kept[:at], *add, *kept[at:]]
 
 
 def _named(f: object) -> bool:
