@@ -320,6 +320,14 @@ class Schema:
     #: Batch attribute naming each row's request (ids), for debug mode: a value read by
     #: another request than the one whose forward stashed it is reported.
     owners: str | None = None
+    #: Batch attribute holding the slots for the schedule lane's resolves, where the
+    #: scheduler's object names them its own way (``indices`` when left out). Declared,
+    #: the module has a second Protocol, the schedule lane's batch, with only what
+    #: the schedule resolves read and write.
+    schedule_indices: str | None = None
+    #: Batch attribute naming each row's request for the schedule lane's resolves, in
+    #: debug mode (``owners`` when left out); declared, a second Protocol as above.
+    schedule_owners: str | None = None
     declared_at: SourceLocation = attrs.field(
         factory=_declaration_site, kw_only=True, eq=False, repr=False
     )
@@ -363,6 +371,32 @@ class Schema:
             )
         return load_base(path, site.file, site.line, Schema)
 
+    # Note [Slots per lane]
+    # A schedule resolve is called by the scheduler, whose object may not be the
+    # forward's batch: ``schedule_indices`` and ``schedule_owners`` name where that
+    # lane's resolves read their slots and (in debug mode) their requests, each
+    # falling back to the schema's ``indices`` and ``owners``. Declaring either splits
+    # the batch Protocol in two, so a scheduler-side object with only the schedule
+    # lane's attributes type-checks. ``resolve_tails`` reads its own slots (``tails``)
+    # and stays with the forward batch it late-binds.
+
+    @property
+    def lanes_apart(self) -> bool:
+        """Whether the schedule lane names its own slots or owners (Note [Slots per lane])."""
+        return self.schedule_indices is not None or self.schedule_owners is not None
+
+    def slots_of(self, lane: Lane) -> str:
+        """The batch attribute ``lane``'s resolves read their slots from."""
+        if lane is Lane.SCHEDULE and self.schedule_indices is not None:
+            return self.schedule_indices
+        return self.indices
+
+    def owners_of(self, lane: Lane) -> str | None:
+        """The batch attribute ``lane``'s resolves read their requests from, if any."""
+        if lane is Lane.SCHEDULE and self.schedule_owners is not None:
+            return self.schedule_owners
+        return self.owners
+
     def field(self, name: str) -> Field:
         """The field called ``name``; ``CompositionError`` (at the caller's line) if none is."""
         for f in self.fields:
@@ -387,71 +421,88 @@ class Schema:
         optional_parents: dict[str, IfNone] | None = None,
         seeded: bool | None = None,
         owners: str | None = None,
+        schedule_indices: str | None = None,
+        schedule_owners: str | None = None,
     ) -> Schema:
         """A new schema made of this one's fields and the differences given.
 
         ``drop`` removes fields by name; ``replace`` puts each given field where the
         base field of the same name was; ``add`` inserts new fields before the field
-        named ``before`` (at the end without it). ``indices``, ``layout``,
-        ``optional_parents``, ``seeded`` and ``owners`` default to this schema's. Base fields are the same objects, so a problem in one is
-        reported at the base module's line; the new schema is declared where
-        ``derive`` is called. Raises ``CompositionError`` when a name given is not a
-        field of the schema.
+        named ``before`` (at the end without it). The schema options left out
+        (``indices``, ``owners``, ...) are this schema's. Base fields are the same
+        objects, so a problem in one is reported at the base module's line; the new
+        schema is declared where ``derive`` is called. Raises ``CompositionError`` when
+        a name given is not a field of the schema.
         """
         site = _declaration_site()
-
-        def refuse(problem: str, fix: str) -> CompositionError:
-            return CompositionError(site.file, site.line, problem, fix)
-
-        if (
-            isinstance(drop, str)
-            or isinstance(add, Field)
-            or isinstance(replace, Field)
-        ):
-            raise refuse(
-                "derive(add=, drop=, replace=) each take a list",
-                'write drop=["hidden_states"] or add=[Field(...)]',
-            )
-        known = [f.name for f in self.fields if _named(f)]
-        for option, wanted in (
-            ("drop", list(drop)),
-            ("replace", [f.name for f in replace if _named(f)]),
-            ("before", [] if before is None else [before]),
-        ):
-            for missing in (n for n in wanted if n not in known):
-                raise refuse(*_no_such_field(self, missing, f"derive({option}=...)"))
-        swaps = {f.name: f for f in replace if _named(f)}
-        for both in (n for n in drop if n in swaps):
-            raise refuse(
-                f"derive() both drops and replaces {both!r}",
-                "keep it in one of drop=... or replace=...",
-            )
-        if before is not None and before in drop:
-            raise refuse(
-                f"derive(before={before!r}) names a field that drop=... removes",
-                "insert before another field, or keep it",
-            )
-        kept = [
-            swaps.get(f.name, f) if _named(f) else f
-            for f in self.fields
-            if not (_named(f) and f.name in drop)
-        ]
-        at = len(kept)
-        if before is not None:
-            at = next(i for i, f in enumerate(kept) if _named(f) and f.name == before)
-        return Schema(
+        fields = _arranged(self, site, add, before, drop, replace)
+        given: dict[str, Any] = {
+            "indices": indices,
+            "layout": layout,
+            "optional_parents": optional_parents,
+            "seeded": seeded,
+            "owners": owners,
+            "schedule_indices": schedule_indices,
+            "schedule_owners": schedule_owners,
+        }
+        return attrs.evolve(  # the options not given stay the base's
+            self,
             name=name,
-            fields=[*kept[:at], *add, *kept[at:]],
+            fields=fields,
             doc=doc,
-            indices=self.indices if indices is None else indices,
-            layout=self.layout if layout is None else layout,
-            optional_parents=self.optional_parents
-            if optional_parents is None
-            else optional_parents,
-            seeded=self.seeded if seeded is None else seeded,
-            owners=self.owners if owners is None else owners,
             declared_at=site,
+            **{k: v for k, v in given.items() if v is not None},
         )
+
+
+def _arranged(
+    base: Schema,
+    site: SourceLocation,
+    add: Sequence[Field],
+    before: str | None,
+    drop: Sequence[str],
+    replace: Sequence[Field],
+) -> list[Field]:
+    """``base``'s fields less ``drop``, with ``replace`` in place and ``add`` inserted
+    before ``before`` (at the end without it); refused at ``site`` where a name given
+    is not a field of ``base``."""
+
+    def refuse(problem: str, fix: str) -> CompositionError:
+        return CompositionError(site.file, site.line, problem, fix)
+
+    if isinstance(drop, str) or isinstance(add, Field) or isinstance(replace, Field):
+        raise refuse(
+            "derive(add=, drop=, replace=) each take a list",
+            'write drop=["hidden_states"] or add=[Field(...)]',
+        )
+    known = [f.name for f in base.fields if _named(f)]
+    for option, wanted in (
+        ("drop", list(drop)),
+        ("replace", [f.name for f in replace if _named(f)]),
+        ("before", [] if before is None else [before]),
+    ):
+        for missing in (n for n in wanted if n not in known):
+            raise refuse(*_no_such_field(base, missing, f"derive({option}=...)"))
+    swaps = {f.name: f for f in replace if _named(f)}
+    for both in (n for n in drop if n in swaps):
+        raise refuse(
+            f"derive() both drops and replaces {both!r}",
+            "keep it in one of drop=... or replace=...",
+        )
+    if before is not None and before in drop:
+        raise refuse(
+            f"derive(before={before!r}) names a field that drop=... removes",
+            "insert before another field, or keep it",
+        )
+    kept = [
+        swaps.get(f.name, f) if _named(f) else f
+        for f in base.fields
+        if not (_named(f) and f.name in drop)
+    ]
+    at = len(kept)
+    if before is not None:
+        at = next(i for i, f in enumerate(kept) if _named(f) and f.name == before)
+    return [*kept[:at], *add, *kept[at:]]
 
 
 def _named(f: object) -> bool:

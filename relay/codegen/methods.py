@@ -358,11 +358,13 @@ def _none(parent: str, how: IfNone, method: str) -> list[str]:
     ]
 
 
-def _prologue(schema: Schema, method: str) -> tuple[list[str], str | None]:
-    """The slots, the zero-slots return and debug mode's slot check; and the optional
-    parent the slots path goes through, bound (its ``None`` case already handled)."""
+def _prologue(schema: Schema, method: str, lane: Lane) -> tuple[list[str], str | None]:
+    """The slots of ``lane``'s resolves (Note [Slots per lane] in relay/schema.py), the
+    zero-slots return; and the optional parent the slots path goes through, bound (its
+    ``None`` case already handled)."""
     parents = dict(schema.optional_parents)
-    first, _, rest = schema.indices.partition(".")
+    slots = schema.slots_of(lane)
+    first, _, rest = slots.partition(".")
     lines = []
     bound = None
     if rest and first in parents:
@@ -370,12 +372,12 @@ def _prologue(schema: Schema, method: str) -> tuple[list[str], str | None]:
         lines += [f"{first} = batch.{first}", *_none(first, parents[first], method)]
         lines.append(f"indices = {first}.{rest}")
     else:
-        lines.append(f"indices = batch.{schema.indices}")
-    how = parents.get(schema.indices)
+        lines.append(f"indices = batch.{slots}")
+    how = parents.get(slots)
     if how is IfNone.SKIP:  # the slots themselves may be None (sglang's future_indices)
         lines += ["if indices is None:", "    return"]
     elif how is IfNone.REFUSE:
-        args = ", ".join(naming.string_literal(a) for a in (method, schema.indices))
+        args = ", ".join(naming.string_literal(a) for a in (method, slots))
         lines += [
             "if indices is None:",
             f"    raise _rt.parent_is_none(_TABLE, {args})",
@@ -393,8 +395,10 @@ def _slots_read(method: str) -> list[str]:
     ]
 
 
-def _owners(schema: Schema) -> list[str]:
-    return [f"owners=batch.{schema.owners}"] if schema.owners else []
+def _owners(schema: Schema, lane: Lane = Lane.FORWARD) -> list[str]:
+    """``owners=`` of a resolve of ``lane``'s, where that lane names its requests."""
+    owners = schema.owners_of(lane)
+    return [f"owners=batch.{owners}"] if owners else []
 
 
 def _reads(
@@ -443,7 +447,7 @@ def resolve_future(
     """The forward-lane resolve: seeds first where the map takes them, then gathers and
     placeholder substitutions, those under an optional parent only where it is set;
     debug mode checks the slots and reports the reads."""
-    lines, bound = _prologue(schema, "resolve_future")
+    lines, bound = _prologue(schema, "resolve_future", Lane.FORWARD)
     if schema.seeded:  # on the forward stream, whatever this batch holds (Note [Seeds])
         lines[:0] = ["if self._state.seeds:", "    _rt.apply_seeds(self._state)"]
     lines += ["debug = self._state.debug", *_slots_read("resolve_future")]
@@ -516,7 +520,7 @@ def resolve_schedule(schema: Schema, f: Field) -> list[str]:
     the field allows it), then the field's read."""
     method = resolve_method(f)
     value = naming.value_local(f)
-    lines, _bound = _prologue(schema, method)
+    lines, _bound = _prologue(schema, method, Lane.SCHEDULE)
     if f.stream_ordered:
         lines += [
             "if stream_ordered:",
@@ -541,14 +545,15 @@ def resolve_schedule(schema: Schema, f: Field) -> list[str]:
         lines += _indent([f"batch.{p} = None" for p in nones if p is not None])
     else:
         lines += read
-    args = [f'"{method}"', "indices", *_owners(schema)]
+    args = [f'"{method}"', "indices", *_owners(schema, Lane.SCHEDULE)]
     report = join("_rt.read_back(self._state, ", args)
     return [*lines, "if debug is not None:", f"    {report}"]
 
 
 def graph_wrote(schema: Schema) -> list[str]:
     """Nothing with debug off; debug mode records the graph's write of the rows."""
-    args = ", ".join(["self._state", "indices", *(["owners"] if schema.owners else [])])
+    taken = schema.owners is not None or schema.owners_of(Lane.SCHEDULE) is not None
+    args = ", ".join(["self._state", "indices", *(["owners"] if taken else [])])
     return ["if self._state.debug is not None:", f"    _rt.graph_wrote({args})"]
 
 

@@ -138,18 +138,29 @@ def batch_protocol(schema: Schema) -> str:
     return f"{prefix(schema)}Batch"
 
 
+def schedule_protocol(schema: Schema) -> str:
+    """The schedule lane's batch Protocol, where the schema names that lane's slots or
+    owners (Note [Slots per lane] in relay/schema.py)."""
+    return f"{prefix(schema)}ScheduleBatch"
+
+
 def _camel(part: str) -> str:
     return "".join(word[:1].upper() + word[1:] for word in part.split("_"))
 
 
-def nested_protocol(schema: Schema, path: tuple[str, ...]) -> str:
-    """``("spec_info",)`` -> ``EagleSpecInfo``: the protocol of ``batch.spec_info``.
+def nested_protocol(
+    schema: Schema, path: tuple[str, ...], *, schedule: bool = False
+) -> str:
+    """``("spec_info",)`` -> ``EagleSpecInfo``: the protocol of ``batch.spec_info``
+    (``EagleScheduleSpecInfo`` on the schedule lane's batch, ``schedule=True``).
 
     The stem is not repeated when the path starts with it (``SpecFutureMap`` and
     ``spec_info`` give ``SpecInfo``, not ``SpecSpecInfo``).
     """
     camel = "".join(_camel(part) for part in path)
     stem = prefix(schema)
+    if schedule:
+        camel = f"Schedule{camel}"
     if camel.startswith(stem) and camel != stem:
         return camel
     return f"{stem}{camel}"
@@ -197,9 +208,11 @@ def placeholder_locals(field: Field) -> tuple[str, str, str]:
 def _path_names(schema: Schema, path: str) -> set[str]:
     parts = tuple(path.split("."))
     names = set(parts)
-    names.update(
-        nested_protocol(schema, parts[:depth]) for depth in range(1, len(parts))
-    )
+    for schedule in (False, True) if schema.lanes_apart else (False,):
+        names.update(
+            nested_protocol(schema, parts[:depth], schedule=schedule)
+            for depth in range(1, len(parts))
+        )
     return names
 
 
@@ -209,8 +222,11 @@ def bound_names(schema: Schema) -> frozenset[str]:
     names = set(RESERVED)
     names.update({schema.name, payload_class(schema), batch_protocol(schema)})
     names.update(_path_names(schema, schema.indices))
-    if isinstance(schema.owners, str):
-        names.update(_path_names(schema, schema.owners))
+    if schema.lanes_apart:  # Note [Slots per lane] in relay/schema.py
+        names.add(schedule_protocol(schema))
+    for owners in (schema.owners, schema.schedule_indices, schema.schedule_owners):
+        if isinstance(owners, str):
+            names.update(_path_names(schema, owners))
     for f in schema.fields:
         names.update({buffer(f), host_mirror(f), f.payload_name})
         if isinstance(f.offsets, str):

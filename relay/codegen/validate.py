@@ -137,6 +137,7 @@ def validate(schema: Schema, display: Callable[[str], str]) -> list[SchemaIssue]
     _check_seeds_and_owners(c, fields)
     _check_counted_scatters(c, fields)
     _check_partial_and_tails(c, fields)
+    _check_lanes_apart(c, fields)
     return c.issues
 
 
@@ -190,14 +191,19 @@ def _check_parents(c: _Collector, fields: list[Field]) -> None:
                 f"optional_parents[{name!r}] must be an IfNone (got {_got(how)})",
                 fix,
             )
-        slots = c.schema.indices if isinstance(c.schema.indices, str) else ""
+        slots = [
+            p
+            for p in (c.schema.indices, c.schema.schedule_indices)
+            if isinstance(p, str)
+        ]
         if not isinstance(name, str) or (
-            name not in firsts and name not in (slots.split(".")[0], slots)
+            name not in firsts and not any(name in (p.split(".")[0], p) for p in slots)
         ):
             c.add(
                 None,
                 f"optional_parents names {name!r}, which is the first part of no "
-                "target path, nor of indices, nor the indices path itself",
+                "target path, nor of indices (or schedule_indices), nor the indices "
+                "path itself",
                 'name the batch attribute a target goes through, e.g. "spec_info", '
                 'or the slots path, e.g. "spec_info.future_indices"',
             )
@@ -1337,3 +1343,177 @@ def _check_partial_and_tails(c: _Collector, fields: list[Field]) -> None:
                     f"({c.where(other.declared_at)})",
                     f"give {option} an attribute of its own",
                 )
+
+
+# --- the schedule lane's own slots and owners (Note [Slots per lane] in relay/schema.py) ---
+
+#: The roles whose attribute holds slots, as ``schedule_indices`` does.
+_SLOTS = frozenset({"indices", "tails"})
+
+_LANE_EXAMPLE = {"schedule_indices": "req_pool_indices", "schedule_owners": "rids"}
+
+
+def _check_lanes_apart(c: _Collector, fields: list[Field]) -> None:
+    """``schedule_indices`` and ``schedule_owners``: where the schedule lane's resolves
+    read their slots and requests, apart from the forward batch's."""
+    schema = c.schema
+    declared = [
+        (option, getattr(schema, option))
+        for option in ("schedule_indices", "schedule_owners")
+        if getattr(schema, option) is not None
+    ]
+    for option, path in declared:
+        if not _valid_path(path):
+            c.add(
+                None,
+                f"{option} must be a dotted attribute path of the batch such as "
+                f"{_LANE_EXAMPLE[option]!r} (got {_got(path)})",
+                f'write {option}="{_LANE_EXAMPLE[option]}", or leave it out',
+            )
+        elif not any(f.lane is Lane.SCHEDULE for f in fields):
+            c.add(
+                None,
+                f"{option}={path!r} names what the schedule lane's resolves read, "
+                "but the schema has no schedule-lane field",
+                f"leave {option} out, or add a Field(..., lane=Lane.SCHEDULE)",
+            )
+    valid = [(o, p) for o, p in declared if _valid_path(p)]
+    if not valid or not any(f.lane is Lane.SCHEDULE for f in fields):
+        return
+    for f in fields:
+        if f.lane is Lane.SCHEDULE and f.resolve is Resolve.PLACEHOLDER:
+            c.add(
+                f,
+                f"a schedule-lane placeholder is written by invalidate on the forward "
+                f"batch, but with {valid[0][0]} the schedule resolve hands its value "
+                "to the scheduler's own object, so the placeholders would stay where "
+                "they were written",
+                f"resolve the field with Resolve.GATHER, or leave {valid[0][0]} out",
+            )
+    _check_lane_roles(c, fields, valid)
+    parents = (
+        {p for p, _ in schema.optional_parents}
+        if isinstance(schema.optional_parents, tuple)
+        else set()
+    )
+    owners = schema.schedule_owners
+    if _valid_path(owners) and (
+        owners in parents or (_nested(owners) and _first(owners) in parents)
+    ):
+        c.add(
+            None,
+            f"schedule_owners={owners!r} goes through an optional parent; debug mode "
+            "reads the owners of every schedule resolve, whatever the batch holds",
+            "name an attribute outside optional_parents for schedule_owners",
+        )
+    if not c.issues:
+        _check_lane_protocols(c, fields)
+
+
+def _check_lane_roles(
+    c: _Collector, fields: list[Field], declared: list[tuple[str, str]]
+) -> None:
+    """A lane's slots or owners attribute is read as such, so it is no other role's
+    attribute, nor an object another path goes through (or goes through one)."""
+    schema = c.schema
+    roles: list[tuple[Field | None, str, object]] = [
+        (None, "indices", schema.indices),
+        (None, "owners", schema.owners),
+        *((None, o, p) for o, p in declared),
+    ]
+    for f in fields:
+        for role in (
+            "target",
+            "host_mirror",
+            "host_sum",
+            "offsets",
+            "lengths",
+            "tails",
+            "tails_kv",
+            "tails_kv_table",
+        ):
+            roles.append((f, role, getattr(f, role)))
+    reported: set[frozenset[str]] = set()
+    for option, path in declared:
+        for owner, role, other in roles:
+            if role == option or not isinstance(other, str):
+                continue
+            if owner is None and frozenset((role, option)) in reported:
+                continue  # schedule_indices against schedule_owners, once
+            if other == path and {role, option} <= {"owners", "schedule_owners"}:
+                continue  # both lanes may read one owners attribute
+            if other == path and option == "schedule_indices" and role in _SLOTS:
+                continue  # slots read as slots: one attribute may serve both
+            whose = f"the {role} of field {owner.name!r}" if owner else f"the {role}"
+            if other == path:
+                problem = f"{option}={path!r} is also {whose}"
+            elif other.startswith(path + "."):
+                problem = f"{option}={path!r} also holds {other!r}, {whose}"
+            elif path.startswith(other + "."):
+                problem = f"{option}={path!r} goes through {other!r}, {whose}"
+            else:
+                continue
+            reported.add(frozenset((role, option)))
+            c.add(
+                None,
+                f"{problem}; the schedule lane reads it as its "
+                + ("slots" if option == "schedule_indices" else "request ids"),
+                f"give {option} a batch attribute of its own",
+            )
+
+
+def _check_lane_protocols(c: _Collector, fields: list[Field]) -> None:
+    """The schedule lane's Protocols (``<Stem>ScheduleBatch`` and a ``<Stem>Schedule...``
+    per nested object) take no name the module already binds or the forward batch's
+    Protocols take."""
+    schema = c.schema
+    forward_paths = [schema.indices, schema.owners]
+    schedule_paths = [schema.slots_of(Lane.SCHEDULE), schema.owners_of(Lane.SCHEDULE)]
+    for f in fields:
+        mine = [f.target, f.host_mirror, f.host_sum]
+        if f.lane is Lane.SCHEDULE:
+            schedule_paths += mine
+        else:
+            forward_paths += [*mine, f.offsets, f.lengths]
+        if f.tails is not None:
+            forward_paths += [*mine, f.tails, f.tails_kv, f.tails_kv_table]
+    bound: dict[str, str] = {
+        schema.name: "the map class",
+        naming.payload_class(schema): "its payload class",
+        naming.batch_protocol(schema): "its batch Protocol",
+    }
+    for path in forward_paths:
+        if isinstance(path, str):
+            steps = tuple(path.split("."))
+            for depth in range(1, len(steps)):
+                protocol = naming.nested_protocol(schema, steps[:depth])
+                through = ".".join(steps[:depth])
+                bound.setdefault(protocol, f"the Protocol of the batch's {through!r}")
+    minted: list[tuple[str, str, tuple[str, ...]]] = [
+        (naming.schedule_protocol(schema), "the schedule lane's batch", ())
+    ]
+    for path in schedule_paths:
+        if isinstance(path, str):
+            parts = tuple(path.split("."))
+            for depth in range(1, len(parts)):
+                name = naming.nested_protocol(schema, parts[:depth], schedule=True)
+                minted.append(
+                    (
+                        name,
+                        f"the schedule lane's {'.'.join(parts[:depth])!r}",
+                        parts[:depth],
+                    )
+                )
+    seen: dict[str, tuple[str, ...]] = {}
+    for name, what, owner in minted:
+        clash = _taken(name) or bound.get(name)
+        if clash is None and seen.setdefault(name, owner) != owner:
+            clash = "the Protocol of another schedule-side object"
+        if clash is not None:
+            c.add(
+                None,
+                f"the generated Protocol of {what} would be named {name}, which is "
+                f"also {clash}",
+                "rename the schema, or the batch attribute on the scheduler's side",
+            )
+            return

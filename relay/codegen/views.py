@@ -282,6 +282,8 @@ def _writes(schema: Schema) -> list[Method]:
     schedule = _required_first(declared)
     owners = ", owners: _rt.Owners | None = None" if schema.owners else ""
     passed = ", owners" if schema.owners else ""
+    # publish takes the requests its lane's resolves check (Note [Slots per lane])
+    published = schema.owners_of(Lane.SCHEDULE) is not None
     payload = f"payload: {naming.payload_class(schema)}"
     found = []
     if forward:
@@ -291,12 +293,13 @@ def _writes(schema: Schema) -> list[Method]:
         found.append(Method(head, _STASH_DOC, tuple(body)))
     if schedule:
         params = _value_params(schedule)
-        if schema.owners:
+        if published:
             params.append("owners: _rt.Owners | None = None")
         head = _join("def publish(", ["self", "indices: torch.Tensor", *params], ")")
         names = [f.payload_name for f in declared]
         values = _join("(", names, ",)" if len(names) == 1 else ")")
-        checked = f"_rt.publish(state, indices, {values}{passed})"
+        passed_on = ", owners" if published else ""
+        checked = f"_rt.publish(state, indices, {values}{passed_on})"
         body = methods.write(schema, "publish", schedule, checked)
         found.append(Method(f"{head} -> None:", _PUBLISH_DOC, tuple(body)))
     partial = [f for f in forward if not f.kept]
@@ -311,7 +314,9 @@ def _writes(schema: Schema) -> list[Method]:
         body = methods.write(schema, "stash_partial", _required_first(partial), checked)
         found.append(Method(f"{head} -> None:", _PARTIAL_DOC, tuple(body)))
     if any(f.graph_written for f in schema.fields):
-        head = f"def graph_wrote(self, indices: torch.Tensor{owners}) -> None:"
+        either = schema.owners is not None or published
+        taken = ", owners: _rt.Owners | None = None" if either else ""
+        head = f"def graph_wrote(self, indices: torch.Tensor{taken}) -> None:"
         found.append(Method(head, _GRAPH_DOC, tuple(methods.graph_wrote(schema))))
     placeholders = [f for f in schema.fields if f.resolve is Resolve.PLACEHOLDER]
     if placeholders:
@@ -374,12 +379,16 @@ def _methods(schema: Schema, packed: Sequence[PackedGroup]) -> list[Method]:
     reads = [f for f in forward if f.target is not None]
     if reads:
         found.append(_resolve_future(schema, reads, packed, batch))
+    if schema.lanes_apart:  # Note [Slots per lane] in relay/schema.py
+        scheduler = f"batch: {naming.schedule_protocol(schema)}"
+    else:
+        scheduler = batch
     for f in methods.lane_fields(schema, Lane.SCHEDULE):
         name = resolve_method(f)
         doc = [
             f"Schedule lane: wait for the newest ``publish``, then resolve ``{f.name}``.",
             "",
-            f"With ``indices = batch.{schema.indices}``:",
+            f"With ``indices = batch.{schema.slots_of(Lane.SCHEDULE)}``:",
             "",
             *_read_doc(f),
         ]
@@ -390,7 +399,11 @@ def _methods(schema: Schema, packed: Sequence[PackedGroup]) -> list[Method]:
                 "(a device-side wait) instead of blocking the host.",
             ]
         body = methods.resolve_schedule(schema, f)
-        params = f"{batch}, stream_ordered: bool = False" if f.stream_ordered else batch
+        params = (
+            f"{scheduler}, stream_ordered: bool = False"
+            if f.stream_ordered
+            else scheduler
+        )
         found.append(
             Method(f"def {name}(self, {params}) -> None:", tuple(doc), tuple(body))
         )
@@ -446,7 +459,19 @@ def _resolve_future(
 
 
 def _protocols(schema: Schema) -> tuple[ProtocolView, ...]:
-    """Batch protocols: one per object on a dotted path, members in first-use order."""
+    """Batch protocols: one per object on a dotted path, members in first-use order;
+    where the schema names the schedule lane's slots or owners, the schedule lane's
+    batch apart (Note [Slots per lane] in relay/schema.py)."""
+    if not schema.lanes_apart:
+        return _protocol_set(schema, None)
+    return _protocol_set(schema, Lane.FORWARD) + _protocol_set(schema, Lane.SCHEDULE)
+
+
+def _protocol_set(schema: Schema, lane: Lane | None) -> tuple[ProtocolView, ...]:
+    """The protocols of one batch: the whole map's (``lane`` None), the forward
+    batch's (``resolve_future``, ``invalidate``, ``resolve_tails``) or the schedule
+    batch's (the schedule resolves)."""
+    schedule = lane is Lane.SCHEDULE
     members: dict[tuple[str, ...], dict[str, Attribute]] = {(): {}}
 
     def add(path: str, type_: str, writable: bool) -> None:
@@ -455,35 +480,42 @@ def _protocols(schema: Schema) -> tuple[ProtocolView, ...]:
             owner, name = parts[: depth - 1], parts[depth - 1]
             nested = parts[:depth]
             members.setdefault(nested, {})
+            protocol = naming.nested_protocol(schema, nested, schedule=schedule)
             members.setdefault(owner, {}).setdefault(
-                name, Attribute(name, naming.nested_protocol(schema, nested), False)
+                name, Attribute(name, protocol, False)
             )
         owner, name = parts[:-1], parts[-1]
         current = members.setdefault(owner, {}).get(name)
         if current is None or (writable and not current.writable):
             members[owner][name] = Attribute(name, type_, writable)
 
-    add(schema.indices, "torch.Tensor", False)
-    if schema.owners:
-        add(schema.owners, "_rt.Owners", False)
+    reader = Lane.FORWARD if lane is None else lane
+    add(schema.slots_of(reader), "torch.Tensor", False)
+    owners = schema.owners_of(reader)
+    if owners:
+        add(owners, "_rt.Owners", False)
     for f in schema.fields:
+        # The schedule batch has what the schedule resolves read and write; the forward
+        # batch the rest (resolve_tails late-binds a forward batch).
+        resolved = lane is None or (f.lane is Lane.SCHEDULE) is schedule
+        tails = f.tails is not None and not schedule
         tensor = "torch.Tensor | None" if f.optional else "torch.Tensor"
-        if f.target is not None:
+        if f.target is not None and (resolved or tails):
             # Placeholder targets are assigned by invalidate, scatter targets written
             # in place: always tensors; gather targets are assigned by the resolve.
             in_place = f.resolve is not Resolve.GATHER
             add(f.target, "torch.Tensor" if in_place else tensor, True)
-        if f.offsets is not None:
+        if f.offsets is not None and resolved:
             add(f.offsets, "torch.Tensor", False)
-        if f.lengths is not None:
+        if f.lengths is not None and resolved:
             add(f.lengths, "torch.Tensor", False)
-        if f.host_mirror is not None:
+        if f.host_mirror is not None and (resolved or tails):
             add(f.host_mirror, tensor, True)
-        if f.host_sum is not None:
+        if f.host_sum is not None and (resolved or tails):
             add(f.host_sum, "int | None" if f.optional else "int", True)
-        if f.tails is not None:
+        if f.tails is not None and tails:
             add(f.tails, "torch.Tensor", False)
-        if f.tails_kv is not None and f.tails_kv_table is not None:
+        if f.tails_kv is not None and f.tails_kv_table is not None and tails:
             add(f.tails_kv, "torch.Tensor", True)
             add(f.tails_kv_table, "torch.Tensor", False)
     for parent, _how in schema.optional_parents:  # a parent, or the slots path itself
@@ -498,19 +530,21 @@ def _protocols(schema: Schema) -> tuple[ProtocolView, ...]:
         doc = f"The attributes of ``batch.{'.'.join(path)}`` the map reads and writes."
         views.append(
             ProtocolView(
-                naming.nested_protocol(schema, path),
+                naming.nested_protocol(schema, path, schedule=schedule),
                 naming.doc_text(doc),
                 tuple(members[path].values()),
             )
         )
-    doc = "What the map reads and writes on a batch; any class with these fits."
-    views.append(
-        ProtocolView(
-            naming.batch_protocol(schema),
-            naming.doc_text(doc),
-            tuple(members[()].values()),
+    if schedule:
+        name = naming.schedule_protocol(schema)
+        doc = (
+            "What the schedule lane's resolves read and write on the scheduler's "
+            "object; any class with these fits."
         )
-    )
+    else:
+        name = naming.batch_protocol(schema)
+        doc = "What the map reads and writes on a batch; any class with these fits."
+    views.append(ProtocolView(name, naming.doc_text(doc), tuple(members[()].values())))
     return tuple(views)
 
 

@@ -15,9 +15,15 @@ SCHEMA = Schema(
     the request's start offset (vLLM's ``query_start_loc[:-1]``, int32 taken), then the
     request's scheduled drafts right after it. Each request keeps one slot for its
     life, so the step-to-step row map is the slots tensor in row order.
+
+    Step N also publishes each request's draft count; the scheduler looks it up by
+    request (its own object's ``slots`` and ``req_ids``, nothing of the forward's
+    batch) to decide how many drafts step N+1 schedules.
     """,
     indices="slots",
     owners="req_ids",
+    schedule_indices="slots",
+    schedule_owners="req_ids",
     fields=[
         Field(
             "sampled_tokens",
@@ -43,6 +49,16 @@ SCHEMA = Schema(
             after="sampled_tokens",
             guard=Guard.NON_NEGATIVE,
             doc="The drafts proposed at step N; the scheduled ones follow the token.",
+        ),
+        Field(
+            "drafts_made",
+            lane=Lane.SCHEDULE,
+            dtype=torch.int64,
+            source="num_draft_tokens",
+            target="drafts_made",
+            host_mirror="drafts_made_cpu",
+            guard=Guard.NON_NEGATIVE,
+            doc="How many drafts step N made per request, for the scheduler, on the host.",
         ),
     ],
 )

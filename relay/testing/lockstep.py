@@ -112,6 +112,30 @@ def _payload_class(map_cls: type[Any]) -> type[Any] | None:
     return payload
 
 
+def _scheduler_batch(
+    schema: Schema, f: FieldDecl, indices: torch.Tensor, owners: list[int]
+) -> Namespace:
+    """The scheduler's object for ``f``'s resolve, where the schema names the schedule
+    lane's own slots or owners: those, and ``f``'s targets, nothing of the forward
+    batch (so a resolve that read a forward attribute would fail)."""
+    batch = Namespace()
+    slots = schema.schedule_indices or schema.indices
+    requests = schema.schedule_owners or schema.owners
+    given: list[tuple[str, Any]] = [
+        (p, UNSET) for p in (f.target, f.host_mirror, f.host_sum) if p
+    ]
+    given += [(slots, indices), *([(requests, owners)] if requests else [])]
+    for path, value in given:
+        *parents, leaf = path.split(".")
+        node = batch
+        for name in parents:
+            if not hasattr(node, name):
+                setattr(node, name, Namespace())
+            node = getattr(node, name)
+        setattr(node, leaf, value)
+    return batch
+
+
 def _new_batch(
     schema: Schema,
     indices: torch.Tensor,
@@ -260,9 +284,17 @@ class _Driver:
         """The request each slot of ``indices`` holds now (a schema's ``owners``)."""
         return [self.owner.get(s, s) for s in indices.tolist()]
 
-    def _owned(self, indices: torch.Tensor) -> dict[str, list[int]]:
-        """``owners=`` for a write, where the schema declares owners."""
-        return {"owners": self._owners(indices)} if self.schema.owners else {}
+    def _owned(
+        self, indices: torch.Tensor, lane: Lane | None = Lane.FORWARD
+    ) -> dict[str, list[int]]:
+        """``owners=`` for a write of ``lane`` (of either lane: ``None``), where the
+        schema declares owners its resolves read."""
+        named = {
+            Lane.FORWARD: self.schema.owners,
+            Lane.SCHEDULE: self.schema.schedule_owners or self.schema.owners,
+            None: self.schema.owners or self.schema.schedule_owners,
+        }[lane]
+        return {"owners": self._owners(indices)} if named else {}
 
     def _on(self, stream: ThreadStream, fn: Callable[[], None]) -> None:
         """Run ``fn`` on ``stream``. The harness orders its streams (work on one stream
@@ -440,7 +472,7 @@ class _Driver:
         values = self._write_values(self.schedule_fields, len(slots))
         stream = self.rng.choice([self.forward, self.second])
         self.history.append(f"publish({slots}, {_describe(values)}) on {stream.name}")
-        owners = self._owned(indices)
+        owners = self._owned(indices, Lane.SCHEDULE)
         self._on(stream, lambda: self.map.publish(indices, **values, **owners))
         self.model.publish(slots, values)
         self._wrote(self.schedule_fields, slots, values)
@@ -494,7 +526,7 @@ class _Driver:
         buffers = {
             f.name: getattr(self.map, f"{f.name}_buf") for f in self.graph_fields
         }
-        owners = self._owned(indices)
+        owners = self._owned(indices, None)
 
         def run() -> None:
             for name, value in values.items():
@@ -626,10 +658,20 @@ class _Driver:
             candidates = set()  # no publish since the last wait: only an empty batch
         slots = self._slots(candidates)
         indices = self._indices(slots)
-        map_batch, model_batch = (
-            _new_batch(self.schema, indices, self._owners(indices), self.dims),
-            _new_batch(self.schema, indices.clone(), self._owners(indices), self.dims),
-        )
+        if self.schema.schedule_indices or self.schema.schedule_owners:
+            map_batch, model_batch = (
+                _scheduler_batch(self.schema, f, indices, self._owners(indices)),
+                _scheduler_batch(
+                    self.schema, f, indices.clone(), self._owners(indices)
+                ),
+            )
+        else:
+            map_batch, model_batch = (
+                _new_batch(self.schema, indices, self._owners(indices), self.dims),
+                _new_batch(
+                    self.schema, indices.clone(), self._owners(indices), self.dims
+                ),
+            )
         ordered = f.stream_ordered and self.rng.random() < 0.5
         keywords = {"stream_ordered": True} if ordered else {}
         self.history.append(

@@ -242,7 +242,7 @@ class ReferenceRelay:
     def _resolve(self, f: FieldDecl, batch: Any) -> None:
         if self._parent_absent(f, batch):
             return
-        slots = [int(s) for s in get_path(batch, self.schema.indices).tolist()]
+        slots = [int(s) for s in get_path(batch, self._slots(f)).tolist()]
         if not slots:
             return
         value: torch.Tensor | None = None
@@ -308,12 +308,19 @@ class ReferenceRelay:
         sizes = [d if isinstance(d, int) else self.dims[d] for d in f.shape]
         return math.prod(sizes)
 
+    def _slots(self, f: FieldDecl) -> str:
+        """Where the resolve of ``f`` reads its slots: a schedule field's from the
+        schema's ``schedule_indices`` where it names one, every other from ``indices``."""
+        if f.lane is Lane.SCHEDULE and self.schema.schedule_indices is not None:
+            return self.schema.schedule_indices
+        return self.schema.indices
+
     def _parent_absent(self, f: FieldDecl, batch: Any) -> bool:
         """Whether ``f``'s target (or the slots) goes through an optional parent the
         batch holds as ``None``: the resolve leaves the field alone (IfNone.SKIP) or
         refuses (IfNone.REFUSE, a ModelError here: the harness never asks for it)."""
         parents = dict(self.schema.optional_parents)
-        for path in (f.target, self.schema.indices):
+        for path in (f.target, self._slots(f)):
             first = (path or "").split(".")[0]
             absent = path and "." in path and first in parents
             if absent and getattr(batch, first) is None:

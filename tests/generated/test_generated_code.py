@@ -147,11 +147,13 @@ PACKED_CORPUS = Schema(
 
 def _schemas() -> list[Schema]:
     handover = REPO / "tests" / "golden" / "schemas" / "handover.py"
+    lanes = REPO / "tests" / "golden" / "schemas" / "lanes.py"
     return [
         *(load_schema(p, f"relay/schemas/{p.name}") for p in BUNDLED),
         CORPUS,
         PACKED_CORPUS,
         load_schema(handover, "tests/golden/schemas/handover.py"),
+        load_schema(lanes, "tests/golden/schemas/lanes.py"),
     ]
 
 

@@ -173,6 +173,18 @@ def schemas(draw: st.DrawFn) -> Schema:
         declared += _span(
             tail, draw(paths(f"ids_{tail}")), draw(st.sampled_from(Guard))
         )
+    # The schedule lane's own slots and owners (Note [Slots per lane]), where it has
+    # fields and no placeholder (validation refuses those with it): slots that share
+    # prefixes with targets or go through optional parents, owners of its own or not.
+    apart = any(f.lane is Lane.SCHEDULE for f in declared) and not any(
+        f.lane is Lane.SCHEDULE and f.resolve is Resolve.PLACEHOLDER for f in declared
+    )
+    schedule_indices = schedule_owners = None
+    if apart and draw(st.booleans()):
+        schedule_indices = draw(
+            st.one_of(st.sampled_from([None, "req_pool_indices"]), paths("sched_slots"))
+        )
+        schedule_owners = draw(st.sampled_from([None, "rids", "sched_rids"]))
     schema = Schema(
         name=f"M{draw(tails)}FutureMap",
         fields=declared,
@@ -188,6 +200,8 @@ def schemas(draw: st.DrawFn) -> Schema:
         },
         seeded=draw(st.booleans()),
         owners=draw(st.sampled_from([None, "rids", "spec_info.rids"])),
+        schedule_indices=schedule_indices,
+        schedule_owners=schedule_owners,
     )
     assume(validate(schema, str) == [])
     return schema

@@ -64,11 +64,16 @@ def _minted(schema: Schema) -> set[str]:
     paths = [schema.indices]
     for f in schema.fields:
         paths += [p for p in (f.target, f.host_mirror, f.host_sum) if p is not None]
+    if schema.lanes_apart:  # the schedule lane's batch, Note [Slots per lane]
+        names.add(naming.schedule_protocol(schema))
+        paths += [p for p in (schema.schedule_indices, schema.schedule_owners) if p]
     for path in paths:
         parts = tuple(path.split("."))
-        names.update(
-            naming.nested_protocol(schema, parts[:d]) for d in range(1, len(parts))
-        )
+        for schedule in (False, True):
+            names.update(
+                naming.nested_protocol(schema, parts[:d], schedule=schedule)
+                for d in range(1, len(parts))
+            )
     return names
 
 

@@ -278,12 +278,17 @@ def test_a_schema_with_every_option_runs_in_lockstep_through_its_own_table(
 ) -> None:
     """Every field option, rendered and run against the reference model; the generated
     table is the schema's own declarations (Note [One model of a field]): equal to the
-    schema the test declared, with nothing translated."""
+    schema the test declared, with nothing translated. Separate, the schedule lane
+    names its own slots and owners on a scheduler-side object (the forward lane none);
+    packed, both lanes read the batch's."""
+    separate = layout is Layout.SEPARATE
     schema = attrs.evolve(
         _every_option(),
         name=f"Every{layout.name.title()}FutureMap",
         layout=layout,
-        owners="rids" if layout is Layout.PACKED else None,
+        owners=None if separate else "rids",
+        schedule_indices="scheduler.slots" if separate else None,
+        schedule_owners="scheduler.rids" if separate else None,
     )
     covered = {
         a.name

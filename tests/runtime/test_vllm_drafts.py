@@ -73,12 +73,15 @@ class VllmStyleEngine:
         self._admit_and_reorder()
         running = [r for r in self.rows if r.rid in self.prev_row]
         prefill = [r for r in self.rows if r.rid not in self.prev_row]
-        # The scheduler's counts: what the drafter made, trimmed now and then.
+        # The scheduler's counts: what the drafter made, looked up by request on the
+        # scheduler's own object (the map's schedule lane), trimmed now and then.
+        made = self._drafts_made(running)
+        assert made == [self.counts[self.prev_row[r.rid]] for r in running]
         scheduled = {
-            r.rid: min(self.counts[self.prev_row[r.rid]], self.rng.randint(0, K))
+            r.rid: min(count, self.rng.randint(0, K))
             if self.rng.random() < 0.2
-            else self.counts[self.prev_row[r.rid]]
-            for r in running
+            else count
+            for r, count in zip(running, made)
         }
         order = running + prefill  # decode rows first, as vLLM lays them out
         sizes = [
@@ -110,6 +113,21 @@ class VllmStyleEngine:
         assert torch.equal(batch.input_ids, expected), (self.steps, batch, expected)
         self._forward(order)
 
+    def _drafts_made(self, running: list[Row]) -> list[int]:
+        """The scheduler's lookup of each running request's draft count, behind the
+        publish's fence: an object with the schedule lane's attributes only."""
+        lookup = Namespace(
+            slots=self.slots.indices(r.rid for r in running),
+            req_ids=[r.rid for r in running],
+            drafts_made=None,
+            drafts_made_cpu=None,
+        )
+        self.map.resolve_drafts_made_cpu(lookup)
+        if not running:
+            return []
+        counts: list[int] = lookup.drafts_made_cpu.tolist()
+        return counts
+
     def _forward(self, order: list[Row]) -> None:
         """Step N+1's outputs by its rows: a sampled token and 0 to K drafts each."""
         n = len(order)
@@ -125,6 +143,11 @@ class VllmStyleEngine:
                     draft_token_ids=torch.tensor(self.drafts),
                     num_draft_tokens=torch.tensor(self.counts),
                 ),
+                owners=[r.rid for r in order],
+            )
+            self.map.publish(
+                self.slots.indices(r.rid for r in order),
+                torch.tensor(self.counts),
                 owners=[r.rid for r in order],
             )
         self.steps += 1
@@ -211,6 +234,36 @@ def test_each_planted_glue_bug_is_named_by_debug_mode(
     """Each bug of such a port, planted into a running engine, is named with the map,
     the field and the request."""
     _planted(plant, message)
+
+
+class SwappedLookup(VllmStyleEngine):
+    """A scheduler whose lookup swaps two running requests' slots (not their ids)."""
+
+    def _drafts_made(self, running: list[Row]) -> list[int]:
+        if len(running) < 2:
+            return super()._drafts_made(running)
+        swapped = [running[1], running[0], *running[2:]]
+        lookup = Namespace(
+            slots=self.slots.indices(r.rid for r in swapped),
+            req_ids=[r.rid for r in running],
+            drafts_made=None,
+            drafts_made_cpu=None,
+        )
+        self.map.resolve_drafts_made_cpu(lookup)
+        raise AssertionError("debug mode did not name the swapped slots")
+
+
+def test_a_swapped_scheduler_lookup_is_named_with_its_own_ids() -> None:
+    """The scheduler's object names its requests itself (``schedule_owners``): a lookup
+    whose slots were reordered without its ids is named with those ids."""
+    engine = SwappedLookup(0, debug=True)
+    with pytest.raises(
+        RelayDebugError,
+        match=r"VllmDraftsFutureMap\.drafts_made: slot \d+: resolve_drafts_made_cpu "
+        r"reads it for request \d+ \(position 0\), but publish wrote it for request",
+    ):
+        for _ in range(50):
+            engine.step()
 
 
 def _two_requests(debug: bool) -> tuple[VllmDraftsFutureMap, Namespace]:

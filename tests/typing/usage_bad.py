@@ -119,6 +119,23 @@ class UncountedBatch:
     input_ids: torch.Tensor
 
 
+@dataclass
+class LookupWithoutIds:
+    """A scheduler-side object lacking ``req_ids``, the schedule lane's owners."""
+
+    slots: torch.Tensor
+    drafts_made: torch.Tensor
+    drafts_made_cpu: torch.Tensor
+
+
+def lookup_misuse(
+    relay: VllmDraftsFutureMap, lookup: LookupWithoutIds, batch: UncountedBatch
+) -> None:
+    relay.resolve_drafts_made_cpu(lookup)  # E: arg-type
+    relay.resolve_drafts_made_cpu(batch)  # E: arg-type
+    relay.resolve_future(lookup)  # E: arg-type
+
+
 def counted_misuse(batch: UncountedBatch, tokens: torch.Tensor) -> None:
     relay = VllmDraftsFutureMap("cpu", 9, num_speculative_tokens=3)
     VllmDraftsFutureMap("cpu", 9)  # E: call-arg

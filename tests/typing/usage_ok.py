@@ -23,6 +23,7 @@ from relay.maps.vllm_drafts import (
     VllmDraftsBatch,
     VllmDraftsFutureMap,
     VllmDraftsPayload,
+    VllmDraftsScheduleBatch,
 )
 
 
@@ -189,6 +190,25 @@ def counted_scatter(
         num_draft_tokens=batch.num_draft_tokens,
     )
     relay.stash(batch.slots, payload, owners=batch.req_ids)
+    relay.publish(batch.slots, batch.num_draft_tokens, owners=batch.req_ids)
     relay.resolve_future(batch)
     fits: VllmDraftsBatch = batch
     del fits
+
+
+@dataclass
+class DraftLookup:
+    """The scheduler's own object: only what the schedule lane's resolve touches."""
+
+    slots: torch.Tensor
+    req_ids: list[str]
+    drafts_made: torch.Tensor = field(default_factory=_empty)
+    drafts_made_cpu: torch.Tensor = field(default_factory=_empty)
+
+
+def scheduler_lookup(relay: VllmDraftsFutureMap, lookup: DraftLookup) -> list[int]:
+    relay.resolve_drafts_made_cpu(lookup)
+    fits: VllmDraftsScheduleBatch = lookup
+    del fits
+    counts: list[int] = lookup.drafts_made_cpu.tolist()
+    return counts
