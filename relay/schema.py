@@ -263,6 +263,11 @@ class Field:
     tails_kv: str | None = None
     #: With ``tails_kv``: batch attribute of the request-to-token table.
     tails_kv_table: str | None = None
+    #: With ``tails``: what a decode row's length adds to its published one: 1 where the
+    #: published length is the committed one and the row decodes a token now (sglang),
+    #: 0 where the published length counts that token already. Its KV write location
+    #: is ``table[slot, published + tails_add - 1]``.
+    tails_add: int = 1
     declared_at: SourceLocation = attrs.field(
         factory=_declaration_site, kw_only=True, eq=False, repr=False
     )

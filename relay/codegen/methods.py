@@ -564,6 +564,7 @@ def resolve_tails(schema: Schema, f: Field) -> list[str]:
     assert f.tails is not None and f.target is not None
     i = schema.fields.index(f)
     value = naming.value_local(f)
+    grown = plus(value, f.tails_add)
     lines = [
         f"indices = batch.{f.tails}",
         "if indices.numel() == 0:",
@@ -573,17 +574,17 @@ def resolve_tails(schema: Schema, f: Field) -> list[str]:
         *_slots_read("resolve_tails"),
         *_stashed(schema, f),
         f"{value} = {_buf(f)}.index_select(0, indices)",
-        f"batch.{f.target} = _rt.bind_tails(batch.{f.target}, {value} + 1)",
+        f"batch.{f.target} = _rt.bind_tails(batch.{f.target}, {grown})",
     ]
     if f.tails_kv is not None:
-        locations = f"batch.{f.tails_kv_table}[indices, {value}]"
+        locations = f"batch.{f.tails_kv_table}[indices, {plus(value, f.tails_add - 1)}]"
         lines.append(
             f"batch.{f.tails_kv} = _rt.bind_tails(batch.{f.tails_kv}, {locations})"
         )
     if f.host_mirror is not None:  # validation: a host_sum comes with a host_mirror
         mirror = f"batch.{f.host_mirror}"
         lines += [
-            f"host = self.{naming.host_mirror(f)}.copy({value}) + 1",
+            f"host = {plus(f'self.{naming.host_mirror(f)}.copy({value})', f.tails_add)}",
             f"{mirror} = _rt.bind_tails({mirror}, host)",
         ]
         if f.host_sum is not None:
@@ -593,6 +594,11 @@ def resolve_tails(schema: Schema, f: Field) -> list[str]:
         "if debug is not None:",
         f"    _rt.read_tails(self._state, {i}, indices)",
     ]
+
+
+def plus(value: str, n: int) -> str:
+    """``value + n`` as a line spells it (``value`` alone for 0)."""
+    return value if n == 0 else f"{value} + {n}" if n > 0 else f"{value} - {-n}"
 
 
 def invalidate(schema: Schema, placeholders: Sequence[Field]) -> list[str]:

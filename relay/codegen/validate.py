@@ -259,6 +259,7 @@ def _check_seeds_and_owners(c: _Collector, fields: list[Field]) -> None:
             f"(got {_got(owners)})",
             'write owners="rids" (each row\'s request id), or leave it out',
         )
+    _check_owners_parent(c, "owners", owners, "every write and resolve")
     # What a resolve reads (the owners, a scatter's offsets) must not be what a resolve
     # writes: the first resolve would overwrite it before it is read.
     written = {
@@ -277,6 +278,26 @@ def _check_seeds_and_owners(c: _Collector, fields: list[Field]) -> None:
                 "the resolve would overwrite it before reading it",
                 f"read {what} from a batch attribute no field writes",
             )
+
+
+def _check_owners_parent(
+    c: _Collector, option: str, owners: str | None, when: str
+) -> None:
+    """Owners are read whatever the batch holds, so no optional parent may hold them."""
+    parents = (
+        {p for p, _ in c.schema.optional_parents}
+        if isinstance(c.schema.optional_parents, tuple)
+        else set()
+    )
+    if _valid_path(owners) and (
+        owners in parents or (_nested(owners) and _first(owners) in parents)
+    ):
+        c.add(
+            None,
+            f"{option}={owners!r} goes through an optional parent; debug mode reads the "
+            f"owners of {when}, whatever the batch holds",
+            f"name an attribute outside optional_parents for {option}",
+        )
 
 
 def _check_docs(c: _Collector, fields: list[Field]) -> None:
@@ -1197,7 +1218,35 @@ def _graph_problems(schema: Schema, f: Field) -> list[Problem]:
     return problems
 
 
+def _tails_add_problems(f: Field) -> list[Problem]:
+    add = f.tails_add
+    if isinstance(add, bool) or not isinstance(add, int) or add < 0:
+        return [
+            (
+                f"tails_add must be 0 or a positive int (got {_got(add)})",
+                (
+                    "write tails_add=1 where the published lengths are committed ones "
+                    "(a row decodes one token more), tails_add=0 where they count it"
+                ),
+            )
+        ]
+    if f.tails is None and add != 1:
+        return [
+            (
+                (
+                    f"tails_add={add!r} is what resolve_tails adds to a decode "
+                    "row's published length, which needs tails=..."
+                ),
+                'add tails="mix_running_indices", or remove tails_add',
+            )
+        ]
+    return []
+
+
 def _tails_problems(schema: Schema, f: Field) -> list[Problem]:
+    added = _tails_add_problems(f)
+    if added:
+        return added
     if f.tails is None:
         if f.tails_kv is not None or f.tails_kv_table is not None:
             return [
@@ -1391,21 +1440,8 @@ def _check_lanes_apart(c: _Collector, fields: list[Field]) -> None:
                 f"resolve the field with Resolve.GATHER, or leave {valid[0][0]} out",
             )
     _check_lane_roles(c, fields, valid)
-    parents = (
-        {p for p, _ in schema.optional_parents}
-        if isinstance(schema.optional_parents, tuple)
-        else set()
-    )
     owners = schema.schedule_owners
-    if _valid_path(owners) and (
-        owners in parents or (_nested(owners) and _first(owners) in parents)
-    ):
-        c.add(
-            None,
-            f"schedule_owners={owners!r} goes through an optional parent; debug mode "
-            "reads the owners of every schedule resolve, whatever the batch holds",
-            "name an attribute outside optional_parents for schedule_owners",
-        )
+    _check_owners_parent(c, "schedule_owners", owners, "every schedule resolve")
     if not c.issues:
         _check_lane_protocols(c, fields)
 

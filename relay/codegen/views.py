@@ -420,12 +420,16 @@ def _resolve_tails(schema: Schema, f: Field, batch: str) -> Method:
         "",
         f"With ``indices = batch.{f.tails}`` (the batch's last rows):",
         "",
-        f"- the last rows of ``batch.{f.target}``: ``{naming.buffer(f)}[indices] + 1``.",
+        (
+            f"- the last rows of ``batch.{f.target}``: "
+            f"``{methods.plus(f'{naming.buffer(f)}[indices]', f.tails_add)}``."
+        ),
     ]
     if f.tails_kv is not None:
+        at = methods.plus(f"{naming.buffer(f)}[indices]", f.tails_add - 1)
         doc.append(
             f"- the last rows of ``batch.{f.tails_kv}``: "
-            f"``batch.{f.tails_kv_table}[indices, {naming.buffer(f)}[indices]]``."
+            f"``batch.{f.tails_kv_table}[indices, {at}]``."
         )
     if f.host_mirror is not None:
         doc.append(f"- the last rows of ``batch.{f.host_mirror}``: a host copy.")

@@ -147,13 +147,9 @@ class MapRelay:
         n, device = len(batch), batch.req_pool_indices.device
         batch.seq_lens = torch.zeros(n, dtype=torch.int64, device=device)
         batch.seq_lens_cpu = torch.zeros(n, dtype=torch.int64)  # every row a tail
+        # The bundled ngram declares tails_add=0: its published lengths count the
+        # token a row decodes now.
         self._tails.resolve_tails(batch)
-        # The map binds a tail to its published length plus the token the row decodes
-        # now (sglang publishes committed lengths); the engine's published lengths
-        # count that token already.
-        batch.seq_lens = batch.seq_lens - 1
-        batch.seq_lens_cpu = batch.seq_lens_cpu - 1
-        batch.seq_lens_sum -= n
 
     def scheduled(self, batch: ForwardBatch) -> None:
         if self._lane is not None:

@@ -68,6 +68,7 @@ SCHEMA = Schema(
             host_sum="seq_lens_sum",
             guard=Guard.POSITIVE,
             tails="mix_running_indices",
+            tails_add=0,  # the published length counts the token a row decodes now
             doc="Each request's sequence length after verification (accepted tokens "
             "included); a mixed batch's decode rows bind it late (resolve_tails).",
         ),

@@ -209,8 +209,8 @@ class ReferenceRelay:
     def resolve_tails(self, field: str, batch: Any) -> None:
         """Late binding of a mixed batch's decode tails (docs/schema.md): with the
         decode rows' slots in ``batch.<tails>`` (the batch's last rows), each one's
-        entry of the target (and of the host mirror) becomes its published length + 1,
-        its KV location ``table[slot, published length]``; the host sum is the
+        entry of the target (and of the host mirror) becomes its published length plus
+        ``tails_add``, its KV location ``table[slot, published + tails_add - 1]``; the host sum is the
         mirror's. Nothing is consumed: it is a second read of the published values."""
         f = self.fields[field]
         assert f.tails is not None and f.target is not None
@@ -227,15 +227,17 @@ class ReferenceRelay:
                 new[current.shape[0] - n + k] = value
             set_path(batch, path, new)
 
-        bound(f.target, lengths + 1)
+        bound(f.target, lengths + f.tails_add)
         if f.tails_kv is not None and f.tails_kv_table is not None:
             table: torch.Tensor = get_path(batch, f.tails_kv_table)
             bound(
                 f.tails_kv,
-                torch.stack([table[s, int(x)] for s, x in zip(slots, lengths)]),
+                torch.stack(
+                    [table[s, int(x) + f.tails_add - 1] for s, x in zip(slots, lengths)]
+                ),
             )
         if f.host_mirror is not None:
-            bound(f.host_mirror, lengths + 1)
+            bound(f.host_mirror, lengths + f.tails_add)
             if f.host_sum is not None:
                 set_path(batch, f.host_sum, int(get_path(batch, f.host_mirror).sum()))
 

@@ -135,6 +135,17 @@ SCHEMA_CASES = {
         [TOKENS],
         "owners='input_ids' is also where 'tokens' resolves to",
     ),
+    "owners through an optional parent": (
+        '    owners="spec_info.rids",\n    optional_parents={"spec_info": IfNone.SKIP},\n',
+        [
+            TOKENS,
+            (
+                'Field("draft", lane=Lane.FORWARD, dtype=torch.int64, '
+                'target="spec_info.draft"),'
+            ),
+        ],
+        "owners='spec_info.rids' goes through an optional parent",
+    ),
     "owners that are no path": (
         '    owners="request ids",\n',
         [TOKENS],

@@ -134,6 +134,20 @@ CASES: list[tuple[str, Field, list[Field], str, str]] = [
         'add tails="mix_running_indices"',
     ),
     (
+        "tails-add-without-tails",
+        lens(tails_add=0),
+        [],
+        "which needs tails=...",
+        "or remove tails_add",
+    ),
+    (
+        "tails-add-negative",
+        lens(tails_add=-1, **TAILS),
+        [],
+        "tails_add must be 0 or a positive int",
+        "tails_add=0 where they count it",
+    ),
+    (
         "tails-not-a-path",
         lens(tails="mix running"),
         [],

@@ -92,6 +92,7 @@ def fields(draw: st.DrawFn, i: int) -> Field:
         lengths = shape == () and dtype in (torch.int64, torch.int32) and not optional
         if lengths and resolve is Resolve.GATHER and draw(st.booleans()):
             late["tails"] = f"x{i}_{tail}"  # late-bound tails
+            late["tails_add"] = draw(st.sampled_from([0, 1, 2]))
             if draw(st.booleans()):
                 late["tails_kv"] = f"kv{i}_{tail}"
                 late["tails_kv_table"] = f"kt{i}_{tail}"

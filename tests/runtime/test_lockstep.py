@@ -259,6 +259,7 @@ def _every_option() -> Schema:
                 tails="mix_running_indices",
                 tails_kv="out_cache_loc",
                 tails_kv_table="req_to_token",
+                tails_add=2,
             ),
             Field(
                 "conf",
