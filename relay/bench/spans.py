@@ -105,7 +105,7 @@ def plain_step(
     cols = torch.arange(DRAFTS, device=device)
     input_ids = torch.full((work.size,), -1, device=device)
     n = idx.numel()
-    # The host checks relay makes with one op (slots above 16, positions above 48).
+    # The host checks relay makes with one op (slots above 32, positions above 48).
     slots_op = device.type == "cpu" and n > HOST_SLOTS_IN_PYTHON_MAX
     starts_op = device.type == "cpu" and n > HOST_POSITIONS_IN_PYTHON_MAX
 

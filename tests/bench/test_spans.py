@@ -19,7 +19,7 @@ CPU = torch.device("cpu")
 @pytest.mark.parametrize("batch", [1, 8, 20, 64, 256])
 def test_the_plain_floor_makes_the_generated_steps_ops(batch: int) -> None:
     """Same data ops and view ops in the same order, over the map's own buffers, from
-    the host checks' one-op forms (above 16 slots, above 48 positions) to none."""
+    the host checks' one-op forms (above 32 slots, above 48 positions) to none."""
     work = spans.workload(batch, CPU)
     generated, relay, relay_batch = spans.relay_step(work, CPU)
     plain, input_ids = spans.plain_step(work, relay, CPU)
