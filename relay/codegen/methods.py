@@ -559,12 +559,12 @@ def graph_wrote(schema: Schema) -> list[str]:
 
 def resolve_tails(schema: Schema, f: Field) -> list[str]:
     """Late binding of a mixed batch's decode tails from field ``f``'s published rows:
-    a stream-ordered fence wait, one gather, then each declared tail rebuilt on a copy
-    of the batch's tensor; debug mode checks the second read."""
+    a stream-ordered fence wait, one gather, then each declared tail built on a copy of
+    the batch's tensor, and only when all are built is the batch rebound (a refusal
+    leaves it as it was); debug mode checks the second read."""
     assert f.tails is not None and f.target is not None
     i = schema.fields.index(f)
     value = naming.value_local(f)
-    grown = plus(value, f.tails_add)
     lines = [
         f"indices = batch.{f.tails}",
         "if indices.numel() == 0:",
@@ -574,21 +574,20 @@ def resolve_tails(schema: Schema, f: Field) -> list[str]:
         *_slots_read("resolve_tails"),
         *_stashed(schema, f),
         f"{value} = {_buf(f)}.index_select(0, indices)",
-        f"batch.{f.target} = _rt.bind_tails(batch.{f.target}, {grown})",
     ]
+    bound = [(f.target, "tail_lengths", plus(value, f.tails_add))]
     if f.tails_kv is not None:
         locations = f"batch.{f.tails_kv_table}[indices, {plus(value, f.tails_add - 1)}]"
-        lines.append(
-            f"batch.{f.tails_kv} = _rt.bind_tails(batch.{f.tails_kv}, {locations})"
-        )
+        bound.append((f.tails_kv, "tail_locations", locations))
     if f.host_mirror is not None:  # validation: a host_sum comes with a host_mirror
-        mirror = f"batch.{f.host_mirror}"
-        lines += [
-            f"host = {plus(f'self.{naming.host_mirror(f)}.copy({value})', f.tails_add)}",
-            f"{mirror} = _rt.bind_tails({mirror}, host)",
-        ]
-        if f.host_sum is not None:
-            lines.append(f"batch.{f.host_sum} = _rt.host_sum({mirror})")
+        copied = f"self.{naming.host_mirror(f)}.copy({value})"
+        bound.append((f.host_mirror, "tail_host", plus(copied, f.tails_add)))
+    lines += [
+        f"{local} = _rt.bind_tails(batch.{a}, {rows})" for a, local, rows in bound
+    ]
+    lines += [f"batch.{a} = {local}" for a, local, _ in bound]
+    if f.host_sum is not None:
+        lines.append(f"batch.{f.host_sum} = _rt.host_sum(tail_host)")
     return [
         *lines,
         "if debug is not None:",

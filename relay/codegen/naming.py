@@ -57,6 +57,9 @@ RESERVED = frozenset(
         "index_shape",
         "owners",
         "host",
+        "tail_lengths",
+        "tail_locations",
+        "tail_host",
         "state",
         "stream_ordered",
         # attributes of the map

@@ -181,6 +181,22 @@ def test_tails_are_bound_from_the_published_lengths() -> None:
         relay.resolve_seq_lens_cpu(batch(seq_lens=None, seq_lens_cpu=None))
 
 
+def test_a_refused_tail_leaves_the_batch_as_it_was() -> None:
+    """A tail that cannot be bound (the batch's KV locations shorter than its decode
+    rows) is refused before any of the batch's attributes is rebound."""
+    relay = new_map(False)
+    relay.publish(SLOTS, torch.tensor([30, 40]))
+    b = mixed()
+    b.out_cache_loc = torch.arange(1, dtype=torch.int32)
+    before = dict(vars(b))
+    with pytest.raises(
+        RelayError, match="2 decode rows, but the batch's tensor has only 1"
+    ):
+        relay.resolve_tails(b)
+    assert vars(b) == before  # the very same objects
+    assert b.seq_lens.tolist() == [9, 9, 9, 9]
+
+
 def test_planted_bug_a_stale_tail() -> None:
     """Tails bound after the schedule resolve consumed the lengths would carry a stale
     length: debug mode names it."""
