@@ -72,6 +72,10 @@ class StreamObserver(Protocol):
         """The calling thread's stream (or host thread) waited on ``event``'s record
         ``token`` (from ``recorded``; ``None``: no record, a wait on nothing)."""
 
+    def chained(self, later: Any, earlier: Any) -> None:
+        """A fence record made before record ``earlier`` ran, by a task later in host
+        order, counts as chained after it (Note [Fence chaining in host order])."""
+
 
 #: The checker to report to, or ``None`` (the default: nothing is reported).
 observer: StreamObserver | None = None
@@ -121,6 +125,19 @@ def _host_order() -> int:
     """A place in the host order of tasks, for work done now outside any stream."""
     with _submission_lock:
         return next(_submission_order)
+
+
+# Note [Fence chaining in host order]
+# A fence chains its records (Note [Fence chaining] in relay/device.py) in the order
+# the host enqueues them, as on CUDA, where ``Fence.record`` runs on the host. Here it
+# runs inside the worker's task, so two streams may record in the reverse of host
+# order: the task submitted second records first. Deciding the chain in that order
+# would model a fence CUDA never builds (the newest record in host order chained after
+# nothing), and debug mode would report a race the host's wait does not have. So a
+# fence's record on the CPU always waits for the newest record before its task in
+# host order, and records that tasks later in host order have already made count as
+# chained after it: on CUDA those tasks' records would have waited for this one. No
+# wait has joined them yet: a wait that may pick them waits for this task first.
 
 
 # Note [Seeded schedules]
@@ -605,13 +622,28 @@ class CpuEvent:
     def record(self) -> None:
         """Record on the calling thread's stream. CPU ops are synchronous, so the work
         before this point has already run: the record completes at once."""
+        self._record(chained=False)
+
+    def record_chained(self) -> None:
+        """Record as a chained fence does (Note [Fence chaining] in relay/device.py),
+        in host order (Note [Fence chaining in host order]): after the newest record
+        made before this task in host order, whichever stream and whenever it ran."""
+        self.wait()
+        self._record(chained=True)
+
+    def _record(self, chained: bool) -> None:
         if _schedule is not None:
             _switch()
         stream = current_cpu_stream()
         if observer is not None:
             # A task's record sits at its submission in host order; a host's, now.
             order = stream.running_order if stream is not None else _host_order()
-            self._history.append((order, observer.recorded(self)))
+            token = observer.recorded(self)
+            if chained:
+                for later, theirs in self._history:
+                    if later > order:
+                        observer.chained(theirs, token)
+            self._history.append((order, token))
             self._forget_unreachable()
         if stream is not None:
             self._records[stream] = stream.running_ticket

@@ -316,6 +316,11 @@ class Fence:
     def record(self) -> None:
         """Mark the point the current stream has reached (end of a publish)."""
         policy = self._policy
+        if (
+            type(policy) is CpuPolicy
+        ):  # Note [Fence chaining in host order], cpu_stream.py
+            (self._event or self._get_event()).record_chained()
+            return
         stream = policy.current_stream()
         event = self._event
         if event is None:
