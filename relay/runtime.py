@@ -62,6 +62,7 @@ __all__ = [
     "Unwritten",
     "adopted",
     "apply_seeds",
+    "bind_tail_list",
     "bind_tails",
     "buffer",
     "check_dim",
@@ -1344,6 +1345,18 @@ def bind_tails(target: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     bound = target.clone()
     bound[target.shape[0] - n :] = rows
     return bound
+
+
+def bind_tail_list(target: list[int], rows: torch.Tensor) -> list[int]:
+    """A new list: ``target`` with its last ``len(rows)`` entries the host ``rows``."""
+    n = rows.shape[0]
+    if n > len(target):
+        raise RelayError(
+            f"resolve_tails: {n} decode rows, but the batch's list has only "
+            f"{len(target)} entries; the decode rows are the batch's last rows"
+        )
+    values: list[int] = rows.tolist()
+    return [*target[: len(target) - n], *values]
 
 
 def read_tails(s: MapState, i: int, indices: torch.Tensor) -> None:

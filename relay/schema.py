@@ -268,6 +268,10 @@ class Field:
     #: 0 where the published length counts that token already. Its KV write location
     #: is ``table[slot, published + tails_add - 1]``.
     tails_add: int = 1
+    #: With ``tails`` and ``host_mirror``: batch attribute of a host list of ints whose
+    #: last entries become each decode row's prefix length, the tokens before the one
+    #: it decodes now (``published + tails_add - 1``): sglang's ``prefix_lens``.
+    tails_prefix: str | None = None
     declared_at: SourceLocation = attrs.field(
         factory=_declaration_site, kw_only=True, eq=False, repr=False
     )

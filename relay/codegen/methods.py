@@ -575,17 +575,22 @@ def resolve_tails(schema: Schema, f: Field) -> list[str]:
         *_stashed(schema, f),
         f"{value} = {_buf(f)}.index_select(0, indices)",
     ]
-    bound = [(f.target, "tail_lengths", plus(value, f.tails_add))]
+    bind = "_rt.bind_tails"
+    bound = [(f.target, "tail_lengths", bind, plus(value, f.tails_add))]
     if f.tails_kv is not None:
         locations = f"batch.{f.tails_kv_table}[indices, {plus(value, f.tails_add - 1)}]"
-        bound.append((f.tails_kv, "tail_locations", locations))
-    if f.host_mirror is not None:  # validation: a host_sum comes with a host_mirror
+        bound.append((f.tails_kv, "tail_locations", bind, locations))
+    if f.host_mirror is not None:  # validation: host_sum, tails_prefix need a mirror
         copied = f"self.{naming.host_mirror(f)}.copy({value})"
-        bound.append((f.host_mirror, "tail_host", plus(copied, f.tails_add)))
-    lines += [
-        f"{local} = _rt.bind_tails(batch.{a}, {rows})" for a, local, rows in bound
-    ]
-    lines += [f"batch.{a} = {local}" for a, local, _ in bound]
+        if f.tails_prefix is not None:  # one host copy for both
+            lines.append(f"host = {copied}")
+            copied = "host"
+        bound.append((f.host_mirror, "tail_host", bind, plus(copied, f.tails_add)))
+    if f.tails_prefix is not None:
+        rows = plus("host", f.tails_add - 1)
+        bound.append((f.tails_prefix, "tail_prefix", "_rt.bind_tail_list", rows))
+    lines += [f"{local} = {call}(batch.{a}, {rows})" for a, local, call, rows in bound]
+    lines += [f"batch.{a} = {local}" for a, local, _, _ in bound]
     if f.host_sum is not None:
         lines.append(f"batch.{f.host_sum} = _rt.host_sum(tail_host)")
     return [

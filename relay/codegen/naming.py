@@ -60,6 +60,7 @@ RESERVED = frozenset(
         "tail_lengths",
         "tail_locations",
         "tail_host",
+        "tail_prefix",
         "state",
         "stream_ordered",
         # attributes of the map
@@ -241,7 +242,7 @@ def bound_names(schema: Schema) -> frozenset[str]:
         for path in (f.target, f.host_mirror, f.host_sum):
             if path is not None:
                 names.update(_path_names(schema, path))
-        for path in (f.tails, f.tails_kv, f.tails_kv_table):
+        for path in (f.tails, f.tails_kv, f.tails_kv_table, f.tails_prefix):
             if isinstance(path, str):
                 names.update(_path_names(schema, path))
         if f.lane is Lane.SCHEDULE:
@@ -330,8 +331,14 @@ def clean_doc(text: str) -> str:
     """``text`` as ``inspect.getdoc`` shows a doc string: ``inspect.cleandoc``, with no
     trailing blanks (a formatter strips them from doc strings)."""
     # cleandoc splits on "\n" only: other line breaks stay inside a line, escaped.
-    lines = [line.rstrip() for line in inspect.cleandoc(text).split("\n")]
-    return "\n".join(lines).rstrip()
+    # Repeated until nothing changes: a line of blanks first is kept by cleandoc, yet
+    # reads back as no line at all, and the line after it then loses its indent.
+    while True:
+        lines = [line.rstrip() for line in inspect.cleandoc(text).split("\n")]
+        cleaned = "\n".join(lines).strip("\n")
+        if cleaned == text:
+            return cleaned
+        text = cleaned
 
 
 def doc_text(text: str) -> str:

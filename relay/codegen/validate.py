@@ -1139,7 +1139,7 @@ def _check_left_and_late(c: _Collector, f: Field) -> None:
                 f"{option} must be True or False (got {_got(getattr(f, option))})",
                 f"write {option}=True, or leave it out",
             )
-    for option in ("tails", "tails_kv", "tails_kv_table"):
+    for option in ("tails", "tails_kv", "tails_kv_table", "tails_prefix"):
         value = getattr(f, option)
         if value is not None and not _valid_path(value):
             c.add(
@@ -1170,6 +1170,7 @@ _TAILS_EXAMPLE = {
     "tails": "mix_running_indices",
     "tails_kv": "out_cache_loc",
     "tails_kv_table": "req_to_token",
+    "tails_prefix": "prefix_lens",
 }
 
 
@@ -1243,25 +1244,37 @@ def _tails_add_problems(f: Field) -> list[Problem]:
     return []
 
 
+def _untailed_problems(f: Field) -> list[Problem]:
+    """Options that add to ``resolve_tails`` on a field without ``tails``."""
+    if f.tails_prefix is not None:
+        return [
+            (
+                (
+                    "tails_prefix rebuilds a mixed batch's host prefix lengths in "
+                    "resolve_tails, which needs tails=..."
+                ),
+                'add tails="mix_running_indices", or remove tails_prefix',
+            )
+        ]
+    if f.tails_kv is not None or f.tails_kv_table is not None:
+        return [
+            (
+                (
+                    "tails_kv and tails_kv_table rebuild a mixed batch's KV write "
+                    "locations in resolve_tails, which needs tails=..."
+                ),
+                'add tails="mix_running_indices", or remove tails_kv and tails_kv_table',
+            )
+        ]
+    return []
+
+
 def _tails_problems(schema: Schema, f: Field) -> list[Problem]:
     added = _tails_add_problems(f)
     if added:
         return added
     if f.tails is None:
-        if f.tails_kv is not None or f.tails_kv_table is not None:
-            return [
-                (
-                    (
-                        "tails_kv and tails_kv_table rebuild a mixed batch's KV write "
-                        "locations in resolve_tails, which needs tails=..."
-                    ),
-                    (
-                        'add tails="mix_running_indices", or remove tails_kv and '
-                        "tails_kv_table"
-                    ),
-                )
-            ]
-        return []
+        return _untailed_problems(f)
     problems = []
     if f.lane is not Lane.SCHEDULE:
         problems.append(
@@ -1307,7 +1320,15 @@ def _tails_problems(schema: Schema, f: Field) -> list[Problem]:
                 "gather the field into a target, or remove tails",
             )
         )
-    if f.host_sum is not None and f.host_mirror is None:
+    return problems + _tails_host_problems(f) + _tails_path_problems(schema, f)
+
+
+def _tails_host_problems(f: Field) -> list[Problem]:
+    """What ``resolve_tails`` builds from the host copy needs the host mirror."""
+    if f.host_mirror is not None:
+        return []
+    problems = []
+    if f.host_sum is not None:
         problems.append(
             (
                 (
@@ -1317,7 +1338,17 @@ def _tails_problems(schema: Schema, f: Field) -> list[Problem]:
                 'add host_mirror="seq_lens_cpu", or remove host_sum',
             )
         )
-    return problems + _tails_path_problems(schema, f)
+    if f.tails_prefix is not None:
+        problems.append(
+            (
+                (
+                    "tails_prefix rebuilds a host list from the host copy of the "
+                    "published lengths, so it needs host_mirror as well"
+                ),
+                'add host_mirror="seq_lens_cpu", or remove tails_prefix',
+            )
+        )
+    return problems
 
 
 def _tails_path_problems(schema: Schema, f: Field) -> list[Problem]:
@@ -1341,7 +1372,7 @@ def _tails_path_problems(schema: Schema, f: Field) -> list[Problem]:
         if isinstance(schema.optional_parents, tuple)
         else set()
     )
-    for option in ("tails", "tails_kv", "tails_kv_table"):
+    for option in ("tails", "tails_kv", "tails_kv_table", "tails_prefix"):
         path = getattr(f, option)
         if isinstance(path, str) and path.split(".")[0] in parents:
             problems.append(

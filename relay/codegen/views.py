@@ -412,6 +412,19 @@ def _methods(schema: Schema, packed: Sequence[PackedGroup]) -> list[Method]:
     return found
 
 
+def _tails_attributes(f: Field) -> list[tuple[str, str, bool]]:
+    """What ``resolve_tails`` reads (the slots, the table) and rebinds (the KV write
+    locations, the prefix list) besides the target and host mirror: path, type,
+    writable."""
+    found = [(f.tails, "torch.Tensor", False)] if f.tails is not None else []
+    if f.tails_kv is not None and f.tails_kv_table is not None:
+        found += [(f.tails_kv, "torch.Tensor", True)]
+        found += [(f.tails_kv_table, "torch.Tensor", False)]
+    if f.tails_prefix is not None:
+        found.append((f.tails_prefix, "list[int]", True))
+    return found
+
+
 def _resolve_tails(schema: Schema, f: Field, batch: str) -> Method:
     doc = [
         "Late-bind a mixed batch's decode tails from the published ``"
@@ -435,6 +448,12 @@ def _resolve_tails(schema: Schema, f: Field, batch: str) -> Method:
         doc.append(f"- the last rows of ``batch.{f.host_mirror}``: a host copy.")
     if f.host_sum is not None:
         doc.append(f"- ``batch.{f.host_sum}``: the sum of the host copy.")
+    if f.tails_prefix is not None:
+        prefix = methods.plus(f"{naming.buffer(f)}[indices]", f.tails_add - 1)
+        doc.append(
+            f"- the last entries of the list ``batch.{f.tails_prefix}``: "
+            f"``{prefix}``, from the host copy."
+        )
     body = methods.resolve_tails(schema, f)
     head = f"def resolve_tails(self, {batch}) -> None:"
     return Method(head, tuple(naming.doc_text(line) for line in doc), tuple(body))
@@ -517,11 +536,8 @@ def _protocol_set(schema: Schema, lane: Lane | None) -> tuple[ProtocolView, ...]
             add(f.host_mirror, tensor, True)
         if f.host_sum is not None and (resolved or tails):
             add(f.host_sum, "int | None" if f.optional else "int", True)
-        if f.tails is not None and tails:
-            add(f.tails, "torch.Tensor", False)
-        if f.tails_kv is not None and f.tails_kv_table is not None and tails:
-            add(f.tails_kv, "torch.Tensor", True)
-            add(f.tails_kv_table, "torch.Tensor", False)
+        for tail, type_, writable in _tails_attributes(f) if tails else ():
+            add(tail, type_, writable)
     for parent, _how in schema.optional_parents:  # a parent, or the slots path itself
         *head, leaf = parent.split(".")
         current = members.get(tuple(head), {}).get(leaf)

@@ -99,6 +99,7 @@ SCHEMA = Schema(
             tails="mix_running_indices",
             tails_kv="out_cache_loc",
             tails_kv_table="req_to_token",
+            tails_prefix="prefix_lens",
             doc="Each request's sequence length after verification (accepted tokens "
             "included).",
         ),

@@ -566,12 +566,14 @@ class _Driver:
                 width = 1002  # every published length the harness draws, and 1 more
                 table = torch.arange(self.pool_size * width).reshape(-1, width)
                 set_path(batch, f.tails_kv_table, table)
+            if f.tails_prefix is not None:
+                set_path(batch, f.tails_prefix, [int(x) - 1 for x in lengths])
             batches.append(batch)
         map_batch, model_batch = batches
         self.history.append(f"resolve_tails({slots})")
         self.map.resolve_tails(map_batch)  # on the host, behind the map's fence
         self.model.resolve_tails(f.name, model_batch)
-        paths = [f.target, f.tails_kv, f.host_mirror, f.host_sum]
+        paths = [f.target, f.tails_kv, f.host_mirror, f.host_sum, f.tails_prefix]
         if slots:
             self._compare(
                 f"resolve_tails({slots})",

@@ -211,7 +211,7 @@ class ReferenceRelay:
         decode rows' slots in ``batch.<tails>`` (the batch's last rows), each one's
         entry of the target (and of the host mirror) becomes its published length plus
         ``tails_add``, its KV location ``table[slot, published + tails_add - 1]``; the host sum is the
-        mirror's. Nothing is consumed: it is a second read of the published values."""
+        mirror's; its entry of the prefix list, ``published + tails_add - 1``. Nothing is consumed: it is a second read of the published values."""
         f = self.fields[field]
         assert f.tails is not None and f.target is not None
         slots = [int(s) for s in get_path(batch, f.tails).tolist()]
@@ -240,6 +240,10 @@ class ReferenceRelay:
             bound(f.host_mirror, lengths + f.tails_add)
             if f.host_sum is not None:
                 set_path(batch, f.host_sum, int(get_path(batch, f.host_mirror).sum()))
+        if f.tails_prefix is not None:
+            prefix: list[int] = get_path(batch, f.tails_prefix)
+            prefixes = [int(x) + f.tails_add - 1 for x in lengths]
+            set_path(batch, f.tails_prefix, list(prefix[: len(prefix) - n]) + prefixes)
 
     def _resolve(self, f: FieldDecl, batch: Any) -> None:
         if self._parent_absent(f, batch):

@@ -354,7 +354,7 @@ class Run:
         self.map.resolve_tails(got)
         self.model.resolve_mixed_spec_tails(want)
         paths = ["seq_lens", "out_cache_loc", "seq_lens_cpu", "seq_lens_sum"]
-        self.compare("resolve_tails", got, want, paths)
+        self.compare("resolve_tails", got, want, [*paths, "prefix_lens"])
         self._write(slots, carry=self.decoded)
         self.pending.update(slots)
 

@@ -148,6 +148,7 @@ def _mixed(relay: SglangEagleFutureMap, *, planted: bool) -> SimpleNamespace:
     mixed.seq_lens = torch.tensor([3, 9])
     mixed.seq_lens_cpu = mixed.seq_lens.clone()
     mixed.seq_lens_sum = 12
+    mixed.prefix_lens = [2, 8]
     mixed.out_cache_loc = torch.tensor([100, 101])
     if not planted:
         relay.publish(_slots(2), torch.tensor([11]))
@@ -163,6 +164,7 @@ def test_a_stale_tail(planted: bool) -> None:
     length = 9 if planted else 11
     assert quiet.seq_lens.tolist() == [3, length + 1]
     assert quiet.out_cache_loc.tolist() == [100, int(TABLE[2, length])]
+    assert quiet.prefix_lens == [2, length]
     checked = SglangEagleFutureMap("cpu", POOL, debug=True)
     if not planted:
         _mixed(checked, planted=False)

@@ -134,6 +134,27 @@ CASES: list[tuple[str, Field, list[Field], str, str]] = [
         'add tails="mix_running_indices"',
     ),
     (
+        "tails-prefix-without-tails",
+        lens(tails_prefix="prefix_lens", host_mirror="seq_lens_cpu"),
+        [],
+        "host prefix lengths in resolve_tails, which needs tails=...",
+        "or remove tails_prefix",
+    ),
+    (
+        "tails-prefix-without-host-mirror",
+        lens(tails_prefix="prefix_lens", **TAILS),
+        [],
+        "from the host copy of the published lengths, so it needs host_mirror",
+        'add host_mirror="seq_lens_cpu", or remove tails_prefix',
+    ),
+    (
+        "tails-prefix-not-a-path",
+        lens(tails_prefix="prefix lens", host_mirror="seq_lens_cpu", **TAILS),
+        [],
+        "tails_prefix must be a dotted attribute path",
+        'write tails_prefix="prefix_lens"',
+    ),
+    (
         "tails-add-without-tails",
         lens(tails_add=0),
         [],
@@ -242,6 +263,7 @@ def test_every_option_together_is_valid() -> None:
                 tails="mix_running_indices",
                 tails_kv="out_cache_loc",
                 tails_kv_table="req_to_token",
+                tails_prefix="prefix_lens",
             ),
         ],
     )

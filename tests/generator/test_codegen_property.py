@@ -96,7 +96,9 @@ def fields(draw: st.DrawFn, i: int) -> Field:
             if draw(st.booleans()):
                 late["tails_kv"] = f"kv{i}_{tail}"
                 late["tails_kv_table"] = f"kt{i}_{tail}"
-            if host_sum is not None and host_mirror is None:
+            if draw(st.booleans()):
+                late["tails_prefix"] = f"p{i}_{tail}"
+            if (host_sum is not None or "tails_prefix" in late) and host_mirror is None:
                 host_mirror = f"hm{i}_{tail}"
     else:
         late["kept"] = draw(st.booleans())
@@ -341,3 +343,17 @@ def test_a_sample_passes_mypy_strict(tmp_path: Path) -> None:
     written += sorted(tmp_path.glob("every_*.py"))
     done = mypy_strict(written)
     assert (done.returncode, done.stdout) == (0, ""), done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("doc", ["\n \n\\", "\n \\\n\\", "\t\n  \n   a\n  b"])
+def test_a_doc_with_blank_lines_first_reads_back_as_cleaned(doc: str) -> None:
+    """A schema doc whose first lines are blanks (the draws that found it) reads back
+    from the generated class as ``clean_doc`` says, whatever its indents."""
+    schema = Schema(
+        name="DocFutureMap",
+        doc=doc,
+        fields=[Field("f", lane=Lane.FORWARD, dtype=torch.int64, target="t")],
+    )
+    module = _import(schema, render(schema, source=SOURCE, command="relay generate"))
+    shown = inspect.getdoc(module.DocFutureMap)
+    assert shown is not None and shown.startswith(naming.clean_doc(doc))

@@ -159,18 +159,20 @@ def mixed(prefill: int = 2) -> Namespace:
         seq_lens_sum=9 * n,
         out_cache_loc=torch.arange(n, dtype=torch.int32),
         req_to_token=torch.arange(POOL * 100).reshape(POOL, 100),
+        prefix_lens=[8] * n,
     )
 
 
 def test_tails_are_bound_from_the_published_lengths() -> None:
     """The decode rows' lengths become published + 1, their KV locations
-    req_to_token[slot, published], the host copy and sum follow; the prefill rows and
-    the batch's own tensors are left alone."""
+    req_to_token[slot, published], the host copy and sum follow, and their prefix
+    lengths the published ones; the prefill rows and the batch's own tensors and list
+    are left alone."""
     for debug in (False, True):
         relay = new_map(debug)
         relay.publish(SLOTS, torch.tensor([30, 40]), owners=RIDS)
         b = mixed()
-        own = b.seq_lens
+        own, own_prefix = b.seq_lens, b.prefix_lens
         relay.resolve_tails(b)
         assert b.seq_lens.tolist() == [9, 9, 31, 41]
         assert b.seq_lens_cpu.tolist() == [9, 9, 31, 41]
@@ -178,6 +180,8 @@ def test_tails_are_bound_from_the_published_lengths() -> None:
         assert b.out_cache_loc.tolist() == [0, 1, 230, 540]
         assert b.out_cache_loc.dtype == torch.int32
         assert own.tolist() == [9, 9, 9, 9]
+        assert b.prefix_lens == [8, 8, 30, 40]
+        assert own_prefix == [8, 8, 8, 8]
         relay.resolve_seq_lens_cpu(batch(seq_lens=None, seq_lens_cpu=None))
 
 
@@ -195,6 +199,21 @@ def test_a_refused_tail_leaves_the_batch_as_it_was() -> None:
         relay.resolve_tails(b)
     assert vars(b) == before  # the very same objects
     assert b.seq_lens.tolist() == [9, 9, 9, 9]
+
+
+def test_a_prefix_list_shorter_than_the_decode_rows_is_refused() -> None:
+    """The prefix list is the batch's too: shorter than its decode rows, refused with
+    the batch as it was."""
+    relay = new_map(False)
+    relay.publish(SLOTS, torch.tensor([30, 40]))
+    b = mixed()
+    b.prefix_lens = [8]
+    before = dict(vars(b))
+    with pytest.raises(
+        RelayError, match="2 decode rows, but the batch's list has only 1"
+    ):
+        relay.resolve_tails(b)
+    assert vars(b) == before
 
 
 def test_planted_bug_a_stale_tail() -> None:

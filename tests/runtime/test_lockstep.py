@@ -260,6 +260,7 @@ def _every_option() -> Schema:
                 tails_kv="out_cache_loc",
                 tails_kv_table="req_to_token",
                 tails_add=2,
+                tails_prefix="prefix_lens",
             ),
             Field(
                 "conf",

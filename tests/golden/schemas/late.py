@@ -56,6 +56,7 @@ SCHEMA = Schema(
             tails="mix_running_indices",
             tails_kv="out_cache_loc",
             tails_kv_table="req_to_token",
+            tails_prefix="prefix_lens",
             doc="Lengths after verification; late-bound into mixed batches' tails.",
         ),
     ],
