@@ -316,10 +316,11 @@ class Fence:
     def record(self) -> None:
         """Mark the point the current stream has reached (end of a publish)."""
         policy = self._policy
-        if (
-            type(policy) is CpuPolicy
-        ):  # Note [Fence chaining in host order], cpu_stream.py
-            (self._event or self._get_event()).record_chained()
+        if type(policy) is CpuPolicy:
+            # The event chains in host order (Note [Fence chaining in host order] in
+            # relay/cpu_stream.py), whichever worker runs first.
+            event = self._event if self._event is not None else self._get_event()
+            event.record_chained()
             return
         stream = policy.current_stream()
         event = self._event

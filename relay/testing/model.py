@@ -210,8 +210,10 @@ class ReferenceRelay:
         """Late binding of a mixed batch's decode tails (docs/schema.md): with the
         decode rows' slots in ``batch.<tails>`` (the batch's last rows), each one's
         entry of the target (and of the host mirror) becomes its published length plus
-        ``tails_add``, its KV location ``table[slot, published + tails_add - 1]``; the host sum is the
-        mirror's; its entry of the prefix list, ``published + tails_add - 1``. Nothing is consumed: it is a second read of the published values."""
+        ``tails_add``, its KV location ``table[slot, published + tails_add - 1]`` and
+        its entry of the prefix list ``published + tails_add - 1``; the host sum is
+        the mirror's. Nothing is consumed: it is a second read of the published
+        values."""
         f = self.fields[field]
         assert f.tails is not None and f.target is not None
         slots = [int(s) for s in get_path(batch, f.tails).tolist()]
