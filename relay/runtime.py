@@ -57,6 +57,7 @@ __all__ = [
     "Resolve",
     "Schema",
     "Seed",
+    "Span",
     "Table",
     "TargetShape",
     "Unwritten",
@@ -89,6 +90,7 @@ __all__ = [
     "scatter_span",
     "scattered",
     "seed",
+    "span_at",
     "stash",
     "stash_partial",
     "write_kept",
@@ -351,12 +353,45 @@ def read_slots(s: MapState, op: str, indices: torch.Tensor) -> torch.Tensor:
 # A scatter writes each request's row at its start offset in a flat target, and
 # index_copy_ checks positions one by one as it goes: a bad offset would leave the
 # target partly written, and a torch error would name no map, field or request. So
-# the positions are checked before the scatter: what costs no device read always (a
-# tensor of integer offsets, int32 taken, one per request), the range on the CPU
-# (one aminmax, read on the host), and in debug mode, on every device, the range and
-# that no two requests' rows overlap (``DebugChecks.check_scatter``), then, after
-# it, that no negative placeholder is left in a target whose field is guarded
-# non-negative (vLLM's -1: a position no request's row covered).
+# the target and the positions are checked before the scatter, with debug on and off
+# alike: always what costs no device read (a flat target of the field's dtype on the
+# map's device; integer offsets, int32 taken, one per request); on the CPU, where
+# offsets and counts are read on the host anyway, each count in its row's width and
+# each request's span inside the target and apart from every other request's
+# (``_spans_ok``, no op up to ``HOST_POSITIONS_IN_PYTHON_MAX`` requests). Off the CPU
+# a count outside its row is a device-side assert (``assert_counts``: no sync), and a
+# position outside the target the index op's own; overlapping spans are debug mode's
+# there. Debug mode checks ranges and overlaps on every device
+# (``DebugChecks.check_scatter``) and, in a target one of whose fields is guarded
+# non-negative, that every position a span writes holds a negative placeholder before
+# the scatter (``DebugChecks.check_claimed``: a span running into a request the
+# scatter does not write, such as the next prefill row) and that none is left after
+# it (vLLM's -1: a position no request's row covered). A resolve of several scatter
+# targets plans every one (``scatter_at``, ``span_at``) before it writes the first.
+
+
+def _target(s: MapState, i: int, target: object) -> int:
+    """The size of ``target``, field ``i``'s scatter target, if a scatter may write it:
+    a flat tensor of the field's buffer's dtype on the map's device; refused if not."""
+    dtype = s.dtypes[i]
+    if (
+        type(target) is torch.Tensor
+        and target.dtype is dtype
+        and target.ndim == 1
+        and target.device == s.device
+    ):
+        return target.numel()
+    f = s.table.fields[i]
+    got = (
+        f"a {target.dtype} tensor of shape {tuple(target.shape)} on {target.device}"
+        if isinstance(target, torch.Tensor)
+        else f"a {type(target).__name__}"
+    )
+    raise RelayError(
+        f"{s.table.what(i)}: batch.{f.target} must be a flat {dtype} tensor on "
+        f"{s.device} to scatter the field into, got {got}. Declare the field with the "
+        f"target's dtype, or hand a {dtype} target. Nothing was written"
+    )
 
 
 def scatter_at(
@@ -383,27 +418,16 @@ def scatter_at(
             f"{what} must hold one integer start offset per request ({n}, an int64 "
             f"or int32 vector), got {got}. Nothing was written"
         )
+    size = _target(s, i, target)
     starts = offsets if offsets.dtype is torch.int64 else offsets.long()
     width = math.prod(s.rows[i])
     debug = s.debug
     if debug is not None:
-        debug.check_scatter(f.name, indices, starts, width, target.numel())
-    elif starts.is_cpu:
-        low, high = torch.aminmax(starts)
-        if (
-            cast(int, low.tolist()) < 0
-            or cast(int, high.tolist()) + width > target.numel()
-        ):
-            bad = next(
-                j
-                for j, at in enumerate(cast(list[int], starts.tolist()))
-                if at < 0 or at + width > target.numel()
-            )
-            raise RelayError(
-                f"{what}: request {bad} (slot {int(indices[bad])}) starts at "
-                f"{int(starts[bad])}, so its {width} value(s) would not fit the "
-                f"target's {target.numel()} positions. Nothing was written"
-            )
+        debug.check_scatter(f.name, indices, starts, width, size)
+        if _guarded(s, i):
+            _debug_claims(s, debug, (i,), indices, starts, [width], [None], target)
+    elif starts.is_cpu and not _spans_ok(starts, [], [], width, size):
+        _name_span(s, (i,), indices, starts, [width], [None], size)
     if not s.rows[i]:
         return starts
     columns = s.columns.get(i)
@@ -412,34 +436,46 @@ def scatter_at(
     return (starts.unsqueeze(1) + columns).flatten()
 
 
+def _guarded(s: MapState, i: int) -> bool:
+    """Whether a scatter field into field ``i``'s target is guarded non-negative."""
+    target = s.table.fields[i].target
+    return any(
+        g.guard in (Guard.NON_NEGATIVE, Guard.POSITIVE)
+        for g in s.table.fields
+        if g.resolve is Resolve.SCATTER and g.target == target
+    )
+
+
 def scattered(s: MapState, i: int, target: torch.Tensor) -> None:
     """Debug mode, after field ``i``'s scatter (the last of those into its target): a
     target one of whose fields is guarded non-negative holds no negative placeholder
     (Note [Scatter destinations])."""
-    f = s.table.fields[i]
-    guarded = any(
-        g.guard in (Guard.NON_NEGATIVE, Guard.POSITIVE)
-        for g in s.table.fields
-        if g.resolve is Resolve.SCATTER and g.target == f.target
-    )
-    if s.debug is not None and guarded:
-        s.debug.check_scattered(f.name, target)
+    if s.debug is not None and _guarded(s, i):
+        s.debug.check_scattered(s.table.fields[i].name, target)
 
 
 # Note [Counted scatters]
 # A scatter field that declares ``lengths`` lays only each request's first
 # ``lengths[i]`` values of its row into the target, and one that declares ``after``
 # starts where another scatter field into the same target ends in each request's span
-# (the sampled token, then 0 to K drafts). Such a target's fields are one call,
-# ``scatter_span``: every field's counts and every request's span checked, then each
-# field written, so a refused resolve writes none of them. Rows keep their full width
-# in the buffer: what varies is how many of a row's values a resolve lays in, so a
-# producer and a consumer cannot disagree on where a row's values are, only on how
-# many there are. Debug mode keeps the count each stash carried per slot and reports
-# a resolve that reads more (reading fewer is a trim, the scheduler's right). On the
-# CPU the values are picked with a mask; elsewhere a mask would read the counts back
-# to the host, a sync that stalls the overlap, so each covered position takes the
-# value of the one entry that covers it (``scatter_kept``), with no host read.
+# (the sampled token, then 0 to K drafts). Such a target's fields are planned by one
+# call, ``span_at``: every field's counts and every request's span checked (Note
+# [Scatter destinations]), each field's positions and values built; ``scatter_span``
+# then writes them, so a refused resolve writes none of them. A count is 0 to its
+# row's width in both modes: one outside is refused, never clamped (a count above the
+# width would leave a gap before the next field, a negative one lay it over the field
+# before). Rows keep their full width in the buffer: what varies is how many of a
+# row's values a resolve lays in, so a producer and a consumer cannot disagree on
+# where a row's values are, only on how many there are. Debug mode keeps the count
+# each stash carried per slot and reports a resolve that reads more (reading fewer is
+# a trim, the scheduler's right). On the CPU the values are picked with a mask;
+# elsewhere a mask would read the counts back to the host, a sync that stalls the
+# overlap, so each covered position takes the value of the one entry that covers it
+# (``scatter_kept``), with no host read.
+
+#: What ``span_at`` hands ``scatter_span``: each field's positions, values, and the
+#: mask of the entries it keeps (``None``: all, already picked on the host).
+Span = tuple[list[torch.Tensor], list[torch.Tensor], list["torch.Tensor | None"]]
 
 
 def _per_request(
@@ -464,12 +500,12 @@ def _per_request(
     )
 
 
-#: Up to this many positions, a span's host check reads them as a list; above, one
-#: ``aminmax`` costs less than reading them.
+#: Up to this many requests, a scatter's host check reads offsets and counts as lists
+#: (no op); above, a few ops on the CPU cost less than reading them.
 HOST_POSITIONS_IN_PYTHON_MAX = 48
 
 
-def scatter_span(
+def span_at(
     s: MapState,
     fields: tuple[int, ...],
     rows: tuple[torch.Tensor, ...],
@@ -477,15 +513,16 @@ def scatter_span(
     indices: torch.Tensor,
     target: torch.Tensor,
     lengths: tuple[object, ...],
-) -> None:
-    """The gathered ``rows`` of scatter ``fields`` (in their order in a request's span)
-    into flat ``target``: each request's span from its start offset, each field's
-    first ``lengths`` values of its row (all of them where ``None``) after the fields
-    before it (Note [Counted scatters]). Every position is checked before the first
-    write, naming the request: a refused call writes nothing."""
+) -> Span:
+    """Where the gathered ``rows`` of scatter ``fields`` (in their order in a request's
+    span) go in flat ``target``, for ``scatter_span``: each request's span from its
+    start offset, each field's first ``lengths`` values of its row (all of them where
+    ``None``) after the fields before it (Note [Counted scatters]). Every count and
+    span is checked here, naming the request: a refused call writes nothing."""
     table = s.table
     n = indices.numel()
-    home = target.device
+    size = _target(s, fields[0], target)
+    home = s.device
     starts = _per_request(
         s, fields[0], table.fields[fields[0]].offsets, offsets, n, home
     )
@@ -498,31 +535,146 @@ def scatter_span(
         else:
             counts.append(_per_request(s, i, table.fields[i].lengths, value, n, home))
     debug = s.debug
-    if debug is not None:
-        _debug_span(s, debug, fields, indices, starts, widths, counts, target.numel())
-    # Each field's positions and values, then (debug off, on the CPU) the positions
-    # checked, then the writes: all or nothing.
     host = target.is_cpu
-    positions, values, masks = _span_places(
-        s, fields, rows, starts, widths, counts, host
-    )
-    if debug is None and host:
-        size = target.numel()
-        seen: list[int] = []  # the positions read as lists, checked at once
-        for at in positions:
-            if at.numel() <= HOST_POSITIONS_IN_PYTHON_MAX:
-                seen += at.tolist()  # no op dispatched
-                continue
-            low, high = torch.aminmax(at)  # tolist reads them without an op
-            if cast(int, low.tolist()) < 0 or cast(int, high.tolist()) >= size:
-                _name_outside(s, fields, indices, starts, widths, counts, size)
-        if seen and (min(seen) < 0 or max(seen) >= size):
-            _name_outside(s, fields, indices, starts, widths, counts, size)
+    if debug is not None:
+        _debug_span(s, debug, fields, indices, starts, widths, counts, size)
+        if _guarded(s, fields[0]):
+            _debug_claims(s, debug, fields, indices, starts, widths, counts, target)
+    elif host:
+        counted = [c for c in counts if c is not None]
+        counted_widths = [w for c, w in zip(counts, widths) if c is not None]
+        fixed = sum(w for c, w in zip(counts, widths) if c is None)
+        if not _spans_ok(starts, counted, counted_widths, fixed, size):
+            _name_span(s, fields, indices, starts, widths, counts, size)
+    else:
+        for i, width, count in zip(fields, widths, counts):
+            if count is not None:
+                assert_counts(count, width, table.what(i))
+    return _span_places(s, fields, rows, starts, widths, counts, host)
+
+
+def scatter_span(target: torch.Tensor, span: Span) -> None:
+    """Write the span ``span_at`` planned and checked into ``target``."""
+    positions, values, masks = span
     for at, value, mask in zip(positions, values, masks):
         if mask is None:
             target.index_copy_(0, at, value)
         else:
             scatter_kept(target, at, mask, value)
+
+
+def assert_counts(count: torch.Tensor, width: int, what: str) -> None:
+    """Off the CPU, every count 0 to ``width``, as a device-side assert: no host read
+    (Note [Scatter destinations])."""
+    torch._assert_async(
+        (count.clamp(0, width) == count).all(),
+        f"{what}: a count is outside its row's 0 to {width}",
+    )
+
+
+def _spans_ok(
+    starts: torch.Tensor,
+    counts: list[torch.Tensor],
+    widths: list[int],
+    fixed: int,
+    size: int,
+) -> bool:
+    """On the host, whether each of ``counts`` is 0 to its ``widths`` and each request's
+    span (``fixed`` plus its counts, from its start) lies inside ``size`` positions and
+    ends before the next request's starts. Requests out of start order fail here and
+    ``_name_span`` decides (Note [Scatter destinations])."""
+    n = starts.numel()
+    if n <= HOST_POSITIONS_IN_PYTHON_MAX:
+        at: list[int] = starts.tolist()  # no op dispatched
+        taken: list[list[int]] = [c.tolist() for c in counts]
+        for each, width in zip(taken, widths):
+            if min(each) < 0 or max(each) > width:
+                return False
+        end = 0
+        if not taken:
+            for a in at:
+                if a < end:
+                    return False
+                end = a + fixed
+        else:
+            spans = taken[0] if len(taken) == 1 else map(sum, zip(*taken))
+            for a, span in zip(at, spans):
+                if a < end:
+                    return False
+                end = a + fixed + span
+        return end <= size
+    # Above, numpy reads them in place: one view op per tensor, no data op.
+    at_np = starts.numpy()
+    ends = at_np
+    for count, width in zip(counts, widths):
+        each = count.numpy()
+        if each.min() < 0 or each.max() > width:
+            return False
+        ends = ends + each
+    if n > 1 and (at_np[1:] - ends[:-1]).min() < fixed:
+        return False
+    return bool(at_np[0] >= 0 and ends[-1] + fixed <= size)
+
+
+def _name_span(
+    s: MapState,
+    fields: tuple[int, ...],
+    indices: torch.Tensor,
+    starts: torch.Tensor,
+    widths: list[int],
+    counts: list[torch.Tensor | None],
+    size: int,
+) -> None:
+    """Refuse the first count outside its row, then the first value outside the
+    target, then the first span inside another's, once ``_spans_ok`` found the spans
+    out of order or wrong (debug off, on the host: Note [Scatter destinations]).
+    Returns when none is: requests out of start order whose spans lie apart."""
+    table = s.table
+    n = starts.numel()
+    at: list[int] = starts.tolist()
+    slots: list[int] = indices.reshape(-1).tolist()
+    taken = [
+        [w] * n if c is None else cast(list[int], c.tolist())
+        for w, c in zip(widths, counts)
+    ]
+    for i, width, count, each in zip(fields, widths, counts, taken):
+        for j, c in enumerate(each):
+            if count is not None and not 0 <= c <= width:
+                raise RelayError(
+                    f"{table.what(i)}: request {j} (slot {slots[j]}) has a count of "
+                    f"{c} value(s), outside [0, {width}]: a row holds {width} "
+                    f"(batch.{table.fields[i].lengths}). Nothing was written"
+                )
+    single = len(fields) == 1
+    for j in range(n):
+        first = at[j]
+        for i, each in zip(fields, taken):
+            if each[j] and (first < 0 or first + each[j] > size):
+                raise RelayError(
+                    f"{table.what(i)}: batch.{table.fields[i].offsets}: request {j} "
+                    f"(slot {slots[j]}) starts at {first}, so its {each[j]} value(s) "
+                    f"would not fit the target's {size} positions. Nothing was written"
+                    if single
+                    else f"{table.what(i)}: request {j} (slot {slots[j]}) puts its "
+                    f"{each[j]} value(s) from {first}, outside the target's {size} "
+                    "positions. Nothing was written"
+                )
+            first += each[j]
+    spans = [sum(each[j] for each in taken) for j in range(n)]
+    last: int | None = None  # the request whose span ends last so far
+    for j in sorted(range(n), key=at.__getitem__):
+        if spans[j] == 0:
+            continue
+        if last is not None and at[j] < at[last] + spans[last]:
+            raise RelayError(
+                f"{table.what(fields[0])}: request {j} (slot {slots[j]}) starts at "
+                f"{at[j]}, inside the {spans[last]} position(s) of request {last} "
+                f"(slot {slots[last]}) from {at[last]}: one would overwrite the "
+                "other's values (a count larger than the span its batch laid out, or "
+                "an offset off). Nothing was written"
+            )
+        if last is None or at[j] + spans[j] > at[last] + spans[last]:
+            last = j
 
 
 def _span_places(
@@ -593,6 +745,32 @@ def _debug_span(
     debug.check_scatter(s.table.fields[fields[0]].name, indices, starts, span, size)
 
 
+def _debug_claims(
+    s: MapState,
+    debug: DebugChecks,
+    fields: tuple[int, ...],
+    indices: torch.Tensor,
+    starts: torch.Tensor,
+    widths: list[int],
+    counts: list[torch.Tensor | None],
+    target: torch.Tensor,
+) -> None:
+    """Debug mode, before a scatter into a guarded target, after its ranges were
+    checked: every position each field would write holds a negative placeholder, not
+    another request's value (Note [Scatter destinations])."""
+    first = starts
+    for i, width, count in zip(fields, widths, counts):
+        columns = torch.arange(width, device=starts.device)
+        at = first.unsqueeze(1) + columns
+        keep = (
+            torch.ones_like(at, dtype=torch.bool)
+            if count is None
+            else columns < count.unsqueeze(1)
+        )
+        debug.check_claimed(s.table.fields[i].name, indices, at, keep, target)
+        first = first + (width if count is None else count)
+
+
 def scatter_kept(
     target: torch.Tensor, at: torch.Tensor, keep: torch.Tensor, block: torch.Tensor
 ) -> None:
@@ -611,36 +789,6 @@ def scatter_kept(
     cover.scatter_reduce_(0, torch.where(keep, at, 0).flatten(), taken, "amax")
     values = block.flatten().index_select(0, cover.clamp(min=0))
     target.copy_(torch.where(cover >= 0, values, target))
-
-
-def _name_outside(
-    s: MapState,
-    fields: tuple[int, ...],
-    indices: torch.Tensor,
-    starts: torch.Tensor,
-    widths: list[int],
-    counts: list[torch.Tensor | None],
-    size: int,
-) -> None:
-    """Refuse the first request whose values fall outside the target (debug off, on
-    the host: Note [Scatter destinations]), once ``scatter_span`` found one. A count is
-    taken as its row's width at most and 0 at least, as the write takes it; debug mode
-    reports one outside."""
-    n = starts.numel()
-    taken = [
-        [width] * n if count is None else cast(list[int], count.tolist())
-        for width, count in zip(widths, counts)
-    ]
-    for j, at in enumerate(cast(list[int], starts.tolist())):
-        for i, width, each in zip(fields, widths, taken):
-            count = min(max(each[j], 0), width)
-            if count and (at < 0 or at + count > size):
-                raise RelayError(
-                    f"{s.table.what(i)}: request {j} (slot {int(indices[j])}) puts its "
-                    f"{count} value(s) from {at}, outside the target's {size} "
-                    "positions. Nothing was written"
-                )
-            at += each[j]
 
 
 def stashed_counts(

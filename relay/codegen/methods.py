@@ -187,21 +187,25 @@ def _placeholder_read(f: Field, target: str) -> list[str]:
     ]
 
 
-def _scatter_read(schema: Schema, f: Field, target: str) -> list[str]:
-    """Rows at ``indices`` into flat ``target`` from each request's start offset: one
-    gather, the checked positions (Note [Scatter destinations] in runtime.py), one
-    scatter. A counted field, or several fields into one target, is one span."""
+def _scatter_read(schema: Schema, f: Field, target: str) -> tuple[list[str], list[str]]:
+    """Rows at ``indices`` into flat ``target`` from each request's start offset: the
+    plan (one gather, the checked positions: Note [Scatter destinations] in
+    runtime.py), then the write (one scatter). A counted field, or several fields into
+    one target, is one span, planned and written where its last field is declared."""
     span = _span(schema, f)
     if span:
         last = max(span, key=schema.fields.index)
-        return _span_read(schema, span, target) if f is last else []
+        return _span_read(schema, span, target) if f is last else ([], [])
     i = schema.fields.index(f)
     rows = naming.value_local(f)
+    at = naming.placeholder_locals(f)[0]
     flat = ".flatten()" if f.shape else ""
-    at = f"_rt.scatter_at(self._state, {i}, batch.{f.offsets}, indices, {target})"
-    return [
+    plan = [
         *_stashed(schema, f),
         f"{rows} = {_buf(f)}.index_select(0, indices){flat}",
+        f"{at} = _rt.scatter_at(self._state, {i}, batch.{f.offsets}, indices, {target})",
+    ]
+    return plan, [
         f"{target}.index_copy_(0, {at}, {rows})",
         "if debug is not None:",
         f"    _rt.scattered(self._state, {i}, {target})",
@@ -226,13 +230,16 @@ def _span(schema: Schema, f: Field) -> list[Field]:
     return order
 
 
-def _span_read(schema: Schema, span: Sequence[Field], target: str) -> list[str]:
-    """Every field of one span: each gathered, then one checked scatter of them all
-    (Note [Counted scatters] in runtime.py)."""
+def _span_read(
+    schema: Schema, span: Sequence[Field], target: str
+) -> tuple[list[str], list[str]]:
+    """Every field of one span: each gathered, one checked plan of them all, then its
+    write (Note [Counted scatters] in runtime.py)."""
     head = span[0]
     positions = [str(schema.fields.index(g)) for g in span]
     locals_ = [naming.value_local(g) for g in span]
     counts = [f"batch.{g.lengths}" if g.lengths else "None" for g in span]
+    at = naming.placeholder_locals(span[-1])[0]
 
     def tup(items: list[str]) -> str:
         return join("(", items, ",)" if len(items) == 1 else ")")
@@ -246,13 +253,16 @@ def _span_read(schema: Schema, span: Sequence[Field], target: str) -> list[str]:
         target,
         tup(counts),
     ]
-    return [
+    plan = [
         *(line for g in span for line in _stashed(schema, g)),
         *(
             f"{local} = {_buf(g)}.index_select(0, indices)"
             for g, local in zip(span, locals_)
         ),
-        join("_rt.scatter_span(", args),
+        join(f"{at} = _rt.span_at(", args),
+    ]
+    return plan, [
+        f"_rt.scatter_span({target}, {at})",
         "if debug is not None:",
         f"    _rt.scattered(self._state, {positions[-1]}, {target})",
     ]
@@ -401,9 +411,25 @@ def _owners(schema: Schema, lane: Lane = Lane.FORWARD) -> list[str]:
     return [f"owners=batch.{owners}"] if owners else []
 
 
-def _reads(
-    schema: Schema, reads: Sequence[Field], fused: Fused | None, spelled: dict[str, str]
+def _plans(
+    schema: Schema, reads: Sequence[Field], spelled: dict[str, str]
 ) -> list[str]:
+    """Every scatter's plan (its checks and positions), before any of them writes."""
+    lines = []
+    for f in reads:
+        if f.resolve is Resolve.SCATTER and f.target is not None:
+            lines += _scatter_read(schema, f, spelled[f.target])[0]
+    return lines
+
+
+def _reads(
+    schema: Schema,
+    reads: Sequence[Field],
+    fused: Fused | None,
+    spelled: dict[str, str],
+    planned: bool = False,
+) -> list[str]:
+    """Each read's lines; a scatter's write alone where ``planned`` (``_plans``)."""
     lines = []
     for f in reads:
         assert f.target is not None
@@ -411,7 +437,8 @@ def _reads(
         if f.resolve is Resolve.PLACEHOLDER:
             lines += [*_stashed(schema, f), *_placeholder_read(f, target)]
         elif f.resolve is Resolve.SCATTER:
-            lines += _scatter_read(schema, f, target)
+            plan, scatter = _scatter_read(schema, f, target)
+            lines += scatter if planned else plan + scatter
         elif fused is not None and f.name in fused.member_of:
             lines.append(_packed_read(f, target))
         elif fused is not None and f.optional and _flat(f):
@@ -471,7 +498,8 @@ def resolve_future(
     if fused is not None:
         lines += [s for f in reads for s in _stashed(schema, f)]
         lines += _fused_block(schema, reads, fused)
-    lines += _reads(schema, outside, fused, spelled)
+    lines += _plans(schema, outside, spelled)  # every target checked before any write
+    lines += _reads(schema, outside, fused, spelled, planned=True)
     reports = _placeholder_reports(schema, outside)
     absent = []
     for parent, fields in under.items():
