@@ -1401,10 +1401,46 @@ def adopted(
     dtype: torch.dtype,
 ) -> torch.Tensor:
     """Field ``i``'s buffer: ``buf``, which the engine allocated for a captured graph to
-    write, checked and filled in place as the field declares (zeros, or debug mode's
-    poison); or, without one, a buffer the map makes."""
+    write, or, without one, a buffer the map makes. An engine's buffer is checked
+    against the field and against the map's other buffers (Note [Adopted buffers]);
+    once the last graph-written field's is, each is filled in place as its field
+    declares (zeros, or debug mode's poison), so a refused one leaves all unfilled."""
+    table = s.table
     if buf is None:
-        return s.buffer(i, shape, dtype)
+        made = s.buffer(i, shape, dtype)
+    else:
+        made = s.adopt(i, _adoptable(s, i, buf, shape, dtype))
+    if i == max(j for j, f in enumerate(table.fields) if f.graph_written):
+        for j, f in enumerate(table.fields):
+            each = s.buffers[j]
+            if not f.graph_written or each is None:
+                continue
+            if f.unwritten is Unwritten.ZEROS:
+                each.zero_()
+            elif s.debug is not None:
+                each.fill_(poison(each.dtype))
+    return made
+
+
+# Note [Adopted buffers]
+# A graph-written field's buffer may be the engine's (``<field>_buf=``): the captured
+# graph writes it, the map reads and writes it in place. Two fields sharing storage
+# would write each other's rows (a stash of a bonus token read back as a length), and
+# a buffer that requires grad fails the first in-place write with a torch error. So
+# each is refused, naming the field, unless it is a tensor of the field's dtype and
+# shape on the map's device, not requiring grad, and its bytes overlap no other buffer
+# of the map (same storage, intersecting byte ranges: disjoint views of one
+# allocation are fine).
+
+
+def _adoptable(
+    s: MapState,
+    i: int,
+    buf: object,
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """``buf`` if field ``i`` may adopt it (Note [Adopted buffers]); refused if not."""
     what = s.table.what(i)
     if not isinstance(buf, torch.Tensor):
         raise RelayError(
@@ -1419,11 +1455,42 @@ def adopted(
             f"{tuple(buf.shape)} on {buf.device}); allocate it so, or leave it out for "
             "the map to make its own"
         )
-    if s.table.fields[i].unwritten is Unwritten.ZEROS:
-        buf.zero_()
-    elif s.debug is not None:
-        buf.fill_(poison(dtype))
-    return s.adopt(i, buf)
+    if buf.requires_grad:
+        raise RelayError(
+            f"{what}: the buffer handed to the constructor requires grad, but the map "
+            "writes it in place, outside autograd; hand buf.detach() (the same memory) "
+            "or allocate it with requires_grad=False"
+        )
+    low, high = _byte_range(buf)
+    for j, other in enumerate(s.buffers):
+        if other is None or j == i:
+            continue
+        if other.untyped_storage().data_ptr() != buf.untyped_storage().data_ptr():
+            continue
+        other_low, other_high = _byte_range(other)
+        if low < other_high and other_low < high:
+            raise RelayError(
+                f"{what}: the buffer handed to the constructor shares storage with "
+                f"{s.table.what(j)}'s buffer (bytes {low} to {high} and "
+                f"{other_low} to {other_high} of one storage overlap), so a write to "
+                "one would change the other's rows; hand each field its own tensor "
+                "(or disjoint views of one), or leave one out for the map to make"
+            )
+    return buf
+
+
+def _byte_range(t: torch.Tensor) -> tuple[int, int]:
+    """The bytes of its storage ``t`` may touch: from its first element to past its
+    last (every stride taken at its reach)."""
+    size = t.element_size()
+    low = high = t.storage_offset()
+    for extent, stride in zip(t.shape, t.stride()):
+        reach = (extent - 1) * stride
+        if reach < 0:
+            low += reach
+        else:
+            high += reach
+    return low * size, (high + 1) * size
 
 
 def graph_wrote(
