@@ -93,6 +93,7 @@ __all__ = [
     "span_at",
     "stash",
     "stash_partial",
+    "tail_locations",
     "write_kept",
     "write_optional",
     "write_rows",
@@ -176,6 +177,7 @@ class MapState:
         "buffers",
         "carried",
         "columns",
+        "cpu",
         "debug",
         "device",
         "dtypes",
@@ -193,6 +195,8 @@ class MapState:
         self.table = table
         #: With its index (``cuda:0`` for ``cuda``), as tensors made there report it.
         self.device = torch.empty(0, device=device).device
+        #: Whether the map lives on the CPU (the common case's gate reads it).
+        self.cpu = self.device.type == "cpu"
         self.pool_size = pool_size
         #: Each field's buffer by position; ``None`` until a lazy one is allocated.
         self.buffers: list[torch.Tensor | None] = [None] * len(table.fields)
@@ -309,6 +313,8 @@ def write_rows(s: MapState, indices: torch.Tensor) -> tuple[int, ...] | None:
     if n == 0:
         return None
     if indices.is_cpu:
+        if not s.cpu:
+            return None  # the checked path refuses slots on another device
         if n <= HOST_SLOTS_IN_PYTHON_MAX:
             values: list[int] = indices.tolist()  # no op dispatched
             if min(values) < 0 or max(values) >= s.pool_size:
@@ -317,6 +323,8 @@ def write_rows(s: MapState, indices: torch.Tensor) -> tuple[int, ...] | None:
             low, high = torch.aminmax(indices)
             if cast(int, low.tolist()) < 0 or cast(int, high.tolist()) >= s.pool_size:
                 return None
+    elif indices.device != s.device:
+        return None
     return (n,)
 
 
@@ -342,6 +350,8 @@ def read_slots(s: MapState, op: str, indices: torch.Tensor) -> torch.Tensor:
     """The slots resolve ``op`` gathers with: in debug mode checked first (in the pool,
     none twice); int64 and int32 ones as they are, narrower integer ones widened
     (``index_select`` takes no other)."""
+    if not isinstance(indices, torch.Tensor) or indices.device != s.device:
+        _refuse_indices(f"{s.table.owner}.{op}", indices, s.device)
     if s.debug is not None:
         s.debug.check_slots(op, indices)
     if indices.dtype is torch.int64 or indices.dtype is torch.int32:
@@ -1011,7 +1021,12 @@ def _checked(
     ]
     first = table.what(fields[0]) if fields else table.owner
     slots = write_slots(
-        f"{table.owner}.{op}", first, indices, s.pool_size, host=s.debug is None
+        f"{table.owner}.{op}",
+        first,
+        indices,
+        s.pool_size,
+        host=s.debug is None,
+        device=s.device,
     )
     if slots is None:
         return None
@@ -1234,8 +1249,11 @@ SLOT_DTYPES = frozenset(
 )
 
 
-def _refuse_indices(what: str, indices: object) -> torch.Tensor:
-    """``indices`` if they are one integer slot per row; else refuse them."""
+def _refuse_indices(
+    what: str, indices: object, device: torch.device | None = None
+) -> torch.Tensor:
+    """``indices`` if they are one integer slot per row (on ``device`` where given);
+    else refuse them."""
     if not isinstance(indices, torch.Tensor):
         raise RelayError(
             f"{what}: indices must be a tensor of request-pool slots (got a "
@@ -1259,16 +1277,29 @@ def _refuse_indices(what: str, indices: object) -> torch.Tensor:
             f"{what}: indices must be one slot per row, a 1-D tensor (got shape "
             f"{tuple(indices.shape)})"
         )
+    if device is not None and indices.device != device:
+        raise RelayError(
+            f"{what}: indices are on {indices.device}, not on the map's device "
+            f"{device}; hand the slots on {device} (.to({str(device)!r})). Nothing was "
+            "written"
+        )
     return indices
 
 
 def write_slots(
-    what: str, first: str, indices: object, pool_size: int, *, host: bool = True
+    what: str,
+    first: str,
+    indices: object,
+    pool_size: int,
+    *,
+    host: bool = True,
+    device: torch.device | None = None,
 ) -> torch.Tensor | None:
     """The int64 slots a checked write indexes with, ``None`` for none. Refuses, named
-    as field ``first``, indices that are no vector of integer slots and, on the host
-    where ``host`` (debug mode checks slots itself), a slot outside the pool."""
-    slots = _refuse_indices(first, indices)
+    as field ``first``, indices that are no vector of integer slots (on ``device``
+    where given) and, on the host where ``host`` (debug mode checks slots itself), a
+    slot outside the pool."""
+    slots = _refuse_indices(first, indices, device)
     if slots.numel() == 0:
         return None
     if host and slots.is_cpu and not host_slots_ok(slots, pool_size):
@@ -1533,6 +1564,10 @@ def stash_partial(
     fields = [i for i in table.forward if not table.fields[i].kept]
     debug = s.debug
     if debug is not None and isinstance(indices, torch.Tensor) and indices.numel():
+        # The slots first: one outside the pool is that, not a stale kept row.
+        what = f"{table.owner}.stash_partial"
+        first = table.what(fields[0]) if fields else table.owner
+        write_slots(what, first, indices, s.pool_size, device=s.device)
         kept = [i for i in table.forward if table.fields[i].kept]
         debug.peek(
             "stash_partial",
@@ -1548,30 +1583,127 @@ def stash_partial(
     _write(s, "stash_partial", fields, indices, values, owners)
 
 
-def bind_tails(target: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """A copy of ``target`` whose last ``len(rows)`` entries are ``rows``, cast to its
-    dtype (the batch's own tensor may still be read by the step in flight)."""
+# Note [Tails]
+# ``resolve_tails`` builds every tail on a copy of the batch's own tensor or list, and
+# rebinds the batch only once all are built, so a refusal leaves it as it was. A KV
+# location is read from the table at column ``length + tails_add - 1``: a column
+# outside the row (``-1`` for a published length of 0 with nothing added would read
+# the row's last column) or a slot past the table's rows is refused first. The check
+# reads the columns on the host where they are there at no cost: on the CPU, and
+# wherever the field's host copy was made (it is waited for anyway); elsewhere debug
+# mode asserts them on the device.
+
+
+def bind_tails(
+    s: MapState, i: int, path: str, target: object, rows: torch.Tensor
+) -> torch.Tensor:
+    """A copy of ``target`` (``batch.<path>``) whose last ``len(rows)`` entries are
+    ``rows``, cast to its dtype (the batch's own tensor may still be read by the step
+    in flight); refused, naming it, if it is no tensor or too short (Note [Tails])."""
     n = rows.shape[0]
-    if n > target.shape[0]:
+    if not isinstance(target, torch.Tensor):
         raise RelayError(
-            f"resolve_tails: {n} decode rows, but the batch's tensor has only "
-            f"{target.shape[0]} entries; the decode rows are the batch's last rows"
+            f"{s.table.what(i)}: batch.{path} must be a tensor of the batch's rows, "
+            f"its last {n} the decode rows resolve_tails binds (got a "
+            f"{type(target).__name__}); set it before resolve_tails. Nothing was "
+            "written"
         )
+    if n > target.shape[0]:
+        raise _short(s, i, path, n, target.shape[0], "tensor")
     bound = target.clone()
     bound[target.shape[0] - n :] = rows
     return bound
 
 
-def bind_tail_list(target: list[int], rows: torch.Tensor) -> list[int]:
-    """A new list: ``target`` with its last ``len(rows)`` entries the host ``rows``."""
+def bind_tail_list(
+    s: MapState, i: int, path: str, target: object, rows: torch.Tensor
+) -> list[int]:
+    """A new list: ``target`` (``batch.<path>``) with its last ``len(rows)`` entries
+    the host ``rows``; refused, naming it, if it is no list or too short."""
     n = rows.shape[0]
-    if n > len(target):
+    if not isinstance(target, list):
         raise RelayError(
-            f"resolve_tails: {n} decode rows, but the batch's list has only "
-            f"{len(target)} entries; the decode rows are the batch's last rows"
+            f"{s.table.what(i)}: batch.{path} must be a list of the batch's rows, its "
+            f"last {n} the decode rows resolve_tails binds (got a "
+            f"{type(target).__name__}); set it before resolve_tails. Nothing was "
+            "written"
         )
+    if n > len(target):
+        raise _short(s, i, path, n, len(target), "list")
     values: list[int] = rows.tolist()
     return [*target[: len(target) - n], *values]
+
+
+def _short(s: MapState, i: int, path: str, n: int, given: int, kind: str) -> RelayError:
+    return RelayError(
+        f"{s.table.what(i)}: batch.{path} has {given} entries, but resolve_tails "
+        f"binds {n} decode rows, the {kind}'s last rows; build the batch with its "
+        "decode rows last. Nothing was written"
+    )
+
+
+def tail_locations(
+    s: MapState,
+    i: int,
+    table: object,
+    indices: torch.Tensor,
+    columns: torch.Tensor,
+    host: torch.Tensor | None,
+) -> torch.Tensor:
+    """``table[indices, columns]``: each decode row's KV location, from field ``i``'s
+    ``tails_kv_table``; a column outside the row or a slot past the table's rows is
+    refused first, naming the row (Note [Tails]). ``host`` is the field's host copy of
+    the lengths, where it was made."""
+    f = s.table.fields[i]
+    what = f"{s.table.what(i)}: batch.{f.tails_kv_table}"
+    if (
+        not isinstance(table, torch.Tensor)
+        or table.ndim != 2
+        or table.device != columns.device
+    ):
+        got = (
+            f"a tensor of shape {tuple(table.shape)} on {table.device}"
+            if isinstance(table, torch.Tensor)
+            else f"a {type(table).__name__}"
+        )
+        raise RelayError(
+            f"{what} must be a 2-D tensor on {columns.device}, a row of KV locations "
+            f"per slot, got {got}. Nothing was written"
+        )
+    rows, width = table.shape
+    shift = f.tails_add - 1
+    taken: list[int] | None = None
+    if host is not None:
+        taken = [x + shift for x in cast(list[int], host.tolist())]
+    elif columns.is_cpu:
+        taken = columns.tolist()
+    if taken is not None:
+        slots = cast(list[int], indices.tolist()) if indices.is_cpu else None
+        for j, column in enumerate(taken):
+            slot = slots[j] if slots is not None else int(indices[j])
+            if not 0 <= column < width:
+                raise RelayError(
+                    f"{what}: decode row {j} (slot {slot}) would read column {column} "
+                    f"of its {width} (a published length of {column - shift}, plus "
+                    f"{f.tails_add}, minus 1): a length that points before the row or "
+                    "past the table. Publish a length within the row (or add to it "
+                    "with tails_add). Nothing was written"
+                )
+        for j, slot in enumerate(slots or ()):
+            if not 0 <= slot < rows:
+                raise RelayError(
+                    f"{what}: decode row {j} is slot {slot}, but the table has {rows} "
+                    "rows; give it a row per slot of the pool. Nothing was written"
+                )
+    elif s.debug is not None:
+        torch._assert_async(
+            ((columns >= 0) & (columns < width)).all(),
+            f"{what}: a decode row's KV column is outside its row of {width}",
+        )
+        torch._assert_async(
+            (indices < rows).all(), f"{what}: a slot is past the table's {rows} rows"
+        )
+    return table[indices, columns]
 
 
 def read_tails(s: MapState, i: int, indices: torch.Tensor) -> None:

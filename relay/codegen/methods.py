@@ -602,30 +602,40 @@ def resolve_tails(schema: Schema, f: Field) -> list[str]:
         *_slots_read("resolve_tails"),
         *_stashed(schema, f),
         f"{value} = {_buf(f)}.index_select(0, indices)",
+        "if debug is not None:",  # a stale row is named before its value is used
+        f"    _rt.read_tails(self._state, {i}, indices)",
     ]
     bind = "_rt.bind_tails"
-    bound = [(f.target, "tail_lengths", bind, plus(value, f.tails_add))]
-    if f.tails_kv is not None:
-        locations = f"batch.{f.tails_kv_table}[indices, {plus(value, f.tails_add - 1)}]"
-        bound.append((f.tails_kv, "tail_locations", bind, locations))
+    host = "None"
     if f.host_mirror is not None:  # validation: host_sum, tails_prefix need a mirror
         copied = f"self.{naming.host_mirror(f)}.copy({value})"
-        if f.tails_prefix is not None:  # one host copy for both
+        if f.tails_prefix is not None or f.tails_kv is not None:  # one host copy
             lines.append(f"host = {copied}")
-            copied = "host"
+            copied = host = "host"
+    bound = [(f.target, "tail_lengths", bind, plus(value, f.tails_add))]
+    if f.tails_kv is not None:  # the columns checked first: runtime.tail_locations
+        table = f"batch.{f.tails_kv_table}"
+        columns = plus(value, f.tails_add - 1)
+        args = ["self._state", str(i), table, "indices", columns, host]
+        bound.append(
+            (f.tails_kv, "tail_locations", bind, join("_rt.tail_locations(", args))
+        )
+    if f.host_mirror is not None:
         bound.append((f.host_mirror, "tail_host", bind, plus(copied, f.tails_add)))
     if f.tails_prefix is not None:
         rows = plus("host", f.tails_add - 1)
         bound.append((f.tails_prefix, "tail_prefix", "_rt.bind_tail_list", rows))
-    lines += [f"{local} = {call}(batch.{a}, {rows})" for a, local, call, rows in bound]
+    lines += [
+        join(
+            f"{local} = {call}(",
+            ["self._state", str(i), naming.string_literal(a), f"batch.{a}", rows],
+        )
+        for a, local, call, rows in bound
+    ]
     lines += [f"batch.{a} = {local}" for a, local, _, _ in bound]
     if f.host_sum is not None:
         lines.append(f"batch.{f.host_sum} = _rt.host_sum(tail_host)")
-    return [
-        *lines,
-        "if debug is not None:",
-        f"    _rt.read_tails(self._state, {i}, indices)",
-    ]
+    return lines
 
 
 def plus(value: str, n: int) -> str:
