@@ -617,10 +617,10 @@ def _spans_ok(
     at_np = starts.numpy()
     ends = at_np
     for count, width in zip(counts, widths):
-        each = count.numpy()
-        if each.min() < 0 or each.max() > width:
+        made = count.numpy()
+        if made.min() < 0 or made.max() > width:
             return False
-        ends = ends + each
+        ends = ends + made
     if n > 1 and (at_np[1:] - ends[:-1]).min() < fixed:
         return False
     return bool(at_np[0] >= 0 and ends[-1] + fixed <= size)
@@ -1521,7 +1521,7 @@ def _byte_range(t: torch.Tensor) -> tuple[int, int]:
             low += reach
         else:
             high += reach
-    return low * size, (high + 1) * size
+    return int(low) * size, (int(high) + 1) * size
 
 
 def graph_wrote(

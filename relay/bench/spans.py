@@ -120,10 +120,10 @@ def plain_step(
         starts = starts32.long()
         counts = counts32.long()
         if spans_op:  # in numpy, as relay reads them
-            at, each = starts.numpy(), counts.numpy()
-            each.min(), each.max()
-            ends = at + each
-            (at[1:] - ends[:-1]).min(), at[0], ends[-1]
+            held, made = starts.numpy(), counts.numpy()
+            made.min(), made.max()
+            ends = held + made
+            (held[1:] - ends[:-1]).min(), held[0], ends[-1]
         first = starts + 1
         at = first.unsqueeze(1) + cols
         keep = cols < counts.unsqueeze(1)
