@@ -532,6 +532,9 @@ def span_at(
     table = s.table
     n = indices.numel()
     size = _target(s, fields[0], target)
+    for i in fields[1:]:
+        if s.dtypes[i] is not target.dtype:
+            _target(s, i, target)  # refused, naming the field
     home = s.device
     starts = _per_request(
         s, fields[0], table.fields[fields[0]].offsets, offsets, n, home

@@ -5,8 +5,8 @@ to the next step's flat ``input_ids`` (Note [Counted scatters] in relay/runtime.
 Its step (``stash``, then ``resolve_future``) is timed beside the plain floor: the same
 torch calls in the same order, written as a hand-written map writes them, over the
 map's own buffers, with none of relay's Python around them (the payload, the gates,
-the checks' reading and comparing; an ``aminmax`` relay dispatches for a host check
-is made here too, as ``relay/bench/plain.py`` does). ``tests/bench/test_spans.py``
+the checks' reading and comparing; the ops relay dispatches for a host check are
+made here too, as ``relay/bench/plain.py`` does). ``tests/bench/test_spans.py``
 asserts that both dispatch the same ops and lay in the same values. Offsets and
 counts are int32, as vLLM's ``query_start_loc`` is.
 """
