@@ -1,7 +1,8 @@
 """Timing: per-device timers and interleaved samples in balanced orders.
 
-Every figure ``relay bench`` reports is a ratio of sides measured in the same process,
-interleaved, so machine speed, load and drift weigh on every side alike.
+Every time ``relay bench`` compares is a ratio of sides measured in the same process,
+interleaved, so machine speed, load and drift weigh on every side alike; the host time
+per method (``per_method``) is what it is, measured in turns too.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["balanced_orders", "quantile", "time_interleaved", "timer_for"]
+__all__ = ["balanced_orders", "per_method", "quantile", "time_interleaved", "timer_for"]
 
 Timer = Callable[[Callable[[], None], int], int]
 
@@ -38,11 +39,7 @@ def timer_for(device: torch.device) -> Timer:
             return int(start.elapsed_time(end) * 1e6)
 
         return events
-    sync: Callable[[], None] = (
-        (lambda: None)
-        if device.type == "cpu"
-        else torch.get_device_module(device.type).synchronize
-    )
+    sync = _sync(device)
 
     def host(fn: Callable[[], None], inner: int) -> int:
         sync()
@@ -53,6 +50,12 @@ def timer_for(device: torch.device) -> Timer:
         return time.perf_counter_ns() - begin
 
     return host
+
+
+def _sync(device: torch.device) -> Callable[[], None]:
+    if device.type == "cpu":
+        return lambda: None
+    return torch.get_device_module(device.type).synchronize  # type: ignore[no-any-return]
 
 
 def quantile(values: Sequence[float], q: float) -> float:
@@ -114,3 +117,54 @@ def time_interleaved(
         if was_enabled:
             gc.enable()
     return samples
+
+
+#: The breakdown's name for the device's own time after the host's last call.
+SYNC = "device sync"
+
+
+def per_method(
+    sides: Sequence[Sequence[tuple[str, Callable[[], None]]]],
+    device: torch.device,
+    *,
+    repeat: int,
+    inner: int,
+) -> list[dict[str, float]]:
+    """Per side, the host time per step of each method of its step (ns), and ``step``.
+
+    Each call is timed by host clocks around it alone; the device is synchronized only
+    after a sample's last step (off the CPU that wait is reported as ``SYNC``), so a
+    part is the host time the method costs its caller, as an engine sees it. The sides
+    take turns, one sample each per repeat; a side's parts are those of its sample
+    whose step is the median one: they lie inside that step and sum to it but for the
+    clocks' own cost and the loop's."""
+    sync, clock = _sync(device), time.perf_counter_ns
+    samples: list[list[tuple[int, list[int]]]] = [[] for _ in sides]
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(repeat):
+            for calls, kept in zip(sides, samples):
+                fns = [fn for _, fn in calls]
+                parts = [0] * (len(fns) + 1)
+                sync()
+                begin = clock()
+                for _ in range(inner):
+                    for k, fn in enumerate(fns):
+                        t = clock()
+                        fn()
+                        parts[k] += clock() - t
+                t = clock()
+                sync()
+                parts[-1] = clock() - t
+                kept.append((clock() - begin, parts))
+    finally:
+        if was_enabled:
+            gc.enable()
+    out = []
+    for calls, kept in zip(sides, samples):
+        total, parts = sorted(kept, key=lambda sample: sample[0])[len(kept) // 2]
+        names = [name for name, _ in calls] + ([SYNC] if device.type != "cpu" else [])
+        out.append({name: ns / inner for name, ns in zip(names, parts)})
+        out[-1]["step"] = total / inner
+    return out
