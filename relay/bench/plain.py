@@ -86,7 +86,7 @@ class _Builder:
         self.graph, self.values = graph, work.values
         self.batch = Batch.new(work.indices, work.seq_lens)
         self.ns: dict[str, Any] = {"idx": work.indices, "batch": self.batch}
-        self.ns["P"], self.ns["advance"] = relay_map.pool_size, advance_seq_lens
+        self.ns["advance"] = advance_seq_lens
         #: Fields whose latest write carried a value: the ones a resolve gathers.
         self.carried: set[str] = set()
         self.sources: list[str] = []
@@ -95,6 +95,7 @@ class _Builder:
                 raise Unsupported(f"{f!r} is not a field")
             if f.resolve is not Resolve.GATHER:
                 raise Unsupported(f"{f.name} resolves by {f.resolve.value}")
+        self.ns["P"] = relay_map.pool_size
         self._buffers(relay_map)
 
     def _value(self, f: Field) -> torch.Tensor | None:
