@@ -16,6 +16,7 @@ import os
 import platform
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -59,43 +60,23 @@ def _ints(text: str) -> tuple[int, ...]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``relay bench`` flags."""
     add = parser.add_argument
+    ints: dict[str, Any] = {"type": _ints}
+    names: dict[str, Any] = {"type": lambda t: tuple(t.split(","))}
     add("--quick", action="store_true", help="a small grid and 5 repeats: seconds")
-    add(
-        "--schema",
-        type=lambda t: tuple(t.split(",")),
-        metavar="NAMES",
-        help="bundled schemas to compare, comma-separated (default: every one)",
-    )
-    add("--pool", type=_ints, metavar="P,...", help="pool sizes (default 257,4097)")
-    add("--batch", type=_ints, metavar="B,...", help="batch sizes (default 1,32,256)")
-    add("--topk", type=_ints, metavar="K,...", help="top-k of EAGLE maps (default 1,8)")
-    add(
-        "--hidden",
-        type=_ints,
-        metavar="H,...",
-        help="hidden sizes of EAGLE maps, bf16, 0: none (default 4096,7168)",
-    )
-    add(
-        "--device", default="cpu", help="torch device, e.g. cpu or cuda:0 (default cpu)"
-    )
+    add("--schema", **names, metavar="NAMES", help="bundled schemas (default: all)")
+    add("--pool", **ints, metavar="P,...", help="pool sizes (default 257,4097)")
+    add("--batch", **ints, metavar="B,...", help="batch sizes (default 1,32,256)")
+    add("--topk", **ints, metavar="K,...", help="top-k of EAGLE maps (default 1,8)")
+    add("--hidden", **ints, metavar="H,...", help="bf16 hidden, 0: none (4096,7168)")
+    add("--device", default="cpu", help="torch device: cpu, cuda:0... (default cpu)")
     add("--repeat", type=int, metavar="N", help="timed samples per side (default 15)")
     add("--warmup", type=int, default=3, metavar="N", help="untimed steps first (3)")
     add("--sample-ms", type=float, metavar="MS", help="length of a sample (0.25)")
-    add(
-        "--threads",
-        type=int,
-        default=1,
-        metavar="N",
-        help="torch intra-op threads while timing (default 1; 0 keeps torch's)",
-    )
+    add("--threads", type=int, default=1, help="torch threads (1; 0: torch's)")
     add("--seed", type=int, default=0, help="seed of the workloads")
     add("--json", type=Path, metavar="PATH", help="also write every figure to PATH")
     add("-q", "--quiet", action="store_true", help="no progress on stderr")
-    add(
-        "--spans",
-        action="store_true",
-        help="time the vllm_drafts map's counted scatter against its floors instead",
-    )
+    add("--spans", action="store_true", help="time vllm_drafts' counted scatter")
 
 
 def _usage(message: str) -> int:
@@ -172,7 +153,7 @@ def _ratio(num: list[float], den: list[float]) -> dict[str, float]:
     from relay.bench.timing import quantile
 
     per = [n / d for n, d in zip(num, den)]
-    return {"p25": quantile(per, 0.25), "median": quantile(per, 0.5), "p75": quantile(per, 0.75)}  # fmt: skip
+    return {k: quantile(per, q) for k, q in (("p25", 0.25), ("median", 0.5), ("p75", 0.75))}  # fmt: skip
 
 
 def measure(
@@ -183,52 +164,42 @@ def measure(
     time per method of the baseline and the generated map."""
     from statistics import median
 
-    from relay.bench.plain import Unsupported, build_plain
-    from relay.bench.sides import (
-        Workload,
-        buffer_bytes,
-        compare_values,
-        observed,
-        pair_sides,
-        same,
-    )
-    from relay.bench.timing import per_method, time_interleaved, timer_for
+    from relay.bench import plain, sides, timing
     from relay.opcount import count_ops
     from relay.schema import Schema
 
-    problems = compare_values(pair, gen, shape, device, steps=CHECK_STEPS, seed=args.seed)  # fmt: skip
-    work = Workload.random(shape, device, args.seed, spec=pair.spec)
-    base, side = pair_sides(pair, gen, shape, device, work)
-    methods = [m for m, _ in side.calls]
-    fields = [f.name for f in Schema.bundled(pair.schema).fields]
+    problems = sides.compare_values(pair, gen, shape, device, steps=CHECK_STEPS, seed=args.seed)  # fmt: skip
+    work = sides.Workload.random(shape, device, args.seed, spec=pair.spec)
+    base, side = sides.pair_sides(pair, gen, shape, device, work)
+    schema, methods = Schema.bundled(pair.schema), [m for m, _ in side.calls]
     try:
         floors = [
-            build_plain(Schema.bundled(pair.schema), side.map, shape, work, methods,
-                        graph=pair.graph, check=check)
+            plain.build_plain(schema, side.map, shape, work, methods, graph=pair.graph, check=check)
             for check in (True, False)
         ]  # fmt: skip
         missing = None
-    except Unsupported as why:
+    except plain.Unsupported as why:
         floors, missing = [], str(why)
-    driven = [base, side, *floors]
+    driven: list[Any] = [base, side, *floors]
     for _ in range(2):  # the steady state: lazy buffers allocated, first calls made
         for each in driven:
             each.step()
+    want = dict(sides.observed(side.batch, True))
     for name, floor in zip(SIDES[2:], floors):  # as many steps: the same values now
-        want, got = dict(observed(side.batch, True)), dict(observed(floor.batch, True))
+        got = dict(sides.observed(floor.batch, True))
         problems += [
             f"{pair.name} {shape.label}: the {name} floor's {key} differs"
-            for key, value in want.items()
-            if not same(value, got[key])
-        ]
+            for key, value in want.items() if not sides.same(value, got[key])
+        ]  # fmt: skip
     counted = {k: {m: count_ops(c) for m, c in s.calls} for k, s in zip(SIDES, driven)}
     preset = _preset(args)
     repeat, target = args.repeat or preset["repeat"], (args.sample_ms or preset["sample_ms"]) * 1e6  # fmt: skip
-    times = time_interleaved([s.step for s in driven], timer_for(device), repeat=repeat,
-                             warmup=args.warmup, target_ns=int(target))  # fmt: skip
+    times = timing.time_interleaved([s.step for s in driven], timing.timer_for(device),
+                                    repeat=repeat, warmup=args.warmup, target_ns=int(target))  # fmt: skip
     inner = max(1, int(target // max(median(times[0]), 1)))
-    host = per_method([base.calls, side.calls], device, repeat=repeat, inner=inner)
-    result = {
+    host = timing.per_method([base.calls, side.calls], device, repeat=repeat, inner=inner)  # fmt: skip
+    fields = [f.name for f in schema.fields]
+    return {
         "schema": pair.schema, "name": pair.name, "graph": pair.graph,
         "baseline": pair.design, "label": shape.label, "pool": shape.pool,
         "batch": shape.batch, "topk": shape.topk, "hidden": shape.hidden,
@@ -239,16 +210,13 @@ def measure(
             for k, v in counted.items()
         },
         "ns": {k: median(t) for k, t in zip(SIDES, times)},
+        **{f"generated/{k}": _ratio(times[1], t) for k, t in zip(SIDES, times) if k != "generated"},
         "host_ns": dict(zip(SIDES, host)),
-        "bytes": {k: buffer_bytes(s.map, fields) for k, s in zip(SIDES, (base, side))},
+        "bytes": {k: sides.buffer_bytes(s.map, fields) for k, s in zip(SIDES, (base, side))},
         "floor_source": floors[0].source if floors else None,
         "bare_source": floors[1].source if floors else None,
         "floor_missing": missing,
     }  # fmt: skip
-    for k, t in zip(SIDES, times):
-        if k != "generated":
-            result[f"generated/{k}"] = _ratio(times[1], t)
-    return result
 
 
 def _meta(device: Any, args: argparse.Namespace) -> dict[str, Any]:
@@ -275,7 +243,7 @@ def _meta(device: Any, args: argparse.Namespace) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _table(rows: list[tuple[str, ...]], left: int = 2) -> list[str]:
+def _table(rows: Sequence[tuple[str, ...]], left: int = 2) -> list[str]:
     """Rows as aligned columns: the first ``left`` to the left, the others right."""
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return [

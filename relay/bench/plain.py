@@ -83,7 +83,8 @@ class _Builder:
         self, schema: Schema, relay_map: Any, shape: Shape, work: Any, graph: bool
     ) -> None:
         self.schema, self.device, self.shape = schema, relay_map.device, shape
-        self.graph, self.values = graph, work.values
+        self.graph = graph
+        self.values: Mapping[str, torch.Tensor | None] = work.values
         self.batch = Batch.new(work.indices, work.seq_lens)
         self.ns: dict[str, Any] = {"idx": work.indices, "batch": self.batch}
         self.ns["advance"] = advance_seq_lens

@@ -26,9 +26,8 @@ SEQ_LENS_PLUS_ONE = "seq_lens + 1"
 
 @attrs.frozen
 class Shape:
-    """Pool P, batch B and, for speculative maps, top-k K (n-gram: drafts per request)
-    and hidden H (bf16; 0: the hidden state is not relayed). Row 0 is scratch: B is at
-    most P - 1."""
+    """Pool P, batch B (at most P - 1: row 0 is scratch) and, for speculative maps,
+    top-k K (n-gram: drafts per request) and hidden H (bf16; 0: none relayed)."""
 
     pool: int
     batch: int
@@ -56,10 +55,8 @@ class Pair:
     #: Methods an engine does not call in a decode step (``resolve_tails``: a mixed
     #: batch's; ``resolve_confidence_cpu``: a ragged verify's).
     left_out: tuple[str, ...] = ()
-    #: A captured verify graph writes the schema's ``graph_written`` fields: both maps
-    #: adopt buffers for them, the step declares the graph's write (``graph_wrote``)
-    #: and hands the generated map ``None`` for those values, the baseline the very
-    #: tensors the graph wrote; neither scatters them.
+    #: A captured verify graph writes the schema's ``graph_written`` fields into
+    #: buffers both maps adopt; neither scatters them (see ``build_side``).
     graph: bool = False
 
     @property
@@ -69,19 +66,16 @@ class Pair:
 
     def graph_fields(self) -> list[Field]:
         """The fields the captured graph writes (none unless ``graph``)."""
-        if not self.graph:
-            return []
-        fields = Schema.bundled(self.schema).fields
+        fields = Schema.bundled(self.schema).fields if self.graph else ()
         return [f for f in fields if isinstance(f, Field) and f.graph_written]
 
     def adopted(self, shape: Shape, device: torch.device) -> dict[str, torch.Tensor]:
-        """Buffers a captured graph writes (one scalar per slot, as sglang's lengths
-        and bonus tokens), allocated by the engine before the map."""
-        adopted = {}
-        for f in self.graph_fields():
-            assert isinstance(f.dtype, torch.dtype) and not f.shape, f
-            adopted[f"{f.name}_buf"] = torch.zeros(shape.pool, dtype=f.dtype, device=device)  # fmt: skip
-        return adopted
+        """The buffers a captured graph writes (one scalar per slot, as sglang's
+        lengths and bonus tokens), allocated by the engine before the map."""
+        return {
+            f"{f.name}_buf": torch.zeros(shape.pool, dtype=f.dtype, device=device)  # type: ignore[arg-type]
+            for f in self.graph_fields()
+        }
 
 
 _TOKENS = "tokens gathered; host seq_lens + 1"
@@ -109,21 +103,10 @@ PAIRS: tuple[Pair, ...] = (
 
 @attrs.frozen
 class Generated:
-    """A generated map module: its FutureMap and Payload classes."""
+    """A generated map module (``relay.maps.<schema>``): its FutureMap and Payload."""
 
     map_cls: type[Any]
     payload_cls: type[Any]
-
-    @staticmethod
-    def load(schema: str) -> Generated:
-        """``relay.maps.<schema>``; ImportError if it is not generated."""
-        module = importlib.import_module(f"relay.maps.{schema}")
-        names: Sequence[str] = getattr(module, "__all__", dir(module))
-        maps = [n for n in names if n.endswith("FutureMap")]
-        payloads = [n for n in names if n.endswith("Payload")]
-        if len(maps) != 1 or len(payloads) != 1:
-            raise ImportError(f"relay.maps.{schema}: not one FutureMap and one Payload")
-        return Generated(getattr(module, maps[0]), getattr(module, payloads[0]))
 
 
 def discover(
@@ -131,12 +114,18 @@ def discover(
 ) -> tuple[list[tuple[Pair, Generated]], list[tuple[Pair, str]]]:
     """The pairs whose generated module exists, and those skipped with the reason."""
     found, skipped = [], []
-    for pair in PAIRS:
-        if schemas is None or pair.schema in schemas:
-            try:
-                found.append((pair, Generated.load(pair.schema)))
-            except ImportError as error:
-                skipped.append((pair, str(error)))
+    for pair in [p for p in PAIRS if schemas is None or p.schema in schemas]:
+        try:
+            module = importlib.import_module(f"relay.maps.{pair.schema}")
+        except ImportError as error:
+            skipped.append((pair, str(error)))
+            continue
+        names: Sequence[str] = getattr(module, "__all__", dir(module))
+        classes = [getattr(module, n) for n in names if n.endswith(("FutureMap", "Payload"))]  # fmt: skip
+        if len(classes) != 2:
+            skipped.append((pair, f"{module.__name__}: not one FutureMap and one Payload"))  # fmt: skip
+        else:
+            found.append((pair, Generated(*sorted(classes, key=lambda c: c.__name__.endswith("Payload")))))  # fmt: skip
     return found, skipped
 
 
@@ -171,6 +160,7 @@ class Batch:
 
     @staticmethod
     def new(indices: torch.Tensor, seq_lens: torch.Tensor) -> Batch:
+        """A batch of requests in slots ``indices``, ``seq_lens`` long."""
         host = seq_lens.cpu().clone()
         return Batch(
             indices, indices.cpu(), torch.zeros_like(indices), seq_lens.clone(), host,
@@ -225,9 +215,7 @@ class Workload:
             "topk_index": ints(150_000, b, k),
             "hidden_states": hidden.to(device) if shape.hidden else None,
             # Extras no bundled step relays: the maps that declare them get None.
-            "draft_probs": None,
-            "dsa_topk_indices": None,
-            "confidence": None,
+            **dict.fromkeys(("draft_probs", "dsa_topk_indices", "confidence")),
             # n-gram: K drafts per request, left-aligned, and how many were accepted.
             "accept_tokens": ints(150_000, b, k),
             "accept_lens": ints(k + 1, b).to(torch.int32),
@@ -241,11 +229,9 @@ class Workload:
     ) -> dict[str, torch.Tensor | None]:
         """The values ``names`` name, those in ``nones`` handed as None (a value a
         captured graph wrote), kept current by ``renew``."""
-        missing = [n for n in names if n not in self.values]
+        missing = ", ".join(n for n in names if n not in self.values)
         if missing:
-            raise LookupError(
-                f"{owner} takes {', '.join(missing)}: not in the workload"
-            )
+            raise LookupError(f"{owner} takes {missing}: not in the workload")
         handed = {n: None if n in nones else self.values[n] for n in names}
         self._handed.append((handed, frozenset(nones)))
         return handed
@@ -253,13 +239,10 @@ class Workload:
 
 @attrs.define
 class Side:
-    """One map at one shape, its batch, and one step as an engine drives it:
-    ``invalidate`` (if the design has placeholders), ``resolve_future``, ``graph_wrote``
-    (where a captured graph wrote values), ``publish``, ``stash`` (building the
-    payload), then the scheduler's resolve of the lengths, or its own ``seq_lens + 1``
-    where none are relayed. ``graph`` is the captured graph's own write of this step's
-    values into the map's adopted buffers: not the map's work, so ``step`` (what is
-    timed) leaves it out and ``check_step`` makes it, before ``graph_wrote``."""
+    """One map at one shape, its batch, and one step as an engine drives it (see
+    ``build_side``). ``graph`` is the captured graph's own write of this step's values
+    into the map's adopted buffers: not the map's work, so ``step`` (what is timed)
+    leaves it out and ``check_step`` makes it, before ``graph_wrote``."""
 
     map: Any
     batch: Batch
@@ -290,12 +273,13 @@ def build_side(
     left_out: Collection[str] = (),
     graph: Sequence[Field] = (),
 ) -> Side:
-    """Wire ``relay_map`` to a fresh batch over ``work``, primed with one stash.
-    ``payload_cls`` is the generated payload class; None for a baseline, whose
-    ``stash`` takes the fields as keywords. ``left_out``: resolves not called.
-    ``graph``: the fields a captured graph writes into the map's ``<field>_buf``; the
-    generated map is told ``graph_wrote(indices)`` and handed None for them, a
-    baseline ``graph_wrote(**values)`` and the values."""
+    """Wire ``relay_map`` to a fresh batch over ``work``, primed with one stash, in an
+    engine's call order: ``invalidate`` (placeholder designs), ``resolve_future``,
+    ``graph_wrote``, ``publish``, ``stash``, then the scheduler's resolves but
+    ``left_out``, or its own ``seq_lens + 1`` where none are relayed. ``payload_cls``:
+    the generated payload class; None for a baseline, whose ``stash`` takes keywords.
+    ``graph``: the fields a captured graph writes; the generated map is told
+    ``graph_wrote(indices)`` and handed None for them, a baseline the very values."""
     owner, indices = type(relay_map).__name__, work.indices
     batch = Batch.new(indices, work.seq_lens)
     calls: list[tuple[str, Callable[[], None]]] = []

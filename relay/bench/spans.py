@@ -1,14 +1,11 @@
-"""``relay bench --spans``: a counted scatter's step against its plain floor.
+"""``relay bench --spans``: a counted scatter's step against its floors.
 
 The bundled ``vllm_drafts`` map hands each request's sampled token and 0 to K drafts
 to the next step's flat ``input_ids`` (Note [Counted scatters] in relay/runtime.py).
-Its step (``stash``, then ``resolve_future``) is timed beside the plain floor: the same
-torch calls in the same order, written as a hand-written map writes them, over the
-map's own buffers, with none of relay's Python around them (the payload, the gates,
-the checks' reading and comparing; an ``aminmax`` relay dispatches for a host check
-is made here too, as ``relay/bench/plain.py`` does). ``tests/bench/test_spans.py``
-asserts that both dispatch the same ops and lay in the same values. Offsets and
-counts are int32, as vLLM's ``query_start_loc`` is.
+Its step (``stash``, then ``resolve_future``) is timed beside its floors: the same
+torch calls in the same order, written by hand over the map's own buffers, with relay's
+host checks on the CPU (the stash's slots; the positions the offsets and counts place)
+or bare. Offsets and counts are int32, as vLLM's ``query_start_loc`` is.
 """
 
 from __future__ import annotations
@@ -16,7 +13,7 @@ from __future__ import annotations
 import statistics
 import types
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import attrs
 import torch
@@ -54,15 +51,12 @@ def workload(batch: int, device: torch.device, seed: int = 0) -> SpanWork:
     counts = torch.minimum(made, torch.randint(0, DRAFTS + 1, (batch,), generator=g))
     sizes = counts + 1
     starts = torch.cumsum(sizes, 0) - sizes
+    sampled = torch.randint(0, 32_000, (batch,), generator=g).to(device)
+    drafts = torch.randint(0, 32_000, (batch, DRAFTS), generator=g).to(device)
     return SpanWork(
-        slots=slots.to(device),
-        sampled=torch.randint(0, 32_000, (batch,), generator=g).to(device),
-        drafts=torch.randint(0, 32_000, (batch, DRAFTS), generator=g).to(device),
-        made=made.to(device),
-        starts=starts.to(device, torch.int32),
-        counts=counts.to(device, torch.int32),
-        size=int(sizes.sum()),
-    )
+        slots.to(device), sampled, drafts, made.to(device),
+        starts.to(device, torch.int32), counts.to(device, torch.int32), int(sizes.sum()),
+    )  # fmt: skip
 
 
 def relay_step(
@@ -71,21 +65,15 @@ def relay_step(
     """The generated map's step, its map and its batch."""
     from relay.maps.vllm_drafts import VllmDraftsFutureMap, VllmDraftsPayload
 
-    relay = VllmDraftsFutureMap(
-        device, POOL, num_speculative_tokens=DRAFTS, debug=debug
-    )
+    relay = VllmDraftsFutureMap(device, POOL, num_speculative_tokens=DRAFTS, debug=debug)  # fmt: skip
     payload = VllmDraftsPayload(
-        sampled_token_ids=work.sampled,
-        draft_token_ids=work.drafts,
+        sampled_token_ids=work.sampled, draft_token_ids=work.drafts,
         num_draft_tokens=work.made,
-    )
+    )  # fmt: skip
     batch = types.SimpleNamespace(
-        slots=work.slots,
-        req_ids=None,
-        query_starts=work.starts,
-        num_draft_tokens=work.counts,
-        input_ids=torch.full((work.size,), -1, device=device),
-    )
+        slots=work.slots, req_ids=None, query_starts=work.starts,
+        num_draft_tokens=work.counts, input_ids=torch.full((work.size,), -1, device=device),
+    )  # fmt: skip
 
     def step() -> None:
         relay.stash(work.slots, payload)
@@ -117,7 +105,7 @@ def plain_step(
                 seen += at.tolist()
             else:
                 lo, hi = at.aminmax()
-                if lo.tolist() < 0 or hi.tolist() >= size:
+                if cast(int, lo.tolist()) < 0 or cast(int, hi.tolist()) >= size:
                     raise IndexError(at)
         if seen and (min(seen) < 0 or max(seen) >= size):
             raise IndexError(seen)
@@ -129,7 +117,7 @@ def plain_step(
                 raise IndexError(s)
         elif check:
             lo, hi = idx.aminmax()
-            if lo.tolist() < 0 or hi.tolist() >= POOL:
+            if cast(int, lo.tolist()) < 0 or cast(int, hi.tolist()) >= POOL:
                 raise IndexError(idx)
         sampled_buf.index_copy_(0, idx, sampled)
         drafts_buf.index_copy_(0, idx, drafts)

@@ -7,6 +7,7 @@ per method (``per_method``) is what it is, measured in turns too.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import math
 import statistics
@@ -107,16 +108,22 @@ def time_interleaved(
     probe = statistics.median(timer(fns[0], 1) for _ in range(5))
     inner = max(1, min(10_000, int(target_ns // max(probe, 1))))
     samples: list[list[float]] = [[] for _ in fns]
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with _no_gc():
         for order in balanced_orders(len(fns), repeat):
             for i in order:
                 samples[i].append(timer(fns[i], inner) / inner)
-    finally:
-        if was_enabled:
-            gc.enable()
     return samples
+
+
+@contextlib.contextmanager
+def _no_gc() -> Iterator[None]:
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 #: The breakdown's name for the device's own time after the host's last call.
@@ -135,18 +142,16 @@ def per_method(
     Each call is timed by host clocks around it alone; the device is synchronized only
     after a sample's last step (off the CPU that wait is reported as ``SYNC``), so a
     part is the host time the method costs its caller, as an engine sees it. The sides
-    take turns, one sample each per repeat; a side's parts are those of its sample
-    whose step is the median one: they lie inside that step and sum to it but for the
-    clocks' own cost and the loop's."""
+    take turns, one sample each per repeat. Each figure is the quietest sample's (a
+    context switch only adds time), so the parts sum to at most the step; what is left
+    is the loop's and the clocks' own cost."""
     sync, clock = _sync(device), time.perf_counter_ns
-    samples: list[list[tuple[int, list[int]]]] = [[] for _ in sides]
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    samples: list[list[list[int]]] = [[] for _ in sides]
+    with _no_gc():
         for _ in range(repeat):
             for calls, kept in zip(sides, samples):
                 fns = [fn for _, fn in calls]
-                parts = [0] * (len(fns) + 1)
+                parts = [0] * (len(fns) + 2)
                 sync()
                 begin = clock()
                 for _ in range(inner):
@@ -156,15 +161,12 @@ def per_method(
                         parts[k] += clock() - t
                 t = clock()
                 sync()
-                parts[-1] = clock() - t
-                kept.append((clock() - begin, parts))
-    finally:
-        if was_enabled:
-            gc.enable()
+                parts[-2] = clock() - t
+                parts[-1] = clock() - begin
+                kept.append(parts)
     out = []
     for calls, kept in zip(sides, samples):
-        total, parts = sorted(kept, key=lambda sample: sample[0])[len(kept) // 2]
         names = [name for name, _ in calls] + ([SYNC] if device.type != "cpu" else [])
-        out.append({name: ns / inner for name, ns in zip(names, parts)})
-        out[-1]["step"] = total / inner
+        quietest = [min(column) / inner for column in zip(*kept)]
+        out.append({**dict(zip(names, quietest)), "step": quietest[-1]})
     return out
