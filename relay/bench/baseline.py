@@ -2,12 +2,9 @@
 
 Written from DOMAIN.md's "sglang today, op by op" and, for sglang 0.5.23's EAGLE and
 n-gram relays, from docs/sglang.md, as lean as an engine keeps them: no value checks,
-gathers by ``buf[slots]``, a host copy only where the design needs one.
-``DecodeSeqLensBaseline`` is the older sentinel design that relays ``seq_lens`` too.
-Stash and publish take keyword tensors named as the generated payload's fields, so one
-driver feeds both sides. The fence and the host copy follow the device: a device-side
-wait and a pinned copy on a private stream on CUDA, a host wait on HIP, plain calls on
-the CPU.
+gathers by ``buf[slots]``, a host copy only where the design needs one. Stash and
+publish take keyword tensors named as the generated payload's fields, so one driver
+feeds both sides. The fence and the host copy follow the device (``PublishReady``).
 """
 
 from __future__ import annotations
@@ -23,9 +20,10 @@ __all__ += ["NgramBaseline", "PublishReady", "SglangEagleBaseline"]
 
 
 class PublishReady:
-    """The ``publish_ready`` fence and the host copy behind it, per device. A record
-    from another stream than the last first waits on the last record (Note [Fence
-    chaining] in relay/device.py)."""
+    """The ``publish_ready`` fence and the host copy behind it: a device-side wait and
+    a pinned copy on a private stream on CUDA, a host wait on HIP, plain calls on the
+    CPU. A record from another stream than the last first waits on the last record
+    (Note [Fence chaining] in relay/device.py)."""
 
     def __init__(self, device: torch.device) -> None:
         self.cpu = device.type == "cpu"
@@ -52,10 +50,9 @@ class PublishReady:
         self.stream = stream
 
     def resolve(self, buf: torch.Tensor, batch: Any, indices: torch.Tensor) -> None:
-        """The scheduler's read of the published ``buf`` rows ``indices``: ordered after
-        the newest publish, gathered, copied to the host and summed. On CUDA the host
-        copy is the whole buffer copied into a pinned mirror on a private stream behind
-        the fence, the rows picked on the host."""
+        """The scheduler's read of ``buf`` rows ``indices`` after the newest publish:
+        gathered, copied to the host (on CUDA the whole buffer into a pinned mirror on
+        a private stream, the rows picked on the host) and summed."""
         if self.event is not None and self.host_wait:
             self.event.synchronize()
         elif self.event is not None:
@@ -103,8 +100,7 @@ class DecodeBaseline:
 
 
 class _SeqLens:
-    """The accepted lengths published behind the fence for the scheduler, who reads
-    them by ``batch.req_pool_indices``."""
+    """The new lengths published behind the fence for the scheduler."""
 
     def __init__(self, device: torch.device | str, pool_size: int) -> None:
         self.device = torch.device(device)
@@ -153,8 +149,7 @@ class DecodeSeqLensBaseline(_SeqLens):
 
 class EagleBaseline(_SeqLens):
     """EAGLE, sglang today: the bonus token, the draft's first top-k and (when the draft
-    reads it) the hidden state gathered into the draft input; the accepted lengths
-    published mid-forward for the scheduler."""
+    reads it) the hidden state gathered into the draft input; the lengths published."""
 
     def __init__(
         self, device: torch.device | str, pool_size: int, *, topk: int
@@ -163,8 +158,7 @@ class EagleBaseline(_SeqLens):
         self.output_tokens_buf = _pool(self.device, pool_size, dtype=torch.int64)
         self.topk_p_buf = _pool(self.device, pool_size, topk, dtype=torch.float32)
         self.topk_index_buf = _pool(self.device, pool_size, topk, dtype=torch.int64)
-        # Width and dtype come from the draft model: allocated by the first stash that
-        # carries it, checked per stash (an early payload without it must not disable it).
+        # Allocated by the first stash that carries it (the draft model's width, dtype).
         self.hidden_states_buf: torch.Tensor | None = None
 
     def stash(
@@ -219,11 +213,10 @@ def _write_extra(
 
 class SglangEagleBaseline:
     """EAGLE as sglang 0.5.23 relays it (docs/sglang.md): slots are the draft input's
-    ``future_indices`` (a batch with no draft input is skipped); every extra is
-    allocated by the first stash that carries it and written only when a payload
-    carries it. The lengths and bonus-token buffers may be adopted from a captured
-    verify graph: the engine hands over the very tensors the graph wrote
-    (``graph_wrote``), and ``publish`` and ``stash`` skip their scatter once for them."""
+    ``future_indices``; every extra is allocated and written by a stash that carries
+    it. The lengths and bonus-token buffers may be a captured verify graph's: handed
+    the very tensors the graph wrote (``graph_wrote``), ``publish`` and ``stash`` skip
+    their scatter once."""
 
     def __init__(
         self,
@@ -316,10 +309,8 @@ class SglangEagleBaseline:
 
 class NgramBaseline(_SeqLens):
     """n-gram speculation as sglang 0.5.23 relays it (docs/sglang.md): the accepted
-    drafts and their count, in two buffers allocated by the first stash with its dtypes
-    and zero-filled (an unstashed row reads accept length 0), gathered by the draft
-    input's ``future_indices`` (the drafts flattened); no bonus token. The accepted
-    lengths are published behind the fence for the scheduler."""
+    drafts and their count, in zero-filled buffers allocated by the first stash,
+    gathered by the draft input's ``future_indices`` (the drafts flattened)."""
 
     def __init__(self, device: torch.device | str, pool_size: int) -> None:
         super().__init__(device, pool_size)
