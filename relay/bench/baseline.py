@@ -121,18 +121,13 @@ class _SeqLens:
         self._ready.resolve(self.new_seq_lens_buf, batch, indices)
 
 
-class DecodeSeqLensBaseline(_SeqLens):
+class DecodeSeqLensBaseline(DecodeBaseline, _SeqLens):
     """Plain decoding, sglang's sentinel design of 2026-05: tokens through placeholders
     in ``input_ids``, and the new sequence lengths relayed to the scheduler."""
 
     def __init__(self, device: torch.device | str, pool_size: int) -> None:
-        super().__init__(device, pool_size)
-        self.output_tokens_buf = _pool(self.device, pool_size, dtype=torch.int64)
-
-    def stash(self, indices: torch.Tensor, *, next_token_ids: torch.Tensor) -> None:
-        if indices.numel() == 0:
-            return
-        self.output_tokens_buf[indices] = next_token_ids.to(torch.int64)
+        DecodeBaseline.__init__(self, device, pool_size)
+        _SeqLens.__init__(self, device, pool_size)
 
     def invalidate(self, batch: Any, indices: torch.Tensor) -> None:
         if indices.numel() == 0:

@@ -222,22 +222,19 @@ def measure(
 def _meta(device: Any, args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
+    git = ["git", "rev-parse", "--short", "HEAD"]
     try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-            check=True, timeout=10, cwd=Path(__file__).parent,
-        ).stdout.strip()  # fmt: skip
+        done = subprocess.run(git, capture_output=True, text=True, check=True, timeout=10, cwd=Path(__file__).parent)  # fmt: skip
+        commit: str | None = done.stdout.strip()
     except (OSError, subprocess.SubprocessError):
         commit = None
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "commit": commit,
-        "device": str(device),
+        "commit": commit, "device": str(device),
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()}",
         "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
-        "torch": torch.__version__,
-        "python": platform.python_version(),
+        "torch": torch.__version__, "python": platform.python_version(),
         "torch_threads": torch.get_num_threads(),
         "repeat": args.repeat or _preset(args)["repeat"],
     }  # fmt: skip
@@ -255,15 +252,21 @@ def _table(rows: Sequence[tuple[str, ...]], left: int = 2) -> list[str]:
     ]
 
 
+def _us(ns: float) -> str:
+    return f"{ns / 1e3:.1f}"
+
+
 def _cells(r: dict[str, Any]) -> tuple[str, ...]:
     """One configuration's row of the table."""
+    if r["error"] is not None or not r["ok"]:
+        return (r["name"], r["label"], "FAILED", *[""] * 7)
     ops, ns = r["ops"], r["ns"]
     check = ops["generated"] - ops.get("bare", ops["generated"])
     ratios = [r.get(f"generated/{k}") for k in ("baseline", "floor", "bare")]
     return (
         r["name"], r["label"],
         f"{ops['baseline']}/{ops['generated'] - check}" + (f"+{check}" if check else ""),
-        *(f"{ns[k] / 1e3:.1f}" if k in ns else "-" for k in SIDES),
+        *(_us(ns[k]) if k in ns else "-" for k in SIDES),
         *("-" if q is None else f"{q['median']:.2f}x ({q['p25']:.2f}-{q['p75']:.2f})" for q in ratios),
     )  # fmt: skip
 
@@ -273,45 +276,35 @@ def render(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
     method, its buffers and its floor's source."""
     gpu = f" ({meta['gpu']})" if meta["gpu"] else ""
     out = [
-        (
-            f"relay bench: {meta['device']}{gpu}, {meta['machine']}, "
-            f"torch {meta['torch']}, {meta['torch_threads']} thread(s), "
-            f"{meta['repeat']} repeats, {meta['date']}, commit {meta['commit']}"
-        ),
-        HEADER,
-        "",
-    ]
-    done = [r for r in results if r["error"] is None and r["ok"]]
+        (f"relay bench: {meta['device']}{gpu}, {meta['machine']}, torch {meta['torch']}, {meta['torch_threads']} "
+         f"thread(s), {meta['repeat']} repeats, {meta['date']}, commit {meta['commit']}"), HEADER, "",
+    ]  # fmt: skip
     head = ("map", "shape", "ops", "baseline us", "generated us", "floor us",
             "bare us", "gen/baseline", "gen/floor", "gen/bare")  # fmt: skip
-    out += _table([head, *(
-        _cells(r) if r in done else (r["name"], r["label"], "FAILED", *[""] * 7) for r in results
-    )])  # fmt: skip
+    out += _table([head, *map(_cells, results)])
     out += ["", "host us per step, and per method in step order, generated / baseline"]
+    done = [r for r in results if r["error"] is None and r["ok"]]
     rows = []
     for r in done:
         gen, base = r["host_ns"]["generated"], r["host_ns"]["baseline"]
-        parts = [f"{m} {gen[m] / 1e3:.1f}/{base[m] / 1e3:.1f}" if m in base else f"{m} {gen[m] / 1e3:.1f}/-" for m in gen if m != "step"]  # fmt: skip
-        rows.append((r["name"], r["label"], f"{gen['step'] / 1e3:.1f}/{base['step'] / 1e3:.1f}:", "  ".join(parts)))  # fmt: skip
+        parts = [f"{m} {_us(v)}/{_us(base[m]) if m in base else '-'}" for m, v in gen.items() if m != "step"]  # fmt: skip
+        rows.append((r["name"], r["label"], f"{_us(gen['step'])}/{_us(base['step'])}:", "  ".join(parts)))  # fmt: skip
     out += _table(rows, left=4) if rows else []
     first: dict[str, dict[str, Any]] = {}
     for r in done:
         first.setdefault(r["name"], r)
     for r in first.values():
-        base, gen = r["methods"]["baseline"], r["methods"]["generated"]
+        base, gen, sizes = (
+            r["methods"]["baseline"],
+            r["methods"]["generated"],
+            r["bytes"],
+        )
         out += [
             f"\n{r['name']}, baseline: {r['baseline']}",
-            (
-                f"  buffers at {r['label']}: baseline {r['bytes']['baseline']:,} "
-                f"bytes, generated {r['bytes']['generated']:,}"
-            ),
+            f"  buffers at {r['label']}: baseline {sizes['baseline']:,} bytes, generated {sizes['generated']:,}",
             "  data ops per method, baseline | generated",
-        ]
-        for m in dict.fromkeys([*base, *gen]):
-            ops = [
-                ", ".join(side[m]["ops"]) if m in side else "-" for side in (base, gen)
-            ]
-            out.append(f"  {m}: {ops[0] or '(none)'} | {ops[1] or '(none)'}")
+            *(f"  {m}: {' | '.join(', '.join(side[m]['ops']) or '(none)' if m in side else '-' for side in (base, gen))}" for m in dict.fromkeys([*base, *gen])),
+        ]  # fmt: skip
         if r["floor_source"]:
             out.append(f"  the floor at {r['label']}, one function per method in step order:")  # fmt: skip
             out += [f"    {line}" for line in r["floor_source"].splitlines()]
