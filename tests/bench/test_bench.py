@@ -297,8 +297,8 @@ def test_the_floor_is_plain_tensor_methods() -> None:
             ), (pair.schema, bound)
 
 
-def test_a_step_the_plain_floor_does_not_write_is_refused() -> None:
-    """A placeholder field: no plain floor rather than a wrong one."""
+def test_a_step_the_floor_does_not_write_is_refused() -> None:
+    """A placeholder field: no floor rather than a wrong one."""
     schema = Schema(
         name="PlaceholderFutureMap",
         fields=[
