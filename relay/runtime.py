@@ -388,7 +388,7 @@ def _target(s: MapState, i: int, target: object) -> int:
         type(target) is torch.Tensor
         and target.dtype is dtype
         and target.ndim == 1
-        and target.device == s.device
+        and (target.is_cpu if s.cpu else target.device == s.device)
     ):
         return target.numel()
     f = s.table.fields[i]
@@ -554,9 +554,15 @@ def span_at(
         if _guarded(s, fields[0]):
             _debug_claims(s, debug, fields, indices, starts, widths, counts, target)
     elif host:
-        counted = [c for c in counts if c is not None]
-        counted_widths = [w for c, w in zip(counts, widths) if c is not None]
-        fixed = sum(w for c, w in zip(counts, widths) if c is None)
+        fixed = 0
+        counted: list[torch.Tensor] = []
+        counted_widths: list[int] = []
+        for count, width in zip(counts, widths):
+            if count is None:
+                fixed += width
+            else:
+                counted.append(count)
+                counted_widths.append(width)
         if not _spans_ok(starts, counted, counted_widths, fixed, size):
             _name_span(s, fields, indices, starts, widths, counts, size)
     else:
