@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -45,13 +46,13 @@ def test_plot_without_matplotlib_is_one_line_and_exit_2(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """No matplotlib: one line naming the extra to install, exit 2, before any run."""
-    monkeypatch.setattr(plot, "available", lambda: False)
+    """No matplotlib: one line saying what to install, exit 2, before any run."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # find_spec: not installed
     assert main([*TINY_DEMO, "--plot", str(tmp_path / "t.png")]) == Exit.USAGE
     captured = capsys.readouterr()
     assert captured.out == ""
     (line,) = captured.err.splitlines()
-    assert "relay-futuremap[plot]" in line and line.startswith("relay demo: error:")
+    assert "pip install matplotlib" in line and line.startswith("relay demo: error:")
 
 
 @pytest.mark.parametrize(
@@ -76,7 +77,8 @@ def test_unwritable_trace_or_plot_is_bad_usage(
 
 
 def test_timeline_draws_a_row_per_cuda_stream(tmp_path: Path) -> None:
-    """A trace with CUDA kernels (as on a GPU) gets one row per stream; the picture is written."""
+    """A trace with CUDA kernels (as on a GPU) gets one row per stream, each panel's
+    title says what else the machine did during its run; the picture is written."""
     pytest.importorskip("matplotlib")
     spans: list[trace.Span] = []
     kernels: list[trace.Span] = []
@@ -105,8 +107,21 @@ def test_timeline_draws_a_row_per_cuda_stream(tmp_path: Path) -> None:
         return rows
 
     picture = tmp_path / "gpu.png"
+    titles: list[str] = []
+    frame = plot._frame
+
+    def title_spy(axes: object, title: str, *args: object) -> dict[str, int]:
+        y_of = frame(axes, title, *args)  # type: ignore[arg-type]
+        titles.append(axes.get_title(loc="left"))  # type: ignore[attr-defined]
+        return y_of
+
+    machine = {"decode overlap": "other processes 1.4 of 2 cores"}
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(plot, "_rows", spy)
-        plot.timeline(data, picture, ["decode"])
+        patch.setattr(plot, "_frame", title_spy)
+        plot.timeline(data, picture, ["decode"], machine)
     assert ["scheduler thread", "stream 7"] in axes_rows
     assert picture.read_bytes().startswith(PNG_SIGNATURE)
+    # What the machine did during a run is in its panel's title.
+    assert not titles[0].endswith("cores")
+    assert titles[1].endswith("; during the run, other processes 1.4 of 2 cores")
