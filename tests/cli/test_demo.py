@@ -304,7 +304,7 @@ def test_demo_never_touches_the_callers_project(
 def test_demo_without_bundled_schemas_runs_the_packaged_maps(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Installed from a wheel (no schemas/ beside relay/): it says so and runs relay.maps."""
+    """An installation without relay/schemas/: it says so and runs relay.maps."""
     from relay.cli import demo
 
     monkeypatch.setattr(demo, "bundled_schemas", lambda: None)
