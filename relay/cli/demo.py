@@ -1,21 +1,18 @@
 """``relay demo``: generate the bundled maps privately, import them, run the engine both ways.
 
 The command-line side of the reference engine (``relay.engine``, a library that
-imports nothing from here): flags, model presets, progress and the results table.
+imports nothing from here): flags, model presets, progress and the results table;
+``DESCRIPTION`` is what its users read in ``--help``.
 
 The bundled schemas the engine runs (``decode``, ``decode_seq_lens``, ``eagle``,
 ``ngram``) are generated into a private temporary folder and imported from there: the
 demo never reads or writes the caller's project (no ``[tool.relay]`` lookup, nothing
-written under the working folder). For plain decoding, EAGLE and n-gram speculation
-(retraction under KV pressure, aborts, chunked prefill and prebuilt requests on) it
-then runs the synchronous loop and the overlap loop on the same workload, each several
-times, interleaved, and prints the forward's occupancy (its busy share of each run,
-measured within the run), throughput, the measured speedup beside the ideal one and
-their ratio (the efficiency; these compare two runs, so each is shown with its range),
-acceptance length, how many requests were retracted, aborted, chunked and prebuilt,
-and whether every overlap run produced the synchronous run's tokens. With --trace or --plot
-it then runs each loop once more, traced, on the first requests of the workload,
-and writes a Chrome trace (Perfetto, chrome://tracing) or a timeline picture.
+written under the working folder). For each mode it runs the synchronous loop and
+the overlap loop on the same workload, several times, interleaved, measuring around
+each run what other processes did (``relay.cli.machine``), and prints one row per
+mode from each loop's totals (Note [Figures from one run and from two]), with a
+note where the speedup passed its ideal or fell below 1.0x. With --trace or --plot
+it then runs each loop once more, traced, on the first requests of the workload.
 
 Exit status: 0 ok, 1 some outputs differ, 2 bad usage or an unusable device (one
 line on stderr), 3 a bundled schema is invalid, 130 Ctrl-C, 143 SIGTERM (both after

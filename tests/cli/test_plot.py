@@ -125,3 +125,41 @@ def test_timeline_draws_a_row_per_cuda_stream(tmp_path: Path) -> None:
     # What the machine did during a run is in its panel's title.
     assert not titles[0].endswith("cores")
     assert titles[1].endswith("; during the run, other processes 1.4 of 2 cores")
+
+
+def test_a_cpu_trace_never_starts_torchs_profiler(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the CPU relay keeps its ranges itself, two clock readings each: torch's
+    profiler, whose per-operator records once held most of a traced demo's memory,
+    is never started, and the trace still holds every step's ranges on both threads."""
+    import torch
+
+    from relay.engine import EngineConfig, ModelConfig, WorkloadConfig, run_workload
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("torch.profiler.profile was started")
+
+    monkeypatch.setattr(torch.profiler, "profile", refuse)
+    config = EngineConfig(
+        model=ModelConfig(
+            vocab_size=256, hidden=16, layers=1, heads=2, ffn=32, max_context=64
+        ),
+        workload=WorkloadConfig(
+            requests=4, min_prompt=4, max_prompt=8, min_output=4, max_output=8
+        ),
+        trace=True,
+        overlap=True,
+    )
+    path = tmp_path / "cpu.json"
+    with trace.record(path):
+        run_workload(config)
+    run = trace.load(path).runs()["decode overlap"]
+    forwards = run.named(trace.FORWARD)
+    assert forwards and set(run.named(trace.BUILD)) >= set(forwards) - {0}
+    assert {s.row.split(" (")[0] for s in run.spans} == {
+        trace.SCHEDULER_THREAD,
+        trace.FORWARD_THREAD,
+    }
+    events = json.loads(path.read_text())["traceEvents"]
+    assert {e.get("cat") for e in events if e["ph"] == "X"} == {"user_annotation"}
