@@ -6,6 +6,7 @@ import json
 import sys
 from pathlib import Path
 
+import attrs
 import pytest
 
 from relay.cli import Exit, main, plot
@@ -163,3 +164,33 @@ def test_a_cpu_trace_never_starts_torchs_profiler(
     }
     events = json.loads(path.read_text())["traceEvents"]
     assert {e.get("cat") for e in events if e["ph"] == "X"} == {"user_annotation"}
+
+
+@pytest.mark.gpu
+def test_a_cuda_trace_puts_each_kernel_inside_the_run_that_launched_it(
+    tmp_path: Path,
+) -> None:
+    """On CUDA the profiler records the device's work only; moved onto relay's clock,
+    each traced run holds kernels (a clock off by more than a run would leave it
+    none), on stream rows."""
+    from relay.engine import EngineConfig, ModelConfig, WorkloadConfig, run_workload
+
+    config = EngineConfig(
+        model=ModelConfig(
+            vocab_size=256, hidden=16, layers=1, heads=2, ffn=32, max_context=64
+        ),
+        workload=WorkloadConfig(
+            requests=4, min_prompt=4, max_prompt=8, min_output=4, max_output=8
+        ),
+        device="cuda",
+        trace=True,
+    )
+    path = tmp_path / "cuda.json"
+    with trace.record(path, "cuda"):
+        for overlap in (False, True):
+            run_workload(attrs.evolve(config, overlap=overlap))
+    runs = trace.load(path).runs()
+    assert set(runs) == {"decode sync", "decode overlap"}
+    for run in runs.values():
+        assert run.kernels and all(k.row.startswith("stream ") for k in run.kernels)
+        assert run.named(trace.FORWARD)
