@@ -155,8 +155,9 @@ under KV pressure, aborts, chunked prefill and prefilled requests), each loop
 several times, and prints one row per mode: the forward's busy share of the
 overlap runs (occupancy), both loops' throughput, the speedup beside the best a
 perfect overlap could give (ideal), and whether the outputs were identical.
---wide adds the rest, --json writes every figure and run to a file. When overlap
-is slower or faster than it can be, a note says how busy the machine was.
+--wide adds the rest, --json writes every figure and run to a file. Where overlap
+loses to the synchronous loop, or beats its ideal, a note says how busy the machine
+was meanwhile.
 
 The maps are generated into a private temporary folder, removed at the end: the
 demo reads and writes nothing in the folder you run it from. --trace and --plot
