@@ -655,8 +655,8 @@ def _notes(rows: Sequence[ModeResult], threads: int) -> list[str]:
             notes.append(
                 f"* {row.mode}: {speed}. Speedup and ideal compare loops run at "
                 f"different times, which other load slowed unequally: "
-                f"{_machine_words(row)}. Occupancy, measured within a loop's runs, "
-                "cannot pass 100%."
+                f"{_machine_words(row)}.{_why_faster(row, threads)} Occupancy, "
+                "measured within a loop's runs, cannot pass 100%."
             )
         elif row.speedup < 1:
             notes.append(
@@ -664,6 +664,19 @@ def _notes(rows: Sequence[ModeResult], threads: int) -> list[str]:
                 f"{_machine_words(row)}. {_why_slower(row, threads)}"
             )
     return notes
+
+
+def _why_faster(row: ModeResult, threads: int) -> str:
+    """What a busy machine does for the overlap loop, where it was busy; else ``""``."""
+    sync = pooled(row.sync_loads)
+    used = None if sync is None else sync.others_cores
+    if used is None or threads < 2 or cores() - used >= threads:
+        return ""
+    return (
+        f" With fewer cores free than the overlap loop's {threads} threads, the "
+        "operating system may also give them a larger share of the CPU than the "
+        "synchronous loop's one thread."
+    )
 
 
 def _why_slower(row: ModeResult, threads: int) -> str:

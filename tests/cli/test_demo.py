@@ -232,6 +232,10 @@ def test_a_mode_above_its_ideal_is_marked_and_explained_not_capped() -> None:
     note = _notes(lines)
     assert note.startswith("* decode: 1.43x against an ideal of 1.25x.")
     assert "other processes used 1.6" in note and "noise" not in note
+    if cores() - 1.6 < 2:
+        assert "may also give them a larger share of the CPU" in note
+    idle = _notes(_table([_row("decode", [1.0, 1.0], [0.7, 0.7], IDLE)]))
+    assert "other processes used 0.1" in idle and "larger share" not in idle
 
 
 def test_demo_prints_the_table(
