@@ -666,11 +666,17 @@ def _notes(rows: Sequence[ModeResult], threads: int) -> list[str]:
     return notes
 
 
+def _short_of_cores(used: float, threads: int) -> bool:
+    """Whether other processes' use left the overlap loop's threads short of a core
+    each, by half a core or more (a tenth of a core busy elsewhere is no shortage)."""
+    return cores() - used <= threads - 0.5
+
+
 def _why_faster(row: ModeResult, threads: int) -> str:
     """What a busy machine does for the overlap loop, where it was busy; else ``""``."""
     sync = pooled(row.sync_loads)
     used = None if sync is None else sync.others_cores
-    if used is None or threads < 2 or cores() - used >= threads:
+    if used is None or threads < 2 or not _short_of_cores(used, threads):
         return ""
     return (
         f" With fewer cores free than the overlap loop's {threads} threads, the "
@@ -687,7 +693,7 @@ def _why_slower(row: ModeResult, threads: int) -> str:
     if used is None:
         return ""
     free = cores() - used
-    if free < threads:
+    if _short_of_cores(used, threads):
         return (
             f"The overlap loop runs its scheduler and its forward at once, on {threads} "
             f"threads; with about {max(free, 0):.1f} cores free they took turns, and "
