@@ -359,6 +359,8 @@ class _Driver:
                 value.view(-1)[0] = self.rng.choice((math.nan, math.inf, -math.inf))
         else:
             low = {Guard.POSITIVE: 1, Guard.NON_NEGATIVE: 0}.get(f.guard, -2)
+            if f.tails_kv is not None:  # a length whose KV column lies in its row
+                low = max(low, 1 - f.tails_add)
             value = torch.randint(low, 1000, shape, generator=g).to(
                 dtype
             )  # -1 included

@@ -232,6 +232,11 @@ class ReferenceRelay:
         bound(f.target, lengths + f.tails_add)
         if f.tails_kv is not None and f.tails_kv_table is not None:
             table: torch.Tensor = get_path(batch, f.tails_kv_table)
+            for s, x in zip(slots, lengths.tolist()):  # never a column before the row
+                if not 0 <= x + f.tails_add - 1 < table.shape[1]:
+                    raise ModelError(
+                        f"{f.name}: slot {s}'s KV column is outside its row"
+                    )
             bound(
                 f.tails_kv,
                 torch.stack(
