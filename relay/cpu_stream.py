@@ -30,6 +30,7 @@ __all__ = [
     "ThreadStream",
     "active_schedule",
     "current_cpu_stream",
+    "host_order_place",
     "schedule_seed_from_env",
     "seeded_schedule",
     "switch_point",
@@ -125,6 +126,17 @@ def _host_order() -> int:
     """A place in the host order of tasks, for work done now outside any stream."""
     with _submission_lock:
         return next(_submission_order)
+
+
+def host_order_place() -> int:
+    """Where the calling thread's work sits in the host order of tasks: on a stream's
+    worker, its running task's submission number (the task was placed when it was
+    launched); elsewhere a fresh number, after every task submitted so far. Two places
+    compare as their work's launches do (Note [Seeds] in relay/runtime.py)."""
+    stream = current_cpu_stream()
+    if stream is not None and stream.on_worker():
+        return stream.running_order
+    return _host_order()
 
 
 # Note [Fence chaining in host order]
@@ -548,6 +560,10 @@ class ThreadStream:
     def running_order(self) -> int:
         """Submission number of the task running now (valid on the worker thread)."""
         return self._running_order
+
+    def on_worker(self) -> bool:
+        """Whether the calling thread is this stream's worker."""
+        return threading.current_thread() is self._thread
 
     def notify(self) -> None:
         """Wake host waiters (a record completed)."""
