@@ -164,9 +164,15 @@ class Table:
         return dtype if isinstance(dtype, torch.dtype) else None
 
 
-#: What ``seed`` took: its place in host order, the slots, the values and the owners,
-#: for ``apply_seeds`` (Note [Seeds]).
-Seed = tuple[int, torch.Tensor, list[torch.Tensor | None], "Owners | None"]
+#: What ``seed`` took: its place in host order, the slots, the values, the owners and
+#: debug mode's per-row counts, for ``apply_seeds`` (Note [Seeds]).
+Seed = tuple[
+    int,
+    torch.Tensor,
+    list[torch.Tensor | None],
+    "Owners | None",
+    dict[int, torch.Tensor],
+]
 #: Queueing a seed and taking the due ones are each one step, whichever threads call.
 _seeds_lock = threading.Lock()
 
@@ -956,10 +962,10 @@ def seed(
     if checked is not None:
         slots, values = checked
         copies = [None if v is None else v.detach().clone() for v in values]
+        kept = {i: count.clone() for i, count in counts.items()}
+        seed = (host_order_place(), slots.clone(), copies, owners, kept)
         with _seeds_lock:
-            s.seeds.append((host_order_place(), slots.clone(), copies, owners))
-        if counts:
-            record_counts(s, indices, counts)
+            s.seeds.append(seed)
 
 
 def apply_seeds(s: MapState) -> None:
@@ -970,8 +976,10 @@ def apply_seeds(s: MapState) -> None:
         due = sorted((seed for seed in s.seeds if seed[0] <= place), key=_place)
         if due:
             s.seeds = [seed for seed in s.seeds if seed[0] > place]
-    for _, slots, values, owners in due:
+    for _, slots, values, owners, counts in due:
         _apply(s, "seed", s.table.forward, slots, values, owners)
+        if counts:  # the counts the rows carry from now on, as a stash's
+            record_counts(s, slots, counts)
 
 
 def _place(seed: Seed) -> int:
