@@ -12,10 +12,11 @@ from typing import Any
 import pytest
 import torch
 from relay_runtime_support import load_generated, thread_streams
-from schedule_support import SEEDS, replaying, seed_id
+from schedule_support import SEEDS, replaying
 
 from relay import RelayDebugError
 from relay.codegen.loader import load_schema
+from relay.cpu_stream import CpuEvent, current_cpu_stream
 from relay.maps.eagle import EagleFutureMap
 from relay.schema import Field, IfNone, Lane, Schema, Unwritten
 from relay.testing import Namespace, load_map_class
@@ -212,3 +213,43 @@ def test_fresh_code_leaves_rows_under_a_skipped_parent_unread(tmp_path: Path) ->
     assert taken.spec_info.topk_p.tolist() == [0.25, 0.75]
     with pytest.raises(RelayDebugError, match=r"topk_p: slot 2: resolve_future"):
         relay.resolve_future(Namespace(req_pool_indices=SLOTS, spec_info=Namespace()))
+
+
+@pytest.mark.usefixtures("clocks_on")
+def test_chained_records_are_made_in_host_order_in_every_schedule() -> None:
+    """``record_chained`` first waits for the newest record before its task in host
+    order, so however the workers interleave (the tasks start in other orders), the
+    records are made in the order the host queued their tasks: no record of a later
+    task is made before an earlier one's (Note [Fence chaining in host order])."""
+    starts, records = set(), set()
+    for seed in SEEDS:
+        with replaying(seed):
+            event = CpuEvent()
+            started: list[int] = []
+            recorded: list[int] = []
+
+            def record(event: CpuEvent = event, recorded: list[int] = recorded) -> None:
+                stream = current_cpu_stream()
+                assert stream is not None
+                recorded.append(stream.running_order)
+                CpuEvent.record(event)
+
+            event.record = record  # type: ignore[method-assign]
+
+            def task(event: CpuEvent = event, started: list[int] = started) -> None:
+                stream = current_cpu_stream()
+                assert stream is not None
+                started.append(stream.running_order)
+                event.record_chained()
+
+            with thread_streams("forward", "draft") as (forward, draft):
+                forward.submit(task)
+                draft.submit(task)
+                forward.submit(task)
+                event.synchronize()
+        starts.add(tuple(started))
+        assert recorded == sorted(recorded), f"seed {seed}: {recorded}"
+        records.add(len(recorded))
+    assert records == {3}
+    if len(SEEDS) > 1:  # RELAY_SCHEDULE_SEED runs one seed alone
+        assert any(s != tuple(sorted(s)) for s in starts), starts
