@@ -1,9 +1,10 @@
 """The reference engine seeding prebuilt requests from the scheduler's thread, as
 docs/integrating.md allows: relay writes each seed in the first forward launched after
-it, so the run is clean in every seeded schedule; with the seed written by the next
-resolve whatever forward makes it (relay's queue before seeds were placed in host order,
-planted back), the forward in flight for the slot's previous request takes the seed,
-and debug mode reports it in every seeded schedule."""
+it, so the run is clean in every seeded schedule. Planted back, each silent bug is
+reported in every seeded schedule: the seed written by the next resolve whatever forward
+makes it (relay's queue before seeds were placed in host order), where the forward in
+flight for the slot's previous request takes the seed; and a slot released early, on the
+scheduler's thread, before the step still in flight for its previous request reads it."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 
 import attrs
 import pytest
+import torch
 from schedule_support import SEEDS, replaying, seed_id
 from test_engine_bugs import BASE, WORKLOAD, _debug_report, _transfer
 
@@ -19,6 +21,7 @@ from relay import runtime
 from relay.engine import engine as engine_module
 from relay.engine import run_workload
 from relay.engine.batch import Seeds
+from relay.engine.scheduler import Scheduler
 
 CONFIG = attrs.evolve(
     BASE,
@@ -78,3 +81,34 @@ def test_a_seed_taken_by_the_forward_launched_before_it_is_reported(
     with replaying(seed):
         report = _debug_report(CONFIG)
     assert "released" in report or "previous request" in report, report
+
+
+@pytest.mark.parametrize("seed", SEEDS, ids=seed_id)
+def test_a_slot_released_at_once_is_reported(
+    monkeypatch: pytest.MonkeyPatch, seed: int
+) -> None:
+    """The early free: the scheduler releases a finished request's slot on its own
+    thread when it frees it, not in stream order behind the step still in flight for
+    that request (the engine's ``released`` on the next launch): that step's read of
+    the row is named as a read of a released row."""
+    relays: list[Any] = []
+    shipped_relay = engine_module.map_relay
+
+    def keeping(*args: Any, **kwargs: Any) -> Any:
+        relay = shipped_relay(*args, **kwargs)
+        relays.append(relay)
+        return relay
+
+    free = Scheduler._free
+
+    def at_once(self: Scheduler, req: Any) -> None:
+        slot = req.slot
+        free(self, req)
+        if slot and relays:
+            relays[-1].release(torch.tensor([slot]))
+
+    monkeypatch.setattr(engine_module, "map_relay", keeping)
+    monkeypatch.setattr(Scheduler, "_free", at_once)
+    with replaying(seed):
+        report = _debug_report(CONFIG)
+    assert "released" in report, report
