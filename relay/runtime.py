@@ -963,9 +963,9 @@ def seed(
         slots, values = checked
         copies = [None if v is None else v.detach().clone() for v in values]
         kept = {i: count.clone() for i, count in counts.items()}
-        seed = (host_order_place(), slots.clone(), copies, owners, kept)
+        queued = (host_order_place(), slots.clone(), copies, owners, kept)
         with _seeds_lock:
-            s.seeds.append(seed)
+            s.seeds.append(queued)
 
 
 def apply_seeds(s: MapState) -> None:
