@@ -661,7 +661,7 @@ def _drift_of(item: Planned, on_disk: str, command: str) -> Drift:
             f"generated files are never edited by hand: change {item.source}, then run "
             f"`{command}` (it overwrites the edit)"
         )
-    elif found[0].schema_hash == item.flat_hash:
+    elif item.schema_hash != found[0].schema_hash == item.flat_hash:
         kind = DriftKind.VOCABULARY
         fix = (
             f"relay now spells {item.source}'s declarations another way (a relay "

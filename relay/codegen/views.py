@@ -223,7 +223,7 @@ def _field_init(
         assert isinstance(f.dtype, torch.dtype)
         args = [str(i), naming.eager_shape(f), naming.dtype(f.dtype)]
         stmts = [Statement(_join(f"{buf} = state.buffer(", args), doc)]
-    if f.host is not None:
+    if f.host is not None and (f.host.mirror or f.host.sum):
         host = f"self.{naming.host_mirror(f)} = _rt.HostMirror(device, pool_size)"
         stmts.append(Statement(host))
     return stmts

@@ -63,10 +63,12 @@ def _minted(schema: Schema) -> set[str]:
     }
     paths = [schema.indices]
     for f in schema.fields:
-        paths += [p for p in (f.target, f.host_mirror, f.host_sum) if p is not None]
+        host = (f.host.mirror, f.host.sum) if f.host else ()
+        paths += [p for p in (f.target, *host) if p is not None]
     if schema.lanes_apart:  # the schedule lane's batch, Note [Slots per lane]
         names.add(naming.schedule_protocol(schema))
-        paths += [p for p in (schema.schedule_indices, schema.schedule_owners) if p]
+        lanes = schema.schedule
+        paths += [p for p in ((lanes.indices, lanes.owners) if lanes else ()) if p]
     for path in paths:
         parts = tuple(path.split("."))
         for schedule in (False, True):

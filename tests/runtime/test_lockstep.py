@@ -28,6 +28,7 @@ from relay.schema import (
     Layout,
     Resolve,
     Scatter,
+    ScheduleSlots,
     Schema,
     Tails,
     TailsKv,
@@ -292,8 +293,9 @@ def test_a_schema_with_every_option_runs_in_lockstep_through_its_own_table(
         name=f"Every{layout.name.title()}FutureMap",
         layout=layout,
         owners=None if separate else "rids",
-        schedule_indices="scheduler.slots" if separate else None,
-        schedule_owners="scheduler.rids" if separate else None,
+        schedule=ScheduleSlots(indices="scheduler.slots", owners="scheduler.rids")
+        if separate
+        else None,
     )
     covered = {
         a.name

@@ -254,7 +254,7 @@ class SwappedLookup(VllmStyleEngine):
 
 
 def test_a_swapped_scheduler_lookup_is_named_with_its_own_ids() -> None:
-    """The scheduler's object names its requests itself (``schedule_owners``): a lookup
+    """The scheduler's object names its requests itself (``ScheduleSlots(owners=...)``): a lookup
     whose slots were reordered without its ids is named with those ids."""
     engine = SwappedLookup(0, debug=True)
     with pytest.raises(
