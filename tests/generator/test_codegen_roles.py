@@ -75,9 +75,11 @@ def _cases() -> list[tuple[str, Schema, SourceLocation, str, str]]:
             "kv-locations-are-the-slots",
             schema,
             kv.declared_at,
-            "TailsKv(locations=...) 'req_pool_indices' is also the schema's indices "
-            f"({schema.declared_at}): one batch attribute cannot be both (read as "
-            "slots there, written here)",
+            (
+                "TailsKv(locations=...) 'req_pool_indices' is also the schema's indices "
+                f"({schema.declared_at}): one batch attribute cannot be both (read as "
+                "slots there, written here)"
+            ),
             "give the TailsKv(locations=...) of field 'lens' a batch attribute of its own",
         )
     )
@@ -88,9 +90,11 @@ def _cases() -> list[tuple[str, Schema, SourceLocation, str, str]]:
             "kv-locations-are-the-tails-rows",
             Schema("RolesFutureMap", [tokens(), lens(tails=t)]),
             kv.declared_at,
-            "TailsKv(locations=...) 'mix_running_indices' is also the Tails(rows=...) "
-            f"of field 'lens' ({t.declared_at}): one batch attribute cannot be both "
-            "(read as slots there, written here)",
+            (
+                "TailsKv(locations=...) 'mix_running_indices' is also the Tails(rows=...) "
+                f"of field 'lens' ({t.declared_at}): one batch attribute cannot be both "
+                "(read as slots there, written here)"
+            ),
             "give the TailsKv(locations=...) of field 'lens' a batch attribute of its own",
         )
     )
@@ -112,9 +116,11 @@ def _cases() -> list[tuple[str, Schema, SourceLocation, str, str]]:
             "kv-locations-are-their-table",
             Schema("RolesFutureMap", [tokens(), lens(tails=tails(kv=kv))]),
             kv.declared_at,
-            "TailsKv(table=...) 'req_to_token' is also the TailsKv(locations=...) of "
-            "field 'lens': one batch attribute cannot be both (written there, read as a "
-            "request-to-token table here)",
+            (
+                "TailsKv(table=...) 'req_to_token' is also the TailsKv(locations=...) of "
+                "field 'lens': one batch attribute cannot be both (written there, read as a "
+                "request-to-token table here)"
+            ),
             "give the TailsKv(table=...) of field 'lens' a batch attribute of its own",
         )
     )
@@ -134,8 +140,10 @@ def _cases() -> list[tuple[str, Schema, SourceLocation, str, str]]:
             "prefix-is-the-host-mirror",
             Schema("RolesFutureMap", [tokens(), lens(tails=t)]),
             t.declared_at,
-            "Tails(prefix=...) 'seq_lens_cpu' is also the HostCopy(mirror=...) of field "
-            "'lens'",
+            (
+                "Tails(prefix=...) 'seq_lens_cpu' is also the HostCopy(mirror=...) of field "
+                "'lens'"
+            ),
             "give the Tails(prefix=...) of field 'lens' a batch attribute of its own",
         )
     )
@@ -159,8 +167,10 @@ def _cases() -> list[tuple[str, Schema, SourceLocation, str, str]]:
                 schedule=ScheduleSlots(indices="prefix_lens"),
             ),
             t.declared_at,
-            "Tails(prefix=...) 'prefix_lens' is also the schema's "
-            "ScheduleSlots(indices=...)",
+            (
+                "Tails(prefix=...) 'prefix_lens' is also the schema's "
+                "ScheduleSlots(indices=...)"
+            ),
             "give the Tails(prefix=...) of field 'lens' a batch attribute of its own",
         )
     )
@@ -173,8 +183,10 @@ def _cases() -> list[tuple[str, Schema, SourceLocation, str, str]]:
                 [tokens(target="spec_info.ids"), lens(tails=t)],
             ),
             t.declared_at,
-            "Tails(prefix=...) 'spec_info' also holds 'spec_info.ids', the target of "
-            "field 'tokens'",
+            (
+                "Tails(prefix=...) 'spec_info' also holds 'spec_info.ids', the target of "
+                "field 'tokens'"
+            ),
             "give the Tails(prefix=...) of field 'lens' a batch attribute of its own",
         )
     )
@@ -184,8 +196,10 @@ def _cases() -> list[tuple[str, Schema, SourceLocation, str, str]]:
             "host-sum-is-the-mirror",
             Schema("RolesFutureMap", [lens(host=host)]),
             host.declared_at,
-            "HostCopy(sum=...) 'seq_lens_cpu' is also the HostCopy(mirror=...) of field "
-            "'lens': one batch attribute cannot be both (written there, written here)",
+            (
+                "HostCopy(sum=...) 'seq_lens_cpu' is also the HostCopy(mirror=...) of field "
+                "'lens': one batch attribute cannot be both (written there, written here)"
+            ),
             "give the HostCopy(sum=...) of field 'lens' a batch attribute of its own",
         )
     )
@@ -199,8 +213,10 @@ def _cases() -> list[tuple[str, Schema, SourceLocation, str, str]]:
                 optional_parents={"spec_info": IfNone.SKIP},
             ),
             parented.host.declared_at if parented.host else SourceLocation("", 0),
-            "HostCopy(mirror=...) 'spec_info.seq_lens_cpu' goes through the optional "
-            "parent 'spec_info'; it is written whatever the batch holds",
+            (
+                "HostCopy(mirror=...) 'spec_info.seq_lens_cpu' goes through the optional "
+                "parent 'spec_info'; it is written whatever the batch holds"
+            ),
             "name an attribute outside optional_parents for HostCopy(mirror=...)",
         )
     )
