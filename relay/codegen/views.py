@@ -548,6 +548,13 @@ def _protocol_set(
             members[tuple(head)][leaf] = Attribute(
                 leaf, f"{current.type} | None", False
             )
+    return _protocol_views(names, members, schedule)
+
+
+def _protocol_views(
+    names: Names, members: dict[tuple[str, ...], dict[str, Attribute]], schedule: bool
+) -> tuple[ProtocolView, ...]:
+    """One Protocol per object a path goes through, deepest first, then the batch's."""
     views = []
     for path in sorted((p for p in members if p), key=lambda p: (-len(p), p)):
         doc = f"The attributes of ``batch.{'.'.join(path)}`` the map reads and writes."
