@@ -31,11 +31,16 @@ from relay.schema import (
     Alloc,
     Field,
     Guard,
+    HostCopy,
     IfNone,
     Lane,
     Layout,
     Resolve,
+    Scatter,
+    ScheduleSlots,
     Schema,
+    Tails,
+    TailsKv,
     TargetShape,
     Unwritten,
     resolve_method,
@@ -50,6 +55,7 @@ __all__ = [
     "Fence",
     "Field",
     "Guard",
+    "HostCopy",
     "HostMirror",
     "IfNone",
     "Lane",
@@ -57,10 +63,14 @@ __all__ = [
     "MapState",
     "Owners",
     "Resolve",
+    "Scatter",
+    "ScheduleSlots",
     "Schema",
     "Seed",
     "Span",
     "Table",
+    "Tails",
+    "TailsKv",
     "TargetShape",
     "Unwritten",
     "adopted",
@@ -121,8 +131,9 @@ GuardFn = Callable[[torch.Tensor, str], None]
 # A generated module writes its schema out as the schema's own declarations (``Field``
 # and ``Schema`` of relay/schema.py, keyword arguments, docs left out), and ``Table``
 # reads those: there is no second spelling of an option. A new field option is its
-# attribute on ``Field``, its rule in relay/codegen/validate.py, and the code that acts
-# on it: here for the generic paths, or relay/codegen/methods.py for the bodies.
+# attribute on ``Field`` (or on a grouped declaration), its rule in
+# relay/codegen/validate.py (groups.py for a group's), and the code that acts on it:
+# here for the generic paths, or relay/codegen/methods.py for the bodies.
 
 
 def _reader(f: Field) -> str:
@@ -422,7 +433,8 @@ def scatter_at(
     offset, then its row's columns (Note [Scatter destinations]); refused, naming the
     request, before anything is written."""
     f = s.table.fields[i]
-    what = f"{s.table.what(i)}: batch.{f.offsets}"
+    offsets_path = f.scatter.offsets if f.scatter is not None else None
+    what = f"{s.table.what(i)}: batch.{offsets_path}"
     n = indices.numel()
     if (
         not isinstance(offsets, torch.Tensor)
@@ -463,7 +475,7 @@ def _guarded(s: MapState, i: int) -> bool:
     return any(
         g.guard in (Guard.NON_NEGATIVE, Guard.POSITIVE)
         for g in s.table.fields
-        if g.resolve is Resolve.SCATTER and g.target == target
+        if g.scatter is not None and g.target == target
     )
 
 
@@ -547,17 +559,19 @@ def span_at(
         if s.dtypes[i] is not target.dtype:
             _target(s, i, target)  # refused, naming the field
     home = s.device
+    scatters = [table.fields[i].scatter for i in fields]
     starts = _per_request(
-        s, fields[0], table.fields[fields[0]].offsets, offsets, n, home
+        s, fields[0], scatters[0].offsets if scatters[0] else None, offsets, n, home
     )
     counts: list[torch.Tensor | None] = []
     widths: list[int] = []
-    for i, value in zip(fields, lengths):
+    for i, scatter, value in zip(fields, scatters, lengths):
         widths.append(math.prod(s.rows[i]))
         if value is None:
             counts.append(None)
         else:
-            counts.append(_per_request(s, i, table.fields[i].lengths, value, n, home))
+            path = scatter.lengths if scatter else None
+            counts.append(_per_request(s, i, path, value, n, home))
     debug = s.debug
     host = target.is_cpu
     if debug is not None:
@@ -646,6 +660,14 @@ def _spans_ok(
     return bool(at_np[0] >= 0 and ends[-1] + fixed <= size)
 
 
+def _scatter_path(table: Table, i: int, option: str) -> str | None:
+    """Field ``i``'s scatter's ``offsets`` or ``lengths`` path, for a message."""
+    scatter = table.fields[i].scatter
+    if scatter is None:
+        return None
+    return scatter.offsets if option == "offsets" else scatter.lengths
+
+
 def _name_span(
     s: MapState,
     fields: tuple[int, ...],
@@ -673,7 +695,8 @@ def _name_span(
                 raise RelayError(
                     f"{table.what(i)}: request {j} (slot {slots[j]}) has a count of "
                     f"{c} value(s), outside [0, {width}]: a row holds {width} "
-                    f"(batch.{table.fields[i].lengths}). Nothing was written"
+                    f"(batch.{_scatter_path(table, i, 'lengths')}). Nothing was "
+                    "written"
                 )
     single = len(fields) == 1
     for j in range(n):
@@ -681,7 +704,8 @@ def _name_span(
         for i, each in zip(fields, taken):
             if each[j] and (first < 0 or first + each[j] > size):
                 raise RelayError(
-                    f"{table.what(i)}: batch.{table.fields[i].offsets}: request {j} "
+                    f"{table.what(i)}: batch.{_scatter_path(table, i, 'offsets')}: "
+                    f"request {j} "
                     f"(slot {slots[j]}) starts at {first}, so its {each[j]} value(s) "
                     f"would not fit the target's {size} positions. Nothing was written"
                     if single
@@ -835,9 +859,10 @@ def stashed_counts(
     counts = {}
     for i in table.forward:
         f = table.fields[i]
-        if f.lengths is None:
+        scatter = f.scatter
+        if scatter is None or scatter.lengths is None:
             continue
-        name = f.lengths.rsplit(".", 1)[-1]
+        name = scatter.lengths.rsplit(".", 1)[-1]
         value = getattr(payload, name)
         if not (
             isinstance(value, torch.Tensor)
@@ -1624,7 +1649,7 @@ def stash_partial(
 # Note [Tails]
 # ``resolve_tails`` builds every tail on a copy of the batch's own tensor or list, and
 # rebinds the batch only once all are built, so a refusal leaves it as it was. A KV
-# location is read from the table at column ``length + tails_add - 1``: a column
+# location is read from the table at column ``length + Tails.add - 1``: a column
 # outside the row (``-1`` for a published length of 0 with nothing added would read
 # the row's last column) or a slot past the table's rows is refused first. The check
 # reads the columns on the host where they are there at no cost: on the CPU, and
@@ -1689,11 +1714,12 @@ def tail_locations(
     host: torch.Tensor | None,
 ) -> torch.Tensor:
     """``table[indices, columns]``: each decode row's KV location, from field ``i``'s
-    ``tails_kv_table``; a column outside the row or a slot past the table's rows is
+    ``Tails.kv.table``; a column outside the row or a slot past the table's rows is
     refused first, naming the row (Note [Tails]). ``host`` is the field's host copy of
     the lengths, where it was made."""
-    f = s.table.fields[i]
-    what = f"{s.table.what(i)}: batch.{f.tails_kv_table}"
+    tails = s.table.fields[i].tails
+    assert tails is not None and tails.kv is not None, "a field with tails_kv"
+    what = f"{s.table.what(i)}: batch.{tails.kv.table}"
     if (
         not isinstance(table, torch.Tensor)
         or table.ndim != 2
@@ -1709,7 +1735,7 @@ def tail_locations(
             f"per slot, got {got}. Nothing was written"
         )
     rows, width = table.shape
-    shift = f.tails_add - 1
+    shift = tails.add - 1
     taken: list[int] | None = None
     if host is not None:
         taken = [x + shift for x in cast(list[int], host.tolist())]
@@ -1723,9 +1749,9 @@ def tail_locations(
                 raise RelayError(
                     f"{what}: decode row {j} (slot {slot}) would read column {column} "
                     f"of its {width} (a published length of {column - shift}, plus "
-                    f"{f.tails_add}, minus 1): a length that points before the row or "
+                    f"{tails.add}, minus 1): a length that points before the row or "
                     "past the table. Publish a length within the row (or add to it "
-                    "with tails_add). Nothing was written"
+                    "with Tails(add=...)). Nothing was written"
                 )
         for j, slot in enumerate(slots or ()):
             if not 0 <= slot < rows:

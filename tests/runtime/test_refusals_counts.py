@@ -14,7 +14,7 @@ import torch
 
 from relay import RelayDebugError, RelayError, runtime
 from relay.maps.vllm_drafts import VllmDraftsFutureMap, VllmDraftsPayload
-from relay.schema import Field, Guard, Lane, Resolve, Schema
+from relay.schema import Field, Guard, HostCopy, Lane, Scatter, Schema, Tails, TailsKv
 from relay.testing import Namespace, load_map_class
 
 PAD = -1
@@ -22,17 +22,25 @@ MODES = pytest.mark.parametrize("debug", [False, True], ids=["debug-off", "debug
 SCATTER = {
     "lane": Lane.FORWARD,
     "dtype": torch.int64,
-    "resolve": Resolve.SCATTER,
-    "offsets": "starts",
     "target": "input_ids",
     "guard": Guard.NON_NEGATIVE,
 }
 CHAIN = Schema(
     name="ChainFutureMap",
     fields=[
-        Field("tok", **SCATTER),
-        Field("drafts", shape=(3,), lengths="counts", after="tok", **SCATTER),
-        Field("pair", shape=(2,), after="drafts", **SCATTER),
+        Field("tok", resolve=Scatter(offsets="starts"), **SCATTER),
+        Field(
+            "drafts",
+            shape=(3,),
+            resolve=Scatter(offsets="starts", lengths="counts", after="tok"),
+            **SCATTER,
+        ),
+        Field(
+            "pair",
+            shape=(2,),
+            resolve=Scatter(offsets="starts", after="drafts"),
+            **SCATTER,
+        ),
     ],
 )
 
@@ -251,12 +259,13 @@ def _tails_schema(add: int) -> Schema:
                 lane=Lane.SCHEDULE,
                 dtype=torch.int64,
                 target="seq_lens",
-                host_mirror="seq_lens_cpu",
+                host=HostCopy(mirror="seq_lens_cpu"),
                 guard=Guard.NON_NEGATIVE,
-                tails="mix_running_indices",
-                tails_kv="out_cache_loc",
-                tails_kv_table="req_to_token",
-                tails_add=add,
+                tails=Tails(
+                    rows="mix_running_indices",
+                    kv=TailsKv(locations="out_cache_loc", table="req_to_token"),
+                    add=add,
+                ),
             )
         ],
     )
@@ -393,13 +402,12 @@ def test_a_scatter_target_of_another_dtype_is_refused(debug: bool) -> None:
 TWO_TARGETS = Schema(
     name="TwoTargetsFutureMap",
     fields=[
-        Field("tok", **SCATTER),
+        Field("tok", resolve=Scatter(offsets="starts"), **SCATTER),
         Field(
             "pos",
             lane=Lane.FORWARD,
             dtype=torch.int64,
-            resolve=Resolve.SCATTER,
-            offsets="pos_starts",
+            resolve=Scatter(offsets="pos_starts"),
             target="positions",
         ),
     ],
