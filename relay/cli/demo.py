@@ -50,8 +50,8 @@ if TYPE_CHECKING:
     from relay.engine.engine import EngineConfig, RunResult
     from relay.engine.maps import MapSource
     from relay.engine.model import ModelConfig
-    from relay.engine.runner import SpecConfig
     from relay.engine.scheduler import SchedulerConfig
+    from relay.engine.spec import SpecConfig
 
 __all__ = [
     "MODELS",

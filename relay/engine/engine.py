@@ -30,8 +30,9 @@ from relay.engine.executors import ForwardExecutor, make_executor
 from relay.engine.maps import MapSource
 from relay.engine.model import KVCache, ModelConfig, TargetModel
 from relay.engine.relays import DirectRelay, Relay, map_relay
-from relay.engine.runner import ModelRunner, SpecConfig
+from relay.engine.runner import ModelRunner
 from relay.engine.scheduler import Scheduler, SchedulerConfig
+from relay.engine.spec import SpecConfig
 from relay.engine.trace import BUILD, HOST_WAIT, PROCESS, RUN, ranges_for
 from relay.engine.workload import RequestSpec, WorkloadConfig, make_workload
 

@@ -18,7 +18,7 @@ from relay.engine.trace import Ranges, no_ranges
 
 if TYPE_CHECKING:  # no map is imported with the engine
     from relay.engine.maps import Maps
-    from relay.engine.runner import SpecConfig
+    from relay.engine.spec import SpecConfig
 
 # Note [Tracing the fence wait]
 # The fence wait is inside the generated resolve_seq_lens_cpu, and ranges never go

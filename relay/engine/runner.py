@@ -15,12 +15,13 @@ from torch import Tensor
 from relay.engine import trace
 from relay.engine.batch import ForwardBatch, ForwardMode, Seeds, StepOutput
 from relay.engine.model import DraftHead, Forwards, KVCache, TargetModel, VerifyResult
+from relay.engine.spec import SpecConfig
 from relay.engine.trace import Ranges, no_ranges
 
 if TYPE_CHECKING:  # no map is imported with the engine
     from relay.engine.relays import Extras, Relay
 
-__all__ = ["ModelRunner", "SpecConfig"]
+__all__ = ["ModelRunner"]
 
 # Note [Late-bound tails]
 # A mixed batch of n-gram speculation launches before the scheduler knows its decode
@@ -32,26 +33,6 @@ __all__ = ["ModelRunner", "SpecConfig"]
 # sglang binds its mixed batches' decode tails. Both loops decide from the same host
 # values, so they build the same batches; the synchronous one reads its finished
 # step's lengths at the same point.
-
-
-@attrs.frozen(kw_only=True)
-class SpecConfig:
-    """Speculative decoding: ``method`` ``eagle`` drafts ``topk`` branches of ``steps``
-    tokens with a draft head; ``ngram`` drafts one branch of ``steps`` tokens from
-    n-gram matches in the request's own context (``topk`` unused). ``variable_drafts``
-    (n-gram only): each request verifies 0 to ``steps`` drafts, as many as its match
-    found, instead of padding a short match with its last token."""
-
-    steps: int = 3
-    topk: int = 2
-    method: str = "eagle"
-    variable_drafts: bool = False
-
-    def __attrs_post_init__(self) -> None:
-        if self.method not in ("eagle", "ngram"):
-            raise ValueError(f"method must be eagle or ngram (got {self.method!r})")
-        if self.variable_drafts and self.method != "ngram":
-            raise ValueError("variable_drafts needs method='ngram'")
 
 
 def _to_host(t: Tensor) -> Tensor:
