@@ -29,7 +29,7 @@ from relay.schema import (
 )
 
 __all__ = [
-    "Fused",
+    "PackedReads",
     "invalidate",
     "release",
     "resolve_future",
@@ -145,7 +145,7 @@ def resolve_doc(f: Field) -> str:
 
 
 @attrs.frozen
-class Fused:
+class PackedReads:
     """A packed map's gather block (Note [Packed layout] in layout.py): the packed
     groups, and each packed field's group."""
 
@@ -268,61 +268,34 @@ def _packed_read(f: Field, target: str) -> str:
     return join(f"{target} = torch.unflatten(", [local, "1", f"{_buf(f)}.shape[1:]"])
 
 
-def _fused_block(schema: Schema, reads: Sequence[Field], fused: Fused) -> list[str]:
+def _packed_block(
+    schema: Schema, reads: Sequence[Field], packed_reads: PackedReads
+) -> list[str]:
     """Every gather of a packed map at once: one ``index_select`` per packed buffer and
-    per field of its own, or with ``fused_gather`` set, one ``_rt.gather_rows``."""
-    required = [naming.packed_rows(g.dtype) for g in fused.groups]
-    required_args = [f"self.{naming.packed_buffer(g.dtype)}" for g in fused.groups]
-    torch_path = [
-        f"{rows} = {arg}.index_select(0, indices)"
-        for rows, arg in zip(required, required_args)
+    per field of its own, then each packed buffer's rows split into its fields."""
+    lines = [
+        f"{naming.packed_rows(g.dtype)} = "
+        f"self.{naming.packed_buffer(g.dtype)}.index_select(0, indices)"
+        for g in packed_reads.groups
     ]
-    optional: list[str] = []
-    optional_args: list[str] = []
     for f in reads:
-        if f.name in fused.member_of or f.resolve is not Resolve.GATHER:
+        if f.name in packed_reads.member_of or f.resolve is not Resolve.GATHER:
             continue
         local = naming.value_local(f)
         if f.optional:
             flag = _carried(schema, f)
-            optional.append(local)
-            optional_args.append(f"{_buf(f)} if {flag} else None")
-            torch_path.append(
-                f"{local} = _rt.gather_optional({_buf(f)}, {flag}, indices)"
-            )
+            lines.append(f"{local} = _rt.gather_optional({_buf(f)}, {flag}, indices)")
         else:
-            required.append(local)
-            required_args.append(_buf(f))
-            torch_path.append(f"{local} = {_buf(f)}.index_select(0, indices)")
-
-    def targets(names: list[str]) -> str:
-        return f"({names[0]},)" if len(names) == 1 else f"({', '.join(names)})"
-
-    def literal(args: list[str]) -> str:
-        return join("(", args, ",)" if len(args) == 1 else ")")
-
-    if optional:
-        head = f"{targets(required)}, {targets(optional)} = _rt.gather_rows_optional("
-        args = ["indices", literal(required_args), literal(optional_args)]
-    else:
-        head = f"{targets(required)} = _rt.gather_rows("
-        args = ["indices", literal(required_args)]
-    call = join(head, args)
+            lines.append(f"{local} = {_buf(f)}.index_select(0, indices)")
     split = [
         join(
             f"{', '.join(naming.value_local(m.field) for m in g.members)} = "
             f"{naming.packed_rows(g.dtype)}.split_with_sizes(",
             [f"self.{naming.packed_widths(g.dtype)}", "1"],
         )
-        for g in fused.groups
+        for g in packed_reads.groups
     ]
-    return [
-        "if self.fused_gather:",
-        f"    {call}",
-        "else:",
-        *_indent(torch_path),
-        *split,
-    ]
+    return [*lines, *split]
 
 
 def _parents(
@@ -402,7 +375,10 @@ def _owners(schema: Schema, lane: Lane = Lane.FORWARD) -> list[str]:
 
 
 def _reads(
-    schema: Schema, reads: Sequence[Field], fused: Fused | None, spelled: dict[str, str]
+    schema: Schema,
+    reads: Sequence[Field],
+    packed_reads: PackedReads | None,
+    spelled: dict[str, str],
 ) -> list[str]:
     lines = []
     for f in reads:
@@ -412,12 +388,12 @@ def _reads(
             lines += [*_stashed(schema, f), *_placeholder_read(f, target)]
         elif f.resolve is Resolve.SCATTER:
             lines += _scatter_read(schema, f, target)
-        elif fused is not None and f.name in fused.member_of:
+        elif packed_reads is not None and f.name in packed_reads.member_of:
             lines.append(_packed_read(f, target))
-        elif fused is not None and f.optional and _flat(f):
+        elif packed_reads is not None and f.optional and _flat(f):
             local = naming.value_local(f)
             lines.append(f"{target} = None if {local} is None else {local}.flatten()")
-        elif fused is not None:
+        elif packed_reads is not None:
             lines.append(f"{target} = {naming.value_local(f)}{_flat(f)}")
         else:
             lines += _gather_read(schema, f, target)
@@ -442,7 +418,7 @@ def _placeholder_reports(schema: Schema, reads: Sequence[Field]) -> list[str]:
 
 
 def resolve_future(
-    schema: Schema, reads: Sequence[Field], fused: Fused | None
+    schema: Schema, reads: Sequence[Field], packed_reads: PackedReads | None
 ) -> list[str]:
     """The forward-lane resolve: seeds first where the map takes them, then gathers and
     placeholder substitutions, those under an optional parent only where it is set;
@@ -468,14 +444,14 @@ def resolve_future(
             lines.append(f"{parent} = batch.{parent}")
             lines += _none(parent, IfNone.REFUSE, "resolve_future")
 
-    if fused is not None:
+    if packed_reads is not None:
         lines += [s for f in reads for s in _stashed(schema, f)]
-        lines += _fused_block(schema, reads, fused)
-    lines += _reads(schema, outside, fused, spelled)
+        lines += _packed_block(schema, reads, packed_reads)
+    lines += _reads(schema, outside, packed_reads, spelled)
     reports = _placeholder_reports(schema, outside)
     absent = []
     for parent, fields in under.items():
-        body = _reads(schema, fields, fused, spelled)
+        body = _reads(schema, fields, packed_reads, spelled)
         placeholders = _placeholder_reports(schema, fields)
         if parents[parent] is IfNone.REFUSE:
             lines += body

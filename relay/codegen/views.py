@@ -171,13 +171,6 @@ def _init(schema: Schema, packed: Sequence[PackedGroup]) -> list[Statement]:
     made = [f for f in schema.fields if f.alloc is Alloc.EAGER]  # through ``state``
     bound = "state = self._state" if made else "self._state"
     stmts.append(Statement(f"{bound} = _rt.MapState(_TABLE, device, pool_size, debug)"))
-    if packed:
-        stmts.append(
-            Statement(
-                "self.fused_gather = False",
-                "Set True to gather resolve_future's fields in one launch on CUDA.",
-            )
-        )
     for g in packed:
         stmts += _group(g)
     member_of = {m.field.name: (g, m) for g in packed for m in g.members}
@@ -469,11 +462,11 @@ def _resolve_future(
         "",
         *(line for f in reads for line in _read_doc(f)),
     ]
-    fused = None
+    packed_reads = None
     if packed:
         member_of = {m.field.name: g for g in packed for m in g.members}
-        fused = methods.Fused(tuple(packed), member_of)
-    body = methods.resolve_future(schema, reads, fused)
+        packed_reads = methods.PackedReads(tuple(packed), member_of)
+    body = methods.resolve_future(schema, reads, packed_reads)
     head = f"def resolve_future(self, {batch}) -> None:"
     return Method(head, tuple(doc), tuple(body))
 
