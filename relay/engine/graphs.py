@@ -193,7 +193,6 @@ class GraphRunner:
         *,
         resolve_inside: bool,
     ) -> None:
-        self.model = model
         self.spec = spec
         self.relay = relay
         self.resolve_inside = resolve_inside
