@@ -29,6 +29,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
+
 def require_triton() -> None:
     """Skip where triton is not installed: relay does not depend on it, and torch's CUDA
     wheels bring it where the gates run for real."""
