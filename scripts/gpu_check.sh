@@ -7,7 +7,8 @@
 # jinja2, pytest and hypothesis; no network and no install: relay is imported from the
 # checkout (PYTHONPATH=.). Results go to RESULTS_DIR, else $OUT, else ./gpu-results: one
 # log per step, summary.txt (PASS/FAIL/SKIP per step, then the figures), figures.md (the
-# figures to record), pytest-gpu.xml, overlap.json and bench.json.
+# figures to record), pytest-gpu.xml, overlap.json, demo-decode.json, demo-eagle.json and
+# bench.json.
 # Every step runs even when an earlier one failed; the exit status is 1 if any step
 # failed or timed out. Each step has its own time limit and the whole run stays under
 # GPU_CHECK_BUDGET_S seconds (default 580, under 10 minutes).
@@ -135,12 +136,14 @@ step_pytest_gpu() {
 
 step_demo_decode() {
     # shellcheck disable=SC2086 # GPU_CHECK_DEMO_ARGS is a list of flags
-    shown "${RELAY[@]}" demo --device cuda --mode decode --no-generate ${GPU_CHECK_DEMO_ARGS:-}
+    shown "${RELAY[@]}" demo --device cuda --mode decode --no-generate \
+        --json "$RESULTS/demo-decode.json" ${GPU_CHECK_DEMO_ARGS:-}
 }
 
 step_demo_eagle() {
     # shellcheck disable=SC2086
-    shown "${RELAY[@]}" demo --device cuda --mode eagle --no-generate ${GPU_CHECK_DEMO_ARGS:-}
+    shown "${RELAY[@]}" demo --device cuda --mode eagle --no-generate \
+        --json "$RESULTS/demo-eagle.json" ${GPU_CHECK_DEMO_ARGS:-}
 }
 
 step_bench() {

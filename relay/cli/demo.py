@@ -1101,10 +1101,11 @@ def _run_all(
     args: argparse.Namespace, base: EngineConfig, report: _Reporter
 ) -> list[ModeResult]:
     w, m = base.workload, base.model
+    model = args.model or default_model(base.device)
     report.say(
         f"3. run the engine on {base.device}: {w.requests} requests (prompts {w.min_prompt}-"
         f"{w.max_prompt} tokens, output limits {w.min_output}-{w.max_output}, "
-        f"{w.arrival_rate:g} arrivals/step), model {args.model or default_model(base.device)} (hidden {m.hidden}, "
+        f"{w.arrival_rate:g} arrivals/step), model {model} (hidden {m.hidden}, "
         f"{m.layers} layer{'s' if m.layers != 1 else ''}, vocab {m.vocab_size}), "
         f"{base.scheduler.max_running} slots, {_scheduling(base)}"
         + (", debug maps" if base.debug else "")

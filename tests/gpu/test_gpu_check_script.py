@@ -114,3 +114,29 @@ def test_the_overlap_step_and_the_figures_run_on_the_cpu(tmp_path: Path) -> None
     )
     assert figures.returncode == 0, figures.stderr
     assert "| decode |" in figures.stdout and "a dry run: not judged" in figures.stdout
+
+
+def test_the_figures_read_the_demo_steps_json(tmp_path: Path) -> None:
+    """The demo steps' ``--json`` (here a tiny CPU demo) is what ``gpu_figures.py`` sets
+    against the bars."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    flags = ["--model", "tiny", "--requests", "8", "--repeat", "1", "--mode", "decode"]
+    flags += ["--no-generate", "-q", "--json", str(tmp_path / "demo-decode.json")]
+    run = subprocess.run(
+        [sys.executable, "-m", "relay", "demo", *flags],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    figures = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "gpu_figures.py"), str(tmp_path)],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert figures.returncode == 0, figures.stderr
+    assert "- demo-decode decode: sync " in figures.stdout, figures.stdout
+    assert "occupancy " in figures.stdout and "identical True" in figures.stdout
