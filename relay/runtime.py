@@ -30,11 +30,16 @@ from relay.schema import (
     Alloc,
     Field,
     Guard,
+    HostCopy,
     IfNone,
     Lane,
     Layout,
     Resolve,
+    Scatter,
+    ScheduleSlots,
     Schema,
+    Tails,
+    TailsKv,
     TargetShape,
     Unwritten,
     resolve_method,
@@ -49,6 +54,7 @@ __all__ = [
     "Fence",
     "Field",
     "Guard",
+    "HostCopy",
     "HostMirror",
     "IfNone",
     "Lane",
@@ -56,9 +62,13 @@ __all__ = [
     "MapState",
     "Owners",
     "Resolve",
+    "Scatter",
+    "ScheduleSlots",
     "Schema",
     "Seed",
     "Table",
+    "Tails",
+    "TailsKv",
     "TargetShape",
     "Unwritten",
     "adopted",
@@ -115,8 +125,9 @@ GuardFn = Callable[[torch.Tensor, str], None]
 # A generated module writes its schema out as the schema's own declarations (``Field``
 # and ``Schema`` of relay/schema.py, keyword arguments, docs left out), and ``Table``
 # reads those: there is no second spelling of an option. A new field option is its
-# attribute on ``Field``, its rule in relay/codegen/validate.py, and the code that acts
-# on it: here for the generic paths, or relay/codegen/methods.py for the bodies.
+# attribute on ``Field`` (or on a grouped declaration), its rule in
+# relay/codegen/validate.py (groups.py for a group's), and the code that acts on it:
+# here for the generic paths, or relay/codegen/methods.py for the bodies.
 
 
 def _reader(f: Field) -> str:
@@ -374,7 +385,8 @@ def scatter_at(
     offset, then its row's columns (Note [Scatter destinations]); refused, naming the
     request, before anything is written."""
     f = s.table.fields[i]
-    what = f"{s.table.what(i)}: batch.{f.offsets}"
+    offsets_path = f.scatter.offsets if f.scatter is not None else None
+    what = f"{s.table.what(i)}: batch.{offsets_path}"
     n = indices.numel()
     if (
         not isinstance(offsets, torch.Tensor)
@@ -428,7 +440,7 @@ def scattered(s: MapState, i: int, target: torch.Tensor) -> None:
     guarded = any(
         g.guard in (Guard.NON_NEGATIVE, Guard.POSITIVE)
         for g in s.table.fields
-        if g.resolve is Resolve.SCATTER and g.target == f.target
+        if g.scatter is not None and g.target == f.target
     )
     if s.debug is not None and guarded:
         s.debug.check_scattered(f.name, target)
@@ -494,17 +506,19 @@ def scatter_span(
     table = s.table
     n = indices.numel()
     home = target.device
+    scatters = [table.fields[i].scatter for i in fields]
     starts = _per_request(
-        s, fields[0], table.fields[fields[0]].offsets, offsets, n, home
+        s, fields[0], scatters[0].offsets if scatters[0] else None, offsets, n, home
     )
     counts: list[torch.Tensor | None] = []
     widths: list[int] = []
-    for i, value in zip(fields, lengths):
+    for i, scatter, value in zip(fields, scatters, lengths):
         widths.append(math.prod(s.rows[i]))
         if value is None:
             counts.append(None)
         else:
-            counts.append(_per_request(s, i, table.fields[i].lengths, value, n, home))
+            path = scatter.lengths if scatter else None
+            counts.append(_per_request(s, i, path, value, n, home))
     debug = s.debug
     if debug is not None:
         _debug_span(s, debug, fields, indices, starts, widths, counts, target.numel())
@@ -665,9 +679,10 @@ def stashed_counts(
     counts = {}
     for i in table.forward:
         f = table.fields[i]
-        if f.lengths is None:
+        scatter = f.scatter
+        if scatter is None or scatter.lengths is None:
             continue
-        name = f.lengths.rsplit(".", 1)[-1]
+        name = scatter.lengths.rsplit(".", 1)[-1]
         value = getattr(payload, name)
         if not (
             isinstance(value, torch.Tensor)

@@ -15,8 +15,9 @@ from collections.abc import Sequence
 
 import attrs
 
-from relay.codegen import naming
 from relay.codegen.layout import PackedGroup
+from relay.codegen.literals import join, plus, string_literal
+from relay.codegen.naming import Names
 from relay.schema import (
     Alloc,
     Field,
@@ -38,22 +39,17 @@ __all__ = [
 ]
 
 
-def join(opener: str, args: Sequence[str], closer: str = ")") -> str:
-    """``opener`` + the arguments + ``closer`` on one line: the formatter lays it out."""
-    return opener + ", ".join(args) + closer
-
-
 def _indent(lines: Sequence[str]) -> list[str]:
     return ["    " + line for line in lines]
 
 
 def _names(names: Sequence[str]) -> str:
-    literals = [naming.string_literal(name) for name in names]
+    literals = [string_literal(name) for name in names]
     return join("(", literals, ",)" if len(literals) == 1 else ")")
 
 
-def _buf(f: Field) -> str:
-    return f"self.{naming.buffer(f)}"
+def _buf(names: Names, f: Field) -> str:
+    return f"self.{names.buffer[f.name]}"
 
 
 def _lazy(f: Field) -> bool:
@@ -77,30 +73,37 @@ def _test(schema: Schema, f: Field, v: str) -> str:
     return f"{helper}(state, {schema.fields.index(f)}, {v}, index_shape)"
 
 
-def _write(schema: Schema, f: Field, v: str) -> list[str]:
+def _write(names: Names, schema: Schema, f: Field, v: str) -> list[str]:
     """The common case's write of ``f``'s value ``v``: one statement (Note [One body] in
     runtime.py)."""
     if f.optional and f.kept:  # left out, the rows and the flag stay
         flag = _carried(schema, f, "state")
-        return [f"{flag} = _rt.write_kept({_buf(f)}, indices, {v}, {flag})"]
+        return [f"{flag} = _rt.write_kept({_buf(names, f)}, indices, {v}, {flag})"]
     if f.optional:
         flag = _carried(schema, f, "state")
-        return [f"{flag} = _rt.write_optional({_buf(f)}, indices, {v})"]
+        return [f"{flag} = _rt.write_optional({_buf(names, f)}, indices, {v})"]
     if _lazy(f):  # the gate saw the buffer made; the helper narrows its type
-        return [f"_rt.write_optional({_buf(f)}, indices, {v})"]
+        return [f"_rt.write_optional({_buf(names, f)}, indices, {v})"]
     if f.graph_written:  # None: the graph wrote the rows (Note [Left to others])
-        return [f"if {v} is not None:", f"    {_buf(f)}.index_copy_(0, indices, {v})"]
-    return [f"{_buf(f)}.index_copy_(0, indices, {v})"]
+        return [
+            f"if {v} is not None:",
+            f"    {_buf(names, f)}.index_copy_(0, indices, {v})",
+        ]
+    return [f"{_buf(names, f)}.index_copy_(0, indices, {v})"]
 
 
-def write(schema: Schema, op: str, fields: Sequence[Field], checked: str) -> list[str]:
+def write(
+    names: Names, schema: Schema, op: str, fields: Sequence[Field], checked: str
+) -> list[str]:
     """``stash`` or ``publish``: the gate, the writes, else ``checked`` (the call of
     the runtime's checked path). The gate's tests decide; nothing is caught (Note [One
     body] in runtime.py)."""
     # publish and stash_partial take their values as such
     prefix = "payload." if op in ("stash", "seed") else ""
     values = [f"{prefix}{f.payload_name}" for f in fields]
-    writes = [line for f, v in zip(fields, values) for line in _write(schema, f, v)]
+    writes = [
+        line for f, v in zip(fields, values) for line in _write(names, schema, f, v)
+    ]
     if op == "publish":
         writes.append("state.fence.record()")
     tests = [_test(schema, f, v) for f, v in zip(fields, values)]
@@ -121,27 +124,32 @@ def write(schema: Schema, op: str, fields: Sequence[Field], checked: str) -> lis
 # help in relay/runtime.py, its meaning in relay/testing/model.py.
 
 
-def resolve_doc(f: Field) -> str:
+def resolve_doc(names: Names, f: Field) -> str:
     """The resolve doc string's line for ``f``'s target."""
     later = " (when the latest write carried it, else ``None``)" if f.optional else ""
-    if f.resolve is Resolve.SCATTER and (f.after or f.lengths):
-        after = f", after ``{f.after}``" if f.after else ""
-        count = f", the first ``batch.{f.lengths}`` of each row" if f.lengths else ""
-        return (
-            f"- ``batch.{f.target}``: from each row's ``batch.{f.offsets}``{after}, "
-            f"``{naming.buffer(f)}[indices]``{count}."
+    scatter = f.scatter
+    if scatter is not None and (scatter.after or scatter.lengths):
+        after = f", after ``{scatter.after}``" if scatter.after else ""
+        count = (
+            f", the first ``batch.{scatter.lengths}`` of each row"
+            if scatter.lengths
+            else ""
         )
-    if f.resolve is Resolve.SCATTER:
         return (
-            f"- ``batch.{f.target}``: from each row's ``batch.{f.offsets}``, "
-            f"``{naming.buffer(f)}[indices]``."
+            f"- ``batch.{f.target}``: from each row's ``batch.{scatter.offsets}``"
+            f"{after}, ``{names.buffer[f.name]}[indices]``{count}."
+        )
+    if scatter is not None:
+        return (
+            f"- ``batch.{f.target}``: from each row's ``batch.{scatter.offsets}``, "
+            f"``{names.buffer[f.name]}[indices]``."
         )
     if f.resolve is Resolve.PLACEHOLDER:
         return (
             f"- ``batch.{f.target}``: each placeholder ``-slot`` becomes "
-            f"``{naming.buffer(f)}[slot]``{later}."
+            f"``{names.buffer[f.name]}[slot]``{later}."
         )
-    return f"- ``batch.{f.target} = {naming.buffer(f)}[indices]{_flat(f)}``{later}."
+    return f"- ``batch.{f.target} = {names.buffer[f.name]}[indices]{_flat(f)}``{later}."
 
 
 @attrs.frozen
@@ -153,55 +161,62 @@ class PackedReads:
     member_of: dict[str, PackedGroup]
 
 
-def _stashed(schema: Schema, f: Field) -> list[str]:
+def _stashed(names: Names, schema: Schema, f: Field) -> list[str]:
     """A required lazy field read before its first stash has no buffer to read."""
     if not _lazy(f) or f.optional:
         return []
-    owner, name = (naming.string_literal(s) for s in (schema.name, f.name))
-    return [f"if {_buf(f)} is None:", f"    raise _rt.never_stashed({owner}, {name})"]
+    owner, name = names.literal, names.field_literal[f.name]
+    return [
+        f"if {_buf(names, f)} is None:",
+        f"    raise _rt.never_stashed({owner}, {name})",
+    ]
 
 
 def _flat(f: Field) -> str:
     return ".flatten()" if f.target_shape is TargetShape.FLAT else ""
 
 
-def _gather_read(schema: Schema, f: Field, target: str) -> list[str]:
+def _gather_read(names: Names, schema: Schema, f: Field, target: str) -> list[str]:
     """Hand ``f``'s rows at ``indices`` to ``target`` (not for packed fields)."""
     if f.optional:
         flag = _carried(schema, f)
         flat = ", flat=True" if _flat(f) else ""
-        return [f"{target} = _rt.gather_optional({_buf(f)}, {flag}, indices{flat})"]
-    gather = f"{_buf(f)}.index_select(0, indices){_flat(f)}"
-    return [*_stashed(schema, f), f"{target} = {gather}"]
+        return [
+            f"{target} = _rt.gather_optional({_buf(names, f)}, {flag}, indices{flat})"
+        ]
+    gather = f"{_buf(names, f)}.index_select(0, indices){_flat(f)}"
+    return [*_stashed(names, schema, f), f"{target} = {gather}"]
 
 
-def _placeholder_read(f: Field, target: str) -> list[str]:
-    at, pending, rows = naming.placeholder_locals(f)
-    value = naming.value_local(f)
+def _placeholder_read(names: Names, f: Field, target: str) -> list[str]:
+    at, pending, rows = names.placeholder[f.name]
+    value = names.value[f.name]
     return [
         f"{at} = {target}",
         f"{pending} = {at} < 0",
         f"{rows} = {at}.neg().clamp(min=0)",
-        f"{value} = {_buf(f)}.index_select(0, {rows})",
+        f"{value} = {_buf(names, f)}.index_select(0, {rows})",
         f"{at}.copy_(torch.where({pending}, {value}, {at}))",
     ]
 
 
-def _scatter_read(schema: Schema, f: Field, target: str) -> list[str]:
+def _scatter_read(names: Names, schema: Schema, f: Field, target: str) -> list[str]:
     """Rows at ``indices`` into flat ``target`` from each request's start offset: one
     gather, the checked positions (Note [Scatter destinations] in runtime.py), one
     scatter. A counted field, or several fields into one target, is one span."""
     span = _span(schema, f)
     if span:
         last = max(span, key=schema.fields.index)
-        return _span_read(schema, span, target) if f is last else []
+        return _span_read(names, schema, span, target) if f is last else []
     i = schema.fields.index(f)
-    rows = naming.value_local(f)
+    rows = names.value[f.name]
     flat = ".flatten()" if f.shape else ""
-    at = f"_rt.scatter_at(self._state, {i}, batch.{f.offsets}, indices, {target})"
+    assert f.scatter is not None
+    offsets = f.scatter.offsets
+    at = f"_rt.scatter_at(self._state, {i}, batch.{offsets}, indices, {target})"
     return [
-        *_stashed(schema, f),
-        f"{rows} = {_buf(f)}.index_select(0, indices){flat}",
+        *_stashed(names, schema, f),
+        f"{rows} = {_buf(names, f)}.index_select(0, indices){flat}",
         f"{target}.index_copy_(0, {at}, {rows})",
         "if debug is not None:",
         f"    _rt.scattered(self._state, {i}, {target})",
@@ -213,26 +228,28 @@ def _span(schema: Schema, f: Field) -> list[Field]:
     chains them; validation refused any other layout), where ``f`` counts its values or
     shares its target; else none. The span is read where its last field is declared."""
     shared = [
-        g
+        (g, scatter)
         for g in schema.fields
-        if g.resolve is Resolve.SCATTER and g.target == f.target
+        if (scatter := g.scatter) is not None and g.target == f.target
     ]
-    if len(shared) == 1 and f.lengths is None:
+    if len(shared) == 1 and shared[0][1].lengths is None:
         return []
-    following = {g.after: g for g in shared}
-    order = [next(g for g in shared if g.after is None)]
+    following = {s.after: g for g, s in shared}
+    order = [next(g for g, s in shared if s.after is None)]
     while order[-1].name in following and len(order) < len(shared):
         order.append(following[order[-1].name])
     return order
 
 
-def _span_read(schema: Schema, span: Sequence[Field], target: str) -> list[str]:
+def _span_read(
+    names: Names, schema: Schema, span: Sequence[Field], target: str
+) -> list[str]:
     """Every field of one span: each gathered, then one checked scatter of them all
     (Note [Counted scatters] in runtime.py)."""
-    head = span[0]
+    scatters = [g.scatter for g in span if g.scatter is not None]
     positions = [str(schema.fields.index(g)) for g in span]
-    locals_ = [naming.value_local(g) for g in span]
-    counts = [f"batch.{g.lengths}" if g.lengths else "None" for g in span]
+    locals_ = [names.value[g.name] for g in span]
+    counts = [f"batch.{s.lengths}" if s.lengths else "None" for s in scatters]
 
     def tup(items: list[str]) -> str:
         return join("(", items, ",)" if len(items) == 1 else ")")
@@ -241,15 +258,15 @@ def _span_read(schema: Schema, span: Sequence[Field], target: str) -> list[str]:
         "self._state",
         tup(positions),
         tup(locals_),
-        f"batch.{head.offsets}",
+        f"batch.{scatters[0].offsets}",
         "indices",
         target,
         tup(counts),
     ]
     return [
-        *(line for g in span for line in _stashed(schema, g)),
+        *(line for g in span for line in _stashed(names, schema, g)),
         *(
-            f"{local} = {_buf(g)}.index_select(0, indices)"
+            f"{local} = {_buf(names, g)}.index_select(0, indices)"
             for g, local in zip(span, locals_)
         ),
         join("_rt.scatter_span(", args),
@@ -258,40 +275,44 @@ def _span_read(schema: Schema, span: Sequence[Field], target: str) -> list[str]:
     ]
 
 
-def _packed_read(f: Field, target: str) -> str:
+def _packed_read(names: Names, f: Field, target: str) -> str:
     """The batch's view of ``f``'s columns of its group's gathered block."""
-    local = naming.value_local(f)
+    local = names.value[f.name]
     if not f.shape:
         return f"{target} = {local}.squeeze(1)"
     if len(f.shape) == 1:
         return f"{target} = {local}"
-    return join(f"{target} = torch.unflatten(", [local, "1", f"{_buf(f)}.shape[1:]"])
+    return join(
+        f"{target} = torch.unflatten(", [local, "1", f"{_buf(names, f)}.shape[1:]"]
+    )
 
 
 def _packed_block(
-    schema: Schema, reads: Sequence[Field], packed_reads: PackedReads
+    names: Names, schema: Schema, reads: Sequence[Field], packed_reads: PackedReads
 ) -> list[str]:
     """Every gather of a packed map at once: one ``index_select`` per packed buffer and
     per field of its own, then each packed buffer's rows split into its fields."""
     lines = [
-        f"{naming.packed_rows(g.dtype)} = "
-        f"self.{naming.packed_buffer(g.dtype)}.index_select(0, indices)"
+        f"{names.packed[g.dtype][2]} = self.{names.packed[g.dtype][0]}"
+        ".index_select(0, indices)"
         for g in packed_reads.groups
     ]
     for f in reads:
         if f.name in packed_reads.member_of or f.resolve is not Resolve.GATHER:
             continue
-        local = naming.value_local(f)
+        local = names.value[f.name]
         if f.optional:
             flag = _carried(schema, f)
-            lines.append(f"{local} = _rt.gather_optional({_buf(f)}, {flag}, indices)")
+            lines.append(
+                f"{local} = _rt.gather_optional({_buf(names, f)}, {flag}, indices)"
+            )
         else:
-            lines.append(f"{local} = {_buf(f)}.index_select(0, indices)")
+            lines.append(f"{local} = {_buf(names, f)}.index_select(0, indices)")
     split = [
         join(
-            f"{', '.join(naming.value_local(m.field) for m in g.members)} = "
-            f"{naming.packed_rows(g.dtype)}.split_with_sizes(",
-            [f"self.{naming.packed_widths(g.dtype)}", "1"],
+            f"{', '.join(names.value[m.field.name] for m in g.members)} = "
+            f"{names.packed[g.dtype][2]}.split_with_sizes(",
+            [f"self.{names.packed[g.dtype][1]}", "1"],
         )
         for g in packed_reads.groups
     ]
@@ -299,14 +320,13 @@ def _packed_block(
 
 
 def _parents(
-    schema: Schema, paths: Sequence[str], bound: Sequence[str]
+    names: Names, schema: Schema, paths: Sequence[str], bound: Sequence[str]
 ) -> tuple[list[str], dict[str, str]]:
     """``spec_info = batch.spec_info`` for each first part of a dotted path written
     more than once (and each in ``bound``, already a local), and the spelling of each
     path through it."""
     firsts = [p.split(".")[0] for p in paths if "." in p]
-    taken = {*naming.RESERVED, *(f.name for f in schema.fields)}
-    taken.update(n for f in schema.fields for n in naming.placeholder_locals(f))
+    taken = names.taken
     shared = [
         name
         for name in dict.fromkeys(firsts)
@@ -324,7 +344,7 @@ def _none(parent: str, how: IfNone, method: str) -> list[str]:
     """What a resolve does where its optional parent is ``None``."""
     if how is IfNone.SKIP:
         return [f"if {parent} is None:", "    return"]
-    args = [naming.string_literal(s) for s in (method, parent)]
+    args = [string_literal(s) for s in (method, parent)]
     return [
         f"if {parent} is None:",
         f"    raise _rt.parent_is_none(_TABLE, {', '.join(args)})",
@@ -350,7 +370,7 @@ def _prologue(schema: Schema, method: str, lane: Lane) -> tuple[list[str], str |
     if how is IfNone.SKIP:  # the slots themselves may be None (sglang's future_indices)
         lines += ["if indices is None:", "    return"]
     elif how is IfNone.REFUSE:
-        args = ", ".join(naming.string_literal(a) for a in (method, slots))
+        args = ", ".join(string_literal(a) for a in (method, slots))
         lines += [
             "if indices is None:",
             f"    raise _rt.parent_is_none(_TABLE, {args})",
@@ -375,6 +395,7 @@ def _owners(schema: Schema, lane: Lane = Lane.FORWARD) -> list[str]:
 
 
 def _reads(
+    names: Names,
     schema: Schema,
     reads: Sequence[Field],
     packed_reads: PackedReads | None,
@@ -385,27 +406,29 @@ def _reads(
         assert f.target is not None
         target = spelled[f.target]
         if f.resolve is Resolve.PLACEHOLDER:
-            lines += [*_stashed(schema, f), *_placeholder_read(f, target)]
-        elif f.resolve is Resolve.SCATTER:
-            lines += _scatter_read(schema, f, target)
+            lines += [*_stashed(names, schema, f), *_placeholder_read(names, f, target)]
+        elif f.scatter is not None:
+            lines += _scatter_read(names, schema, f, target)
         elif packed_reads is not None and f.name in packed_reads.member_of:
-            lines.append(_packed_read(f, target))
+            lines.append(_packed_read(names, f, target))
         elif packed_reads is not None and f.optional and _flat(f):
-            local = naming.value_local(f)
+            local = names.value[f.name]
             lines.append(f"{target} = None if {local} is None else {local}.flatten()")
         elif packed_reads is not None:
-            lines.append(f"{target} = {naming.value_local(f)}{_flat(f)}")
+            lines.append(f"{target} = {names.value[f.name]}{_flat(f)}")
         else:
-            lines += _gather_read(schema, f, target)
+            lines += _gather_read(names, schema, f, target)
     return lines
 
 
-def _placeholder_reports(schema: Schema, reads: Sequence[Field]) -> list[str]:
+def _placeholder_reports(
+    names: Names, schema: Schema, reads: Sequence[Field]
+) -> list[str]:
     report = []
     for f in reads:
         if f.resolve is Resolve.PLACEHOLDER:
-            _at, pending, rows = naming.placeholder_locals(f)
-            buffers = f"{{{naming.string_literal(f.name)}: {_buf(f)}}}"
+            _at, pending, rows = names.placeholder[f.name]
+            buffers = f"{{{names.field_literal[f.name]}: {_buf(names, f)}}}"
             args = [
                 rows,
                 buffers,
@@ -418,7 +441,10 @@ def _placeholder_reports(schema: Schema, reads: Sequence[Field]) -> list[str]:
 
 
 def resolve_future(
-    schema: Schema, reads: Sequence[Field], packed_reads: PackedReads | None
+    names: Names,
+    schema: Schema,
+    reads: Sequence[Field],
+    packed_reads: PackedReads | None,
 ) -> list[str]:
     """The forward-lane resolve: seeds first where the map takes them, then gathers and
     placeholder substitutions, those under an optional parent only where it is set;
@@ -437,7 +463,9 @@ def resolve_future(
         else:
             outside.append(f)
     taken = [p for p in (bound, *under) if p is not None]
-    binds, spelled = _parents(schema, [f.target for f in reads if f.target], taken)
+    binds, spelled = _parents(
+        names, schema, [f.target for f in reads if f.target], taken
+    )
     lines += binds
     for parent in under:  # refused before anything is handed over
         if parents[parent] is IfNone.REFUSE:
@@ -445,14 +473,14 @@ def resolve_future(
             lines += _none(parent, IfNone.REFUSE, "resolve_future")
 
     if packed_reads is not None:
-        lines += [s for f in reads for s in _stashed(schema, f)]
-        lines += _packed_block(schema, reads, packed_reads)
-    lines += _reads(schema, outside, packed_reads, spelled)
-    reports = _placeholder_reports(schema, outside)
+        lines += [s for f in reads for s in _stashed(names, schema, f)]
+        lines += _packed_block(names, schema, reads, packed_reads)
+    lines += _reads(names, schema, outside, packed_reads, spelled)
+    reports = _placeholder_reports(names, schema, outside)
     absent = []
     for parent, fields in under.items():
-        body = _reads(schema, fields, packed_reads, spelled)
-        placeholders = _placeholder_reports(schema, fields)
+        body = _reads(names, schema, fields, packed_reads, spelled)
+        placeholders = _placeholder_reports(names, schema, fields)
         if parents[parent] is IfNone.REFUSE:
             lines += body
             reports += placeholders
@@ -461,7 +489,7 @@ def resolve_future(
         if placeholders:  # reported where they were read
             body += ["if debug is not None:", *_indent(placeholders)]
         lines += [f"if {parent} is not None:", *_indent(body)]
-        named = naming.string_literal(parent)
+        named = string_literal(parent)
         absent.append(f"(() if {parent} is not None else ({named},))")
     return lines + _future_reports(schema, reads, reports, absent)
 
@@ -478,26 +506,27 @@ def _future_reports(
     return ["if debug is not None:", *_indent(reports)] if reports else []
 
 
-def _host(f: Field, source: str) -> list[str]:
+def _host(names: Names, f: Field, source: str) -> list[str]:
     """The host mirror and host sum of a schedule field, copied from ``source``."""
-    if f.host_mirror is None and f.host_sum is None:
+    mirror, total = (f.host.mirror, f.host.sum) if f.host else (None, None)
+    if mirror is None and total is None:
         return []
-    copy = f"self.{naming.host_mirror(f)}.copy({source})"
-    if f.host_sum is None:
-        return [f"batch.{f.host_mirror} = {copy}"]
+    copy = f"self.{names.host[f.name]}.copy({source})"
+    if total is None:
+        return [f"batch.{mirror} = {copy}"]
     stmts = [f"host = {copy}"]
-    if f.host_mirror is not None:
-        stmts.append(f"batch.{f.host_mirror} = host")
-    return [*stmts, f"batch.{f.host_sum} = _rt.host_sum(host)"]
+    if mirror is not None:
+        stmts.append(f"batch.{mirror} = host")
+    return [*stmts, f"batch.{total} = _rt.host_sum(host)"]
 
 
-def resolve_schedule(schema: Schema, f: Field) -> list[str]:
+def resolve_schedule(names: Names, schema: Schema, f: Field) -> list[str]:
     """A schedule-lane resolve: the fence wait (on the stream where the caller asks and
     the field allows it), then the field's read."""
     method = resolve_method(f)
-    value = naming.value_local(f)
+    value = names.value[f.name]
     lines, _bound = _prologue(schema, method, Lane.SCHEDULE)
-    if f.stream_ordered:
+    if f.host is not None and f.host.stream_ordered:
         lines += [
             "if stream_ordered:",
             "    self._state.fence.wait_on_stream()",
@@ -509,15 +538,21 @@ def resolve_schedule(schema: Schema, f: Field) -> list[str]:
     lines.append("debug = self._state.debug")
     lines += ["if debug is not None:", f'    debug.waited("{method}")']
     lines += _slots_read(method)
-    gather = f"{_buf(f)}.index_select(0, indices){_flat(f)}"
-    read = [*_stashed(schema, f), f"{value} = {gather}"]
+    gather = f"{_buf(names, f)}.index_select(0, indices){_flat(f)}"
+    read = [*_stashed(names, schema, f), f"{value} = {gather}"]
     if f.target is not None:
         read.append(f"batch.{f.target} = {value}")
-    read += _host(f, value)
+    read += _host(names, f, value)
     if f.optional:
         flag = _carried(schema, f)
-        nones = [f.host_mirror, f.host_sum, f.target]
-        lines += [f"if {flag} and {_buf(f)} is not None:", *_indent(read), "else:"]
+        host = f.host
+        nones = [host.mirror, host.sum] if host is not None else []
+        nones.append(f.target)
+        lines += [
+            f"if {flag} and {_buf(names, f)} is not None:",
+            *_indent(read),
+            "else:",
+        ]
         lines += _indent([f"batch.{p} = None" for p in nones if p is not None])
     else:
         lines += read
@@ -533,52 +568,49 @@ def graph_wrote(schema: Schema) -> list[str]:
     return ["if self._state.debug is not None:", f"    _rt.graph_wrote({args})"]
 
 
-def resolve_tails(schema: Schema, f: Field) -> list[str]:
+def resolve_tails(names: Names, schema: Schema, f: Field) -> list[str]:
     """Late binding of a mixed batch's decode tails from field ``f``'s published rows:
     a stream-ordered fence wait, one gather, then each declared tail built on a copy of
     the batch's tensor, and only when all are built is the batch rebound (a refusal
     leaves it as it was); debug mode checks the second read."""
-    assert f.tails is not None and f.target is not None
+    tails = f.tails
+    assert tails is not None and f.target is not None
+    mirror, total = (f.host.mirror, f.host.sum) if f.host else (None, None)
     i = schema.fields.index(f)
-    value = naming.value_local(f)
+    value = names.value[f.name]
     lines = [
-        f"indices = batch.{f.tails}",
+        f"indices = batch.{tails.rows}",
         "if indices.numel() == 0:",
         "    return",
         "self._state.fence.wait_on_stream()",
         "debug = self._state.debug",
         *_slots_read("resolve_tails"),
-        *_stashed(schema, f),
-        f"{value} = {_buf(f)}.index_select(0, indices)",
+        *_stashed(names, schema, f),
+        f"{value} = {_buf(names, f)}.index_select(0, indices)",
     ]
     bind = "_rt.bind_tails"
-    bound = [(f.target, "tail_lengths", bind, plus(value, f.tails_add))]
-    if f.tails_kv is not None:
-        locations = f"batch.{f.tails_kv_table}[indices, {plus(value, f.tails_add - 1)}]"
-        bound.append((f.tails_kv, "tail_locations", bind, locations))
-    if f.host_mirror is not None:  # validation: host_sum, tails_prefix need a mirror
-        copied = f"self.{naming.host_mirror(f)}.copy({value})"
-        if f.tails_prefix is not None:  # one host copy for both
+    bound = [(f.target, "tail_lengths", bind, plus(value, tails.add))]
+    if tails.kv is not None:
+        locations = f"batch.{tails.kv.table}[indices, {plus(value, tails.add - 1)}]"
+        bound.append((tails.kv.locations, "tail_locations", bind, locations))
+    if mirror is not None:  # validation: a sum, a prefix need a mirror here
+        copied = f"self.{names.host[f.name]}.copy({value})"
+        if tails.prefix is not None:  # one host copy for both
             lines.append(f"host = {copied}")
             copied = "host"
-        bound.append((f.host_mirror, "tail_host", bind, plus(copied, f.tails_add)))
-    if f.tails_prefix is not None:
-        rows = plus("host", f.tails_add - 1)
-        bound.append((f.tails_prefix, "tail_prefix", "_rt.bind_tail_list", rows))
+        bound.append((mirror, "tail_host", bind, plus(copied, tails.add)))
+    if tails.prefix is not None:
+        rows = plus("host", tails.add - 1)
+        bound.append((tails.prefix, "tail_prefix", "_rt.bind_tail_list", rows))
     lines += [f"{local} = {call}(batch.{a}, {rows})" for a, local, call, rows in bound]
     lines += [f"batch.{a} = {local}" for a, local, _, _ in bound]
-    if f.host_sum is not None:
-        lines.append(f"batch.{f.host_sum} = _rt.host_sum(tail_host)")
+    if total is not None:
+        lines.append(f"batch.{total} = _rt.host_sum(tail_host)")
     return [
         *lines,
         "if debug is not None:",
         f"    _rt.read_tails(self._state, {i}, indices)",
     ]
-
-
-def plus(value: str, n: int) -> str:
-    """``value + n`` as a line spells it (``value`` alone for 0)."""
-    return value if n == 0 else f"{value} + {n}" if n > 0 else f"{value} - {-n}"
 
 
 def invalidate(schema: Schema, placeholders: Sequence[Field]) -> list[str]:
@@ -600,7 +632,7 @@ def invalidate(schema: Schema, placeholders: Sequence[Field]) -> list[str]:
         elif parents[first] is IfNone.SKIP:
             lines += [f"if batch.{first} is not None:", f"    {write}"]
         else:
-            args = ", ".join(naming.string_literal(s) for s in ("invalidate", first))
+            args = ", ".join(string_literal(s) for s in ("invalidate", first))
             lines += [
                 f"if batch.{first} is None:",
                 f"    raise _rt.parent_is_none(_TABLE, {args})",
@@ -619,3 +651,81 @@ def release() -> list[str]:
 
 def lane_fields(schema: Schema, lane: Lane) -> list[Field]:
     return [f for f in schema.fields if f.lane is lane]
+
+
+# --- every body of one map -------------------------------------------------------------------
+
+
+@attrs.frozen
+class Bodies:
+    """Every method body of one map, and each resolved field's line of its resolve's
+    doc string: computed in one pass, before the views assemble the methods."""
+
+    stash: tuple[str, ...] = ()
+    publish: tuple[str, ...] = ()
+    stash_partial: tuple[str, ...] = ()
+    graph_wrote: tuple[str, ...] = ()
+    invalidate: tuple[str, ...] = ()
+    release: tuple[str, ...] = ()
+    resolve_future: tuple[str, ...] = ()
+    #: Each schedule field's resolve, by field name.
+    schedule: dict[str, tuple[str, ...]] = attrs.field(factory=dict)
+    resolve_tails: tuple[str, ...] = ()
+    #: Each field's line of its resolve's doc string, by field name.
+    read_doc: dict[str, str] = attrs.field(factory=dict)
+
+
+def bodies(names: Names, schema: Schema, packed_reads: PackedReads | None) -> Bodies:
+    """The bodies ``schema``'s map has (an empty one for a method it lacks)."""
+    forward = lane_fields(schema, Lane.FORWARD)
+    declared = lane_fields(schema, Lane.SCHEDULE)
+    schedule = _required_first(declared)
+    partial = [f for f in forward if not f.kept]
+    passed = ", owners" if schema.owners else ""
+    published = ", owners" if schema.owners_of(Lane.SCHEDULE) is not None else ""
+    none: tuple[str, ...] = ()
+    stash = publish = stash_partial = wrote = placeholders_body = future = none
+    if forward:
+        checked = f"_rt.stash(state, indices, payload{passed})"
+        stash = tuple(write(names, schema, "stash", forward, checked))
+    if schedule:
+        checked = f"_rt.publish(state, indices, {_values(declared)}{published})"
+        publish = tuple(write(names, schema, "publish", schedule, checked))
+    if len(partial) < len(forward):
+        checked = f"_rt.stash_partial(state, indices, {_values(partial)}{passed})"
+        body = write(names, schema, "stash_partial", _required_first(partial), checked)
+        stash_partial = tuple(body)
+    if any(f.graph_written for f in schema.fields):
+        wrote = tuple(graph_wrote(schema))
+    placeholders = [f for f in schema.fields if f.resolve is Resolve.PLACEHOLDER]
+    if placeholders:
+        placeholders_body = tuple(invalidate(schema, placeholders))
+    reads = [f for f in forward if f.target is not None]
+    if reads:
+        future = tuple(resolve_future(names, schema, reads, packed_reads))
+    tails = [tuple(resolve_tails(names, schema, f)) for f in declared if f.tails]
+    return Bodies(
+        stash=stash,
+        publish=publish,
+        stash_partial=stash_partial,
+        graph_wrote=wrote,
+        invalidate=placeholders_body,
+        release=tuple(release()),
+        resolve_future=future,
+        schedule={f.name: tuple(resolve_schedule(names, schema, f)) for f in declared},
+        resolve_tails=tails[0] if tails else (),
+        read_doc={
+            f.name: resolve_doc(names, f) for f in schema.fields if f.target is not None
+        },
+    )
+
+
+def _required_first(fields: Sequence[Field]) -> list[Field]:
+    """Required parameters first (Python's rule)."""
+    return [f for f in fields if not f.optional] + [f for f in fields if f.optional]
+
+
+def _values(fields: Sequence[Field]) -> str:
+    """The checked path's tuple of values, in declaration order as the table has them."""
+    sources = [f.payload_name for f in fields]
+    return join("(", sources, ",)" if len(sources) == 1 else ")")

@@ -16,7 +16,7 @@ from types import ModuleType
 import pytest
 import torch
 
-from relay.codegen import naming
+from relay.codegen import literals, naming
 from relay.codegen.loader import load_schema
 from relay.codegen.render import render
 from relay.codegen.validate import validate
@@ -26,6 +26,7 @@ from relay.schema import (
     Alloc,
     Field,
     Guard,
+    HostCopy,
     Lane,
     Layout,
     Resolve,
@@ -36,7 +37,7 @@ REPO = Path(__file__).resolve().parents[2]
 BUNDLED = sorted((REPO / "relay" / "schemas").glob("*.py"))
 
 #: Every branch of the template: placeholders on both lanes, a required lazy field, an
-#: optional eager field, host_sum without host_mirror, deep targets, long names that wrap.
+#: optional eager field, a host sum without a mirror, deep targets, long names that wrap.
 CORPUS = Schema(
     name="CorpusWithRatherLongNamesThatWrapFutureMap",
     doc="Every branch of the template.",
@@ -80,7 +81,7 @@ CORPUS = Schema(
             dtype=torch.int64,
             target="seq_lens",
             resolve=Resolve.PLACEHOLDER,
-            host_sum="seq_lens_sum",
+            host=HostCopy(sum="seq_lens_sum"),
         ),
         Field(
             "scores",
@@ -89,7 +90,7 @@ CORPUS = Schema(
             shape=("width",),
             optional=True,
             target="spec_info.scores",
-            host_mirror="scores_cpu",
+            host=HostCopy(mirror="scores_cpu"),
         ),
     ],
 )
@@ -311,8 +312,8 @@ def test_hostile_strings_reach_the_module_faithfully(text: str, tmp_path: Path) 
 def test_lone_surrogates_in_docs_are_refused_with_the_owner() -> None:
     """A lone surrogate cannot live in a doc string: the problem names it (validation,
     next, locates it at its owner)."""
-    assert naming.doc_problem("ok \U0001f600") is None
-    problem = naming.doc_problem("bad \ud800")
+    assert literals.doc_problem("ok \U0001f600") is None
+    problem = literals.doc_problem("bad \ud800")
     assert problem is not None and "U+D800" in problem
 
 

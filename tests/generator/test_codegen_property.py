@@ -21,7 +21,7 @@ from codegen_support import mypy_strict
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from relay.codegen import formatting, naming
+from relay.codegen import formatting, literals, naming
 from relay.codegen.render import render
 from relay.codegen.validate import validate
 from relay.schema import (
@@ -29,11 +29,16 @@ from relay.schema import (
     Alloc,
     Field,
     Guard,
+    HostCopy,
     IfNone,
     Lane,
     Layout,
     Resolve,
+    Scatter,
+    ScheduleSlots,
     Schema,
+    Tails,
+    TailsKv,
     TargetShape,
     Unwritten,
 )
@@ -88,18 +93,25 @@ def fields(draw: st.DrawFn, i: int) -> Field:
             host_mirror = draw(paths(f"m{i}_{tail}"))
         if shape == () and dtype in (torch.int64, torch.int32) and draw(st.booleans()):
             host_sum = f"h{i}_{tail}"
-        late["stream_ordered"] = draw(st.booleans())
+        ordered = draw(st.booleans())
         lengths = shape == () and dtype in (torch.int64, torch.int32) and not optional
         if lengths and resolve is Resolve.GATHER and draw(st.booleans()):
-            late["tails"] = f"x{i}_{tail}"  # late-bound tails
-            late["tails_add"] = draw(st.sampled_from([0, 1, 2]))
+            kv = None
             if draw(st.booleans()):
-                late["tails_kv"] = f"kv{i}_{tail}"
-                late["tails_kv_table"] = f"kt{i}_{tail}"
-            if draw(st.booleans()):
-                late["tails_prefix"] = f"p{i}_{tail}"
-            if (host_sum is not None or "tails_prefix" in late) and host_mirror is None:
+                kv = TailsKv(locations=f"kv{i}_{tail}", table=f"kt{i}_{tail}")
+            prefix = f"p{i}_{tail}" if draw(st.booleans()) else None
+            late["tails"] = Tails(  # late-bound tails
+                rows=f"x{i}_{tail}",
+                kv=kv,
+                add=draw(st.sampled_from([0, 1, 2])),
+                prefix=prefix,
+            )
+            if (host_sum is not None or prefix is not None) and host_mirror is None:
                 host_mirror = f"hm{i}_{tail}"
+        if host_mirror or host_sum or ordered:
+            late["host"] = HostCopy(
+                mirror=host_mirror, sum=host_sum, stream_ordered=ordered
+            )
     else:
         late["kept"] = draw(st.booleans())
     return Field(
@@ -112,8 +124,6 @@ def fields(draw: st.DrawFn, i: int) -> Field:
         source=f"s{i}_{tail}" if draw(st.booleans()) else None,
         target=target,
         resolve=resolve,
-        host_mirror=host_mirror,
-        host_sum=host_sum,
         guard=draw(st.sampled_from(Guard)),
         unwritten=draw(st.sampled_from(Unwritten)),
         target_shape=TargetShape.FLAT
@@ -139,8 +149,7 @@ def _span(tail: str, target: str, guard: Guard) -> list[Field]:
             lane=Lane.FORWARD,
             dtype=torch.int64,
             target=target,
-            resolve=Resolve.SCATTER,
-            offsets=starts,
+            resolve=Scatter(offsets=starts),
             guard=guard,
         ),
         Field(
@@ -149,10 +158,7 @@ def _span(tail: str, target: str, guard: Guard) -> list[Field]:
             dtype=torch.int64,
             shape=("drafts",),
             target=target,
-            resolve=Resolve.SCATTER,
-            offsets=starts,
-            lengths=count,
-            after=f"tok_{tail}",
+            resolve=Scatter(offsets=starts, lengths=count, after=f"tok_{tail}"),
         ),
     ]
 
@@ -203,8 +209,9 @@ def schemas(draw: st.DrawFn) -> Schema:
         },
         seeded=draw(st.booleans()),
         owners=draw(st.sampled_from([None, "rids", "spec_info.rids"])),
-        schedule_indices=schedule_indices,
-        schedule_owners=schedule_owners,
+        schedule=ScheduleSlots(indices=schedule_indices, owners=schedule_owners)
+        if schedule_indices or schedule_owners
+        else None,
     )
     assume(validate(schema, str) == [])
     return schema
@@ -219,17 +226,19 @@ def every_combination(layout: Layout) -> Schema:
     """One schema holding a field of every valid lane, alloc, resolve, guard and optional
     combination (nested targets, 60-character names), in ``layout``."""
     declared = []
-    for lane, alloc, resolve, guard, optional in itertools.product(
-        Lane, Alloc, Resolve, Guard, [False, True]
+    for lane, alloc, kind, guard, optional in itertools.product(
+        Lane, Alloc, [*Resolve, "scatter"], Guard, [False, True]
     ):
-        if resolve is Resolve.PLACEHOLDER and (optional or guard is Guard.FINITE):
+        if kind is Resolve.PLACEHOLDER and (optional or guard is Guard.FINITE):
             continue  # placeholders: required integer fields (validation refuses it)
-        if resolve is Resolve.SCATTER and (optional or lane is Lane.SCHEDULE):
+        if kind == "scatter" and (optional or lane is Lane.SCHEDULE):
             continue  # scatters: required forward-lane fields
         i = len(declared)
-        stem = f"c{i}_{lane.value}_{alloc.value}_{resolve.value}_{guard.value}"
+        spelled = kind.value if isinstance(kind, Resolve) else kind
+        stem = f"c{i}_{lane.value}_{alloc.value}_{spelled}_{guard.value}"
         stem = (stem + "_" * 60)[:60]
-        placeholder = resolve is Resolve.PLACEHOLDER
+        placeholder = kind is Resolve.PLACEHOLDER
+        resolve = kind if isinstance(kind, Resolve) else Scatter(offsets=f"{stem}_at")
         declared.append(
             Field(
                 stem,
@@ -242,10 +251,10 @@ def every_combination(layout: Layout) -> Schema:
                 optional=optional,
                 target=f"spec_info.draft.{stem}" if i % 3 else stem,
                 resolve=resolve,
-                offsets=f"{stem}_at" if resolve is Resolve.SCATTER else None,
-                host_mirror=f"{stem}_cpu" if lane is Lane.SCHEDULE else None,
-                host_sum=f"{stem}_sum"
-                if lane is Lane.SCHEDULE and placeholder
+                host=HostCopy(
+                    mirror=f"{stem}_cpu", sum=f"{stem}_sum" if placeholder else None
+                )
+                if lane is Lane.SCHEDULE
                 else None,
                 guard=guard,
                 doc=f'{stem} \\ "quoted"',
@@ -290,7 +299,7 @@ def _import(schema: Schema, content: str) -> types.ModuleType:
     cls_doc = inspect.getdoc(getattr(module, schema.name))
     assert cls_doc is not None
     # As inspect.getdoc shows it, less trailing blanks (formatters strip them).
-    assert cls_doc.startswith(naming.clean_doc(schema.doc) or schema.name)
+    assert cls_doc.startswith(literals.clean_doc(schema.doc) or schema.name)
     dims = {dim: 2 for dim in naming.symbolic_dims(schema.fields)}
     relay_map = getattr(module, schema.name)("cpu", 4, **dims)
     assert relay_map.pool_size == 4
@@ -356,4 +365,4 @@ def test_a_doc_with_blank_lines_first_reads_back_as_cleaned(doc: str) -> None:
     )
     module = _import(schema, render(schema, source=SOURCE, command="relay generate"))
     shown = inspect.getdoc(module.DocFutureMap)
-    assert shown is not None and shown.startswith(naming.clean_doc(doc))
+    assert shown is not None and shown.startswith(literals.clean_doc(doc))

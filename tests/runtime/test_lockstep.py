@@ -18,17 +18,22 @@ from hypothesis import strategies as st
 from relay.codegen.loader import load_schema
 from relay.maps.decode import DecodeFutureMap
 from relay.schema import (
-    FROM_PAYLOAD,
     Alloc,
     Field,
     Guard,
+    HostCopy,
     IfNone,
     Lane,
     Layout,
     Resolve,
+    Scatter,
+    ScheduleSlots,
     Schema,
+    Tails,
+    TailsKv,
     TargetShape,
     Unwritten,
+    extra,
 )
 from relay.testing import (
     LockstepDivergence,
@@ -94,7 +99,7 @@ def test_a_schema_declared_in_the_test_is_rendered_and_checked(
                 lane=Lane.SCHEDULE,
                 dtype=torch.float32,
                 target="score",
-                host_mirror="score_cpu",
+                host=HostCopy(mirror="score_cpu"),
             ),
         ],
     )
@@ -216,23 +221,13 @@ def _every_option() -> Schema:
                 unwritten=Unwritten.ZEROS,
                 kept=True,
             ),
-            Field(
-                "hidden",
-                lane=Lane.FORWARD,
-                dtype=FROM_PAYLOAD,
-                shape=("hidden",),
-                alloc=Alloc.LAZY,
-                optional=True,
-                target="spec_info.hidden",
-                kept=True,
-            ),
+            extra("hidden", shape=("hidden",), target="spec_info.hidden"),
             Field(
                 "bonus",
                 lane=Lane.FORWARD,
                 dtype=torch.int64,
                 target="draft_ids",
-                resolve=Resolve.SCATTER,
-                offsets="draft_starts",
+                resolve=Scatter(offsets="draft_starts"),
             ),
             Field(
                 "drafts",
@@ -240,10 +235,9 @@ def _every_option() -> Schema:
                 dtype=torch.int64,
                 shape=(2,),
                 target="draft_ids",
-                resolve=Resolve.SCATTER,
-                offsets="draft_starts",
-                lengths="num_drafts",
-                after="bonus",
+                resolve=Scatter(
+                    offsets="draft_starts", lengths="num_drafts", after="bonus"
+                ),
                 graph_written=True,
             ),
             Field(
@@ -251,16 +245,17 @@ def _every_option() -> Schema:
                 lane=Lane.SCHEDULE,
                 dtype=torch.int64,
                 target="seq_lens",
-                host_mirror="seq_lens_cpu",
-                host_sum="seq_lens_sum",
+                host=HostCopy(
+                    mirror="seq_lens_cpu", sum="seq_lens_sum", stream_ordered=True
+                ),
                 guard=Guard.POSITIVE,
                 graph_written=True,
-                stream_ordered=True,
-                tails="mix_running_indices",
-                tails_kv="out_cache_loc",
-                tails_kv_table="req_to_token",
-                tails_add=2,
-                tails_prefix="prefix_lens",
+                tails=Tails(
+                    rows="mix_running_indices",
+                    kv=TailsKv(locations="out_cache_loc", table="req_to_token"),
+                    add=2,
+                    prefix="prefix_lens",
+                ),
             ),
             Field(
                 "conf",
@@ -289,8 +284,9 @@ def test_a_schema_with_every_option_runs_in_lockstep_through_its_own_table(
         name=f"Every{layout.name.title()}FutureMap",
         layout=layout,
         owners=None if separate else "rids",
-        schedule_indices="scheduler.slots" if separate else None,
-        schedule_owners="scheduler.rids" if separate else None,
+        schedule=ScheduleSlots(indices="scheduler.slots", owners="scheduler.rids")
+        if separate
+        else None,
     )
     covered = {
         a.name
@@ -298,6 +294,27 @@ def test_a_schema_with_every_option_runs_in_lockstep_through_its_own_table(
         if any(getattr(f, a.name) != a.default for f in schema.fields)
     }
     assert covered >= {a.name for a in attrs.fields(Field)} - {"doc", "declared_at"}
+    # Every grouped declaration, each option of it away from its default.
+    groups: list[Any] = [f.resolve for f in schema.fields if f.scatter is not None]
+    groups += [f.host for f in schema.fields] + [f.tails for f in schema.fields]
+    groups += [f.tails.kv for f in schema.fields if f.tails is not None]
+    if separate:
+        groups.append(schema.schedule)
+    declared = {
+        (type(g).__name__, a.name)
+        for g in groups
+        if g is not None
+        for a in attrs.fields(type(g))
+        if getattr(g, a.name) != a.default
+    }
+    kinds = [Scatter, HostCopy, Tails, TailsKv, *([ScheduleSlots] if separate else [])]
+    every = {
+        (k.__name__, a.name)
+        for k in kinds
+        for a in attrs.fields(k)
+        if a.name != "declared_at"
+    }
+    assert declared >= every, every - declared
     cls = load_map_class(schema)
     assert sys.modules[cls.__module__]._TABLE.schema == schema
     assert check_lockstep(schema, cls, operations=400, steps=100, debug=debug) == 400
