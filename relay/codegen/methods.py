@@ -200,23 +200,29 @@ def _placeholder_read(names: Names, f: Field, target: str) -> list[str]:
     ]
 
 
-def _scatter_read(names: Names, schema: Schema, f: Field, target: str) -> list[str]:
-    """Rows at ``indices`` into flat ``target`` from each request's start offset: one
-    gather, the checked positions (Note [Scatter destinations] in runtime.py), one
-    scatter. A counted field, or several fields into one target, is one span."""
+def _scatter_read(
+    names: Names, schema: Schema, f: Field, target: str
+) -> tuple[list[str], list[str]]:
+    """Rows at ``indices`` into flat ``target`` from each request's start offset: the
+    plan (one gather, the checked positions: Note [Scatter destinations] in
+    runtime.py), then the write (one scatter). A counted field, or several fields into
+    one target, is one span, planned and written where its last field is declared."""
     span = _span(schema, f)
     if span:
         last = max(span, key=schema.fields.index)
-        return _span_read(names, schema, span, target) if f is last else []
+        return _span_read(names, schema, span, target) if f is last else ([], [])
     i = schema.fields.index(f)
     rows = names.value[f.name]
+    at = names.placeholder[f.name][0]
     flat = ".flatten()" if f.shape else ""
     assert f.scatter is not None
     offsets = f.scatter.offsets
-    at = f"_rt.scatter_at(self._state, {i}, batch.{offsets}, indices, {target})"
-    return [
+    plan = [
         *_stashed(names, schema, f),
         f"{rows} = {_buf(names, f)}.index_select(0, indices){flat}",
+        f"{at} = _rt.scatter_at(self._state, {i}, batch.{offsets}, indices, {target})",
+    ]
+    return plan, [
         f"{target}.index_copy_(0, {at}, {rows})",
         "if debug is not None:",
         f"    _rt.scattered(self._state, {i}, {target})",
@@ -243,13 +249,14 @@ def _span(schema: Schema, f: Field) -> list[Field]:
 
 def _span_read(
     names: Names, schema: Schema, span: Sequence[Field], target: str
-) -> list[str]:
-    """Every field of one span: each gathered, then one checked scatter of them all
-    (Note [Counted scatters] in runtime.py)."""
+) -> tuple[list[str], list[str]]:
+    """Every field of one span: each gathered, one checked plan of them all, then its
+    write (Note [Counted scatters] in runtime.py)."""
     scatters = [g.scatter for g in span if g.scatter is not None]
     positions = [str(schema.fields.index(g)) for g in span]
     locals_ = [names.value[g.name] for g in span]
     counts = [f"batch.{s.lengths}" if s.lengths else "None" for s in scatters]
+    at = names.placeholder[span[-1].name][0]
 
     def tup(items: list[str]) -> str:
         return join("(", items, ",)" if len(items) == 1 else ")")
@@ -263,13 +270,16 @@ def _span_read(
         target,
         tup(counts),
     ]
-    return [
+    plan = [
         *(line for g in span for line in _stashed(names, schema, g)),
         *(
             f"{local} = {_buf(names, g)}.index_select(0, indices)"
             for g, local in zip(span, locals_)
         ),
-        join("_rt.scatter_span(", args),
+        join(f"{at} = _rt.span_at(", args),
+    ]
+    return plan, [
+        f"_rt.scatter_span({target}, {at})",
         "if debug is not None:",
         f"    _rt.scattered(self._state, {positions[-1]}, {target})",
     ]
@@ -394,13 +404,26 @@ def _owners(schema: Schema, lane: Lane = Lane.FORWARD) -> list[str]:
     return [f"owners=batch.{owners}"] if owners else []
 
 
+def _plans(
+    names: Names, schema: Schema, reads: Sequence[Field], spelled: dict[str, str]
+) -> list[str]:
+    """Every scatter's plan (its checks and positions), before any of them writes."""
+    lines = []
+    for f in reads:
+        if f.scatter is not None and f.target is not None:
+            lines += _scatter_read(names, schema, f, spelled[f.target])[0]
+    return lines
+
+
 def _reads(
     names: Names,
     schema: Schema,
     reads: Sequence[Field],
     packed_reads: PackedReads | None,
     spelled: dict[str, str],
+    planned: bool = False,
 ) -> list[str]:
+    """Each read's lines; a scatter's write alone where ``planned`` (``_plans``)."""
     lines = []
     for f in reads:
         assert f.target is not None
@@ -408,7 +431,8 @@ def _reads(
         if f.resolve is Resolve.PLACEHOLDER:
             lines += [*_stashed(names, schema, f), *_placeholder_read(names, f, target)]
         elif f.scatter is not None:
-            lines += _scatter_read(names, schema, f, target)
+            plan, scatter = _scatter_read(names, schema, f, target)
+            lines += scatter if planned else plan + scatter
         elif packed_reads is not None and f.name in packed_reads.member_of:
             lines.append(_packed_read(names, f, target))
         elif packed_reads is not None and f.optional and _flat(f):
@@ -475,7 +499,8 @@ def resolve_future(
     if packed_reads is not None:
         lines += [s for f in reads for s in _stashed(names, schema, f)]
         lines += _packed_block(names, schema, reads, packed_reads)
-    lines += _reads(names, schema, outside, packed_reads, spelled)
+    lines += _plans(names, schema, outside, spelled)  # every target before any write
+    lines += _reads(names, schema, outside, packed_reads, spelled, planned=True)
     reports = _placeholder_reports(names, schema, outside)
     absent = []
     for parent, fields in under.items():
@@ -587,30 +612,38 @@ def resolve_tails(names: Names, schema: Schema, f: Field) -> list[str]:
         *_slots_read("resolve_tails"),
         *_stashed(names, schema, f),
         f"{value} = {_buf(names, f)}.index_select(0, indices)",
+        "if debug is not None:",  # a stale row is named before its value is used
+        f"    _rt.read_tails(self._state, {i}, indices)",
     ]
     bind = "_rt.bind_tails"
-    bound = [(f.target, "tail_lengths", bind, plus(value, tails.add))]
-    if tails.kv is not None:
-        locations = f"batch.{tails.kv.table}[indices, {plus(value, tails.add - 1)}]"
-        bound.append((tails.kv.locations, "tail_locations", bind, locations))
+    host = "None"
     if mirror is not None:  # validation: a sum, a prefix need a mirror here
         copied = f"self.{names.host[f.name]}.copy({value})"
-        if tails.prefix is not None:  # one host copy for both
+        if tails.prefix is not None or tails.kv is not None:  # one host copy
             lines.append(f"host = {copied}")
-            copied = "host"
+            copied = host = "host"
+    bound = [(f.target, "tail_lengths", bind, plus(value, tails.add))]
+    if tails.kv is not None:  # the columns checked first: runtime.tail_locations
+        columns = plus(value, tails.add - 1)
+        args = ["self._state", str(i), f"batch.{tails.kv.table}", "indices"]
+        locations = join("_rt.tail_locations(", [*args, columns, host])
+        bound.append((tails.kv.locations, "tail_locations", bind, locations))
+    if mirror is not None:
         bound.append((mirror, "tail_host", bind, plus(copied, tails.add)))
     if tails.prefix is not None:
         rows = plus("host", tails.add - 1)
         bound.append((tails.prefix, "tail_prefix", "_rt.bind_tail_list", rows))
-    lines += [f"{local} = {call}(batch.{a}, {rows})" for a, local, call, rows in bound]
+    lines += [
+        join(
+            f"{local} = {call}(",
+            ["self._state", str(i), string_literal(a), f"batch.{a}", rows],
+        )
+        for a, local, call, rows in bound
+    ]
     lines += [f"batch.{a} = {local}" for a, local, _, _ in bound]
     if total is not None:
         lines.append(f"batch.{total} = _rt.host_sum(tail_host)")
-    return [
-        *lines,
-        "if debug is not None:",
-        f"    _rt.read_tails(self._state, {i}, indices)",
-    ]
+    return lines
 
 
 def invalidate(schema: Schema, placeholders: Sequence[Field]) -> list[str]:
