@@ -13,13 +13,13 @@ from relay, so its names are the contract between the generator and the runtime.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import cast
 
 import torch
 
 from relay.debug import DebugChecks, poison
-from relay.debug.messages import text
+from relay.debug.messages import request_at, text
 from relay.debug.owners import Owners
 from relay.device import CpuFence, Fence, HostMirror, new_fence
 from relay.errors import RelayError, SlotError
@@ -360,11 +360,16 @@ def read_slots(s: MapState, op: str, indices: torch.Tensor) -> torch.Tensor:
 
 
 def scatter_at(
-    s: MapState, i: int, offsets: object, indices: torch.Tensor, target: torch.Tensor
+    s: MapState,
+    i: int,
+    offsets: object,
+    indices: torch.Tensor,
+    target: torch.Tensor,
+    owners: Owners | None = None,
 ) -> torch.Tensor:
     """Where field ``i``'s gathered rows go in flat ``target``: each request's start
     offset, then its row's columns (Note [Scatter destinations]); refused, naming the
-    request, before anything is written."""
+    request (by its id where ``owners`` names them), before anything is written."""
     f = s.table.fields[i]
     what = f"{s.table.what(i)}: batch.{f.offsets}"
     n = indices.numel()
@@ -387,7 +392,7 @@ def scatter_at(
     width = math.prod(s.rows[i])
     debug = s.debug
     if debug is not None:
-        debug.check_scatter(f.name, indices, starts, width, target.numel())
+        debug.check_scatter(f.name, indices, starts, width, target.numel(), owners)
     elif starts.is_cpu:
         low, high = torch.aminmax(starts)
         if (
@@ -399,8 +404,9 @@ def scatter_at(
                 for j, at in enumerate(cast(list[int], starts.tolist()))
                 if at < 0 or at + width > target.numel()
             )
+            who = request_at(bad, int(indices[bad]), owners)
             raise RelayError(
-                f"{what}: request {bad} (slot {int(indices[bad])}) starts at "
+                f"{what}: {who} starts at "
                 f"{int(starts[bad])}, so its {width} value(s) would not fit the "
                 f"target's {target.numel()} positions. Nothing was written"
             )
@@ -477,12 +483,14 @@ def scatter_span(
     indices: torch.Tensor,
     target: torch.Tensor,
     lengths: tuple[object, ...],
+    owners: Owners | None = None,
 ) -> None:
     """The gathered ``rows`` of scatter ``fields`` (in their order in a request's span)
     into flat ``target``: each request's span from its start offset, each field's
     first ``lengths`` values of its row (all of them where ``None``) after the fields
     before it (Note [Counted scatters]). Every position is checked before the first
-    write, naming the request: a refused call writes nothing."""
+    write, naming the request (by its id where ``owners`` names them): a refused
+    call writes nothing."""
     table = s.table
     n = indices.numel()
     home = target.device
@@ -499,7 +507,8 @@ def scatter_span(
             counts.append(_per_request(s, i, table.fields[i].lengths, value, n, home))
     debug = s.debug
     if debug is not None:
-        _debug_span(s, debug, fields, indices, starts, widths, counts, target.numel())
+        size = target.numel()
+        _debug_span(s, debug, fields, indices, starts, widths, counts, size, owners)
     # Each field's positions and values, then (debug off, on the CPU) the positions
     # checked, then the writes: all or nothing.
     host = target.is_cpu
@@ -515,9 +524,9 @@ def scatter_span(
                 continue
             low, high = torch.aminmax(at)  # tolist reads them without an op
             if cast(int, low.tolist()) < 0 or cast(int, high.tolist()) >= size:
-                _name_outside(s, fields, indices, starts, widths, counts, size)
+                _name_outside(s, fields, indices, starts, widths, counts, size, owners)
         if seen and (min(seen) < 0 or max(seen) >= size):
-            _name_outside(s, fields, indices, starts, widths, counts, size)
+            _name_outside(s, fields, indices, starts, widths, counts, size, owners)
     for at, value, mask in zip(positions, values, masks):
         if mask is None:
             target.index_copy_(0, at, value)
@@ -580,6 +589,7 @@ def _debug_span(
     widths: list[int],
     counts: list[torch.Tensor | None],
     size: int,
+    owners: Owners | None,
 ) -> None:
     """Debug mode, before a span's scatter: each count in its row's width and no more
     than the slot's stash wrote, each request's span inside the target and apart from
@@ -588,9 +598,11 @@ def _debug_span(
     for i, width, count in zip(fields, widths, counts):
         if count is not None:
             name = s.table.fields[i].name
-            debug.check_counts(name, indices, count, width, s.produced.get(i))
+            produced = s.produced.get(i)
+            debug.check_counts(name, indices, count, width, produced, owners)
         span = span + (width if count is None else count)
-    debug.check_scatter(s.table.fields[fields[0]].name, indices, starts, span, size)
+    head = s.table.fields[fields[0]].name
+    debug.check_scatter(head, indices, starts, span, size, owners)
 
 
 def scatter_kept(
@@ -621,6 +633,7 @@ def _name_outside(
     widths: list[int],
     counts: list[torch.Tensor | None],
     size: int,
+    owners: Owners | None,
 ) -> None:
     """Refuse the first request whose values fall outside the target (debug off, on
     the host: Note [Scatter destinations]), once ``scatter_span`` found one. A count is
@@ -635,16 +648,16 @@ def _name_outside(
         for i, width, each in zip(fields, widths, taken):
             count = min(max(each[j], 0), width)
             if count and (at < 0 or at + count > size):
+                who = request_at(j, int(indices[j]), owners)
                 raise RelayError(
-                    f"{s.table.what(i)}: request {j} (slot {int(indices[j])}) puts its "
-                    f"{count} value(s) from {at}, outside the target's {size} "
-                    "positions. Nothing was written"
+                    f"{s.table.what(i)}: {who} puts its {count} value(s) from {at}, "
+                    f"outside the target's {size} positions. Nothing was written"
                 )
             at += each[j]
 
 
 def stashed_counts(
-    s: MapState, indices: torch.Tensor, payload: object
+    s: MapState, indices: torch.Tensor, payload: object, owners: Owners | None = None
 ) -> dict[int, torch.Tensor]:
     """Debug mode: the producer's count of each counted scatter field, from the
     payload attribute named after its ``lengths`` (Note [Counted scatters]); checked
@@ -680,7 +693,8 @@ def stashed_counts(
             )
         count = value.reshape(-1).long()
         if s.buffers[i] is not None:  # a lazy one's width comes with its first rows
-            debug.check_counts(f.name, indices, count, math.prod(s.rows[i]))
+            width = math.prod(s.rows[i])
+            debug.check_counts(f.name, indices, count, width, None, owners)
         counts[i] = count
     return counts
 
@@ -763,8 +777,8 @@ def stash(
     """``stash`` off the common case (Note [One body])."""
     table = s.table
     values = [getattr(payload, table.fields[i].payload_name) for i in table.forward]
-    counts = stashed_counts(s, indices, payload)
-    if _write(s, "stash", table.forward, indices, values, owners) and counts:
+    counts = stashed_counts(s, indices, payload, owners)
+    if _write(s, "stash", table.forward, indices, values, owners, counts) and counts:
         record_counts(s, indices, counts)
 
 
@@ -789,10 +803,12 @@ def _write(
     indices: torch.Tensor,
     given: Sequence[torch.Tensor | None],
     owners: Owners | None = None,
+    counts: Mapping[int, torch.Tensor] | None = None,
 ) -> bool:
     """Every check before any write, so a refused call leaves the map as it was;
-    whether there was a row to write."""
-    values = _checked(s, op, fields, indices, given, owners)
+    whether there was a row to write. ``counts``: debug mode's count of each counted
+    scatter field's real values per row (its guard checks those only)."""
+    values = _checked(s, op, fields, indices, given, owners, counts)
     if values is None:
         return False
     slots, checked = values
@@ -839,6 +855,7 @@ def _checked(
     indices: torch.Tensor,
     given: Sequence[torch.Tensor | None],
     owners: Owners | None,
+    counts: Mapping[int, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, list[torch.Tensor | None]] | None:
     """The int64 slots and the values ready to write, or ``None`` for zero slots;
     refuses what cannot be written, naming it, before anything is written. A 0-dim
@@ -875,8 +892,19 @@ def _checked(
         for i, value in zip(fields, values):
             guard = _guard(table.fields[i])
             if guard is not None and value is not None:
-                guard(value, table.what(i))
+                count = None if counts is None else counts.get(i)
+                guard(value if count is None else _counted(value, count), table.what(i))
     return slots, values
+
+
+def _counted(value: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    """``value``'s rows with each value past the row's count replaced by 1, which
+    every guard passes: a counted row's tail is no value (vLLM fills it with -1), and
+    no resolve reads it (Note [Counted scatters])."""
+    rows = value.reshape(count.numel(), -1)
+    columns = torch.arange(rows.shape[1], device=rows.device)
+    real = columns < count.to(rows.device).unsqueeze(1)
+    return torch.where(real, rows, torch.ones((), dtype=rows.dtype, device=rows.device))
 
 
 def _check_owners(what: str, owners: Owners, count: int) -> None:
@@ -940,8 +968,8 @@ def seed(
                 "rows of the steps it runs, and a seeded request ran none here. "
                 "Nothing was written"
             )
-    counts = stashed_counts(s, indices, payload)
-    checked = _checked(s, "seed", table.forward, indices, given, owners)
+    counts = stashed_counts(s, indices, payload, owners)
+    checked = _checked(s, "seed", table.forward, indices, given, owners, counts)
     if checked is not None:
         slots, values = checked
         copies = [None if v is None else v.detach().clone() for v in values]

@@ -198,14 +198,31 @@ def _scatter_read(schema: Schema, f: Field, target: str) -> list[str]:
     i = schema.fields.index(f)
     rows = naming.value_local(f)
     flat = ".flatten()" if f.shape else ""
-    at = f"_rt.scatter_at(self._state, {i}, batch.{f.offsets}, indices, {target})"
+    args = ["self._state", str(i), f"batch.{f.offsets}", "indices", target]
+    at = join("_rt.scatter_at(", [*args, *_owners(schema)])
     return [
         *_stashed(schema, f),
         f"{rows} = {_buf(f)}.index_select(0, indices){flat}",
         f"{target}.index_copy_(0, {at}, {rows})",
-        "if debug is not None:",
-        f"    _rt.scattered(self._state, {i}, {target})",
     ]
+
+
+def _scattered(
+    schema: Schema, reads: Sequence[Field], spelled: dict[str, str]
+) -> list[str]:
+    """Debug mode's check of each scatter target once its reads were checked: a slot
+    with nothing to hand over is named as such before its poison in the target could
+    be taken for a placeholder no request covered."""
+    lines = []
+    for f in reads:
+        if f.resolve is not Resolve.SCATTER or f.target is None:
+            continue
+        span = _span(schema, f)
+        if span and f is not max(span, key=schema.fields.index):
+            continue
+        i = schema.fields.index(f)
+        lines.append(f"_rt.scattered(self._state, {i}, {spelled[f.target]})")
+    return lines
 
 
 def _span(schema: Schema, f: Field) -> list[Field]:
@@ -245,6 +262,7 @@ def _span_read(schema: Schema, span: Sequence[Field], target: str) -> list[str]:
         "indices",
         target,
         tup(counts),
+        *_owners(schema),
     ]
     return [
         *(line for g in span for line in _stashed(schema, g)),
@@ -253,8 +271,6 @@ def _span_read(schema: Schema, span: Sequence[Field], target: str) -> list[str]:
             for g, local in zip(span, locals_)
         ),
         join("_rt.scatter_span(", args),
-        "if debug is not None:",
-        f"    _rt.scattered(self._state, {positions[-1]}, {target})",
     ]
 
 
@@ -472,11 +488,14 @@ def resolve_future(
         lines += [s for f in reads for s in _stashed(schema, f)]
         lines += _fused_block(schema, reads, fused)
     lines += _reads(schema, outside, fused, spelled)
-    reports = _placeholder_reports(schema, outside)
+    reports = _placeholder_reports(schema, outside) + _scattered(
+        schema, outside, spelled
+    )
     absent = []
     for parent, fields in under.items():
         body = _reads(schema, fields, fused, spelled)
         placeholders = _placeholder_reports(schema, fields)
+        placeholders += _scattered(schema, fields, spelled)
         if parents[parent] is IfNone.REFUSE:
             lines += body
             reports += placeholders
