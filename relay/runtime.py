@@ -234,10 +234,14 @@ class MapState:
 
 
 def check_dim(table: Table, name: str, value: int) -> int:
-    """A dim given to a constructor must be a positive int."""
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+    """A dim given to a constructor must be a positive int; 0 too where only counted
+    scatter fields use it (vLLM's draft width without speculation: every count is 0)."""
+    counted = [f.lengths is not None for f in table.fields if name in f.shape]
+    low = 0 if counted and all(counted) else 1
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        kind = "a non-negative" if low == 0 else "a positive"
         raise ValueError(
-            f"{table.owner}: dim {name!r} must be a positive int (got {value!r} that is "
+            f"{table.owner}: dim {name!r} must be {kind} int (got {value!r} that is "
             f"a {type(value).__name__})"
         )
     return value
@@ -656,6 +660,19 @@ def _name_outside(
             at += each[j]
 
 
+def _widened(s: MapState, i: int, value: object) -> object:
+    """A counted field's rows narrower than its buffer's, padded to its width with
+    zeros (vLLM's drafts are as wide as the step's draft count, which changes per
+    step); the counts keep the padding from being read (Note [Counted scatters])."""
+    f = s.table.fields[i]
+    if f.lengths is None or not isinstance(value, torch.Tensor) or value.ndim != 2:
+        return value
+    width = math.prod(s.rows[i]) if s.buffers[i] is not None else None
+    if width is None or len(f.shape) != 1 or value.shape[1] >= width:
+        return value
+    return torch.nn.functional.pad(value, (0, width - value.shape[1]))
+
+
 def stashed_counts(
     s: MapState, indices: torch.Tensor, payload: object, owners: Owners | None = None
 ) -> dict[int, torch.Tensor]:
@@ -694,6 +711,9 @@ def stashed_counts(
         count = value.reshape(-1).long()
         if s.buffers[i] is not None:  # a lazy one's width comes with its first rows
             width = math.prod(s.rows[i])
+            rows = getattr(payload, f.payload_name)
+            if isinstance(rows, torch.Tensor) and rows.ndim == 2 and len(f.shape) == 1:
+                width = min(width, rows.shape[1])  # a narrower step (_widened)
             debug.check_counts(f.name, indices, count, width, None, owners)
         counts[i] = count
     return counts
@@ -776,7 +796,10 @@ def stash(
 ) -> None:
     """``stash`` off the common case (Note [One body])."""
     table = s.table
-    values = [getattr(payload, table.fields[i].payload_name) for i in table.forward]
+    values = [
+        _widened(s, i, getattr(payload, table.fields[i].payload_name))
+        for i in table.forward
+    ]
     counts = stashed_counts(s, indices, payload, owners)
     if _write(s, "stash", table.forward, indices, values, owners, counts) and counts:
         record_counts(s, indices, counts)
