@@ -29,11 +29,16 @@ from relay.schema import (
     Alloc,
     Field,
     Guard,
+    HostCopy,
     IfNone,
     Lane,
     Layout,
     Resolve,
+    Scatter,
+    ScheduleSlots,
     Schema,
+    Tails,
+    TailsKv,
     TargetShape,
     Unwritten,
     resolve_method,
@@ -48,6 +53,7 @@ __all__ = [
     "Fence",
     "Field",
     "Guard",
+    "HostCopy",
     "HostMirror",
     "IfNone",
     "Lane",
@@ -55,9 +61,13 @@ __all__ = [
     "MapState",
     "Owners",
     "Resolve",
+    "Scatter",
+    "ScheduleSlots",
     "Schema",
     "Seed",
     "Table",
+    "Tails",
+    "TailsKv",
     "TargetShape",
     "Unwritten",
     "adopted",
@@ -236,7 +246,11 @@ class MapState:
 def check_dim(table: Table, name: str, value: int) -> int:
     """A dim given to a constructor must be a positive int; 0 too where only counted
     scatter fields use it (vLLM's draft width without speculation: every count is 0)."""
-    counted = [f.lengths is not None for f in table.fields if name in f.shape]
+    counted = [
+        f.scatter is not None and f.scatter.lengths is not None
+        for f in table.fields
+        if name in f.shape
+    ]
     low = 0 if counted and all(counted) else 1
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         kind = "a non-negative" if low == 0 else "a positive"
@@ -375,7 +389,8 @@ def scatter_at(
     offset, then its row's columns (Note [Scatter destinations]); refused, naming the
     request (by its id where ``owners`` names them), before anything is written."""
     f = s.table.fields[i]
-    what = f"{s.table.what(i)}: batch.{f.offsets}"
+    offsets_path = f.scatter.offsets if f.scatter is not None else None
+    what = f"{s.table.what(i)}: batch.{offsets_path}"
     n = indices.numel()
     if (
         not isinstance(offsets, torch.Tensor)
@@ -430,7 +445,7 @@ def scattered(s: MapState, i: int, target: torch.Tensor) -> None:
     guarded = any(
         g.guard in (Guard.NON_NEGATIVE, Guard.POSITIVE)
         for g in s.table.fields
-        if g.resolve is Resolve.SCATTER and g.target == f.target
+        if g.scatter is not None and g.target == f.target
     )
     if s.debug is not None and guarded:
         s.debug.check_scattered(f.name, target)
@@ -498,17 +513,19 @@ def scatter_span(
     table = s.table
     n = indices.numel()
     home = target.device
+    scatters = [table.fields[i].scatter for i in fields]
     starts = _per_request(
-        s, fields[0], table.fields[fields[0]].offsets, offsets, n, home
+        s, fields[0], scatters[0].offsets if scatters[0] else None, offsets, n, home
     )
     counts: list[torch.Tensor | None] = []
     widths: list[int] = []
-    for i, value in zip(fields, lengths):
+    for i, scatter, value in zip(fields, scatters, lengths):
         widths.append(math.prod(s.rows[i]))
         if value is None:
             counts.append(None)
         else:
-            counts.append(_per_request(s, i, table.fields[i].lengths, value, n, home))
+            path = scatter.lengths if scatter else None
+            counts.append(_per_request(s, i, path, value, n, home))
     debug = s.debug
     if debug is not None:
         size = target.numel()
@@ -660,12 +677,13 @@ def _name_outside(
             at += each[j]
 
 
-def _widened(s: MapState, i: int, value: object) -> object:
+def _widened(s: MapState, i: int, value: torch.Tensor | None) -> torch.Tensor | None:
     """A counted field's rows narrower than its buffer's, padded to its width with
     zeros (vLLM's drafts are as wide as the step's draft count, which changes per
     step); the counts keep the padding from being read (Note [Counted scatters])."""
     f = s.table.fields[i]
-    if f.lengths is None or not isinstance(value, torch.Tensor) or value.ndim != 2:
+    counted = f.scatter is not None and f.scatter.lengths is not None
+    if not counted or not isinstance(value, torch.Tensor) or value.ndim != 2:
         return value
     width = math.prod(s.rows[i]) if s.buffers[i] is not None else None
     if width is None or len(f.shape) != 1 or value.shape[1] >= width:
@@ -687,9 +705,10 @@ def stashed_counts(
     counts = {}
     for i in table.forward:
         f = table.fields[i]
-        if f.lengths is None:
+        scatter = f.scatter
+        if scatter is None or scatter.lengths is None:
             continue
-        name = f.lengths.rsplit(".", 1)[-1]
+        name = scatter.lengths.rsplit(".", 1)[-1]
         value = getattr(payload, name)
         if not (
             isinstance(value, torch.Tensor)

@@ -40,15 +40,21 @@ __all__ = [
     "Field",
     "FromPayload",
     "Guard",
+    "HostCopy",
     "IfNone",
     "Lane",
     "Layout",
     "Resolve",
+    "Scatter",
+    "ScheduleSlots",
     "Schema",
     "SourceLocation",
+    "Tails",
+    "TailsKv",
     "TargetShape",
     "Unwritten",
     "bundled_names",
+    "extra",
     "resolve_method",
 ]
 
@@ -75,17 +81,14 @@ class Alloc(enum.Enum):
 
 
 class Resolve(enum.Enum):
-    """How a field's value reaches the batch."""
+    """How a field's value reaches the batch; a scatter is ``Scatter(...)``, which
+    names what only a scatter has (its offsets, counts and place in a span)."""
 
     #: ``target = buf[batch.<indices>]``.
     GATHER = "gather"
     #: The sentinel protocol: ``invalidate`` writes ``-slot`` into the target and the
     #: resolve replaces every negative ``x`` there by ``buf[-x]``, leaving the rest.
     PLACEHOLDER = "placeholder"
-    #: Rows into a flat target at per-request offsets: ``target[offsets[i] + j] =
-    #: buf[indices[i], j]``, one scatter (vLLM's input ids: each request's token and
-    #: drafts at its start offset). ``offsets`` names the batch's start offsets.
-    SCATTER = "scatter"
 
 
 class Guard(enum.Enum):
@@ -195,6 +198,107 @@ def _to_shape(value: Sequence[Dim] | Dim) -> Any:
     return value
 
 
+# Note [Grouped declarations]
+# An option that only means something together with others is one frozen value
+# naming what it declares (``Scatter``, ``HostCopy``, ``Tails``, ``ScheduleSlots``),
+# ``None`` on its owner when absent: a half-declared scatter or a KV table without
+# its locations cannot be written, so no rule has to refuse it. Each value
+# remembers the line that wrote it, so a problem inside one (a path already taken
+# by another role, say) is reported there. docs/design.md says why this split.
+
+
+@attrs.frozen
+class Scatter:
+    """``Field(resolve=Scatter(...))``: each request's row laid into a flat target at
+    the request's start offset, ``target[offsets[i] + j] = buf[indices[i], j]`` (vLLM's
+    input ids: each request's token, then its drafts)."""
+
+    #: Batch tensor of each request's start offset in the target (``"query_starts"``).
+    offsets: str
+    #: Batch tensor of each request's count of values to lay in (0 to the row's width),
+    #: e.g. ``"num_draft_tokens"``: only that many are written. The stash payload
+    #: carries the producer's count under the path's last name; debug mode reports a
+    #: request that reads more than its stash wrote.
+    lengths: str | None = None
+    #: Another scatter field into the same target from the same offsets; this field's
+    #: values start right after that field's in each request's span (the drafts after
+    #: the sampled token).
+    after: str | None = None
+    declared_at: SourceLocation = attrs.field(
+        factory=_declaration_site, kw_only=True, eq=False, repr=False
+    )
+
+
+@attrs.frozen
+class HostCopy:
+    """``Field(host=HostCopy(...))``: a schedule field's resolve also hands the scheduler
+    a host copy of the value, or its sum, or both."""
+
+    #: Batch attribute that receives a host copy (``"seq_lens_cpu"``).
+    mirror: str | None = None
+    #: Batch attribute that receives the host sum as an int (``"seq_lens_sum"``).
+    sum: str | None = None
+    #: The resolve takes ``stream_ordered=True`` to order its fence wait on the stream
+    #: (a device-side wait) instead of blocking the host before the copy.
+    stream_ordered: bool = False
+    declared_at: SourceLocation = attrs.field(
+        factory=_declaration_site, kw_only=True, eq=False, repr=False
+    )
+
+
+@attrs.frozen
+class TailsKv:
+    """``Tails(kv=TailsKv(...))``: the KV write locations a mixed batch's decode rows
+    get, read from the request-to-token table."""
+
+    #: Batch tensor of the KV write locations to rebuild (``"out_cache_loc"``).
+    locations: str
+    #: Batch tensor of the request-to-token table they are read from (``"req_to_token"``).
+    table: str
+    declared_at: SourceLocation = attrs.field(
+        factory=_declaration_site, kw_only=True, eq=False, repr=False
+    )
+
+
+@attrs.frozen
+class Tails:
+    """``Field(tails=Tails(...))``: ``resolve_tails`` late-binds a mixed batch's decode
+    rows (its last rows) from a schedule field's published lengths."""
+
+    #: Batch tensor of the decode rows' slots (``"mix_running_indices"``).
+    rows: str
+    #: The KV write locations to rebuild as well, ``table[slot, published + add - 1]``.
+    kv: TailsKv | None = None
+    #: What a decode row's length adds to its published one: 1 where the published
+    #: length is the committed one and the row decodes a token now (sglang), 0 where the
+    #: published length counts that token already.
+    add: int = 1
+    #: Batch attribute of a host list of ints whose last entries become each decode
+    #: row's prefix length, ``published + add - 1`` (sglang's ``prefix_lens``); built
+    #: from the field's host copy, so it needs ``host=HostCopy(mirror=...)``.
+    prefix: str | None = None
+    declared_at: SourceLocation = attrs.field(
+        factory=_declaration_site, kw_only=True, eq=False, repr=False
+    )
+
+
+@attrs.frozen
+class ScheduleSlots:
+    """``Schema(schedule=ScheduleSlots(...))``: where the schedule lane's resolves read
+    their slots and requests, when the scheduler's object names them its own way
+    (Note [Slots per lane]). Declared, the module has a second Protocol, the schedule
+    lane's batch, with only what the schedule resolves read and write."""
+
+    #: Batch attribute of the slots (the schema's ``indices`` when ``None``).
+    indices: str | None = None
+    #: Batch attribute naming each row's request, for debug mode (the schema's
+    #: ``owners`` when ``None``).
+    owners: str | None = None
+    declared_at: SourceLocation = attrs.field(
+        factory=_declaration_site, kw_only=True, eq=False, repr=False
+    )
+
+
 @attrs.frozen
 class Field:
     """One relay field: a device buffer of ``pool_size`` rows and how it is handed over.
@@ -220,14 +324,10 @@ class Field:
     source: str | None = None
     #: Dotted attribute path on the batch the value resolves to, e.g. ``spec_info.topk_p``.
     target: str | None = None
-    #: ``Resolve.GATHER``, ``Resolve.PLACEHOLDER`` or ``Resolve.SCATTER``.
-    resolve: Resolve = Resolve.GATHER
-    #: ``Resolve.SCATTER``: the batch tensor of each row's start offset in the target.
-    offsets: str | None = None
-    #: Schedule lane: batch attribute that receives a host copy (``seq_lens_cpu``).
-    host_mirror: str | None = None
-    #: Schedule lane: batch attribute that receives the host sum as an int (``seq_lens_sum``).
-    host_sum: str | None = None
+    #: ``Resolve.GATHER``, ``Resolve.PLACEHOLDER`` or a ``Scatter(...)``.
+    resolve: Resolve | Scatter = Resolve.GATHER
+    #: Schedule lane: a ``HostCopy(...)`` of the value for the scheduler's host.
+    host: HostCopy | None = None
     #: Value check on every stash or publish, in debug mode.
     guard: Guard = Guard.NONE
     #: What a row holds before its first write: ``Unwritten.ZEROS`` makes it zeros
@@ -237,15 +337,6 @@ class Field:
     target_shape: TargetShape = TargetShape.ROWS
     #: Doc string carried into the generated code.
     doc: str = ""
-    #: ``Resolve.SCATTER``: the batch tensor of each request's count of values to lay
-    #: in (0 to the row's width), e.g. ``"num_draft_tokens"``: only that many are
-    #: written. The stash payload carries the producer's count under the path's last
-    #: name; debug mode reports a request that reads more than its stash wrote.
-    lengths: str | None = None
-    #: ``Resolve.SCATTER``: another scatter field into the same target from the same
-    #: offsets; this field's values start right after that field's in each request's
-    #: span (the drafts after the sampled token).
-    after: str | None = None
     #: The engine allocates the buffer (the constructor's ``<name>_buf=``) and a captured
     #: graph writes its rows: a write may pass ``None`` (no scatter), ``graph_wrote``
     #: declares the graph's write.
@@ -253,25 +344,9 @@ class Field:
     #: Forward lane: ``stash_partial`` keeps this field's rows, and an optional kept
     #: field left out of ``stash`` keeps them too.
     kept: bool = False
-    #: Schedule lane: the resolve takes ``stream_ordered=True`` to order its read on the
-    #: stream (a device-side wait) instead of blocking the host.
-    stream_ordered: bool = False
-    #: Schedule lane: batch attribute of a mixed batch's decode-row slots (its last
-    #: rows); ``resolve_tails`` rebuilds their lengths from the published ones.
-    tails: str | None = None
-    #: With ``tails``: batch attribute of the KV write locations to rebuild as well.
-    tails_kv: str | None = None
-    #: With ``tails_kv``: batch attribute of the request-to-token table.
-    tails_kv_table: str | None = None
-    #: With ``tails``: what a decode row's length adds to its published one: 1 where the
-    #: published length is the committed one and the row decodes a token now (sglang),
-    #: 0 where the published length counts that token already. Its KV write location
-    #: is ``table[slot, published + tails_add - 1]``.
-    tails_add: int = 1
-    #: With ``tails`` and ``host_mirror``: batch attribute of a host list of ints whose
-    #: last entries become each decode row's prefix length, the tokens before the one
-    #: it decodes now (``published + tails_add - 1``): sglang's ``prefix_lens``.
-    tails_prefix: str | None = None
+    #: Schedule lane: a ``Tails(...)``, a mixed batch's decode rows whose lengths (and
+    #: KV locations, prefix lengths) ``resolve_tails`` rebuilds from the published ones.
+    tails: Tails | None = None
     declared_at: SourceLocation = attrs.field(
         factory=_declaration_site, kw_only=True, eq=False, repr=False
     )
@@ -281,13 +356,46 @@ class Field:
         """The payload attribute (or publish keyword) the value comes from."""
         return self.source if self.source is not None else self.name
 
+    @property
+    def scatter(self) -> Scatter | None:
+        """The field's ``Scatter``, if it resolves by one."""
+        return self.resolve if isinstance(self.resolve, Scatter) else None
+
+
+def extra(
+    name: str,
+    *,
+    shape: Sequence[Dim] | Dim = (),
+    target: str | None = None,
+    source: str | None = None,
+    doc: str = "",
+) -> Field:
+    """A forward field the producer may or may not make (sglang's draft extras): its
+    buffer is allocated by the first payload that carries it, with that payload's dtype
+    and row; a payload may leave it out, and a partial stash or a stash that leaves it
+    out keeps its rows. One declaration of what would otherwise be four options
+    (``dtype=FROM_PAYLOAD, alloc=Alloc.LAZY, optional=True, kept=True``)."""
+    return Field(
+        name,
+        lane=Lane.FORWARD,
+        dtype=FROM_PAYLOAD,
+        shape=shape,
+        alloc=Alloc.LAZY,
+        optional=True,
+        source=source,
+        target=target,
+        doc=doc,
+        kept=True,
+    )
+
 
 def resolve_method(field: Field) -> str:
     """A schedule field's resolve: named after its host mirror, else its target's leaf
     (``resolve_seq_lens_cpu``)."""
     if field.lane is not Lane.SCHEDULE:
         raise ValueError(f"{field.name} is not a schedule field")
-    leaf = field.host_mirror or field.target or field.name
+    mirror = field.host.mirror if isinstance(field.host, HostCopy) else None
+    leaf = mirror or field.target or field.name
     return f"resolve_{leaf.rsplit('.', 1)[-1]}"
 
 
@@ -329,14 +437,9 @@ class Schema:
     #: Batch attribute naming each row's request (ids), for debug mode: a value read by
     #: another request than the one whose forward stashed it is reported.
     owners: str | None = None
-    #: Batch attribute holding the slots for the schedule lane's resolves, where the
-    #: scheduler's object names them its own way (``indices`` when left out). Declared,
-    #: the module has a second Protocol, the schedule lane's batch, with only what
-    #: the schedule resolves read and write.
-    schedule_indices: str | None = None
-    #: Batch attribute naming each row's request for the schedule lane's resolves, in
-    #: debug mode (``owners`` when left out); declared, a second Protocol as above.
-    schedule_owners: str | None = None
+    #: Where the schedule lane's resolves read their slots and requests, when the
+    #: scheduler's object names them its own way: a ``ScheduleSlots(...)``.
+    schedule: ScheduleSlots | None = None
     declared_at: SourceLocation = attrs.field(
         factory=_declaration_site, kw_only=True, eq=False, repr=False
     )
@@ -382,29 +485,27 @@ class Schema:
 
     # Note [Slots per lane]
     # A schedule resolve is called by the scheduler, whose object may not be the
-    # forward's batch: ``schedule_indices`` and ``schedule_owners`` name where that
-    # lane's resolves read their slots and (in debug mode) their requests, each
-    # falling back to the schema's ``indices`` and ``owners``. Declaring either splits
-    # the batch Protocol in two, so a scheduler-side object with only the schedule
-    # lane's attributes type-checks. ``resolve_tails`` reads its own slots (``tails``)
+    # forward's batch: ``schedule=ScheduleSlots(indices=..., owners=...)`` names where
+    # that lane's resolves read their slots and (in debug mode) their requests, each
+    # falling back to the schema's ``indices`` and ``owners``. Declaring it splits the
+    # batch Protocol in two, so a scheduler-side object with only the schedule lane's
+    # attributes type-checks. ``resolve_tails`` reads its own slots (``Tails.rows``)
     # and stays with the forward batch it late-binds.
 
     @property
     def lanes_apart(self) -> bool:
         """Whether the schedule lane names its own slots or owners (Note [Slots per lane])."""
-        return self.schedule_indices is not None or self.schedule_owners is not None
+        return self.schedule is not None
 
     def slots_of(self, lane: Lane) -> str:
         """The batch attribute ``lane``'s resolves read their slots from."""
-        if lane is Lane.SCHEDULE and self.schedule_indices is not None:
-            return self.schedule_indices
-        return self.indices
+        own = self.schedule.indices if lane is Lane.SCHEDULE and self.schedule else None
+        return own if own is not None else self.indices
 
     def owners_of(self, lane: Lane) -> str | None:
         """The batch attribute ``lane``'s resolves read their requests from, if any."""
-        if lane is Lane.SCHEDULE and self.schedule_owners is not None:
-            return self.schedule_owners
-        return self.owners
+        own = self.schedule.owners if lane is Lane.SCHEDULE and self.schedule else None
+        return own if own is not None else self.owners
 
     def field(self, name: str) -> Field:
         """The field called ``name``; ``CompositionError`` (at the caller's line) if none is."""
@@ -430,8 +531,7 @@ class Schema:
         optional_parents: dict[str, IfNone] | None = None,
         seeded: bool | None = None,
         owners: str | None = None,
-        schedule_indices: str | None = None,
-        schedule_owners: str | None = None,
+        schedule: ScheduleSlots | None = None,
     ) -> Schema:
         """A new schema made of this one's fields and the differences given.
 
@@ -451,8 +551,7 @@ class Schema:
             "optional_parents": optional_parents,
             "seeded": seeded,
             "owners": owners,
-            "schedule_indices": schedule_indices,
-            "schedule_owners": schedule_owners,
+            "schedule": schedule,
         }
         return attrs.evolve(  # the options not given stay the base's
             self,

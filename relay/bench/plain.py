@@ -80,7 +80,8 @@ class _Builder:
             if not isinstance(f, Field):
                 raise Unsupported(f"{f!r} is not a field")
             if f.resolve is not Resolve.GATHER:
-                raise Unsupported(f"{f.name} resolves by {f.resolve.value}")
+                kind = "scatter" if f.scatter else getattr(f.resolve, "value", "?")
+                raise Unsupported(f"{f.name} resolves by {kind}")
         self._buffers(relay_map)
 
     def _value(self, f: Field) -> torch.Tensor | None:
@@ -209,23 +210,25 @@ class _Builder:
 
     def resolve_schedule(self, f: Field) -> list[str]:
         if f.name not in self.carried:
-            nones = [f.target, f.host_mirror, f.host_sum]
+            host = f.host
+            nones = [f.target, *((host.mirror, host.sum) if host else ())]
             return ["wait()", *(f"batch.{p} = None" for p in nones if p)]
         flat = ".flatten()" if f.target_shape is TargetShape.FLAT else ""
         lines = ["wait()", f"r = b_{f.name}.index_select(0, idx){flat}"]
         if f.target is not None:
             lines.append(f"batch.{f.target} = r")
-        if f.host_mirror is None and f.host_sum is None:
+        if f.host is None:
             return lines
+        host_mirror, host_sum = f.host.mirror, f.host.sum
         mirror = HostMirror(self.device, self.shape.pool)
         if mirror.copy is torch.Tensor.clone:
             lines.append("h = r.clone()")
         else:
             self.ns[f"copy_{f.name}"] = mirror.copy  # the device policy's host copy
             lines.append(f"h = copy_{f.name}(r)")
-        if f.host_mirror is not None:
-            lines.append(f"batch.{f.host_mirror} = h")
-        if f.host_sum is not None:
+        if host_mirror is not None:
+            lines.append(f"batch.{host_mirror} = h")
+        if host_sum is not None:
             # The generated map's host sum, its branch on the batch size taken here.
             integral = isinstance(f.dtype, torch.dtype) and not (
                 f.dtype.is_floating_point or f.dtype.is_complex
@@ -236,7 +239,7 @@ class _Builder:
                 total = "sum(h.tolist())"
             else:
                 total = "int(h.numpy().sum())"
-            lines.append(f"batch.{f.host_sum} = {total}")
+            lines.append(f"batch.{host_sum} = {total}")
         return lines
 
 

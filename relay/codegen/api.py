@@ -240,7 +240,8 @@ def plan(job: Job) -> list[Planned]:
                 f"{type(error).__name__}: {error}"
             ) from error
         bases = tuple(display(b, job.root) for b in loaded.bases)
-        planned.append(Planned(out_path, shown, content, source, digest, bases))
+        flat = files.flat_schema_hash(schema)
+        planned.append(Planned(out_path, shown, content, source, digest, bases, flat))
     if issues:
         raise (SchemaImportError if only_imports else SchemaError)(_unique(issues))
     return planned

@@ -75,6 +75,8 @@ def _canonical(value: object) -> object:
         return [_canonical(v) for v in value]
     if isinstance(value, (str, int, bool)) or value is None:
         return value
+    if attrs.has(type(value)):  # a grouped declaration: what it declares, by name
+        return {"": type(value).__name__, **_options(value, ("declared_at",))}
     return str(value)  # torch.dtype
 
 
@@ -96,8 +98,72 @@ def schema_hash(schema: Schema) -> str:
     """sha256 of the canonical schema: what it declares, not where or how it is spelled."""
     canonical = _options(schema, ("declared_at", "fields"))
     canonical["fields"] = [_options(f, ("declared_at",)) for f in schema.fields]
+    return _digest(canonical)
+
+
+def _digest(canonical: dict[str, object]) -> str:
     blob = json.dumps(canonical, sort_keys=True, separators=(",", ":"))
     return "sha256:" + hashlib.sha256(blob.encode()).hexdigest()
+
+
+# Note [Hashes of an earlier vocabulary]
+# A relay upgrade that spells options another way (the grouped declarations of
+# relay/schema.py replaced flat ``host_mirror=``, ``tails_kv=``, ...) changes every
+# hash without any schema changing. ``flat_schema_hash`` is the hash the flat
+# vocabulary gave the same declarations; ``--check`` compares a module's recorded
+# hash with it too and then says that relay's vocabulary changed, not the schema.
+
+#: Each group's options as the flat vocabulary spelled them, with their defaults.
+_FLAT = {
+    "resolve": (
+        ("offsets", "offsets", None),
+        ("lengths", "lengths", None),
+        ("after", "after", None),
+    ),
+    "host": (
+        ("mirror", "host_mirror", None),
+        ("sum", "host_sum", None),
+        ("stream_ordered", "stream_ordered", False),
+    ),
+    "tails": (
+        ("rows", "tails", None),
+        ("add", "tails_add", 1),
+        ("prefix", "tails_prefix", None),
+    ),
+    "schedule": (
+        ("indices", "schedule_indices", None),
+        ("owners", "schedule_owners", None),
+    ),
+}
+
+
+def flat_schema_hash(schema: Schema) -> str:
+    """The hash the flat vocabulary gave ``schema``'s declarations (Note [Hashes of an
+    earlier vocabulary])."""
+    canonical = _flat(_options(schema, ("declared_at", "fields")))
+    canonical["fields"] = [_flat(_options(f, ("declared_at",))) for f in schema.fields]
+    return _digest(canonical)
+
+
+def _flat(options: dict[str, object]) -> dict[str, object]:
+    found = dict(options)
+    for group, names in _FLAT.items():
+        value = found.get(group)
+        if not isinstance(value, dict):
+            continue
+        del found[group]
+        if value.get("") == "Scatter":
+            found["resolve"] = "scatter"
+        kv = value.get("kv")
+        if isinstance(kv, dict):
+            found["tails_kv"], found["tails_kv_table"] = (
+                kv.get("locations"),
+                kv.get("table"),
+            )
+        for name, flat, default in names:
+            if value.get(name, default) != default:
+                found[flat] = value[name]
+    return found
 
 
 def body_hash(body: str) -> str:
@@ -224,6 +290,9 @@ class Planned:
     schema_hash: str
     #: Schema modules ``source`` builds on (``Schema.load``), as messages show them.
     bases: tuple[str, ...] = ()
+    #: The hash relay's earlier, flat vocabulary gave the schema (Note [Hashes of an
+    #: earlier vocabulary]).
+    flat_hash: str = ""
 
 
 def refuse_foreign(planned: Sequence[Planned]) -> None:
@@ -516,6 +585,7 @@ def write_all(planned: Sequence[Planned], remove: Sequence[Path] = ()) -> WriteR
 class DriftKind(enum.Enum):
     MISSING = "missing"
     STALE = "stale"  # the schema changed since the file was generated
+    VOCABULARY = "vocabulary"  # same declarations, spelled in relay's new vocabulary
     GENERATOR = "generator"  # same schema, another relay version wrote it
     HEADER = "header"  # same schema and body, but it names another source or command
     HAND_EDITED = "hand-edited"
@@ -525,6 +595,7 @@ class DriftKind(enum.Enum):
 _KIND_TEXT = {
     DriftKind.MISSING: "missing",
     DriftKind.STALE: "stale (its schema changed)",
+    DriftKind.VOCABULARY: "stale (relay's vocabulary changed; its schema did not)",
     DriftKind.GENERATOR: "stale (another relay version generated it)",
     DriftKind.HEADER: "stale (its header names another schema path or command)",
     DriftKind.HAND_EDITED: "hand-edited",
@@ -589,6 +660,12 @@ def _drift_of(item: Planned, on_disk: str, command: str) -> Drift:
         fix = (
             f"generated files are never edited by hand: change {item.source}, then run "
             f"`{command}` (it overwrites the edit)"
+        )
+    elif found[0].schema_hash == item.flat_hash:
+        kind = DriftKind.VOCABULARY
+        fix = (
+            f"relay now spells {item.source}'s declarations another way (a relay "
+            f"upgrade); the schema itself is as it was: {regenerate}"
         )
     elif found[0].schema_hash != item.schema_hash:
         kind = DriftKind.STALE

@@ -124,16 +124,21 @@ def write(schema: Schema, op: str, fields: Sequence[Field], checked: str) -> lis
 def resolve_doc(f: Field) -> str:
     """The resolve doc string's line for ``f``'s target."""
     later = " (when the latest write carried it, else ``None``)" if f.optional else ""
-    if f.resolve is Resolve.SCATTER and (f.after or f.lengths):
-        after = f", after ``{f.after}``" if f.after else ""
-        count = f", the first ``batch.{f.lengths}`` of each row" if f.lengths else ""
-        return (
-            f"- ``batch.{f.target}``: from each row's ``batch.{f.offsets}``{after}, "
-            f"``{naming.buffer(f)}[indices]``{count}."
+    scatter = f.scatter
+    if scatter is not None and (scatter.after or scatter.lengths):
+        after = f", after ``{scatter.after}``" if scatter.after else ""
+        count = (
+            f", the first ``batch.{scatter.lengths}`` of each row"
+            if scatter.lengths
+            else ""
         )
-    if f.resolve is Resolve.SCATTER:
         return (
-            f"- ``batch.{f.target}``: from each row's ``batch.{f.offsets}``, "
+            f"- ``batch.{f.target}``: from each row's ``batch.{scatter.offsets}``"
+            f"{after}, ``{naming.buffer(f)}[indices]``{count}."
+        )
+    if scatter is not None:
+        return (
+            f"- ``batch.{f.target}``: from each row's ``batch.{scatter.offsets}``, "
             f"``{naming.buffer(f)}[indices]``."
         )
     if f.resolve is Resolve.PLACEHOLDER:
@@ -198,7 +203,9 @@ def _scatter_read(schema: Schema, f: Field, target: str) -> list[str]:
     i = schema.fields.index(f)
     rows = naming.value_local(f)
     flat = ".flatten()" if f.shape else ""
-    args = ["self._state", str(i), f"batch.{f.offsets}", "indices", target]
+    assert f.scatter is not None
+    offsets = f.scatter.offsets
+    args = ["self._state", str(i), f"batch.{offsets}", "indices", target]
     at = join("_rt.scatter_at(", [*args, *_owners(schema)])
     return [
         *_stashed(schema, f),
@@ -215,7 +222,7 @@ def _scattered(
     be taken for a placeholder no request covered."""
     lines = []
     for f in reads:
-        if f.resolve is not Resolve.SCATTER or f.target is None:
+        if f.scatter is None or f.target is None:
             continue
         span = _span(schema, f)
         if span and f is not max(span, key=schema.fields.index):
@@ -230,14 +237,14 @@ def _span(schema: Schema, f: Field) -> list[Field]:
     chains them; validation refused any other layout), where ``f`` counts its values or
     shares its target; else none. The span is read where its last field is declared."""
     shared = [
-        g
+        (g, scatter)
         for g in schema.fields
-        if g.resolve is Resolve.SCATTER and g.target == f.target
+        if (scatter := g.scatter) is not None and g.target == f.target
     ]
-    if len(shared) == 1 and f.lengths is None:
+    if len(shared) == 1 and shared[0][1].lengths is None:
         return []
-    following = {g.after: g for g in shared}
-    order = [next(g for g in shared if g.after is None)]
+    following = {s.after: g for g, s in shared}
+    order = [next(g for g, s in shared if s.after is None)]
     while order[-1].name in following and len(order) < len(shared):
         order.append(following[order[-1].name])
     return order
@@ -246,10 +253,10 @@ def _span(schema: Schema, f: Field) -> list[Field]:
 def _span_read(schema: Schema, span: Sequence[Field], target: str) -> list[str]:
     """Every field of one span: each gathered, then one checked scatter of them all
     (Note [Counted scatters] in runtime.py)."""
-    head = span[0]
+    scatters = [g.scatter for g in span if g.scatter is not None]
     positions = [str(schema.fields.index(g)) for g in span]
     locals_ = [naming.value_local(g) for g in span]
-    counts = [f"batch.{g.lengths}" if g.lengths else "None" for g in span]
+    counts = [f"batch.{s.lengths}" if s.lengths else "None" for s in scatters]
 
     def tup(items: list[str]) -> str:
         return join("(", items, ",)" if len(items) == 1 else ")")
@@ -258,7 +265,7 @@ def _span_read(schema: Schema, span: Sequence[Field], target: str) -> list[str]:
         "self._state",
         tup(positions),
         tup(locals_),
-        f"batch.{head.offsets}",
+        f"batch.{scatters[0].offsets}",
         "indices",
         target,
         tup(counts),
@@ -426,7 +433,7 @@ def _reads(
         target = spelled[f.target]
         if f.resolve is Resolve.PLACEHOLDER:
             lines += [*_stashed(schema, f), *_placeholder_read(f, target)]
-        elif f.resolve is Resolve.SCATTER:
+        elif f.scatter is not None:
             lines += _scatter_read(schema, f, target)
         elif fused is not None and f.name in fused.member_of:
             lines.append(_packed_read(f, target))
@@ -523,15 +530,16 @@ def _future_reports(
 
 def _host(f: Field, source: str) -> list[str]:
     """The host mirror and host sum of a schedule field, copied from ``source``."""
-    if f.host_mirror is None and f.host_sum is None:
+    if f.host is None:
         return []
+    mirror, total = f.host.mirror, f.host.sum
     copy = f"self.{naming.host_mirror(f)}.copy({source})"
-    if f.host_sum is None:
-        return [f"batch.{f.host_mirror} = {copy}"]
+    if total is None:
+        return [f"batch.{mirror} = {copy}"]
     stmts = [f"host = {copy}"]
-    if f.host_mirror is not None:
-        stmts.append(f"batch.{f.host_mirror} = host")
-    return [*stmts, f"batch.{f.host_sum} = _rt.host_sum(host)"]
+    if mirror is not None:
+        stmts.append(f"batch.{mirror} = host")
+    return [*stmts, f"batch.{total} = _rt.host_sum(host)"]
 
 
 def resolve_schedule(schema: Schema, f: Field) -> list[str]:
@@ -540,7 +548,7 @@ def resolve_schedule(schema: Schema, f: Field) -> list[str]:
     method = resolve_method(f)
     value = naming.value_local(f)
     lines, _bound = _prologue(schema, method, Lane.SCHEDULE)
-    if f.stream_ordered:
+    if f.host is not None and f.host.stream_ordered:
         lines += [
             "if stream_ordered:",
             "    self._state.fence.wait_on_stream()",
@@ -559,7 +567,9 @@ def resolve_schedule(schema: Schema, f: Field) -> list[str]:
     read += _host(f, value)
     if f.optional:
         flag = _carried(schema, f)
-        nones = [f.host_mirror, f.host_sum, f.target]
+        host = f.host
+        nones = [host.mirror, host.sum] if host is not None else []
+        nones.append(f.target)
         lines += [f"if {flag} and {_buf(f)} is not None:", *_indent(read), "else:"]
         lines += _indent([f"batch.{p} = None" for p in nones if p is not None])
     else:
@@ -581,11 +591,13 @@ def resolve_tails(schema: Schema, f: Field) -> list[str]:
     a stream-ordered fence wait, one gather, then each declared tail built on a copy of
     the batch's tensor, and only when all are built is the batch rebound (a refusal
     leaves it as it was); debug mode checks the second read."""
-    assert f.tails is not None and f.target is not None
+    tails = f.tails
+    assert tails is not None and f.target is not None
+    mirror, total = (f.host.mirror, f.host.sum) if f.host else (None, None)
     i = schema.fields.index(f)
     value = naming.value_local(f)
     lines = [
-        f"indices = batch.{f.tails}",
+        f"indices = batch.{tails.rows}",
         "if indices.numel() == 0:",
         "    return",
         "self._state.fence.wait_on_stream()",
@@ -595,23 +607,23 @@ def resolve_tails(schema: Schema, f: Field) -> list[str]:
         f"{value} = {_buf(f)}.index_select(0, indices)",
     ]
     bind = "_rt.bind_tails"
-    bound = [(f.target, "tail_lengths", bind, plus(value, f.tails_add))]
-    if f.tails_kv is not None:
-        locations = f"batch.{f.tails_kv_table}[indices, {plus(value, f.tails_add - 1)}]"
-        bound.append((f.tails_kv, "tail_locations", bind, locations))
-    if f.host_mirror is not None:  # validation: host_sum, tails_prefix need a mirror
+    bound = [(f.target, "tail_lengths", bind, plus(value, tails.add))]
+    if tails.kv is not None:
+        locations = f"batch.{tails.kv.table}[indices, {plus(value, tails.add - 1)}]"
+        bound.append((tails.kv.locations, "tail_locations", bind, locations))
+    if mirror is not None:  # validation: a sum, a prefix need a mirror here
         copied = f"self.{naming.host_mirror(f)}.copy({value})"
-        if f.tails_prefix is not None:  # one host copy for both
+        if tails.prefix is not None:  # one host copy for both
             lines.append(f"host = {copied}")
             copied = "host"
-        bound.append((f.host_mirror, "tail_host", bind, plus(copied, f.tails_add)))
-    if f.tails_prefix is not None:
-        rows = plus("host", f.tails_add - 1)
-        bound.append((f.tails_prefix, "tail_prefix", "_rt.bind_tail_list", rows))
+        bound.append((mirror, "tail_host", bind, plus(copied, tails.add)))
+    if tails.prefix is not None:
+        rows = plus("host", tails.add - 1)
+        bound.append((tails.prefix, "tail_prefix", "_rt.bind_tail_list", rows))
     lines += [f"{local} = {call}(batch.{a}, {rows})" for a, local, call, rows in bound]
     lines += [f"batch.{a} = {local}" for a, local, _, _ in bound]
-    if f.host_sum is not None:
-        lines.append(f"batch.{f.host_sum} = _rt.host_sum(tail_host)")
+    if total is not None:
+        lines.append(f"batch.{total} = _rt.host_sum(tail_host)")
     return [
         *lines,
         "if debug is not None:",

@@ -220,6 +220,23 @@ def _path_names(schema: Schema, path: str) -> set[str]:
     return names
 
 
+def field_paths(f: Field) -> list[str]:
+    """Every batch attribute path field ``f`` names, in declaration order."""
+    paths: list[object] = [f.target]
+    if f.scatter is not None:
+        paths += [f.scatter.offsets, f.scatter.lengths]
+    if f.host is not None:
+        paths += [f.host.mirror, f.host.sum]
+    if f.tails is not None:
+        kv = f.tails.kv
+        paths += [
+            f.tails.rows,
+            *((kv.locations, kv.table) if kv else ()),
+            f.tails.prefix,
+        ]
+    return [p for p in paths if isinstance(p, str)]
+
+
 def bound_names(schema: Schema) -> frozenset[str]:
     """Every name a module generated from ``schema`` binds: ``RESERVED`` plus the
     class, method, attribute, parameter and local names minted from the schema."""
@@ -228,23 +245,17 @@ def bound_names(schema: Schema) -> frozenset[str]:
     names.update(_path_names(schema, schema.indices))
     if schema.lanes_apart:  # Note [Slots per lane] in relay/schema.py
         names.add(schedule_protocol(schema))
-    for owners in (schema.owners, schema.schedule_indices, schema.schedule_owners):
+    lanes = schema.schedule
+    for owners in (schema.owners, *((lanes.indices, lanes.owners) if lanes else ())):
         if isinstance(owners, str):
             names.update(_path_names(schema, owners))
     for f in schema.fields:
         names.update({buffer(f), host_mirror(f), f.payload_name})
-        if isinstance(f.offsets, str):
-            names.update(_path_names(schema, f.offsets))
-        if isinstance(f.lengths, str):  # its last name is a payload attribute too
-            names.update(_path_names(schema, f.lengths))
         names.add(value_local(f))
         names.update(placeholder_locals(f))
-        for path in (f.target, f.host_mirror, f.host_sum):
-            if path is not None:
-                names.update(_path_names(schema, path))
-        for path in (f.tails, f.tails_kv, f.tails_kv_table, f.tails_prefix):
-            if isinstance(path, str):
-                names.update(_path_names(schema, path))
+        # a count's last name is a payload attribute too
+        for path in field_paths(f):
+            names.update(_path_names(schema, path))
         if f.lane is Lane.SCHEDULE:
             names.add(resolve_method(f))
         names.update(d for d in f.shape if isinstance(d, str))

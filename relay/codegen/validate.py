@@ -17,18 +17,24 @@ import torch
 
 from relay.codegen import naming
 from relay.codegen.layout import packed_groups
+from relay.codegen.roles import Role, clash, role_table
 from relay.errors import SchemaIssue
 from relay.schema import (
     Alloc,
     Field,
     FromPayload,
     Guard,
+    HostCopy,
     IfNone,
     Lane,
     Layout,
     Resolve,
+    Scatter,
+    ScheduleSlots,
     Schema,
     SourceLocation,
+    Tails,
+    TailsKv,
     TargetShape,
     Unwritten,
     resolve_method,
@@ -85,8 +91,18 @@ class _Collector:
         """``schemas/eagle.py:42``, for messages that point at another declaration."""
         return f"{self.display(loc.file)}:{loc.line}"
 
-    def add(self, field: Field | None, problem: str, fix: str) -> None:
-        loc = field.declared_at if field is not None else self.schema.declared_at
+    def add(
+        self,
+        field: Field | None,
+        problem: str,
+        fix: str,
+        at: SourceLocation | None = None,
+    ) -> None:
+        """An issue of ``field`` (the schema's, ``None``), at ``at`` where a grouped
+        declaration inside it is at fault, else at the field's (the schema's) line."""
+        if at is None:
+            at = field.declared_at if field is not None else self.schema.declared_at
+        loc = at
         name = field.name if field is not None and isinstance(field.name, str) else None
         self.issues.append(
             SchemaIssue(
@@ -104,13 +120,15 @@ def validate(schema: Schema, display: Callable[[str], str]) -> list[SchemaIssue]
             f"schema name must be a Python identifier (got {_got(schema.name)})",
             'name the schema like a class, e.g. name="DecodeFutureMap"',
         )
-    if not _valid_path(schema.indices):
-        c.add(
-            None,
-            f"indices must be a dotted attribute path such as 'req_pool_indices' "
-            f"(got {_got(schema.indices)})",
-            'write indices="req_pool_indices"',
-        )
+    for option, path in (("indices", schema.indices), ("owners", schema.owners)):
+        if (path is not None or option == "indices") and not _valid_path(path):
+            c.add(
+                None,
+                f"{option} must be a dotted attribute path of the batch such as "
+                f"{_EXAMPLE[option]!r} (got {_got(path)})",
+                f'write {option}="{_EXAMPLE[option]}"'
+                + (", or leave it out" if option == "owners" else ""),
+            )
     for owner, problem, fix in _name_and_doc_problems(schema):
         c.add(owner, problem, fix)
     if not schema.fields:
@@ -134,11 +152,31 @@ def validate(schema: Schema, display: Callable[[str], str]) -> list[SchemaIssue]
     _check_layout(c)
     _check_docs(c, fields)
     _check_parents(c, fields)
-    _check_seeds_and_owners(c, fields)
+    _check_seeded(c, fields)
     _check_counted_scatters(c, fields)
     _check_partial_and_tails(c, fields)
-    _check_lanes_apart(c, fields)
+    _check_schedule_slots(c, fields)
+    table = role_table(schema)
+    _check_roles(c, table)
+    _check_protocols(c, table)
     return c.issues
+
+
+#: Example paths, as the fixes spell them.
+_EXAMPLE = {
+    "indices": "req_pool_indices",
+    "owners": "rids",
+    "ScheduleSlots(indices=...)": "req_pool_indices",
+    "ScheduleSlots(owners=...)": "rids",
+    "Scatter(offsets=...)": "query_start_loc",
+    "Scatter(lengths=...)": "num_draft_tokens",
+    "HostCopy(mirror=...)": "seq_lens_cpu",
+    "HostCopy(sum=...)": "seq_lens_sum",
+    "Tails(rows=...)": "mix_running_indices",
+    "Tails(prefix=...)": "prefix_lens",
+    "TailsKv(locations=...)": "out_cache_loc",
+    "TailsKv(table=...)": "req_to_token",
+}
 
 
 def _check_handover(c: _Collector, f: Field) -> None:
@@ -175,7 +213,8 @@ def _check_handover(c: _Collector, f: Field) -> None:
 
 
 def _check_parents(c: _Collector, fields: list[Field]) -> None:
-    """``optional_parents``: attributes of the batch that hold resolve targets."""
+    """``optional_parents``: attributes of the batch that hold resolve targets (what
+    may go through one is the role table's rule, ``_check_roles``)."""
     parents = c.schema.optional_parents
     fix = 'write optional_parents={"spec_info": IfNone.SKIP}'
     if not isinstance(parents, tuple) or not all(
@@ -184,6 +223,9 @@ def _check_parents(c: _Collector, fields: list[Field]) -> None:
         c.add(None, f"optional_parents must be a dict (got {_got(parents)})", fix)
         return
     firsts = {_first(f.target) for f in fields if _nested(f.target)}
+    slots = [c.schema.indices]
+    if isinstance(c.schema.schedule, ScheduleSlots):
+        slots.append(c.schema.schedule.indices)
     for name, how in parents:
         if not isinstance(how, IfNone):
             c.add(
@@ -191,39 +233,17 @@ def _check_parents(c: _Collector, fields: list[Field]) -> None:
                 f"optional_parents[{name!r}] must be an IfNone (got {_got(how)})",
                 fix,
             )
-        slots = [
-            p
-            for p in (c.schema.indices, c.schema.schedule_indices)
-            if isinstance(p, str)
-        ]
         if not isinstance(name, str) or (
-            name not in firsts and not any(name in (p.split(".")[0], p) for p in slots)
+            name not in firsts
+            and not any(name in (_first(p), p) for p in slots if isinstance(p, str))
         ):
             c.add(
                 None,
                 f"optional_parents names {name!r}, which is the first part of no "
-                "target path, nor of indices (or schedule_indices), nor the indices "
-                "path itself",
+                "target path, nor of the slots (indices, ScheduleSlots(indices=...)), "
+                "nor the slots path itself",
                 'name the batch attribute a target goes through, e.g. "spec_info", '
                 'or the slots path, e.g. "spec_info.future_indices"',
-            )
-    named = {name for name, _ in parents}
-    for f in fields:
-        for role in ("host_mirror", "host_sum"):
-            path = getattr(f, role)
-            if _nested(path) and path.split(".")[0] in named:
-                c.add(
-                    f,
-                    f"{role} {path!r} goes through an optional parent; a host copy "
-                    "is handed over whatever the batch holds",
-                    f"give {role} a path outside {path.split('.')[0]!r}",
-                )
-        if f.lane is Lane.SCHEDULE and _nested(f.target) and _first(f.target) in named:
-            c.add(
-                f,
-                f"target {f.target!r} of a schedule field goes through an optional "
-                "parent; a schedule resolve hands its value whatever the batch holds",
-                "resolve schedule fields into a path outside the optional parent",
             )
 
 
@@ -235,7 +255,7 @@ def _first(path: str | None) -> str:
     return (path or "").split(".")[0]
 
 
-def _check_seeds_and_owners(c: _Collector, fields: list[Field]) -> None:
+def _check_seeded(c: _Collector, fields: list[Field]) -> None:
     if not isinstance(c.schema.seeded, bool):
         c.add(
             None,
@@ -250,53 +270,6 @@ def _check_seeds_and_owners(c: _Collector, fields: list[Field]) -> None:
             "seeded=True makes seed(indices, payload) hand rows to the next "
             "resolve_future, but the schema resolves no forward-lane field",
             "leave seeded out, or give a forward-lane field a target",
-        )
-    owners = c.schema.owners
-    if owners is not None and not _valid_path(owners):
-        c.add(
-            None,
-            f"owners must be a dotted attribute path of the batch such as 'rids' "
-            f"(got {_got(owners)})",
-            'write owners="rids" (each row\'s request id), or leave it out',
-        )
-    _check_owners_parent(c, "owners", owners, "every write and resolve")
-    # What a resolve reads (the owners, a scatter's offsets) must not be what a resolve
-    # writes: the first resolve would overwrite it before it is read.
-    written = {
-        path: f
-        for f in fields
-        for path in (f.target, f.host_mirror, f.host_sum)
-        if isinstance(path, str)
-    }
-    read: list[tuple[Field | None, str, object]] = [(None, "owners", owners)]
-    read += [(f, "offsets", f.offsets) for f in fields]
-    for field, what, path in read:
-        if isinstance(path, str) and path in written:
-            c.add(
-                field,
-                f"{what}={path!r} is also where {written[path].name!r} resolves to: "
-                "the resolve would overwrite it before reading it",
-                f"read {what} from a batch attribute no field writes",
-            )
-
-
-def _check_owners_parent(
-    c: _Collector, option: str, owners: str | None, when: str
-) -> None:
-    """Owners are read whatever the batch holds, so no optional parent may hold them."""
-    parents = (
-        {p for p, _ in c.schema.optional_parents}
-        if isinstance(c.schema.optional_parents, tuple)
-        else set()
-    )
-    if _valid_path(owners) and (
-        owners in parents or (_nested(owners) and _first(owners) in parents)
-    ):
-        c.add(
-            None,
-            f"{option}={owners!r} goes through an optional parent; debug mode reads the "
-            f"owners of {when}, whatever the batch holds",
-            f"name an attribute outside optional_parents for {option}",
         )
 
 
@@ -333,7 +306,8 @@ def _check_field(c: _Collector, f: Field) -> None:
     _check_shape(c, f)
     _check_target(c, f)
     _check_handover(c, f)
-    _check_left_and_late(c, f)
+    _check_groups(c, f)
+    _check_left(c, f)
 
 
 def _check_name(c: _Collector, f: Field) -> None:
@@ -408,12 +382,12 @@ def _check_options(c: _Collector, f: Field) -> None:
             f"or a reserved name (got {_got(f.source)})",
             'write source="next_token_ids", or leave it out to use the field name',
         )
-    if not isinstance(f.resolve, Resolve):
+    if not isinstance(f.resolve, (Resolve, Scatter)):
         c.add(
             f,
-            "resolve must be Resolve.GATHER, Resolve.PLACEHOLDER or Resolve.SCATTER "
+            "resolve must be Resolve.GATHER, Resolve.PLACEHOLDER or a Scatter(...) "
             f"(got {_got(f.resolve)})",
-            "write resolve=Resolve.GATHER, Resolve.PLACEHOLDER or Resolve.SCATTER",
+            'write resolve=Resolve.GATHER, or resolve=Scatter(offsets="query_starts")',
         )
     if not isinstance(f.guard, Guard):
         c.add(
@@ -427,10 +401,12 @@ def _check_options(c: _Collector, f: Field) -> None:
         c.add(f, f"doc must be a str (got {_got(f.doc)})", 'write doc="..."')
 
 
-def _add_all(c: _Collector, f: Field, problems: list[Problem]) -> None:
-    """The problems one rule found with ``f``."""
+def _add_all(
+    c: _Collector, f: Field, problems: list[Problem], at: SourceLocation | None = None
+) -> None:
+    """The problems one rule found with ``f`` (with a group of it, declared ``at``)."""
     for problem, fix in problems:
-        c.add(f, problem, fix)
+        c.add(f, problem, fix, at)
 
 
 def _check_shape(c: _Collector, f: Field) -> None:
@@ -477,54 +453,16 @@ def _check_target(c: _Collector, f: Field) -> None:
             "a schedule field needs a target on the batch to resolve into (got target=None)",
             'add target="<batch attribute>", e.g. target="seq_lens"',
         )
-    if isinstance(f.resolve, Resolve):
+    if isinstance(f.resolve, (Resolve, Scatter)):
         _add_all(c, f, _placeholder_problems(f))
         _add_all(c, f, _scatter_problems(f))
-    for option in ("host_mirror", "host_sum"):
-        value = getattr(f, option)
-        if value is None:
-            continue
-        if f.lane is not Lane.SCHEDULE:
-            c.add(
-                f,
-                f"{option} mirrors a value to the scheduler's host, so it needs "
-                f"lane=Lane.SCHEDULE (got lane={f.lane})",
-                f"remove {option}=..., or move the field to Lane.SCHEDULE",
-            )
-        if not _valid_path(value):
-            c.add(
-                f,
-                f"{option} must be a dotted attribute path such as 'seq_lens_cpu' "
-                f"(got {_got(value)})",
-                f'write {option}="<batch attribute>"',
-            )
-        elif option == "host_sum" and isinstance(f.shape, tuple) and f.shape:
-            c.add(
-                f,
-                f"host_sum sums one value per slot, so it needs shape=() (got {f.shape!r})",
-                "remove host_sum=..., or use host_mirror=... for rows",
-            )
-        if option == "host_sum" and (
-            isinstance(f.dtype, FromPayload)
-            or (
-                isinstance(f.dtype, torch.dtype)
-                and (f.dtype.is_floating_point or f.dtype.is_complex)
-            )
-        ):
-            got = "FROM_PAYLOAD" if isinstance(f.dtype, FromPayload) else str(f.dtype)
-            c.add(
-                f,
-                "host_sum hands the batch an int, so it needs a fixed integer dtype; "
-                f"a float sum would be truncated (got dtype={got})",
-                "give dtype=torch.int64, or remove host_sum=... and sum the host_mirror "
-                "yourself",
-            )
 
 
 def _check_unique(c: _Collector, fields: list[Field]) -> None:
+    """Names, payload attributes and schedule resolves, each once (paths: the role
+    table)."""
     first_name: dict[str, Field] = {}
     first_source: dict[tuple[Lane, str], Field] = {}
-    first_path: dict[str, tuple[Field, str]] = {}
     first_method: dict[str, Field] = {}
     for f in fields:
         if not isinstance(f.name, str):
@@ -551,98 +489,27 @@ def _check_unique(c: _Collector, fields: list[Field]) -> None:
                 )
             else:
                 first_source[key] = f
-        if f.lane is Lane.SCHEDULE and _valid_path(f.host_mirror or f.target or ""):
-            method = resolve_method(f)
-            if method in naming.METHODS:
-                c.add(
-                    f,
-                    f"its schedule resolve would be named {method}(), which every map "
-                    "defines for another purpose",
-                    "give it another target or host_mirror",
-                )
-            elif method in first_method:
-                other = first_method[method]
-                c.add(
-                    f,
-                    f"its schedule resolve would be named {method}(), like that of "
-                    f"field {other.name!r} ({c.where(other.declared_at)})",
-                    "give one of them a different target or host_mirror",
-                )
-            else:
-                first_method[method] = f
-        for role in ("target", "host_mirror", "host_sum"):
-            path = getattr(f, role)
-            if not _valid_path(path):
-                continue
-            if path in first_path and not _spans_one_target(fields, f, role):
-                other, other_role = first_path[path]
-                c.add(
-                    f,
-                    f"{role} {path!r} is also the {other_role} of field {other.name!r} "
-                    f"({c.where(other.declared_at)}); two fields cannot resolve into one "
-                    "attribute",
-                    f"give field {f.name!r} another {role}",
-                )
-                continue
-            first_path[path] = (f, role)
-    _check_paths(c, first_path)
-
-
-def _check_paths(c: _Collector, first_path: dict[str, tuple[Field, str]]) -> None:
-    """Every path a field resolves into, against the others and the generated names."""
-    # A path cannot be both an attribute and the owner of nested attributes, and the
-    # indices attribute is read, never written.
-    taken = {
-        naming.payload_class(c.schema),
-        naming.batch_protocol(c.schema),
-        c.schema.name,
-    }
-    # Two owners on different paths (`a_b.x`, `a.b_x`) may camel-case to one Protocol name.
-    protocols: dict[str, tuple[tuple[str, ...], Field]] = {}
-    # Each owner prefix, with the first path that goes through it: one pass, not a
-    # comparison of every path with every other (1,000-field schemas stay fast).
-    through: dict[str, str] = {}
-    for other_path in first_path:
-        other_parts = other_path.split(".")
-        for depth in range(1, len(other_parts)):
-            through.setdefault(".".join(other_parts[:depth]), other_path)
-    for path, (f, role) in first_path.items():
-        parts = tuple(path.split("."))
-        for depth in range(1, len(parts)):
-            owner = parts[:depth]
-            protocol = naming.nested_protocol(c.schema, owner)
-            if protocol in taken:
-                c.add(
-                    f,
-                    f"{role} {path!r} goes through {'.'.join(owner)!r}, whose "
-                    f"generated Protocol would be named {protocol}, a name the module "
-                    "already defines",
-                    f"rename the attribute {parts[depth - 1]!r} on the batch",
-                )
-                break
-            first = protocols.setdefault(protocol, (owner, f))
-            if first[0] != owner:
-                c.add(
-                    f,
-                    f"{role} {path!r} goes through {'.'.join(owner)!r}, whose generated "
-                    f"Protocol would be named {protocol}, like that of {'.'.join(first[0])!r} "
-                    f"(field {first[1].name!r}, {c.where(first[1].declared_at)})",
-                    f"rename the attribute {parts[depth - 1]!r} on the batch, or the other one",
-                )
-                break
-        if path in through:
+        mirror = f.host.mirror if isinstance(f.host, HostCopy) else None
+        if f.lane is not Lane.SCHEDULE or not _valid_path(mirror or f.target or ""):
+            continue
+        method = resolve_method(f)
+        if method in naming.METHODS:
             c.add(
                 f,
-                f"{role} {path!r} is written as a tensor but also holds "
-                f"{through[path]!r}",
-                f"resolve into {path}.<name> instead, or rename",
+                f"its schedule resolve would be named {method}(), which every map "
+                "defines for another purpose",
+                "give it another target or HostCopy(mirror=...)",
             )
-        if path == c.schema.indices:
+        elif method in first_method:
+            other = first_method[method]
             c.add(
                 f,
-                f"{role} {path!r} is the attribute the map reads its slots from",
-                f"choose another {role}, or set Schema(indices=...) to another attribute",
+                f"its schedule resolve would be named {method}(), like that of "
+                f"field {other.name!r} ({c.where(other.declared_at)})",
+                "give one of them a different target or HostCopy(mirror=...)",
             )
+        else:
+            first_method[method] = f
 
 
 #: A field's problem: (what is wrong, with the value given; the fix).
@@ -693,36 +560,143 @@ def _guard_problems(f: Field) -> list[Problem]:
     return []
 
 
-def _scatter_problems(f: Field) -> list[Problem]:
-    """``Resolve.SCATTER``: rows into a flat forward target at per-request offsets."""
-    if f.resolve is not Resolve.SCATTER:
-        if f.offsets is not None:
-            return [
-                (
-                    (
-                        f"offsets names where scattered rows start, but resolve is "
-                        f"{f.resolve} (got offsets={f.offsets!r})"
-                    ),
-                    "add resolve=Resolve.SCATTER, or remove offsets=...",
-                )
-            ]
-        return []
+# --- grouped declarations (Note [Grouped declarations] in relay/schema.py) ----------------
+# A group's options cannot contradict each other: what is checked here is each value
+# (a path, an int) and how the group fits the field that declares it.
+
+_GROUPS: tuple[tuple[str, type, str], ...] = (
+    ("host", HostCopy, 'host=HostCopy(mirror="seq_lens_cpu")'),
+    ("tails", Tails, 'tails=Tails(rows="mix_running_indices")'),
+)
+
+
+def _group_paths(f: Field) -> list[tuple[str, object, SourceLocation]]:
+    """Each path option of ``f``'s groups that is declared: option, value, site."""
+    found: list[tuple[str, object, SourceLocation]] = []
+    scatter, host, tails = f.scatter, f.host, f.tails
+    if scatter is not None:
+        found.append(("Scatter(offsets=...)", scatter.offsets, scatter.declared_at))
+        found.append(("Scatter(lengths=...)", scatter.lengths, scatter.declared_at))
+    if isinstance(host, HostCopy):
+        found.append(("HostCopy(mirror=...)", host.mirror, host.declared_at))
+        found.append(("HostCopy(sum=...)", host.sum, host.declared_at))
+    if isinstance(tails, Tails):
+        found.append(("Tails(rows=...)", tails.rows, tails.declared_at))
+        found.append(("Tails(prefix=...)", tails.prefix, tails.declared_at))
+        kv = tails.kv
+        if isinstance(kv, TailsKv):
+            found.append(("TailsKv(locations=...)", kv.locations, kv.declared_at))
+            found.append(("TailsKv(table=...)", kv.table, kv.declared_at))
+        elif kv is not None:
+            found.append(("Tails(kv=...)", kv, tails.declared_at))
+    optional = {"Scatter(lengths=...)", "HostCopy(mirror=...)", "HostCopy(sum=...)"}
+    optional.add("Tails(prefix=...)")
+    return [(o, v, at) for o, v, at in found if v is not None or o not in optional]
+
+
+def _check_groups(c: _Collector, f: Field) -> None:
+    """``host`` and ``tails`` hold their group or ``None``, and every path a group
+    names is one."""
+    for option, kind, example in _GROUPS:
+        value = getattr(f, option)
+        if value is not None and not isinstance(value, kind):
+            c.add(
+                f,
+                f"{option} must be a {kind.__name__}(...) or None (got {_got(value)})",
+                f"write {example}, or leave it out",
+            )
+    for option, value, at in _group_paths(f):
+        if option == "Tails(kv=...)":
+            c.add(
+                f,
+                f"Tails(kv=...) must be a TailsKv(locations=..., table=...) (got "
+                f"{_got(value)})",
+                'write kv=TailsKv(locations="out_cache_loc", table="req_to_token")',
+                at,
+            )
+        elif not _valid_path(value):
+            c.add(
+                f,
+                f"{option} must be a dotted attribute path of the batch such as "
+                f"{_EXAMPLE[option]!r} (got {_got(value)})",
+                f"write {option.replace('...', repr(_EXAMPLE[option]))}",
+                at,
+            )
+    if isinstance(f.host, HostCopy):
+        _add_all(c, f, _host_problems(f, f.host), f.host.declared_at)
+    if isinstance(f.tails, Tails):
+        _add_all(c, f, _tails_problems(c.schema, f, f.tails), f.tails.declared_at)
+
+
+def _host_problems(f: Field, host: HostCopy) -> list[Problem]:
+    """A host copy is the schedule lane's, and a sum an int of one value per slot."""
     found: list[Problem] = []
-    if not _valid_path(f.offsets):
+    if f.lane is not Lane.SCHEDULE:
         found.append(
             (
                 (
-                    "resolve=Resolve.SCATTER needs offsets, the batch tensor of each row's "
-                    f"start offset in the target (got offsets={f.offsets!r})"
+                    "host=HostCopy(...) hands the scheduler's host a copy behind the "
+                    f"publish's fence, so it needs lane=Lane.SCHEDULE (got lane={f.lane})"
                 ),
-                'add offsets="query_start_loc" (one start per row)',
+                "remove host=..., or move the field to Lane.SCHEDULE",
             )
         )
+    if not isinstance(host.stream_ordered, bool):
+        found.append(
+            (
+                (
+                    f"HostCopy(stream_ordered=...) must be True or False (got "
+                    f"{_got(host.stream_ordered)})"
+                ),
+                "write stream_ordered=True, or leave it out",
+            )
+        )
+    elif host.mirror is None and host.sum is None and not host.stream_ordered:
+        found.append(
+            (
+                "HostCopy() declares no host copy: no mirror, no sum, no stream order",
+                'write HostCopy(mirror="seq_lens_cpu"), or remove host=...',
+            )
+        )
+    if host.sum is None:
+        return found
+    if isinstance(f.shape, tuple) and f.shape:
+        found.append(
+            (
+                (
+                    f"HostCopy(sum=...) sums one value per slot, so it needs shape=() (got "
+                    f"{f.shape!r})"
+                ),
+                "remove sum=..., or use HostCopy(mirror=...) for rows",
+            )
+        )
+    if isinstance(f.dtype, FromPayload) or (
+        isinstance(f.dtype, torch.dtype)
+        and (f.dtype.is_floating_point or f.dtype.is_complex)
+    ):
+        got = "FROM_PAYLOAD" if isinstance(f.dtype, FromPayload) else str(f.dtype)
+        found.append(
+            (
+                (
+                    "HostCopy(sum=...) hands the batch an int, so it needs a fixed integer "
+                    f"dtype; a float sum would be truncated (got dtype={got})"
+                ),
+                "give dtype=torch.int64, or remove sum=... and sum the mirror yourself",
+            )
+        )
+    return found
+
+
+def _scatter_problems(f: Field) -> list[Problem]:
+    """``Scatter``: rows into a flat forward target at per-request offsets."""
+    if f.scatter is None:
+        return []
+    found: list[Problem] = []
     if f.lane is not Lane.FORWARD or f.target is None or f.optional is True:
         found.append(
             (
                 (
-                    "resolve=Resolve.SCATTER writes a required forward-lane field into its "
+                    "resolve=Scatter(...) writes a required forward-lane field into its "
                     f"target (got lane={f.lane}, target={f.target!r}, optional={f.optional})"
                 ),
                 "make the field a required forward-lane field with a target",
@@ -732,8 +706,8 @@ def _scatter_problems(f: Field) -> list[Problem]:
         found.append(
             (
                 (
-                    "resolve=Resolve.SCATTER lays one value or one row of values per "
-                    f"request into a flat target (got shape={f.shape!r})"
+                    "resolve=Scatter(...) lays one value or one row of values per request "
+                    f"into a flat target (got shape={f.shape!r})"
                 ),
                 "give the field shape=() or one row dim such as (1 + drafts,)",
             )
@@ -742,8 +716,8 @@ def _scatter_problems(f: Field) -> list[Problem]:
         found.append(
             (
                 (
-                    "resolve=Resolve.SCATTER writes into the target's own tensor, so the "
-                    "field needs a fixed dtype (got dtype=FROM_PAYLOAD)"
+                    "resolve=Scatter(...) writes into the target's own tensor, so the field "
+                    "needs a fixed dtype (got dtype=FROM_PAYLOAD)"
                 ),
                 "give the target's dtype, e.g. dtype=torch.int64",
             )
@@ -898,44 +872,11 @@ def _class_names(schema: Schema) -> Iterator[Located]:
             )
             yield (None, problem, _rename_schema(name))
             return
-    yield from _nested_protocols(schema)
 
 
 def _rename_schema(name: str) -> str:
     stem = naming.python_name(name).strip("_") or "Relay"
     return f'name the schema like a class of its own, e.g. name="{stem[:1].upper()}{stem[1:]}FutureMap"'
-
-
-def _paths(schema: Schema) -> Iterator[tuple[Field | None, str, str]]:
-    if isinstance(schema.indices, str):
-        yield None, "indices", schema.indices
-    for f in schema.fields:
-        if not isinstance(f, Field):
-            continue
-        for role in ("target", "host_mirror", "host_sum"):
-            path = getattr(f, role)
-            if isinstance(path, str):
-                yield f, role, path
-
-
-def _nested_protocols(schema: Schema) -> Iterator[Located]:
-    for owner, role, path in _paths(schema):
-        parts = tuple(path.split("."))
-        if not all(naming.is_identifier(p) for p in parts):
-            continue  # validate reports a malformed path
-        for depth in range(1, len(parts)):
-            protocol = naming.nested_protocol(schema, parts[:depth])
-            taken = _taken(protocol)
-            if taken is not None:
-                yield (
-                    owner,
-                    (
-                        f"{role} {path!r} goes through {'.'.join(parts[:depth])!r}, "
-                        f"whose generated Protocol would be named {protocol}, {taken}"
-                    ),
-                    f"rename the attribute {parts[depth - 1]!r} on the batch, or the schema",
-                )
-                break
 
 
 def _doc_controls(schema: Schema) -> Iterator[Located]:
@@ -973,180 +914,158 @@ def control_character(text: str) -> str | None:
 # --- counted scatters (Note [Counted scatters] in relay/runtime.py) ---------------------
 
 
-def _spans_one_target(fields: list[Field], f: Field, role: str) -> bool:
-    """Whether ``f`` shares its target with the scatter field it comes ``after``: the
-    one case where two fields resolve into one attribute (``_check_counted_scatters``
-    checks the rest)."""
-    return (
-        role == "target"
-        and f.resolve is Resolve.SCATTER
-        and isinstance(f.after, str)
-        and any(g.name == f.after and g.target == f.target for g in fields)
-    )
-
-
 def _check_counted_scatters(c: _Collector, fields: list[Field]) -> None:
-    """``lengths`` and ``after``: per-request counts, and several scatter fields laid
-    one after another into each request's span of one target."""
+    """``Scatter(lengths=...)`` and ``Scatter(after=...)``: per-request counts, and
+    several scatter fields laid one after another into each request's span of one
+    target."""
     by_name = {f.name: f for f in fields if isinstance(f.name, str)}
-    written = {
-        path
-        for f in fields
-        for path in (f.target, f.host_mirror, f.host_sum)
-        if isinstance(path, str)
-    }
     payload = {f.payload_name: f for f in fields if f.lane is Lane.FORWARD}
     leaves: dict[str, tuple[str, Field]] = {}
     followed: dict[str, Field] = {}
+    alone: dict[object, Field] = {}  # each target's scatter without after
     for f in fields:
-        for option in ("lengths", "after"):
-            value = getattr(f, option)
-            if value is not None and f.resolve is not Resolve.SCATTER:
-                c.add(
-                    f,
-                    f"{option} belongs to a scatter, but resolve is {f.resolve} (got "
-                    f"{option}={value!r})",
-                    f"add resolve=Resolve.SCATTER with offsets=..., or remove {option}=...",
-                )
-        if f.resolve is not Resolve.SCATTER:
+        scatter = f.scatter
+        if scatter is None:
             continue
-        if f.lengths is not None:
-            _check_lengths(c, f, written, payload, leaves)
-        if f.after is not None:
-            _check_after(c, f, by_name, followed)
-    # A target's scatter fields form one chain: two that are not laid one after the
-    # other would overlap (the unique-path check refuses a second field with no after).
+        if _valid_path(scatter.lengths):
+            _check_lengths(c, f, scatter, payload, leaves)
+        if scatter.after is not None:
+            _check_after(c, f, scatter, by_name, followed)
+        elif f.target in alone:
+            other = alone[f.target]
+            c.add(
+                f,
+                f"target {f.target!r} is also where scatter field {other.name!r} "
+                f"({c.where(other.declared_at)}) starts each request's span: the two "
+                "would overlap",
+                f"lay it after the other with Scatter(after={other.name!r}), or give "
+                "it another target",
+                scatter.declared_at,
+            )
+        else:
+            alone[f.target] = f
+    # A target's scatter fields form one chain.
     for f in fields:
         seen = {f.name}
-        after = f.after if f.resolve is Resolve.SCATTER else None
-        if after == f.name:
-            continue  # refused above: after must name another field
-        while isinstance(after, str) and after in by_name:
+        after = f.scatter.after if f.scatter is not None else None
+        while isinstance(after, str) and after in by_name and after != f.name:
             if after in seen:
                 c.add(
                     f,
-                    f"after={f.after!r} leads back to {f.name!r}: the fields' places "
-                    "in the span depend on each other",
+                    f"Scatter(after={_after(f)!r}) leads back to {f.name!r}: the fields' "
+                    "places in the span depend on each other",
                     "start the chain at a field without after=...",
                 )
                 break
             seen.add(after)
-            after = by_name[after].after
+            nxt = by_name[after].scatter
+            after = nxt.after if nxt is not None else None
+
+
+def _after(f: Field) -> object:
+    return f.scatter.after if f.scatter is not None else None
 
 
 def _check_lengths(
     c: _Collector,
     f: Field,
-    written: set[str],
+    scatter: Scatter,
     payload: dict[str, Field],
     leaves: dict[str, tuple[str, Field]],
 ) -> None:
-    if not _valid_path(f.lengths):
-        c.add(
-            f,
-            "lengths must be a dotted attribute path of the batch holding each "
-            f"request's count of values (got {_got(f.lengths)})",
-            'write lengths="num_draft_tokens", or leave it out',
-        )
-        return
-    assert isinstance(f.lengths, str)
-    if f.lengths in written or f.lengths == f.offsets:
-        c.add(
-            f,
-            f"lengths={f.lengths!r} is also where a field resolves to, or the offsets: "
-            "a count must be read from a batch attribute of its own",
-            "read lengths from a batch attribute no field writes",
-        )
+    assert isinstance(scatter.lengths, str)
+    lengths, at = scatter.lengths, scatter.declared_at
     if isinstance(f.shape, tuple) and not f.shape:
         c.add(
             f,
-            "lengths counts the values of each row, but the row is one value (got "
-            "shape=())",
+            "Scatter(lengths=...) counts the values of each row, but the row is one "
+            "value (got shape=())",
             'give the row a width, e.g. shape=("drafts",), or remove lengths=...',
+            at,
         )
-    leaf = f.lengths.rsplit(".", 1)[-1]
-    if f.lane is Lane.FORWARD and naming.identifier_problem(leaf) is not None:
+    leaf = lengths.rsplit(".", 1)[-1]
+    clash = payload.get(leaf)
+    if naming.identifier_problem(leaf) is not None:
         c.add(
             f,
             f"the stash payload carries the producer's count as {leaf!r} (the last name "
             "of lengths), a name the generated module keeps for itself",
             "name the count attribute otherwise",
+            at,
         )
-    clash = payload.get(leaf)
-    if clash is not None:
+    elif clash is not None:
         c.add(
             f,
             f"the stash payload carries the producer's count as {leaf!r} (the last "
             f"name of lengths), which is also the payload attribute of field "
             f"{clash.name!r} ({c.where(clash.declared_at)})",
             "name the count attribute otherwise, or give that field another source",
+            at,
         )
-    first = leaves.setdefault(leaf, (f.lengths, f))
-    if first[0] != f.lengths:
+    first = leaves.setdefault(leaf, (lengths, f))
+    if first[0] != lengths:
         c.add(
             f,
-            f"lengths={f.lengths!r} and {first[0]!r} (field {first[1].name!r}) both "
+            f"lengths={lengths!r} and {first[0]!r} (field {first[1].name!r}) both "
             f"end in {leaf!r}, the payload attribute of the producer's count",
             "give the counts different last names",
+            at,
         )
 
 
 def _check_after(
-    c: _Collector, f: Field, by_name: dict[str, Field], followed: dict[str, Field]
+    c: _Collector,
+    f: Field,
+    scatter: Scatter,
+    by_name: dict[str, Field],
+    followed: dict[str, Field],
 ) -> None:
-    first = by_name.get(f.after) if isinstance(f.after, str) else None
+    at = scatter.declared_at
+    first = by_name.get(scatter.after) if isinstance(scatter.after, str) else None
     if first is None or first is f:
         c.add(
             f,
-            f"after must name another scatter field of the schema (got {_got(f.after)})",
+            "Scatter(after=...) must name another scatter field of the schema (got "
+            f"{_got(scatter.after)})",
             "name the field whose values come first in each request's span",
+            at,
         )
         return
-    if (
-        first.resolve is not Resolve.SCATTER
-        or first.target != f.target
-        or first.offsets != f.offsets
-    ):
+    other = first.scatter
+    if other is None or first.target != f.target or other.offsets != scatter.offsets:
+        got = f"Scatter(offsets={other.offsets!r})" if other else f"{first.resolve}"
         c.add(
             f,
             f"after={first.name!r} lays this field's values after that field's in each "
             f"request's span, so both scatter into one target from one offsets (got "
-            f"{first.name!r}: resolve={first.resolve}, target={first.target!r}, "
-            f"offsets={first.offsets!r}; this field: target={f.target!r}, "
-            f"offsets={f.offsets!r})",
-            f"give both resolve=Resolve.SCATTER, target={first.target!r} and "
-            f"offsets={first.offsets!r}",
+            f"{first.name!r}: resolve={got}, target={first.target!r}; this field: "
+            f"offsets={scatter.offsets!r}, target={f.target!r})",
+            f"give both resolve=Scatter(offsets={scatter.offsets!r}) and "
+            f"target={f.target!r}",
+            at,
         )
-    other = followed.setdefault(first.name, f)
-    if other is not f:
+    taken = followed.setdefault(first.name, f)
+    if taken is not f:
         c.add(
             f,
-            f"after={first.name!r}, like field {other.name!r} "
-            f"({c.where(other.declared_at)}): both would start at the same place",
-            f"lay it after {other.name!r} instead",
+            f"after={first.name!r}, like field {taken.name!r} "
+            f"({c.where(taken.declared_at)}): both would start at the same place",
+            f"lay it after {taken.name!r} instead",
+            at,
         )
 
 
-# --- graph-written buffers, kept fields, stream-ordered reads, late-bound tails -----------
+# --- graph-written buffers, kept fields, late-bound tails ---------------------------------
 
 
-def _check_left_and_late(c: _Collector, f: Field) -> None:
-    """``graph_written``, ``kept``, ``stream_ordered`` and the ``tails`` options."""
-    for option in ("graph_written", "kept", "stream_ordered"):
+def _check_left(c: _Collector, f: Field) -> None:
+    """``graph_written`` and ``kept``."""
+    for option in ("graph_written", "kept"):
         if not isinstance(getattr(f, option), bool):
             c.add(
                 f,
                 f"{option} must be True or False (got {_got(getattr(f, option))})",
                 f"write {option}=True, or leave it out",
-            )
-    for option in ("tails", "tails_kv", "tails_kv_table", "tails_prefix"):
-        value = getattr(f, option)
-        if value is not None and not _valid_path(value):
-            c.add(
-                f,
-                f"{option} must be a dotted attribute path of the batch (got "
-                f"{_got(value)})",
-                f'write {option}="{_TAILS_EXAMPLE[option]}", or leave it out',
             )
     _add_all(c, f, _graph_problems(c.schema, f))
     if f.kept is True and f.lane is Lane.SCHEDULE:
@@ -1156,22 +1075,6 @@ def _check_left_and_late(c: _Collector, f: Field) -> None:
             "field is on the schedule lane, which no stash writes",
             "remove kept=True, or move the field to lane=Lane.FORWARD",
         )
-    if f.stream_ordered is True and f.lane is Lane.FORWARD:
-        c.add(
-            f,
-            "stream_ordered=True orders a schedule resolve's fence wait on the stream, "
-            "but a forward-lane field has no fence (stream order is its only order)",
-            "remove stream_ordered=True, or move the field to lane=Lane.SCHEDULE",
-        )
-    _add_all(c, f, _tails_problems(c.schema, f))
-
-
-_TAILS_EXAMPLE = {
-    "tails": "mix_running_indices",
-    "tails_kv": "out_cache_loc",
-    "tails_kv_table": "req_to_token",
-    "tails_prefix": "prefix_lens",
-}
 
 
 def _graph_problems(schema: Schema, f: Field) -> list[Problem]:
@@ -1219,69 +1122,26 @@ def _graph_problems(schema: Schema, f: Field) -> list[Problem]:
     return problems
 
 
-def _tails_add_problems(f: Field) -> list[Problem]:
-    add = f.tails_add
+def _tails_problems(schema: Schema, f: Field, tails: Tails) -> list[Problem]:
+    """What ``resolve_tails`` needs of the field that declares ``tails``."""
+    add = tails.add
+    problems: list[Problem] = []
     if isinstance(add, bool) or not isinstance(add, int) or add < 0:
-        return [
+        problems.append(
             (
-                f"tails_add must be 0 or a positive int (got {_got(add)})",
+                f"Tails(add=...) must be 0 or a positive int (got {_got(add)})",
                 (
-                    "write tails_add=1 where the published lengths are committed ones "
-                    "(a row decodes one token more), tails_add=0 where they count it"
+                    "write add=1 where the published lengths are committed ones (a row "
+                    "decodes one token more), add=0 where they count it"
                 ),
             )
-        ]
-    if f.tails is None and add != 1:
-        return [
-            (
-                (
-                    f"tails_add={add!r} is what resolve_tails adds to a decode "
-                    "row's published length, which needs tails=..."
-                ),
-                'add tails="mix_running_indices", or remove tails_add',
-            )
-        ]
-    return []
-
-
-def _untailed_problems(f: Field) -> list[Problem]:
-    """Options that add to ``resolve_tails`` on a field without ``tails``."""
-    if f.tails_prefix is not None:
-        return [
-            (
-                (
-                    "tails_prefix rebuilds a mixed batch's host prefix lengths in "
-                    "resolve_tails, which needs tails=..."
-                ),
-                'add tails="mix_running_indices", or remove tails_prefix',
-            )
-        ]
-    if f.tails_kv is not None or f.tails_kv_table is not None:
-        return [
-            (
-                (
-                    "tails_kv and tails_kv_table rebuild a mixed batch's KV write "
-                    "locations in resolve_tails, which needs tails=..."
-                ),
-                'add tails="mix_running_indices", or remove tails_kv and tails_kv_table',
-            )
-        ]
-    return []
-
-
-def _tails_problems(schema: Schema, f: Field) -> list[Problem]:
-    added = _tails_add_problems(f)
-    if added:
-        return added
-    if f.tails is None:
-        return _untailed_problems(f)
-    problems = []
+        )
     if f.lane is not Lane.SCHEDULE:
         problems.append(
             (
                 (
-                    "tails=... rebuilds decode rows' lengths from published values, so it "
-                    "needs lane=Lane.SCHEDULE"
+                    "tails=Tails(...) rebuilds decode rows' lengths from published values, "
+                    "so it needs lane=Lane.SCHEDULE"
                 ),
                 "move the field to lane=Lane.SCHEDULE, or remove tails",
             )
@@ -1290,8 +1150,8 @@ def _tails_problems(schema: Schema, f: Field) -> list[Problem]:
         problems.append(
             (
                 (
-                    "tails=... reads the published rows of every mixed batch, so the field "
-                    "cannot be optional (a publish may leave it out)"
+                    "tails=Tails(...) reads the published rows of every mixed batch, so the "
+                    "field cannot be optional (a publish may leave it out)"
                 ),
                 "remove optional=True, or remove tails",
             )
@@ -1300,8 +1160,9 @@ def _tails_problems(schema: Schema, f: Field) -> list[Problem]:
         problems.append(
             (
                 (
-                    "tails=... rebuilds one length per decode row, so it needs shape=() and "
-                    f"an integer dtype (got shape={f.shape!r}, dtype={f.dtype!r})"
+                    "tails=Tails(...) rebuilds one length per decode row, so it needs "
+                    f"shape=() and an integer dtype (got shape={f.shape!r}, "
+                    f"dtype={f.dtype!r})"
                 ),
                 (
                     "declare the lengths field with shape=() and dtype=torch.int64, or "
@@ -1313,83 +1174,39 @@ def _tails_problems(schema: Schema, f: Field) -> list[Problem]:
         problems.append(
             (
                 (
-                    "tails=... rebuilds the last rows of the field's gathered target, so it "
-                    f"needs resolve=Resolve.GATHER and a target (got resolve={f.resolve}, "
-                    f"target={f.target!r})"
+                    "tails=Tails(...) rebuilds the last rows of the field's gathered "
+                    "target, so it needs resolve=Resolve.GATHER and a target (got "
+                    f"resolve={f.resolve}, target={f.target!r})"
                 ),
                 "gather the field into a target, or remove tails",
             )
         )
-    return problems + _tails_host_problems(f) + _tails_path_problems(schema, f)
-
-
-def _tails_host_problems(f: Field) -> list[Problem]:
-    """What ``resolve_tails`` builds from the host copy needs the host mirror."""
-    if f.host_mirror is not None:
-        return []
-    problems = []
-    if f.host_sum is not None:
+    mirror = f.host.mirror if isinstance(f.host, HostCopy) else None
+    if mirror is None and isinstance(f.host, HostCopy) and f.host.sum is not None:
         problems.append(
             (
                 (
-                    "tails=... recomputes host_sum from the whole host copy of the lengths, "
-                    "so it needs host_mirror as well"
+                    "tails=Tails(...) recomputes the host sum from the whole host copy of "
+                    "the lengths, so it needs HostCopy(mirror=...) as well"
                 ),
-                'add host_mirror="seq_lens_cpu", or remove host_sum',
+                'add mirror="seq_lens_cpu" to the HostCopy, or remove its sum',
             )
         )
-    if f.tails_prefix is not None:
+    if mirror is None and tails.prefix is not None:
         problems.append(
             (
                 (
-                    "tails_prefix rebuilds a host list from the host copy of the "
-                    "published lengths, so it needs host_mirror as well"
+                    "Tails(prefix=...) rebuilds a host list from the host copy of the "
+                    "published lengths, so it needs host=HostCopy(mirror=...) as well"
                 ),
-                'add host_mirror="seq_lens_cpu", or remove tails_prefix',
+                'add host=HostCopy(mirror="seq_lens_cpu"), or remove prefix',
             )
         )
-    return problems
-
-
-def _tails_path_problems(schema: Schema, f: Field) -> list[Problem]:
-    """The batch attributes ``resolve_tails`` reads and writes."""
-    problems = []
-    if (f.tails_kv is None) != (f.tails_kv_table is None):
-        problems.append(
-            (
-                (
-                    "tails_kv (the KV write locations) and tails_kv_table (the "
-                    "request-to-token table they are read from) go together"
-                ),
-                (
-                    'write both, e.g. tails_kv="out_cache_loc", '
-                    'tails_kv_table="req_to_token", or neither'
-                ),
-            )
-        )
-    parents = (
-        {p for p, _ in schema.optional_parents}
-        if isinstance(schema.optional_parents, tuple)
-        else set()
-    )
-    for option in ("tails", "tails_kv", "tails_kv_table", "tails_prefix"):
-        path = getattr(f, option)
-        if isinstance(path, str) and path.split(".")[0] in parents:
-            problems.append(
-                (
-                    (
-                        f"{option} {path!r} goes through an optional parent, which a "
-                        "mixed batch may lack"
-                    ),
-                    f"name an attribute outside optional_parents for {option}",
-                )
-            )
     return problems
 
 
 def _check_partial_and_tails(c: _Collector, fields: list[Field]) -> None:
-    """Across fields: a partial stash writes something, one field binds the tails, and
-    the tails' paths are no other field's targets."""
+    """A partial stash writes something, and one field binds the tails."""
     forward = [f for f in fields if f.lane is Lane.FORWARD]
     kept = [f for f in forward if f.kept is True]
     if kept and len(kept) == len(forward):
@@ -1406,181 +1223,158 @@ def _check_partial_and_tails(c: _Collector, fields: list[Field]) -> None:
             f"({c.where(tails[0].declared_at)}); a map has one resolve_tails",
             "declare tails on the lengths field alone",
         )
-    written = {
-        getattr(f, role): f
-        for f in fields
-        for role in ("target", "host_mirror", "host_sum")
-        if isinstance(getattr(f, role), str)
-    }
-    for f in tails[:1]:
-        for option in ("tails", "tails_kv", "tails_kv_table"):
-            path = getattr(f, option)
-            other = written.get(path) if isinstance(path, str) else None
-            if other is not None:
-                c.add(
-                    f,
-                    f"{option} {path!r} is also where field {other.name!r} resolves "
-                    f"({c.where(other.declared_at)})",
-                    f"give {option} an attribute of its own",
-                )
 
 
 # --- the schedule lane's own slots and owners (Note [Slots per lane] in relay/schema.py) ---
 
-#: The roles whose attribute holds slots, as ``schedule_indices`` does.
-_SLOTS = frozenset({"indices", "tails"})
 
-_LANE_EXAMPLE = {"schedule_indices": "req_pool_indices", "schedule_owners": "rids"}
-
-
-def _check_lanes_apart(c: _Collector, fields: list[Field]) -> None:
-    """``schedule_indices`` and ``schedule_owners``: where the schedule lane's resolves
-    read their slots and requests, apart from the forward batch's."""
-    schema = c.schema
-    declared = [
-        (option, getattr(schema, option))
-        for option in ("schedule_indices", "schedule_owners")
-        if getattr(schema, option) is not None
-    ]
-    for option, path in declared:
-        if not _valid_path(path):
-            c.add(
-                None,
-                f"{option} must be a dotted attribute path of the batch such as "
-                f"{_LANE_EXAMPLE[option]!r} (got {_got(path)})",
-                f'write {option}="{_LANE_EXAMPLE[option]}", or leave it out',
-            )
-        elif not any(f.lane is Lane.SCHEDULE for f in fields):
-            c.add(
-                None,
-                f"{option}={path!r} names what the schedule lane's resolves read, "
-                "but the schema has no schedule-lane field",
-                f"leave {option} out, or add a Field(..., lane=Lane.SCHEDULE)",
-            )
-    valid = [(o, p) for o, p in declared if _valid_path(p)]
-    if not valid or not any(f.lane is Lane.SCHEDULE for f in fields):
+def _check_schedule_slots(c: _Collector, fields: list[Field]) -> None:
+    """``Schema(schedule=ScheduleSlots(...))``: where the schedule lane's resolves read
+    their slots and requests, apart from the forward batch's."""
+    lanes = c.schema.schedule
+    if lanes is None:
         return
-    for f in fields:
-        if f.lane is Lane.SCHEDULE and f.resolve is Resolve.PLACEHOLDER:
+    if not isinstance(lanes, ScheduleSlots):
+        c.add(
+            None,
+            f"schedule must be a ScheduleSlots(...) or None (got {_got(lanes)})",
+            'write schedule=ScheduleSlots(indices="slots", owners="req_ids")',
+        )
+        return
+    at = lanes.declared_at
+    for option, path in (("indices", lanes.indices), ("owners", lanes.owners)):
+        spelled = f"ScheduleSlots({option}=...)"
+        if path is not None and not _valid_path(path):
+            c.add(
+                None,
+                f"{spelled} must be a dotted attribute path of the batch such as "
+                f"{_EXAMPLE[spelled]!r} (got {_got(path)})",
+                f'write {option}="{_EXAMPLE[spelled]}", or leave it out',
+                at,
+            )
+    if lanes.indices is None and lanes.owners is None:
+        c.add(
+            None,
+            "ScheduleSlots() names neither the schedule lane's slots nor its owners",
+            'write ScheduleSlots(indices="slots"), or remove schedule=...',
+            at,
+        )
+    schedule = [f for f in fields if f.lane is Lane.SCHEDULE]
+    if not schedule:
+        c.add(
+            None,
+            "schedule=ScheduleSlots(...) names what the schedule lane's resolves read, "
+            "but the schema has no schedule-lane field",
+            "remove schedule=..., or add a Field(..., lane=Lane.SCHEDULE)",
+            at,
+        )
+    for f in schedule:
+        if f.resolve is Resolve.PLACEHOLDER:
             c.add(
                 f,
-                f"a schedule-lane placeholder is written by invalidate on the forward "
-                f"batch, but with {valid[0][0]} the schedule resolve hands its value "
-                "to the scheduler's own object, so the placeholders would stay where "
-                "they were written",
-                f"resolve the field with Resolve.GATHER, or leave {valid[0][0]} out",
-            )
-    _check_lane_roles(c, fields, valid)
-    owners = schema.schedule_owners
-    _check_owners_parent(c, "schedule_owners", owners, "every schedule resolve")
-    if not c.issues:
-        _check_lane_protocols(c, fields)
-
-
-def _check_lane_roles(
-    c: _Collector, fields: list[Field], declared: list[tuple[str, str]]
-) -> None:
-    """A lane's slots or owners attribute is read as such, so it is no other role's
-    attribute, nor an object another path goes through (or goes through one)."""
-    schema = c.schema
-    roles: list[tuple[Field | None, str, object]] = [
-        (None, "indices", schema.indices),
-        (None, "owners", schema.owners),
-        *((None, o, p) for o, p in declared),
-    ]
-    for f in fields:
-        for role in (
-            "target",
-            "host_mirror",
-            "host_sum",
-            "offsets",
-            "lengths",
-            "tails",
-            "tails_kv",
-            "tails_kv_table",
-        ):
-            roles.append((f, role, getattr(f, role)))
-    reported: set[frozenset[str]] = set()
-    for option, path in declared:
-        for owner, role, other in roles:
-            if role == option or not isinstance(other, str):
-                continue
-            if owner is None and frozenset((role, option)) in reported:
-                continue  # schedule_indices against schedule_owners, once
-            if other == path and {role, option} <= {"owners", "schedule_owners"}:
-                continue  # both lanes may read one owners attribute
-            if other == path and option == "schedule_indices" and role in _SLOTS:
-                continue  # slots read as slots: one attribute may serve both
-            whose = f"the {role} of field {owner.name!r}" if owner else f"the {role}"
-            if other == path:
-                problem = f"{option}={path!r} is also {whose}"
-            elif other.startswith(path + "."):
-                problem = f"{option}={path!r} also holds {other!r}, {whose}"
-            elif path.startswith(other + "."):
-                problem = f"{option}={path!r} goes through {other!r}, {whose}"
-            else:
-                continue
-            reported.add(frozenset((role, option)))
-            c.add(
-                None,
-                f"{problem}; the schedule lane reads it as its "
-                + ("slots" if option == "schedule_indices" else "request ids"),
-                f"give {option} a batch attribute of its own",
+                "a schedule-lane placeholder is written by invalidate on the forward "
+                "batch, but with schedule=ScheduleSlots(...) the schedule resolve hands "
+                "its value to the scheduler's own object, so the placeholders would "
+                "stay where they were written",
+                "resolve the field with Resolve.GATHER, or remove schedule=...",
             )
 
 
-def _check_lane_protocols(c: _Collector, fields: list[Field]) -> None:
-    """The schedule lane's Protocols (``<Stem>ScheduleBatch`` and a ``<Stem>Schedule...``
-    per nested object) take no name the module already binds or the forward batch's
-    Protocols take."""
+# --- one role per attribute path (Note [One role per path] in roles.py) -----------------
+
+
+def _check_roles(c: _Collector, table: list[Role]) -> None:
+    """Each path of the role table against every path declared before it: the same
+    path, one inside it, or one it is inside. One pass over the table with two maps
+    (the roles of each path, and of each object a path goes through), so 1,000-field
+    schemas stay fast. A declaration is reported once, at its line."""
+    named: dict[str, list[Role]] = {}
+    holding: dict[str, list[Role]] = {}  # an object -> the roles of paths inside it
+    for role in table:
+        if not _valid_path(role.path):
+            continue
+        parts = role.path.split(".")
+        outers = [".".join(parts[:depth]) for depth in range(1, len(parts))]
+        earlier = [
+            *named.get(role.path, ()),
+            *(r for o in outers for r in named.get(o, ())),
+            *holding.get(role.path, ()),
+        ]
+        for first in earlier:
+            found = clash(first, role, _one_span(first, role), c.where)
+            if found is not None:
+                c.add(role.field, *found, role.at)
+                break
+        named.setdefault(role.path, []).append(role)
+        for outer in outers:
+            holding.setdefault(outer, []).append(role)
+
+
+def _one_span(first: Role, second: Role) -> bool:
+    """Both roles are the targets of scatter fields (one target's span)."""
+    return (
+        first.field is not None
+        and second.field is not None
+        and first.field.scatter is not None
+        and second.field.scatter is not None
+    )
+
+
+def _check_protocols(c: _Collector, table: list[Role]) -> None:
+    """The Protocol of each object a path goes through (``EagleSpecInfo``, and
+    ``EagleScheduleSpecInfo`` on the schedule lane's batch where that is apart) takes
+    no name the module already binds, nor another object's."""
     schema = c.schema
-    forward_paths = [schema.indices, schema.owners]
-    schedule_paths = [schema.slots_of(Lane.SCHEDULE), schema.owners_of(Lane.SCHEDULE)]
-    for f in fields:
-        mine = [f.target, f.host_mirror, f.host_sum]
-        if f.lane is Lane.SCHEDULE:
-            schedule_paths += mine
-        else:
-            forward_paths += [*mine, f.offsets, f.lengths]
-        if f.tails is not None:
-            forward_paths += [*mine, f.tails, f.tails_kv, f.tails_kv_table]
-    bound: dict[str, str] = {
+    bound = {
         schema.name: "the map class",
         naming.payload_class(schema): "its payload class",
         naming.batch_protocol(schema): "its batch Protocol",
     }
-    for path in forward_paths:
-        if isinstance(path, str):
-            steps = tuple(path.split("."))
-            for depth in range(1, len(steps)):
-                protocol = naming.nested_protocol(schema, steps[:depth])
-                through = ".".join(steps[:depth])
-                bound.setdefault(protocol, f"the Protocol of the batch's {through!r}")
-    minted: list[tuple[str, str, tuple[str, ...]]] = [
-        (naming.schedule_protocol(schema), "the schedule lane's batch", ())
-    ]
-    for path in schedule_paths:
-        if isinstance(path, str):
-            parts = tuple(path.split("."))
+    if schema.lanes_apart:
+        bound[naming.schedule_protocol(schema)] = "the schedule lane's batch Protocol"
+    owners: dict[str, tuple[str, Role]] = {}
+    for role in table:
+        if not _valid_path(role.path):
+            continue
+        parts = tuple(role.path.split("."))
+        for schedule in _batches(schema, role):
             for depth in range(1, len(parts)):
-                name = naming.nested_protocol(schema, parts[:depth], schedule=True)
-                minted.append(
-                    (
-                        name,
-                        f"the schedule lane's {'.'.join(parts[:depth])!r}",
-                        parts[:depth],
-                    )
+                through = ".".join(parts[:depth])
+                name = naming.nested_protocol(schema, parts[:depth], schedule=schedule)
+                key = ("schedule " if schedule else "") + through
+                first = owners.setdefault(name, (key, role))
+                if name in bound or _taken(name) is not None:
+                    clash = bound.get(name) or _taken(name)
+                elif first[0] != key:
+                    clash = f"like that of {first[0]!r} ({first[1].whose})"
+                else:
+                    continue
+                c.add(
+                    role.field,
+                    f"{role.option} {role.path!r} goes through {through!r}, whose "
+                    f"generated Protocol would be named {name}, {clash}",
+                    f"rename the attribute {parts[depth - 1]!r} on the batch, or the "
+                    "schema",
+                    role.at,
                 )
-    seen: dict[str, tuple[str, ...]] = {}
-    for name, what, owner in minted:
-        clash = _taken(name) or bound.get(name)
-        if clash is None and seen.setdefault(name, owner) != owner:
-            clash = "the Protocol of another schedule-side object"
-        if clash is not None:
-            c.add(
-                None,
-                f"the generated Protocol of {what} would be named {name}, which is "
-                f"also {clash}",
-                "rename the schema, or the batch attribute on the scheduler's side",
-            )
-            return
+                return
+
+
+def _batches(schema: Schema, role: Role) -> tuple[bool, ...]:
+    """Which batch Protocols hold ``role``'s path: the forward batch's (False), the
+    schedule lane's (True) where that lane's batch is apart (Note [Slots per lane])."""
+    if not schema.lanes_apart:
+        return (False,)
+    f, lanes = role.field, schema.schedule
+    if f is None and role.option.startswith("ScheduleSlots"):
+        return (True,)
+    if f is None:  # the forward batch's, and the schedule's where it falls back
+        own = (
+            getattr(lanes, role.option, None)
+            if role.option != "optional_parents"
+            else 0
+        )
+        return (False, True) if own is None else (False,)
+    if f.lane is Lane.FORWARD or role.option.startswith(("Tails", "TailsKv")):
+        return (False,)
+    return (True, False) if f.tails is not None else (True,)

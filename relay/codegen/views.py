@@ -126,13 +126,15 @@ def _literal(value: object) -> str:
         return _join("(", items, ",)" if len(items) == 1 else ")")
     if value is None or isinstance(value, (bool, int)):
         return repr(value)
+    if attrs.has(type(value)):  # a grouped declaration: ``_rt.Scatter(offsets=...)``
+        return _join(f"_rt.{type(value).__name__}(", _declared(value))
     raise TypeError(f"no literal for {value!r} in a generated table")
 
 
-def _declared(obj: Field | Schema) -> list[str]:
+def _declared(obj: object) -> list[str]:
     """``name=value`` for each attribute of ``obj`` that differs from its default."""
     args = []
-    for a in attrs.fields(type(obj)):
+    for a in attrs.fields(type(obj)):  # type: ignore[misc]
         if a.name in _NOT_IN_TABLE:
             continue
         value = getattr(obj, a.name)
@@ -221,7 +223,7 @@ def _field_init(
         assert isinstance(f.dtype, torch.dtype)
         args = [str(i), naming.eager_shape(f), naming.dtype(f.dtype)]
         stmts = [Statement(_join(f"{buf} = state.buffer(", args), doc)]
-    if f.host_mirror is not None or f.host_sum is not None:
+    if f.host is not None:
         host = f"self.{naming.host_mirror(f)} = _rt.HostMirror(device, pool_size)"
         stmts.append(Statement(host))
     return stmts
@@ -266,10 +268,10 @@ _RELEASE_DOC = (
 
 def _read_doc(f: Field) -> list[str]:
     lines = [methods.resolve_doc(f)] if f.target is not None else []
-    if f.host_mirror:
-        lines.append(f"- ``batch.{f.host_mirror}``: a host copy of it.")
-    if f.host_sum:
-        lines.append(f"- ``batch.{f.host_sum}``: the sum of it on the host.")
+    if f.host is not None and f.host.mirror:
+        lines.append(f"- ``batch.{f.host.mirror}``: a host copy of it.")
+    if f.host is not None and f.host.sum:
+        lines.append(f"- ``batch.{f.host.sum}``: the sum of it on the host.")
     return [naming.doc_text(line) for line in lines]
 
 
@@ -392,18 +394,15 @@ def _methods(schema: Schema, packed: Sequence[PackedGroup]) -> list[Method]:
             "",
             *_read_doc(f),
         ]
-        if f.stream_ordered:
+        ordered = f.host is not None and f.host.stream_ordered
+        if ordered:
             doc += [
                 "",
                 "``stream_ordered=True`` orders the read on the calling stream",
                 "(a device-side wait) instead of blocking the host.",
             ]
         body = methods.resolve_schedule(schema, f)
-        params = (
-            f"{scheduler}, stream_ordered: bool = False"
-            if f.stream_ordered
-            else scheduler
-        )
+        params = f"{scheduler}, stream_ordered: bool = False" if ordered else scheduler
         found.append(
             Method(f"def {name}(self, {params}) -> None:", tuple(doc), tuple(body))
         )
@@ -416,42 +415,48 @@ def _tails_attributes(f: Field) -> list[tuple[str, str, bool]]:
     """What ``resolve_tails`` reads (the slots, the table) and rebinds (the KV write
     locations, the prefix list) besides the target and host mirror: path, type,
     writable."""
-    found = [(f.tails, "torch.Tensor", False)] if f.tails is not None else []
-    if f.tails_kv is not None and f.tails_kv_table is not None:
-        found += [(f.tails_kv, "torch.Tensor", True)]
-        found += [(f.tails_kv_table, "torch.Tensor", False)]
-    if f.tails_prefix is not None:
-        found.append((f.tails_prefix, "list[int]", True))
+    tails = f.tails
+    if tails is None:
+        return []
+    found = [(tails.rows, "torch.Tensor", False)]
+    if tails.kv is not None:
+        found += [(tails.kv.locations, "torch.Tensor", True)]
+        found += [(tails.kv.table, "torch.Tensor", False)]
+    if tails.prefix is not None:
+        found.append((tails.prefix, "list[int]", True))
     return found
 
 
 def _resolve_tails(schema: Schema, f: Field, batch: str) -> Method:
+    tails = f.tails
+    assert tails is not None
+    mirror, total = (f.host.mirror, f.host.sum) if f.host else (None, None)
     doc = [
         "Late-bind a mixed batch's decode tails from the published ``"
         + f.name
         + "``, on the stream.",
         "",
-        f"With ``indices = batch.{f.tails}`` (the batch's last rows):",
+        f"With ``indices = batch.{tails.rows}`` (the batch's last rows):",
         "",
         (
             f"- the last rows of ``batch.{f.target}``: "
-            f"``{methods.plus(f'{naming.buffer(f)}[indices]', f.tails_add)}``."
+            f"``{methods.plus(f'{naming.buffer(f)}[indices]', tails.add)}``."
         ),
     ]
-    if f.tails_kv is not None:
-        at = methods.plus(f"{naming.buffer(f)}[indices]", f.tails_add - 1)
+    if tails.kv is not None:
+        at = methods.plus(f"{naming.buffer(f)}[indices]", tails.add - 1)
         doc.append(
-            f"- the last rows of ``batch.{f.tails_kv}``: "
-            f"``batch.{f.tails_kv_table}[indices, {at}]``."
+            f"- the last rows of ``batch.{tails.kv.locations}``: "
+            f"``batch.{tails.kv.table}[indices, {at}]``."
         )
-    if f.host_mirror is not None:
-        doc.append(f"- the last rows of ``batch.{f.host_mirror}``: a host copy.")
-    if f.host_sum is not None:
-        doc.append(f"- ``batch.{f.host_sum}``: the sum of the host copy.")
-    if f.tails_prefix is not None:
-        prefix = methods.plus(f"{naming.buffer(f)}[indices]", f.tails_add - 1)
+    if mirror is not None:
+        doc.append(f"- the last rows of ``batch.{mirror}``: a host copy.")
+    if total is not None:
+        doc.append(f"- ``batch.{total}``: the sum of the host copy.")
+    if tails.prefix is not None:
+        prefix = methods.plus(f"{naming.buffer(f)}[indices]", tails.add - 1)
         doc.append(
-            f"- the last entries of the list ``batch.{f.tails_prefix}``: "
+            f"- the last entries of the list ``batch.{tails.prefix}``: "
             f"``{prefix}``, from the host copy."
         )
     body = methods.resolve_tails(schema, f)
@@ -528,14 +533,16 @@ def _protocol_set(schema: Schema, lane: Lane | None) -> tuple[ProtocolView, ...]
             # in place: always tensors; gather targets are assigned by the resolve.
             in_place = f.resolve is not Resolve.GATHER
             add(f.target, "torch.Tensor" if in_place else tensor, True)
-        if f.offsets is not None and resolved:
-            add(f.offsets, "torch.Tensor", False)
-        if f.lengths is not None and resolved:
-            add(f.lengths, "torch.Tensor", False)
-        if f.host_mirror is not None and (resolved or tails):
-            add(f.host_mirror, tensor, True)
-        if f.host_sum is not None and (resolved or tails):
-            add(f.host_sum, "int | None" if f.optional else "int", True)
+        scatter = f.scatter
+        if scatter is not None and resolved:
+            add(scatter.offsets, "torch.Tensor", False)
+            if scatter.lengths is not None:
+                add(scatter.lengths, "torch.Tensor", False)
+        host = f.host
+        if host is not None and host.mirror is not None and (resolved or tails):
+            add(host.mirror, tensor, True)
+        if host is not None and host.sum is not None and (resolved or tails):
+            add(host.sum, "int | None" if f.optional else "int", True)
         for tail, type_, writable in _tails_attributes(f) if tails else ():
             add(tail, type_, writable)
     for parent, _how in schema.optional_parents:  # a parent, or the slots path itself
@@ -573,8 +580,9 @@ def _payload_counts(forward: Sequence[Field]) -> tuple[PayloadField, ...]:
     [Counted scatters] in relay/runtime.py)."""
     counted: dict[str, list[str]] = {}
     for f in forward:
-        if f.lengths is not None:
-            counted.setdefault(f.lengths.rsplit(".", 1)[-1], []).append(f.name)
+        lengths = f.scatter.lengths if f.scatter is not None else None
+        if lengths is not None:
+            counted.setdefault(lengths.rsplit(".", 1)[-1], []).append(f.name)
     return tuple(
         PayloadField(
             name,

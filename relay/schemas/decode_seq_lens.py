@@ -2,7 +2,7 @@
 
 import torch
 
-from relay.schema import Field, Guard, Lane, Schema
+from relay.schema import Field, Guard, HostCopy, Lane, Schema
 
 SCHEMA = Schema(
     name="DecodeSeqLensFutureMap",
@@ -31,8 +31,7 @@ SCHEMA = Schema(
             lane=Lane.SCHEDULE,
             dtype=torch.int64,
             target="seq_lens",
-            host_mirror="seq_lens_cpu",
-            host_sum="seq_lens_sum",
+            host=HostCopy(mirror="seq_lens_cpu", sum="seq_lens_sum"),
             guard=Guard.POSITIVE,
             doc="Each request's sequence length after the forward.",
         ),

@@ -2,7 +2,7 @@
 
 import torch
 
-from relay.schema import Field, Lane, Schema
+from relay.schema import Field, HostCopy, Lane, Schema
 
 EAGLE = Schema.load("eagle.py")
 
@@ -21,7 +21,7 @@ SCHEMA = EAGLE.derive(
             dtype=torch.float32,
             shape=("draft_tokens",),
             target="spec_info.draft_confidence",
-            host_mirror="draft_confidence_cpu",
+            host=HostCopy(mirror="draft_confidence_cpu"),
             doc="The draft's confidence in each of its tokens, as verification measured it.",
         ),
     ],

@@ -6,9 +6,11 @@ import torch
 from relay.schema import (
     Field,
     Guard,
+    HostCopy,
     IfNone,
     Lane,
     Schema,
+    Tails,
     TargetShape,
     Unwritten,
 )
@@ -64,11 +66,10 @@ SCHEMA = Schema(
             lane=Lane.SCHEDULE,
             dtype=torch.int64,
             target="seq_lens",
-            host_mirror="seq_lens_cpu",
-            host_sum="seq_lens_sum",
+            host=HostCopy(mirror="seq_lens_cpu", sum="seq_lens_sum"),
             guard=Guard.POSITIVE,
-            tails="mix_running_indices",
-            tails_add=0,  # the published length counts the token a row decodes now
+            # add=0: the published length counts the token a row decodes now
+            tails=Tails(rows="mix_running_indices", add=0),
             doc="Each request's sequence length after verification (accepted tokens "
             "included); a mixed batch's decode rows bind it late (resolve_tails).",
         ),

@@ -2,7 +2,18 @@
 
 import torch
 
-from relay.schema import FROM_PAYLOAD, Alloc, Field, Guard, IfNone, Lane, Schema
+from relay.schema import (
+    Alloc,
+    Field,
+    Guard,
+    HostCopy,
+    IfNone,
+    Lane,
+    Schema,
+    Tails,
+    TailsKv,
+    extra,
+)
 
 SCHEMA = Schema(
     name="SglangEagleFutureMap",
@@ -31,59 +42,34 @@ SCHEMA = Schema(
             graph_written=True,
             doc="The bonus token: the target model's token after the accepted drafts.",
         ),
-        Field(
+        extra(
             "topk_p",
-            lane=Lane.FORWARD,
-            dtype=FROM_PAYLOAD,
             shape=("topk",),
-            alloc=Alloc.LAZY,
-            optional=True,
             target="spec_info.topk_p",
-            kept=True,
             doc="Probabilities of the draft's first top-k candidates.",
         ),
-        Field(
+        extra(
             "topk_index",
-            lane=Lane.FORWARD,
-            dtype=FROM_PAYLOAD,
             shape=("topk",),
-            alloc=Alloc.LAZY,
-            optional=True,
             target="spec_info.topk_index",
-            kept=True,
             doc="Token ids of the draft's first top-k candidates.",
         ),
-        Field(
+        extra(
             "hidden_states",
-            lane=Lane.FORWARD,
-            dtype=FROM_PAYLOAD,
             shape=("hidden",),
-            alloc=Alloc.LAZY,
-            optional=True,
             target="spec_info.hidden_states",
-            kept=True,
             doc="The target model's last hidden state, when the draft model reads it.",
         ),
-        Field(
+        extra(
             "draft_probs",
-            lane=Lane.FORWARD,
-            dtype=FROM_PAYLOAD,
             shape=("vocab",),
-            alloc=Alloc.LAZY,
-            optional=True,
             target="spec_info.draft_probs",
-            kept=True,
             doc="The draft's probabilities over the vocabulary, for rejection sampling.",
         ),
-        Field(
+        extra(
             "dsa_topk_indices",
-            lane=Lane.FORWARD,
-            dtype=FROM_PAYLOAD,
             shape=("dsa_topk",),
-            alloc=Alloc.LAZY,
-            optional=True,
             target="spec_info.dsa_topk_indices",
-            kept=True,
             doc="KV positions the sparse-attention indexer selected for each request.",
         ),
         Field(
@@ -91,15 +77,16 @@ SCHEMA = Schema(
             lane=Lane.SCHEDULE,
             dtype=torch.int64,
             target="seq_lens",
-            host_mirror="seq_lens_cpu",
-            host_sum="seq_lens_sum",
+            host=HostCopy(
+                mirror="seq_lens_cpu", sum="seq_lens_sum", stream_ordered=True
+            ),
             guard=Guard.NON_NEGATIVE,
             graph_written=True,
-            stream_ordered=True,
-            tails="mix_running_indices",
-            tails_kv="out_cache_loc",
-            tails_kv_table="req_to_token",
-            tails_prefix="prefix_lens",
+            tails=Tails(
+                rows="mix_running_indices",
+                kv=TailsKv(locations="out_cache_loc", table="req_to_token"),
+                prefix="prefix_lens",
+            ),
             doc="Each request's sequence length after verification (accepted tokens "
             "included).",
         ),
@@ -111,7 +98,7 @@ SCHEMA = Schema(
             alloc=Alloc.LAZY,
             optional=True,
             target="confidence",
-            host_mirror="confidence_cpu",
+            host=HostCopy(mirror="confidence_cpu"),
             doc="The draft's confidence in each of its tokens, as verification "
             "measured it (a ragged verify only).",
         ),

@@ -7,9 +7,12 @@ from relay.schema import (
     Alloc,
     Field,
     Guard,
+    HostCopy,
     IfNone,
     Lane,
     Schema,
+    Tails,
+    TailsKv,
     TargetShape,
     Unwritten,
 )
@@ -58,14 +61,15 @@ SCHEMA = Schema(
             lane=Lane.SCHEDULE,
             dtype=torch.int64,
             target="seq_lens",
-            host_mirror="seq_lens_cpu",
-            host_sum="seq_lens_sum",
+            host=HostCopy(
+                mirror="seq_lens_cpu", sum="seq_lens_sum", stream_ordered=True
+            ),
             guard=Guard.NON_NEGATIVE,
-            stream_ordered=True,
-            tails="mix_running_indices",
-            tails_kv="out_cache_loc",
-            tails_kv_table="req_to_token",
-            tails_prefix="prefix_lens",
+            tails=Tails(
+                rows="mix_running_indices",
+                kv=TailsKv(locations="out_cache_loc", table="req_to_token"),
+                prefix="prefix_lens",
+            ),
             doc="Each request's sequence length after verification (accepted tokens "
             "included).",
         ),

@@ -2,7 +2,15 @@
 
 import torch
 
-from relay.schema import Field, Guard, Lane, Resolve, Schema
+from relay.schema import (
+    Field,
+    Guard,
+    HostCopy,
+    Lane,
+    Scatter,
+    ScheduleSlots,
+    Schema,
+)
 
 SCHEMA = Schema(
     name="VllmDraftsFutureMap",
@@ -22,8 +30,7 @@ SCHEMA = Schema(
     """,
     indices="slots",
     owners="req_ids",
-    schedule_indices="slots",
-    schedule_owners="req_ids",
+    schedule=ScheduleSlots(indices="slots", owners="req_ids"),
     fields=[
         Field(
             "sampled_tokens",
@@ -31,8 +38,7 @@ SCHEMA = Schema(
             dtype=torch.int64,
             source="sampled_token_ids",
             target="input_ids",
-            resolve=Resolve.SCATTER,
-            offsets="query_starts",
+            resolve=Scatter(offsets="query_starts"),
             guard=Guard.NON_NEGATIVE,
             doc="The token step N sampled: the first input of the request's span.",
         ),
@@ -43,10 +49,11 @@ SCHEMA = Schema(
             shape=("num_speculative_tokens",),
             source="draft_token_ids",
             target="input_ids",
-            resolve=Resolve.SCATTER,
-            offsets="query_starts",
-            lengths="num_draft_tokens",
-            after="sampled_tokens",
+            resolve=Scatter(
+                offsets="query_starts",
+                lengths="num_draft_tokens",
+                after="sampled_tokens",
+            ),
             guard=Guard.NON_NEGATIVE,
             doc="The drafts proposed at step N; the scheduled ones follow the token.",
         ),
@@ -56,7 +63,7 @@ SCHEMA = Schema(
             dtype=torch.int64,
             source="num_draft_tokens",
             target="drafts_made",
-            host_mirror="drafts_made_cpu",
+            host=HostCopy(mirror="drafts_made_cpu"),
             guard=Guard.NON_NEGATIVE,
             doc="How many drafts step N made per request, for the scheduler, on the host.",
         ),

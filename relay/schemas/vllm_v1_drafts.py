@@ -2,7 +2,7 @@
 
 import torch
 
-from relay.schema import Field, Guard, Lane, Resolve, Schema
+from relay.schema import Field, Guard, HostCopy, Lane, Scatter, ScheduleSlots, Schema
 
 SCHEMA = Schema(
     name="VllmV1DraftsFutureMap",
@@ -23,8 +23,7 @@ SCHEMA = Schema(
     """,
     indices="slots",
     owners="req_ids",
-    schedule_indices="slots",
-    schedule_owners="req_ids",
+    schedule=ScheduleSlots(indices="slots", owners="req_ids"),
     fields=[
         Field(
             "sampled_tokens",
@@ -32,8 +31,7 @@ SCHEMA = Schema(
             dtype=torch.int32,
             source="sampled_token_ids",
             target="input_ids",
-            resolve=Resolve.SCATTER,
-            offsets="token_positions",
+            resolve=Scatter(offsets="token_positions"),
             guard=Guard.NON_NEGATIVE,
             doc="The token step N sampled: the first input of the request's span.",
         ),
@@ -44,10 +42,11 @@ SCHEMA = Schema(
             shape=("num_speculative_tokens",),
             source="draft_token_ids",
             target="input_ids",
-            resolve=Resolve.SCATTER,
-            offsets="token_positions",
-            lengths="num_draft_tokens",
-            after="sampled_tokens",
+            resolve=Scatter(
+                offsets="token_positions",
+                lengths="num_draft_tokens",
+                after="sampled_tokens",
+            ),
             guard=Guard.NON_NEGATIVE,
             doc="The drafts step N proposed; the scheduled ones follow the token.",
         ),
@@ -57,7 +56,7 @@ SCHEMA = Schema(
             dtype=torch.int32,
             source="num_kept",
             target="kept_counts",
-            host_mirror="kept_counts_cpu",
+            host=HostCopy(mirror="kept_counts_cpu"),
             guard=Guard.NON_NEGATIVE,
             doc="How many tokens step N kept per request (the sampled one and the "
             "accepted drafts), for the scheduler, on the host.",

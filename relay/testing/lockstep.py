@@ -99,8 +99,21 @@ def _schedule_resolve(field: FieldDecl) -> str:
     """The schedule-side resolve of ``field``, as the generated class names it:
     ``resolve_`` and the last part of its host mirror, else of its target, else the
     field's name (``resolve_seq_lens_cpu``)."""
-    leaf = field.host_mirror or field.target or field.name
+    leaf = (field.host.mirror if field.host else None) or field.target or field.name
     return f"resolve_{leaf.rsplit('.', 1)[-1]}"
+
+
+def _host_paths(f: FieldDecl) -> list[str]:
+    """The host copy and host sum ``f`` hands the scheduler, those it declares."""
+    host = f.host
+    return [p for p in ((host.mirror, host.sum) if host else ()) if p is not None]
+
+
+def _scatter_paths(f: FieldDecl) -> list[str]:
+    """The offsets and counts a scatter field ``f`` reads, those it declares."""
+    scatter = f.scatter
+    paths = (scatter.offsets, scatter.lengths) if scatter else ()
+    return [p for p in paths if p is not None]
 
 
 def _payload_class(map_cls: type[Any]) -> type[Any] | None:
@@ -119,10 +132,10 @@ def _scheduler_batch(
     lane's own slots or owners: those, and ``f``'s targets, nothing of the forward
     batch (so a resolve that read a forward attribute would fail)."""
     batch = Namespace()
-    slots = schema.schedule_indices or schema.indices
-    requests = schema.schedule_owners or schema.owners
+    slots = schema.slots_of(Lane.SCHEDULE)
+    requests = schema.owners_of(Lane.SCHEDULE)
     given: list[tuple[str, Any]] = [
-        (p, UNSET) for p in (f.target, f.host_mirror, f.host_sum) if p
+        (p, UNSET) for p in (f.target, *_host_paths(f)) if p
     ]
     given += [(slots, indices), *([(requests, owners)] if requests else [])]
     for path, value in given:
@@ -145,7 +158,7 @@ def _new_batch(
 ) -> Namespace:
     batch = Namespace()
     for f in schema.fields:
-        for path in (f.target, f.host_mirror, f.host_sum, f.offsets, f.lengths):
+        for path in (f.target, *_host_paths(f), *_scatter_paths(f)):
             if path is None:
                 continue
             *parents, leaf = path.split(".")
@@ -162,7 +175,7 @@ def _new_batch(
     # is guarded non-negative: debug mode reports a negative value the scatter left.
     spans: dict[str, list[FieldDecl]] = {}
     for f in schema.fields:
-        if f.resolve is Resolve.SCATTER and f.target and f.offsets:
+        if f.scatter is not None and f.target:
             spans.setdefault(f.target, []).append(f)
     n = len(indices)
     for target, fields in spans.items():
@@ -170,16 +183,17 @@ def _new_batch(
         sizes = [0 if guarded else 1] * n
         for f in fields:
             row = [d if isinstance(d, int) else (dims or {}).get(d, 3) for d in f.shape]
-            taken = (counts or {}).get(f.lengths or "", [math.prod(row)] * n)
+            lengths = f.scatter.lengths if f.scatter else None
+            taken = (counts or {}).get(lengths or "", [math.prod(row)] * n)
             sizes = [size + count for size, count in zip(sizes, taken)]
-            if f.lengths is not None:
-                set_path(batch, f.lengths, torch.tensor(taken, dtype=torch.int64))
+            if lengths is not None:
+                set_path(batch, lengths, torch.tensor(taken, dtype=torch.int64))
         first = fields[0]
         dtype = first.dtype if isinstance(first.dtype, torch.dtype) else torch.int64
         set_path(batch, target, torch.full((sum(sizes),), -7, dtype=dtype))
         starts = [sum(sizes[:request]) for request in range(n)]
-        assert first.offsets is not None
-        set_path(batch, first.offsets, torch.tensor(starts, dtype=torch.int64))
+        assert first.scatter is not None
+        set_path(batch, first.scatter.offsets, torch.tensor(starts, dtype=torch.int64))
     if schema.owners is not None:
         set_path(batch, schema.owners, owners)
     return batch
@@ -256,7 +270,9 @@ class _Driver:
         self.fence_fresh: set[str] = set()
         #: Counted scatters (``lengths``): the count each slot's latest stash carried.
         self.produced: dict[str, dict[int, int]] = {
-            f.lengths: {} for f in schema.fields if f.lengths is not None
+            f.scatter.lengths: {}
+            for f in schema.fields
+            if f.scatter is not None and f.scatter.lengths is not None
         }
         # FROM_PAYLOAD fields: the dtype of the first payload, drawn once per run.
         self.payload_dtype = {
@@ -291,8 +307,8 @@ class _Driver:
         schema declares owners its resolves read."""
         named = {
             Lane.FORWARD: self.schema.owners,
-            Lane.SCHEDULE: self.schema.schedule_owners or self.schema.owners,
-            None: self.schema.owners or self.schema.schedule_owners,
+            Lane.SCHEDULE: self.schema.owners_of(Lane.SCHEDULE),
+            None: self.schema.owners or self.schema.owners_of(Lane.SCHEDULE),
         }[lane]
         return {"owners": self._owners(indices)} if named else {}
 
@@ -451,13 +467,14 @@ class _Driver:
         indices = self._indices(slots)
         values = self._write_values(self.forward_fields, len(slots))
         for f in self.forward_fields:
-            if f.lengths is not None:  # the producer's count: 0 to the row's width
+            lengths = f.scatter.lengths if f.scatter else None
+            if lengths is not None:  # the producer's count: 0 to the row's width
                 width = math.prod(self._row_shape(f))
                 made = [self.rng.randint(0, width) for _ in slots]
-                values[f.lengths.rsplit(".", 1)[-1]] = torch.tensor(
+                values[lengths.rsplit(".", 1)[-1]] = torch.tensor(
                     made, dtype=torch.int64, device=self.device
                 )
-                self.produced[f.lengths].update(zip(slots, made))
+                self.produced[lengths].update(zip(slots, made))
         assert self.payload_cls is not None
         payload = self.payload_cls(**values)
         self.history.append(f"stash({slots}, {_describe(values)})")
@@ -545,7 +562,9 @@ class _Driver:
     def resolve_tails(self, f: FieldDecl) -> None:
         """resolve_tails over a mixed batch: prefill rows, then decode rows whose
         published lengths a reader may still take (a second read: nothing consumed)."""
-        assert f.tails is not None and f.target is not None
+        tails = f.tails
+        assert tails is not None and f.target is not None
+        mirror, total_path = (f.host.mirror, f.host.sum) if f.host else (None, None)
         slots = self._slots(self.fresh[f.name])  # published behind the fence, unread
         indices = self._indices(slots)
         prefill = self.rng.randrange(3)
@@ -555,25 +574,26 @@ class _Driver:
         batches = []
         for _ in range(2):
             batch = Namespace()
-            set_path(batch, f.tails, indices.clone())
+            set_path(batch, tails.rows, indices.clone())
             set_path(batch, f.target, lengths.clone())
-            if f.host_mirror is not None:
-                set_path(batch, f.host_mirror, lengths.clone())
-            if f.host_sum is not None:
-                set_path(batch, f.host_sum, int(lengths.sum()))
-            if f.tails_kv is not None and f.tails_kv_table is not None:
-                set_path(batch, f.tails_kv, torch.arange(total) * 7)
+            if mirror is not None:
+                set_path(batch, mirror, lengths.clone())
+            if total_path is not None:
+                set_path(batch, total_path, int(lengths.sum()))
+            if tails.kv is not None:
+                set_path(batch, tails.kv.locations, torch.arange(total) * 7)
                 width = 1002  # every published length the harness draws, and 1 more
                 table = torch.arange(self.pool_size * width).reshape(-1, width)
-                set_path(batch, f.tails_kv_table, table)
-            if f.tails_prefix is not None:
-                set_path(batch, f.tails_prefix, [int(x) - 1 for x in lengths])
+                set_path(batch, tails.kv.table, table)
+            if tails.prefix is not None:
+                set_path(batch, tails.prefix, [int(x) - 1 for x in lengths])
             batches.append(batch)
         map_batch, model_batch = batches
         self.history.append(f"resolve_tails({slots})")
         self.map.resolve_tails(map_batch)  # on the host, behind the map's fence
         self.model.resolve_tails(f.name, model_batch)
-        paths = [f.target, f.tails_kv, f.host_mirror, f.host_sum, f.tails_prefix]
+        locations = tails.kv.locations if tails.kv else None
+        paths = [f.target, locations, mirror, total_path, tails.prefix]
         if slots:
             self._compare(
                 f"resolve_tails({slots})",
@@ -660,7 +680,7 @@ class _Driver:
             candidates = set()  # no publish since the last wait: only an empty batch
         slots = self._slots(candidates)
         indices = self._indices(slots)
-        if self.schema.schedule_indices or self.schema.schedule_owners:
+        if self.schema.schedule is not None:
             map_batch, model_batch = (
                 _scheduler_batch(self.schema, f, indices, self._owners(indices)),
                 _scheduler_batch(
@@ -674,7 +694,8 @@ class _Driver:
                     self.schema, indices.clone(), self._owners(indices), self.dims
                 ),
             )
-        ordered = f.stream_ordered and self.rng.random() < 0.5
+        ordered = f.host is not None and f.host.stream_ordered
+        ordered = ordered and self.rng.random() < 0.5
         keywords = {"stream_ordered": True} if ordered else {}
         self.history.append(
             f"{consumer}({slots}{', stream_ordered' if ordered else ''})"
@@ -682,7 +703,7 @@ class _Driver:
         getattr(self.map, consumer)(map_batch, **keywords)  # behind the map's fence
         self.model.resolve_schedule(f.name, model_batch)
         if slots:
-            paths = [p for p in (f.target, f.host_mirror, f.host_sum) if p is not None]
+            paths = [p for p in (f.target, *_host_paths(f)) if p is not None]
             self._compare(f"{consumer}({slots})", map_batch, model_batch, paths)
             self.fence_fresh.discard(consumer)
             if reads:

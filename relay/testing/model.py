@@ -210,13 +210,15 @@ class ReferenceRelay:
         """Late binding of a mixed batch's decode tails (docs/schema.md): with the
         decode rows' slots in ``batch.<tails>`` (the batch's last rows), each one's
         entry of the target (and of the host mirror) becomes its published length plus
-        ``tails_add``, its KV location ``table[slot, published + tails_add - 1]`` and
-        its entry of the prefix list ``published + tails_add - 1``; the host sum is
+        ``tails.add``, its KV location ``table[slot, published + tails.add - 1]`` and
+        its entry of the prefix list ``published + tails.add - 1``; the host sum is
         the mirror's. Nothing is consumed: it is a second read of the published
         values."""
         f = self.fields[field]
-        assert f.tails is not None and f.target is not None
-        slots = [int(s) for s in get_path(batch, f.tails).tolist()]
+        tails = f.tails
+        assert tails is not None and f.target is not None
+        mirror, total = (f.host.mirror, f.host.sum) if f.host else (None, None)
+        slots = [int(s) for s in get_path(batch, tails.rows).tolist()]
         if not slots:
             return
         n = len(slots)
@@ -229,23 +231,23 @@ class ReferenceRelay:
                 new[current.shape[0] - n + k] = value
             set_path(batch, path, new)
 
-        bound(f.target, lengths + f.tails_add)
-        if f.tails_kv is not None and f.tails_kv_table is not None:
-            table: torch.Tensor = get_path(batch, f.tails_kv_table)
+        bound(f.target, lengths + tails.add)
+        if tails.kv is not None:
+            table: torch.Tensor = get_path(batch, tails.kv.table)
             bound(
-                f.tails_kv,
+                tails.kv.locations,
                 torch.stack(
-                    [table[s, int(x) + f.tails_add - 1] for s, x in zip(slots, lengths)]
+                    [table[s, int(x) + tails.add - 1] for s, x in zip(slots, lengths)]
                 ),
             )
-        if f.host_mirror is not None:
-            bound(f.host_mirror, lengths + f.tails_add)
-            if f.host_sum is not None:
-                set_path(batch, f.host_sum, int(get_path(batch, f.host_mirror).sum()))
-        if f.tails_prefix is not None:
-            prefix: list[int] = get_path(batch, f.tails_prefix)
-            prefixes = [int(x) + f.tails_add - 1 for x in lengths]
-            set_path(batch, f.tails_prefix, list(prefix[: len(prefix) - n]) + prefixes)
+        if mirror is not None:
+            bound(mirror, lengths + tails.add)
+            if total is not None:
+                set_path(batch, total, int(get_path(batch, mirror).sum()))
+        if tails.prefix is not None:
+            prefix: list[int] = get_path(batch, tails.prefix)
+            prefixes = [int(x) + tails.add - 1 for x in lengths]
+            set_path(batch, tails.prefix, list(prefix[: len(prefix) - n]) + prefixes)
 
     def _resolve(self, f: FieldDecl, batch: Any) -> None:
         if self._parent_absent(f, batch):
@@ -258,10 +260,10 @@ class ReferenceRelay:
             value = self._value(f, batch, slots)
         if f.target is not None:
             set_path(batch, f.target, value)
-        if f.host_mirror is not None:
-            set_path(batch, f.host_mirror, None if value is None else value.clone())
-        if f.host_sum is not None:
-            set_path(batch, f.host_sum, None if value is None else int(value.sum()))
+        if f.host is not None and f.host.mirror is not None:
+            set_path(batch, f.host.mirror, None if value is None else value.clone())
+        if f.host is not None and f.host.sum is not None:
+            set_path(batch, f.host.sum, None if value is None else int(value.sum()))
 
     def _value(self, f: FieldDecl, batch: Any, slots: list[int]) -> torch.Tensor:
         """What the resolve of ``f`` hands over for ``slots``: the rows of the slots
@@ -272,12 +274,12 @@ class ReferenceRelay:
             rows = torch.stack([self.row(f.name, slot) for slot in slots])
             # TargetShape.FLAT: the rows' dims flattened into the batch dim.
             return rows.flatten() if f.target_shape is TargetShape.FLAT else rows
-        if f.resolve is Resolve.SCATTER and f.target is not None and f.offsets:
+        if f.scatter is not None and f.target is not None:
             # Each row's values into the flat target from the row's start offset.
             # With lengths, only each request's first lengths[i] values; with after,
             # from the end of the named field's values in the request's span.
             flat: torch.Tensor = get_path(batch, f.target).clone()
-            starts = get_path(batch, f.offsets).tolist()
+            starts = get_path(batch, f.scatter.offsets).tolist()
             for request, (start, slot) in enumerate(zip(starts, slots)):
                 row = self.row(f.name, slot).reshape(-1)
                 at = start + sum(
@@ -303,25 +305,23 @@ class ReferenceRelay:
     def _before(self, f: FieldDecl) -> list[FieldDecl]:
         """The scatter fields whose values come before ``f``'s in a request's span."""
         found = []
-        while f.after is not None:
-            f = self.fields[f.after]
+        while f.scatter is not None and f.scatter.after is not None:
+            f = self.fields[f.scatter.after]
             found.append(f)
         return found
 
     def _count(self, f: FieldDecl, batch: Any, request: int) -> int:
         """How many values of its row scatter field ``f`` lays in for ``request``: its
         ``lengths`` entry, else the whole row."""
-        if f.lengths is not None:
-            return int(get_path(batch, f.lengths)[request])
+        if f.scatter is not None and f.scatter.lengths is not None:
+            return int(get_path(batch, f.scatter.lengths)[request])
         sizes = [d if isinstance(d, int) else self.dims[d] for d in f.shape]
         return math.prod(sizes)
 
     def _slots(self, f: FieldDecl) -> str:
         """Where the resolve of ``f`` reads its slots: a schedule field's from the
-        schema's ``schedule_indices`` where it names one, every other from ``indices``."""
-        if f.lane is Lane.SCHEDULE and self.schema.schedule_indices is not None:
-            return self.schema.schedule_indices
-        return self.schema.indices
+        schema's ``ScheduleSlots`` where it names them, every other from ``indices``."""
+        return self.schema.slots_of(f.lane)
 
     def _parent_absent(self, f: FieldDecl, batch: Any) -> bool:
         """Whether ``f``'s target (or the slots) goes through an optional parent the

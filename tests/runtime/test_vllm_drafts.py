@@ -17,7 +17,7 @@ import torch
 
 from relay import RelayDebugError, RelayError, runtime
 from relay.maps.vllm_drafts import VllmDraftsFutureMap, VllmDraftsPayload
-from relay.schema import Field, Lane, Resolve, Schema
+from relay.schema import Field, Lane, Resolve, Scatter, Schema
 from relay.schemas import vllm_drafts
 from relay.slots import SlotTable
 from relay.testing import Namespace, check_lockstep, load_map_class
@@ -472,27 +472,22 @@ def test_owners_of_a_placeholder_read_are_given_per_target_position() -> None:
 def test_a_three_field_span_with_nested_paths_runs_in_lockstep() -> None:
     """A token, counted drafts, then a fixed pair after them, all in one target below
     the batch, offsets and counts on another object: against the reference model."""
-    scatter = {"lane": Lane.FORWARD, "dtype": torch.int64, "resolve": Resolve.SCATTER}
+    common = {"lane": Lane.FORWARD, "dtype": torch.int64, "target": "spec.ids"}
     schema = Schema(
         name="ThreeSpanFutureMap",
         fields=[
-            Field("tok", target="spec.ids", offsets="meta.starts", **scatter),
+            Field("tok", resolve=Scatter(offsets="meta.starts"), **common),
             Field(
                 "drafts",
                 shape=("k",),
-                target="spec.ids",
-                offsets="meta.starts",
-                lengths="meta.n",
-                after="tok",
-                **scatter,
+                resolve=Scatter(offsets="meta.starts", lengths="meta.n", after="tok"),
+                **common,
             ),
             Field(
                 "pair",
                 shape=(2,),
-                target="spec.ids",
-                offsets="meta.starts",
-                after="drafts",
-                **scatter,
+                resolve=Scatter(offsets="meta.starts", after="drafts"),
+                **common,
             ),
         ],
     )

@@ -8,14 +8,22 @@ the forward batch's, and late-bound tails (``resolve_tails`` takes the forward b
 
 import torch
 
-from relay.schema import Field, IfNone, Lane, Resolve, Schema
+from relay.schema import (
+    Field,
+    HostCopy,
+    IfNone,
+    Lane,
+    Resolve,
+    ScheduleSlots,
+    Schema,
+    Tails,
+)
 
 SCHEMA = Schema(
     name="LanesFutureMap",
     doc="Tokens for the forward, lengths for a scheduler that names its own slots.",
     owners="rids",
-    schedule_indices="lookup.slots",
-    schedule_owners="request_ids",
+    schedule=ScheduleSlots(indices="lookup.slots", owners="request_ids"),
     optional_parents={"lookup": IfNone.SKIP},
     fields=[
         Field(
@@ -31,9 +39,8 @@ SCHEMA = Schema(
             lane=Lane.SCHEDULE,
             dtype=torch.int64,
             target="seq_lens",
-            host_mirror="seq_lens_cpu",
-            host_sum="seq_lens_sum",
-            tails="mix_running_indices",
+            host=HostCopy(mirror="seq_lens_cpu", sum="seq_lens_sum"),
+            tails=Tails(rows="mix_running_indices"),
             doc="Sequence lengths, looked up by the scheduler's own slots.",
         ),
         Field(
@@ -43,7 +50,7 @@ SCHEMA = Schema(
             shape=(2,),
             optional=True,
             target="draft_counts",
-            host_mirror="draft_counts_cpu",
+            host=HostCopy(mirror="draft_counts_cpu"),
             doc="Drafts made per request, on the host only.",
         ),
     ],

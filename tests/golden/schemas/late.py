@@ -8,7 +8,16 @@ late-bound tails with KV locations, a host mirror and a host sum (``resolve_tail
 
 import torch
 
-from relay.schema import FROM_PAYLOAD, Alloc, Field, Lane, Schema
+from relay.schema import (
+    FROM_PAYLOAD,
+    Alloc,
+    Field,
+    HostCopy,
+    Lane,
+    Schema,
+    Tails,
+    TailsKv,
+)
 
 SCHEMA = Schema(
     name="LateFutureMap",
@@ -49,14 +58,15 @@ SCHEMA = Schema(
             lane=Lane.SCHEDULE,
             dtype=torch.int64,
             target="seq_lens",
-            host_mirror="seq_lens_cpu",
-            host_sum="seq_lens_sum",
+            host=HostCopy(
+                mirror="seq_lens_cpu", sum="seq_lens_sum", stream_ordered=True
+            ),
             graph_written=True,
-            stream_ordered=True,
-            tails="mix_running_indices",
-            tails_kv="out_cache_loc",
-            tails_kv_table="req_to_token",
-            tails_prefix="prefix_lens",
+            tails=Tails(
+                rows="mix_running_indices",
+                kv=TailsKv(locations="out_cache_loc", table="req_to_token"),
+                prefix="prefix_lens",
+            ),
             doc="Lengths after verification; late-bound into mixed batches' tails.",
         ),
     ],

@@ -9,7 +9,7 @@ placeholder mirrored to the host.
 
 import torch
 
-from relay.schema import Alloc, Field, Guard, Lane, Resolve, Schema
+from relay.schema import Alloc, Field, Guard, HostCopy, Lane, Resolve, Schema
 
 SCHEMA = Schema(
     name="MixedFutureMap",
@@ -55,8 +55,7 @@ SCHEMA = Schema(
             lane=Lane.SCHEDULE,
             dtype=torch.int64,
             target="seq_lens",
-            host_mirror="seq_lens_cpu",
-            host_sum="seq_lens_sum",
+            host=HostCopy(mirror="seq_lens_cpu", sum="seq_lens_sum"),
             doc="Lengths after this step.",
         ),
         Field(
@@ -65,7 +64,7 @@ SCHEMA = Schema(
             dtype=torch.int64,
             target="budget",
             resolve=Resolve.PLACEHOLDER,
-            host_mirror="budget_cpu",
+            host=HostCopy(mirror="budget_cpu"),
         ),
     ],
 )

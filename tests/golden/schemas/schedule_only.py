@@ -9,7 +9,7 @@ and a custom ``indices``.
 
 import torch
 
-from relay.schema import Alloc, Field, Guard, Lane, Resolve, Schema
+from relay.schema import Alloc, Field, Guard, HostCopy, Lane, Resolve, Schema
 
 SCHEMA = Schema(
     name="ScheduleOnlyFutureMap",
@@ -22,7 +22,7 @@ SCHEMA = Schema(
             dtype=torch.int64,
             target="seq_lens",
             resolve=Resolve.PLACEHOLDER,
-            host_sum="seq_lens_sum",
+            host=HostCopy(sum="seq_lens_sum"),
             guard=Guard.POSITIVE,
             doc="Sequence lengths; placeholders in seq_lens until resolved.",
         ),
@@ -32,7 +32,7 @@ SCHEMA = Schema(
             dtype=torch.float32,
             shape=(4,),
             target="scores",
-            host_mirror="scores_cpu",
+            host=HostCopy(mirror="scores_cpu"),
             optional=True,
         ),
         Field(
@@ -41,7 +41,7 @@ SCHEMA = Schema(
             dtype=torch.int32,
             alloc=Alloc.LAZY,
             target="stats.accepted",
-            host_sum="stats.accepted_sum",
+            host=HostCopy(sum="stats.accepted_sum"),
             doc="Allocated on the first publish that carries it.",
         ),
     ],

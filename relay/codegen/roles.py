@@ -1,0 +1,199 @@
+"""Roles: every batch attribute path a schema names, with what the map does with it.
+
+One table per schema, in declaration order: the schema's slots and owners (each
+lane's), its optional parents, then each field's target, scatter offsets and counts,
+host copy and sum, and tails paths. Validation refuses, by one rule, a path in two
+roles that cannot share it, and a path inside another role's path (Note [One role
+per path]); the generator's views read the same table.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Iterator
+
+import attrs
+
+from relay.schema import (
+    Field,
+    HostCopy,
+    Lane,
+    Scatter,
+    ScheduleSlots,
+    Schema,
+    SourceLocation,
+    Tails,
+    TailsKv,
+)
+
+__all__ = ["Kind", "Role", "clash", "role_table"]
+
+
+class Kind(enum.Enum):
+    """What the map does with a path: reads it as one kind of thing, or writes it."""
+
+    SLOTS = "read as slots"
+    OWNERS = "read as request ids"
+    OFFSETS = "read as start offsets"
+    COUNTS = "read as counts"
+    TABLE = "read as a request-to-token table"
+    PARENT = "an object that may be None"
+    WRITTEN = "written"
+
+
+@attrs.frozen
+class Role:
+    """One path of the table: where it was declared and what it is there."""
+
+    path: str
+    #: How the schema spells the declaration: ``"target"``, ``"TailsKv(table=...)"``.
+    option: str
+    kind: Kind
+    #: The field that declares it; ``None`` for the schema's own options.
+    field: Field | None
+    at: SourceLocation
+    #: Whether the path may go through an optional parent (a resolve that skips the
+    #: field then leaves it alone); a path read or written whatever the batch holds
+    #: may not.
+    skippable: bool = False
+
+    @property
+    def whose(self) -> str:
+        """``the target of field 'tokens'``, ``the schema's owners``."""
+        if self.field is None:
+            return f"the schema's {self.option}"
+        return f"the {self.option} of field {self.field.name!r}"
+
+
+def _path(value: object) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def role_table(schema: Schema) -> list[Role]:
+    """Every path ``schema`` names, schema options first, then field by field, each
+    in the order its declaration spells them; values that are not strings left out
+    (validation reports them)."""
+    return [r for r in _roles(schema) if _path(r.path) is not None]
+
+
+def _roles(schema: Schema) -> Iterator[Role]:
+    site = schema.declared_at
+    yield Role(schema.indices, "indices", Kind.SLOTS, None, site, skippable=True)
+    yield Role(schema.owners or "", "owners", Kind.OWNERS, None, site)
+    lanes = schema.schedule
+    if isinstance(lanes, ScheduleSlots):
+        at = lanes.declared_at
+        yield Role(
+            lanes.indices or "",
+            "ScheduleSlots(indices=...)",
+            Kind.SLOTS,
+            None,
+            at,
+            True,
+        )
+        yield Role(
+            lanes.owners or "", "ScheduleSlots(owners=...)", Kind.OWNERS, None, at
+        )
+    if isinstance(schema.optional_parents, tuple):
+        for pair in schema.optional_parents:
+            if isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], str):
+                yield Role(pair[0], "optional_parents", Kind.PARENT, None, site, True)
+    for f in schema.fields:
+        if isinstance(f, Field):
+            yield from _field_roles(f)
+
+
+def _field_roles(f: Field) -> Iterator[Role]:
+    at = f.declared_at
+    forward = f.lane is Lane.FORWARD
+    if isinstance(f.target, str):
+        yield Role(f.target, "target", Kind.WRITTEN, f, at, skippable=forward)
+    scatter = f.resolve
+    if isinstance(scatter, Scatter):
+        s = scatter.declared_at
+        yield Role(
+            _str(scatter.offsets), "Scatter(offsets=...)", Kind.OFFSETS, f, s, True
+        )
+        yield Role(
+            _str(scatter.lengths), "Scatter(lengths=...)", Kind.COUNTS, f, s, True
+        )
+    host = f.host
+    if isinstance(host, HostCopy):
+        h = host.declared_at
+        yield Role(_str(host.mirror), "HostCopy(mirror=...)", Kind.WRITTEN, f, h)
+        yield Role(_str(host.sum), "HostCopy(sum=...)", Kind.WRITTEN, f, h)
+    tails = f.tails
+    if isinstance(tails, Tails):
+        t = tails.declared_at
+        yield Role(_str(tails.rows), "Tails(rows=...)", Kind.SLOTS, f, t)
+        kv = tails.kv
+        if isinstance(kv, TailsKv):
+            k = kv.declared_at
+            yield Role(_str(kv.locations), "TailsKv(locations=...)", Kind.WRITTEN, f, k)
+            yield Role(_str(kv.table), "TailsKv(table=...)", Kind.TABLE, f, k)
+        yield Role(_str(tails.prefix), "Tails(prefix=...)", Kind.WRITTEN, f, t)
+
+
+def _str(value: object) -> str:
+    return value if isinstance(value, str) else ""
+
+
+# Note [One role per path]
+# A batch attribute holds one thing. Two declarations may name one path only when
+# both read it as the same kind of thing (the forward and the schedule lane's slots,
+# two scatters' offsets), or when scatter fields chained by ``after`` share their
+# target (one request's span). Any other pair would have the map read what it wrote
+# or write what it reads: KV locations over the slots, counts read from the slots, a
+# prefix list in the host copy's place. A path inside another (``a`` and ``a.b``)
+# makes ``a`` an object, so only an optional parent may hold other paths; and a path
+# read or written whatever the batch holds may not go through an optional parent.
+
+
+def clash(
+    first: Role, second: Role, span: bool, where: Callable[[SourceLocation], str]
+) -> tuple[str, str] | None:
+    """Why ``second`` cannot name the path ``first`` names (or one inside it, or one
+    it is inside), and the fix; ``None`` where the two may share it. ``span``: both
+    are scatter fields of one span (chained by ``after``); ``where`` spells a
+    declaration's site for the message."""
+    a, b = first.path, second.path
+    whose = first.whose
+    if first.field is not second.field or first.at != second.at:
+        whose += f" ({where(first.at)})"
+    if a == b:
+        if first.kind is second.kind and first.kind is not Kind.WRITTEN:
+            return None  # read as the same thing twice
+        if span and first.option == second.option == "target":
+            return None
+        if Kind.PARENT in (first.kind, second.kind):
+            other = second if first.kind is Kind.PARENT else first
+            if other.kind is Kind.SLOTS and other.skippable:
+                return None  # the slots path itself may be None: nothing to resolve
+        return (
+            (
+                f"{second.option} {b!r} is also {whose}: one batch attribute cannot be "
+                f"both ({first.kind.value} there, {second.kind.value} here)"
+            ),
+            f"give {second.option} a batch attribute of its own",
+        )
+    outer, inner = (first, second) if b.startswith(a + ".") else (second, first)
+    if not inner.path.startswith(outer.path + "."):
+        return None
+    if outer.kind is Kind.PARENT:
+        if inner.skippable:
+            return None
+        return (
+            (
+                f"{inner.option} {inner.path!r} goes through the optional parent "
+                f"{outer.path!r}; it is {inner.kind.value} whatever the batch holds"
+            ),
+            f"name an attribute outside optional_parents for {inner.option}",
+        )
+    verb = "goes through" if outer is first else "also holds"
+    return (
+        (
+            f"{second.option} {b!r} {verb} {a!r}, {whose}: that attribute cannot be "
+            f"both a tensor and an object holding {inner.path.split('.')[-1]!r}"
+        ),
+        f"give {second.option} a batch attribute of its own",
+    )
