@@ -224,6 +224,13 @@ class Scatter:
     #: values start right after that field's in each request's span (the drafts after
     #: the sampled token).
     after: str | None = None
+    #: Whether the target's positions outside the handed-over spans are the map's to
+    #: check: with a non-negative guard, debug mode reports a negative value left
+    #: anywhere in the target after the scatter (a placeholder no request covered).
+    #: ``False`` where the engine fills them and leaves placeholders there on purpose
+    #: (vLLM V1 keeps the host's -1 drafts of requests it does not hand over, and
+    #: clamps them later): only the handed-over values are checked.
+    rest_checked: bool = True
     declared_at: SourceLocation = attrs.field(
         factory=_declaration_site, kw_only=True, eq=False, repr=False
     )

@@ -227,6 +227,8 @@ def _scattered(
         span = _span(schema, f)
         if span and f is not max(span, key=schema.fields.index):
             continue
+        if not all(g.scatter and g.scatter.rest_checked for g in span or [f]):
+            continue  # the rest of the target is the engine's
         i = schema.fields.index(f)
         lines.append(f"_rt.scattered(self._state, {i}, {spelled[f.target]})")
     return lines

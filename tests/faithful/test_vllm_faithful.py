@@ -1,0 +1,120 @@
+"""The bundled ``vllm_v1_drafts`` map agrees with the model of vLLM 0.33's V1 runner on
+every ``input_ids`` it builds, over the schedules V1 runs (rows reordered, handed-over
+rows not first, chunked prefills, requests sitting a step out with their -1 draft
+placeholders left, draft widths changing per step, no speculation at all), with debug
+mode off and on; debug mode reports nothing there, and names each planted bug with its
+cause and the request's id."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+import pytest
+import torch
+from vllm_support import V1Run, lookup_plant, run_v1
+
+from relay import RelayDebugError
+from relay.testing import Namespace
+
+
+@pytest.mark.parametrize("debug", [False, True], ids=["debug-off", "debug-on"])
+@pytest.mark.parametrize("width", [0, 3], ids=["no-speculation", "K=3"])
+def test_the_v1_map_agrees_with_the_v1_runner(width: int, debug: bool) -> None:
+    """20 runs of 60 steps: every input_ids equal, and (debug on) no report."""
+    seen: Counter[str] = Counter()
+    for seed in range(20):
+        seen += Counter(run_v1(seed, 60, debug=debug, width=width).seen)
+    assert seen["handed_over"] > 500
+    assert seen["not_first"] > 50  # handed-over rows are not always the first rows
+    if width:
+        assert seen["left_placeholders"] > 10  # -1 left outside the spans
+        assert seen["trimmed"] > 50
+        assert seen["width_0"] > 50  # a step that proposed no drafts
+
+
+def _planted(plant: object, message: str) -> None:
+    run = V1Run(1, debug=True)
+    for _ in range(200):
+        try:
+            run.step(plant)  # type: ignore[arg-type]
+        except RelayDebugError as error:
+            assert re.search(message, str(error)), str(error)
+            return
+    raise AssertionError(f"debug mode never named: {message}")
+
+
+def _swap(batch: Namespace, run: V1Run) -> None:
+    """Two handed-over requests' slots swapped, their ids not."""
+    if batch.slots.numel() >= 2:
+        batch.slots = batch.slots[[1, 0, *range(2, batch.slots.numel())]]
+
+
+def _more_drafts(batch: Namespace, run: V1Run) -> None:
+    """The scheduler counts one draft more than the drafter made, every request's span
+    laid out for it at the end of the target."""
+    n = batch.slots.numel()
+    if n and 0 < run.prev_width < run.width:
+        span = run.width + 2
+        base = batch.input_ids.numel()
+        tail = torch.full((n * span,), -1, dtype=torch.int32)
+        batch.input_ids = torch.cat([batch.input_ids, tail])
+        batch.token_positions = base + torch.arange(n, dtype=torch.int32) * span
+        batch.num_draft_tokens = torch.full((n,), run.prev_width + 1, dtype=torch.int32)
+
+
+def _no_drafts_in_offsets(batch: Namespace, run: V1Run) -> None:
+    """Offsets counted without the drafts: one position per request."""
+    n = batch.slots.numel()
+    if n > 1 and int(batch.num_draft_tokens.sum()):
+        batch.token_positions = torch.arange(n, dtype=torch.int32)
+
+
+@lookup_plant
+def _lookup_swap(lookup: Namespace, run: V1Run) -> None:
+    """The scheduler's lookup of kept counts swaps two requests' slots."""
+    if lookup.slots.numel() >= 2:
+        lookup.slots = lookup.slots[[1, 0, *range(2, lookup.slots.numel())]]
+
+
+@pytest.mark.parametrize(
+    ("plant", "message"),
+    [
+        (
+            _swap,
+            (
+                r"VllmV1DraftsFutureMap\.sampled_tokens: slot \d+: resolve_future reads it "
+                r"for request 'req-\d+' \(position 0\), but stash wrote it for request "
+                r"'req-\d+'"
+            ),
+        ),
+        (
+            _more_drafts,
+            (
+                r"draft_tokens: request 'req-\d+' \(row \d+, slot \d+\) reads \d value\(s\), "
+                r"but its stash wrote \d: the producer and the consumer disagree"
+            ),
+        ),
+        (
+            _no_drafts_in_offsets,
+            (
+                r"sampled_tokens: request 'req-\d+' \(row \d+, slot \d+\) starts at \d+, "
+                r"inside the \d+ position\(s\) of request 'req-\d+'"
+            ),
+        ),
+        (
+            _lookup_swap,
+            (
+                r"kept_counts: slot \d+: resolve_kept_counts_cpu reads it for request "
+                r"'req-\d+' \(position 0\), but publish wrote it for request 'req-\d+'"
+            ),
+        ),
+    ],
+    ids=["swapped slots", "more drafts than made", "offsets without drafts", "lookup"],
+)
+def test_each_planted_bug_is_named_with_its_cause_and_request(
+    plant: object, message: str
+) -> None:
+    """Planted into the V1 schedule above, each bug is named by debug mode: the map,
+    the field, the cause and the request's id."""
+    _planted(plant, message)
