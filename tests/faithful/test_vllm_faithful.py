@@ -16,6 +16,7 @@ from vllm_support import V1Run, lookup_plant, run_v1
 
 from relay import RelayDebugError
 from relay.testing import Namespace
+from relay.testing.vllm_reference import V2Runner
 
 
 @pytest.mark.parametrize("debug", [False, True], ids=["debug-off", "debug-on"])
@@ -118,3 +119,22 @@ def test_each_planted_bug_is_named_with_its_cause_and_request(
     """Planted into the V1 schedule above, each bug is named by debug mode: the map,
     the field, the cause and the request's id."""
     _planted(plant, message)
+
+
+def test_the_v2_model_follows_the_prefill_rule() -> None:
+    """V2's combine: a prompt tail padded with two draft placeholders keeps its prompt
+    token and gets the slot's drafts; a decoding request gets its token and its one
+    scheduled draft; a request mid-prefill gets nothing; drafts past the step's count
+    are -1 in the state."""
+    model = V2Runner(width=3)
+    for rid, prefill in (("tail", 5), ("dec", 2), ("mid", 9)):
+        model.add_request(rid, prefill)
+    model.post_update("dec", [41, 42])
+    model.set_drafts("dec", [7, 8, 9], count=2)
+    model.set_drafts("tail", [5, 6, 4], count=3)
+    assert model.draft_tokens["dec"] == [7, 8, -1]
+    host = [100, -1, -1, 0, 0, 200, 201]
+    ids = model.combine(
+        ["tail", "dec", "mid"], [0, 3, 5, 7], [5 + 2, 4, 4], [2, 1, 0], host
+    )
+    assert ids == [100, 5, 6, 42, 7, 200, 201]
