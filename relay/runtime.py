@@ -193,6 +193,7 @@ class MapState:
         "rows",
         "seeds",
         "table",
+        "unread",
     )
 
     def __init__(
@@ -223,6 +224,9 @@ class MapState:
         #: Debug mode: each counted scatter field's count its latest write stashed per
         #: slot (Note [Counted scatters]).
         self.produced: dict[int, torch.Tensor] = {}
+        #: Debug mode, from a resolve's scatter to its read check: per counted or
+        #: ``when`` field, the requests it laid nothing for (their rows are not read).
+        self.unread: dict[int, torch.Tensor] = {}
 
     def buffer(
         self, i: int, shape: tuple[int, ...], dtype: torch.dtype
@@ -519,22 +523,37 @@ def scatter_span(
     )
     counts: list[torch.Tensor | None] = []
     widths: list[int] = []
-    for i, scatter, value in zip(fields, scatters, lengths):
-        widths.append(math.prod(s.rows[i]))
+    #: Per field: its span's room is its row's width whatever it lays (``when``).
+    fixed: list[bool] = []
+    for i, scatter, value, block in zip(fields, scatters, lengths, rows):
+        width = math.prod(s.rows[i])
+        widths.append(width)
+        _same_dtype(s, i, block, target)
+        when = scatter.when if scatter else None
+        fixed.append(when is not None)
         if value is None:
             counts.append(None)
+        elif when is not None:  # 0 or the whole row
+            if isinstance(value, torch.Tensor) and value.dtype is torch.bool:
+                value = value.long()
+            flag = _per_request(s, i, when, value, n, home)
+            counts.append((flag != 0).long() * width)
         else:
             path = scatter.lengths if scatter else None
             counts.append(_per_request(s, i, path, value, n, home))
     debug = s.debug
     if debug is not None:
         size = target.numel()
-        _debug_span(s, debug, fields, indices, starts, widths, counts, size, owners)
+        room = [None if f else c for f, c in zip(fixed, counts)]
+        _debug_span(s, debug, fields, indices, starts, widths, room, size, owners)
+        for i, count in zip(fields, counts):
+            if count is not None:  # Note [Counted scatters]: a row laid 0 is unread
+                s.unread[i] = count == 0
     # Each field's positions and values, then (debug off, on the CPU) the positions
     # checked, then the writes: all or nothing.
     host = target.is_cpu
     positions, values, masks = _span_places(
-        s, fields, rows, starts, widths, counts, host
+        s, fields, rows, starts, widths, counts, host, fixed
     )
     if debug is None and host:
         size = target.numel()
@@ -555,6 +574,17 @@ def scatter_span(
             scatter_kept(target, at, mask, value)
 
 
+def _same_dtype(s: MapState, i: int, block: torch.Tensor, target: torch.Tensor) -> None:
+    """A scatter lays values into the target as they are: refused, before anything is
+    written, where the target holds another dtype (vLLM's input ids are int32)."""
+    if block.dtype is not target.dtype:
+        raise RelayError(
+            f"{s.table.what(i)}: the target holds {target.dtype} values and the field "
+            f"{block.dtype}; declare the field's dtype as the target's (vLLM's "
+            "input_ids are torch.int32) and cast at the stash. Nothing was written"
+        )
+
+
 def _span_places(
     s: MapState,
     fields: tuple[int, ...],
@@ -563,9 +593,11 @@ def _span_places(
     widths: list[int],
     counts: list[torch.Tensor | None],
     host: bool,
+    fixed: list[bool],
 ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor | None]]:
     """Each field's target positions and values, in span order: on the host only the
-    counted ones; elsewhere all of a counted field's, with the mask of those kept."""
+    counted ones; elsewhere all of a counted field's, with the mask of those kept. A
+    ``fixed`` field takes its row's width of the span whatever it lays."""
     n = starts.numel()
     positions: list[torch.Tensor] = []
     values: list[torch.Tensor] = []
@@ -573,10 +605,10 @@ def _span_places(
     first = starts
     before: int = 0
     counted: torch.Tensor | None = None
-    for i, block, width, count in zip(fields, rows, widths, counts):
+    for i, block, width, count, whole in zip(fields, rows, widths, counts, fixed):
         if positions:  # after the fields before it in the span
             first = first + (before if counted is None else counted)
-        before, counted = width, count
+        before, counted = width, None if whole else count
         if count is None and width == 1:  # one value per request: at its start
             positions.append(first)
             values.append(block if block.ndim == 1 else block.flatten())
@@ -674,7 +706,8 @@ def _name_outside(
                     f"{s.table.what(i)}: {who} puts its {count} value(s) from {at}, "
                     f"outside the target's {size} positions. Nothing was written"
                 )
-            at += each[j]
+            whole = s.table.fields[i].scatter
+            at += width if whole is not None and whole.when is not None else each[j]
 
 
 def _widened(s: MapState, i: int, value: torch.Tensor | None) -> torch.Tensor | None:
@@ -1237,11 +1270,24 @@ def read_back(
         and f.resolve is not Resolve.PLACEHOLDER
         and f.target.split(".")[0] not in absent
     ]
-    buffers = {table.fields[i].name: s.buffers[i] for i in read}
+    # A scatter lays its rows in whatever the latest write carried (an optional
+    # scatter field keeps its rows when left out): each row's own state says.
     carried = {
-        table.fields[i].name: s.carried[i] for i in read if table.fields[i].optional
+        table.fields[i].name: s.carried[i] or table.fields[i].scatter is not None
+        for i in read
+        if table.fields[i].optional
     }
-    debug.read(op, indices, buffers, carried=carried, owners=owners)
+    # A row a counted scatter laid nothing of is not read (Note [Counted scatters]):
+    # such rows are sent to row 0, whose checks pass, one read per masked field.
+    unread = {i: s.unread.pop(i) for i in read if i in s.unread}
+    plain = {table.fields[i].name: s.buffers[i] for i in read if i not in unread}
+    if plain:
+        debug.read(op, indices, plain, carried=carried, owners=owners)
+    for i, skip in unread.items():
+        name = table.fields[i].name
+        rows = torch.where(skip, torch.zeros_like(indices), indices)
+        buffers = {name: s.buffers[i]}
+        debug.read(op, rows, buffers, carried=carried, owners=owners)
 
 
 #: Up to this many values, ``host_sum`` adds integers in Python; above it numpy does,

@@ -231,6 +231,12 @@ class Scatter:
     #: (vLLM V1 keeps the host's -1 drafts of requests it does not hand over, and
     #: clamps them later): only the handed-over values are checked.
     rest_checked: bool = True
+    #: Batch tensor of one flag per request (bool, or 0/1 ints): where it is false the
+    #: field's row is not laid in (and not read), its positions keep what the engine
+    #: wrote, and the fields after it in the span start where they would anyway (vLLM
+    #: V2 writes a request's sampled token only once its prefill is done, and its
+    #: drafts after that position either way). For a field without ``lengths``.
+    when: str | None = None
     declared_at: SourceLocation = attrs.field(
         factory=_declaration_site, kw_only=True, eq=False, repr=False
     )

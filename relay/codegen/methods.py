@@ -243,7 +243,7 @@ def _span(schema: Schema, f: Field) -> list[Field]:
         for g in schema.fields
         if (scatter := g.scatter) is not None and g.target == f.target
     ]
-    if len(shared) == 1 and shared[0][1].lengths is None:
+    if len(shared) == 1 and shared[0][1].lengths is None and shared[0][1].when is None:
         return []
     following = {s.after: g for g, s in shared}
     order = [next(g for g, s in shared if s.after is None)]
@@ -258,7 +258,10 @@ def _span_read(schema: Schema, span: Sequence[Field], target: str) -> list[str]:
     scatters = [g.scatter for g in span if g.scatter is not None]
     positions = [str(schema.fields.index(g)) for g in span]
     locals_ = [naming.value_local(g) for g in span]
-    counts = [f"batch.{s.lengths}" if s.lengths else "None" for s in scatters]
+    counts = [
+        f"batch.{s.lengths or s.when}" if s.lengths or s.when else "None"
+        for s in scatters
+    ]
 
     def tup(items: list[str]) -> str:
         return join("(", items, ",)" if len(items) == 1 else ")")

@@ -224,7 +224,7 @@ def field_paths(f: Field) -> list[str]:
     """Every batch attribute path field ``f`` names, in declaration order."""
     paths: list[object] = [f.target]
     if f.scatter is not None:
-        paths += [f.scatter.offsets, f.scatter.lengths]
+        paths += [f.scatter.offsets, f.scatter.lengths, f.scatter.when]
     if f.host is not None:
         paths += [f.host.mirror, f.host.sum]
     if f.tails is not None:

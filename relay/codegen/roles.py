@@ -117,6 +117,7 @@ def _field_roles(f: Field) -> Iterator[Role]:
         yield Role(
             _str(scatter.lengths), "Scatter(lengths=...)", Kind.COUNTS, f, s, True
         )
+        yield Role(_str(scatter.when), "Scatter(when=...)", Kind.COUNTS, f, s, True)
     host = f.host
     if isinstance(host, HostCopy):
         h = host.declared_at

@@ -170,6 +170,7 @@ _EXAMPLE = {
     "ScheduleSlots(owners=...)": "rids",
     "Scatter(offsets=...)": "query_start_loc",
     "Scatter(lengths=...)": "num_draft_tokens",
+    "Scatter(when=...)": "sampled_ready",
     "HostCopy(mirror=...)": "seq_lens_cpu",
     "HostCopy(sum=...)": "seq_lens_sum",
     "Tails(rows=...)": "mix_running_indices",
@@ -577,6 +578,7 @@ def _group_paths(f: Field) -> list[tuple[str, object, SourceLocation]]:
     if scatter is not None:
         found.append(("Scatter(offsets=...)", scatter.offsets, scatter.declared_at))
         found.append(("Scatter(lengths=...)", scatter.lengths, scatter.declared_at))
+        found.append(("Scatter(when=...)", scatter.when, scatter.declared_at))
     if isinstance(host, HostCopy):
         found.append(("HostCopy(mirror=...)", host.mirror, host.declared_at))
         found.append(("HostCopy(sum=...)", host.sum, host.declared_at))
@@ -589,7 +591,8 @@ def _group_paths(f: Field) -> list[tuple[str, object, SourceLocation]]:
             found.append(("TailsKv(table=...)", kv.table, kv.declared_at))
         elif kv is not None:
             found.append(("Tails(kv=...)", kv, tails.declared_at))
-    optional = {"Scatter(lengths=...)", "HostCopy(mirror=...)", "HostCopy(sum=...)"}
+    optional = {"Scatter(lengths=...)", "Scatter(when=...)", "HostCopy(mirror=...)"}
+    optional.add("HostCopy(sum=...)")
     optional.add("Tails(prefix=...)")
     return [(o, v, at) for o, v, at in found if v is not None or o not in optional]
 
@@ -692,14 +695,22 @@ def _scatter_problems(f: Field) -> list[Problem]:
     if f.scatter is None:
         return []
     found: list[Problem] = []
-    if f.lane is not Lane.FORWARD or f.target is None or f.optional is True:
+    # An optional scatter field must keep its rows when left out: nothing would say
+    # what to lay in for a row a stash left out (vLLM V2's token while in prefill).
+    left_out = f.optional is True and f.kept is not True
+    if f.lane is not Lane.FORWARD or f.target is None or left_out:
         found.append(
             (
                 (
-                    "resolve=Scatter(...) writes a required forward-lane field into its "
-                    f"target (got lane={f.lane}, target={f.target!r}, optional={f.optional})"
+                    "resolve=Scatter(...) writes a forward-lane field into its target, "
+                    "required or kept when left out (got "
+                    f"lane={f.lane}, target={f.target!r}, optional={f.optional}, "
+                    f"kept={f.kept})"
                 ),
-                "make the field a required forward-lane field with a target",
+                (
+                    "make the field a forward-lane field with a target, required or "
+                    "optional=True with kept=True"
+                ),
             )
         )
     if isinstance(f.shape, tuple) and len(f.shape) > 1:
@@ -929,6 +940,15 @@ def _check_counted_scatters(c: _Collector, fields: list[Field]) -> None:
             continue
         if _valid_path(scatter.lengths):
             _check_lengths(c, f, scatter, payload, leaves)
+        if scatter.when is not None and scatter.lengths is not None:
+            c.add(
+                f,
+                "Scatter(when=...) lays a request's whole row or none of it, and "
+                "Scatter(lengths=...) lays its first values: a field takes one of them",
+                "count the values with lengths=... (0 where none are laid), or keep "
+                "when=... and remove lengths=...",
+                scatter.declared_at,
+            )
         if scatter.after is not None:
             _check_after(c, f, scatter, by_name, followed)
         elif f.target in alone:

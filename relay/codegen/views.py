@@ -536,8 +536,9 @@ def _protocol_set(schema: Schema, lane: Lane | None) -> tuple[ProtocolView, ...]
         scatter = f.scatter
         if scatter is not None and resolved:
             add(scatter.offsets, "torch.Tensor", False)
-            if scatter.lengths is not None:
-                add(scatter.lengths, "torch.Tensor", False)
+            for counted in (scatter.lengths, scatter.when):
+                if counted is not None:
+                    add(counted, "torch.Tensor", False)
         host = f.host
         if host is not None and host.mirror is not None and (resolved or tails):
             add(host.mirror, tensor, True)

@@ -12,7 +12,7 @@ from collections import Counter
 
 import pytest
 import torch
-from vllm_support import V1Run, lookup_plant, run_v1
+from vllm_support import V1Run, V2Run, lookup_plant, run_v1, run_v2
 
 from relay import RelayDebugError
 from relay.testing import Namespace
@@ -138,3 +138,97 @@ def test_the_v2_model_follows_the_prefill_rule() -> None:
         ["tail", "dec", "mid"], [0, 3, 5, 7], [5 + 2, 4, 4], [2, 1, 0], host
     )
     assert ids == [100, 5, 6, 42, 7, 200, 201]
+
+
+@pytest.mark.parametrize("debug", [False, True], ids=["debug-off", "debug-on"])
+@pytest.mark.parametrize("width", [0, 3], ids=["no-speculation", "K=3"])
+def test_the_v2_map_agrees_with_the_v2_runner(width: int, debug: bool) -> None:
+    """20 runs of 60 steps of V2's schedules: chunked prompts, prompt tails padded
+    with drafts (the prompt token kept, the slot's drafts laid), requests mid-prefill
+    stashing drafts alone, rows in any order, draft widths changing per step with -1
+    past the count; every input_ids equal, and (debug on) no report."""
+    seen: Counter[str] = Counter()
+    for seed in range(20):
+        seen += Counter(run_v2(seed, 60, debug=debug, width=width).seen)
+    assert seen["token_laid"] > 500
+    assert seen["mid_prefill"] > 100
+    assert seen["not_first"] > 50
+    if width:
+        assert seen["prompt_tail_drafts"] > 20
+        assert seen["width_0"] > 50
+
+
+def _planted_v2(plant: object, message: str) -> None:
+    run = V2Run(2, debug=True)
+    for _ in range(200):
+        try:
+            run.step(plant)  # type: ignore[arg-type]
+        except RelayDebugError as error:
+            assert re.search(message, str(error)), str(error)
+            return
+    raise AssertionError(f"debug mode never named: {message}")
+
+
+def _token_always(batch: Namespace, run: V2Run) -> None:
+    """The last release's port: the token laid for every row, prefill or not."""
+    batch.sampled_ready = torch.ones_like(batch.sampled_ready)
+
+
+def _swap_v2(batch: Namespace, run: V2Run) -> None:
+    """Two rows' slots swapped, their ids not."""
+    ready = batch.sampled_ready.nonzero().reshape(-1)
+    if ready.numel() >= 2:
+        a, b = int(ready[0]), int(ready[1])
+        slots = batch.slots.clone()
+        slots[a], slots[b] = batch.slots[b], batch.slots[a]
+        batch.slots = slots
+
+
+def _drafts_past_the_step(batch: Namespace, run: V2Run) -> None:
+    """A request scheduled more drafts than its row's step proposed."""
+    counts = batch.num_draft_tokens
+    last = len(batch.req_ids) - 1
+    if last < 0 or not bool(batch.sampled_ready[last]):
+        return
+    made = run.produced[batch.req_ids[last]]
+    if made < run.width and int(counts[last]) == made:
+        batch.num_draft_tokens = counts.clone()
+        batch.num_draft_tokens[last] += 1
+        tail = torch.full((1,), -1, dtype=torch.int32)
+        batch.input_ids = torch.cat([batch.input_ids, tail])
+
+
+@pytest.mark.parametrize(
+    ("plant", "message"),
+    [
+        (
+            _token_always,
+            (
+                r"VllmV2DraftsFutureMap\.last_sampled: slot \d+: resolve_future reads a "
+                r"row that was never written"
+            ),
+        ),
+        (
+            _swap_v2,
+            (
+                r"VllmV2DraftsFutureMap\.last_sampled: slot \d+: resolve_future reads it "
+                r"for request 'req-\d+' \(position \d+\), but (stash|seed) wrote it for "
+                r"request 'req-\d+'"
+            ),
+        ),
+        (
+            _drafts_past_the_step,
+            (
+                r"draft_tokens: request 'req-\d+' \(row \d+, slot \d+\) reads \d "
+                r"value\(s\), but its stash wrote \d"
+            ),
+        ),
+    ],
+    ids=["token laid in prefill", "swapped slots", "drafts past the step's"],
+)
+def test_each_planted_v2_bug_is_named_with_its_cause_and_request(
+    plant: object, message: str
+) -> None:
+    """Planted into V2's schedule, each bug is named with the map, the field, the
+    cause and the request's id."""
+    _planted_v2(plant, message)
