@@ -175,7 +175,7 @@ def clash(
                 f"{second.option} {b!r} is also {whose}: one batch attribute cannot be "
                 f"both ({first.kind.value} there, {second.kind.value} here)"
             ),
-            f"give {second.option} a batch attribute of its own",
+            _fix(second),
         )
     outer, inner = (first, second) if b.startswith(a + ".") else (second, first)
     if not inner.path.startswith(outer.path + "."):
@@ -196,5 +196,12 @@ def clash(
             f"{second.option} {b!r} {verb} {a!r}, {whose}: that attribute cannot be "
             f"both a tensor and an object holding {inner.path.split('.')[-1]!r}"
         ),
-        f"give {second.option} a batch attribute of its own",
+        _fix(second),
     )
+
+
+def _fix(role: Role) -> str:
+    if role.field is None:
+        return f"give {role.option} a batch attribute of its own"
+    field = role.field.name
+    return f"give the {role.option} of field {field!r} a batch attribute of its own"

@@ -622,7 +622,7 @@ def _check_groups(c: _Collector, f: Field) -> None:
                 f,
                 f"{option} must be a dotted attribute path of the batch such as "
                 f"{_EXAMPLE[option]!r} (got {_got(value)})",
-                f"write {option.replace('...', repr(_EXAMPLE[option]))}",
+                "write " + option.replace("...", f'"{_EXAMPLE[option]}"'),
                 at,
             )
     if isinstance(f.host, HostCopy):
@@ -967,8 +967,8 @@ def _check_counted_scatters(c: _Collector, fields: list[Field]) -> None:
     # A target's scatter fields form one chain.
     for f in fields:
         seen = {f.name}
-        after = f.scatter.after if f.scatter is not None else None
-        while isinstance(after, str) and after in by_name and after != f.name:
+        after = _after(f) if _after(f) != f.name else None  # refused above
+        while isinstance(after, str) and after in by_name:
             if after in seen:
                 c.add(
                     f,
@@ -1060,8 +1060,8 @@ def _check_after(
             f"request's span, so both scatter into one target from one offsets (got "
             f"{first.name!r}: resolve={got}, target={first.target!r}; this field: "
             f"offsets={scatter.offsets!r}, target={f.target!r})",
-            f"give both resolve=Scatter(offsets={scatter.offsets!r}) and "
-            f"target={f.target!r}",
+            f"give both resolve=Scatter(offsets={other.offsets if other else 'starts'!r})"
+            f" and target={first.target!r}",
             at,
         )
     taken = followed.setdefault(first.name, f)
@@ -1345,13 +1345,16 @@ def _check_protocols(c: _Collector, table: list[Role]) -> None:
     ``EagleScheduleSpecInfo`` on the schedule lane's batch where that is apart) takes
     no name the module already binds, nor another object's."""
     schema = c.schema
+    taken = "a name the module already defines"
     bound = {
-        schema.name: "the map class",
-        naming.payload_class(schema): "its payload class",
-        naming.batch_protocol(schema): "its batch Protocol",
+        schema.name: f"{taken} (the map class)",
+        naming.payload_class(schema): f"{taken} (its payload class)",
+        naming.batch_protocol(schema): f"{taken} (its batch Protocol)",
     }
     if schema.lanes_apart:
-        bound[naming.schedule_protocol(schema)] = "the schedule lane's batch Protocol"
+        bound[naming.schedule_protocol(schema)] = (
+            f"{taken} (the schedule lane's batch Protocol)"
+        )
     owners: dict[str, tuple[str, Role]] = {}
     for role in table:
         if not _valid_path(role.path):
@@ -1366,7 +1369,9 @@ def _check_protocols(c: _Collector, table: list[Role]) -> None:
                 if name in bound or _taken(name) is not None:
                     clash = bound.get(name) or _taken(name)
                 elif first[0] != key:
-                    clash = f"like that of {first[0]!r} ({first[1].whose})"
+                    other = first[1]
+                    by = f"field {other.field.name!r}" if other.field else "the schema"
+                    clash = f"like that of {first[0]!r} ({by}, {c.where(other.at)})"
                 else:
                     continue
                 c.add(

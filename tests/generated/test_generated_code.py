@@ -26,6 +26,7 @@ from relay.schema import (
     Alloc,
     Field,
     Guard,
+    HostCopy,
     Lane,
     Layout,
     Resolve,
@@ -80,7 +81,7 @@ CORPUS = Schema(
             dtype=torch.int64,
             target="seq_lens",
             resolve=Resolve.PLACEHOLDER,
-            host_sum="seq_lens_sum",
+            host=HostCopy(sum="seq_lens_sum"),
         ),
         Field(
             "scores",
@@ -89,7 +90,7 @@ CORPUS = Schema(
             shape=("width",),
             optional=True,
             target="spec_info.scores",
-            host_mirror="scores_cpu",
+            host=HostCopy(mirror="scores_cpu"),
         ),
     ],
 )

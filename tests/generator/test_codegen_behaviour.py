@@ -23,11 +23,15 @@ from relay.schema import (
     Alloc,
     Field,
     Guard,
+    HostCopy,
     IfNone,
     Lane,
     Layout,
     Resolve,
+    Scatter,
     Schema,
+    Tails,
+    TailsKv,
     TargetShape,
     Unwritten,
 )
@@ -55,11 +59,11 @@ def every_option(layout: Layout) -> Schema:
         Field("scores", lane=forward, dtype=torch.float32, shape=(2,), optional=True,
               target="scores"),
         Field("lens", lane=Lane.SCHEDULE, dtype=torch.int64, target="seq_lens",
-              host_mirror="seq_lens_cpu", host_sum="seq_lens_sum", guard=Guard.POSITIVE,
-              graph_written=True, stream_ordered=True, tails="mix_running_indices",
-              tails_kv="out_cache_loc", tails_kv_table="req_to_token"),
+              host=HostCopy(mirror="seq_lens_cpu", sum="seq_lens_sum", stream_ordered=True), guard=Guard.POSITIVE,
+              graph_written=True, tails=Tails(rows="mix_running_indices", kv=TailsKv(locations="out_cache_loc", table="req_to_token")),
+              ),
         Field("conf", lane=Lane.SCHEDULE, dtype=torch.float32, optional=True,
-              target="conf", host_mirror="conf_cpu"),
+              target="conf", host=HostCopy(mirror="conf_cpu")),
     ]  # fmt: skip
     if layout is Layout.PACKED:
         fields.append(
@@ -277,8 +281,7 @@ def test_rows_scattered_at_per_request_offsets(tmp_path: Path) -> None:
                 dtype=torch.int64,
                 shape=("width",),
                 target="input_ids",
-                resolve=Resolve.SCATTER,
-                offsets="starts",
+                resolve=Scatter(offsets="starts"),
             ),
         ],
     )

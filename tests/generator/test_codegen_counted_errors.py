@@ -1,4 +1,4 @@
-"""Counted scatters (``lengths=``, ``after=``) that cannot work are refused by ``relay
+"""Counted scatters (``Scatter(lengths=..., after=...)``) that cannot work are refused by ``relay
 generate`` at the line of the field, with the fix (Note [Counted scatters] in
 relay/runtime.py); the declarations that can work generate."""
 
@@ -11,13 +11,13 @@ from relay.codegen import explicit_job, plan
 from relay.errors import SchemaError
 
 PRELUDE = (
-    "import torch\n\nfrom relay.schema import Field, Lane, Resolve, Schema\n\n"
-    "S = dict(resolve=Resolve.SCATTER, lane=Lane.FORWARD, dtype=torch.int64)\n\n"
+    "import torch\n\nfrom relay.schema import Field, Lane, Scatter, Schema\n\n"
+    "S = dict(lane=Lane.FORWARD, dtype=torch.int64)\n\n"
 )
-TOKEN = 'Field("tok", target="input_ids", offsets="starts", **S),'
+TOKEN = 'Field("tok", target="input_ids", resolve=Scatter(offsets="starts"), **S),'
 DRAFTS = (
-    'Field("x", shape=(3,), target="input_ids", offsets="starts", '
-    'lengths="num_drafts", after="tok", **S),'
+    'Field("x", shape=(3,), target="input_ids", resolve=Scatter(offsets="starts", '
+    'lengths="num_drafts", after="tok"), **S),'
 )
 
 
@@ -34,57 +34,46 @@ def _issues(project: Project, fields: list[str]) -> list[str]:
     return [str(issue) for issue in excinfo.value.issues]
 
 
+def _x(target: str = "u", shape: str = "(3,)", **scatter: str) -> str:
+    """Field ``x``, a scatter with the ``Scatter`` options given, on one line."""
+    options = ", ".join(
+        f"{k}={v!r}" for k, v in {"offsets": "starts", **scatter}.items()
+    )
+    return (
+        f'Field("x", shape={shape}, target="{target}", '
+        f"resolve=Scatter({options}), **S),"
+    ).replace("'", '"')
+
+
 CASES = {
-    "lengths on a gather": (
-        [
-            'Field("tok", lane=Lane.FORWARD, dtype=torch.int64, target="t"),',
-            (
-                'Field("x", lane=Lane.FORWARD, dtype=torch.int64, shape=(3,), target="u", '
-                'lengths="n"),'
-            ),
-        ],
-        "lengths belongs to a scatter, but resolve is Resolve.GATHER",
-        "add resolve=Resolve.SCATTER with offsets=..., or remove lengths=...",
-    ),
-    "after on a gather": (
-        [
-            TOKEN,
-            'Field("x", lane=Lane.FORWARD, dtype=torch.int64, target="u", after="tok"),',
-        ],
-        "after belongs to a scatter, but resolve is Resolve.GATHER",
-        "add resolve=Resolve.SCATTER with offsets=..., or remove after=...",
-    ),
     "lengths that are no path": (
-        [
-            (
-                'Field("x", shape=(3,), target="u", offsets="starts", lengths="n drafts", '
-                "**S),"
-            )
-        ],
-        "lengths must be a dotted attribute path of the batch",
-        'write lengths="num_draft_tokens", or leave it out',
+        [_x(lengths="n drafts")],
+        "Scatter(lengths=...) must be a dotted attribute path of the batch",
+        'write Scatter(lengths="num_draft_tokens")',
     ),
     "lengths that a field writes": (
         [
             'Field("tok", lane=Lane.FORWARD, dtype=torch.int64, target="n"),',
-            'Field("x", shape=(3,), target="u", offsets="starts", lengths="n", **S),',
+            _x(lengths="n"),
         ],
-        "lengths='n' is also where a field resolves to, or the offsets",
-        "read lengths from a batch attribute no field writes",
+        "Scatter(lengths=...) 'n' is also the target of field 'tok' (schemas/bad.py:",
+        "give Scatter(lengths=...) a batch attribute of its own",
     ),
     "lengths that are the offsets": (
-        [
-            (
-                'Field("x", shape=(3,), target="u", offsets="starts", lengths="starts", '
-                "**S),"
-            )
-        ],
-        "lengths='starts' is also where a field resolves to, or the offsets",
-        "read lengths from a batch attribute no field writes",
+        [_x(lengths="starts")],
+        "Scatter(lengths=...) 'starts' is also the Scatter(offsets=...) of field 'x': "
+        "one batch attribute cannot be both (read as start offsets there, read as "
+        "counts here)",
+        "give Scatter(lengths=...) a batch attribute of its own",
+    ),
+    "lengths that are the slots": (
+        [_x(lengths="req_pool_indices")],
+        "Scatter(lengths=...) 'req_pool_indices' is also the schema's indices",
+        "give Scatter(lengths=...) a batch attribute of its own",
     ),
     "lengths of one value per row": (
-        ['Field("x", target="u", offsets="starts", lengths="n", **S),'],
-        "lengths counts the values of each row, but the row is one value",
+        [_x(shape="()", lengths="n")],
+        "Scatter(lengths=...) counts the values of each row, but the row is one value",
         'give the row a width, e.g. shape=("drafts",), or remove lengths=...',
     ),
     "a count named like a payload attribute": (
@@ -93,75 +82,50 @@ CASES = {
                 'Field("tok", lane=Lane.FORWARD, dtype=torch.int64, target="t", '
                 'source="n"),'
             ),
-            (
-                'Field("x", shape=(3,), target="u", offsets="starts", lengths="spec.n", '
-                "**S),"
-            ),
+            _x(lengths="spec.n"),
         ],
         "the stash payload carries the producer's count as 'n'",
         "name the count attribute otherwise, or give that field another source",
     ),
     "a count named like a reserved name": (
-        [
-            (
-                'Field("x", shape=(3,), target="u", offsets="starts", '
-                'lengths="spec.indices", **S),'
-            )
-        ],
+        [_x(lengths="spec.indices")],
         "a name the generated module keeps for itself",
         "name the count attribute otherwise",
     ),
     "after a field that is not there": (
-        ['Field("x", shape=(3,), target="u", offsets="starts", after="sampled", **S),'],
-        "after must name another scatter field of the schema (got 'sampled'",
+        [_x(after="sampled")],
+        "Scatter(after=...) must name another scatter field of the schema (got "
+        "'sampled'",
         "name the field whose values come first in each request's span",
     ),
     "after itself": (
-        ['Field("x", shape=(3,), target="u", offsets="starts", after="x", **S),'],
-        "after must name another scatter field of the schema (got 'x'",
+        [_x(after="x")],
+        "Scatter(after=...) must name another scatter field of the schema (got 'x'",
         "name the field whose values come first in each request's span",
     ),
     "after a field with other offsets": (
-        [
-            TOKEN,
-            (
-                'Field("x", shape=(3,), target="input_ids", offsets="draft_starts", '
-                'after="tok", **S),'
-            ),
-        ],
+        [TOKEN, _x(target="input_ids", offsets="draft_starts", after="tok")],
         "so both scatter into one target from one offsets",
-        "give both resolve=Resolve.SCATTER, target='input_ids' and offsets='starts'",
+        "give both resolve=Scatter(offsets='starts') and target='input_ids'",
     ),
     "after a field into another target": (
-        [
-            TOKEN,
-            (
-                'Field("x", shape=(3,), target="draft_ids", offsets="starts", after="tok", '
-                "**S),"
-            ),
-        ],
+        [TOKEN, _x(target="draft_ids", after="tok")],
         "so both scatter into one target from one offsets",
-        "give both resolve=Resolve.SCATTER, target='input_ids' and offsets='starts'",
+        "give both resolve=Scatter(offsets='starts') and target='input_ids'",
     ),
     "two fields after one": (
         [
             TOKEN,
-            (
-                'Field("y", shape=(3,), target="input_ids", offsets="starts", after="tok", '
-                "**S),"
-            ),
-            (
-                'Field("x", shape=(3,), target="input_ids", offsets="starts", after="tok", '
-                "**S),"
-            ),
+            _x(target="input_ids", after="tok").replace('"x"', '"y"'),
+            _x(target="input_ids", after="tok"),
         ],
         "after='tok', like field 'y'",
         "lay it after 'y' instead",
     ),
     "a second scatter into a target, not after the first": (
-        [TOKEN, 'Field("x", shape=(3,), target="input_ids", offsets="starts", **S),'],
-        "target 'input_ids' is also the target of field 'tok'",
-        "give field 'x' another target",
+        [TOKEN, _x(target="input_ids")],
+        "target 'input_ids' is also where scatter field 'tok' (schemas/bad.py:",
+        "lay it after the other with Scatter(after='tok'), or give it another target",
     ),
 }
 
@@ -185,8 +149,8 @@ def test_a_cycle_of_after_is_refused_at_each_field(project: Project) -> None:
     issues = _issues(
         project,
         [
-            'Field("x", target="i", offsets="s", after="y", **S),',
-            'Field("y", target="i", offsets="s", after="x", **S),',
+            'Field("x", target="i", resolve=Scatter(offsets="s", after="y"), **S),',
+            'Field("y", target="i", resolve=Scatter(offsets="s", after="x"), **S),',
         ],
     )
     assert len(issues) == 2, issues

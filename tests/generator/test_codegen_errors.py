@@ -284,8 +284,9 @@ def test_two_fields_resolve_into_one_target(project: Project) -> None:
     second = line_of(path, '"draft"')
     assert one_issue(project) == (
         f"{SRC}:{second}: error: BadFutureMap.draft: target 'input_ids' is also the target of field "
-        f"'tokens' ({SRC}:{first}); two fields cannot resolve into one attribute\n"
-        "    fix: give field 'draft' another target"
+        f"'tokens' ({SRC}:{first}): one batch attribute cannot be both (written there, "
+        "written here)\n"
+        "    fix: give the target of field 'draft' a batch attribute of its own"
     )
 
 
@@ -492,12 +493,16 @@ def test_nested_target_protocol_name_clash(project: Project, owner: str) -> None
             f'Field("extra", lane=Lane.FORWARD, dtype=torch.int64, target="{owner}.extra"),',
         ],
     )
-    clash = {"batch": "BadBatch", "payload": "BadPayload", "future_map": "BadFutureMap"}
+    clash = {
+        "batch": "BadBatch, a name the module already defines (its batch Protocol)",
+        "payload": "BadPayload, a name the module already defines (its payload class)",
+        "future_map": "BadFutureMap, a name the module already defines (the map class)",
+    }
     _refused(
         project,
         "extra",
         f"target '{owner}.extra' goes through '{owner}', whose generated Protocol would "
-        f"be named {clash[owner]}, a name the module already defines",
+        f"be named {clash[owner]}",
     )
 
 
@@ -508,7 +513,7 @@ def test_field_named_like_a_builtin_the_map_calls(project: Project) -> None:
         [
             (
                 'Field("int", lane=Lane.SCHEDULE, dtype=torch.int64, target="seq_lens", '
-                'host_sum="seq_lens_sum"),'
+                'host=HostCopy(sum="seq_lens_sum")),'
             ),
         ],
     )
@@ -574,21 +579,21 @@ def test_guard_on_a_dtype_it_cannot_check(
     ],
 )
 def test_host_sum_on_a_float_field(project: Project, spelled: str, got: str) -> None:
-    """host_sum on a float (or not yet known) dtype is refused: the int sum would truncate it."""
+    """A host sum on a float (or not yet known) dtype is refused: the int sum would truncate it."""
     path = project.schema_module(
         "bad",
         [
             (
                 f'Field("conf", lane=Lane.SCHEDULE, dtype={spelled}, target="conf", '
-                'host_sum="conf_sum"),'
+                'host=HostCopy(sum="conf_sum")),'
             )
         ],
     )
     assert one_issue(project) == (
-        f"{SRC}:{line_of(path, QCONF)}: error: BadFutureMap.conf: host_sum hands the "
-        "batch an int, so it needs a fixed integer dtype; a float sum would be truncated (got "
-        f"dtype={got})\n"
-        "    fix: give dtype=torch.int64, or remove host_sum=... and sum the host_mirror yourself"
+        f"{SRC}:{line_of(path, QCONF)}: error: BadFutureMap.conf: HostCopy(sum=...) hands "
+        "the batch an int, so it needs a fixed integer dtype; a float sum would be truncated "
+        f"(got dtype={got})\n"
+        "    fix: give dtype=torch.int64, or remove sum=... and sum the mirror yourself"
     )
 
 

@@ -13,7 +13,7 @@ from relay.errors import SchemaError
 PRELUDE = (
     "import torch\n\n"
     "from relay.schema import (\n"
-    "    Field, IfNone, Lane, Resolve, Schema, TargetShape, Unwritten,\n"
+    "    Field, IfNone, Lane, Resolve, Scatter, Schema, TargetShape, Unwritten,\n"
     ")\n\n"
 )
 TOKENS = 'Field("tokens", lane=Lane.FORWARD, dtype=torch.int64, target="input_ids"),'
@@ -56,42 +56,37 @@ FIELD_CASES = {
         "but the field's rows have none (shape=())",
         "leave target_shape out: one value per slot is already flat",
     ),
-    "scatter without offsets": (
+    "scatter from offsets that are no path": (
         (
             'Field("x", lane=Lane.FORWARD, dtype=torch.int64, target="x", '
-            "resolve=Resolve.SCATTER),"
+            'resolve=Scatter(offsets="start at")),'
         ),
-        "resolve=Resolve.SCATTER needs offsets",
-        'add offsets="query_start_loc"',
+        "Scatter(offsets=...) must be a dotted attribute path of the batch",
+        'write Scatter(offsets="query_start_loc")',
     ),
     "scatter on the schedule lane": (
         (
             'Field("x", lane=Lane.SCHEDULE, dtype=torch.int64, target="x", '
-            'resolve=Resolve.SCATTER, offsets="starts"),'
+            'resolve=Scatter(offsets="starts")),'
         ),
-        "resolve=Resolve.SCATTER writes a required forward-lane field",
+        "resolve=Scatter(...) writes a required forward-lane field",
         "make the field a required forward-lane field with a target",
     ),
     "scatter of an optional field": (
         (
             'Field("x", lane=Lane.FORWARD, dtype=torch.int64, target="flat", '
-            'resolve=Resolve.SCATTER, offsets="starts", optional=True),'
+            'resolve=Scatter(offsets="starts"), optional=True),'
         ),
-        "resolve=Resolve.SCATTER writes a required forward-lane field",
+        "resolve=Scatter(...) writes a required forward-lane field",
         "make the field a required forward-lane field with a target",
     ),
     "offsets that a field writes": (
         (
             'Field("x", lane=Lane.FORWARD, dtype=torch.int64, target="flat", '
-            'resolve=Resolve.SCATTER, offsets="input_ids"),'
+            'resolve=Scatter(offsets="input_ids")),'
         ),
-        "offsets='input_ids' is also where 'tokens' resolves to",
-        "read offsets from a batch attribute no field writes",
-    ),
-    "offsets without a scatter": (
-        'Field("x", lane=Lane.FORWARD, dtype=torch.int64, target="x", offsets="at"),',
-        "offsets names where scattered rows start, but resolve is Resolve.GATHER",
-        "add resolve=Resolve.SCATTER, or remove offsets=...",
+        "Scatter(offsets=...) 'input_ids' is also the target of field 'tokens'",
+        "give the Scatter(offsets=...) of field 'x' a batch attribute of its own",
     ),
 }
 
@@ -113,6 +108,7 @@ SCHEMA_CASES = {
         '    optional_parents={"draft": IfNone.SKIP},\n',
         [TOKENS],
         "optional_parents names 'draft', which is the first part of no target path",
+        "SCHEMA = Schema(",
     ),
     "a schedule target under an optional parent": (
         '    optional_parents={"spec_info": IfNone.SKIP},\n',
@@ -123,17 +119,21 @@ SCHEMA_CASES = {
                 'target="spec_info.lens"),'
             ),
         ],
-        "a schedule resolve hands its value whatever the batch holds",
+        "target 'spec_info.lens' goes through the optional parent 'spec_info'; it is "
+        "written whatever the batch holds",
+        'Field("lens"',
     ),
     "seeding a schedule-lane-only map": (
         "    seeded=True,\n",
         [LENS],
         "seeded=True makes seed(indices, payload) hand rows to the next resolve_future",
+        "SCHEMA = Schema(",
     ),
     "owners that a field writes": (
         '    owners="input_ids",\n',
         [TOKENS],
-        "owners='input_ids' is also where 'tokens' resolves to",
+        "target 'input_ids' is also the schema's owners (schemas/bad.py:",
+        'Field("tokens"',
     ),
     "owners through an optional parent": (
         '    owners="spec_info.rids",\n    optional_parents={"spec_info": IfNone.SKIP},\n',
@@ -144,12 +144,15 @@ SCHEMA_CASES = {
                 'target="spec_info.draft"),'
             ),
         ],
-        "owners='spec_info.rids' goes through an optional parent",
+        "owners 'spec_info.rids' goes through the optional parent 'spec_info'; it is "
+        "read as request ids whatever the batch holds",
+        "SCHEMA = Schema(",
     ),
     "owners that are no path": (
         '    owners="request ids",\n',
         [TOKENS],
         "owners must be a dotted attribute path of the batch",
+        "SCHEMA = Schema(",
     ),
 }
 
@@ -158,11 +161,11 @@ SCHEMA_CASES = {
 def test_a_schema_option_that_cannot_work_is_refused_at_the_schema(
     case: str, project: Project
 ) -> None:
-    options, fields, problem = SCHEMA_CASES[case]
+    """One issue, at the line of the declaration that comes second: the schema's
+    where its option meets what was declared before, else the field's."""
+    options, fields, problem, at = SCHEMA_CASES[case]
     issues = _issues(project, fields, options)
     assert len(issues) == 1, issues
-    line = line_of(project.schemas / "bad.py", "SCHEMA = Schema(")
-    if "lens" in fields[-1] and "spec_info.lens" in fields[-1]:
-        line = line_of(project.schemas / "bad.py", 'Field("lens"')
+    line = line_of(project.schemas / "bad.py", at)
     assert issues[0].startswith(f"schemas/bad.py:{line}: error: BadFutureMap")
     assert problem in issues[0] and "fix: " in issues[0]

@@ -1,6 +1,6 @@
-"""A schedule lane that names its own slots and owners (``Schema(schedule_indices=,
-schedule_owners=)``, Note [Slots per lane]): refused where it cannot work, at the
-schema's line with the fix; generated, the schedule resolves read the scheduler's own
+"""A schedule lane that names its own slots and owners (``Schema(schedule=
+ScheduleSlots(indices=, owners=))``, Note [Slots per lane]): refused where it cannot
+work, at the line of the declaration that meets another, with the fix; generated, the schedule resolves read the scheduler's own
 object, typed with a Protocol of their own, and debug mode names that lane's requests."""
 
 from __future__ import annotations
@@ -14,7 +14,17 @@ import torch
 
 from relay import RelayDebugError
 from relay.codegen.validate import validate
-from relay.schema import Field, IfNone, Lane, Resolve, Schema
+from relay.schema import (
+    Field,
+    HostCopy,
+    IfNone,
+    Lane,
+    Resolve,
+    Scatter,
+    ScheduleSlots,
+    Schema,
+    Tails,
+)
 from relay.testing import load_map_class
 
 FWD, SCHED = Lane.FORWARD, Lane.SCHEDULE
@@ -40,144 +50,186 @@ def drafts(**options: Any) -> Field:
         dtype=torch.int64,
         shape=(2,),
         target="flat_ids",
-        resolve=Resolve.SCATTER,
-        offsets="starts",
-        lengths="counts",
+        resolve=Scatter(offsets="starts", lengths="counts"),
         **options,
     )
 
 
-#: (id, schema options, fields, a phrase of the problem, a phrase of the fix)
-REFUSED: list[tuple[str, dict[str, Any], list[Field], str, str]] = [
+def slots(**options: Any) -> dict[str, Any]:
+    """``schedule=ScheduleSlots(**options)``, as schema options."""
+    return {"schedule": ScheduleSlots(**options)}
+
+
+#: (id, schema options, fields, a phrase of the problem, a phrase of the fix, where
+#: the issue is reported: "schema", "slots" (the ScheduleSlots), or a field's name and
+#: the group of it ("lens", "lens.host", "drafts.resolve"))
+REFUSED: list[tuple[str, dict[str, Any], list[Field], str, str, str]] = [
     (
         "slots-not-a-path",
-        {"schedule_indices": "req slots"},
+        slots(indices="req slots"),
         [lens()],
-        "schedule_indices must be a dotted attribute path",
-        'write schedule_indices="req_pool_indices"',
+        "ScheduleSlots(indices=...) must be a dotted attribute path",
+        'write indices="req_pool_indices"',
+        "slots",
     ),
     (
         "owners-not-a-path",
-        {"schedule_owners": 3},
+        slots(owners=3),
         [lens()],
-        "schedule_owners must be a dotted attribute path",
-        'write schedule_owners="rids"',
+        "ScheduleSlots(owners=...) must be a dotted attribute path",
+        'write owners="rids"',
+        "slots",
+    ),
+    (
+        "nothing-named",
+        slots(),
+        [lens()],
+        "ScheduleSlots() names neither the schedule lane's slots nor its owners",
+        "remove schedule=...",
+        "slots",
     ),
     (
         "slots-without-schedule-fields",
-        {"schedule_indices": "sched_slots"},
+        slots(indices="sched_slots"),
         [tokens()],
         "the schema has no schedule-lane field",
-        "leave schedule_indices out",
+        "remove schedule=...",
+        "slots",
     ),
     (
         "owners-without-schedule-fields",
-        {"schedule_owners": "sched_rids"},
+        slots(owners="sched_rids"),
         [tokens()],
         "the schema has no schedule-lane field",
-        "leave schedule_owners out",
+        "remove schedule=...",
+        "slots",
     ),
     (
         "slots-are-a-target",
-        {"schedule_indices": "seq_lens"},
+        slots(indices="seq_lens"),
         [lens()],
-        "schedule_indices='seq_lens' is also the target of field 'lens'",
-        "give schedule_indices a batch attribute of its own",
+        "target 'seq_lens' is also the schema's ScheduleSlots(indices=...)",
+        "give the target of field 'lens' a batch attribute of its own",
+        "lens",
     ),
     (
         "slots-are-a-host-copy",
-        {"schedule_indices": "seq_lens_cpu"},
-        [lens(host_mirror="seq_lens_cpu")],
-        "is also the host_mirror of field 'lens'",
-        "give schedule_indices a batch attribute of its own",
+        slots(indices="seq_lens_cpu"),
+        [lens(host=HostCopy(mirror="seq_lens_cpu"))],
+        "HostCopy(mirror=...) 'seq_lens_cpu' is also the schema's ScheduleSlots(",
+        "give the HostCopy(mirror=...) of field 'lens' a batch attribute of its own",
+        "lens.host",
     ),
     (
         "slots-are-offsets",
-        {"schedule_indices": "starts"},
+        slots(indices="starts"),
         [drafts(), lens()],
-        "is also the offsets of field 'drafts'",
-        "give schedule_indices",
+        "Scatter(offsets=...) 'starts' is also the schema's ScheduleSlots(indices=...)",
+        "give the Scatter(offsets=...) of field 'drafts'",
+        "drafts.resolve",
     ),
     (
         "slots-are-lengths",
-        {"schedule_indices": "counts"},
+        slots(indices="counts"),
         [drafts(), lens()],
-        "is also the lengths of field 'drafts'",
-        "give schedule_indices",
+        "Scatter(lengths=...) 'counts' is also the schema's ScheduleSlots(indices=...)",
+        "give the Scatter(lengths=...) of field 'drafts'",
+        "drafts.resolve",
     ),
     (
         "slots-are-the-owners",
-        {"owners": "rids", "schedule_indices": "rids"},
+        {"owners": "rids", **slots(indices="rids")},
         [lens()],
-        "schedule_indices='rids' is also the owners",
-        "give schedule_indices",
+        "ScheduleSlots(indices=...) 'rids' is also the schema's owners",
+        "give ScheduleSlots(indices=...) a batch attribute of its own",
+        "slots",
     ),
     (
         "owners-are-the-slots",
-        {"schedule_owners": "req_pool_indices"},
+        slots(owners="req_pool_indices"),
         [lens()],
-        "schedule_owners='req_pool_indices' is also the indices",
-        "give schedule_owners",
+        "ScheduleSlots(owners=...) 'req_pool_indices' is also the schema's indices",
+        "give ScheduleSlots(owners=...)",
+        "slots",
     ),
     (
         "owners-are-the-schedule-slots",
-        {"schedule_indices": "sched", "schedule_owners": "sched"},
+        slots(indices="sched", owners="sched"),
         [lens()],
-        "is also the schedule_",
+        "ScheduleSlots(owners=...) 'sched' is also the schema's ScheduleSlots(indices=",
         "a batch attribute of its own",
+        "slots",
     ),
     (
         "slots-through-a-target",
-        {"schedule_indices": "seq_lens.slots"},
+        slots(indices="seq_lens.slots"),
         [lens()],
-        "goes through 'seq_lens', the target of field 'lens'",
-        "give schedule_indices",
+        "target 'seq_lens' also holds 'seq_lens.slots', the schema's ScheduleSlots(",
+        "give the target of field 'lens'",
+        "lens",
     ),
     (
         "slots-holding-a-target",
-        {"schedule_indices": "sched"},
+        slots(indices="sched"),
         [Field("lens", lane=SCHED, dtype=torch.int64, target="sched.seq_lens")],
-        "schedule_indices='sched' also holds 'sched.seq_lens'",
-        "give schedule_indices",
+        "target 'sched.seq_lens' goes through 'sched', the schema's ScheduleSlots(",
+        "give the target of field 'lens'",
+        "lens",
     ),
     (
         "owners-through-an-optional-parent",
         {
-            "schedule_indices": "lookup.slots",
-            "schedule_owners": "lookup.rids",
+            **slots(indices="lookup.slots", owners="lookup.rids"),
             "optional_parents": {"lookup": IfNone.SKIP},
         },
         [lens()],
-        "schedule_owners='lookup.rids' goes through an optional parent",
+        "ScheduleSlots(owners=...) 'lookup.rids' goes through the optional parent "
+        "'lookup'",
         "outside optional_parents",
+        "schema",
     ),
     (
         "protocol-name-taken",
-        {"schedule_indices": "sched_slots"},
+        slots(indices="sched_slots"),
         [tokens(target="schedule_batch.ids"), lens()],
         (
-            "would be named LanesScheduleBatch, which is also the Protocol of the "
-            "batch's 'schedule_batch'"
+            "would be named LanesScheduleBatch, a name the module already defines (the "
+            "schedule lane's batch Protocol)"
         ),
-        "rename the schema",
+        "rename the attribute 'schedule_batch' on the batch, or the schema",
+        "tokens",
     ),
 ]
 
 
+def _site(schema: Schema, where: str) -> int:
+    """The line ``where`` names (see ``REFUSED``)."""
+    if where == "schema":
+        return schema.declared_at.line
+    if where == "slots":
+        assert schema.schedule is not None
+        return schema.schedule.declared_at.line
+    name, _, group = where.partition(".")
+    at: Any = next(f for f in schema.fields if f.name == name)
+    line: int = (getattr(at, group) if group else at).declared_at.line
+    return line
+
+
 @pytest.mark.parametrize(
-    ("options", "fields", "problem", "fix"),
+    ("options", "fields", "problem", "fix", "where"),
     [case[1:] for case in REFUSED],
     ids=[case[0] for case in REFUSED],
 )
-def test_each_refusal_names_the_schema_line_and_the_fix(
-    options: dict[str, Any], fields: list[Field], problem: str, fix: str
+def test_each_refusal_names_its_line_and_the_fix(
+    options: dict[str, Any], fields: list[Field], problem: str, fix: str, where: str
 ) -> None:
-    """One issue, at the schema's line, naming the problem and the fix."""
+    """One issue, at the line of the declaration that meets another, naming the
+    problem and the fix."""
     schema = Schema(name="LanesFutureMap", fields=fields, **options)
     issues = validate(schema, str)
     assert len(issues) == 1, [str(i) for i in issues]
     (issue,) = issues
-    assert issue.line == schema.declared_at.line
+    assert issue.line == _site(schema, where)
     assert problem in issue.problem, issue.problem
     assert fix in issue.fix, issue.fix
 
@@ -186,31 +238,33 @@ def test_a_schedule_placeholder_is_refused_at_its_field() -> None:
     """invalidate writes placeholders on the forward batch; a schedule resolve that
     hands its value to the scheduler's own object would leave them there."""
     at_fault = lens(resolve=Resolve.PLACEHOLDER)
-    schema = Schema(name="LanesFutureMap", fields=[at_fault], schedule_owners="rids")
+    schema = Schema(
+        name="LanesFutureMap", fields=[at_fault], schedule=ScheduleSlots(owners="rids")
+    )
     (issue,) = validate(schema, str)
     assert (issue.line, issue.field) == (at_fault.declared_at.line, "lens")
     assert "placeholders would stay where they were written" in issue.problem
-    assert "Resolve.GATHER, or leave schedule_owners out" in issue.fix
+    assert "Resolve.GATHER, or remove schedule=..." in issue.fix
 
 
 @pytest.mark.parametrize(
     "options",
     [
-        {"schedule_indices": "req_pool_indices"},  # the same name, its own Protocol
-        {"owners": "rids", "schedule_owners": "rids"},
-        {"schedule_indices": "mix_running_indices"},  # the tails' slots, read as slots
+        slots(indices="req_pool_indices"),  # the same name, its own Protocol
+        {"owners": "rids", **slots(owners="rids")},
+        slots(indices="mix_running_indices"),  # the tails' slots, read as slots
         {  # the scheduler's slots through an optional parent
-            "schedule_indices": "lookup.slots",
+            **slots(indices="lookup.slots"),
             "optional_parents": {"lookup": IfNone.REFUSE},
         },
-        {"schedule_owners": "rids"},  # owners for the schedule lane alone
+        slots(owners="rids"),  # owners for the schedule lane alone
     ],
 )
 def test_what_can_work_is_accepted(options: dict[str, Any]) -> None:
     """Slots read as slots and owners read as owners may share an attribute; a lane may
     have owners the other lacks; the scheduler's slots may go through an optional
     parent."""
-    fields = [tokens(), lens(tails="mix_running_indices")]
+    fields = [tokens(), lens(tails=Tails(rows="mix_running_indices"))]
     assert validate(Schema(name="LanesFutureMap", fields=fields, **options), str) == []
 
 
@@ -221,12 +275,13 @@ def _lanes_map(**options: Any) -> type[Any]:
     schema = Schema(
         name="LanesApartFutureMap",
         owners="rids",
-        schedule_indices="lookup.slots",
-        schedule_owners="request_ids",
+        schedule=ScheduleSlots(indices="lookup.slots", owners="request_ids"),
         optional_parents={"lookup": IfNone.SKIP},
         fields=[
             tokens(),
-            lens(host_mirror="seq_lens_cpu", host_sum="seq_lens_sum"),
+            lens(
+                host=HostCopy(mirror="seq_lens_cpu", sum="seq_lens_sum"),
+            ),
         ],
         **options,
     )
@@ -285,7 +340,7 @@ def test_debug_mode_names_a_schedule_read_with_the_schedule_lanes_owners() -> No
 
 
 def test_a_scheduler_object_without_its_optional_parent_is_skipped() -> None:
-    """``schedule_indices`` through an optional parent declared ``IfNone.SKIP``: a
+    """The schedule lane's slots through an optional parent declared ``IfNone.SKIP``: a
     scheduler object holding ``None`` there is left alone, with no fence wait."""
     relay = _lanes_map()("cpu", 8, debug=True)
     lookup = _lookup([], [])
@@ -329,16 +384,14 @@ def test_derive_keeps_or_changes_the_schedule_lanes_attributes() -> None:
     """``derive`` takes the base's schedule slots and owners unless it is given others."""
     base = Schema.bundled("vllm_drafts")
     kept = base.derive(name="KeptFutureMap", doc="Kept.")
-    assert (kept.schedule_indices, kept.schedule_owners) == ("slots", "req_ids")
+    assert kept.schedule == ScheduleSlots(indices="slots", owners="req_ids")
     changed = base.derive(
         name="ChangedFutureMap",
         doc="Changed.",
-        schedule_indices="lookup_slots",
-        schedule_owners="lookup_ids",
+        schedule=ScheduleSlots(indices="lookup_slots", owners="lookup_ids"),
     )
-    assert (changed.schedule_indices, changed.schedule_owners) == (
-        "lookup_slots",
-        "lookup_ids",
+    assert changed.schedule == ScheduleSlots(
+        indices="lookup_slots", owners="lookup_ids"
     )
     assert changed.slots_of(SCHED) == "lookup_slots"
     assert changed.slots_of(FWD) == "slots"

@@ -9,7 +9,19 @@ import pytest
 import torch
 
 from relay.codegen.validate import validate
-from relay.schema import FROM_PAYLOAD, Alloc, Field, IfNone, Lane, Layout, Schema
+from relay.schema import (
+    FROM_PAYLOAD,
+    Alloc,
+    Field,
+    HostCopy,
+    IfNone,
+    Lane,
+    Layout,
+    Scatter,
+    Schema,
+    Tails,
+    TailsKv,
+)
 
 FWD, SCHED = Lane.FORWARD, Lane.SCHEDULE
 
@@ -24,7 +36,7 @@ def lens(**options: Any) -> Field:
     return Field("lens", lane=SCHED, dtype=torch.int64, target="seq_lens", **options)
 
 
-TAILS = {"tails": "mix_running_indices"}
+TAILS = Tails(rows="mix_running_indices")
 
 #: (id, the field at fault, its companions, a phrase of the problem, a phrase of the fix)
 CASES: list[tuple[str, Field, list[Field], str, str]] = [
@@ -71,22 +83,29 @@ CASES: list[tuple[str, Field, list[Field], str, str]] = [
         "leave kept=True off",
     ),
     (
-        "stream-ordered-forward",
-        tokens(stream_ordered=True),
+        "host-copy-forward",
+        tokens(host=HostCopy(stream_ordered=True)),
         [],
-        "a forward-lane field has no fence",
-        "remove stream_ordered=True",
+        "so it needs lane=Lane.SCHEDULE",
+        "remove host=...",
+    ),
+    (
+        "host-copy-of-nothing",
+        lens(host=HostCopy()),
+        [],
+        "HostCopy() declares no host copy",
+        'write HostCopy(mirror="seq_lens_cpu")',
     ),
     (
         "tails-forward",
-        tokens(**TAILS),
+        tokens(tails=TAILS),
         [],
         "needs lane=Lane.SCHEDULE",
         "remove tails",
     ),
     (
         "tails-optional",
-        lens(optional=True, **TAILS),
+        lens(optional=True, tails=TAILS),
         [],
         "cannot be optional",
         "remove optional=True",
@@ -99,7 +118,7 @@ CASES: list[tuple[str, Field, list[Field], str, str]] = [
             dtype=torch.int64,
             shape=(2,),
             target="seq_lens",
-            **TAILS,
+            tails=TAILS,
         ),
         [],
         "needs shape=() and an integer dtype",
@@ -107,80 +126,74 @@ CASES: list[tuple[str, Field, list[Field], str, str]] = [
     ),
     (
         "tails-float",
-        Field("lens", lane=SCHED, dtype=torch.float32, target="seq_lens", **TAILS),
+        Field("lens", lane=SCHED, dtype=torch.float32, target="seq_lens", tails=TAILS),
         [],
         "needs shape=() and an integer dtype",
         "dtype=torch.int64",
     ),
     (
         "tails-host-sum-alone",
-        lens(host_sum="seq_lens_sum", **TAILS),
+        lens(host=HostCopy(sum="seq_lens_sum"), tails=TAILS),
         [],
-        "needs host_mirror as well",
-        'add host_mirror="seq_lens_cpu"',
-    ),
-    (
-        "tails-kv-alone",
-        lens(tails_kv="out_cache_loc", **TAILS),
-        [],
-        "go together",
-        "write both",
-    ),
-    (
-        "tails-kv-without-tails",
-        lens(tails_kv="out_cache_loc", tails_kv_table="req_to_token"),
-        [],
-        "which needs tails=...",
-        'add tails="mix_running_indices"',
-    ),
-    (
-        "tails-prefix-without-tails",
-        lens(tails_prefix="prefix_lens", host_mirror="seq_lens_cpu"),
-        [],
-        "host prefix lengths in resolve_tails, which needs tails=...",
-        "or remove tails_prefix",
+        "so it needs HostCopy(mirror=...) as well",
+        'add mirror="seq_lens_cpu" to the HostCopy',
     ),
     (
         "tails-prefix-without-host-mirror",
-        lens(tails_prefix="prefix_lens", **TAILS),
+        lens(tails=Tails(rows="mix_running_indices", prefix="prefix_lens")),
         [],
-        "from the host copy of the published lengths, so it needs host_mirror",
-        'add host_mirror="seq_lens_cpu", or remove tails_prefix',
+        "from the host copy of the published lengths, so it needs host=HostCopy(",
+        'add host=HostCopy(mirror="seq_lens_cpu"), or remove prefix',
     ),
     (
         "tails-prefix-not-a-path",
-        lens(tails_prefix="prefix lens", host_mirror="seq_lens_cpu", **TAILS),
+        lens(
+            host=HostCopy(mirror="seq_lens_cpu"),
+            tails=Tails(rows="mix_running_indices", prefix="prefix lens"),
+        ),
         [],
-        "tails_prefix must be a dotted attribute path",
-        'write tails_prefix="prefix_lens"',
+        "Tails(prefix=...) must be a dotted attribute path",
+        'write Tails(prefix="prefix_lens")',
     ),
     (
-        "tails-add-without-tails",
-        lens(tails_add=0),
+        "tails-kv-not-a-path",
+        lens(
+            tails=Tails(
+                rows="mix_running_indices",
+                kv=TailsKv(locations="out_cache_loc", table=7),  # type: ignore[arg-type]
+            )
+        ),
         [],
-        "which needs tails=...",
-        "or remove tails_add",
+        "TailsKv(table=...) must be a dotted attribute path",
+        'write TailsKv(table="req_to_token")',
     ),
     (
         "tails-add-negative",
-        lens(tails_add=-1, **TAILS),
+        lens(tails=Tails(rows="mix_running_indices", add=-1)),
         [],
-        "tails_add must be 0 or a positive int",
-        "tails_add=0 where they count it",
+        "Tails(add=...) must be 0 or a positive int",
+        "add=0 where they count it",
     ),
     (
         "tails-not-a-path",
-        lens(tails="mix running"),
+        lens(tails=Tails(rows="mix running")),
         [],
-        "tails must be a dotted attribute path",
-        'write tails="mix_running_indices"',
+        "Tails(rows=...) must be a dotted attribute path",
+        'write Tails(rows="mix_running_indices")',
     ),
     (
         "tails-is-a-target",
-        lens(tails="seq_lens"),
+        lens(tails=Tails(rows="seq_lens")),
         [],
-        "is also where field 'lens' resolves",
-        "give tails an attribute of its own",
+        "Tails(rows=...) 'seq_lens' is also the target of field 'lens'",
+        "give Tails(rows=...) a batch attribute of its own",
+    ),
+    (
+        "host-not-a-group",
+        lens(host="seq_lens_cpu"),
+        [],
+        "host must be a HostCopy(...) or None (got 'seq_lens_cpu' that is a str)",
+        'write host=HostCopy(mirror="seq_lens_cpu")',
     ),
     (
         "kept-not-bool",
@@ -193,22 +206,64 @@ CASES: list[tuple[str, Field, list[Field], str, str]] = [
 
 
 @pytest.mark.parametrize(
-    ("at_fault", "others", "problem", "fix"),
-    [case[1:] for case in CASES],
+    ("case", "at_fault", "others", "problem", "fix"),
+    CASES,
     ids=[case[0] for case in CASES],
 )
 def test_each_refusal_names_the_field_line_and_fix(
-    at_fault: Field, others: list[Field], problem: str, fix: str
+    case: str, at_fault: Field, others: list[Field], problem: str, fix: str
 ) -> None:
-    """One issue, at the faulty field's line, naming the field, the problem and the fix."""
+    """One issue, naming the field, the problem and the fix, at the line of the
+    declaration at fault: the field's, or the group's inside it that the problem
+    names (a ``Tails(...)``, a ``HostCopy(...)``)."""
     schema = Schema(name="BadFutureMap", fields=[*others, at_fault])
     issues = validate(schema, str)
     assert len(issues) == 1, [str(i) for i in issues]
     (issue,) = issues
-    assert issue.line == at_fault.declared_at.line
+    assert issue.line == _site_of(at_fault, case)
     assert issue.field == at_fault.name
     assert problem in issue.problem
     assert fix in issue.fix
+
+
+#: The cases whose problem lies in a group of the field, reported at the group's line.
+AT_GROUP = {
+    "host-copy-forward": "host",
+    "host-copy-of-nothing": "host",
+    "tails-forward": "tails",
+    "tails-optional": "tails",
+    "tails-rows": "tails",
+    "tails-float": "tails",
+    "tails-host-sum-alone": "tails",
+    "tails-prefix-without-host-mirror": "tails",
+    "tails-prefix-not-a-path": "tails",
+    "tails-kv-not-a-path": "tails.kv",
+    "tails-add-negative": "tails",
+    "tails-not-a-path": "tails",
+    "tails-is-a-target": "tails",
+}
+
+
+def _site_of(f: Field, case: str) -> int:
+    """The line case ``case``'s problem belongs to: the group's it names, else the
+    field's."""
+    at: Any = f
+    for name in AT_GROUP.get(case, "").split("."):
+        at = getattr(at, name) if name else at
+    line: int = at.declared_at.line
+    return line
+
+
+def test_grouped_options_cannot_be_written_apart() -> None:
+    """What the grouped declarations make unwritable: a KV table without its locations,
+    a scatter without offsets, a prefix without tails (each a ``TypeError`` where it is
+    written)."""
+    with pytest.raises(TypeError, match="locations"):
+        TailsKv(table="req_to_token")  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="offsets"):
+        Scatter(lengths="num_draft_tokens")  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="rows"):
+        Tails(prefix="prefix_lens")  # type: ignore[call-arg]
 
 
 def test_graph_written_in_a_packed_group_is_refused() -> None:
@@ -226,8 +281,8 @@ def test_graph_written_in_a_packed_group_is_refused() -> None:
 
 def test_a_second_tails_field_is_refused_at_its_line() -> None:
     """A map has one resolve_tails: the second declaration names the first."""
-    first = lens(**TAILS)
-    second = Field("more", lane=SCHED, dtype=torch.int64, target="more", **TAILS)
+    first = lens(tails=TAILS)
+    second = Field("more", lane=SCHED, dtype=torch.int64, target="more", tails=TAILS)
     (issue,) = validate(Schema(name="BadFutureMap", fields=[first, second]), str)
     assert issue.line == second.declared_at.line
     assert "also declared on field 'lens'" in issue.problem
@@ -236,7 +291,7 @@ def test_a_second_tails_field_is_refused_at_its_line() -> None:
 
 def test_tails_through_an_optional_parent_is_refused() -> None:
     """A mixed batch may lack an optional parent: the tails cannot go through one."""
-    at_fault = lens(tails="spec_info.mix_running_indices")
+    at_fault = lens(tails=Tails(rows="spec_info.mix_running_indices"))
     other = Field("t", lane=FWD, dtype=torch.int64, target="spec_info.t")
     schema = Schema(
         name="BadFutureMap",
@@ -244,8 +299,9 @@ def test_tails_through_an_optional_parent_is_refused() -> None:
         optional_parents={"spec_info": IfNone.SKIP},
     )
     (issue,) = validate(schema, str)
-    assert issue.line == at_fault.declared_at.line
-    assert "goes through an optional parent" in issue.problem
+    assert at_fault.tails is not None
+    assert issue.line == at_fault.tails.declared_at.line
+    assert "goes through the optional parent 'spec_info'" in issue.problem
 
 
 def test_every_option_together_is_valid() -> None:
@@ -257,13 +313,14 @@ def test_every_option_together_is_valid() -> None:
             Field("topk", lane=FWD, dtype=torch.float32, target="topk", kept=True),
             lens(
                 graph_written=True,
-                stream_ordered=True,
-                host_mirror="seq_lens_cpu",
-                host_sum="seq_lens_sum",
-                tails="mix_running_indices",
-                tails_kv="out_cache_loc",
-                tails_kv_table="req_to_token",
-                tails_prefix="prefix_lens",
+                host=HostCopy(
+                    mirror="seq_lens_cpu", sum="seq_lens_sum", stream_ordered=True
+                ),
+                tails=Tails(
+                    rows="mix_running_indices",
+                    kv=TailsKv(locations="out_cache_loc", table="req_to_token"),
+                    prefix="prefix_lens",
+                ),
             ),
         ],
     )

@@ -29,10 +29,13 @@ from relay.schema import (
     Alloc,
     Field,
     Guard,
+    HostCopy,
     IfNone,
     Lane,
     Layout,
     Resolve,
+    Scatter,
+    ScheduleSlots,
     Schema,
     TargetShape,
     Unwritten,
@@ -112,8 +115,7 @@ def fields(draw: st.DrawFn, i: int) -> Field:
         source=f"s{i}_{tail}" if draw(st.booleans()) else None,
         target=target,
         resolve=resolve,
-        host_mirror=host_mirror,
-        host_sum=host_sum,
+        host=HostCopy(mirror=host_mirror, sum=host_sum),
         guard=draw(st.sampled_from(Guard)),
         unwritten=draw(st.sampled_from(Unwritten)),
         target_shape=TargetShape.FLAT
@@ -139,8 +141,7 @@ def _span(tail: str, target: str, guard: Guard) -> list[Field]:
             lane=Lane.FORWARD,
             dtype=torch.int64,
             target=target,
-            resolve=Resolve.SCATTER,
-            offsets=starts,
+            resolve=Scatter(offsets=starts),
             guard=guard,
         ),
         Field(
@@ -149,10 +150,7 @@ def _span(tail: str, target: str, guard: Guard) -> list[Field]:
             dtype=torch.int64,
             shape=("drafts",),
             target=target,
-            resolve=Resolve.SCATTER,
-            offsets=starts,
-            lengths=count,
-            after=f"tok_{tail}",
+            resolve=Scatter(offsets=starts, lengths=count, after=f"tok_{tail}"),
         ),
     ]
 
@@ -203,8 +201,7 @@ def schemas(draw: st.DrawFn) -> Schema:
         },
         seeded=draw(st.booleans()),
         owners=draw(st.sampled_from([None, "rids", "spec_info.rids"])),
-        schedule_indices=schedule_indices,
-        schedule_owners=schedule_owners,
+        schedule=ScheduleSlots(indices=schedule_indices, owners=schedule_owners),
     )
     assume(validate(schema, str) == [])
     return schema
@@ -243,10 +240,12 @@ def every_combination(layout: Layout) -> Schema:
                 target=f"spec_info.draft.{stem}" if i % 3 else stem,
                 resolve=resolve,
                 offsets=f"{stem}_at" if resolve is Resolve.SCATTER else None,
-                host_mirror=f"{stem}_cpu" if lane is Lane.SCHEDULE else None,
-                host_sum=f"{stem}_sum"
-                if lane is Lane.SCHEDULE and placeholder
-                else None,
+                host=HostCopy(
+                    mirror=f"{stem}_cpu" if lane is Lane.SCHEDULE else None,
+                    sum=f"{stem}_sum"
+                    if lane is Lane.SCHEDULE and placeholder
+                    else None,
+                ),
                 guard=guard,
                 doc=f'{stem} \\ "quoted"',
             )

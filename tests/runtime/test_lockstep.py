@@ -22,11 +22,15 @@ from relay.schema import (
     Alloc,
     Field,
     Guard,
+    HostCopy,
     IfNone,
     Lane,
     Layout,
     Resolve,
+    Scatter,
     Schema,
+    Tails,
+    TailsKv,
     TargetShape,
     Unwritten,
 )
@@ -94,7 +98,7 @@ def test_a_schema_declared_in_the_test_is_rendered_and_checked(
                 lane=Lane.SCHEDULE,
                 dtype=torch.float32,
                 target="score",
-                host_mirror="score_cpu",
+                host=HostCopy(mirror="score_cpu"),
             ),
         ],
     )
@@ -231,8 +235,7 @@ def _every_option() -> Schema:
                 lane=Lane.FORWARD,
                 dtype=torch.int64,
                 target="draft_ids",
-                resolve=Resolve.SCATTER,
-                offsets="draft_starts",
+                resolve=Scatter(offsets="draft_starts"),
             ),
             Field(
                 "drafts",
@@ -240,10 +243,9 @@ def _every_option() -> Schema:
                 dtype=torch.int64,
                 shape=(2,),
                 target="draft_ids",
-                resolve=Resolve.SCATTER,
-                offsets="draft_starts",
-                lengths="num_drafts",
-                after="bonus",
+                resolve=Scatter(
+                    offsets="draft_starts", lengths="num_drafts", after="bonus"
+                ),
                 graph_written=True,
             ),
             Field(
@@ -251,16 +253,17 @@ def _every_option() -> Schema:
                 lane=Lane.SCHEDULE,
                 dtype=torch.int64,
                 target="seq_lens",
-                host_mirror="seq_lens_cpu",
-                host_sum="seq_lens_sum",
+                host=HostCopy(
+                    mirror="seq_lens_cpu", sum="seq_lens_sum", stream_ordered=True
+                ),
                 guard=Guard.POSITIVE,
                 graph_written=True,
-                stream_ordered=True,
-                tails="mix_running_indices",
-                tails_kv="out_cache_loc",
-                tails_kv_table="req_to_token",
-                tails_add=2,
-                tails_prefix="prefix_lens",
+                tails=Tails(
+                    rows="mix_running_indices",
+                    kv=TailsKv(locations="out_cache_loc", table="req_to_token"),
+                    add=2,
+                    prefix="prefix_lens",
+                ),
             ),
             Field(
                 "conf",

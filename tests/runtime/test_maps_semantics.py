@@ -21,7 +21,7 @@ from relay.maps.eagle_draft_probs import (
 from relay.maps.eagle_dsa import EagleDsaFutureMap, EagleDsaPayload
 from relay.maps.eagle_multilayer import EagleMultiLayerFutureMap
 from relay.maps.eagle_packed import EaglePackedFutureMap
-from relay.schema import Alloc, Field, Guard, Lane, Resolve, Schema
+from relay.schema import Alloc, Field, Guard, HostCopy, Lane, Resolve, Schema
 
 POOL = 9
 TOPK = 4
@@ -204,8 +204,7 @@ _SENTINEL = Schema(
             dtype=torch.int64,
             target="seq_lens",
             resolve=Resolve.PLACEHOLDER,
-            host_mirror="seq_lens_cpu",
-            host_sum="seq_lens_sum",
+            host=HostCopy(mirror="seq_lens_cpu", sum="seq_lens_sum"),
         ),
     ],
 )

@@ -18,6 +18,7 @@ from relay.codegen.render import render
 from relay.debug import DebugCheckFailed
 from relay.schema import (
     Field,
+    HostCopy,
     IfNone,
     Lane,
     Resolve,
@@ -60,7 +61,7 @@ NGRAM = Schema(
             lane=Lane.SCHEDULE,
             dtype=torch.int64,
             target="seq_lens",
-            host_mirror="seq_lens_cpu",
+            host=HostCopy(mirror="seq_lens_cpu"),
         ),
     ],
 )

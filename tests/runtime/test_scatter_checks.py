@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from relay import RelayDebugError, RelayError
-from relay.schema import Field, Guard, Lane, Resolve, Schema
+from relay.schema import Field, Guard, Lane, Scatter, Schema
 from relay.testing import Namespace, load_map_class
 
 FLAT = Schema(
@@ -25,8 +25,7 @@ FLAT = Schema(
             dtype=torch.int64,
             shape=(2,),
             target="input_ids",
-            resolve=Resolve.SCATTER,
-            offsets="starts",
+            resolve=Scatter(offsets="starts"),
             guard=Guard.NON_NEGATIVE,
         )
     ],
