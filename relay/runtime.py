@@ -465,7 +465,10 @@ def scattered(s: MapState, i: int, target: torch.Tensor) -> None:
 # in the buffer: what varies is how many of a row's values a resolve lays in, so a
 # producer and a consumer cannot disagree on where a row's values are, only on how
 # many there are. Debug mode keeps the count each stash carried per slot and reports
-# a resolve that reads more (reading fewer is a trim, the scheduler's right). On the
+# a resolve that reads more (reading fewer is a trim, the scheduler's right); a row of
+# which a resolve lays nothing is not read (not checked, not consumed), and a stash's
+# guard checks only each row's counted values. A field with ``when`` lays a request's
+# whole row or none of it, and takes its row's width of the span either way. On the
 # CPU the values are picked with a mask; elsewhere a mask would read the counts back
 # to the host, a sync that stalls the overlap, so each covered position takes the
 # value of the one entry that covers it (``scatter_kept``), with no host read.

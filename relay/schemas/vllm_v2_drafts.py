@@ -39,7 +39,7 @@ SCHEMA = Schema(
             "draft_tokens",
             lane=Lane.FORWARD,
             dtype=torch.int32,
-            shape=("num_speculative_steps",),
+            shape=("num_speculative_tokens",),
             source="draft_token_ids",
             target="input_ids",
             resolve=Scatter(

@@ -223,7 +223,7 @@ class V2Run:
         self.rng = random.Random(seed)
         self.width = width
         self.map = VllmV2DraftsFutureMap(
-            "cpu", POOL, num_speculative_steps=width, debug=debug
+            "cpu", POOL, num_speculative_tokens=width, debug=debug
         )
         self.slots = SlotTable(POOL, [self.map])
         self.model = V2Runner(width)
