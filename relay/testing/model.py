@@ -318,9 +318,9 @@ class ReferenceRelay:
         ``lengths`` entry, none where its ``when`` flag is unset, else the whole row."""
         if f.scatter is not None and f.scatter.lengths is not None:
             return int(get_path(batch, f.scatter.lengths)[request])
-        if f.scatter is not None and f.scatter.when is not None:
-            if not bool(get_path(batch, f.scatter.when)[request]):
-                return 0
+        when = f.scatter.when if f.scatter is not None else None
+        if when is not None and not bool(get_path(batch, when)[request]):
+            return 0
         return self._width(f)
 
     def _room(self, f: FieldDecl, batch: Any, request: int) -> int:
