@@ -1258,10 +1258,12 @@ def read_back(
     indices: torch.Tensor,
     owners: Owners | None = None,
     absent: tuple[str, ...] = (),
+    gated_off: tuple[str, ...] = (),
 ) -> None:
     """Debug mode: ``op`` gathered rows ``indices`` of its fields (optional ones only
     where the latest write carried them; none under the optional parents ``absent``,
-    which the batch lacked): checked fresh, then poisoned again."""
+    which the batch lacked; none of the fields ``gated_off``, whose gate the batch
+    left unset): checked fresh, then poisoned again."""
     debug = s.debug
     assert debug is not None, "read_back runs in debug mode only"
     table = s.table
@@ -1272,6 +1274,7 @@ def read_back(
         and f.target is not None
         and f.resolve is not Resolve.PLACEHOLDER
         and f.target.split(".")[0] not in absent
+        and f.name not in gated_off
     ]
     # A scatter lays its rows in whatever the latest write carried (an optional
     # scatter field keeps its rows when left out): each row's own state says.

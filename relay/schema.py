@@ -360,6 +360,12 @@ class Field:
     #: Schedule lane: a ``Tails(...)``, a mixed batch's decode rows whose lengths (and
     #: KV locations, prefix lengths) ``resolve_tails`` rebuilds from the published ones.
     tails: Tails | None = None
+    #: Forward lane, an optional gathered field: a batch attribute (a bool) saying
+    #: whether this batch's rows hold the field (sglang's per-draft-input
+    #: ``future_dsa_topk_indices_available``). Where it is false the resolve hands
+    #: ``None`` and reads nothing, so a request seeded into a reused slot never gets
+    #: the slot's previous request's rows.
+    gate: str | None = None
     declared_at: SourceLocation = attrs.field(
         factory=_declaration_site, kw_only=True, eq=False, repr=False
     )
@@ -382,6 +388,7 @@ def extra(
     target: str | None = None,
     source: str | None = None,
     doc: str = "",
+    gate: str | None = None,
 ) -> Field:
     """A forward field the producer may or may not make (sglang's draft extras): its
     buffer is allocated by the first payload that carries it, with that payload's dtype
@@ -399,6 +406,7 @@ def extra(
         target=target,
         doc=doc,
         kept=True,
+        gate=gate,
     )
 
 

@@ -170,10 +170,15 @@ def _flat(f: Field) -> str:
     return ".flatten()" if f.target_shape is TargetShape.FLAT else ""
 
 
-def _gather_read(schema: Schema, f: Field, target: str) -> list[str]:
-    """Hand ``f``'s rows at ``indices`` to ``target`` (not for packed fields)."""
+def _gather_read(
+    schema: Schema, f: Field, target: str, gate: str | None = None
+) -> list[str]:
+    """Hand ``f``'s rows at ``indices`` to ``target`` (not for packed fields); ``gate``
+    spells ``f``'s gate."""
     if f.optional:
         flag = _carried(schema, f)
+        if gate is not None:  # the batch says whether its rows hold the field
+            flag = f"{flag} and bool({gate})"
         flat = ", flat=True" if _flat(f) else ""
         return [f"{target} = _rt.gather_optional({_buf(f)}, {flag}, indices{flat})"]
     gather = f"{_buf(f)}.index_select(0, indices){_flat(f)}"
@@ -448,7 +453,8 @@ def _reads(
         elif fused is not None:
             lines.append(f"{target} = {naming.value_local(f)}{_flat(f)}")
         else:
-            lines += _gather_read(schema, f, target)
+            gate = spelled[f.gate] if f.gate is not None else None
+            lines += _gather_read(schema, f, target, gate)
     return lines
 
 
@@ -489,7 +495,9 @@ def resolve_future(
         else:
             outside.append(f)
     taken = [p for p in (bound, *under) if p is not None]
-    binds, spelled = _parents(schema, [f.target for f in reads if f.target], taken)
+    paths = [f.target for f in reads if f.target]
+    paths += [f.gate for f in reads if f.gate is not None]
+    binds, spelled = _parents(schema, paths, taken)
     lines += binds
     for parent in under:  # refused before anything is handed over
         if parents[parent] is IfNone.REFUSE:
@@ -518,17 +526,28 @@ def resolve_future(
         lines += [f"if {parent} is not None:", *_indent(body)]
         named = naming.string_literal(parent)
         absent.append(f"(() if {parent} is not None else ({named},))")
-    return lines + _future_reports(schema, reads, reports, absent)
+    return lines + _future_reports(schema, reads, reports, absent, spelled)
 
 
 def _future_reports(
-    schema: Schema, reads: Sequence[Field], reports: list[str], absent: list[str]
+    schema: Schema,
+    reads: Sequence[Field],
+    reports: list[str],
+    absent: list[str],
+    spelled: dict[str, str],
 ) -> list[str]:
     """The end of ``resolve_future``: debug mode's reports of what it read."""
     if any(f.resolve is not Resolve.PLACEHOLDER for f in reads):
         args = ['"resolve_future"', "indices", *_owners(schema)]
         if absent:
             args.append(f"absent={' + '.join(absent)}")
+        gated = [
+            f"(() if {spelled[f.gate]} else ({naming.string_literal(f.name)},))"
+            for f in reads
+            if f.gate is not None
+        ]
+        if gated:
+            args.append(f"gated_off={' + '.join(gated)}")
         reports = [join("_rt.read_back(self._state, ", args), *reports]
     return ["if debug is not None:", *_indent(reports)] if reports else []
 

@@ -539,6 +539,8 @@ def _protocol_set(schema: Schema, lane: Lane | None) -> tuple[ProtocolView, ...]
             for counted in (scatter.lengths, scatter.when):
                 if counted is not None:
                     add(counted, "torch.Tensor", False)
+        if f.gate is not None and resolved:
+            add(f.gate, "bool", False)
         host = f.host
         if host is not None and host.mirror is not None and (resolved or tails):
             add(host.mirror, tensor, True)

@@ -99,6 +99,9 @@ class Run:
         self.extras = [e for e in EAGLE_EXTRAS if self.rng.random() < 0.7]
         self.decoded = False
         self.lengths: dict[int, int] = {}
+        #: Per slot: whether the step that stashed its rows carried the sparse
+        #: indices (sglang's per-draft-input flag).
+        self.dsa: dict[int, bool] = {}
         self.history: list[str] = []
         #: What the run exercised (non-empty steps by kind), so a test can tell that a
         #: method was really compared and not only drawn.
@@ -180,8 +183,11 @@ class Run:
                 dsa_topk_indices=None,
                 accept_tokens=None,
                 accept_lens=None,
-                future_dsa_topk_indices_available=(
-                    "dsa_topk_indices" in self.model.rows
+                # As sglang sets it per draft input: whether the step that
+                # stashed each slot's rows carried the indices, and-ed over the
+                # merged slots (an empty input takes the other's).
+                future_dsa_topk_indices_available=all(
+                    self.dsa.get(slot, False) for slot in slots
                 ),
             )
         return batch
@@ -246,11 +252,17 @@ class Run:
             keywords = {"confidence": confidence} if self.confidence else {}
             self.map.publish(indices, None if graph else lens, **keywords)
         self.model.stash(slots, payload)
+        self._carried_dsa(slots, payload)
         if graph:
             payload = {**payload, "bonus_tokens": None}
         self.map.stash(indices, self.payload(**payload))
         self.history.append(f"write {slots} (extras: {carry}, graph: {graph})")
         self.seen["graph_wrote"] += graph
+
+    def _carried_dsa(self, slots: list[int], payload: dict[str, Tensor | None]) -> None:
+        """sglang's flag for the draft input this stash makes: its indices or none."""
+        for slot in slots:
+            self.dsa[slot] = payload.get("dsa_topk_indices") is not None
 
     # -- the engine's steps ------------------------------------------------------------
     def admit(self) -> None:
@@ -286,6 +298,9 @@ class Run:
                 want.confidence_cpu = self.model.resolve_confidence_cpu(want)
                 self.compare("resolve_confidence_cpu", got, want, ["confidence_cpu"])
         got, want = self._pair(slots)
+        if self.speculative and "dsa_topk_indices" in self.model.rows and slots:
+            gated = not got.spec_info.future_dsa_topk_indices_available
+            self.seen["dsa_gated_off"] += gated
         self.map.resolve_future(got)
         self.model.resolve_forward_inputs(want)
         self.compare("resolve_future", got, want, self._forward_paths())
@@ -331,6 +346,7 @@ class Run:
         self.history.append(f"restash {slots} keeping {sorted(payload)}")
         self.seen["kept"] += bool(slots)
         self.model.stash(slots, payload)
+        self._carried_dsa(slots, payload)
         self.map.stash(torch.tensor(slots, dtype=torch.int64), self.payload(**payload))
 
     def mixed(self) -> None:
