@@ -254,6 +254,10 @@ class HostCopy:
     #: The resolve takes ``stream_ordered=True`` to order its fence wait on the stream
     #: (a device-side wait) instead of blocking the host before the copy.
     stream_ordered: bool = False
+    #: The resolve takes ``host=False`` from an engine that needs no host copy this
+    #: time (sglang's ``needs_cpu_seq_lens=False``): the mirror and the sum are set to
+    #: ``None``, no copy is made and the host waits for none; the device read stays.
+    optional: bool = False
     declared_at: SourceLocation = attrs.field(
         factory=_declaration_site, kw_only=True, eq=False, repr=False
     )

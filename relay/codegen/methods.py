@@ -559,11 +559,16 @@ def _host(f: Field, source: str) -> list[str]:
     mirror, total = f.host.mirror, f.host.sum
     copy = f"self.{naming.host_mirror(f)}.copy({source})"
     if total is None:
-        return [f"batch.{mirror} = {copy}"]
-    stmts = [f"host = {copy}"]
-    if mirror is not None:
-        stmts.append(f"batch.{mirror} = host")
-    return [*stmts, f"batch.{total} = _rt.host_sum(host)"]
+        stmts = [f"batch.{mirror} = {copy}"]
+    else:
+        stmts = [f"host_copy = {copy}"]
+        if mirror is not None:
+            stmts.append(f"batch.{mirror} = host_copy")
+        stmts.append(f"batch.{total} = _rt.host_sum(host_copy)")
+    if not f.host.optional:
+        return stmts
+    nones = [f"batch.{p} = None" for p in (mirror, total) if p is not None]
+    return ["if host:", *_indent(stmts), "else:", *_indent(nones)]
 
 
 def resolve_schedule(schema: Schema, f: Field) -> list[str]:
@@ -635,19 +640,35 @@ def resolve_tails(schema: Schema, f: Field) -> list[str]:
     if tails.kv is not None:
         locations = f"batch.{tails.kv.table}[indices, {plus(value, tails.add - 1)}]"
         bound.append((tails.kv.locations, "tail_locations", bind, locations))
+    # An engine that may want no host copy (HostCopy(optional=True)) leaves the
+    # mirror None: its tail is bound only where the batch has one.
+    maybe = f.host is not None and f.host.optional
+    optional_mirror: list[str] = []
     if mirror is not None:  # validation: a sum, a prefix need a mirror here
         copied = f"self.{naming.host_mirror(f)}.copy({value})"
-        if tails.prefix is not None:  # one host copy for both
+        if tails.prefix is not None or maybe:  # one host copy for all
             lines.append(f"host = {copied}")
             copied = "host"
-        bound.append((mirror, "tail_host", bind, plus(copied, tails.add)))
+        if maybe:
+            call = f"_rt.bind_tails(batch.{mirror}, {plus(copied, tails.add)})"
+            optional_mirror = [
+                f"tail_host = None if batch.{mirror} is None else {call}"
+            ]
+        else:
+            bound.append((mirror, "tail_host", bind, plus(copied, tails.add)))
     if tails.prefix is not None:
         rows = plus("host", tails.add - 1)
         bound.append((tails.prefix, "tail_prefix", "_rt.bind_tail_list", rows))
     lines += [f"{local} = {call}(batch.{a}, {rows})" for a, local, call, rows in bound]
+    lines += optional_mirror
     lines += [f"batch.{a} = {local}" for a, local, _, _ in bound]
+    rebind = [f"batch.{mirror} = tail_host"] if optional_mirror else []
     if total is not None:
-        lines.append(f"batch.{total} = _rt.host_sum(tail_host)")
+        rebind.append(f"batch.{total} = _rt.host_sum(tail_host)")
+    if optional_mirror:
+        lines += ["if tail_host is not None:", *_indent(rebind)]
+    else:
+        lines += rebind
     return [
         *lines,
         "if debug is not None:",

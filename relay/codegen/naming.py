@@ -57,6 +57,7 @@ RESERVED = frozenset(
         "index_shape",
         "owners",
         "host",
+        "host_copy",
         "tail_lengths",
         "tail_locations",
         "tail_host",

@@ -403,6 +403,13 @@ def _methods(schema: Schema, packed: Sequence[PackedGroup]) -> list[Method]:
             ]
         body = methods.resolve_schedule(schema, f)
         params = f"{scheduler}, stream_ordered: bool = False" if ordered else scheduler
+        if f.host is not None and f.host.optional:
+            params += ", host: bool = True"
+            doc += [
+                "",
+                "``host=False``: no host copy (the mirror and the sum are ``None``), and",
+                "the host waits for none.",
+            ]
         found.append(
             Method(f"def {name}(self, {params}) -> None:", tuple(doc), tuple(body))
         )
@@ -542,10 +549,11 @@ def _protocol_set(schema: Schema, lane: Lane | None) -> tuple[ProtocolView, ...]
         if f.gate is not None and resolved:
             add(f.gate, "bool", False)
         host = f.host
+        maybe = f.optional or (host is not None and host.optional)
         if host is not None and host.mirror is not None and (resolved or tails):
-            add(host.mirror, tensor, True)
+            add(host.mirror, "torch.Tensor | None" if maybe else tensor, True)
         if host is not None and host.sum is not None and (resolved or tails):
-            add(host.sum, "int | None" if f.optional else "int", True)
+            add(host.sum, "int | None" if maybe else "int", True)
         for tail, type_, writable in _tails_attributes(f) if tails else ():
             add(tail, type_, writable)
     for parent, _how in schema.optional_parents:  # a parent, or the slots path itself

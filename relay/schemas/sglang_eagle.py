@@ -80,7 +80,10 @@ SCHEMA = Schema(
             dtype=torch.int64,
             target="seq_lens",
             host=HostCopy(
-                mirror="seq_lens_cpu", sum="seq_lens_sum", stream_ordered=True
+                mirror="seq_lens_cpu",
+                sum="seq_lens_sum",
+                stream_ordered=True,
+                optional=True,
             ),
             guard=Guard.NON_NEGATIVE,
             graph_written=True,

@@ -10,8 +10,9 @@ graph wrote), may be stashed again keeping extras, staged and leave staging (a p
 stash of its bonus token), ride in a mixed batch as a decode tail, and ends (its slot
 released and reused); batches without a draft input pass by. It draws only what a
 correct engine does, so the map may run in debug mode and any report of it is a
-failure too. Not drawn, where the map and sglang differ (docs/sglang.md): a mixed
-batch without host lengths.
+failure too. Some EAGLE runs' backends need no host lengths (no host copy, a mixed
+batch's host lengths left None), and each draft input says whether its rows hold the
+sparse indices, as sglang sets it.
 """
 
 from __future__ import annotations
@@ -88,8 +89,14 @@ class Run:
         self.map = map_class(algorithm)("cpu", POOL, debug=debug, **self.adopted)
         self.payload = payload_class(algorithm)
         self.confidence = algorithm == "eagle" and self.rng.random() < 0.5
+        #: EAGLE: some runs' attention backends need no host lengths
+        #: (``needs_cpu_seq_lens=False``); n-gram always needs them.
+        self.host = algorithm != "eagle" or self.rng.random() < 0.7
         self.model = SglangRelay(
-            algorithm, req_to_token=self.table, confidence=self.confidence
+            algorithm,
+            req_to_token=self.table,
+            confidence=self.confidence,
+            host_lengths=self.host,
         )
         self.free = list(range(1, POOL))
         #: Slots whose request has values written and not yet read (its next step).
@@ -170,8 +177,9 @@ class Run:
             # ids and lengths, which its resolves gather again (relay's leave alone).
             batch.input_ids = torch.empty((0,), dtype=torch.int64)
             batch.seq_lens = torch.empty((0,), dtype=torch.int64)
-            batch.seq_lens_cpu = torch.empty((0,), dtype=torch.int64)
-            batch.seq_lens_sum = 0
+            if self.host:
+                batch.seq_lens_cpu = torch.empty((0,), dtype=torch.int64)
+                batch.seq_lens_sum = 0
         if self.speculative:
             batch.spec_info = SimpleNamespace(
                 future_indices=indices.clone(),
@@ -287,8 +295,10 @@ class Run:
         if self.speculative:
             got, want = self._pair(slots)
             ordered = self.rng.random() < 0.5
-            self.map.resolve_seq_lens_cpu(got, stream_ordered=ordered)
+            keywords = {} if self.algorithm == "ngram" else {"host": self.host}
+            self.map.resolve_seq_lens_cpu(got, stream_ordered=ordered, **keywords)
             self.seen["stream_ordered"] += ordered and bool(slots)
+            self.seen["no_host_lengths"] += not self.host and bool(slots)
             self.model.resolve_seq_lens_cpu(want, stream_ordered=ordered)
             paths = ["seq_lens", "seq_lens_cpu", "seq_lens_sum"]
             self.compare("resolve_seq_lens_cpu", got, want, paths)
@@ -362,9 +372,9 @@ class Run:
         for batch in (got, want):
             batch.mix_running_indices = torch.tensor(running, dtype=torch.int64)
             batch.seq_lens = torch.tensor(lagging, dtype=torch.int64)
-            # The faithful maps model an engine whose backends need host lengths.
-            batch.seq_lens_cpu = batch.seq_lens.clone()
-            batch.seq_lens_sum = sum(lagging)
+            # Built by a scheduler whose backends may need no host lengths.
+            batch.seq_lens_cpu = batch.seq_lens.clone() if self.host else None
+            batch.seq_lens_sum = sum(lagging) if self.host else None
             batch.out_cache_loc = torch.full((len(slots),), -5, dtype=torch.int64)
             batch.prefix_lens = [length - 1 for length in lagging]
         self.map.resolve_tails(got)

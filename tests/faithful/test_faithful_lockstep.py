@@ -22,6 +22,7 @@ EXERCISED = {
         "no_draft_input",
         "no_future_indices",
         "dsa_gated_off",
+        "no_host_lengths",
     },
     "ngram": {
         "decode",
