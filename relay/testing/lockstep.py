@@ -197,6 +197,9 @@ def _new_batch(
         starts = [sum(sizes[:request]) for request in range(n)]
         assert first.scatter is not None
         set_path(batch, first.scatter.offsets, torch.tensor(starts, dtype=torch.int64))
+    for f in schema.fields:  # a gated field: this batch's rows hold it
+        if f.gate is not None:
+            set_path(batch, f.gate, True)
     if schema.owners is not None:
         set_path(batch, schema.owners, owners)
     return batch

@@ -256,7 +256,9 @@ class ReferenceRelay:
         if not slots:
             return
         value: torch.Tensor | None = None
-        if self.hands_over(f.name) or f.scatter is not None:
+        # A gate unset: the batch's rows do not hold the field; None, nothing read.
+        gated_off = f.gate is not None and not bool(get_path(batch, f.gate))
+        if not gated_off and (self.hands_over(f.name) or f.scatter is not None):
             # A scatter lays each row in whatever the latest write carried: a kept
             # optional one keeps its rows when left out.
             value = self._value(f, batch, slots)
