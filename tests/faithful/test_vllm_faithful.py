@@ -7,8 +7,12 @@ cause and the request's id."""
 
 from __future__ import annotations
 
+import importlib.util
+import random
 import re
 from collections import Counter
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -232,3 +236,95 @@ def test_each_planted_v2_bug_is_named_with_its_cause_and_request(
     """Planted into V2's schedule, each bug is named with the map, the field, the
     cause and the request's id."""
     _planted_v2(plant, message)
+
+
+def _example() -> Any:
+    """examples/vllm_v2_handover.py, the worked example of docs/integrating.md."""
+    path = Path(__file__).parents[2] / "examples" / "vllm_v2_handover.py"
+    spec = importlib.util.spec_from_file_location("vllm_v2_handover", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("k", [0, 3], ids=["no-speculation", "K=3"])
+def test_the_worked_example_hands_over_what_the_v2_runner_does(k: int) -> None:
+    """The docs' V2 glue, driven like V2's runner (chunked prompts, padded prompt
+    tails, requests joining and ending, rows in any order, draft widths changing per
+    step), builds the input_ids of V2's combine, in debug mode, with no report; and
+    it stays within 40 lines of engine glue."""
+    source = (
+        Path(__file__).parents[2] / "examples" / "vllm_v2_handover.py"
+    ).read_text()
+    glue = source.split("# -- engine glue", 1)[1].split("# -- end of engine glue")[0]
+    assert len([line for line in glue.splitlines()[1:] if line.strip()]) <= 40
+    rng = random.Random(k)
+    relay = _example().V2Relay("cpu", 8, k, debug=True)
+    model = V2Runner(k)
+    prompts: dict[str, list[int]] = {}
+    done: dict[str, int] = {}
+    made: dict[str, int] = {}
+    for step in range(300):
+        for rid in [r for r in prompts if done[r] >= len(prompts[r])]:
+            if rng.random() < 0.1:
+                relay.slots.finish([rid])
+                model.remove_request(rid)
+                del prompts[rid]
+        if len(prompts) < 8 and rng.random() < 0.5:
+            rid = f"r{step}"
+            prompts[rid] = [rng.randrange(1, 99) for _ in range(rng.randint(1, 5))]
+            done[rid], made[rid] = 0, k
+            relay.add_request(rid)
+            model.add_request(rid, len(prompts[rid]))
+        rids = [r for r in prompts if rng.random() < 0.8]
+        rng.shuffle(rids)
+        host: list[int] = []
+        ends, seq_lens, drafts = [0], [], []
+        for rid in rids:
+            prompt, at = prompts[rid], done[rid]
+            chunk = rng.randint(1, len(prompt) - at) if at < len(prompt) else 0
+            tail = chunk == 0 or at + chunk == len(prompt)
+            n = rng.randint(0, made[rid]) if tail else 0
+            host += prompt[at : at + chunk] + [-1] * (n + (chunk == 0))
+            ends.append(len(host))
+            seq_lens.append(at + ends[-1] - ends[-2])
+            drafts.append(n)
+        want = model.combine(rids, ends, seq_lens, drafts, list(host))
+        ids = torch.tensor(host, dtype=torch.int32)
+        b = Namespace(
+            req_ids=rids,
+            query_start_loc=torch.tensor(ends, dtype=torch.int32),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+            num_draft_tokens=torch.tensor(drafts, dtype=torch.int32),
+        )
+        prefill = torch.tensor([len(prompts[r]) for r in rids], dtype=torch.int32)
+        relay.combine(ids, b, prefill)
+        assert ids.tolist() == want
+        width = rng.randint(0, k)
+        last, n_sampled = [], []
+        for rid, s, n in zip(rids, seq_lens, drafts):
+            sampled = []
+            if s >= len(prompts[rid]):
+                sampled = [rng.randrange(99) for _ in range(1 + rng.randint(0, n))]
+                model.post_update(rid, sampled)
+            done[rid] = s - (n + 1 - len(sampled)) if sampled else s
+            last.append(sampled[-1] if sampled else 0)
+            n_sampled.append(len(sampled))
+        proposed = torch.full((len(rids), k), -1, dtype=torch.int64)
+        proposed[:, :width] = torch.randint(0, 99, (len(rids), width))
+        for i, rid in enumerate(rids):
+            model.set_drafts(rid, proposed[i].tolist(), width)
+            made[rid] = width
+        relay.post_update(
+            b, torch.tensor(last), torch.tensor(n_sampled), proposed, width
+        )
+
+
+def test_the_docs_show_the_worked_example_as_it_runs() -> None:
+    """docs/integrating.md quotes the example's engine glue verbatim."""
+    root = Path(__file__).parents[2]
+    source = (root / "examples" / "vllm_v2_handover.py").read_text()
+    glue = source.split("# -- engine glue", 1)[1].split("# -- end of engine glue")[0]
+    body = "\n".join(glue.splitlines()[1:]).strip("\n")
+    assert f"```python\n{body}\n```" in (root / "docs" / "integrating.md").read_text()
