@@ -126,8 +126,9 @@ GuardFn = Callable[[torch.Tensor, str], None]
 # A generated module writes its schema out as the schema's own declarations (``Field``
 # and ``Schema`` of relay/schema.py, keyword arguments, docs left out), and ``Table``
 # reads those: there is no second spelling of an option. A new field option is its
-# attribute on ``Field``, its rule in relay/codegen/validate.py, and the code that acts
-# on it: here for the generic paths, or relay/codegen/methods.py for the bodies.
+# attribute on ``Field`` (or on a grouped declaration), its rule in
+# relay/codegen/validate.py (groups.py for a group's), and the code that acts on it:
+# here for the generic paths, or relay/codegen/methods.py for the bodies.
 
 
 def _reader(f: Field) -> str:

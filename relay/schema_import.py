@@ -204,7 +204,7 @@ def _import(path: Path, display: str, session: Session) -> object:
             display,
             _line_in(path, error),
             f"the schema module failed to import: {describe(error)}",
-            rerun,
+            _respelled(error) or rerun,
         ) from None
     finally:
         sys.modules.pop(name, None)
@@ -277,3 +277,38 @@ def _line_in(path: Path, error: BaseException) -> int | None:
         if str(Path(frame.filename).resolve()) == resolved:
             line = frame.lineno
     return line
+
+
+#: Options that only mean something together and are declared as one value now
+#: (relay/schema.py), by the name they were once passed flat under: a schema module
+#: that still passes one is told how to spell it.
+_REGROUPED = {
+    "offsets": "resolve=Scatter(offsets=...)",
+    "lengths": "resolve=Scatter(offsets=..., lengths=...)",
+    "after": "resolve=Scatter(offsets=..., after=...)",
+    "host_mirror": "host=HostCopy(mirror=...)",
+    "host_sum": "host=HostCopy(sum=...)",
+    "stream_ordered": "host=HostCopy(..., stream_ordered=True)",
+    "tails_kv": "tails=Tails(rows=..., kv=TailsKv(locations=..., table=...))",
+    "tails_kv_table": "tails=Tails(rows=..., kv=TailsKv(locations=..., table=...))",
+    "tails_add": "tails=Tails(rows=..., add=...)",
+    "tails_prefix": "tails=Tails(rows=..., prefix=...)",
+    "schedule_indices": "schedule=ScheduleSlots(indices=...)",
+    "schedule_owners": "schedule=ScheduleSlots(owners=...)",
+    "SCATTER": "resolve=Scatter(offsets=...)",
+}
+
+
+_KEYWORD = re.compile(r"unexpected keyword argument '(\w+)'")
+
+
+def _respelled(error: BaseException) -> str | None:
+    """The fix for an option relay now declares as part of a group (``host_mirror=``
+    is ``host=HostCopy(mirror=...)``), where that is what failed; ``None`` otherwise."""
+    found = _KEYWORD.search(str(error)) if isinstance(error, TypeError) else None
+    if found is not None and found.group(1) in _REGROUPED:
+        old = found.group(1)
+        return f"{old}=... is declared as {_REGROUPED[old]} (see docs/schema.md)"
+    if isinstance(error, AttributeError) and str(error) == "SCATTER":
+        return f"Resolve.SCATTER is declared as {_REGROUPED['SCATTER']} (see docs/schema.md)"
+    return None

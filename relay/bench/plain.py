@@ -217,9 +217,9 @@ class _Builder:
         lines = ["wait()", f"r = b_{f.name}.index_select(0, idx){flat}"]
         if f.target is not None:
             lines.append(f"batch.{f.target} = r")
-        if f.host is None:
+        host_mirror, host_sum = (f.host.mirror, f.host.sum) if f.host else (None, None)
+        if host_mirror is None and host_sum is None:
             return lines
-        host_mirror, host_sum = f.host.mirror, f.host.sum
         mirror = HostMirror(self.device, self.shape.pool)
         if mirror.copy is torch.Tensor.clone:
             lines.append("h = r.clone()")

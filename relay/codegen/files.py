@@ -35,7 +35,7 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, final
+from typing import TYPE_CHECKING, cast, final
 
 import attrs
 
@@ -76,7 +76,8 @@ def _canonical(value: object) -> object:
     if isinstance(value, (str, int, bool)) or value is None:
         return value
     if attrs.has(type(value)):  # a grouped declaration: what it declares, by name
-        return {"": type(value).__name__, **_options(value, ("declared_at",))}
+        group = cast("AttrsInstance", value)
+        return {"": type(value).__name__, **_options(group, ("declared_at",))}
     return str(value)  # torch.dtype
 
 
@@ -661,7 +662,7 @@ def _drift_of(item: Planned, on_disk: str, command: str) -> Drift:
             f"generated files are never edited by hand: change {item.source}, then run "
             f"`{command}` (it overwrites the edit)"
         )
-    elif found[0].schema_hash == item.flat_hash:
+    elif item.schema_hash != found[0].schema_hash == item.flat_hash:
         kind = DriftKind.VOCABULARY
         fix = (
             f"relay now spells {item.source}'s declarations another way (a relay "

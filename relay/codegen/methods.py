@@ -554,9 +554,9 @@ def _future_reports(
 
 def _host(f: Field, source: str) -> list[str]:
     """The host mirror and host sum of a schedule field, copied from ``source``."""
-    if f.host is None:
+    mirror, total = (f.host.mirror, f.host.sum) if f.host else (None, None)
+    if mirror is None and total is None:
         return []
-    mirror, total = f.host.mirror, f.host.sum
     copy = f"self.{naming.host_mirror(f)}.copy({source})"
     if total is None:
         stmts = [f"batch.{mirror} = {copy}"]

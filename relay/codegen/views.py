@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, cast
 
 import attrs
 import torch
@@ -25,6 +26,9 @@ from relay.schema import (
     Schema,
     resolve_method,
 )
+
+if TYPE_CHECKING:
+    from attrs import AttrsInstance
 
 __all__ = ["MapView", "map_view"]
 
@@ -134,7 +138,7 @@ def _literal(value: object) -> str:
 def _declared(obj: object) -> list[str]:
     """``name=value`` for each attribute of ``obj`` that differs from its default."""
     args = []
-    for a in attrs.fields(type(obj)):  # type: ignore[misc]
+    for a in attrs.fields(cast("type[AttrsInstance]", type(obj))):
         if a.name in _NOT_IN_TABLE:
             continue
         value = getattr(obj, a.name)
@@ -223,7 +227,7 @@ def _field_init(
         assert isinstance(f.dtype, torch.dtype)
         args = [str(i), naming.eager_shape(f), naming.dtype(f.dtype)]
         stmts = [Statement(_join(f"{buf} = state.buffer(", args), doc)]
-    if f.host is not None:
+    if f.host is not None and (f.host.mirror or f.host.sum):
         host = f"self.{naming.host_mirror(f)} = _rt.HostMirror(device, pool_size)"
         stmts.append(Statement(host))
     return stmts

@@ -147,7 +147,7 @@ class MapRelay:
         n, device = len(batch), batch.req_pool_indices.device
         batch.seq_lens = torch.zeros(n, dtype=torch.int64, device=device)
         batch.seq_lens_cpu = torch.zeros(n, dtype=torch.int64)  # every row a tail
-        # The bundled ngram declares tails_add=0: its published lengths count the
+        # The bundled ngram declares Tails(add=0): its published lengths count the
         # token a row decodes now.
         self._tails.resolve_tails(batch)
 

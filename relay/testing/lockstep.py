@@ -275,11 +275,8 @@ class _Driver:
         }
         self.fence_fresh: set[str] = set()
         #: Counted scatters (``lengths``): the count each slot's latest stash carried.
-        self.produced: dict[str, dict[int, int]] = {
-            f.scatter.lengths: {}
-            for f in schema.fields
-            if f.scatter is not None and f.scatter.lengths is not None
-        }
+        counted = [f.scatter.lengths for f in schema.fields if f.scatter is not None]
+        self.produced: dict[str, dict[int, int]] = {c: {} for c in counted if c}
         # FROM_PAYLOAD fields: the dtype of the first payload, drawn once per run.
         self.payload_dtype = {
             f.name: data.draw(

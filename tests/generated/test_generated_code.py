@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parents[2]
 BUNDLED = sorted((REPO / "relay" / "schemas").glob("*.py"))
 
 #: Every branch of the template: placeholders on both lanes, a required lazy field, an
-#: optional eager field, host_sum without host_mirror, deep targets, long names that wrap.
+#: optional eager field, a host sum without a mirror, deep targets, long names that wrap.
 CORPUS = Schema(
     name="CorpusWithRatherLongNamesThatWrapFutureMap",
     doc="Every branch of the template.",

@@ -57,19 +57,21 @@ CASES = {
             _x(lengths="n"),
         ],
         "Scatter(lengths=...) 'n' is also the target of field 'tok' (schemas/bad.py:",
-        "give Scatter(lengths=...) a batch attribute of its own",
+        "give the Scatter(lengths=...) of field 'x' a batch attribute of its own",
     ),
     "lengths that are the offsets": (
         [_x(lengths="starts")],
-        "Scatter(lengths=...) 'starts' is also the Scatter(offsets=...) of field 'x': "
-        "one batch attribute cannot be both (read as start offsets there, read as "
-        "counts here)",
-        "give Scatter(lengths=...) a batch attribute of its own",
+        (
+            "Scatter(lengths=...) 'starts' is also the Scatter(offsets=...) of field 'x': "
+            "one batch attribute cannot be both (read as start offsets there, read as "
+            "counts here)"
+        ),
+        "give the Scatter(lengths=...) of field 'x' a batch attribute of its own",
     ),
     "lengths that are the slots": (
         [_x(lengths="req_pool_indices")],
         "Scatter(lengths=...) 'req_pool_indices' is also the schema's indices",
-        "give Scatter(lengths=...) a batch attribute of its own",
+        "give the Scatter(lengths=...) of field 'x' a batch attribute of its own",
     ),
     "lengths of one value per row": (
         [_x(shape="()", lengths="n")],
@@ -94,8 +96,10 @@ CASES = {
     ),
     "after a field that is not there": (
         [_x(after="sampled")],
-        "Scatter(after=...) must name another scatter field of the schema (got "
-        "'sampled'",
+        (
+            "Scatter(after=...) must name another scatter field of the schema (got "
+            "'sampled'"
+        ),
         "name the field whose values come first in each request's span",
     ),
     "after itself": (

@@ -708,3 +708,36 @@ def test_two_nested_targets_cannot_make_one_protocol_name(project: Project) -> N
         "target 'spec__info.b' goes through 'spec__info', whose generated Protocol would "
         "be named BadSpecInfo, like that of 'spec_info' (field 'a', schemas/bad.py:8)",
     )
+
+
+@pytest.mark.parametrize(
+    ("option", "spelled"),
+    [
+        ('host_mirror="seq_lens_cpu"', "host_mirror=... is declared as host=HostCopy("),
+        (
+            'tails_kv="out_cache_loc"',
+            "tails_kv=... is declared as tails=Tails(rows=..., kv=",
+        ),
+        ("resolve=Resolve.SCATTER", "Resolve.SCATTER is declared as resolve=Scatter("),
+    ],
+)
+def test_an_option_now_grouped_is_told_its_spelling(
+    project: Project, option: str, spelled: str
+) -> None:
+    """A schema module that passes an option relay now declares inside a group fails
+    to import, at its line, with the group's spelling as the fix."""
+    path = project.schema_module(
+        "bad",
+        [
+            (
+                'Field("lens", lane=Lane.SCHEDULE, dtype=torch.int64, target="seq_lens", '
+                f"{option}),"
+            )
+        ],
+    )
+    message = one_issue(project)
+    line = line_of(path, '"lens"')
+    assert message.startswith(
+        f"{SRC}:{line}: error: the schema module failed to import"
+    )
+    assert f"fix: {spelled}" in message

@@ -34,7 +34,7 @@ REALISTIC = [
     ),
     (
         f"Field({VERY_LONG[:-1] + 's'!r}, lane=Lane.SCHEDULE, dtype=torch.int64, "
-        'target="seq_lens", host_mirror="seq_lens_cpu", host_sum="seq_lens_sum", '
+        'target="seq_lens", host=HostCopy(mirror="seq_lens_cpu", sum="seq_lens_sum"), '
         "optional=True, guard=Guard.POSITIVE),"
     ),
 ]

@@ -131,8 +131,10 @@ SCHEMA_CASES = {
                 'target="spec_info.lens"),'
             ),
         ],
-        "target 'spec_info.lens' goes through the optional parent 'spec_info'; it is "
-        "written whatever the batch holds",
+        (
+            "target 'spec_info.lens' goes through the optional parent 'spec_info'; it is "
+            "written whatever the batch holds"
+        ),
         'Field("lens"',
     ),
     "seeding a schedule-lane-only map": (
@@ -156,8 +158,10 @@ SCHEMA_CASES = {
                 'target="spec_info.draft"),'
             ),
         ],
-        "owners 'spec_info.rids' goes through the optional parent 'spec_info'; it is "
-        "read as request ids whatever the batch holds",
+        (
+            "owners 'spec_info.rids' goes through the optional parent 'spec_info'; it is "
+            "read as request ids whatever the batch holds"
+        ),
         "SCHEMA = Schema(",
     ),
     "owners that are no path": (

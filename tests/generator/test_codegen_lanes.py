@@ -183,8 +183,10 @@ REFUSED: list[tuple[str, dict[str, Any], list[Field], str, str, str]] = [
             "optional_parents": {"lookup": IfNone.SKIP},
         },
         [lens()],
-        "ScheduleSlots(owners=...) 'lookup.rids' goes through the optional parent "
-        "'lookup'",
+        (
+            "ScheduleSlots(owners=...) 'lookup.rids' goes through the optional parent "
+            "'lookup'"
+        ),
         "outside optional_parents",
         "schema",
     ),

@@ -186,7 +186,7 @@ CASES: list[tuple[str, Field, list[Field], str, str]] = [
         lens(tails=Tails(rows="seq_lens")),
         [],
         "Tails(rows=...) 'seq_lens' is also the target of field 'lens'",
-        "give Tails(rows=...) a batch attribute of its own",
+        "give the Tails(rows=...) of field 'lens' a batch attribute of its own",
     ),
     (
         "host-not-a-group",

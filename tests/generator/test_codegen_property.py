@@ -37,6 +37,8 @@ from relay.schema import (
     Scatter,
     ScheduleSlots,
     Schema,
+    Tails,
+    TailsKv,
     TargetShape,
     Unwritten,
 )
@@ -91,18 +93,25 @@ def fields(draw: st.DrawFn, i: int) -> Field:
             host_mirror = draw(paths(f"m{i}_{tail}"))
         if shape == () and dtype in (torch.int64, torch.int32) and draw(st.booleans()):
             host_sum = f"h{i}_{tail}"
-        late["stream_ordered"] = draw(st.booleans())
+        ordered = draw(st.booleans())
         lengths = shape == () and dtype in (torch.int64, torch.int32) and not optional
         if lengths and resolve is Resolve.GATHER and draw(st.booleans()):
-            late["tails"] = f"x{i}_{tail}"  # late-bound tails
-            late["tails_add"] = draw(st.sampled_from([0, 1, 2]))
+            kv = None
             if draw(st.booleans()):
-                late["tails_kv"] = f"kv{i}_{tail}"
-                late["tails_kv_table"] = f"kt{i}_{tail}"
-            if draw(st.booleans()):
-                late["tails_prefix"] = f"p{i}_{tail}"
-            if (host_sum is not None or "tails_prefix" in late) and host_mirror is None:
+                kv = TailsKv(locations=f"kv{i}_{tail}", table=f"kt{i}_{tail}")
+            prefix = f"p{i}_{tail}" if draw(st.booleans()) else None
+            late["tails"] = Tails(  # late-bound tails
+                rows=f"x{i}_{tail}",
+                kv=kv,
+                add=draw(st.sampled_from([0, 1, 2])),
+                prefix=prefix,
+            )
+            if (host_sum is not None or prefix is not None) and host_mirror is None:
                 host_mirror = f"hm{i}_{tail}"
+        if host_mirror or host_sum or ordered:
+            late["host"] = HostCopy(
+                mirror=host_mirror, sum=host_sum, stream_ordered=ordered
+            )
     else:
         late["kept"] = draw(st.booleans())
     return Field(
@@ -115,7 +124,6 @@ def fields(draw: st.DrawFn, i: int) -> Field:
         source=f"s{i}_{tail}" if draw(st.booleans()) else None,
         target=target,
         resolve=resolve,
-        host=HostCopy(mirror=host_mirror, sum=host_sum),
         guard=draw(st.sampled_from(Guard)),
         unwritten=draw(st.sampled_from(Unwritten)),
         target_shape=TargetShape.FLAT
@@ -201,7 +209,9 @@ def schemas(draw: st.DrawFn) -> Schema:
         },
         seeded=draw(st.booleans()),
         owners=draw(st.sampled_from([None, "rids", "spec_info.rids"])),
-        schedule=ScheduleSlots(indices=schedule_indices, owners=schedule_owners),
+        schedule=ScheduleSlots(indices=schedule_indices, owners=schedule_owners)
+        if schedule_indices or schedule_owners
+        else None,
     )
     assume(validate(schema, str) == [])
     return schema
@@ -216,17 +226,19 @@ def every_combination(layout: Layout) -> Schema:
     """One schema holding a field of every valid lane, alloc, resolve, guard and optional
     combination (nested targets, 60-character names), in ``layout``."""
     declared = []
-    for lane, alloc, resolve, guard, optional in itertools.product(
-        Lane, Alloc, Resolve, Guard, [False, True]
+    for lane, alloc, kind, guard, optional in itertools.product(
+        Lane, Alloc, [*Resolve, "scatter"], Guard, [False, True]
     ):
-        if resolve is Resolve.PLACEHOLDER and (optional or guard is Guard.FINITE):
+        if kind is Resolve.PLACEHOLDER and (optional or guard is Guard.FINITE):
             continue  # placeholders: required integer fields (validation refuses it)
-        if resolve is Resolve.SCATTER and (optional or lane is Lane.SCHEDULE):
+        if kind == "scatter" and (optional or lane is Lane.SCHEDULE):
             continue  # scatters: required forward-lane fields
         i = len(declared)
-        stem = f"c{i}_{lane.value}_{alloc.value}_{resolve.value}_{guard.value}"
+        spelled = kind.value if isinstance(kind, Resolve) else kind
+        stem = f"c{i}_{lane.value}_{alloc.value}_{spelled}_{guard.value}"
         stem = (stem + "_" * 60)[:60]
-        placeholder = resolve is Resolve.PLACEHOLDER
+        placeholder = kind is Resolve.PLACEHOLDER
+        resolve = kind if isinstance(kind, Resolve) else Scatter(offsets=f"{stem}_at")
         declared.append(
             Field(
                 stem,
@@ -239,13 +251,11 @@ def every_combination(layout: Layout) -> Schema:
                 optional=optional,
                 target=f"spec_info.draft.{stem}" if i % 3 else stem,
                 resolve=resolve,
-                offsets=f"{stem}_at" if resolve is Resolve.SCATTER else None,
                 host=HostCopy(
-                    mirror=f"{stem}_cpu" if lane is Lane.SCHEDULE else None,
-                    sum=f"{stem}_sum"
-                    if lane is Lane.SCHEDULE and placeholder
-                    else None,
-                ),
+                    mirror=f"{stem}_cpu", sum=f"{stem}_sum" if placeholder else None
+                )
+                if lane is Lane.SCHEDULE
+                else None,
                 guard=guard,
                 doc=f'{stem} \\ "quoted"',
             )

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from codegen_support import GOLDEN, REPO, SCHEMA_PRELUDE, Project, Run, line_of
 
-from relay.codegen import explicit_job, naming, plan, validate
+from relay.codegen import bindings, explicit_job, naming, plan
 from relay.codegen.loader import load_schema
 from relay.codegen.render import render
 from relay.errors import SchemaError
@@ -63,10 +63,12 @@ def _minted(schema: Schema) -> set[str]:
     }
     paths = [schema.indices]
     for f in schema.fields:
-        paths += [p for p in (f.target, f.host_mirror, f.host_sum) if p is not None]
+        host = (f.host.mirror, f.host.sum) if f.host else ()
+        paths += [p for p in (f.target, *host) if p is not None]
     if schema.lanes_apart:  # the schedule lane's batch, Note [Slots per lane]
         names.add(naming.schedule_protocol(schema))
-        paths += [p for p in (schema.schedule_indices, schema.schedule_owners) if p]
+        lanes = schema.schedule
+        paths += [p for p in ((lanes.indices, lanes.owners) if lanes else ()) if p]
     for path in paths:
         parts = tuple(path.split("."))
         for schedule in (False, True):
@@ -79,19 +81,19 @@ def _minted(schema: Schema) -> set[str]:
 
 def test_template_binds_lists_every_module_level_name() -> None:
     """Note [Module-level names]: besides the classes minted from the schema, a rendered
-    module binds exactly the names of validate.TEMPLATE_BINDS (none missing, none stale)."""
+    module binds exactly the names of bindings.TEMPLATE_BINDS (none missing, none stale)."""
     seen: set[str] = set()
     for schema, tree in _rendered():
         classes, others = _module_bindings(tree)
         assert classes <= _minted(schema), schema.name
-        assert others <= set(validate.TEMPLATE_BINDS), (
-            f"{schema.name}: the template binds {sorted(others - set(validate.TEMPLATE_BINDS))} "
-            "at module level; add them to TEMPLATE_BINDS in relay/codegen/validate.py"
+        assert others <= set(bindings.TEMPLATE_BINDS), (
+            f"{schema.name}: the template binds {sorted(others - set(bindings.TEMPLATE_BINDS))} "
+            "at module level; add them to TEMPLATE_BINDS in relay/codegen/bindings.py"
         )
         seen |= others
-    assert seen == set(validate.TEMPLATE_BINDS)
+    assert seen == set(bindings.TEMPLATE_BINDS)
     # Fields, sources and dims may not take these names either.
-    assert set(validate.TEMPLATE_BINDS) <= naming.RESERVED
+    assert set(bindings.TEMPLATE_BINDS) <= naming.RESERVED
 
 
 def test_free_names_of_the_generated_code_are_builtins_the_check_refuses() -> None:
@@ -134,7 +136,7 @@ def _only_issue(project: Project) -> str:
     return str(issue)
 
 
-@pytest.mark.parametrize("name", sorted(validate.TEMPLATE_BINDS))
+@pytest.mark.parametrize("name", sorted(bindings.TEMPLATE_BINDS))
 def test_schema_named_like_a_template_binding_is_refused(
     project: Project, relay_cli: Callable[..., Run], name: str
 ) -> None:
@@ -152,7 +154,7 @@ def test_schema_named_like_a_template_binding_is_refused(
         assert "dunder" in first
     else:
         assert first.endswith(
-            f"is a name the generated module binds itself ({validate.TEMPLATE_BINDS[name]})"
+            f"is a name the generated module binds itself ({bindings.TEMPLATE_BINDS[name]})"
         )
     assert fix.startswith(
         '    fix: name the schema like a class of its own, e.g. name="'

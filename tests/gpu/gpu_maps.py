@@ -174,7 +174,7 @@ class BundledMap:
     @property
     def mirrored(self) -> list[Field]:
         """Schedule fields copied to the host (through the pinned mirror on CUDA)."""
-        return [f for f in self.schedule if f.host_mirror]
+        return [f for f in self.schedule if f.host and f.host.mirror]
 
     def new(self, device: torch.device, pool_size: int, *, debug: bool = False) -> Any:
         """A fresh map on ``device``."""
@@ -215,7 +215,8 @@ class BundledMap:
         batch = SimpleNamespace()
         set_path(batch, self.schema.indices, indices)
         for f in self.schema.fields:
-            for path in (f.target, f.host_mirror, f.host_sum):
+            host = (f.host.mirror, f.host.sum) if f.host else ()
+            for path in (f.target, *host):
                 if path:
                     set_path(batch, path, None)
         return batch
@@ -250,14 +251,13 @@ class BundledMap:
             if f.target:
                 got = get_path(batch, f.target)
                 _assert_rows(f"{what}: batch.{f.target}", got, want, want.shape[0])
-            if f.host_mirror:
-                host = get_path(batch, f.host_mirror)
+            mirror = f.host.mirror if f.host else None
+            if mirror:
+                host = get_path(batch, mirror)
                 assert host.device.type == "cpu", (
-                    f"{what}: batch.{f.host_mirror} is not on the host"
+                    f"{what}: batch.{mirror} is not on the host"
                 )
-                _assert_rows(
-                    f"{what}: batch.{f.host_mirror}", host, want, want.shape[0]
-                )
+                _assert_rows(f"{what}: batch.{mirror}", host, want, want.shape[0])
             if f.host_sum:
                 total = get_path(batch, f.host_sum)
                 assert total == int(want.sum()), (

@@ -286,9 +286,9 @@ def test_host_copies_handed_out_survive_the_next_steps_copy(
         bundled.resolve_schedule(relay, batch)
         bundled.check_schedule(batch, values, f"step {step}")
         host = {
-            f.name: get_path(batch, f.host_mirror)
+            f.name: get_path(batch, f.host.mirror)
             for f in bundled.mirrored
-            if f.host_mirror
+            if f.host and f.host.mirror
         }
         handed.append((host, {name: t.clone() for name, t in host.items()}))
     for step, (host, snapshot) in enumerate(handed):

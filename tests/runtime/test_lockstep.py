@@ -18,7 +18,6 @@ from hypothesis import strategies as st
 from relay.codegen.loader import load_schema
 from relay.maps.decode import DecodeFutureMap
 from relay.schema import (
-    FROM_PAYLOAD,
     Alloc,
     Field,
     Guard,
@@ -28,11 +27,13 @@ from relay.schema import (
     Layout,
     Resolve,
     Scatter,
+    ScheduleSlots,
     Schema,
     Tails,
     TailsKv,
     TargetShape,
     Unwritten,
+    extra,
 )
 from relay.testing import (
     LockstepDivergence,
@@ -220,16 +221,7 @@ def _every_option() -> Schema:
                 unwritten=Unwritten.ZEROS,
                 kept=True,
             ),
-            Field(
-                "hidden",
-                lane=Lane.FORWARD,
-                dtype=FROM_PAYLOAD,
-                shape=("hidden",),
-                alloc=Alloc.LAZY,
-                optional=True,
-                target="spec_info.hidden",
-                kept=True,
-            ),
+            extra("hidden", shape=("hidden",), target="spec_info.hidden"),
             Field(
                 "bonus",
                 lane=Lane.FORWARD,
@@ -292,8 +284,9 @@ def test_a_schema_with_every_option_runs_in_lockstep_through_its_own_table(
         name=f"Every{layout.name.title()}FutureMap",
         layout=layout,
         owners=None if separate else "rids",
-        schedule_indices="scheduler.slots" if separate else None,
-        schedule_owners="scheduler.rids" if separate else None,
+        schedule=ScheduleSlots(indices="scheduler.slots", owners="scheduler.rids")
+        if separate
+        else None,
     )
     covered = {
         a.name
@@ -301,6 +294,27 @@ def test_a_schema_with_every_option_runs_in_lockstep_through_its_own_table(
         if any(getattr(f, a.name) != a.default for f in schema.fields)
     }
     assert covered >= {a.name for a in attrs.fields(Field)} - {"doc", "declared_at"}
+    # Every grouped declaration, each option of it away from its default.
+    groups: list[Any] = [f.resolve for f in schema.fields if f.scatter is not None]
+    groups += [f.host for f in schema.fields] + [f.tails for f in schema.fields]
+    groups += [f.tails.kv for f in schema.fields if f.tails is not None]
+    if separate:
+        groups.append(schema.schedule)
+    declared = {
+        (type(g).__name__, a.name)
+        for g in groups
+        if g is not None
+        for a in attrs.fields(type(g))
+        if getattr(g, a.name) != a.default
+    }
+    kinds = [Scatter, HostCopy, Tails, TailsKv, *([ScheduleSlots] if separate else [])]
+    every = {
+        (k.__name__, a.name)
+        for k in kinds
+        for a in attrs.fields(k)
+        if a.name != "declared_at"
+    }
+    assert declared >= every, every - declared
     cls = load_map_class(schema)
     assert sys.modules[cls.__module__]._TABLE.schema == schema
     assert check_lockstep(schema, cls, operations=400, steps=100, debug=debug) == 400

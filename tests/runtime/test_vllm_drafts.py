@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 import sys
 from collections.abc import Callable
+from typing import Any
 
 import attrs
 import pytest
@@ -254,7 +255,7 @@ class SwappedLookup(VllmStyleEngine):
 
 
 def test_a_swapped_scheduler_lookup_is_named_with_its_own_ids() -> None:
-    """The scheduler's object names its requests itself (``schedule_owners``): a lookup
+    """The scheduler's object names its requests itself (``ScheduleSlots(owners=...)``): a lookup
     whose slots were reordered without its ids is named with those ids."""
     engine = SwappedLookup(0, debug=True)
     with pytest.raises(
@@ -472,22 +473,29 @@ def test_owners_of_a_placeholder_read_are_given_per_target_position() -> None:
 def test_a_three_field_span_with_nested_paths_runs_in_lockstep() -> None:
     """A token, counted drafts, then a fixed pair after them, all in one target below
     the batch, offsets and counts on another object: against the reference model."""
-    common = {"lane": Lane.FORWARD, "dtype": torch.int64, "target": "spec.ids"}
+    scatter: dict[str, Any] = {"lane": Lane.FORWARD, "dtype": torch.int64}
     schema = Schema(
         name="ThreeSpanFutureMap",
         fields=[
-            Field("tok", resolve=Scatter(offsets="meta.starts"), **common),
+            Field(
+                "tok",
+                target="spec.ids",
+                resolve=Scatter(offsets="meta.starts"),
+                **scatter,
+            ),
             Field(
                 "drafts",
                 shape=("k",),
+                target="spec.ids",
                 resolve=Scatter(offsets="meta.starts", lengths="meta.n", after="tok"),
-                **common,
+                **scatter,
             ),
             Field(
                 "pair",
                 shape=(2,),
+                target="spec.ids",
                 resolve=Scatter(offsets="meta.starts", after="drafts"),
-                **common,
+                **scatter,
             ),
         ],
     )

@@ -60,8 +60,9 @@ def _payload(cls: Any, fields: list[Field], n: int, **change: object) -> Any:
         f.payload_name: _value(f, n, 3 * i) for i, f in enumerate(fields)
     }
     for f in fields:  # a counted scatter's producer count: none of the row is real
-        if f.lengths is not None:
-            values[f.lengths.rsplit(".", 1)[-1]] = torch.zeros(n, dtype=torch.int64)
+        if f.scatter is not None and f.scatter.lengths is not None:
+            counts = f.scatter.lengths.rsplit(".", 1)[-1]
+            values[counts] = torch.zeros(n, dtype=torch.int64)
     values.update(change)
     return payload_cls(**values)
 

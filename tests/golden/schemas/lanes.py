@@ -1,9 +1,10 @@
 """Golden corpus: a schedule lane that names its own slots and owners.
 
-Reaches: ``schedule_indices`` through an optional parent (the schedule resolves return
-where the scheduler's object holds none), ``schedule_owners`` apart from the forward
-``owners``, the schedule lane's batch Protocol with a nested object of its own beside
-the forward batch's, and late-bound tails (``resolve_tails`` takes the forward batch).
+Reaches: ``ScheduleSlots(indices=...)`` through an optional parent (the schedule
+resolves return where the scheduler's object holds none), ``ScheduleSlots(owners=...)``
+apart from the forward ``owners``, the schedule lane's batch Protocol with a nested
+object of its own beside the forward batch's, and late-bound tails (``resolve_tails``
+takes the forward batch).
 """
 
 import torch

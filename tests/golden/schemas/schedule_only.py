@@ -1,7 +1,7 @@
 """Golden corpus: a schedule lane alone (no forward lane, no payload class, no stash).
 
 Reaches: several schedule fields (one resolve method each, one fence with several
-consumers), a schedule-lane placeholder, ``host_sum`` without ``host_mirror`` (on a
+consumers), a schedule-lane placeholder, a host sum without a host mirror (on a
 placeholder and on a gather), a host mirror without a sum, a required lazy schedule
 field, an optional schedule field (a keyword of ``publish`` that defaults to None),
 and a custom ``indices``.
