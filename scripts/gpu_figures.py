@@ -159,17 +159,17 @@ def _us(ns: Any) -> str:
 
 
 def bench(results: Path) -> list[str]:
-    """relay bench --device cuda: ops and time per step, generated against the baseline,
-    the plain floor (the same torch calls as plain tensor methods) and the replay floor
-    (``floor`` in the JSON). JSON written before the plain floor shows ``-`` for it."""
+    """relay bench --device cuda: ops and time per step, generated against the baseline
+    and the floors (the same torch calls as plain tensor methods; on CUDA the checked
+    and bare floors are the same), and the host time per method of both maps."""
     path = results / "bench.json"
     if not path.is_file():
         return [_missing("bench.json")]
     data = json.loads(path.read_text())
     rows = [
         (
-            "| schema | shape | ops base / gen / plain / replay "
-            "| us base / gen / plain / replay | gen/base | gen/plain | gen/replay |"
+            "| schema | shape | ops base / gen | us base / gen / floor | gen/base | gen/floor "
+            "| host us per method, gen / base |"
         ),
         "|---|---|---|---|---|---|---|",
     ]
@@ -179,15 +179,23 @@ def bench(results: Path) -> list[str]:
                 f"| {c.get('schema')} | {c.get('label')} | error: {c.get('error')} |"
             )
             continue
-        ops, ns = c["ops"], c["ns"]
-        sides = ("baseline", "generated", "plain", "floor")
-        ratios = ("generated/baseline", "generated/plain", "generated/floor")
+        ops, ns, host = c["ops"], c["ns"], c.get("host_ns", {})
+        gen, base = host.get("generated", {}), host.get("baseline", {})
+        parts = ", ".join(
+            f"{m} {v / 1e3:.1f}/{base[m] / 1e3:.1f}"
+            if m in base
+            else f"{m} {v / 1e3:.1f}"
+            for m, v in gen.items()
+        )
         rows.append(
-            f"| {c['schema']} | {c['label']} "
-            f"| {' / '.join(str(ops.get(k, '-')) for k in sides)} "
-            f"| {' / '.join(_us(ns.get(k)) for k in sides)} | "
-            + " | ".join(f"{c[r]['median']:.2f}x" if r in c else "-" for r in ratios)
-            + " |"
+            f"| {c.get('name', c['schema'])} | {c['label']} "
+            f"| {ops.get('baseline', '-')} / {ops.get('generated', '-')} "
+            f"| {' / '.join(_us(ns.get(k)) for k in ('baseline', 'generated', 'floor'))} | "
+            + " | ".join(
+                f"{c[r]['median']:.2f}x" if r in c else "-"
+                for r in ("generated/baseline", "generated/floor")
+            )
+            + f" | {parts or '-'} |"
         )
     meta = data.get("meta", {})
     rows.append("")

@@ -2,36 +2,28 @@
 
 Written from DOMAIN.md's "sglang today, op by op" and, for sglang 0.5.23's EAGLE and
 n-gram relays, from docs/sglang.md, as lean as an engine keeps them: no value checks,
-gathers by ``buf[slots]``, a host copy only where the design needs one.
-``DecodeSeqLensBaseline`` is the older sentinel design that relays ``seq_lens`` too. Stash and publish take keyword tensors named as the generated
-payload's fields, so one driver feeds both sides. The fence and the host copy follow
-the device: a device-side wait and a pinned copy on a private stream on CUDA, a host
-wait on HIP, plain calls on the CPU.
+gathers by ``buf[slots]``, a host copy only where the design needs one. Stash and
+publish take keyword tensors named as the generated payload's fields, so one driver
+feeds both sides. The fence and the host copy follow the device (``PublishReady``).
 """
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import torch
 
 from relay.cpu_stream import CpuEvent, current_cpu_stream
 
-__all__ = [
-    "DecodeBaseline",
-    "DecodeSeqLensBaseline",
-    "EagleBaseline",
-    "NgramBaseline",
-    "PublishReady",
-    "SglangEagleBaseline",
-]
+__all__ = ["DecodeBaseline", "DecodeSeqLensBaseline", "EagleBaseline"]
+__all__ += ["NgramBaseline", "PublishReady", "SglangEagleBaseline"]
 
 
 class PublishReady:
-    """The ``publish_ready`` fence and the host copy behind it, per device. A record
-    from another stream than the last first waits on the last record (Note [Fence
-    chaining] in relay/device.py)."""
+    """The ``publish_ready`` fence and the host copy behind it: a device-side wait and
+    a pinned copy on a private stream on CUDA, a host wait on HIP, plain calls on the
+    CPU. A record from another stream than the last first waits on the last record
+    (Note [Fence chaining] in relay/device.py)."""
 
     def __init__(self, device: torch.device) -> None:
         self.cpu = device.type == "cpu"
@@ -57,32 +49,34 @@ class PublishReady:
         self.event.record(*(() if self.cpu else (stream,)))
         self.stream = stream
 
-    def wait(self) -> None:
-        """Order the scheduler after the newest publish (none: nothing to wait for)."""
+    def resolve(self, buf: torch.Tensor, batch: Any, indices: torch.Tensor) -> None:
+        """The scheduler's read of ``buf`` rows ``indices`` after the newest publish:
+        gathered, copied to the host (on CUDA the whole buffer into a pinned mirror on
+        a private stream, the rows picked on the host) and summed."""
         if self.event is not None and self.host_wait:
             self.event.synchronize()
         elif self.event is not None:
             self.module.current_stream().wait_event(self.event)
+        batch.seq_lens = rows = buf[indices]
+        if self.cuda:
+            if self.copy_stream is None:
+                self.copy_stream = self.module.Stream(device=buf.device)
+                self.copy_done = self.module.Event()
+                self.pinned = torch.empty(buf.shape, dtype=buf.dtype, pin_memory=True)
+            if self.event is not None:
+                self.copy_stream.wait_event(self.event)
+            with torch.cuda.stream(self.copy_stream):
+                self.pinned.copy_(buf, non_blocking=True)
+            self.copy_done.record(self.copy_stream)
+            self.copy_done.synchronize()
+            batch.seq_lens_cpu = self.pinned[batch.req_pool_indices_cpu]
+        else:
+            batch.seq_lens_cpu = rows.cpu()
+        batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
 
-    def host_rows(
-        self, buf: torch.Tensor, batch: Any, rows: torch.Tensor
-    ) -> torch.Tensor:
-        """The host copy of ``rows = buf[batch.req_pool_indices]``: on CUDA the whole
-        buffer copied into a pinned mirror on a private stream behind the fence, the
-        rows picked on the host; elsewhere ``rows.cpu()``."""
-        if not self.cuda:
-            return rows.cpu()
-        if self.copy_stream is None:
-            self.copy_stream = self.module.Stream(device=buf.device)
-            self.copy_done = self.module.Event()
-            self.pinned = torch.empty(buf.shape, dtype=buf.dtype, pin_memory=True)
-        if self.event is not None:
-            self.copy_stream.wait_event(self.event)
-        with torch.cuda.stream(self.copy_stream):
-            self.pinned.copy_(buf, non_blocking=True)
-        self.copy_done.record(self.copy_stream)
-        self.copy_done.synchronize()
-        return self.pinned[batch.req_pool_indices_cpu]
+
+def _pool(device: torch.device, pool_size: int, *row: int, dtype: Any) -> torch.Tensor:
+    return torch.zeros((pool_size, *row), dtype=dtype, device=device)
 
 
 class DecodeBaseline:
@@ -91,10 +85,7 @@ class DecodeBaseline:
 
     def __init__(self, device: torch.device | str, pool_size: int) -> None:
         self.device = torch.device(device)
-        self.pool_size = pool_size
-        self.output_tokens_buf = torch.zeros(
-            (pool_size,), dtype=torch.int64, device=self.device
-        )
+        self.output_tokens_buf = _pool(self.device, pool_size, dtype=torch.int64)
 
     def stash(self, indices: torch.Tensor, *, next_token_ids: torch.Tensor) -> None:
         if indices.numel() == 0:
@@ -108,31 +99,35 @@ class DecodeBaseline:
         batch.input_ids = self.output_tokens_buf[indices]
 
 
-class DecodeSeqLensBaseline:
-    """Plain decoding, sglang's sentinel design of 2026-05: tokens through placeholders
-    in ``input_ids``, and the new sequence lengths relayed to the scheduler."""
+class _SeqLens:
+    """The new lengths published behind the fence for the scheduler."""
 
     def __init__(self, device: torch.device | str, pool_size: int) -> None:
         self.device = torch.device(device)
         self.pool_size = pool_size
-        self.output_tokens_buf = torch.zeros(
-            (pool_size,), dtype=torch.int64, device=self.device
-        )
-        self.new_seq_lens_buf = torch.zeros(
-            (pool_size,), dtype=torch.int64, device=self.device
-        )
+        self.new_seq_lens_buf = _pool(self.device, pool_size, dtype=torch.int64)
         self._ready = PublishReady(self.device)
-
-    def stash(self, indices: torch.Tensor, *, next_token_ids: torch.Tensor) -> None:
-        if indices.numel() == 0:
-            return
-        self.output_tokens_buf[indices] = next_token_ids.to(torch.int64)
 
     def publish(self, indices: torch.Tensor, new_seq_lens: torch.Tensor) -> None:
         if indices.numel() == 0:
             return
         self.new_seq_lens_buf[indices] = new_seq_lens.to(torch.int64)
         self._ready.record()
+
+    def resolve_seq_lens_cpu(self, batch: Any) -> None:
+        indices = batch.req_pool_indices
+        if indices.numel() == 0:
+            return
+        self._ready.resolve(self.new_seq_lens_buf, batch, indices)
+
+
+class DecodeSeqLensBaseline(DecodeBaseline, _SeqLens):
+    """Plain decoding, sglang's sentinel design of 2026-05: tokens through placeholders
+    in ``input_ids``, and the new sequence lengths relayed to the scheduler."""
+
+    def __init__(self, device: torch.device | str, pool_size: int) -> None:
+        DecodeBaseline.__init__(self, device, pool_size)
+        _SeqLens.__init__(self, device, pool_size)
 
     def invalidate(self, batch: Any, indices: torch.Tensor) -> None:
         if indices.numel() == 0:
@@ -146,44 +141,20 @@ class DecodeSeqLensBaseline:
         tokens = self.output_tokens_buf[(-input_ids).clamp(min=0)]
         input_ids.copy_(torch.where(input_ids < 0, tokens, input_ids))
 
-    def resolve_seq_lens_cpu(self, batch: Any) -> None:
-        indices = batch.req_pool_indices
-        if indices.numel() == 0:
-            return
-        self._ready.wait()
-        batch.seq_lens = self.new_seq_lens_buf[indices]
-        batch.seq_lens_cpu = self._ready.host_rows(
-            self.new_seq_lens_buf, batch, batch.seq_lens
-        )
-        batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
 
-
-class EagleBaseline:
+class EagleBaseline(_SeqLens):
     """EAGLE, sglang today: the bonus token, the draft's first top-k and (when the draft
-    reads it) the hidden state gathered into the draft input; the accepted lengths
-    published mid-forward for the scheduler."""
+    reads it) the hidden state gathered into the draft input; the lengths published."""
 
     def __init__(
         self, device: torch.device | str, pool_size: int, *, topk: int
     ) -> None:
-        self.device = torch.device(device)
-        self.pool_size = pool_size
-        self.output_tokens_buf = torch.zeros(
-            (pool_size,), dtype=torch.int64, device=self.device
-        )
-        self.topk_p_buf = torch.zeros(
-            (pool_size, topk), dtype=torch.float32, device=self.device
-        )
-        self.topk_index_buf = torch.zeros(
-            (pool_size, topk), dtype=torch.int64, device=self.device
-        )
-        # Width and dtype come from the draft model: allocated by the first stash that
-        # carries it, checked per stash (an early payload without it must not disable it).
+        super().__init__(device, pool_size)
+        self.output_tokens_buf = _pool(self.device, pool_size, dtype=torch.int64)
+        self.topk_p_buf = _pool(self.device, pool_size, topk, dtype=torch.float32)
+        self.topk_index_buf = _pool(self.device, pool_size, topk, dtype=torch.int64)
+        # Allocated by the first stash that carries it (the draft model's width, dtype).
         self.hidden_states_buf: torch.Tensor | None = None
-        self.new_seq_lens_buf = torch.zeros(
-            (pool_size,), dtype=torch.int64, device=self.device
-        )
-        self._ready = PublishReady(self.device)
 
     def stash(
         self,
@@ -201,20 +172,13 @@ class EagleBaseline:
         self.topk_index_buf[indices] = topk_index.to(torch.int64)
         if hidden_states is not None:
             if self.hidden_states_buf is None:
-                self.hidden_states_buf = torch.zeros(
-                    (self.pool_size, hidden_states.shape[1]),
+                self.hidden_states_buf = _pool(
+                    self.device, self.pool_size, hidden_states.shape[1],
                     dtype=hidden_states.dtype,
-                    device=self.device,
-                )
+                )  # fmt: skip
             self.hidden_states_buf[indices] = hidden_states.to(
                 self.hidden_states_buf.dtype
             )
-
-    def publish(self, indices: torch.Tensor, new_seq_lens: torch.Tensor) -> None:
-        if indices.numel() == 0:
-            return
-        self.new_seq_lens_buf[indices] = new_seq_lens.to(torch.int64)
-        self._ready.record()
 
     def resolve_future(self, batch: Any) -> None:
         indices = batch.req_pool_indices
@@ -226,17 +190,6 @@ class EagleBaseline:
         spec_info.topk_index = self.topk_index_buf[indices]
         if self.hidden_states_buf is not None:
             spec_info.hidden_states = self.hidden_states_buf[indices]
-
-    def resolve_seq_lens_cpu(self, batch: Any) -> None:
-        indices = batch.req_pool_indices
-        if indices.numel() == 0:
-            return
-        self._ready.wait()
-        batch.seq_lens = self.new_seq_lens_buf[indices]
-        batch.seq_lens_cpu = self._ready.host_rows(
-            self.new_seq_lens_buf, batch, batch.seq_lens
-        )
-        batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
 
 
 def _write_extra(
@@ -255,11 +208,10 @@ def _write_extra(
 
 class SglangEagleBaseline:
     """EAGLE as sglang 0.5.23 relays it (docs/sglang.md): slots are the draft input's
-    ``future_indices`` (a batch with no draft input is skipped); every extra is
-    allocated by the first stash that carries it and written only when a payload
-    carries it. The lengths and bonus-token buffers may be adopted from a captured
-    verify graph: the engine hands over the very tensors the graph wrote
-    (``graph_wrote``), and ``publish`` and ``stash`` skip their scatter once for them."""
+    ``future_indices``; every extra is allocated and written by a stash that carries
+    it. The lengths and bonus-token buffers may be a captured verify graph's: handed
+    the very tensors the graph wrote (``graph_wrote``), ``publish`` and ``stash`` skip
+    their scatter once."""
 
     def __init__(
         self,
@@ -271,13 +223,9 @@ class SglangEagleBaseline:
     ) -> None:
         self.device = torch.device(device)
         self.pool_size = pool_size
-        own = functools.partial(torch.empty, pool_size, dtype=torch.int64)
-        self.output_tokens_buf = (
-            own(device=self.device) if output_tokens_buf is None else output_tokens_buf
-        )
-        self.new_seq_lens_buf = (
-            own(device=self.device) if new_seq_lens_buf is None else new_seq_lens_buf
-        )
+        own = torch.empty(pool_size, dtype=torch.int64, device=self.device)
+        self.output_tokens_buf = output_tokens_buf if output_tokens_buf is not None else own  # fmt: skip
+        self.new_seq_lens_buf = new_seq_lens_buf if new_seq_lens_buf is not None else own.clone()  # fmt: skip
         self.topk_p_buf: torch.Tensor | None = None
         self.topk_index_buf: torch.Tensor | None = None
         self.hidden_states_buf: torch.Tensor | None = None
@@ -312,18 +260,10 @@ class SglangEagleBaseline:
             self.output_tokens_buf[indices] = bonus_tokens.to(torch.int64)
         pool = self.pool_size
         self.topk_p_buf = _write_extra(self.topk_p_buf, pool, indices, topk_p)
-        self.topk_index_buf = _write_extra(
-            self.topk_index_buf, pool, indices, topk_index
-        )
-        self.hidden_states_buf = _write_extra(
-            self.hidden_states_buf, pool, indices, hidden_states
-        )
-        self.draft_probs_buf = _write_extra(
-            self.draft_probs_buf, pool, indices, draft_probs
-        )
-        self.dsa_topk_indices_buf = _write_extra(
-            self.dsa_topk_indices_buf, pool, indices, dsa_topk_indices
-        )
+        self.topk_index_buf = _write_extra(self.topk_index_buf, pool, indices, topk_index)  # fmt: skip
+        self.hidden_states_buf = _write_extra(self.hidden_states_buf, pool, indices, hidden_states)  # fmt: skip
+        self.draft_probs_buf = _write_extra(self.draft_probs_buf, pool, indices, draft_probs)  # fmt: skip
+        self.dsa_topk_indices_buf = _write_extra(self.dsa_topk_indices_buf, pool, indices, dsa_topk_indices)  # fmt: skip
 
     def publish(
         self,
@@ -337,9 +277,7 @@ class SglangEagleBaseline:
             self.published_seq_lens = None  # the graph wrote them
         else:
             self.new_seq_lens_buf[indices] = new_seq_lens.to(torch.int64)
-        self.confidence_buf = _write_extra(
-            self.confidence_buf, self.pool_size, indices, confidence
-        )
+        self.confidence_buf = _write_extra(self.confidence_buf, self.pool_size, indices, confidence)  # fmt: skip
         self._ready.record()
 
     def resolve_future(self, batch: Any) -> None:
@@ -364,63 +302,27 @@ class SglangEagleBaseline:
         _resolve_seq_lens(self._ready, self.new_seq_lens_buf, batch)
 
 
-def _resolve_seq_lens(ready: PublishReady, buf: torch.Tensor, batch: Any) -> None:
-    """sglang 0.5.23's schedule read by the draft input's ``future_indices``."""
-    spec_info = batch.spec_info
-    if spec_info is None or spec_info.future_indices is None:
-        return
-    indices = spec_info.future_indices
-    if indices.numel() == 0:
-        return
-    ready.wait()
-    batch.seq_lens = buf[indices]
-    batch.seq_lens_cpu = ready.host_rows(buf, batch, batch.seq_lens)
-    batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
-
-
-class NgramBaseline:
+class NgramBaseline(_SeqLens):
     """n-gram speculation as sglang 0.5.23 relays it (docs/sglang.md): the accepted
-    drafts and their count, in two buffers allocated by the first stash with its dtypes
-    and zero-filled (an unstashed row reads accept length 0), gathered by the draft
-    input's ``future_indices`` (the drafts flattened); no bonus token. The accepted
-    lengths are published behind the fence for the scheduler."""
+    drafts and their count, in zero-filled buffers allocated by the first stash,
+    gathered by the draft input's ``future_indices`` (the drafts flattened)."""
 
     def __init__(self, device: torch.device | str, pool_size: int) -> None:
-        self.device = torch.device(device)
-        self.pool_size = pool_size
+        super().__init__(device, pool_size)
         self.accept_tokens_buf: torch.Tensor | None = None
         self.accept_lens_buf: torch.Tensor | None = None
-        self.new_seq_lens_buf = torch.empty(
-            (pool_size,), dtype=torch.int64, device=self.device
-        )
-        self._ready = PublishReady(self.device)
 
     def stash(
-        self,
-        indices: torch.Tensor,
-        *,
-        accept_tokens: torch.Tensor,
-        accept_lens: torch.Tensor,
-    ) -> None:
+        self, indices: torch.Tensor, *, accept_tokens: torch.Tensor, accept_lens: torch.Tensor
+    ) -> None:  # fmt: skip
         if indices.numel() == 0:
             return
         if self.accept_tokens_buf is None or self.accept_lens_buf is None:
-            self.accept_tokens_buf = torch.zeros(
-                (self.pool_size, *accept_tokens.shape[1:]),
-                dtype=accept_tokens.dtype,
-                device=self.device,
-            )
-            self.accept_lens_buf = torch.zeros(
-                (self.pool_size,), dtype=accept_lens.dtype, device=self.device
-            )
+            pool, row = self.pool_size, accept_tokens.shape[1:]
+            self.accept_tokens_buf = _pool(self.device, pool, *row, dtype=accept_tokens.dtype)  # fmt: skip
+            self.accept_lens_buf = _pool(self.device, pool, dtype=accept_lens.dtype)
         self.accept_tokens_buf[indices] = accept_tokens
         self.accept_lens_buf[indices] = accept_lens
-
-    def publish(self, indices: torch.Tensor, new_seq_lens: torch.Tensor) -> None:
-        if indices.numel() == 0:
-            return
-        self.new_seq_lens_buf[indices] = new_seq_lens.to(torch.int64)
-        self._ready.record()
 
     def resolve_future(self, batch: Any) -> None:
         spec_info = batch.spec_info
@@ -435,3 +337,13 @@ class NgramBaseline:
 
     def resolve_seq_lens_cpu(self, batch: Any) -> None:
         _resolve_seq_lens(self._ready, self.new_seq_lens_buf, batch)
+
+
+def _resolve_seq_lens(ready: PublishReady, buf: torch.Tensor, batch: Any) -> None:
+    """sglang 0.5.23's schedule read, by the draft input's ``future_indices``."""
+    spec_info = batch.spec_info
+    if spec_info is None or spec_info.future_indices is None:
+        return
+    indices = spec_info.future_indices
+    if indices.numel() != 0:
+        ready.resolve(buf, batch, indices)

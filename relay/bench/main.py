@@ -16,7 +16,7 @@ import os
 import platform
 import subprocess
 import sys
-import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,16 @@ PRESETS: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 #: Steps driven with fresh outputs to check that both sides resolve the same values.
 CHECK_STEPS = 3
+#: The sides timed, in the JSON's keys: the hand-written map, the generated one, the
+#: checked floor and the bare floor.
+SIDES = ("baseline", "generated", "floor", "bare")
+HEADER = """\
+baseline: the sglang-style map an engine keeps by hand (relay/bench/baseline.py); \
+generated: the bundled map, debug off
+floor: the same torch calls as plain tensor methods, plus relay's host check of a CPU \
+write's slots (one per write call); bare: the floor without that check
+ops: data ops per step, baseline / generated (+ the CPU host check's); ratios: median \
+of the per-repeat ratios (p25-p75)"""
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -50,43 +60,23 @@ def _ints(text: str) -> tuple[int, ...]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``relay bench`` flags."""
     add = parser.add_argument
+    ints: dict[str, Any] = {"type": _ints}
+    names: dict[str, Any] = {"type": lambda t: tuple(t.split(","))}
     add("--quick", action="store_true", help="a small grid and 5 repeats: seconds")
-    add(
-        "--schema",
-        type=lambda t: tuple(t.split(",")),
-        metavar="NAMES",
-        help="bundled schemas to compare, comma-separated (default: every one)",
-    )
-    add("--pool", type=_ints, metavar="P,...", help="pool sizes (default 257,4097)")
-    add("--batch", type=_ints, metavar="B,...", help="batch sizes (default 1,32,256)")
-    add("--topk", type=_ints, metavar="K,...", help="top-k of EAGLE maps (default 1,8)")
-    add(
-        "--hidden",
-        type=_ints,
-        metavar="H,...",
-        help="hidden sizes of EAGLE maps, bf16, 0: none (default 4096,7168)",
-    )
-    add(
-        "--device", default="cpu", help="torch device, e.g. cpu or cuda:0 (default cpu)"
-    )
+    add("--schema", **names, metavar="NAMES", help="bundled schemas (default: all)")
+    add("--pool", **ints, metavar="P,...", help="pool sizes (default 257,4097)")
+    add("--batch", **ints, metavar="B,...", help="batch sizes (default 1,32,256)")
+    add("--topk", **ints, metavar="K,...", help="top-k of EAGLE maps (default 1,8)")
+    add("--hidden", **ints, metavar="H,...", help="bf16 hidden, 0: none (4096,7168)")
+    add("--device", default="cpu", help="torch device: cpu, cuda:0... (default cpu)")
     add("--repeat", type=int, metavar="N", help="timed samples per side (default 15)")
     add("--warmup", type=int, default=3, metavar="N", help="untimed steps first (3)")
     add("--sample-ms", type=float, metavar="MS", help="length of a sample (0.25)")
-    add(
-        "--threads",
-        type=int,
-        default=1,
-        metavar="N",
-        help="torch intra-op threads while timing (default 1; 0 keeps torch's)",
-    )
+    add("--threads", type=int, default=1, help="torch threads (1; 0: torch's)")
     add("--seed", type=int, default=0, help="seed of the workloads")
     add("--json", type=Path, metavar="PATH", help="also write every figure to PATH")
-    add("-q", "--quiet", action="store_true", help="no progress on stderr")  # fmt: skip
-    add(
-        "--spans",
-        action="store_true",
-        help="time the vllm_drafts map's counted scatter against its plain floor instead",
-    )
+    add("-q", "--quiet", action="store_true", help="no progress on stderr")
+    add("--spans", action="store_true", help="time vllm_drafts' counted scatter")
 
 
 def _usage(message: str) -> int:
@@ -107,11 +97,14 @@ def _device(name: str) -> Any:
     return device
 
 
+def _preset(args: argparse.Namespace) -> dict[str, Any]:
+    return PRESETS["quick" if args.quick else "default"]
+
+
 def _sizes(args: argparse.Namespace) -> tuple[tuple[int, ...], ...]:
     """Pools, batches, top-ks and hidden sizes: the flags', else the preset's."""
-    preset = PRESETS["quick" if args.quick else "default"]["sizes"]
     flags = (args.pool, args.batch, args.topk, args.hidden)
-    return tuple(given or default for given, default in zip(flags, preset))
+    return tuple(given or default for given, default in zip(flags, _preset(args)["sizes"]))  # fmt: skip
 
 
 def flags_problem(args: argparse.Namespace) -> str | None:
@@ -155,224 +148,198 @@ def _configs(args: argparse.Namespace) -> list[Any] | str:
     return configs  # not empty: flags_problem saw a shape that fits
 
 
-def _counts(counts: dict[str, Any]) -> dict[str, Any]:
-    """Per method: the data ops in order, and how many view ops."""
-    return {m: {"ops": list(c.data), "views": len(c.views)} for m, c in counts.items()}
-
-
 def _ratio(num: list[float], den: list[float]) -> dict[str, float]:
     """Quartiles of the per-repeat ratios: drift between repeats cancels."""
     from relay.bench.timing import quantile
 
     per = [n / d for n, d in zip(num, den)]
-    return {
-        "p25": quantile(per, 0.25),
-        "median": quantile(per, 0.5),
-        "p75": quantile(per, 0.75),
-    }
-
-
-def _plain(pair: Any, side: Any, shape: Any, work: Any) -> tuple[Any, str | None]:
-    """The generated side's plain floor, or None and why the schema's step has none."""
-    from relay.bench.plain import Unsupported, build_plain
-    from relay.schema import Schema
-
-    methods = [m for m, _ in side.calls]
-    try:
-        schema = Schema.bundled(pair.schema)
-        plain = build_plain(schema, side.map, shape, work, methods, graph=pair.graph)
-        return plain, None
-    except Unsupported as why:
-        return None, str(why)
+    return {k: quantile(per, q) for k, q in (("p25", 0.25), ("median", 0.5), ("p75", 0.75))}  # fmt: skip
 
 
 def measure(
     pair: Any, gen: Any, shape: Any, device: Any, args: argparse.Namespace
 ) -> dict[str, Any]:
     """One configuration: values checked, one step of each side counted, then the
-    baseline, the generated map and its two floors (the replay, and the plain tensor
-    methods where the schema's step has one) timed, interleaved."""
-    from relay.bench.replay import floor_calls, record
-    from relay.bench.sides import Workload, compare_values, observed, pair_sides, same
-    from relay.bench.timing import time_interleaved, timer_for
-    from relay.opcount import count_ops
+    baseline, the generated map and its two floors timed, interleaved, and the host
+    time per method of the baseline and the generated map."""
+    from statistics import median
 
-    preset = PRESETS["quick" if args.quick else "default"]
-    problems = compare_values(
-        pair, gen, shape, device, steps=CHECK_STEPS, seed=args.seed
-    )
-    work = Workload.random(shape, device, args.seed, spec=pair.spec)
-    base, side = pair_sides(pair, gen, shape, device, work)
-    plain, plain_missing = _plain(pair, side, shape, work)
-    driven = [base, side] if plain is None else [base, side, plain]
+    from relay.bench import plain, sides, timing
+    from relay.opcount import count_ops
+    from relay.schema import Schema
+
+    problems = sides.compare_values(pair, gen, shape, device, steps=CHECK_STEPS, seed=args.seed)  # fmt: skip
+    work = sides.Workload.random(shape, device, args.seed, spec=pair.spec)
+    base, side = sides.pair_sides(pair, gen, shape, device, work)
+    schema, methods = Schema.bundled(pair.schema), [m for m, _ in side.calls]
+    try:
+        floors = [
+            plain.build_plain(schema, side.map, shape, work, methods, graph=pair.graph, check=check)
+            for check in (True, False)
+        ]  # fmt: skip
+        missing = None
+    except plain.Unsupported as why:
+        floors, missing = [], str(why)
+    driven: list[Any] = [base, side, *floors]
     for _ in range(2):  # the steady state: lazy buffers allocated, first calls made
         for each in driven:
             each.step()
-    recording = record(side.calls)
-    floor = floor_calls(recording)
-    counted = {
-        "baseline": {m: count_ops(c) for m, c in base.calls},
-        "generated": recording.counts(),
-        "floor": {m: count_ops(c) for m, c in floor},
-    }
-
-    def floor_step() -> None:
-        for _, call in floor:
-            call()
-
-    steps = [base.step, side.step, floor_step]
-    if plain is not None:
-        plain.step()  # as many steps as the generated map: the same values now
-        want, got = dict(observed(side.batch, True)), dict(observed(plain.batch, True))
+    want = dict(sides.observed(side.batch, True))
+    for name, floor in zip(SIDES[2:], floors):  # as many steps: the same values now
+        got = dict(sides.observed(floor.batch, True))
         problems += [
-            f"{pair.name} {shape.label}: the plain floor's {key} differs"
-            for key, value in want.items()
-            if not same(value, got[key])
-        ]
-        counted["plain"] = {m: count_ops(c) for m, c in plain.calls}
-        steps.append(plain.step)
-    base_ns, gen_ns, floor_ns, *plain_ns = time_interleaved(
-        steps,
-        timer_for(device),
-        repeat=args.repeat or preset["repeat"],
-        warmup=args.warmup,
-        target_ns=int((args.sample_ms or preset["sample_ms"]) * 1e6),
-    )
-    from statistics import median
-
-    result = {
+            f"{pair.name} {shape.label}: the {name} floor's {key} differs"
+            for key, value in want.items() if not sides.same(value, got[key])
+        ]  # fmt: skip
+    counted = {k: {m: count_ops(c) for m, c in s.calls} for k, s in zip(SIDES, driven)}
+    preset = _preset(args)
+    repeat, target = args.repeat or preset["repeat"], (args.sample_ms or preset["sample_ms"]) * 1e6  # fmt: skip
+    times = timing.time_interleaved([s.step for s in driven], timing.timer_for(device),
+                                    repeat=repeat, warmup=args.warmup, target_ns=int(target))  # fmt: skip
+    inner = max(1, int(target // max(median(times[0]), 1)))
+    host = timing.per_method([base.calls, side.calls], device, repeat=repeat, inner=inner)  # fmt: skip
+    fields = [f.name for f in schema.fields]
+    return {
         "schema": pair.schema, "name": pair.name, "graph": pair.graph,
-        "baseline": pair.design, "label": shape.label,
-        "pool": shape.pool,
+        "baseline": pair.design, "label": shape.label, "pool": shape.pool,
         "batch": shape.batch, "topk": shape.topk, "hidden": shape.hidden,
         "ok": not problems, "problems": problems, "error": None,
         "ops": {k: sum(len(c.data) for c in v.values()) for k, v in counted.items()},
-        "methods": {k: _counts(v) for k, v in counted.items()},
-        "ns": {"baseline": median(base_ns), "generated": median(gen_ns), "floor": median(floor_ns)},
-        "generated/baseline": _ratio(gen_ns, base_ns),
-        "generated/floor": _ratio(gen_ns, floor_ns),
-        "plain_missing": plain_missing,
+        "methods": {
+            k: {m: {"ops": list(c.data), "views": len(c.views)} for m, c in v.items()}
+            for k, v in counted.items()
+        },
+        "ns": {k: median(t) for k, t in zip(SIDES, times)},
+        **{f"generated/{k}": _ratio(times[1], t) for k, t in zip(SIDES, times) if k != "generated"},
+        "host_ns": dict(zip(SIDES, host)),
+        "bytes": {k: sides.buffer_bytes(s.map, fields) for k, s in zip(SIDES, (base, side))},
+        "floor_source": floors[0].source if floors else None,
+        "bare_source": floors[1].source if floors else None,
+        "floor_missing": missing,
     }  # fmt: skip
-    if plain_ns:
-        result["ns"]["plain"] = median(plain_ns[0])
-        result["generated/plain"] = _ratio(gen_ns, plain_ns[0])
-        result["plain_source"] = plain.source
-    return result
 
 
 def _meta(device: Any, args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
+    git = ["git", "rev-parse", "--short", "HEAD"]
     try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-            check=True, timeout=10, cwd=Path(__file__).parent,
-        ).stdout.strip()  # fmt: skip
+        done = subprocess.run(git, capture_output=True, text=True, check=True, timeout=10, cwd=Path(__file__).parent)  # fmt: skip
+        commit: str | None = done.stdout.strip()
     except (OSError, subprocess.SubprocessError):
         commit = None
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "commit": commit,
-        "device": str(device),
+        "commit": commit, "device": str(device),
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()}",
         "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
-        "torch": torch.__version__,
-        "python": platform.python_version(),
+        "torch": torch.__version__, "python": platform.python_version(),
         "torch_threads": torch.get_num_threads(),
-        "repeat": args.repeat or PRESETS["quick" if args.quick else "default"]["repeat"],
+        "repeat": args.repeat or _preset(args)["repeat"],
     }  # fmt: skip
 
 
-def _render(meta: dict[str, Any], results: list[dict[str, Any]]) -> None:
-    """The results as one plain table, then each schema's ops per method and its plain
-    floor's source."""
-    print(
-        f"relay bench: {meta['device']}{' (' + meta['gpu'] + ')' if meta['gpu'] else ''}, "
-        f"{meta['machine']}, torch {meta['torch']}, {meta['torch_threads']} thread(s), "
-        f"{meta['repeat']} repeats, {meta['date']}, commit {meta['commit']}\n"
-        "ops: data ops per step, baseline/generated/plain/replay; plain: the same torch "
-        "calls as plain tensor methods; replay: the recorded aten calls replayed; "
-        "ratios: median of the per-repeat ratios (p25-p75)\n"
-    )
-    head = ("schema", "shape", "ops", "baseline us", "generated us", "plain us",
-            "replay us", "gen/baseline", "gen/plain", "gen/replay")  # fmt: skip
-    rows = [head]
-    for r in results:
-        if r["error"] is not None or not r["ok"]:
-            rows.append((r["name"], r["label"], "FAILED", *[""] * (len(head) - 3)))
-            continue
-        ops, ns = r["ops"], r["ns"]
+def _table(rows: Sequence[tuple[str, ...]], left: int = 2) -> list[str]:
+    """Rows as aligned columns: the first ``left`` to the left, the others right."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [
+        "  ".join(
+            c.ljust(w) if i < left else c.rjust(w)
+            for i, (c, w) in enumerate(zip(row, widths))
+        ).rstrip()
+        for row in rows
+    ]
 
-        def ratio(q: dict[str, float] | None) -> str:
-            return (
-                "-"
-                if q is None
-                else f"{q['median']:.2f}x ({q['p25']:.2f}-{q['p75']:.2f})"
-            )
 
-        sides = ("baseline", "generated", "plain", "floor")
-        rows.append((
-            r["name"], r["label"], "/".join(str(ops.get(k, "-")) for k in sides),
-            *("-" if k not in ns else f"{ns[k] / 1e3:.1f}" for k in sides),
-            ratio(r["generated/baseline"]), ratio(r.get("generated/plain")),
-            ratio(r["generated/floor"]),
-        ))  # fmt: skip
-    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
-    for row in rows:
-        print(
-            "  ".join(
-                c.ljust(w) if i < 2 else c.rjust(w)
-                for i, (c, w) in enumerate(zip(row, widths))
-            ).rstrip()
+def _us(ns: float) -> str:
+    return f"{ns / 1e3:.1f}"
+
+
+def _cells(r: dict[str, Any]) -> tuple[str, ...]:
+    """One configuration's row of the table."""
+    if r["error"] is not None or not r["ok"]:
+        return (r["name"], r["label"], "FAILED", *[""] * 7)
+    ops, ns = r["ops"], r["ns"]
+    check = ops["generated"] - ops.get("bare", ops["generated"])
+    ratios = [r.get(f"generated/{k}") for k in ("baseline", "floor", "bare")]
+    return (
+        r["name"], r["label"],
+        f"{ops['baseline']}/{ops['generated'] - check}" + (f"+{check}" if check else ""),
+        *(_us(ns[k]) if k in ns else "-" for k in SIDES),
+        *("-" if q is None else f"{q['median']:.2f}x ({q['p25']:.2f}-{q['p75']:.2f})" for q in ratios),
+    )  # fmt: skip
+
+
+def render(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
+    """The report: one table, the host time per method, then each map's ops per
+    method, its buffers and its floor's source."""
+    gpu = f" ({meta['gpu']})" if meta["gpu"] else ""
+    out = [
+        (f"relay bench: {meta['device']}{gpu}, {meta['machine']}, torch {meta['torch']}, {meta['torch_threads']} "
+         f"thread(s), {meta['repeat']} repeats, {meta['date']}, commit {meta['commit']}"), HEADER, "",
+    ]  # fmt: skip
+    head = ("map", "shape", "ops", "baseline us", "generated us", "floor us",
+            "bare us", "gen/baseline", "gen/floor", "gen/bare")  # fmt: skip
+    out += _table([head, *map(_cells, results)])
+    out += ["", "host us per step, and per method in step order, generated / baseline"]
+    done = [r for r in results if r["error"] is None and r["ok"]]
+    rows = []
+    for r in done:
+        gen, base = r["host_ns"]["generated"], r["host_ns"]["baseline"]
+        parts = [f"{m} {_us(v)}/{_us(base[m]) if m in base else '-'}" for m, v in gen.items() if m != "step"]  # fmt: skip
+        rows.append((r["name"], r["label"], f"{_us(gen['step'])}/{_us(base['step'])}:", "  ".join(parts)))  # fmt: skip
+    out += _table(rows, left=4) if rows else []
+    first: dict[str, dict[str, Any]] = {}
+    for r in done:
+        first.setdefault(r["name"], r)
+    for r in first.values():
+        base, gen, sizes = (
+            r["methods"]["baseline"],
+            r["methods"]["generated"],
+            r["bytes"],
         )
-    seen = set()
-    for r in results:
-        if r["name"] in seen or r["error"] is not None:
-            continue
-        seen.add(r["name"])
-        print(f"\n{r['name']} {r['label']}, baseline: {r['baseline']}")
-        print("  data ops per method, baseline | generated")
-        base, gen = r["methods"]["baseline"], r["methods"]["generated"]
-        for method in dict.fromkeys([*base, *gen]):
-            ops = [
-                ", ".join(side[method]["ops"]) if method in side else "-"
-                for side in (base, gen)
-            ]
-            print(f"  {method}: {ops[0] or '(none)'} | {ops[1] or '(none)'}")
-        if r.get("plain_source"):
-            print("  plain floor, one function per method in step order:")
-            print("\n".join(f"    {line}" for line in r["plain_source"].splitlines()))
+        out += [
+            f"\n{r['name']}, baseline: {r['baseline']}",
+            f"  buffers at {r['label']}: baseline {sizes['baseline']:,} bytes, generated {sizes['generated']:,}",
+            "  data ops per method, baseline | generated",
+            *(f"  {m}: {' | '.join(', '.join(side[m]['ops']) or '(none)' if m in side else '-' for side in (base, gen))}" for m in dict.fromkeys([*base, *gen])),
+        ]  # fmt: skip
+        if r["floor_source"]:
+            out.append(f"  the floor at {r['label']}, one function per method in step order:")  # fmt: skip
+            out += [f"    {line}" for line in r["floor_source"].splitlines()]
         else:
-            print(f"  no plain floor: {r.get('plain_missing')}")
+            out.append(f"  no floor: {r['floor_missing']}")
+    return "\n".join(out)
 
 
 def _spans(args: argparse.Namespace, device: Any) -> int:
-    """``relay bench --spans``: the counted scatter against its plain floor
+    """``relay bench --spans``: the counted scatter against its floors
     (``relay/bench/spans.py``), at ``--batch`` sizes."""
-    import torch
-
     from relay.bench import spans
 
-    saved = torch.get_num_threads()
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
-    try:
-        results = spans.measure(
-            args.batch or spans.BATCHES,
-            device,
-            repeat=args.repeat or (5 if args.quick else 15),
-            warmup=args.warmup,
-            sample_ms=args.sample_ms or 0.25,
-            seed=args.seed,
-        )
-    finally:
-        torch.set_num_threads(saved)
+    results = spans.measure(
+        args.batch or spans.BATCHES, device, repeat=args.repeat or (5 if args.quick else 15),
+        warmup=args.warmup, sample_ms=args.sample_ms or 0.25, seed=args.seed,
+    )  # fmt: skip
     print(spans.render(results))
     if args.json is not None:
         args.json.write_text(json.dumps({"spans": results}, indent=2) + "\n")
         print(f"wrote {args.json}")
     return EXIT_OK if all(r["same"] for r in results) else EXIT_FAILED
+
+
+def _progress(n: int, of: int, r: dict[str, Any]) -> str:
+    """One line on stderr per configuration: its verdict and its headline figures."""
+    verdict = "ok" if r["ok"] else "FAILED"
+    if r["error"] is None and r["ok"]:
+        floor = r.get("generated/floor")
+        verdict += (
+            f", generated {r['ns']['generated'] / 1e3:.1f} us, "
+            f"{r['generated/baseline']['median']:.2f}x baseline"
+            + (f", {floor['median']:.2f}x floor" if floor else "")
+        )
+    return f"[{n}/{of}] {r['name']} {r['label']}: {verdict}"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -385,19 +352,17 @@ def run(args: argparse.Namespace) -> int:
     device = _device(args.device)
     if isinstance(device, str):
         return _usage(device)
-    if args.spans:
-        return _spans(args, device)
-    configs = _configs(args)
+    configs = [] if args.spans else _configs(args)
     if isinstance(configs, str):
         return _usage(configs)
     saved = torch.get_num_threads()
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    results = []
     try:
-        meta = _meta(device, args)
+        if args.spans:
+            return _spans(args, device)
+        meta, results = _meta(device, args), []
         for n, (pair, gen, shape) in enumerate(configs, 1):
-            start = time.perf_counter()
             try:
                 result = measure(pair, gen, shape, device, args)
             except Exception as error:  # noqa: BLE001 - reported per configuration
@@ -406,21 +371,17 @@ def run(args: argparse.Namespace) -> int:
                           "error": f"{type(error).__name__}: {error}"}  # fmt: skip
             results.append(result)
             if not args.quiet:
-                verdict = "ok" if result["ok"] else "FAILED"
-                print(f"[{n}/{len(configs)}] {pair.name} {shape.label}: {verdict} "
-                      f"({time.perf_counter() - start:.1f} s)", file=sys.stderr)  # fmt: skip
+                print(_progress(n, len(configs), result), file=sys.stderr)
     finally:
         torch.set_num_threads(saved)
-    _render(meta, results)
+    print(render(meta, results))
     failures = [
         f"{r['name']} {r['label']}: {r['error']}" for r in results if r["error"]
     ]
     failures += [p for r in results for p in r["problems"]]
     print("\n" + ("\n".join(failures) if failures else
-                  "values: generated == baseline in every configuration"))  # fmt: skip
+                  "values: generated == baseline == floors in every configuration"))  # fmt: skip
     if args.json is not None:
-        args.json.write_text(
-            json.dumps({"meta": meta, "configs": results}, indent=2) + "\n"
-        )
+        args.json.write_text(json.dumps({"meta": meta, "configs": results}, indent=2) + "\n")  # fmt: skip
         print(f"wrote {args.json}")
     return EXIT_FAILED if failures else EXIT_OK

@@ -1,15 +1,19 @@
-"""The plain floor: a generated map's step as the same torch calls, plain tensor methods.
+"""The floors: a generated map's step as the same torch calls, plain tensor methods.
 
-Built from the schema (its fields, lanes and layout), not from the generated code or a
-recording of it: for each method of the step one straight-line function that makes the
-calls the design needs, spelled as a hand-written map spells them
-(``buf.index_copy_(0, idx, v)``, ``buf.index_select(0, idx)``, the fence's record and
-wait, the host copy and sum), over names bound once when it is built: the generated
-map's own buffers (so both move the same memory), the workload's tensors, a fence of
-its own and a batch of its own. Left out is all of relay's own Python: the payload
-object, the method calls of the map's API, the gates' checks, branches and
-bookkeeping. Kept is handing the results over: a resolve still stores them on the
-batch, where the next forward reads them. ``tests/bench/`` asserts that the plain floor dispatches exactly the
+Built from the schema (its fields, lanes and layout), not from the generated code: for
+each method of the step one straight-line function making the calls the design needs,
+spelled as a hand-written map spells them (``buf.index_copy_(0, idx, v)``,
+``buf.index_select(0, idx)``, the fence's record and wait, the host copy and sum), over
+names bound once: the generated map's own buffers (so both move the same memory), the
+workload's tensors, a fence and a batch of its own. Left out is relay's own Python: the
+payload object, the map's method calls, the gates' tests, branches and bookkeeping.
+
+The checked floor adds what relay's promise "a refused write changes no row" costs on
+the CPU, where torch's indexed writes write the rows before a bad slot and then raise:
+one host check of the slots per write call, as relay makes it (Note [Slots on the host]
+in relay/runtime.py: up to 32 slots read as a list, one ``aminmax`` above). The bare
+floor leaves it out: the difference is the price of the check. Off the CPU they are
+the same. ``tests/bench/`` asserts that the checked floor dispatches exactly the
 generated step's data ops and view ops, method by method, and resolves the same values.
 """
 
@@ -23,28 +27,39 @@ from typing import Any
 import attrs
 import torch
 
-from relay.bench.sides import Batch, Shape, advance_seq_lens
+from relay.bench.sides import SEQ_LENS_PLUS_ONE, Batch, Shape, advance_seq_lens
 from relay.codegen.layout import packed_groups
 from relay.cpu_stream import CpuEvent
 from relay.device import CpuPolicy, HostMirror, policy_for
 from relay.runtime import HOST_SLOTS_IN_PYTHON_MAX, HOST_SUM_IN_PYTHON_MAX
 from relay.schema import Field, Lane, Resolve, Schema, TargetShape, resolve_method
 
-__all__ = ["Plain", "Unsupported", "build_plain"]
-
-#: The driver's own step where a map relays no lengths (``relay.bench.sides``).
-SEQ_LENS_PLUS_ONE = "seq_lens + 1"
+__all__ = ["Plain", "Unsupported", "build_plain", "slot_check"]
 
 
 class Unsupported(Exception):
-    """The schema's step uses something the plain floor does not write (placeholders,
-    scatters): the bench reports no plain floor for it rather than a wrong one."""
+    """The schema's step uses something the floor does not write (placeholders,
+    scatters): the bench reports no floor for it rather than a wrong one."""
+
+
+def slot_check(slots: str, pool: str, batch: int) -> list[str]:
+    """The host check of a CPU write's ``slots`` before any row changes, as relay makes
+    it: up to 32 read as a list, more with one ``aminmax`` (read without another op)."""
+    if batch <= HOST_SLOTS_IN_PYTHON_MAX:
+        return [
+            f"s = {slots}.tolist()",
+            f"if min(s) < 0 or max(s) >= {pool}: raise IndexError(s)",
+        ]
+    return [
+        f"lo, hi = {slots}.aminmax()",
+        f"if lo.tolist() < 0 or hi.tolist() >= {pool}: raise IndexError({slots})",
+    ]
 
 
 @attrs.define
 class Plain:
-    """The plain floor of one map at one shape: its source, one function per method of
-    the step in the driver's order, and the batch it hands its results to."""
+    """A floor of one map at one shape: its source, one function per method of the
+    step in the driver's order, and the batch it hands its results to."""
 
     source: str
     calls: tuple[tuple[str, Callable[[], None]], ...]
@@ -62,7 +77,7 @@ class Plain:
 
 
 class _Builder:
-    """The namespace the plain functions run in, and their source lines per method."""
+    """The namespace the floor's functions run in, and their lines per method."""
 
     def __init__(
         self, schema: Schema, relay_map: Any, shape: Shape, work: Any, graph: bool
@@ -70,9 +85,9 @@ class _Builder:
         self.schema, self.device, self.shape = schema, relay_map.device, shape
         self.graph = graph
         self.values: Mapping[str, torch.Tensor | None] = work.values
-        self.ns: dict[str, Any] = {"idx": work.indices}
         self.batch = Batch.new(work.indices, work.seq_lens)
-        self.ns["batch"] = self.batch
+        self.ns: dict[str, Any] = {"idx": work.indices, "batch": self.batch}
+        self.ns["advance"] = advance_seq_lens
         #: Fields whose latest write carried a value: the ones a resolve gathers.
         self.carried: set[str] = set()
         self.sources: list[str] = []
@@ -82,6 +97,7 @@ class _Builder:
             if f.resolve is not Resolve.GATHER:
                 kind = "scatter" if f.scatter else getattr(f.resolve, "value", "?")
                 raise Unsupported(f"{f.name} resolves by {kind}")
+        self.ns["P"] = relay_map.pool_size
         self._buffers(relay_map)
 
     def _value(self, f: Field) -> torch.Tensor | None:
@@ -96,10 +112,9 @@ class _Builder:
         return self.values[name]
 
     def _buffers(self, relay_map: Any) -> None:
-        """The generated map's own buffers (``<field>_buf``; a packed group's shared
-        buffer is the base of its fields' views): the plain floor moves the very memory
-        the generated step moves, so neither finds the caches warmer. Built after the
-        map's first stash, so lazy buffers that a value was given for exist."""
+        """The generated map's own buffers (a packed group's shared buffer is the base
+        of its fields' views), taken after its first stash, so lazy buffers that a
+        value was given for exist."""
         ns = self.ns
         for g in packed_groups(self.schema):
             views = [getattr(relay_map, f"{m.field.name}_buf") for m in g.members]
@@ -119,26 +134,21 @@ class _Builder:
             elif value is not None:
                 raise Unsupported(f"{f.name}: no buffer after a stash that carried it")
 
-    def _fence(self) -> None:
+    def fence(self) -> None:
         """The fence's record and wait as the device policy does them, bound once."""
         policy = policy_for(self.device)
         if type(policy) is CpuPolicy:
             event = CpuEvent()  # CpuPolicy: record is event.record, wait synchronize
             self.ns["record"], self.ns["wait"] = event.record, event.synchronize
-            return
-        event = policy.new_event()
-        self.ns["record"] = event.record  # on the current stream, as policy.record
-        self.ns["wait"] = functools.partial(policy.wait, event)
+        else:
+            event = policy.new_event()
+            self.ns["record"] = event.record  # on the current stream, as policy.record
+            self.ns["wait"] = functools.partial(policy.wait, event)
 
-    # --- the methods ----------------------------------------------------------------
-
-    def _writes(self, fields: Sequence[Field]) -> list[str]:
+    def writes(self, fields: Sequence[Field], check: bool) -> list[str]:
         lines = []
-        if self.device.type == "cpu" and self.shape.batch > HOST_SLOTS_IN_PYTHON_MAX:
-            # relay checks CPU write slots on the host first (Note [Slots on the host]
-            # in relay/runtime.py), over 32 slots with one op: made here too; reading
-            # and comparing its result are relay's checks, left out.
-            lines.append("idx.aminmax()")
+        if check and self.device.type == "cpu":
+            lines += slot_check("idx", "P", self.shape.batch)
         for f in fields:
             if f"b_{f.name}" not in self.ns:
                 continue  # a lazy field never carried: the map writes nothing either
@@ -150,33 +160,14 @@ class _Builder:
                 lines.append(f"b_{f.name}.index_fill_(0, idx, 0)")  # omitted: cleared
         return lines
 
-    def stash(self) -> list[str]:
-        return self._writes([f for f in self.schema.fields if f.lane is Lane.FORWARD])
-
-    def publish(self) -> list[str]:
-        schedule = [f for f in self.schema.fields if f.lane is Lane.SCHEDULE]
-        schedule.sort(key=lambda f: f.optional)  # publish's parameter order
-        return [*self._writes(schedule), "record()"]
-
-    def _parents(self, targets: Sequence[str]) -> tuple[list[str], dict[str, str]]:
-        """Bind each dotted target's parent once. An optional parent's test for None
-        (a batch with no draft input is skipped) is a gate's branch: left out, as the
-        test for zero slots is, since the bench's batches never take it."""
+    def resolve_future(self) -> list[str]:
+        reads = [f for f in self.schema.fields if f.lane is Lane.FORWARD and f.target]
         lines, spelled = [], {}
-        for target in targets:
-            first, _, rest = target.partition(".")
+        for f in reads:  # each dotted target's parent bound once
+            first, _, rest = str(f.target).partition(".")
             if rest and f"{first} = batch.{first}" not in lines:
                 lines.append(f"{first} = batch.{first}")
-            spelled[target] = target if rest else f"batch.{target}"
-        return lines, spelled
-
-    def resolve_future(self) -> list[str]:
-        reads = [
-            f
-            for f in self.schema.fields
-            if f.lane is Lane.FORWARD and f.target is not None
-        ]
-        lines, spelled = self._parents([f.target for f in reads if f.target])
+            spelled[f.name] = f.target if rest else f"batch.{f.target}"
         groups = packed_groups(self.schema)
         # Packed: one gather per group and per field of its own, then the views
         # (relay/codegen/layout.py, Note [Packed layout]).
@@ -188,24 +179,20 @@ class _Builder:
             late.append(f"{names}, = g_{key}.split_with_sizes(w_{key}, 1)")
         members = {m.field.name for g in groups for m in g.members}
         for f in reads:
-            assert f.target is not None
             flat = ".flatten()" if f.target_shape is TargetShape.FLAT else ""
             if f.name in members:
-                if not f.shape:
-                    view = ".squeeze(1)"
-                elif len(f.shape) == 1:
-                    view = ""
-                else:
-                    view = f".unflatten(1, b_{f.name}.shape[1:])"
-                late.append(f"{spelled[f.target]} = r_{f.name}{view}")
+                view = {0: ".squeeze(1)", 1: ""}.get(
+                    len(f.shape), f".unflatten(1, b_{f.name}.shape[1:])"
+                )
+                late.append(f"{spelled[f.name]} = r_{f.name}{view}")
             elif f.name not in self.carried:
-                late.append(f"{spelled[f.target]} = None")
+                late.append(f"{spelled[f.name]} = None")
             elif groups:
                 lines.append(f"r_{f.name} = b_{f.name}.index_select(0, idx){flat}")
-                late.append(f"{spelled[f.target]} = r_{f.name}")
+                late.append(f"{spelled[f.name]} = r_{f.name}")
             else:
                 gather = f"b_{f.name}.index_select(0, idx){flat}"
-                lines.append(f"{spelled[f.target]} = {gather}")
+                lines.append(f"{spelled[f.name]} = {gather}")
         return lines + late
 
     def resolve_schedule(self, f: Field) -> list[str]:
@@ -228,8 +215,7 @@ class _Builder:
             lines.append(f"h = copy_{f.name}(r)")
         if host_mirror is not None:
             lines.append(f"batch.{host_mirror} = h")
-        if host_sum is not None:
-            # The generated map's host sum, its branch on the batch size taken here.
+        if host_sum is not None:  # the generated map's host sum, its branch taken
             integral = isinstance(f.dtype, torch.dtype) and not (
                 f.dtype.is_floating_point or f.dtype.is_complex
             )
@@ -251,23 +237,26 @@ def build_plain(
     methods: Sequence[str],
     *,
     graph: bool = False,
+    check: bool = True,
 ) -> Plain:
-    """The plain floor of ``relay_map`` (generated from ``schema``, one stash in) at
-    ``shape`` over its buffers and ``work``'s tensors: one function per name of
-    ``methods`` (the generated step's, in its order). ``graph``: a captured graph
-    wrote the ``graph_written`` fields, which the step then does not write. Raises
-    ``Unsupported``."""
+    """The floor of ``relay_map`` (generated from ``schema``, one stash in) at ``shape``
+    over its buffers and ``work``'s tensors: one function per name of ``methods`` (the
+    generated step's, in its order). ``graph``: a captured graph wrote the
+    ``graph_written`` fields, which the step then does not write. ``check``: the
+    checked floor, else the bare one. Raises ``Unsupported``."""
     b = _Builder(schema, relay_map, shape, work, graph)
-    schedule = {resolve_method(f): f for f in schema.fields if f.lane is Lane.SCHEDULE}
+    fields = schema.fields
+    schedule = {resolve_method(f): f for f in fields if f.lane is Lane.SCHEDULE}
     if schedule:
-        b._fence()
-    b.ns["advance"] = advance_seq_lens
+        b.fence()
+    # publish's parameters: the required schedule fields first.
+    published = sorted((f for f in fields if f.lane is Lane.SCHEDULE), key=lambda f: f.optional)  # fmt: skip
     bodies: list[tuple[str, list[str]]] = []
     for name in methods:
         if name == "stash":
-            body = b.stash()
+            body = b.writes([f for f in fields if f.lane is Lane.FORWARD], check)
         elif name == "publish":
-            body = b.publish()
+            body = [*b.writes(published, check), "record()"]
         elif name == "resolve_future":
             body = b.resolve_future()
         elif name in schedule:
@@ -283,6 +272,6 @@ def build_plain(
     for m, (_, body) in enumerate(bodies):
         source += [f"def m{m}():", *(f"    {line}" for line in body)]
     text = "\n".join(source) + "\n"
-    exec(compile(text, "<relay bench plain floor>", "exec"), b.ns)  # noqa: S102
+    exec(compile(text, "<relay bench floor>", "exec"), b.ns)  # noqa: S102
     calls = tuple((name, b.ns[f"m{m}"]) for m, (name, _) in enumerate(bodies))
     return Plain(text, calls, b.batch, b.ns, tuple(b.sources))

@@ -13,25 +13,21 @@ from typing import Any
 import attrs
 import torch
 
-from relay.bench.baseline import (
-    DecodeBaseline,
-    DecodeSeqLensBaseline,
-    EagleBaseline,
-    NgramBaseline,
-    SglangEagleBaseline,
-)
+from relay.bench import baseline as hand
 from relay.schema import Field, Schema
 
-__all__ = ["PAIRS", "Generated", "Pair", "Shape", "Workload", "build_side"]
-__all__ += ["compare_values", "discover", "generated_side", "observed", "pair_sides"]
-__all__ += ["relays_seq_lens", "same"]
+__all__ = ["PAIRS", "SEQ_LENS_PLUS_ONE", "Batch", "Generated", "Pair", "Shape", "Side"]
+__all__ += ["Workload", "advance_seq_lens", "buffer_bytes", "compare_values"]
+__all__ += ["discover", "generated_side", "observed", "pair_sides", "same"]
+
+#: The driver's own step where a map relays no lengths.
+SEQ_LENS_PLUS_ONE = "seq_lens + 1"
 
 
 @attrs.frozen
 class Shape:
-    """Pool P, batch B and, for speculative maps, top-k K (n-gram: drafts per request)
-    and hidden H (bf16; 0: the hidden state is not relayed). Row 0 is scratch: B is at
-    most P - 1."""
+    """Pool P, batch B (at most P - 1: row 0 is scratch) and, for speculative maps,
+    top-k K (n-gram: drafts per request) and hidden H (bf16; 0: none relayed)."""
 
     pool: int
     batch: int
@@ -57,12 +53,10 @@ class Pair:
     #: Relays a hidden state: shapes have H (a speculative map without one has H = 0).
     hidden: bool = True
     #: Methods an engine does not call in a decode step (``resolve_tails``: a mixed
-    #: batch's; ``resolve_confidence_cpu``: a ragged verify's), left out of the step.
+    #: batch's; ``resolve_confidence_cpu``: a ragged verify's).
     left_out: tuple[str, ...] = ()
-    #: A captured verify graph writes the schema's ``graph_written`` fields: both maps
-    #: adopt buffers for them, the step declares the graph's write (``graph_wrote``)
-    #: and hands the generated map ``None`` for those values, the baseline the very
-    #: tensors the graph wrote; neither scatters them.
+    #: A captured verify graph writes the schema's ``graph_written`` fields into
+    #: buffers both maps adopt; neither scatters them (see ``build_side``).
     graph: bool = False
 
     @property
@@ -70,106 +64,49 @@ class Pair:
         """The pair in the report: the schema, ``/graph`` for a graph-written step."""
         return f"{self.schema}/graph" if self.graph else self.schema
 
-    def new_baseline(
-        self,
-        device: torch.device,
-        shape: Shape,
-        adopted: dict[str, torch.Tensor] | None = None,
-    ) -> Any:
-        params = inspect.signature(self.baseline).parameters
-        kwargs: dict[str, Any] = dict(adopted or {})
-        if "topk" in params:
-            kwargs["topk"] = shape.topk
-        return self.baseline(device, shape.pool, **kwargs)
-
     def graph_fields(self) -> list[Field]:
         """The fields the captured graph writes (none unless ``graph``)."""
-        if not self.graph:
-            return []
-        schema = Schema.bundled(self.schema)
-        return [f for f in schema.fields if isinstance(f, Field) and f.graph_written]
+        fields = Schema.bundled(self.schema).fields if self.graph else ()
+        return [f for f in fields if isinstance(f, Field) and f.graph_written]
+
+    def adopted(self, shape: Shape, device: torch.device) -> dict[str, torch.Tensor]:
+        """The buffers a captured graph writes (one scalar per slot, as sglang's
+        lengths and bonus tokens), allocated by the engine before the map."""
+        return {
+            f"{f.name}_buf": torch.zeros(shape.pool, dtype=f.dtype, device=device)  # type: ignore[arg-type]
+            for f in self.graph_fields()
+        }
 
 
 _TOKENS = "tokens gathered; host seq_lens + 1"
-_SEQ_LENS = "token placeholders; seq_lens relayed, to the host, summed"
 _EAGLE = "bonus token, top-k, hidden gathered; seq_lens relayed, to the host, summed"
-_SGLANG_EAGLE = "sglang 0.5.23, by spec_info.future_indices: " + _EAGLE
-_SGLANG_GRAPH = _SGLANG_EAGLE + "; seq_lens and bonus token written by a captured graph"
-_SGLANG_NGRAM = (
-    "sglang 0.5.23, by spec_info.future_indices: accepted drafts and counts gathered; "
-    "seq_lens relayed, to the host, summed"
-)
-_NOT_IN_A_DECODE_STEP = ("resolve_confidence_cpu", "resolve_tails")
+_SGLANG = "sglang 0.5.23, by spec_info.future_indices: "
+_NGRAM = "accepted drafts and counts gathered; seq_lens relayed, to the host, summed"
+_SKIPPED = ("resolve_confidence_cpu", "resolve_tails")
 #: Every compared pair, in report order.
 PAIRS: tuple[Pair, ...] = (
-    Pair("decode", DecodeBaseline, _TOKENS, spec=False),
-    Pair("decode_seq_lens", DecodeSeqLensBaseline, _SEQ_LENS, spec=False),
-    Pair("eagle", EagleBaseline, _EAGLE, spec=True),
-    Pair("eagle_packed", EagleBaseline, _EAGLE, spec=True),
-    Pair("sglang_decode", DecodeBaseline, "sglang 0.5.23: " + _TOKENS, spec=False),
-    Pair(
-        "sglang_eagle",
-        SglangEagleBaseline,
-        _SGLANG_EAGLE,
-        spec=True,
-        left_out=_NOT_IN_A_DECODE_STEP,
-    ),
-    Pair(
-        "sglang_eagle",
-        SglangEagleBaseline,
-        _SGLANG_GRAPH,
-        spec=True,
-        left_out=_NOT_IN_A_DECODE_STEP,
-        graph=True,
-    ),
-    Pair(
-        "sglang_ngram",
-        NgramBaseline,
-        _SGLANG_NGRAM,
-        spec=True,
-        hidden=False,
-        left_out=_NOT_IN_A_DECODE_STEP,
-    ),
-)
+    Pair("decode", hand.DecodeBaseline, _TOKENS, spec=False),
+    Pair("decode_seq_lens", hand.DecodeSeqLensBaseline,
+         "token placeholders; seq_lens relayed, to the host, summed", spec=False),
+    Pair("eagle", hand.EagleBaseline, _EAGLE, spec=True),
+    Pair("eagle_packed", hand.EagleBaseline, _EAGLE, spec=True),
+    Pair("sglang_decode", hand.DecodeBaseline, "sglang 0.5.23: " + _TOKENS, spec=False),
+    Pair("sglang_eagle", hand.SglangEagleBaseline, _SGLANG + _EAGLE, spec=True,
+         left_out=_SKIPPED),
+    Pair("sglang_eagle", hand.SglangEagleBaseline,
+         _SGLANG + _EAGLE + "; seq_lens and bonus token written by a captured graph",
+         spec=True, left_out=_SKIPPED, graph=True),
+    Pair("sglang_ngram", hand.NgramBaseline, _SGLANG + _NGRAM, spec=True,
+         hidden=False, left_out=_SKIPPED),
+)  # fmt: skip
 
 
 @attrs.frozen
 class Generated:
-    """A generated map module: its FutureMap and Payload classes."""
+    """A generated map module (``relay.maps.<schema>``): its FutureMap and Payload."""
 
     map_cls: type[Any]
     payload_cls: type[Any]
-
-    @staticmethod
-    def load(schema: str) -> Generated:
-        """``relay.maps.<schema>``; ImportError if it is not generated."""
-        module = importlib.import_module(f"relay.maps.{schema}")
-        names: Sequence[str] = getattr(module, "__all__", dir(module))
-        maps = [n for n in names if n.endswith("FutureMap")]
-        payloads = [n for n in names if n.endswith("Payload")]
-        if len(maps) != 1 or len(payloads) != 1:
-            raise ImportError(f"relay.maps.{schema}: not one FutureMap and one Payload")
-        return Generated(getattr(module, maps[0]), getattr(module, payloads[0]))
-
-    def new_map(
-        self,
-        device: torch.device,
-        shape: Shape,
-        *,
-        debug: bool,
-        adopted: dict[str, torch.Tensor] | None = None,
-    ) -> Any:
-        """The map at ``shape``, its eager symbolic dims (``topk``) taken from it, on
-        the ``adopted`` buffers a captured graph writes (``<field>_buf``)."""
-        dims: dict[str, Any] = {"topk": shape.topk, "hidden": shape.hidden}
-        params = inspect.signature(self.map_cls).parameters.items()
-        kwargs = {
-            name: dims[name]
-            for name, p in params
-            if p.kind is inspect.Parameter.KEYWORD_ONLY and name in dims
-        }
-        kwargs.update(adopted or {})
-        return self.map_cls(device, shape.pool, debug=debug, **kwargs)
 
 
 def discover(
@@ -177,12 +114,18 @@ def discover(
 ) -> tuple[list[tuple[Pair, Generated]], list[tuple[Pair, str]]]:
     """The pairs whose generated module exists, and those skipped with the reason."""
     found, skipped = [], []
-    for pair in PAIRS:
-        if schemas is None or pair.schema in schemas:
-            try:
-                found.append((pair, Generated.load(pair.schema)))
-            except ImportError as error:
-                skipped.append((pair, str(error)))
+    for pair in [p for p in PAIRS if schemas is None or p.schema in schemas]:
+        try:
+            module = importlib.import_module(f"relay.maps.{pair.schema}")
+        except ImportError as error:
+            skipped.append((pair, str(error)))
+            continue
+        names: Sequence[str] = getattr(module, "__all__", dir(module))
+        classes = [getattr(module, n) for n in names if n.endswith(("FutureMap", "Payload"))]  # fmt: skip
+        if len(classes) != 2:
+            skipped.append((pair, f"{module.__name__}: not one FutureMap and one Payload"))  # fmt: skip
+        else:
+            found.append((pair, Generated(*sorted(classes, key=lambda c: c.__name__.endswith("Payload")))))  # fmt: skip
     return found, skipped
 
 
@@ -217,6 +160,7 @@ class Batch:
 
     @staticmethod
     def new(indices: torch.Tensor, seq_lens: torch.Tensor) -> Batch:
+        """A batch of requests in slots ``indices``, ``seq_lens`` long."""
         host = seq_lens.cpu().clone()
         return Batch(
             indices, indices.cpu(), torch.zeros_like(indices), seq_lens.clone(), host,
@@ -239,9 +183,7 @@ class Workload:
     indices: torch.Tensor
     seq_lens: torch.Tensor
     values: dict[str, torch.Tensor | None] = attrs.field(factory=dict)
-    _handed: list[tuple[dict[str, torch.Tensor | None], frozenset[str]]] = attrs.field(
-        factory=list
-    )
+    _handed: list[tuple[dict[str, Any], frozenset[str]]] = attrs.field(factory=list)
 
     @staticmethod
     def random(
@@ -259,23 +201,24 @@ class Workload:
         """New outputs of the same requests: lengths grow by one token, or by the
         accepted length (1 to K + 1) when speculative."""
         b, k, device = shape.batch, max(shape.topk, 1), self.indices.device
+
+        def ints(high: int, *size: int) -> torch.Tensor:
+            return torch.randint(0, high, size, generator=g).to(device)
+
         grown = torch.randint(1, k + 2, (b,), generator=g) if spec else 1
-        tokens = torch.randint(0, 150_000, (b,), generator=g)
+        tokens = ints(150_000, b)
         hidden = torch.randn((b, shape.hidden), generator=g).to(torch.bfloat16)
-        accepted = torch.randint(0, k + 1, (b,), generator=g).to(torch.int32)
         self.values = {
-            "next_token_ids": tokens.to(device),
-            "bonus_tokens": tokens.to(device),
+            "next_token_ids": tokens,
+            "bonus_tokens": tokens,
             "topk_p": torch.rand((b, k), generator=g).to(device),
-            "topk_index": torch.randint(0, 150_000, (b, k), generator=g).to(device),
+            "topk_index": ints(150_000, b, k),
             "hidden_states": hidden.to(device) if shape.hidden else None,
             # Extras no bundled step relays: the maps that declare them get None.
-            "draft_probs": None,
-            "dsa_topk_indices": None,
-            "confidence": None,
+            **dict.fromkeys(("draft_probs", "dsa_topk_indices", "confidence")),
             # n-gram: K drafts per request, left-aligned, and how many were accepted.
-            "accept_tokens": torch.randint(0, 150_000, (b, k), generator=g).to(device),
-            "accept_lens": accepted.to(device),
+            "accept_tokens": ints(150_000, b, k),
+            "accept_lens": ints(k + 1, b).to(torch.int32),
             "new_seq_lens": (self.seq_lens.cpu() + grown).to(device),
         }
         for handed, nones in self._handed:
@@ -286,11 +229,9 @@ class Workload:
     ) -> dict[str, torch.Tensor | None]:
         """The values ``names`` name, those in ``nones`` handed as None (a value a
         captured graph wrote), kept current by ``renew``."""
-        missing = [n for n in names if n not in self.values]
+        missing = ", ".join(n for n in names if n not in self.values)
         if missing:
-            raise LookupError(
-                f"{owner} takes {', '.join(missing)}: not in the workload"
-            )
+            raise LookupError(f"{owner} takes {missing}: not in the workload")
         handed = {n: None if n in nones else self.values[n] for n in names}
         self._handed.append((handed, frozenset(nones)))
         return handed
@@ -298,15 +239,11 @@ class Workload:
 
 @attrs.define
 class Side:
-    """One map at one shape, its batch, and one step as an engine drives it:
-    ``invalidate`` (if the design has placeholders), ``resolve_future``, ``graph_wrote``
-    (where a captured graph wrote values), ``publish``, ``stash`` (building the
-    payload), then the scheduler's resolve of the lengths, or its own ``seq_lens + 1``
-    where none are relayed. ``graph`` is the captured graph's own write of this step's
-    values into the map's adopted buffers: not the map's work, so ``step`` (what is
-    timed) leaves it out and ``check_step`` makes it, before ``graph_wrote``."""
+    """One map at one shape, its batch, and one step as an engine drives it (see
+    ``build_side``). ``graph`` is the captured graph's own write of this step's values
+    into the map's adopted buffers: not the map's work, so ``step`` (what is timed)
+    leaves it out and ``check_step`` makes it, before ``graph_wrote``."""
 
-    name: str
     map: Any
     batch: Batch
     calls: tuple[tuple[str, Callable[[], None]], ...]
@@ -324,42 +261,31 @@ class Side:
             call()
 
 
-def _resolves(relay_map: Any, left_out: Collection[str] = ()) -> list[str]:
-    names = dir(type(relay_map))
-    return sorted(
-        n
-        for n in names
-        if n.startswith("resolve_") and n != "resolve_future" and n not in left_out
-    )
-
-
-def _after_indices(method: Callable[..., Any]) -> list[str]:
-    return list(inspect.signature(method).parameters)[1:]
+def _keywords(method: Callable[..., Any]) -> list[str]:
+    return list(inspect.signature(method).parameters)[1:]  # after the indices
 
 
 def build_side(
-    name: str,
     relay_map: Any,
     work: Workload,
     payload_cls: type[Any] | None,
     *,
     left_out: Collection[str] = (),
-    graph: Sequence[tuple[str, str]] = (),
+    graph: Sequence[Field] = (),
 ) -> Side:
-    """Wire ``relay_map`` to a fresh batch over ``work``, primed with one stash.
-    ``payload_cls`` is the generated payload class; None for a baseline, whose
-    ``stash`` takes the fields as keywords. ``left_out``: resolves not called.
-    ``graph``: (field, value name) of the values a captured graph writes into the
-    map's ``<field>_buf``; the generated map is told ``graph_wrote(indices)`` and
-    handed None for them, a baseline ``graph_wrote(**values)`` and the values."""
+    """Wire ``relay_map`` to a fresh batch over ``work``, primed with one stash, in an
+    engine's call order: ``invalidate`` (placeholder designs), ``resolve_future``,
+    ``graph_wrote``, ``publish``, ``stash``, then the scheduler's resolves but
+    ``left_out``, or its own ``seq_lens + 1`` where none are relayed. ``payload_cls``:
+    the generated payload class; None for a baseline, whose ``stash`` takes keywords.
+    ``graph``: the fields a captured graph writes; the generated map is told
+    ``graph_wrote(indices)`` and handed None for them, a baseline the very values."""
     owner, indices = type(relay_map).__name__, work.indices
     batch = Batch.new(indices, work.seq_lens)
     calls: list[tuple[str, Callable[[], None]]] = []
-    nones = [value for _, value in graph] if payload_cls is not None else []
+    nones = [f.payload_name for f in graph] if payload_cls is not None else []
     if hasattr(relay_map, "invalidate"):
-        calls.append(
-            ("invalidate", functools.partial(relay_map.invalidate, batch, indices))
-        )
+        calls.append(("invalidate", functools.partial(relay_map.invalidate, batch, indices)))  # fmt: skip
     calls.append(("resolve_future", functools.partial(relay_map.resolve_future, batch)))
     graph_write = None
     if graph:
@@ -367,10 +293,9 @@ def build_side(
         if payload_cls is not None:
             calls.append(("graph_wrote", functools.partial(wrote, indices)))
         else:
-            names = list(inspect.signature(wrote).parameters)
-            graph_values = work.kwargs(names, f"{owner}.graph_wrote")
-            calls.append(("graph_wrote", lambda: wrote(**graph_values)))
-        targets = [(getattr(relay_map, f"{f}_buf"), value) for f, value in graph]
+            values = work.kwargs(list(inspect.signature(wrote).parameters), owner)
+            calls.append(("graph_wrote", lambda: wrote(**values)))
+        targets = [(getattr(relay_map, f"{f.name}_buf"), f.payload_name) for f in graph]
 
         def graph_write() -> None:
             for buf, value in targets:
@@ -378,7 +303,7 @@ def build_side(
 
     if hasattr(relay_map, "publish"):
         publish = relay_map.publish
-        published = work.kwargs(_after_indices(publish), f"{owner}.publish", nones)
+        published = work.kwargs(_keywords(publish), f"{owner}.publish", nones)
         calls.append(("publish", lambda: publish(indices, **published)))
     stash = relay_map.stash
     if payload_cls is not None:
@@ -389,35 +314,24 @@ def build_side(
         def stash_call() -> None:
             stash(indices, make(**fields))
     else:
-        keywords = work.kwargs(_after_indices(stash), f"{owner}.stash")
+        keywords = work.kwargs(_keywords(stash), f"{owner}.stash")
 
         def stash_call() -> None:
             stash(indices, **keywords)
 
     calls.append(("stash", stash_call))
-    resolves = _resolves(relay_map, left_out)
+    resolves = sorted(
+        n for n in dir(type(relay_map))
+        if n.startswith("resolve_") and n != "resolve_future" and n not in left_out
+    )  # fmt: skip
     calls += [(r, functools.partial(getattr(relay_map, r), batch)) for r in resolves]
     if not resolves:
-        calls.append(("seq_lens + 1", functools.partial(advance_seq_lens, batch)))
+        calls.append((SEQ_LENS_PLUS_ONE, functools.partial(advance_seq_lens, batch)))
     if graph_write is not None:  # the priming stash follows a graph's write
         graph_write()
         dict(calls)["graph_wrote"]()
     stash_call()
-    return Side(name, relay_map, batch, tuple(calls), graph_write)
-
-
-def _adopted(pair: Pair, shape: Shape, device: torch.device) -> dict[str, torch.Tensor]:
-    """Buffers a captured graph writes (one scalar per slot, as sglang's lengths and
-    bonus tokens), allocated by the engine before the map."""
-    adopted = {}
-    for f in pair.graph_fields():
-        assert isinstance(f.dtype, torch.dtype) and not f.shape, f
-        adopted[f"{f.name}_buf"] = torch.zeros(shape.pool, dtype=f.dtype, device=device)
-    return adopted
-
-
-def _graph_values(pair: Pair) -> list[tuple[str, str]]:
-    return [(f.name, f.payload_name) for f in pair.graph_fields()]
+    return Side(relay_map, batch, tuple(calls), graph_write)
 
 
 def generated_side(
@@ -428,20 +342,22 @@ def generated_side(
     work: Workload,
     *,
     debug: bool = False,
-    name: str = "generated",
 ) -> Side:
-    """The generated map of ``pair`` at ``shape``, driven as an engine drives it."""
-    relay_map = generated.new_map(
-        device, shape, debug=debug, adopted=_adopted(pair, shape, device)
-    )
+    """The generated map of ``pair`` at ``shape``, its eager symbolic dims (``topk``)
+    taken from it, driven as an engine drives it."""
+    dims: dict[str, Any] = {"topk": shape.topk, "hidden": shape.hidden}
+    params = inspect.signature(generated.map_cls).parameters.items()
+    kwargs: dict[str, Any] = {
+        name: dims[name]
+        for name, p in params
+        if p.kind is inspect.Parameter.KEYWORD_ONLY and name in dims
+    }
+    kwargs.update(pair.adopted(shape, device))
+    relay_map = generated.map_cls(device, shape.pool, debug=debug, **kwargs)
     return build_side(
-        name,
-        relay_map,
-        work,
-        generated.payload_cls,
-        left_out=pair.left_out,
-        graph=_graph_values(pair),
-    )
+        relay_map, work, generated.payload_cls, left_out=pair.left_out,
+        graph=pair.graph_fields(),
+    )  # fmt: skip
 
 
 def pair_sides(
@@ -454,21 +370,29 @@ def pair_sides(
     debug: bool = False,
 ) -> tuple[Side, Side]:
     """The baseline's side and the generated map's, over one workload."""
-    relay_map = pair.new_baseline(device, shape, _adopted(pair, shape, device))
+    kwargs: dict[str, Any] = pair.adopted(shape, device)
+    if "topk" in inspect.signature(pair.baseline).parameters:
+        kwargs["topk"] = shape.topk
+    relay_map = pair.baseline(device, shape.pool, **kwargs)
     base = build_side(
-        "baseline", relay_map, work, None, left_out=pair.left_out,
-        graph=_graph_values(pair),
-    )  # fmt: skip
+        relay_map, work, None, left_out=pair.left_out, graph=pair.graph_fields()
+    )
     return base, generated_side(pair, generated, shape, device, work, debug=debug)
+
+
+def buffer_bytes(relay_map: Any, fields: Sequence[str]) -> int:
+    """Bytes of the map's buffers of ``fields`` (``<field>_buf``), a storage that
+    views share counted once."""
+    bufs = [getattr(relay_map, f"{name}_buf", None) for name in fields]
+    storages = [b.untyped_storage() for b in bufs if isinstance(b, torch.Tensor)]
+    return sum({s.data_ptr(): s.nbytes() for s in storages}.values())
 
 
 def observed(batch: Batch, with_seq_lens: bool) -> Iterator[tuple[str, object]]:
     """What the next forward and the scheduler read from ``batch``."""
     spec = batch.spec_info
-    yield (
-        "next tokens",
-        spec.bonus_tokens if spec.bonus_tokens is not None else batch.input_ids,
-    )
+    tokens = spec.bonus_tokens if spec.bonus_tokens is not None else batch.input_ids
+    yield "next tokens", tokens
     for name in ("topk_p", "topk_index", "hidden_states", "draft_probs"):
         yield f"spec_info.{name}", getattr(spec, name)
     for name in ("dsa_topk_indices", "accept_tokens", "accept_lens"):
@@ -484,11 +408,6 @@ def same(a: object, b: object) -> bool:
         same_kind = (a.dtype, a.shape, a.device) == (b.dtype, b.shape, b.device)
         return same_kind and bool(torch.equal(a, b))
     return type(a) is type(b) and a == b
-
-
-def relays_seq_lens(side: Side) -> bool:
-    """Whether the side's step resolves relayed lengths (else the host adds one)."""
-    return all(name != "seq_lens + 1" for name, _ in side.calls)
 
 
 def compare_values(
@@ -508,7 +427,9 @@ def compare_values(
     work = Workload.random(shape, device, seed, spec=pair.spec)
     work.values["hidden_states"] = None  # before any side takes it: the priming stash
     base, gen = pair_sides(pair, generated, shape, device, work, debug=debug)
-    both = relays_seq_lens(base) and relays_seq_lens(gen)
+    both = all(
+        name != SEQ_LENS_PLUS_ONE for side in (base, gen) for name, _ in side.calls
+    )
     g = torch.Generator().manual_seed(seed + 1)
     problems = []
     where = f"{pair.name} {shape.label}{' debug' if debug else ''}"

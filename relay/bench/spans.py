@@ -1,14 +1,11 @@
-"""``relay bench --spans``: a counted scatter's step against its plain floor.
+"""``relay bench --spans``: a counted scatter's step against its floors.
 
 The bundled ``vllm_drafts`` map hands each request's sampled token and 0 to K drafts
 to the next step's flat ``input_ids`` (Note [Counted scatters] in relay/runtime.py).
-Its step (``stash``, then ``resolve_future``) is timed beside the plain floor: the same
-torch calls in the same order, written as a hand-written map writes them, over the
-map's own buffers, with none of relay's Python around them (the payload, the gates,
-the checks' reading and comparing; an ``aminmax`` relay dispatches for a host check
-is made here too, as ``relay/bench/plain.py`` does). ``tests/bench/test_spans.py``
-asserts that both dispatch the same ops and lay in the same values. Offsets and
-counts are int32, as vLLM's ``query_start_loc`` is.
+Its step (``stash``, then ``resolve_future``) is timed beside its floors: the same
+torch calls in the same order, written by hand over the map's own buffers, with relay's
+host checks on the CPU (the stash's slots; the positions the offsets and counts place)
+or bare. Offsets and counts are int32, as vLLM's ``query_start_loc`` is.
 """
 
 from __future__ import annotations
@@ -16,7 +13,7 @@ from __future__ import annotations
 import statistics
 import types
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import attrs
 import torch
@@ -54,15 +51,12 @@ def workload(batch: int, device: torch.device, seed: int = 0) -> SpanWork:
     counts = torch.minimum(made, torch.randint(0, DRAFTS + 1, (batch,), generator=g))
     sizes = counts + 1
     starts = torch.cumsum(sizes, 0) - sizes
+    sampled = torch.randint(0, 32_000, (batch,), generator=g).to(device)
+    drafts = torch.randint(0, 32_000, (batch, DRAFTS), generator=g).to(device)
     return SpanWork(
-        slots=slots.to(device),
-        sampled=torch.randint(0, 32_000, (batch,), generator=g).to(device),
-        drafts=torch.randint(0, 32_000, (batch, DRAFTS), generator=g).to(device),
-        made=made.to(device),
-        starts=starts.to(device, torch.int32),
-        counts=counts.to(device, torch.int32),
-        size=int(sizes.sum()),
-    )
+        slots.to(device), sampled, drafts, made.to(device),
+        starts.to(device, torch.int32), counts.to(device, torch.int32), int(sizes.sum()),
+    )  # fmt: skip
 
 
 def relay_step(
@@ -71,21 +65,15 @@ def relay_step(
     """The generated map's step, its map and its batch."""
     from relay.maps.vllm_drafts import VllmDraftsFutureMap, VllmDraftsPayload
 
-    relay = VllmDraftsFutureMap(
-        device, POOL, num_speculative_tokens=DRAFTS, debug=debug
-    )
+    relay = VllmDraftsFutureMap(device, POOL, num_speculative_tokens=DRAFTS, debug=debug)  # fmt: skip
     payload = VllmDraftsPayload(
-        sampled_token_ids=work.sampled,
-        draft_token_ids=work.drafts,
+        sampled_token_ids=work.sampled, draft_token_ids=work.drafts,
         num_draft_tokens=work.made,
-    )
+    )  # fmt: skip
     batch = types.SimpleNamespace(
-        slots=work.slots,
-        req_ids=None,
-        query_starts=work.starts,
-        num_draft_tokens=work.counts,
-        input_ids=torch.full((work.size,), -1, device=device),
-    )
+        slots=work.slots, req_ids=None, query_starts=work.starts,
+        num_draft_tokens=work.counts, input_ids=torch.full((work.size,), -1, device=device),
+    )  # fmt: skip
 
     def step() -> None:
         relay.stash(work.slots, payload)
@@ -95,37 +83,53 @@ def relay_step(
 
 
 def plain_step(
-    work: SpanWork, relay: Any, device: torch.device
+    work: SpanWork, relay: Any, device: torch.device, check: bool = True
 ) -> tuple[Callable[[], None], torch.Tensor]:
-    """The plain floor over ``relay``'s own buffers, and the ``input_ids`` it fills."""
+    """A floor over ``relay``'s own buffers, and the ``input_ids`` it fills: with
+    ``check``, relay's host checks on the CPU before any row changes (the stash's
+    slots; the positions the offsets and counts place), else bare."""
     sampled_buf: torch.Tensor = relay.sampled_tokens_buf
     drafts_buf: torch.Tensor = relay.draft_tokens_buf
     idx, sampled, drafts = work.slots, work.sampled, work.drafts
     starts32, counts32 = work.starts, work.counts
     cols = torch.arange(DRAFTS, device=device)
     input_ids = torch.full((work.size,), -1, device=device)
-    n = idx.numel()
-    # The host checks relay makes with one op (slots above 32, positions above 48).
-    slots_op = device.type == "cpu" and n > HOST_SLOTS_IN_PYTHON_MAX
-    starts_op = device.type == "cpu" and n > HOST_POSITIONS_IN_PYTHON_MAX
+    check = check and device.type == "cpu"
+    few = idx.numel() <= HOST_SLOTS_IN_PYTHON_MAX
+    size = input_ids.numel()
+
+    def inside(*positions: torch.Tensor) -> None:
+        seen: list[int] = []
+        for at in positions:
+            if at.numel() <= HOST_POSITIONS_IN_PYTHON_MAX:
+                seen += at.tolist()
+            else:
+                lo, hi = at.aminmax()
+                if cast(int, lo.tolist()) < 0 or cast(int, hi.tolist()) >= size:
+                    raise IndexError(at)
+        if seen and (min(seen) < 0 or max(seen) >= size):
+            raise IndexError(seen)
 
     def step() -> None:
-        if slots_op:
-            idx.aminmax()
+        if check and few:
+            s = idx.tolist()
+            if min(s) < 0 or max(s) >= POOL:
+                raise IndexError(s)
+        elif check:
+            lo, hi = idx.aminmax()
+            if cast(int, lo.tolist()) < 0 or cast(int, hi.tolist()) >= POOL:
+                raise IndexError(idx)
         sampled_buf.index_copy_(0, idx, sampled)
         drafts_buf.index_copy_(0, idx, drafts)
         a = sampled_buf.index_select(0, idx)
         b = drafts_buf.index_select(0, idx)
         starts = starts32.long()
         counts = counts32.long()
-        first = starts + 1
-        at = first.unsqueeze(1) + cols
+        at = (starts + 1).unsqueeze(1) + cols
         keep = cols < counts.unsqueeze(1)
         at_kept, b_kept = at[keep], b[keep]
-        if starts_op:
-            starts.aminmax()
-        if device.type == "cpu" and at_kept.numel() > HOST_POSITIONS_IN_PYTHON_MAX:
-            at_kept.aminmax()
+        if check:
+            inside(starts, at_kept)
         input_ids.index_copy_(0, starts, a)
         input_ids.index_copy_(0, at_kept, b_kept)
 
@@ -141,52 +145,51 @@ def measure(
     sample_ms: float = 0.25,
     seed: int = 0,
 ) -> list[dict[str, Any]]:
-    """Per batch size: each side's median microseconds per step and the ratio's
-    quartiles over the interleaved samples; whether both laid in the same values."""
+    """Per batch size: each side's median microseconds per step (``us``: generated,
+    floor, bare), the quartiles of generated / floor and generated / bare over the
+    interleaved samples, and whether all laid in the same values."""
     device = device or torch.device("cpu")
-    timer = timer_for(device)
     results = []
     for batch in batches:
         work = workload(batch, device, seed)
         generated, relay, relay_batch = relay_step(work, device)
         generated()  # allocates nothing, but warms the columns cache
-        plain, input_ids = plain_step(work, relay, device)
-        plain()
-        same = bool(torch.equal(relay_batch.input_ids, input_ids))
+        floors = [plain_step(work, relay, device, check) for check in (True, False)]
+        for floor, _ in floors:
+            floor()
+        same = all(torch.equal(relay_batch.input_ids, ids) for _, ids in floors)
         times = time_interleaved(
-            [generated, plain],
-            timer,
-            repeat=repeat,
-            warmup=warmup,
-            target_ns=int(sample_ms * 1e6),
-        )
-        ratios = [g / p for g, p in zip(*times)]
-        results.append(
-            {
-                "batch": batch,
-                "generated_us": statistics.median(times[0]) / 1e3,
-                "plain_us": statistics.median(times[1]) / 1e3,
-                "ratio": {q: quantile(ratios, v) for q, v in _QUARTILES},
-                "same": same,
-            }
-        )
+            [generated, *(floor for floor, _ in floors)], timer_for(device),
+            repeat=repeat, warmup=warmup, target_ns=int(sample_ms * 1e6),
+        )  # fmt: skip
+        result: dict[str, Any] = {"batch": batch, "same": same}
+        result["us"] = {k: statistics.median(t) / 1e3 for k, t in zip(SIDES, times)}
+        for k, t in zip(SIDES[1:], times[1:]):
+            ratios = [g / p for g, p in zip(times[0], t)]
+            result[f"generated/{k}"] = {q: quantile(ratios, v) for q, v in _QUARTILES}
+        results.append(result)
     return results
 
 
+SIDES = ("generated", "floor", "bare")
 _QUARTILES = (("p25", 0.25), ("median", 0.5), ("p75", 0.75))
 
 
 def render(results: Sequence[dict[str, Any]]) -> str:
     """The table ``relay bench --spans`` prints."""
     lines = [
-        f"vllm_drafts (P={POOL}, K={DRAFTS}): stash + resolve_future per step",
-        "batch  generated us  plain us  gen/plain (p25-p75)  values",
+        (
+            f"vllm_drafts (P={POOL}, K={DRAFTS}): stash + resolve_future per step; floor: "
+            "the same torch calls and relay's host checks on the CPU, bare: without them"
+        ),
+        "batch  generated us  floor us  bare us  gen/floor (p25-p75)   gen/bare  values",
     ]
     for r in results:
-        q = r["ratio"]
+        q, us = r["generated/floor"], r["us"]
         lines.append(
-            f"{r['batch']:5d}  {r['generated_us']:12.1f}  {r['plain_us']:8.1f}  "
-            f"{q['median']:.2f}x ({q['p25']:.2f}-{q['p75']:.2f})  "
+            f"{r['batch']:5d}  {us['generated']:12.1f}  {us['floor']:8.1f}  "
+            f"{us['bare']:7.1f}  {q['median']:.2f}x ({q['p25']:.2f}-{q['p75']:.2f})  "
+            f"{r['generated/bare']['median']:8.2f}x  "
             + ("same" if r["same"] else "DIFFER")
         )
     return "\n".join(lines)

@@ -1,11 +1,13 @@
 """Timing: per-device timers and interleaved samples in balanced orders.
 
-Every figure ``relay bench`` reports is a ratio of sides measured in the same process,
-interleaved, so machine speed, load and drift weigh on every side alike.
+Every time ``relay bench`` compares is a ratio of sides measured in the same process,
+interleaved, so machine speed, load and drift weigh on every side alike; the host time
+per method (``per_method``) is what it is, measured in turns too.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import math
 import statistics
@@ -15,7 +17,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["balanced_orders", "quantile", "time_interleaved", "timer_for"]
+__all__ = ["balanced_orders", "per_method", "quantile", "time_interleaved", "timer_for"]
 
 Timer = Callable[[Callable[[], None], int], int]
 
@@ -38,11 +40,7 @@ def timer_for(device: torch.device) -> Timer:
             return int(start.elapsed_time(end) * 1e6)
 
         return events
-    sync: Callable[[], None] = (
-        (lambda: None)
-        if device.type == "cpu"
-        else torch.get_device_module(device.type).synchronize
-    )
+    sync = _sync(device)
 
     def host(fn: Callable[[], None], inner: int) -> int:
         sync()
@@ -53,6 +51,12 @@ def timer_for(device: torch.device) -> Timer:
         return time.perf_counter_ns() - begin
 
     return host
+
+
+def _sync(device: torch.device) -> Callable[[], None]:
+    if device.type == "cpu":
+        return lambda: None
+    return torch.get_device_module(device.type).synchronize  # type: ignore[no-any-return]
 
 
 def quantile(values: Sequence[float], q: float) -> float:
@@ -104,13 +108,65 @@ def time_interleaved(
     probe = statistics.median(timer(fns[0], 1) for _ in range(5))
     inner = max(1, min(10_000, int(target_ns // max(probe, 1))))
     samples: list[list[float]] = [[] for _ in fns]
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with _no_gc():
         for order in balanced_orders(len(fns), repeat):
             for i in order:
                 samples[i].append(timer(fns[i], inner) / inner)
-    finally:
-        if was_enabled:
-            gc.enable()
     return samples
+
+
+@contextlib.contextmanager
+def _no_gc() -> Iterator[None]:
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+#: The breakdown's name for the device's own time after the host's last call.
+SYNC = "device sync"
+
+
+def per_method(
+    sides: Sequence[Sequence[tuple[str, Callable[[], None]]]],
+    device: torch.device,
+    *,
+    repeat: int,
+    inner: int,
+) -> list[dict[str, float]]:
+    """Per side, the host time per step of each method of its step (ns), and ``step``.
+
+    Each call is timed by host clocks around it alone; the device is synchronized only
+    after a sample's last step (off the CPU that wait is reported as ``SYNC``), so a
+    part is the host time the method costs its caller, as an engine sees it. The sides
+    take turns, one sample each per repeat. Each figure is the quietest sample's (a
+    context switch only adds time), so the parts sum to at most the step; what is left
+    is the loop's and the clocks' own cost."""
+    sync, clock = _sync(device), time.perf_counter_ns
+    samples: list[list[list[int]]] = [[] for _ in sides]
+    with _no_gc():
+        for _ in range(repeat):
+            for calls, kept in zip(sides, samples):
+                fns = [fn for _, fn in calls]
+                parts = [0] * (len(fns) + 2)
+                sync()
+                begin = clock()
+                for _ in range(inner):
+                    for k, fn in enumerate(fns):
+                        t = clock()
+                        fn()
+                        parts[k] += clock() - t
+                t = clock()
+                sync()
+                parts[-2] = clock() - t
+                parts[-1] = clock() - begin
+                kept.append(parts)
+    out = []
+    for calls, kept in zip(sides, samples):
+        names = [name for name, _ in calls] + ([SYNC] if device.type != "cpu" else [])
+        quietest = [min(column) / inner for column in zip(*kept)]
+        out.append({**dict(zip(names, quietest)), "step": quietest[-1]})
+    return out

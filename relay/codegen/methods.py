@@ -565,7 +565,7 @@ def _host(f: Field, source: str) -> list[str]:
         if mirror is not None:
             stmts.append(f"batch.{mirror} = host_copy")
         stmts.append(f"batch.{total} = _rt.host_sum(host_copy)")
-    if not f.host.optional:
+    if f.host is None or not f.host.optional:
         return stmts
     nones = [f"batch.{p} = None" for p in (mirror, total) if p is not None]
     return ["if host:", *_indent(stmts), "else:", *_indent(nones)]

@@ -1,5 +1,6 @@
-"""``relay bench``: the baselines' op counts, values checks, the floor, the quick run's
-JSON, exit statuses. No timing is asserted: times depend on the machine and its load.
+"""``relay bench``: the baselines' op counts, values checks, the floors, the host time
+per method, the quick run's JSON, exit statuses. No timing bar is asserted: times depend
+on the machine and its load.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ import torch
 from relay.bench import sides
 from relay.bench.baseline import DecodeBaseline, EagleBaseline
 from relay.bench.plain import Plain, Unsupported, build_plain
-from relay.bench.replay import Call, floor_calls, record
 from relay.bench.sides import PAIRS, Pair, Shape, Workload, compare_values
+from relay.bench.timing import per_method
 from relay.cli import main
 from relay.opcount import count_ops
 from relay.schema import Field, Lane, Resolve, Schema
@@ -199,68 +200,27 @@ def test_values_check_catches_a_wrong_row() -> None:
     assert problems and all("next tokens differs" in p for p in problems)
 
 
-@pytest.mark.parametrize("pair,generated", FOUND, ids=[p.name for p, _ in FOUND])
-def test_the_floor_replays_exactly_the_generated_calls(
-    pair: Pair, generated: sides.Generated
-) -> None:
-    """The floor dispatches the data ops and view ops of a generated step, method by
-    method, and each of its calls returns what the recorded call returned."""
-    shape = TINY[pair.spec][0]
-    work = Workload.random(shape, CPU, 0, spec=pair.spec)
-    side = sides.generated_side(pair, generated, shape, CPU, work)
-    side.step()
-    recording = record(side.calls)
-    floor = floor_calls(recording)
-    assert [m for m, _ in floor] == [m for m, _ in side.calls]
-    assert {m: count_ops(c) for m, c in floor} == recording.counts()
-    replayed = record(floor)
-    for (_, want), (_, got) in zip(recording.methods, replayed.methods):
-        assert [c.op for c in got] == [c.op for c in want]
-        assert all(_same_out(a, b) for a, b in zip(want, got))
-
-
-def _same_out(want: Call, got: Call) -> bool:
-    if isinstance(want.out, torch.Tensor):
-        return bool(torch.equal(want.out, got.out))
-    return type(want.out) is type(got.out)
-
-
-def test_the_floor_spells_calls_as_a_hand_written_map() -> None:
-    """A gather is ``buf[idx]`` or ``buf.index_select(...)``, not a boxed op call, and an
-    output feeds the call that read it, across methods too."""
-    buf = torch.arange(10) * 10
-    idx = torch.tensor([1, 3])
-    state: dict[str, torch.Tensor] = {}
-
-    def first() -> None:
-        state["rows"] = buf[idx]
-
-    def second() -> None:
-        state["sum"] = state["rows"].sum()
-
-    recording = record([("first", first), ("second", second)])
-    floor = dict(floor_calls(recording))
-    assert count_ops(floor["first"]).data == ("index",)
-    assert count_ops(floor["second"]).data == ("sum",)
-    code = floor["first"].__code__
-    assert not any(isinstance(c, str) and "aten" in c for c in code.co_consts)
-
-
 def _generated_and_plain(
-    pair: Pair, generated: sides.Generated, shape: Shape, seed: int = 0
+    pair: Pair,
+    generated: sides.Generated,
+    shape: Shape,
+    seed: int = 0,
+    *,
+    check: bool = True,
 ) -> tuple[Workload, sides.Side, Plain, sides.Side]:
-    """The generated map's side and its plain floor over one workload, each one step
-    in, and the second map whose buffers the plain floor runs over (the bench shares
-    the generated map's), so a write to the wrong rows cannot hide behind the other
-    side's."""
+    """The generated map's side and its floor (checked, or bare) over one workload,
+    each one step in, and the second map whose buffers the floor runs over (the bench
+    shares the generated map's), so a write to the wrong rows cannot hide behind the
+    other side's."""
     work = Workload.random(shape, CPU, seed, spec=pair.spec)
     side, other = (
-        sides.generated_side(pair, generated, shape, CPU, work, name=name)
-        for name in ("generated", "other")
+        sides.generated_side(pair, generated, shape, CPU, work) for _ in "ab"
     )
     schema = Schema.bundled(pair.schema)
     methods = [m for m, _ in side.calls]
-    plain = build_plain(schema, other.map, shape, work, methods, graph=pair.graph)
+    plain = build_plain(
+        schema, other.map, shape, work, methods, graph=pair.graph, check=check
+    )
     side.step()
     plain.step()
     return work, side, plain, other
@@ -274,26 +234,37 @@ PLAIN_SHAPES = {
 
 
 @pytest.mark.parametrize("pair,generated", FOUND, ids=[p.name for p, _ in FOUND])
-def test_the_plain_floor_dispatches_the_generated_ops(
+def test_the_floors_dispatch_the_generated_ops(
     pair: Pair, generated: sides.Generated
 ) -> None:
-    """The plain floor makes the generated step's calls: per method, in the step's
-    order, the same data ops and view ops, in the same order."""
+    """The checked floor makes the generated step's calls: per method, in the step's
+    order, the same data ops and view ops, in the same order; the bare floor the same
+    but the host check's ``aminmax`` (above 32 slots, once per write call)."""
     for shape in PLAIN_SHAPES[pair.spec]:
         _, side, plain, _ = _generated_and_plain(pair, generated, shape)
+        _, _, bare, _ = _generated_and_plain(pair, generated, shape, check=False)
         assert [m for m, _ in plain.calls] == [m for m, _ in side.calls]
         want = {m: count_ops(c) for m, c in side.calls}
         assert {m: count_ops(c) for m, c in plain.calls} == want, shape.label
+        for method, call in bare.calls:
+            ops = want[method].data
+            writes = method in ("stash", "publish")
+            check = ("aminmax",) if writes and shape.batch > 32 else ()
+            assert ops[: len(check)] == check, (shape.label, method)
+            assert count_ops(call).data == ops[len(check) :], (shape.label, method)
 
 
 @pytest.mark.parametrize("pair,generated", FOUND, ids=[p.name for p, _ in FOUND])
-def test_the_plain_floor_resolves_the_same_values(
-    pair: Pair, generated: sides.Generated
+@pytest.mark.parametrize("check", [True, False], ids=["floor", "bare"])
+def test_the_floors_resolve_the_same_values(
+    pair: Pair, generated: sides.Generated, check: bool
 ) -> None:
-    """Over several steps with fresh outputs, the plain floor hands the next forward
-    and the scheduler what the generated map hands them."""
+    """Over several steps with fresh outputs, each floor hands the next forward and the
+    scheduler what the generated map hands them."""
     for shape in PLAIN_SHAPES[pair.spec]:
-        work, side, plain, other = _generated_and_plain(pair, generated, shape, seed=3)
+        work, side, plain, other = _generated_and_plain(
+            pair, generated, shape, seed=3, check=check
+        )
         g = torch.Generator().manual_seed(4)
         for step in range(3):
             work.renew(shape, g, spec=pair.spec)
@@ -309,9 +280,10 @@ def test_the_plain_floor_resolves_the_same_values(
                 assert sides.same(value, got[key]), (shape.label, step, key)
 
 
-def test_the_plain_floor_is_plain_tensor_methods() -> None:
+def test_the_floor_is_plain_tensor_methods() -> None:
     """No relay Python and no op overloads: the calls are tensor methods on bound
-    tensors, the fence's bound record and wait, and the driver's own ``seq_lens + 1``."""
+    tensors, the fence's bound record and wait, the driver's own ``seq_lens + 1``, and
+    the host check's list read, ``min``, ``max`` and ``IndexError``."""
     for pair, generated in FOUND:
         shape = PLAIN_SHAPES[pair.spec][0]
         _, _, plain, _ = _generated_and_plain(pair, generated, shape)
@@ -321,12 +293,12 @@ def test_the_plain_floor_is_plain_tensor_methods() -> None:
             bound = {n for n in names if n in plain.namespace}
             assert all(
                 isinstance(plain.namespace[n], (torch.Tensor, tuple, sides.Batch))
-                for n in bound - {"record", "wait", "advance"}
+                for n in bound - {"record", "wait", "advance", "P"}
             ), (pair.schema, bound)
 
 
-def test_a_step_the_plain_floor_does_not_write_is_refused() -> None:
-    """A placeholder field: no plain floor rather than a wrong one."""
+def test_a_step_the_floor_does_not_write_is_refused() -> None:
+    """A placeholder field: no floor rather than a wrong one."""
     schema = Schema(
         name="PlaceholderFutureMap",
         fields=[
@@ -433,8 +405,9 @@ def test_cuda_without_cuda_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_quick_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``relay bench --quick`` exits 0 with every generated pair at every quick shape:
-    values agree, ops are counted per method for all four sides (both floors' equal to
-    the generated map's), and every time and ratio is there."""
+    values agree, ops are counted per method for all four sides (the checked floor's
+    equal to the generated map's, the bare floor's without the host check), and every
+    time, ratio, host time per method and buffer size is there."""
     out_json = tmp_path / "bench.json"
     assert main(["bench", "--quick", "-q", "--json", str(out_json)]) == 0
     data = json.loads(out_json.read_text())
@@ -442,30 +415,79 @@ def test_quick_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert [c["name"] for c in data["configs"]] == [
         p.name for p, _ in FOUND for _ in ((1,), (2,))
     ]
-    assert {c["hidden"] for c in data["configs"] if c["schema"] == "sglang_ngram"} == {
-        0
-    }
+    ngram = [c for c in data["configs"] if c["schema"] == "sglang_ngram"]
+    assert {c["hidden"] for c in ngram} == {0}
     assert [c["graph"] for c in data["configs"]].count(True) == 2
+    sides_ = ("baseline", "generated", "floor", "bare")
     for config in data["configs"]:
         assert config["ok"] is True and config["problems"] == []
         ops, methods = config["ops"], config["methods"]
         assert ops["baseline"] > 0
-        assert ops["generated"] == ops["floor"] == ops["plain"] > 0
-        assert methods["floor"] == methods["generated"] == methods["plain"]
-        assert all(
-            config["ns"][side] > 0
-            for side in ("baseline", "generated", "floor", "plain")
-        )
-        for ratio in ("generated/baseline", "generated/floor", "generated/plain"):
+        assert ops["generated"] == ops["floor"] == ops["bare"] > 0  # B <= 32
+        assert methods["floor"] == methods["generated"] == methods["bare"]
+        assert all(config["ns"][side] > 0 for side in sides_)
+        for ratio in ("generated/baseline", "generated/floor", "generated/bare"):
             q = config[ratio]
             assert 0 < q["p25"] <= q["median"] <= q["p75"]
-        assert config["plain_missing"] is None
-        assert "index_select(0, idx)" in config["plain_source"]
+        host = config["host_ns"]
+        assert list(host["generated"]) == [*methods["generated"], "step"]
+        assert list(host["baseline"]) == [*methods["baseline"], "step"]
+        assert config["bytes"]["generated"] > 0 and config["bytes"]["baseline"] > 0
+        assert config["floor_missing"] is None
+        assert "index_select(0, idx)" in config["floor_source"]
+        assert "tolist()" in config["floor_source"]
+        assert "tolist()" not in config["bare_source"].replace("h.tolist()", "")
     out = capsys.readouterr().out
-    for column in ("gen/baseline", "gen/plain", "gen/replay", "plain us", "replay us"):
+    for column in ("gen/baseline", "gen/floor", "gen/bare", "floor us", "bare us"):
         assert column in out
-    assert "index_copy_" in out and "plain floor, one function per method" in out
-    assert "values: generated == baseline in every configuration" in out
+    assert "baseline: the sglang-style map an engine keeps by hand" in out
+    assert "host us per step, and per method" in out
+    assert "index_copy_" in out and "one function per method in step order" in out
+    assert "values: generated == baseline == floors in every configuration" in out
+
+
+@pytest.mark.parametrize("pair,generated", FOUND, ids=[p.name for p, _ in FOUND])
+def test_host_time_per_method_sums_to_the_step(
+    pair: Pair, generated: sides.Generated
+) -> None:
+    """The breakdown of a step's host time names each method of the step, in its
+    order, for the generated map and its baseline; each part is a time, and the parts
+    lie inside the step they were measured in and make up most of it (the rest is the
+    loop's and the clocks' own cost)."""
+    shape = TINY[pair.spec][0]
+    work = Workload.random(shape, CPU, 0, spec=pair.spec)
+    both = sides.pair_sides(pair, generated, shape, CPU, work)
+    got = per_method([side.calls for side in both], CPU, repeat=3, inner=20)
+    for side, parts in zip(both, got):
+        assert list(parts) == [*(m for m, _ in side.calls), "step"]
+        methods = sum(ns for m, ns in parts.items() if m != "step")
+        assert all(ns >= 0 for ns in parts.values())
+        assert 0.5 * parts["step"] <= methods <= parts["step"]
+
+
+@pytest.mark.parametrize("batch", [4, 40])
+def test_the_floors_check_refuses_a_bad_slot_before_any_row_changes(
+    batch: int,
+) -> None:
+    """The checked floor's host check (a list up to 32 slots, ``aminmax`` above) is a
+    check: a slot outside the pool raises before any row is written, as relay refuses
+    it; the bare floor writes the rows before it and then raises, as torch does."""
+    pair = _pair("decode")
+    generated = {p.name: g for p, g in FOUND}["decode"]
+    shape = Shape(257, batch)
+    for check in (True, False):
+        work, _, floor, other = _generated_and_plain(
+            pair, generated, shape, check=check
+        )
+        work.renew(shape, torch.Generator().manual_seed(1), spec=False)
+        floor.bind(work.values)  # new tokens: a row written is a row changed
+        buf = other.map.output_tokens_buf
+        before = buf.clone()
+        work.indices[-1] = 257  # one past the pool, after the good slots
+        stash = dict(floor.calls)["stash"]
+        with pytest.raises(IndexError):
+            stash()
+        assert torch.equal(buf, before) is check
 
 
 def test_bench_flags_import_no_torch() -> None:
