@@ -558,14 +558,16 @@ def _host(f: Field, source: str) -> list[str]:
     if mirror is None and total is None:
         return []
     copy = f"self.{naming.host_mirror(f)}.copy({source})"
+    optional = f.host is not None and f.host.optional
+    local = "host_copy" if optional else "host"  # ``host`` is the resolve's flag there
     if total is None:
         stmts = [f"batch.{mirror} = {copy}"]
     else:
-        stmts = [f"host_copy = {copy}"]
+        stmts = [f"{local} = {copy}"]
         if mirror is not None:
-            stmts.append(f"batch.{mirror} = host_copy")
-        stmts.append(f"batch.{total} = _rt.host_sum(host_copy)")
-    if f.host is None or not f.host.optional:
+            stmts.append(f"batch.{mirror} = {local}")
+        stmts.append(f"batch.{total} = _rt.host_sum({local})")
+    if not optional:
         return stmts
     nones = [f"batch.{p} = None" for p in (mirror, total) if p is not None]
     return ["if host:", *_indent(stmts), "else:", *_indent(nones)]

@@ -223,7 +223,7 @@ def _path_names(schema: Schema, path: str) -> set[str]:
 
 def field_paths(f: Field) -> list[str]:
     """Every batch attribute path field ``f`` names, in declaration order."""
-    paths: list[object] = [f.target]
+    paths: list[object] = [f.target, f.gate]
     if f.scatter is not None:
         paths += [f.scatter.offsets, f.scatter.lengths, f.scatter.when]
     if f.host is not None:

@@ -506,6 +506,17 @@ def _protocols(schema: Schema) -> tuple[ProtocolView, ...]:
     return _protocol_set(schema, Lane.FORWARD) + _protocol_set(schema, Lane.SCHEDULE)
 
 
+def _read_only(f: Field) -> list[tuple[str, str]]:
+    """What a resolve of ``f`` only reads on the batch besides its slots: a scatter's
+    offsets, counts and flags, a gate; path and type."""
+    found = [(f.gate, "bool")] if f.gate is not None else []
+    scatter = f.scatter
+    if scatter is not None:
+        paths = (scatter.offsets, scatter.lengths, scatter.when)
+        found += [(p, "torch.Tensor") for p in paths if p is not None]
+    return found
+
+
 def _protocol_set(schema: Schema, lane: Lane | None) -> tuple[ProtocolView, ...]:
     """The protocols of one batch: the whole map's (``lane`` None), the forward
     batch's (``resolve_future``, ``invalidate``, ``resolve_tails``) or the schedule
@@ -544,14 +555,8 @@ def _protocol_set(schema: Schema, lane: Lane | None) -> tuple[ProtocolView, ...]
             # in place: always tensors; gather targets are assigned by the resolve.
             in_place = f.resolve is not Resolve.GATHER
             add(f.target, "torch.Tensor" if in_place else tensor, True)
-        scatter = f.scatter
-        if scatter is not None and resolved:
-            add(scatter.offsets, "torch.Tensor", False)
-            for counted in (scatter.lengths, scatter.when):
-                if counted is not None:
-                    add(counted, "torch.Tensor", False)
-        if f.gate is not None and resolved:
-            add(f.gate, "bool", False)
+        for path, type_ in _read_only(f) if resolved else ():
+            add(path, type_, False)
         host = f.host
         maybe = f.optional or (host is not None and host.optional)
         if host is not None and host.mirror is not None and (resolved or tails):
