@@ -555,8 +555,8 @@ def _protocol_set(schema: Schema, lane: Lane | None) -> tuple[ProtocolView, ...]
             # in place: always tensors; gather targets are assigned by the resolve.
             in_place = f.resolve is not Resolve.GATHER
             add(f.target, "torch.Tensor" if in_place else tensor, True)
-        for path, type_ in _read_only(f) if resolved else ():
-            add(path, type_, False)
+        for read, type_ in _read_only(f) if resolved else ():
+            add(read, type_, False)
         host = f.host
         maybe = f.optional or (host is not None and host.optional)
         if host is not None and host.mirror is not None and (resolved or tails):

@@ -108,8 +108,10 @@ def test_bad_offsets_are_refused_before_anything_is_written(case: str) -> None:
         ([3, 3], r"inside the 2 position\(s\) of the request in row 0"),
         (
             [0, 5],
-            r"the request in row 1 \(slot 4\) starts at 5, so its 2 value\(s\) would "
-            r"not fit",
+            (
+                r"the request in row 1 \(slot 4\) starts at 5, so its 2 value\(s\) "
+                r"would not fit"
+            ),
         ),
     ],
     ids=["overlapping", "repeated", "one past the end"],
