@@ -30,6 +30,7 @@ __all__ = [
     "ThreadStream",
     "active_schedule",
     "current_cpu_stream",
+    "host_order_place",
     "schedule_seed_from_env",
     "seeded_schedule",
     "switch_point",
@@ -71,10 +72,6 @@ class StreamObserver(Protocol):
     def waited(self, event: CpuEvent, token: Any) -> None:
         """The calling thread's stream (or host thread) waited on ``event``'s record
         ``token`` (from ``recorded``; ``None``: no record, a wait on nothing)."""
-
-    def chained(self, later: Any, earlier: Any) -> None:
-        """A fence record made before record ``earlier`` ran, by a task later in host
-        order, counts as chained after it (Note [Fence chaining in host order])."""
 
 
 #: The checker to report to, or ``None`` (the default: nothing is reported).
@@ -127,17 +124,27 @@ def _host_order() -> int:
         return next(_submission_order)
 
 
+def host_order_place() -> int:
+    """Where the calling thread's work sits in the host order of tasks: on a stream's
+    worker, its running task's submission number (the task was placed when it was
+    launched); elsewhere a fresh number, after every task submitted so far. Two places
+    compare as their work's launches do (Note [Seeds] in relay/runtime.py)."""
+    stream = current_cpu_stream()
+    if stream is not None and stream.on_worker():
+        return stream.running_order
+    return _host_order()
+
+
 # Note [Fence chaining in host order]
 # A fence chains its records (Note [Fence chaining] in relay/device.py) in the order
 # the host enqueues them, as on CUDA, where ``Fence.record`` runs on the host. Here it
-# runs inside the worker's task, so two streams may record in the reverse of host
-# order: the task submitted second records first. Deciding the chain in that order
+# runs inside the worker's task, so two streams may reach their records in the reverse
+# of host order: the task submitted second first. Deciding the chain in that order
 # would model a fence CUDA never builds (the newest record in host order chained after
 # nothing), and debug mode would report a race the host's wait does not have. So a
-# fence's record on the CPU always waits for the newest record before its task in
-# host order, and records that tasks later in host order have already made count as
-# chained after it: on CUDA those tasks' records would have waited for this one. No
-# wait has joined them yet: a wait that may pick them waits for this task first.
+# fence's record on the CPU first waits for the newest record before its task in host
+# order (a wait never waits on a later task): the records complete in host order, each
+# covering the ones before it, and no record of a later task can be made before it.
 
 
 # Note [Seeded schedules]
@@ -549,6 +556,10 @@ class ThreadStream:
         """Submission number of the task running now (valid on the worker thread)."""
         return self._running_order
 
+    def on_worker(self) -> bool:
+        """Whether the calling thread is this stream's worker."""
+        return threading.current_thread() is self._thread
+
     def notify(self) -> None:
         """Wake host waiters (a record completed)."""
         with self._cond:
@@ -622,16 +633,6 @@ class CpuEvent:
     def record(self) -> None:
         """Record on the calling thread's stream. CPU ops are synchronous, so the work
         before this point has already run: the record completes at once."""
-        self._record(chained=False)
-
-    def record_chained(self) -> None:
-        """Record as a chained fence does (Note [Fence chaining] in relay/device.py),
-        in host order (Note [Fence chaining in host order]): after the newest record
-        made before this task in host order, whichever stream and whenever it ran."""
-        self.wait()
-        self._record(chained=True)
-
-    def _record(self, chained: bool) -> None:
         if _schedule is not None:
             _switch()
         stream = current_cpu_stream()
@@ -639,15 +640,18 @@ class CpuEvent:
             # A task's record sits at its submission in host order; a host's, now.
             order = stream.running_order if stream is not None else _host_order()
             token = observer.recorded(self)
-            if chained:
-                for later, theirs in self._history:
-                    if later > order:
-                        observer.chained(theirs, token)
             self._history.append((order, token))
             self._forget_unreachable()
         if stream is not None:
             self._records[stream] = stream.running_ticket
             stream.notify()
+
+    def record_chained(self) -> None:
+        """Record as a chained fence does (Note [Fence chaining] in relay/device.py),
+        in host order (Note [Fence chaining in host order]): after the newest record
+        made before this task in host order, whichever stream and whenever it ran."""
+        self.wait()
+        self.record()
 
     def synchronize(self) -> None:
         """Block the calling thread until the newest record has completed."""

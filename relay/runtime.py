@@ -13,11 +13,13 @@ from relay, so its names are the contract between the generator and the runtime.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import cast
 
 import torch
 
+from relay.cpu_stream import host_order_place
 from relay.debug import DebugChecks, poison
 from relay.debug.messages import request_at, text
 from relay.debug.owners import Owners
@@ -173,8 +175,17 @@ class Table:
         return dtype if isinstance(dtype, torch.dtype) else None
 
 
-#: What ``seed`` took: the slots, the values, and the owners, for ``apply_seeds``.
-Seed = tuple[torch.Tensor, list[torch.Tensor | None], "Owners | None"]
+#: What ``seed`` took: its place in host order, the slots, the values, the owners and
+#: debug mode's per-row counts, for ``apply_seeds`` (Note [Seeds]).
+Seed = tuple[
+    int,
+    torch.Tensor,
+    list[torch.Tensor | None],
+    "Owners | None",
+    dict[int, torch.Tensor],
+]
+#: Queueing a seed and taking the due ones are each one step, whichever threads call.
+_seeds_lock = threading.Lock()
 
 
 class MapState:
@@ -1025,12 +1036,18 @@ def _write_field(
 
 # Note [Seeds]
 # A request prefilled elsewhere starts with no forward of its own, so the scheduler
-# hands its first values to the map: ``seed``. A finished request's last forward may
-# still be in flight on the same row and stash there after the scheduler seeded it;
-# so ``seed`` checks and copies the values and only queues them, and the next
-# ``resolve_future``, which runs on the forward stream after every forward before it,
-# writes them first. That orders the seed after the in-flight stash on every device
-# policy, with no fence of its own.
+# hands its first values to the map: ``seed``. The slot's previous request may still
+# have a forward launched and not finished, which reads the row and stashes into it.
+# The seed must be written after that stash and before the next forward's read: by the
+# first forward launched after the seed, never by one launched before it. So ``seed``
+# checks and copies the values, stamps them with its place in the host order of
+# launches, and queues them; a ``resolve_future`` writes, first, the queued seeds
+# stamped at or before its own place, and leaves the later ones for the forward
+# launched after them. On a device the host enqueues a forward's resolve at its launch,
+# so every queued seed is due; on relay's CPU stream a task runs its resolve later,
+# and its place is its launch (``host_order_place`` in relay/cpu_stream.py). A task
+# that seeds is placed at its own launch too, so the seed is the next task's, on
+# whichever thread it ran. No wait and no fence of its own.
 
 
 def seed(
@@ -1052,16 +1069,28 @@ def seed(
     if checked is not None:
         slots, values = checked
         copies = [None if v is None else v.detach().clone() for v in values]
-        s.seeds.append((slots.clone(), copies, owners))
-        if counts:
-            record_counts(s, indices, counts)
+        kept = {i: count.clone() for i, count in counts.items()}
+        queued = (host_order_place(), slots.clone(), copies, owners, kept)
+        with _seeds_lock:
+            s.seeds.append(queued)
 
 
 def apply_seeds(s: MapState) -> None:
-    """Write the queued seeds, oldest first (on the forward stream, in resolve_future)."""
-    while s.seeds:
-        slots, values, owners = s.seeds.pop(0)
+    """Write the queued seeds made before the calling forward's launch, oldest first
+    (on the forward stream, in resolve_future); later ones stay queued (Note [Seeds])."""
+    place = host_order_place()
+    with _seeds_lock:
+        due = sorted((seed for seed in s.seeds if seed[0] <= place), key=_place)
+        if due:
+            s.seeds = [seed for seed in s.seeds if seed[0] > place]
+    for _, slots, values, owners, counts in due:
         _apply(s, "seed", s.table.forward, slots, values, owners)
+        if counts:  # the counts the rows carry from now on, as a stash's
+            record_counts(s, slots, counts)
+
+
+def _place(seed: Seed) -> int:
+    return seed[0]
 
 
 def parent_is_none(table: Table, method: str, parent: str) -> RelayError:

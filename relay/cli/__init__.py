@@ -102,12 +102,15 @@ def _run(args: argparse.Namespace) -> int:
 class _Parser(argparse.ArgumentParser):
     """argparse with a one-line usage error, as every other refusal of relay's."""
 
+    #: The command parsers by name (on the ``relay`` parser only).
+    commands: dict[str, argparse.ArgumentParser]
+
     def error(self, message: str) -> NoReturn:
         hint = f"`{self.prog} --help` lists the flags"
         self.exit(Exit.USAGE, f"{self.prog}: error: {message} ({hint})\n")
 
 
-def _build_parser(command: str | None) -> argparse.ArgumentParser:
+def _build_parser(command: str | None) -> _Parser:
     """The parser; only ``command``'s flags are built (every command's without torch,
     so that a bad flag is refused at once)."""
     parser = _Parser(
@@ -119,10 +122,12 @@ def _build_parser(command: str | None) -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"relay {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser.commands = {}
     for name, help_line in _COMMANDS.items():
         child = sub.add_parser(
             name, help=help_line, description=help_line[0].upper() + help_line[1:] + "."
         )
+        parser.commands[name] = child
         if name == command:
             _add_arguments(name, child)
     return parser
@@ -175,7 +180,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, _terminate)
     try:
         parser = _build_parser(command)
-        args = parser.parse_args(args_in)
+        args, unknown = parser.parse_known_args(args_in)
+        if unknown:
+            # A command's stray flag: point at that command's help, not relay's.
+            owner = parser.commands.get(args.command or "", parser)
+            owner.error(f"unrecognized arguments: {' '.join(unknown)}")
         if args.command is None:
             parser.print_help()
             return Exit.USAGE

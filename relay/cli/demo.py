@@ -1,21 +1,18 @@
 """``relay demo``: generate the bundled maps privately, import them, run the engine both ways.
 
 The command-line side of the reference engine (``relay.engine``, a library that
-imports nothing from here): flags, model presets, progress and the results table.
+imports nothing from here): flags, model presets, progress and the results table;
+``DESCRIPTION`` is what its users read in ``--help``.
 
 The bundled schemas the engine runs (``decode``, ``decode_seq_lens``, ``eagle``,
 ``ngram``) are generated into a private temporary folder and imported from there: the
 demo never reads or writes the caller's project (no ``[tool.relay]`` lookup, nothing
-written under the working folder). For plain decoding, EAGLE and n-gram speculation
-(retraction under KV pressure, aborts, chunked prefill and prebuilt requests on) it
-then runs the synchronous loop and the overlap loop on the same workload, each several
-times, interleaved, and prints the forward's occupancy (its busy share of each run,
-measured within the run), throughput, the measured speedup beside the ideal one and
-their ratio (the efficiency; these compare two runs, so each is shown with its range),
-acceptance length, how many requests were retracted, aborted, chunked and prebuilt,
-and whether every overlap run produced the synchronous run's tokens. With --trace or --plot
-it then runs each loop once more, traced, on the first requests of the workload,
-and writes a Chrome trace (Perfetto, chrome://tracing) or a timeline picture.
+written under the working folder). For each mode it runs the synchronous loop and
+the overlap loop on the same workload, several times, interleaved, measuring around
+each run what other processes did (``relay.cli.machine``), and prints one row per
+mode from each loop's totals (Note [Figures from one run and from two]), with a
+note where the speedup passed its ideal or fell below 1.0x. With --trace or --plot
+it then runs each loop once more, traced, on the first requests of the workload.
 
 Exit status: 0 ok, 1 some outputs differ, 2 bad usage or an unusable device (one
 line on stderr), 3 a bundled schema is invalid, 130 Ctrl-C, 143 SIGTERM (both after
@@ -26,8 +23,10 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib.util
+import json
 import os
-import statistics
+import re
 import sys
 import tempfile
 import time
@@ -38,6 +37,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
+from relay.cli.machine import Load, Meter, cores, pooled
 from relay.cli.status import Exit
 from relay.errors import RelayError, SchemaError, SchemaImportError
 
@@ -60,6 +60,7 @@ __all__ = [
     "UsageError",
     "add_arguments",
     "bundled_schemas",
+    "check_device_name",
     "config_from_args",
     "main",
     "model_preset",
@@ -70,6 +71,11 @@ __all__ = [
 #: Requests of the traced runs (--trace, --plot): enough to reach steady decoding,
 #: few enough that the trace stays a few MB.
 TRACE_REQUESTS = 24
+#: The refusal of ``--plot`` without matplotlib.
+PLOT_MISSING = (
+    "--plot needs matplotlib, which is not installed: pip install matplotlib "
+    "(or, in a checkout of relay, pip install -e '.[plot]')"
+)
 #: What ``--plot`` can write (matplotlib picks the format from the suffix).
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 #: The decoding modes, in the order the demo runs them.
@@ -137,11 +143,33 @@ _positive_float = _number(float, lambda v: v > 0, "a number > 0")
 _share = _number(float, lambda v: 0 <= v <= 1, "a share in [0, 1]")
 
 
+#: What ``relay demo --help`` says before the flags.
+DESCRIPTION = """\
+Watch overlap scheduling work: a small reference engine decodes the same requests
+with a synchronous loop and with an overlap loop (the scheduler builds step N+1
+while forward N runs), through maps generated from relay's bundled schemas, and
+checks that both loops produce the same tokens.
+
+It runs plain decoding, EAGLE and n-gram speculative decoding (with retraction
+under KV pressure, aborts, chunked prefill and prefilled requests), each loop
+several times, and prints one row per mode: the forward's busy share of the
+overlap runs (occupancy), both loops' throughput, the speedup beside the best a
+perfect overlap could give (ideal), and whether the outputs were identical.
+--wide adds the rest, --json writes every figure and run to a file. Where overlap
+loses to the synchronous loop, or beats its ideal, a note says how busy the machine
+was meanwhile.
+
+The maps are generated into a private temporary folder, removed at the end: the
+demo reads and writes nothing in the folder you run it from. --trace and --plot
+show a few steps of both loops in time.
+
+exit status: 0 ok; 1 outputs differ; 2 bad usage or an unusable device (one line
+on stderr); 3 a bundled schema is invalid; 130 Ctrl-C; 143 SIGTERM."""
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``relay demo``, in two groups of its help."""
-    parser.description = (
-        __doc__.split("\n\n", 1)[1].replace("``", "") if __doc__ else None
-    )
+    parser.description = DESCRIPTION
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     _run_arguments(parser.add_argument_group("what runs"))
     _output_arguments(parser.add_argument_group("checks and output"))
@@ -243,16 +271,28 @@ def _output_arguments(group: argparse._ArgumentGroup) -> None:
         metavar="PATH",
         type=Path,
         help="afterwards, run each loop once more on the first "
-        f"{TRACE_REQUESTS} requests and write a Chrome trace of it (torch.profiler; "
-        "open in Perfetto or chrome://tracing): named ranges per step on the "
-        "scheduler thread and the forward worker",
+        f"{TRACE_REQUESTS} requests and write a Chrome trace of it (open in "
+        "Perfetto or chrome://tracing): named ranges per step on the scheduler "
+        "thread and the forward worker, and on a GPU the kernels",
     )
     group.add_argument(
         "--plot",
         metavar="PATH.png",
         type=Path,
         help="afterwards, draw a timeline of a few steps of those traced runs, sync "
-        "above overlap (needs matplotlib: pip install 'relay-futuremap[plot]')",
+        "above overlap, each with the machine's load (needs matplotlib)",
+    )
+    group.add_argument(
+        "--wide",
+        action="store_true",
+        help="every column: each loop's occupancy, the speedups' range, efficiency, "
+        "other processes' CPU use, retractions, aborts, chunks, prebuilt requests",
+    )
+    group.add_argument(
+        "--json",
+        metavar="PATH",
+        type=Path,
+        help="also write every figure of the table and of each run to PATH (JSON)",
     )
     group.add_argument(
         "-q",
@@ -262,22 +302,29 @@ def _output_arguments(group: argparse._ArgumentGroup) -> None:
     )
 
 
+#: What ``--device`` accepts, checked before torch is imported.
+_DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
+
+
+def check_device_name(name: str) -> None:
+    """``UsageError`` unless ``name`` is a device the demo runs on; needs no torch."""
+    if _DEVICE.fullmatch(name) is None:
+        raise UsageError(
+            f"--device {name!r}: the reference engine runs on cpu, cuda, cuda:N "
+            "or auto (cuda when available)"
+        )
+
+
 def resolve_device(name: str, ranks: int = 1) -> str:
     """The torch device string for ``--device``; ``UsageError`` when it cannot run here."""
+    check_device_name(name)
     import torch
 
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        device = torch.device(name)
-    except (RuntimeError, ValueError):
-        raise UsageError(
-            f"--device {name!r} is not a device (cpu, cuda, cuda:N or auto)"
-        ) from None
+    device = torch.device(name)
     if device.type == "cpu":
         return str(device)
-    if device.type != "cuda":
-        raise UsageError(f"--device {name}: the reference engine runs on cpu or cuda")
     if not torch.cuda.is_available():
         build = (
             "a CPU-only build"
@@ -402,15 +449,18 @@ def _private_maps(skip: bool, say: Callable[[str], None]) -> Iterator[MapSource]
 
 
 # Note [Figures from one run and from two]
-# Occupancy, the share of a run's wall time the forward was busy, is measured within
-# one run: whatever else the machine runs, it cannot pass 100%, and an overlap that
-# hides all the scheduler's work keeps a forward-bound run's forward busy nearly all
-# the time. So it is the headline, with its range over the runs. Speedup, ideal and
-# efficiency each compare two runs, a sync one and an overlap one after it: another
-# process's load or the machine's drift slows one more than the other (and a busy CPU
-# may favour the overlap loop's two threads over the sync loop's one), so a pair can
-# beat its ideal. They are shown as measured, with their range, and a pair
-# above its ideal is marked and listed with its numbers, never capped.
+# Every figure of a row comes from the same totals: each loop's tokens, wall time and
+# forward busy time summed over its timed runs. So the speedup is exactly the ratio
+# of the two tok/s columns, the ideal is that of the summed sync runs, and the
+# occupancy is the forward's busy share of the summed runs of one loop. Occupancy,
+# measured within one loop's runs, cannot pass 100% whatever else the machine runs:
+# it is the headline. Speedup, ideal and efficiency compare two loops that ran at
+# different times: another process's load or the machine's drift slows one more
+# than the other (a busy CPU may favour the overlap loop's two threads over the
+# sync loop's one, or starve them), so a mode can beat its ideal or lose to the
+# synchronous loop. Then a note below the table says so, with the CPU time other
+# processes used during each loop's runs as measured (relay.cli.machine); nothing is
+# capped or waved off. The single runs' spread is in --wide and --json.
 
 
 @attrs.frozen
@@ -422,10 +472,43 @@ class ModeResult:
     overlap: tuple[RunResult, ...]
     #: The single-rank overlap run, when ranks > 1 (its outputs must match the ranks').
     single: RunResult | None = None
+    #: Other processes' CPU use during each run (``relay.cli.machine``), if measured.
+    sync_loads: tuple[Load, ...] = ()
+    overlap_loads: tuple[Load, ...] = ()
+
+    @property
+    def sync_total(self) -> RunResult:
+        """The sync runs as one: tokens, wall and busy time summed."""
+        return _summed(self.sync)
+
+    @property
+    def overlap_total(self) -> RunResult:
+        """The overlap runs as one: tokens, wall and busy time summed."""
+        return _summed(self.overlap)
+
+    @property
+    def speedup(self) -> float:
+        """Overlap over sync throughput, both from their totals."""
+        sync = self.sync_total.tokens_per_second
+        return self.overlap_total.tokens_per_second / sync if sync else 0.0
+
+    @property
+    def ideal(self) -> float:
+        """The ideal speedup of the summed sync runs."""
+        from relay.engine.engine import ideal_speedup
+
+        return ideal_speedup(self.sync_total)
+
+    @property
+    def efficiency(self) -> float:
+        """Measured over ideal speedup: the share of what overlap could hide that it
+        hid, above 1.0 only when the loops ran at different speeds (Note [Figures from
+        one run and from two])."""
+        return self.speedup / self.ideal
 
     @property
     def speedups(self) -> list[float]:
-        """Overlap / sync throughput of each back-to-back pair."""
+        """Overlap / sync throughput of each back-to-back pair (their spread)."""
         return [
             o.tokens_per_second / s.tokens_per_second
             for s, o in zip(self.sync, self.overlap)
@@ -440,9 +523,7 @@ class ModeResult:
 
     @property
     def efficiencies(self) -> list[float]:
-        """Each pair's measured / ideal speedup: the share of what overlap could hide
-        that it hid, above 1.0 only when the two runs ran at different speeds (Note
-        [Figures from one run and from two])."""
+        """Each pair's measured / ideal speedup."""
         return [m / i for m, i in zip(self.speedups, self.ideals)]
 
     @property
@@ -469,15 +550,174 @@ class ModeResult:
         )
 
 
+def _summed(runs: Sequence[RunResult]) -> RunResult:
+    """``runs`` as one run: tokens, wall time and forward busy time summed."""
+    return attrs.evolve(
+        runs[0],
+        generated_tokens=sum(r.generated_tokens for r in runs),
+        wall_seconds=sum(r.wall_seconds for r in runs),
+        forward_busy_seconds=sum(r.forward_busy_seconds for r in runs),
+    )
+
+
+#: The table's columns: (header, shown without --wide). Headers are two words at most
+#: per line, so that the default table fits in 80 columns.
+_COLUMNS = (
+    ("mode", True),
+    ("occupancy\noverlap", True),
+    ("occupancy\nsync", False),
+    ("tok/s\nsync", True),
+    ("tok/s\noverlap", True),
+    ("speedup", True),
+    ("pairs\nrange", False),
+    ("ideal", True),
+    ("efficiency", False),
+    ("other CPU\nsync", False),
+    ("other CPU\noverlap", False),
+    ("accept\nlength", True),
+    ("retracted", False),
+    ("aborted", False),
+    ("chunks", False),
+    ("prebuilt", False),
+    ("outputs\nidentical", True),
+)
+_RANKS_COLUMN = ("1 rank\nagrees", True)
+
+
+def _cores_used(load: Load | None) -> str:
+    """Other processes' CPU use as a cell: ``1.4 cores``, or ``-`` where unknown."""
+    used = None if load is None else load.others_cores
+    return "-" if used is None else f"{used:.1f} cores"
+
+
+def _cells(row: ModeResult, ranks: int) -> dict[str, str]:
+    """Every column's cell of ``row`` (Note [Figures from one run and from two])."""
+    sync, overlap = row.sync_total, row.overlap_total
+    first = row.sync[0]
+    mark = "*" if row.speedup > row.ideal else "!" if row.speedup < 1 else ""
+    cells = {
+        "mode": row.mode,
+        "occupancy\noverlap": f"{overlap.occupancy:.1%}",
+        "occupancy\nsync": f"{sync.occupancy:.1%}",
+        "tok/s\nsync": f"{sync.tokens_per_second:,.0f}",
+        "tok/s\noverlap": f"{overlap.tokens_per_second:,.0f}",
+        "speedup": f"{row.speedup:.2f}x{mark}",
+        "pairs\nrange": _range(row.speedups, ".2f", "x"),
+        "ideal": f"{row.ideal:.2f}x",
+        "efficiency": f"{row.efficiency:.0%}",
+        "other CPU\nsync": _cores_used(pooled(row.sync_loads)),
+        "other CPU\noverlap": _cores_used(pooled(row.overlap_loads)),
+        "accept\nlength": f"{row.overlap[0].accept_length:.2f}"
+        if row.mode != "decode"
+        else "-",
+        "retracted": str(first.retractions),
+        "aborted": str(first.aborts),
+        "chunks": str(first.chunks),
+        "prebuilt": str(first.prebuilt),
+        "outputs\nidentical": "yes" if row.identical else "NO",
+    }
+    if ranks > 1:
+        cells[_RANKS_COLUMN[0]] = "yes" if row.ranks_agree else "NO"
+    return cells
+
+
+def _range(values: Sequence[float], spec: str, unit: str) -> str:
+    """The lowest and highest of the runs: ``1.12-1.35x``, one figure where they agree."""
+    low, high = (f"{v:{spec}}" for v in (min(values), max(values)))
+    return f"{low}{unit}" if low == high else f"{low}-{high}{unit}"
+
+
+def _machine_words(row: ModeResult) -> str:
+    """What other processes did during the mode's runs, as measured."""
+    sync, overlap = pooled(row.sync_loads), pooled(row.overlap_loads)
+    if sync is None or overlap is None or None in (sync.others, overlap.others):
+        return "this system does not report other processes' CPU time"
+    words = (
+        f"other processes used {sync.others_cores:.1f} of this machine's "
+        f"{cores()} cores during the sync runs and {overlap.others_cores:.1f} during "
+        "the overlap runs"
+    )
+    stolen = max(sync.stolen_cores or 0.0, overlap.stolen_cores or 0.0)
+    if stolen >= 0.05:
+        words += f", and the host took up to {stolen:.1f} cores from this machine"
+    if overlap.load_average is not None:
+        words += f" (load average {overlap.load_average:.1f})"
+    return words
+
+
+def _notes(rows: Sequence[ModeResult], threads: int) -> list[str]:
+    """A line for each mode whose overlap beat its ideal (``*``) or lost to the
+    synchronous loop (``!``), with the machine's load as measured."""
+    notes = []
+    for row in rows:
+        speed = f"{row.speedup:.2f}x against an ideal of {row.ideal:.2f}x"
+        if row.speedup > row.ideal:
+            notes.append(
+                f"* {row.mode}: {speed}. Speedup and ideal compare loops run at "
+                f"different times, which other load slowed unequally: "
+                f"{_machine_words(row)}.{_why_faster(row, threads)} Occupancy, "
+                "measured within a loop's runs, cannot pass 100%."
+            )
+        elif row.speedup < 1:
+            notes.append(
+                f"! {row.mode}: overlap was slower than sync, {speed}: "
+                f"{_machine_words(row)}. {_why_slower(row, threads)}"
+            )
+    return notes
+
+
+def _short_of_cores(used: float, threads: int) -> bool:
+    """Whether other processes' use left the overlap loop's threads short of a core
+    each, by half a core or more (a tenth of a core busy elsewhere is no shortage)."""
+    return cores() - used <= threads - 0.5
+
+
+def _why_faster(row: ModeResult, threads: int) -> str:
+    """What a busy machine does for the overlap loop, where it was busy; else ``""``."""
+    sync = pooled(row.sync_loads)
+    used = None if sync is None else sync.others_cores
+    if used is None or threads < 2 or not _short_of_cores(used, threads):
+        return ""
+    return (
+        f" With fewer cores free than the overlap loop's {threads} threads, the "
+        "operating system may also give them a larger share of the CPU than the "
+        "synchronous loop's one thread."
+    )
+
+
+def _why_slower(row: ModeResult, threads: int) -> str:
+    """Whether the machine's measured load explains an overlap slower than sync."""
+    overlap = pooled(row.overlap_loads)
+    used = None if overlap is None else overlap.others_cores
+    hidden = 1 - 1 / row.ideal
+    if used is None:
+        return ""
+    free = cores() - used
+    if _short_of_cores(used, threads):
+        return (
+            f"The overlap loop runs its scheduler and its forward at once, on {threads} "
+            f"threads; with about {max(free, 0):.1f} cores free they took turns, and "
+            "overlap only added the cost of handing work between them."
+        )
+    return (
+        f"About {free:.1f} cores were free, enough for the overlap loop's {threads} "
+        "threads, so the machine's load does not explain it: overlap's own costs "
+        f"outweighed the {hidden:.0%} of a sync step it can hide."
+    )
+
+
 class _Reporter:
     """Progress and results: rich on a terminal (a live bar with an ETA), plain lines
     otherwise; nothing but the table and the verdict with ``-q``."""
 
-    def __init__(self, quiet: bool) -> None:
+    def __init__(
+        self, quiet: bool, wide: bool = False, console: Console | None = None
+    ) -> None:
         from relay.cli import rich_console
 
         self.quiet = quiet
-        self.console: Console = rich_console()
+        self.wide = wide
+        self.console: Console = console or rich_console()
         self.live = self.console.is_terminal and not quiet
         self.progress: Progress | None = None
         self.task: TaskID | None = None
@@ -525,16 +765,24 @@ class _Reporter:
         progress.update(task, description=label)
         return lambda done, total: progress.update(task, completed=before + done)
 
-    def run_finished(self, label: str, result: RunResult, requests: int) -> None:
+    def run_finished(
+        self, label: str, result: RunResult, requests: int, load: Load | None
+    ) -> None:
         self.done += requests
         if self.progress is not None and self.task is not None:
             self.progress.update(self.task, completed=self.done)
+        used = None if load is None else load.others_cores
+        elsewhere = "" if used is None else f", other processes {used:.1f} cores"
         self.say(
             f"   {label:<22} {result.wall_seconds:5.1f} s, "
             f"{result.tokens_per_second:7.0f} tok/s, occupancy {result.occupancy:6.1%}"
+            + elsewhere
         )
 
-    def table(self, rows: Sequence[ModeResult], ranks: int) -> None:
+    def table(self, rows: Sequence[ModeResult], ranks: int, threads: int = 2) -> None:
+        """The results, one row per mode, and a note for each mode whose speedup
+        passed its ideal or fell below 1.0x; ``threads``: how many the overlap loop
+        runs at once."""
         from rich import box
         from rich.table import Table
 
@@ -544,57 +792,24 @@ class _Reporter:
             box=box.SIMPLE_HEAD if self.console.is_terminal else plain,
             show_edge=False,
             pad_edge=False,
+            # Two blanks between columns, not three: the default table fits 80.
+            collapse_padding=True,
         )
-        # The headline first: occupancy (Note [Figures from one run and from two]).
-        columns = "mode,occupancy overlap,occupancy sync,sync tok/s,overlap tok/s"
-        columns += ",speedup,ideal,efficiency,accept len,retracted,aborted,chunks"
-        columns += ",prebuilt,identical" + (f",{ranks} ranks = 1 rank" * (ranks > 1))
-        for name in columns.split(","):
+        columns = [*_COLUMNS, *([_RANKS_COLUMN] if ranks > 1 else [])]
+        names = [name for name, default in columns if default or self.wide]
+        for name in names:
             table.add_column(
                 name, justify="left" if name == "mode" else "right", no_wrap=True
             )
-        above = []
         for row in rows:
-            first, pairs = row.sync[0], zip(row.efficiencies, row.speedups, row.ideals)
-            above += [
-                f"{row.mode} {e:.0%} ({m:.2f}x against {i:.2f}x)"
-                for e, m, i in pairs
-                if e > 1
-            ]
-            cells = [
-                row.mode,
-                _spread([o.occupancy for o in row.overlap], ".1f", "%"),
-                _spread([s.occupancy for s in row.sync], ".1f", "%"),
-                f"{statistics.median(s.tokens_per_second for s in row.sync):.0f}",
-                f"{statistics.median(o.tokens_per_second for o in row.overlap):.0f}",
-                _spread(row.speedups, ".2f", "x"),
-                _spread(row.ideals, ".2f", "x"),
-                _spread(row.efficiencies, ".0f", "%")
-                + "*" * (max(row.efficiencies) > 1),
-                f"{row.overlap[0].accept_length:.2f}" if row.mode != "decode" else "-",
-                str(first.retractions),
-                str(first.aborts),
-                str(first.chunks),
-                str(first.prebuilt),
-                "yes" if row.identical else "NO",
-            ]
-            if ranks > 1:
-                cells.append("yes" if row.ranks_agree else "NO")
-            table.add_row(*cells)
-        if not self.console.is_terminal:
+            cells = _cells(row, ranks)
+            table.add_row(*(cells[name] for name in names))
+        if self.wide and not self.console.is_terminal:
             # Off a terminal nothing folds: a log or a pipe keeps one line per mode.
             self.console.width = max(self.console.width, 200)
         self.console.print(table)
-        if above:
-            # Note [Figures from one run and from two]
-            self.console.print(
-                f"* pairs above their ideal: {', '.join(above)}. Speedup and ideal "
-                "come from two runs, which other load on the machine or its drift "
-                "slowed unequally; occupancy, from one run, cannot pass 100%",
-                highlight=False,
-                markup=False,
-                soft_wrap=True,
-            )
+        for note in _notes(rows, threads):
+            self.console.print(note, highlight=False, markup=False)
 
     def verdict(self, line: str) -> None:
         self.console.print(line, highlight=False, markup=False)
@@ -614,28 +829,22 @@ def _scheduling(config: EngineConfig) -> str:
     return ", ".join(parts)
 
 
-def _spread(values: Sequence[float], spec: str, unit: str) -> str:
-    """The median and, where the runs differ, their range: ``1.18x (1.12-1.35)``."""
-    scale = 100 if unit == "%" else 1
-    figures = statistics.median(values), min(values), max(values)
-    median, low, high = (f"{v * scale:{spec}}" for v in figures)
-    return f"{median}{unit}" if low == high else f"{median}{unit} ({low}-{high})"
-
-
 def _run_one(
     config: EngineConfig, label: str, ranks: int, report: _Reporter
-) -> RunResult:
+) -> tuple[RunResult, Load | None]:
     from relay.engine import run_workload
 
     progress = report.run_started(label)
-    if ranks > 1:
-        from relay.engine.parallel import run_data_parallel
+    meter = Meter()
+    with meter:
+        if ranks > 1:
+            from relay.engine.parallel import run_data_parallel
 
-        result, _ = run_data_parallel(config, ranks)
-    else:
-        result = run_workload(config, progress=progress)
-    report.run_finished(label, result, config.workload.requests)
-    return result
+            result, _ = run_data_parallel(config, ranks)
+        else:
+            result = run_workload(config, progress=progress)
+    report.run_finished(label, result, config.workload.requests, meter.load)
+    return result, meter.load
 
 
 def _run_mode(
@@ -648,30 +857,37 @@ def _run_mode(
         # measured 15-30% here), which would flatter whichever run comes second.
         # Ranks run in fresh processes every time, equally cold in both modes.
         _run_one(sync_config, f"{mode} warm-up", 1, report)
-    sync: list[RunResult] = []
-    overlap: list[RunResult] = []
+    runs: dict[str, list[tuple[RunResult, Load | None]]] = {"sync": [], "overlap": []}
     for i in range(repeat):
         # Alternate which loop goes first, so a machine slowly speeding up or slowing
         # down does not favour one of them.
-        order = [("sync", sync_config, sync), ("overlap", overlap_config, overlap)]
-        for name, run_config, results in order if i % 2 == 0 else order[::-1]:
-            results.append(
-                _run_one(run_config, f"{mode} {name} {i + 1}/{repeat}", ranks, report)
-            )
+        order = [("sync", sync_config), ("overlap", overlap_config)]
+        for name, run_config in order if i % 2 == 0 else order[::-1]:
+            label = f"{mode} {name} {i + 1}/{repeat}"
+            runs[name].append(_run_one(run_config, label, ranks, report))
     single = None
     if ranks > 1:
-        single = _run_one(overlap_config, f"{mode} overlap, 1 rank", 1, report)
-    return ModeResult(mode, tuple(sync), tuple(overlap), single)
+        single, _ = _run_one(overlap_config, f"{mode} overlap, 1 rank", 1, report)
+    sync, overlap = runs["sync"], runs["overlap"]
+    return ModeResult(
+        mode,
+        tuple(r for r, _ in sync),
+        tuple(r for r, _ in overlap),
+        single,
+        tuple(x for _, x in sync if x is not None),
+        tuple(x for _, x in overlap if x is not None),
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the demo; the exit status (module doc)."""
     started = time.perf_counter()
-    report = _Reporter(args.quiet)
+    report = _Reporter(args.quiet, args.wide)
     try:
-        # Before any work: exit 2 at once.
-        resolve_device(args.device, args.ranks)
+        # Before any work: exit 2 at once, and without torch where it can.
+        check_device_name(args.device)
         _check_outputs(args)
+        resolve_device(args.device, args.ranks)
         with _private_maps(args.no_generate, report.say) as source:
             base = config_from_args(args, source)
             report.say("2. import the generated maps")
@@ -680,7 +896,12 @@ def run(args: argparse.Namespace) -> int:
             rows = _run_all(args, base, report)
             if not args.quiet:
                 report.say("")
-            report.table(rows, args.ranks)
+            # The CPU overlap loop's forward worker runs beside the scheduler thread.
+            cpu = base.device == "cpu"
+            report.table(rows, args.ranks, args.threads + 1 if cpu else 1)
+            if args.json is not None:
+                _write_json(args.json, args, base, rows)
+                report.say(f"   wrote every figure to {args.json}")
             if args.trace is not None or args.plot is not None:
                 _trace_and_plot(args, base, report)
     except UsageError as error:
@@ -703,11 +924,14 @@ def run(args: argparse.Namespace) -> int:
 def _check_outputs(args: argparse.Namespace) -> None:
     """``UsageError`` for a --trace or --plot the demo could not write, before any run
     (and before anything is written)."""
-    for flag, path in (("--trace", args.trace), ("--plot", args.plot)):
-        if path is not None:
-            _check_writable(flag, path)
-    if args.trace is not None and args.trace == args.plot:
-        raise UsageError(f"--trace and --plot both name {args.trace}; name two files")
+    outputs = [("--trace", args.trace), ("--plot", args.plot), ("--json", args.json)]
+    named = [(flag, path) for flag, path in outputs if path is not None]
+    for flag, path in named:
+        _check_writable(flag, path)
+    for i, (flag, path) in enumerate(named):
+        for other, same in named[i + 1 :]:
+            if path == same:
+                raise UsageError(f"{flag} and {other} both name {path}; name two files")
     if args.plot is None:
         return
     if args.plot.suffix.lower() not in PLOT_SUFFIXES:
@@ -715,10 +939,9 @@ def _check_outputs(args: argparse.Namespace) -> None:
             f"--plot {args.plot}: the picture's name must end in "
             + ", ".join(PLOT_SUFFIXES)
         )
-    from relay.cli import plot
-
-    if not plot.available():
-        raise UsageError(plot.MISSING)
+    # Not through relay.cli.plot, which imports torch.
+    if importlib.util.find_spec("matplotlib") is None:
+        raise UsageError(PLOT_MISSING)
 
 
 def _check_writable(flag: str, path: Path) -> None:
@@ -741,6 +964,74 @@ def _check_writable(flag: str, path: Path) -> None:
     os.unlink(probe)
 
 
+def _write_json(
+    path: Path, args: argparse.Namespace, base: EngineConfig, rows: Sequence[ModeResult]
+) -> None:
+    """Every figure of the table, and each timed run's, as JSON (``--json``)."""
+    flags = {
+        k: str(v) if isinstance(v, Path) else v
+        for k, v in sorted(vars(args).items())
+        if k != "command"
+    }
+    data = {
+        "flags": flags,
+        "device": base.device,
+        "cores": cores(),
+        "modes": [_mode_json(row) for row in rows],
+    }
+    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+
+
+def _mode_json(row: ModeResult) -> dict[str, object]:
+    """One mode's figures (Note [Figures from one run and from two]) and runs."""
+    sync, overlap = row.sync_total, row.overlap_total
+    first = row.sync[0]
+
+    def run(loop: str, result: RunResult, load: Load | None) -> dict[str, object]:
+        return {
+            "loop": loop,
+            "wall_seconds": result.wall_seconds,
+            "forward_busy_seconds": result.forward_busy_seconds,
+            "generated_tokens": result.generated_tokens,
+            "tokens_per_second": result.tokens_per_second,
+            "occupancy": result.occupancy,
+            "other_processes_cores": None if load is None else load.others_cores,
+            "stolen_cores": None if load is None else load.stolen_cores,
+            "load_average": None if load is None else load.load_average,
+        }
+
+    def loads(found: tuple[Load, ...], n: int) -> list[Load | None]:
+        return list(found) if len(found) == n else [None] * n
+
+    runs = [
+        run(loop, result, load)
+        for loop, results, found in (
+            ("sync", row.sync, row.sync_loads),
+            ("overlap", row.overlap, row.overlap_loads),
+        )
+        for result, load in zip(results, loads(found, len(results)))
+    ]
+    return {
+        "mode": row.mode,
+        "sync_tokens_per_second": sync.tokens_per_second,
+        "overlap_tokens_per_second": overlap.tokens_per_second,
+        "speedup": row.speedup,
+        "ideal": row.ideal,
+        "efficiency": row.efficiency,
+        "pair_speedups": row.speedups,
+        "occupancy_overlap": overlap.occupancy,
+        "occupancy_sync": sync.occupancy,
+        "accept_length": row.overlap[0].accept_length if row.mode != "decode" else None,
+        "retracted": first.retractions,
+        "aborted": first.aborts,
+        "chunks": first.chunks,
+        "prebuilt": first.prebuilt,
+        "identical": row.identical,
+        "ranks_agree": row.ranks_agree,
+        "runs": runs,
+    }
+
+
 def _trace_and_plot(
     args: argparse.Namespace, base: EngineConfig, report: _Reporter
 ) -> None:
@@ -759,13 +1050,18 @@ def _trace_and_plot(
         f"4. trace each loop once more on the first {requests} requests"
         + (" (one rank)" if args.ranks > 1 else "")
     )
+    loads: dict[str, Load] = {}
     with tempfile.TemporaryDirectory(prefix="relay-trace-") as folder:
         path = args.trace if args.trace is not None else Path(folder, "trace.json")
         with trace.record(path, base.device):
             for mode in modes:
                 spec = _spec_for(mode, args)
                 for overlap in (False, True):
-                    run_workload(attrs.evolve(traced, spec=spec, overlap=overlap))
+                    meter = Meter()
+                    with meter:
+                        run_workload(attrs.evolve(traced, spec=spec, overlap=overlap))
+                    if meter.load is not None:
+                        loads[f"{mode} {'overlap' if overlap else 'sync'}"] = meter.load
         if args.trace is not None:
             size = path.stat().st_size / 1e6
             report.say(
@@ -775,7 +1071,12 @@ def _trace_and_plot(
         if args.plot is not None:
             from relay.cli import plot
 
-            plot.timeline(trace.load(path), args.plot, modes)
+            machine = {
+                run: f"other processes {load.others_cores:.1f} of {cores()} cores"
+                for run, load in loads.items()
+                if load.others_cores is not None
+            }
+            plot.timeline(trace.load(path), args.plot, modes, machine)
             report.say(f"   wrote the timeline {args.plot}")
 
 

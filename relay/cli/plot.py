@@ -9,20 +9,14 @@ overlap hides. The relay calls inside each forward are marked and named on it.
 
 from __future__ import annotations
 
-import importlib.util
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from relay.engine import trace
 from relay.engine.trace import Span, Trace
 
-__all__ = ["MISSING", "STEPS", "available", "timeline"]
-
-MISSING = (
-    "--plot needs matplotlib, which is not installed: "
-    "pip install 'relay-futuremap[plot]' (or pip install matplotlib)"
-)
+__all__ = ["STEPS", "timeline"]
 
 #: Consecutive decode steps a panel shows.
 STEPS = 4
@@ -47,11 +41,6 @@ _RELAY_CALLS = {
     trace.PUBLISH: ("#CCB974", "publish"),
     trace.STASH: ("#64B5CD", "stash"),
 }
-
-
-def available() -> bool:
-    """Whether matplotlib can be imported."""
-    return importlib.util.find_spec("matplotlib") is not None
 
 
 def _window(sync: Trace, overlap: Trace) -> list[int]:
@@ -102,8 +91,15 @@ def _rows(spans: Sequence[Span]) -> list[str]:
     return rows + sorted(r for r in found if r.startswith(_STREAM))
 
 
-def timeline(data: Trace, path: Path, modes: Sequence[str]) -> None:
-    """Draw ``modes``' traced runs (sync above overlap) into the picture ``path``."""
+def timeline(
+    data: Trace,
+    path: Path,
+    modes: Sequence[str],
+    machine: Mapping[str, str] | None = None,
+) -> None:
+    """Draw ``modes``' traced runs (sync above overlap) into the picture ``path``;
+    ``machine``: what else the machine did during each run (``"decode sync"``), added
+    to its panel's title."""
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 
@@ -115,6 +111,7 @@ def timeline(data: Trace, path: Path, modes: Sequence[str]) -> None:
         for loop, run in (("sync", sync), ("overlap", overlap)):
             spans, start, end = _panel_spans(run, steps)
             panels.append((f"{mode}, {loop}", spans, start, end, steps))
+    machine = machine or {}
     # One time scale per mode, sync and overlap alike: the shorter panel is faster.
     mode_width = {
         mode: max(end - start for t, _, start, end, _ in panels if t.startswith(mode))
@@ -131,7 +128,8 @@ def timeline(data: Trace, path: Path, modes: Sequence[str]) -> None:
     )[:, 0]
     for axes, (title, spans, start, end, steps) in zip(axes_list, panels):
         width_ms = mode_width[title.split(",")[0]]
-        _draw_panel(axes, title, spans, start, end, steps, width_ms)
+        during = machine.get(title.replace(",", ""))
+        _draw_panel(axes, title, spans, start, end, steps, width_ms, during)
         axes.set_xlim(0, width_ms * 1.01)
     axes_list[-1].set_xlabel(
         "ms from the start of the first step's forward; numbers above the "
@@ -157,8 +155,9 @@ def _draw_panel(
     end: float,
     steps: list[int],
     width_ms: float,
+    during: str | None = None,
 ) -> None:
-    y_of = _frame(axes, title, _rows(spans), (end - start) / 1000.0, steps)
+    y_of = _frame(axes, title, _rows(spans), (end - start) / 1000.0, steps, during)
     named_calls: set[str] = set()
     for span in spans:
         row = _row_of(span)
@@ -181,12 +180,19 @@ def _draw_panel(
 
 
 def _frame(
-    axes: Any, title: str, rows: list[str], ms: float, steps: list[int]
+    axes: Any,
+    title: str,
+    rows: list[str],
+    ms: float,
+    steps: list[int],
+    during: str | None,
 ) -> dict[str, int]:
-    """The panel's title, row labels and spines; the y of each row, top to bottom."""
+    """The panel's title (with what else the machine did during the run, ``during``),
+    row labels and spines; the y of each row, top to bottom."""
     y_of = {row: len(rows) - 1 - i for i, row in enumerate(rows)}
     axes.set_title(
-        f"{title}: steps {steps[0]}-{steps[-1]} in {ms:.1f} ms",
+        f"{title}: steps {steps[0]}-{steps[-1]} in {ms:.1f} ms"
+        + ("" if during is None else f"; during the run, {during}"),
         loc="left",
         fontsize=10,
         fontweight="bold",

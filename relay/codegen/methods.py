@@ -15,8 +15,9 @@ from collections.abc import Sequence
 
 import attrs
 
-from relay.codegen import naming
 from relay.codegen.layout import PackedGroup
+from relay.codegen.literals import join, plus, string_literal
+from relay.codegen.naming import Names
 from relay.schema import (
     Alloc,
     Field,
@@ -38,22 +39,17 @@ __all__ = [
 ]
 
 
-def join(opener: str, args: Sequence[str], closer: str = ")") -> str:
-    """``opener`` + the arguments + ``closer`` on one line: the formatter lays it out."""
-    return opener + ", ".join(args) + closer
-
-
 def _indent(lines: Sequence[str]) -> list[str]:
     return ["    " + line for line in lines]
 
 
 def _names(names: Sequence[str]) -> str:
-    literals = [naming.string_literal(name) for name in names]
+    literals = [string_literal(name) for name in names]
     return join("(", literals, ",)" if len(literals) == 1 else ")")
 
 
-def _buf(f: Field) -> str:
-    return f"self.{naming.buffer(f)}"
+def _buf(names: Names, f: Field) -> str:
+    return f"self.{names.buffer[f.name]}"
 
 
 def _lazy(f: Field) -> bool:
@@ -77,30 +73,37 @@ def _test(schema: Schema, f: Field, v: str) -> str:
     return f"{helper}(state, {schema.fields.index(f)}, {v}, index_shape)"
 
 
-def _write(schema: Schema, f: Field, v: str) -> list[str]:
+def _write(names: Names, schema: Schema, f: Field, v: str) -> list[str]:
     """The common case's write of ``f``'s value ``v``: one statement (Note [One body] in
     runtime.py)."""
     if f.optional and f.kept:  # left out, the rows and the flag stay
         flag = _carried(schema, f, "state")
-        return [f"{flag} = _rt.write_kept({_buf(f)}, indices, {v}, {flag})"]
+        return [f"{flag} = _rt.write_kept({_buf(names, f)}, indices, {v}, {flag})"]
     if f.optional:
         flag = _carried(schema, f, "state")
-        return [f"{flag} = _rt.write_optional({_buf(f)}, indices, {v})"]
+        return [f"{flag} = _rt.write_optional({_buf(names, f)}, indices, {v})"]
     if _lazy(f):  # the gate saw the buffer made; the helper narrows its type
-        return [f"_rt.write_optional({_buf(f)}, indices, {v})"]
+        return [f"_rt.write_optional({_buf(names, f)}, indices, {v})"]
     if f.graph_written:  # None: the graph wrote the rows (Note [Left to others])
-        return [f"if {v} is not None:", f"    {_buf(f)}.index_copy_(0, indices, {v})"]
-    return [f"{_buf(f)}.index_copy_(0, indices, {v})"]
+        return [
+            f"if {v} is not None:",
+            f"    {_buf(names, f)}.index_copy_(0, indices, {v})",
+        ]
+    return [f"{_buf(names, f)}.index_copy_(0, indices, {v})"]
 
 
-def write(schema: Schema, op: str, fields: Sequence[Field], checked: str) -> list[str]:
+def write(
+    names: Names, schema: Schema, op: str, fields: Sequence[Field], checked: str
+) -> list[str]:
     """``stash`` or ``publish``: the gate, the writes, else ``checked`` (the call of
     the runtime's checked path). The gate's tests decide; nothing is caught (Note [One
     body] in runtime.py)."""
     # publish and stash_partial take their values as such
     prefix = "payload." if op in ("stash", "seed") else ""
     values = [f"{prefix}{f.payload_name}" for f in fields]
-    writes = [line for f, v in zip(fields, values) for line in _write(schema, f, v)]
+    writes = [
+        line for f, v in zip(fields, values) for line in _write(names, schema, f, v)
+    ]
     if op == "publish":
         writes.append("state.fence.record()")
     tests = [_test(schema, f, v) for f, v in zip(fields, values)]
@@ -121,7 +124,7 @@ def write(schema: Schema, op: str, fields: Sequence[Field], checked: str) -> lis
 # help in relay/runtime.py, its meaning in relay/testing/model.py.
 
 
-def resolve_doc(f: Field) -> str:
+def resolve_doc(names: Names, f: Field) -> str:
     """The resolve doc string's line for ``f``'s target."""
     later = " (when the latest write carried it, else ``None``)" if f.optional else ""
     scatter = f.scatter
@@ -134,19 +137,19 @@ def resolve_doc(f: Field) -> str:
         )
         return (
             f"- ``batch.{f.target}``: from each row's ``batch.{scatter.offsets}``"
-            f"{after}, ``{naming.buffer(f)}[indices]``{count}."
+            f"{after}, ``{names.buffer[f.name]}[indices]``{count}."
         )
     if scatter is not None:
         return (
             f"- ``batch.{f.target}``: from each row's ``batch.{scatter.offsets}``, "
-            f"``{naming.buffer(f)}[indices]``."
+            f"``{names.buffer[f.name]}[indices]``."
         )
     if f.resolve is Resolve.PLACEHOLDER:
         return (
             f"- ``batch.{f.target}``: each placeholder ``-slot`` becomes "
-            f"``{naming.buffer(f)}[slot]``{later}."
+            f"``{names.buffer[f.name]}[slot]``{later}."
         )
-    return f"- ``batch.{f.target} = {naming.buffer(f)}[indices]{_flat(f)}``{later}."
+    return f"- ``batch.{f.target} = {names.buffer[f.name]}[indices]{_flat(f)}``{later}."
 
 
 @attrs.frozen
@@ -158,12 +161,15 @@ class Fused:
     member_of: dict[str, PackedGroup]
 
 
-def _stashed(schema: Schema, f: Field) -> list[str]:
+def _stashed(names: Names, schema: Schema, f: Field) -> list[str]:
     """A required lazy field read before its first stash has no buffer to read."""
     if not _lazy(f) or f.optional:
         return []
-    owner, name = (naming.string_literal(s) for s in (schema.name, f.name))
-    return [f"if {_buf(f)} is None:", f"    raise _rt.never_stashed({owner}, {name})"]
+    owner, name = names.literal, names.field_literal[f.name]
+    return [
+        f"if {_buf(names, f)} is None:",
+        f"    raise _rt.never_stashed({owner}, {name})",
+    ]
 
 
 def _flat(f: Field) -> str:
@@ -171,7 +177,7 @@ def _flat(f: Field) -> str:
 
 
 def _gather_read(
-    schema: Schema, f: Field, target: str, gate: str | None = None
+    names: Names, schema: Schema, f: Field, target: str, gate: str | None = None
 ) -> list[str]:
     """Hand ``f``'s rows at ``indices`` to ``target`` (not for packed fields); ``gate``
     spells ``f``'s gate."""
@@ -180,41 +186,43 @@ def _gather_read(
         if gate is not None:  # the batch says whether its rows hold the field
             flag = f"{flag} and bool({gate})"
         flat = ", flat=True" if _flat(f) else ""
-        return [f"{target} = _rt.gather_optional({_buf(f)}, {flag}, indices{flat})"]
-    gather = f"{_buf(f)}.index_select(0, indices){_flat(f)}"
-    return [*_stashed(schema, f), f"{target} = {gather}"]
+        return [
+            f"{target} = _rt.gather_optional({_buf(names, f)}, {flag}, indices{flat})"
+        ]
+    gather = f"{_buf(names, f)}.index_select(0, indices){_flat(f)}"
+    return [*_stashed(names, schema, f), f"{target} = {gather}"]
 
 
-def _placeholder_read(f: Field, target: str) -> list[str]:
-    at, pending, rows = naming.placeholder_locals(f)
-    value = naming.value_local(f)
+def _placeholder_read(names: Names, f: Field, target: str) -> list[str]:
+    at, pending, rows = names.placeholder[f.name]
+    value = names.value[f.name]
     return [
         f"{at} = {target}",
         f"{pending} = {at} < 0",
         f"{rows} = {at}.neg().clamp(min=0)",
-        f"{value} = {_buf(f)}.index_select(0, {rows})",
+        f"{value} = {_buf(names, f)}.index_select(0, {rows})",
         f"{at}.copy_(torch.where({pending}, {value}, {at}))",
     ]
 
 
-def _scatter_read(schema: Schema, f: Field, target: str) -> list[str]:
+def _scatter_read(names: Names, schema: Schema, f: Field, target: str) -> list[str]:
     """Rows at ``indices`` into flat ``target`` from each request's start offset: one
     gather, the checked positions (Note [Scatter destinations] in runtime.py), one
     scatter. A counted field, or several fields into one target, is one span."""
     span = _span(schema, f)
     if span:
         last = max(span, key=schema.fields.index)
-        return _span_read(schema, span, target) if f is last else []
+        return _span_read(names, schema, span, target) if f is last else []
     i = schema.fields.index(f)
-    rows = naming.value_local(f)
+    rows = names.value[f.name]
     flat = ".flatten()" if f.shape else ""
     assert f.scatter is not None
     offsets = f.scatter.offsets
     args = ["self._state", str(i), f"batch.{offsets}", "indices", target]
     at = join("_rt.scatter_at(", [*args, *_owners(schema)])
     return [
-        *_stashed(schema, f),
-        f"{rows} = {_buf(f)}.index_select(0, indices){flat}",
+        *_stashed(names, schema, f),
+        f"{rows} = {_buf(names, f)}.index_select(0, indices){flat}",
         f"{target}.index_copy_(0, {at}, {rows})",
     ]
 
@@ -257,12 +265,14 @@ def _span(schema: Schema, f: Field) -> list[Field]:
     return order
 
 
-def _span_read(schema: Schema, span: Sequence[Field], target: str) -> list[str]:
+def _span_read(
+    names: Names, schema: Schema, span: Sequence[Field], target: str
+) -> list[str]:
     """Every field of one span: each gathered, then one checked scatter of them all
     (Note [Counted scatters] in runtime.py)."""
     scatters = [g.scatter for g in span if g.scatter is not None]
     positions = [str(schema.fields.index(g)) for g in span]
-    locals_ = [naming.value_local(g) for g in span]
+    locals_ = [names.value[g.name] for g in span]
     counts = [
         f"batch.{s.lengths or s.when}" if s.lengths or s.when else "None"
         for s in scatters
@@ -282,30 +292,34 @@ def _span_read(schema: Schema, span: Sequence[Field], target: str) -> list[str]:
         *_owners(schema),
     ]
     return [
-        *(line for g in span for line in _stashed(schema, g)),
+        *(line for g in span for line in _stashed(names, schema, g)),
         *(
-            f"{local} = {_buf(g)}.index_select(0, indices)"
+            f"{local} = {_buf(names, g)}.index_select(0, indices)"
             for g, local in zip(span, locals_)
         ),
         join("_rt.scatter_span(", args),
     ]
 
 
-def _packed_read(f: Field, target: str) -> str:
+def _packed_read(names: Names, f: Field, target: str) -> str:
     """The batch's view of ``f``'s columns of its group's gathered block."""
-    local = naming.value_local(f)
+    local = names.value[f.name]
     if not f.shape:
         return f"{target} = {local}.squeeze(1)"
     if len(f.shape) == 1:
         return f"{target} = {local}"
-    return join(f"{target} = torch.unflatten(", [local, "1", f"{_buf(f)}.shape[1:]"])
+    return join(
+        f"{target} = torch.unflatten(", [local, "1", f"{_buf(names, f)}.shape[1:]"]
+    )
 
 
-def _fused_block(schema: Schema, reads: Sequence[Field], fused: Fused) -> list[str]:
+def _fused_block(
+    names: Names, schema: Schema, reads: Sequence[Field], fused: Fused
+) -> list[str]:
     """Every gather of a packed map at once: one ``index_select`` per packed buffer and
     per field of its own, or with ``fused_gather`` set, one ``_rt.gather_rows``."""
-    required = [naming.packed_rows(g.dtype) for g in fused.groups]
-    required_args = [f"self.{naming.packed_buffer(g.dtype)}" for g in fused.groups]
+    required = [names.packed[g.dtype][2] for g in fused.groups]
+    required_args = [f"self.{names.packed[g.dtype][0]}" for g in fused.groups]
     torch_path = [
         f"{rows} = {arg}.index_select(0, indices)"
         for rows, arg in zip(required, required_args)
@@ -315,18 +329,18 @@ def _fused_block(schema: Schema, reads: Sequence[Field], fused: Fused) -> list[s
     for f in reads:
         if f.name in fused.member_of or f.resolve is not Resolve.GATHER:
             continue
-        local = naming.value_local(f)
+        local = names.value[f.name]
         if f.optional:
             flag = _carried(schema, f)
             optional.append(local)
-            optional_args.append(f"{_buf(f)} if {flag} else None")
+            optional_args.append(f"{_buf(names, f)} if {flag} else None")
             torch_path.append(
-                f"{local} = _rt.gather_optional({_buf(f)}, {flag}, indices)"
+                f"{local} = _rt.gather_optional({_buf(names, f)}, {flag}, indices)"
             )
         else:
             required.append(local)
-            required_args.append(_buf(f))
-            torch_path.append(f"{local} = {_buf(f)}.index_select(0, indices)")
+            required_args.append(_buf(names, f))
+            torch_path.append(f"{local} = {_buf(names, f)}.index_select(0, indices)")
 
     def targets(names: list[str]) -> str:
         return f"({names[0]},)" if len(names) == 1 else f"({', '.join(names)})"
@@ -343,9 +357,9 @@ def _fused_block(schema: Schema, reads: Sequence[Field], fused: Fused) -> list[s
     call = join(head, args)
     split = [
         join(
-            f"{', '.join(naming.value_local(m.field) for m in g.members)} = "
-            f"{naming.packed_rows(g.dtype)}.split_with_sizes(",
-            [f"self.{naming.packed_widths(g.dtype)}", "1"],
+            f"{', '.join(names.value[m.field.name] for m in g.members)} = "
+            f"{names.packed[g.dtype][2]}.split_with_sizes(",
+            [f"self.{names.packed[g.dtype][1]}", "1"],
         )
         for g in fused.groups
     ]
@@ -359,14 +373,13 @@ def _fused_block(schema: Schema, reads: Sequence[Field], fused: Fused) -> list[s
 
 
 def _parents(
-    schema: Schema, paths: Sequence[str], bound: Sequence[str]
+    names: Names, schema: Schema, paths: Sequence[str], bound: Sequence[str]
 ) -> tuple[list[str], dict[str, str]]:
     """``spec_info = batch.spec_info`` for each first part of a dotted path written
     more than once (and each in ``bound``, already a local), and the spelling of each
     path through it."""
     firsts = [p.split(".")[0] for p in paths if "." in p]
-    taken = {*naming.RESERVED, *(f.name for f in schema.fields)}
-    taken.update(n for f in schema.fields for n in naming.placeholder_locals(f))
+    taken = names.taken
     shared = [
         name
         for name in dict.fromkeys(firsts)
@@ -384,7 +397,7 @@ def _none(parent: str, how: IfNone, method: str) -> list[str]:
     """What a resolve does where its optional parent is ``None``."""
     if how is IfNone.SKIP:
         return [f"if {parent} is None:", "    return"]
-    args = [naming.string_literal(s) for s in (method, parent)]
+    args = [string_literal(s) for s in (method, parent)]
     return [
         f"if {parent} is None:",
         f"    raise _rt.parent_is_none(_TABLE, {', '.join(args)})",
@@ -410,7 +423,7 @@ def _prologue(schema: Schema, method: str, lane: Lane) -> tuple[list[str], str |
     if how is IfNone.SKIP:  # the slots themselves may be None (sglang's future_indices)
         lines += ["if indices is None:", "    return"]
     elif how is IfNone.REFUSE:
-        args = ", ".join(naming.string_literal(a) for a in (method, slots))
+        args = ", ".join(string_literal(a) for a in (method, slots))
         lines += [
             "if indices is None:",
             f"    raise _rt.parent_is_none(_TABLE, {args})",
@@ -435,35 +448,41 @@ def _owners(schema: Schema, lane: Lane = Lane.FORWARD) -> list[str]:
 
 
 def _reads(
-    schema: Schema, reads: Sequence[Field], fused: Fused | None, spelled: dict[str, str]
+    names: Names,
+    schema: Schema,
+    reads: Sequence[Field],
+    fused: Fused | None,
+    spelled: dict[str, str],
 ) -> list[str]:
     lines = []
     for f in reads:
         assert f.target is not None
         target = spelled[f.target]
         if f.resolve is Resolve.PLACEHOLDER:
-            lines += [*_stashed(schema, f), *_placeholder_read(f, target)]
+            lines += [*_stashed(names, schema, f), *_placeholder_read(names, f, target)]
         elif f.scatter is not None:
-            lines += _scatter_read(schema, f, target)
+            lines += _scatter_read(names, schema, f, target)
         elif fused is not None and f.name in fused.member_of:
-            lines.append(_packed_read(f, target))
+            lines.append(_packed_read(names, f, target))
         elif fused is not None and f.optional and _flat(f):
-            local = naming.value_local(f)
+            local = names.value[f.name]
             lines.append(f"{target} = None if {local} is None else {local}.flatten()")
         elif fused is not None:
-            lines.append(f"{target} = {naming.value_local(f)}{_flat(f)}")
+            lines.append(f"{target} = {names.value[f.name]}{_flat(f)}")
         else:
             gate = spelled[f.gate] if f.gate is not None else None
-            lines += _gather_read(schema, f, target, gate)
+            lines += _gather_read(names, schema, f, target, gate)
     return lines
 
 
-def _placeholder_reports(schema: Schema, reads: Sequence[Field]) -> list[str]:
+def _placeholder_reports(
+    names: Names, schema: Schema, reads: Sequence[Field]
+) -> list[str]:
     report = []
     for f in reads:
         if f.resolve is Resolve.PLACEHOLDER:
-            _at, pending, rows = naming.placeholder_locals(f)
-            buffers = f"{{{naming.string_literal(f.name)}: {_buf(f)}}}"
+            _at, pending, rows = names.placeholder[f.name]
+            buffers = f"{{{names.field_literal[f.name]}: {_buf(names, f)}}}"
             args = [
                 rows,
                 buffers,
@@ -476,7 +495,7 @@ def _placeholder_reports(schema: Schema, reads: Sequence[Field]) -> list[str]:
 
 
 def resolve_future(
-    schema: Schema, reads: Sequence[Field], fused: Fused | None
+    names: Names, schema: Schema, reads: Sequence[Field], fused: Fused | None
 ) -> list[str]:
     """The forward-lane resolve: seeds first where the map takes them, then gathers and
     placeholder substitutions, those under an optional parent only where it is set;
@@ -497,7 +516,7 @@ def resolve_future(
     taken = [p for p in (bound, *under) if p is not None]
     paths = [f.target for f in reads if f.target]
     paths += [f.gate for f in reads if f.gate is not None]
-    binds, spelled = _parents(schema, paths, taken)
+    binds, spelled = _parents(names, schema, paths, taken)
     lines += binds
     for parent in under:  # refused before anything is handed over
         if parents[parent] is IfNone.REFUSE:
@@ -505,16 +524,16 @@ def resolve_future(
             lines += _none(parent, IfNone.REFUSE, "resolve_future")
 
     if fused is not None:
-        lines += [s for f in reads for s in _stashed(schema, f)]
-        lines += _fused_block(schema, reads, fused)
-    lines += _reads(schema, outside, fused, spelled)
-    reports = _placeholder_reports(schema, outside) + _scattered(
+        lines += [s for f in reads for s in _stashed(names, schema, f)]
+        lines += _fused_block(names, schema, reads, fused)
+    lines += _reads(names, schema, outside, fused, spelled)
+    reports = _placeholder_reports(names, schema, outside) + _scattered(
         schema, outside, spelled
     )
     absent = []
     for parent, fields in under.items():
-        body = _reads(schema, fields, fused, spelled)
-        placeholders = _placeholder_reports(schema, fields)
+        body = _reads(names, schema, fields, fused, spelled)
+        placeholders = _placeholder_reports(names, schema, fields)
         placeholders += _scattered(schema, fields, spelled)
         if parents[parent] is IfNone.REFUSE:
             lines += body
@@ -524,7 +543,7 @@ def resolve_future(
         if placeholders:  # reported where they were read
             body += ["if debug is not None:", *_indent(placeholders)]
         lines += [f"if {parent} is not None:", *_indent(body)]
-        named = naming.string_literal(parent)
+        named = string_literal(parent)
         absent.append(f"(() if {parent} is not None else ({named},))")
     return lines + _future_reports(schema, reads, reports, absent, spelled)
 
@@ -542,7 +561,7 @@ def _future_reports(
         if absent:
             args.append(f"absent={' + '.join(absent)}")
         gated = [
-            f"(() if {spelled[f.gate]} else ({naming.string_literal(f.name)},))"
+            f"(() if {spelled[f.gate]} else ({string_literal(f.name)},))"
             for f in reads
             if f.gate is not None
         ]
@@ -552,12 +571,12 @@ def _future_reports(
     return ["if debug is not None:", *_indent(reports)] if reports else []
 
 
-def _host(f: Field, source: str) -> list[str]:
+def _host(names: Names, f: Field, source: str) -> list[str]:
     """The host mirror and host sum of a schedule field, copied from ``source``."""
     mirror, total = (f.host.mirror, f.host.sum) if f.host else (None, None)
     if mirror is None and total is None:
         return []
-    copy = f"self.{naming.host_mirror(f)}.copy({source})"
+    copy = f"self.{names.host[f.name]}.copy({source})"
     optional = f.host is not None and f.host.optional
     local = "host_copy" if optional else "host"  # ``host`` is the resolve's flag there
     if total is None:
@@ -573,11 +592,11 @@ def _host(f: Field, source: str) -> list[str]:
     return ["if host:", *_indent(stmts), "else:", *_indent(nones)]
 
 
-def resolve_schedule(schema: Schema, f: Field) -> list[str]:
+def resolve_schedule(names: Names, schema: Schema, f: Field) -> list[str]:
     """A schedule-lane resolve: the fence wait (on the stream where the caller asks and
     the field allows it), then the field's read."""
     method = resolve_method(f)
-    value = naming.value_local(f)
+    value = names.value[f.name]
     lines, _bound = _prologue(schema, method, Lane.SCHEDULE)
     if f.host is not None and f.host.stream_ordered:
         lines += [
@@ -591,17 +610,21 @@ def resolve_schedule(schema: Schema, f: Field) -> list[str]:
     lines.append("debug = self._state.debug")
     lines += ["if debug is not None:", f'    debug.waited("{method}")']
     lines += _slots_read(method)
-    gather = f"{_buf(f)}.index_select(0, indices){_flat(f)}"
-    read = [*_stashed(schema, f), f"{value} = {gather}"]
+    gather = f"{_buf(names, f)}.index_select(0, indices){_flat(f)}"
+    read = [*_stashed(names, schema, f), f"{value} = {gather}"]
     if f.target is not None:
         read.append(f"batch.{f.target} = {value}")
-    read += _host(f, value)
+    read += _host(names, f, value)
     if f.optional:
         flag = _carried(schema, f)
         host = f.host
         nones = [host.mirror, host.sum] if host is not None else []
         nones.append(f.target)
-        lines += [f"if {flag} and {_buf(f)} is not None:", *_indent(read), "else:"]
+        lines += [
+            f"if {flag} and {_buf(names, f)} is not None:",
+            *_indent(read),
+            "else:",
+        ]
         lines += _indent([f"batch.{p} = None" for p in nones if p is not None])
     else:
         lines += read
@@ -617,7 +640,7 @@ def graph_wrote(schema: Schema) -> list[str]:
     return ["if self._state.debug is not None:", f"    _rt.graph_wrote({args})"]
 
 
-def resolve_tails(schema: Schema, f: Field) -> list[str]:
+def resolve_tails(names: Names, schema: Schema, f: Field) -> list[str]:
     """Late binding of a mixed batch's decode tails from field ``f``'s published rows:
     a stream-ordered fence wait, one gather, then each declared tail built on a copy of
     the batch's tensor, and only when all are built is the batch rebound (a refusal
@@ -626,7 +649,7 @@ def resolve_tails(schema: Schema, f: Field) -> list[str]:
     assert tails is not None and f.target is not None
     mirror, total = (f.host.mirror, f.host.sum) if f.host else (None, None)
     i = schema.fields.index(f)
-    value = naming.value_local(f)
+    value = names.value[f.name]
     lines = [
         f"indices = batch.{tails.rows}",
         "if indices.numel() == 0:",
@@ -634,8 +657,8 @@ def resolve_tails(schema: Schema, f: Field) -> list[str]:
         "self._state.fence.wait_on_stream()",
         "debug = self._state.debug",
         *_slots_read("resolve_tails"),
-        *_stashed(schema, f),
-        f"{value} = {_buf(f)}.index_select(0, indices)",
+        *_stashed(names, schema, f),
+        f"{value} = {_buf(names, f)}.index_select(0, indices)",
     ]
     bind = "_rt.bind_tails"
     bound = [(f.target, "tail_lengths", bind, plus(value, tails.add))]
@@ -647,7 +670,7 @@ def resolve_tails(schema: Schema, f: Field) -> list[str]:
     maybe = f.host is not None and f.host.optional
     optional_mirror: list[str] = []
     if mirror is not None:  # validation: a sum, a prefix need a mirror here
-        copied = f"self.{naming.host_mirror(f)}.copy({value})"
+        copied = f"self.{names.host[f.name]}.copy({value})"
         if tails.prefix is not None or maybe:  # one host copy for all
             lines.append(f"host = {copied}")
             copied = "host"
@@ -678,11 +701,6 @@ def resolve_tails(schema: Schema, f: Field) -> list[str]:
     ]
 
 
-def plus(value: str, n: int) -> str:
-    """``value + n`` as a line spells it (``value`` alone for 0)."""
-    return value if n == 0 else f"{value} + {n}" if n > 0 else f"{value} - {-n}"
-
-
 def invalidate(schema: Schema, placeholders: Sequence[Field]) -> list[str]:
     """Placeholders ``-indices`` into every placeholder target (under an optional
     parent, only where it is set)."""
@@ -702,7 +720,7 @@ def invalidate(schema: Schema, placeholders: Sequence[Field]) -> list[str]:
         elif parents[first] is IfNone.SKIP:
             lines += [f"if batch.{first} is not None:", f"    {write}"]
         else:
-            args = ", ".join(naming.string_literal(s) for s in ("invalidate", first))
+            args = ", ".join(string_literal(s) for s in ("invalidate", first))
             lines += [
                 f"if batch.{first} is None:",
                 f"    raise _rt.parent_is_none(_TABLE, {args})",
@@ -721,3 +739,81 @@ def release() -> list[str]:
 
 def lane_fields(schema: Schema, lane: Lane) -> list[Field]:
     return [f for f in schema.fields if f.lane is lane]
+
+
+# --- every body of one map -------------------------------------------------------------------
+
+
+@attrs.frozen
+class Bodies:
+    """Every method body of one map, and each resolved field's line of its resolve's
+    doc string: computed in one pass, before the views assemble the methods."""
+
+    stash: tuple[str, ...] = ()
+    publish: tuple[str, ...] = ()
+    stash_partial: tuple[str, ...] = ()
+    graph_wrote: tuple[str, ...] = ()
+    invalidate: tuple[str, ...] = ()
+    release: tuple[str, ...] = ()
+    resolve_future: tuple[str, ...] = ()
+    #: Each schedule field's resolve, by field name.
+    schedule: dict[str, tuple[str, ...]] = attrs.field(factory=dict)
+    resolve_tails: tuple[str, ...] = ()
+    #: Each field's line of its resolve's doc string, by field name.
+    read_doc: dict[str, str] = attrs.field(factory=dict)
+
+
+def bodies(names: Names, schema: Schema, fused: Fused | None) -> Bodies:
+    """The bodies ``schema``'s map has (an empty one for a method it lacks)."""
+    forward = lane_fields(schema, Lane.FORWARD)
+    declared = lane_fields(schema, Lane.SCHEDULE)
+    schedule = _required_first(declared)
+    partial = [f for f in forward if not f.kept]
+    passed = ", owners" if schema.owners else ""
+    published = ", owners" if schema.owners_of(Lane.SCHEDULE) is not None else ""
+    none: tuple[str, ...] = ()
+    stash = publish = stash_partial = wrote = placeholders_body = future = none
+    if forward:
+        checked = f"_rt.stash(state, indices, payload{passed})"
+        stash = tuple(write(names, schema, "stash", forward, checked))
+    if schedule:
+        checked = f"_rt.publish(state, indices, {_values(declared)}{published})"
+        publish = tuple(write(names, schema, "publish", schedule, checked))
+    if len(partial) < len(forward):
+        checked = f"_rt.stash_partial(state, indices, {_values(partial)}{passed})"
+        body = write(names, schema, "stash_partial", _required_first(partial), checked)
+        stash_partial = tuple(body)
+    if any(f.graph_written for f in schema.fields):
+        wrote = tuple(graph_wrote(schema))
+    placeholders = [f for f in schema.fields if f.resolve is Resolve.PLACEHOLDER]
+    if placeholders:
+        placeholders_body = tuple(invalidate(schema, placeholders))
+    reads = [f for f in forward if f.target is not None]
+    if reads:
+        future = tuple(resolve_future(names, schema, reads, fused))
+    tails = [tuple(resolve_tails(names, schema, f)) for f in declared if f.tails]
+    return Bodies(
+        stash=stash,
+        publish=publish,
+        stash_partial=stash_partial,
+        graph_wrote=wrote,
+        invalidate=placeholders_body,
+        release=tuple(release()),
+        resolve_future=future,
+        schedule={f.name: tuple(resolve_schedule(names, schema, f)) for f in declared},
+        resolve_tails=tails[0] if tails else (),
+        read_doc={
+            f.name: resolve_doc(names, f) for f in schema.fields if f.target is not None
+        },
+    )
+
+
+def _required_first(fields: Sequence[Field]) -> list[Field]:
+    """Required parameters first (Python's rule)."""
+    return [f for f in fields if not f.optional] + [f for f in fields if f.optional]
+
+
+def _values(fields: Sequence[Field]) -> str:
+    """The checked path's tuple of values, in declaration order as the table has them."""
+    sources = [f.payload_name for f in fields]
+    return join("(", sources, ",)" if len(sources) == 1 else ")")

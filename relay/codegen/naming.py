@@ -12,13 +12,13 @@ as Python sees it (after NFKC normalization).
 
 from __future__ import annotations
 
-import inspect
 import keyword
-import re
 import unicodedata
 
+import attrs
 import torch
 
+from relay.codegen.literals import doc_text, dtype, shape_literal, string_literal
 from relay.schema import Dim, Field, Lane, Schema, resolve_method
 
 #: Every fixed name a generated module binds or uses: module imports and aliases,
@@ -267,18 +267,6 @@ def bound_names(schema: Schema) -> frozenset[str]:
     return frozenset(names)
 
 
-def dtype(value: torch.dtype) -> str:
-    """``torch.int64`` spelled as source."""
-    return str(value)
-
-
-def shape_literal(dims: tuple[str, ...]) -> str:
-    """A tuple literal from spelled dims: ``("pool_size", "topk")`` -> ``(pool_size, topk)``."""
-    if len(dims) == 1:
-        return f"({dims[0]},)"
-    return "(" + ", ".join(dims) + ")"
-
-
 def eager_shape(field: Field) -> str:
     """The allocation shape of an eager field: the pool dim, then the row dims."""
     return shape_literal(("pool_size", *(str(d) for d in field.shape)))
@@ -301,88 +289,106 @@ def describe_shape(shape: tuple[Dim, ...]) -> str:
     return shape_literal(("pool_size", *(str(d) for d in shape)))
 
 
-# Printable ASCII with nothing to escape: most names and doc strings, passed through
-# whole (escaping one character at a time dominated generating 1,000-field schemas).
-_PLAIN_LITERAL = re.compile(r"[ !#-\[\]-~]*")
-_PLAIN_DOC = re.compile(r"[\t\n -\[\]-~]*")
-#: The quotes of a doc string's body that must be escaped.
-_QUOTES = re.compile(r'\A"|"(?=")|"\Z')
+# --- the names of one schema, spelled once ---------------------------------------------------
 
 
-def string_literal(text: str) -> str:
-    """A double-quoted literal that reads back as ``text`` exactly (any code point)."""
-    if _PLAIN_LITERAL.fullmatch(text):
-        return f'"{text}"'
-    out = ['"']
-    for ch in text:
-        out.append(_escape(ch, '"'))
-    out.append('"')
-    return "".join(out)
+@attrs.frozen
+class Names:
+    """Every identifier and literal a module generated from one schema spells, computed
+    in one pass (``names_of``) before any view is built: the views and the method
+    bodies read these, and never call back here."""
+
+    #: The map class, its payload class, its batch Protocols.
+    cls: str
+    payload_cls: str
+    batch: str
+    schedule_batch: str
+    #: The schema's name as a string literal.
+    literal: str
+    #: Per field name: its buffer attribute, host-mirror attribute, value local, the
+    #: placeholder read's three locals, its name as a literal, its allocation shape,
+    #: its dtype spelled (fixed dtypes only) and its doc string's body.
+    buffer: dict[str, str]
+    host: dict[str, str]
+    value: dict[str, str]
+    placeholder: dict[str, tuple[str, str, str]]
+    field_literal: dict[str, str]
+    eager_shape: dict[str, str]
+    dtype: dict[str, str]
+    doc: dict[str, str]
+    #: The constructor's symbolic dims, in first-use order.
+    dims: tuple[str, ...]
+    #: The Protocol of each object a batch path goes through, by the path's parts and
+    #: whether it is the schedule lane's batch.
+    nested: dict[tuple[tuple[str, ...], bool], str]
+    #: Per packed dtype: its shared buffer, its widths and its gathered rows.
+    packed: dict[torch.dtype, tuple[str, str, str]]
+    #: Names a resolve may not bind to a nested object it writes through: the
+    #: reserved ones, the fields' and their placeholder locals.
+    taken: frozenset[str]
 
 
-def _escape(ch: str, quote: str) -> str:
-    if ch == "\\":
-        return "\\\\"
-    if ch == quote:
-        return "\\" + ch
-    code = ord(ch)
-    if ch == "\n":
-        return "\\n"
-    if ch == "\t":
-        return "\\t"
-    if code < 0x20 or code == 0x7F or 0xD800 <= code <= 0xDFFF or not ch.isprintable():
-        if code <= 0xFF:
-            return f"\\x{code:02x}"
-        if code <= 0xFFFF:
-            return f"\\u{code:04x}"
-        return f"\\U{code:08x}"
-    return ch
-
-
-def clean_doc(text: str) -> str:
-    """``text`` as ``inspect.getdoc`` shows a doc string: ``inspect.cleandoc``, with no
-    trailing blanks (a formatter strips them from doc strings)."""
-    # cleandoc splits on "\n" only: other line breaks stay inside a line, escaped.
-    # Repeated until nothing changes: a line of blanks first is kept by cleandoc, yet
-    # reads back as no line at all, and the line after it then loses its indent.
-    while True:
-        lines = [line.rstrip() for line in inspect.cleandoc(text).split("\n")]
-        cleaned = "\n".join(lines).strip("\n")
-        if cleaned == text:
-            return cleaned
-        text = cleaned
-
-
-def doc_text(text: str) -> str:
-    """The body of a ``\"\"\"`` doc string that reads back as ``clean_doc(text)``
-    after ``inspect.cleandoc``: backslashes, quotes, control characters and lone
-    surrogates escaped, newlines kept."""
-    return escape_doc(clean_doc(text))
-
-
-def doc_problem(text: str) -> str | None:
-    """Why ``text`` cannot be a doc string of the generated module; ``None`` if it can.
-
-    Everything is escaped faithfully except lone surrogates: CPython encodes a class doc
-    string to UTF-8 when it creates the class, which they cannot survive.
-    """
-    for index, ch in enumerate(text):
-        if 0xD800 <= ord(ch) <= 0xDFFF:
-            return (
-                f"contains a lone surrogate (U+{ord(ch):04X}) at offset {index}, which "
-                "Python cannot put in a class doc string; remove it or pair it"
-            )
-    return None
-
-
-def escape_doc(text: str) -> str:
-    """``text`` made safe inside ``\"\"\"``, kept as written otherwise."""
-    body = text if _PLAIN_DOC.fullmatch(text) else "".join(_doc_char(ch) for ch in text)
-    # No two unescaped quotes side by side, so no run of them ends the string early;
-    # nor one first (a formatter would pad it with a space) or last (it would merge
-    # with the closing quotes). ``body`` holds no escaped quote yet.
-    return _QUOTES.sub(r'\\"', body) if '"' in body else body
-
-
-def _doc_char(ch: str) -> str:
-    return ch if ch in '\n\t"' else _escape(ch, '"')
+def names_of(schema: Schema) -> Names:
+    """The names of the module generated from validated ``schema``."""
+    fields = schema.fields
+    lanes = schema.schedule
+    paths = [
+        schema.indices,
+        schema.owners,
+        *(p for f in fields for p in field_paths(f)),
+    ]
+    paths += [lanes.indices, lanes.owners] if lanes is not None else []
+    nested = {
+        (parts[:depth], schedule): nested_protocol(
+            schema, parts[:depth], schedule=schedule
+        )
+        for path in paths
+        if path is not None
+        for parts in [tuple(path.split("."))]
+        for depth in range(1, len(parts))
+        for schedule in ((False, True) if schema.lanes_apart else (False,))
+    }
+    dtypes = {f.dtype for f in fields if isinstance(f.dtype, torch.dtype)}
+    packed = {
+        d: (packed_buffer(d), packed_widths(d), packed_rows(d))
+        for d in sorted(dtypes, key=str)
+    }
+    taken = {*RESERVED, *(f.name for f in fields)}
+    taken |= {n for f in fields for n in placeholder_locals(f)}
+    classes = (payload_class(schema), batch_protocol(schema), schedule_protocol(schema))
+    buffers = {f.name: buffer(f) for f in fields}
+    hosts = {f.name: host_mirror(f) for f in fields}
+    values = {f.name: value_local(f) for f in fields}
+    placeholders = {f.name: placeholder_locals(f) for f in fields}
+    dims = tuple(symbolic_dims(fields))
+    # Last, in one loop: what is spelled as a literal (Python source of a text).
+    literal = string_literal(schema.name)
+    literals: dict[str, str] = {}
+    shapes: dict[str, str] = {}
+    spelled: dict[str, str] = {}
+    docs: dict[str, str] = {}
+    for f in fields:
+        literals[f.name] = string_literal(f.name)
+        shapes[f.name] = shape_literal(("pool_size", *map(str, f.shape)))
+        if isinstance(f.dtype, torch.dtype):
+            spelled[f.name] = dtype(f.dtype)
+        docs[f.name] = doc_text(f.doc) or f.name
+    return Names(
+        cls=schema.name,
+        payload_cls=classes[0],
+        batch=classes[1],
+        schedule_batch=classes[2],
+        literal=literal,
+        buffer=buffers,
+        host=hosts,
+        value=values,
+        placeholder=placeholders,
+        field_literal=literals,
+        eager_shape=shapes,
+        dtype=spelled,
+        doc=docs,
+        dims=dims,
+        nested=nested,
+        packed=packed,
+        taken=frozenset(taken),
+    )

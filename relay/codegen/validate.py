@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import torch
 
-from relay.codegen import bindings, groups, naming
+from relay.codegen import bindings, groups, literals, naming
 from relay.codegen.layout import packed_groups
 from relay.codegen.report import EXAMPLE, Collector, got, is_int_dtype, valid_path
 from relay.codegen.roles import Role, clash, role_table
@@ -208,7 +208,7 @@ def _check_docs(c: Collector, fields: list[Field]) -> None:
     owners: list[tuple[Field | None, object]] = [(None, c.schema.doc)]
     owners += [(f, f.doc) for f in fields]
     for owner, doc in owners:
-        if isinstance(doc, str) and (problem := naming.doc_problem(doc)) is not None:
+        if isinstance(doc, str) and (problem := literals.doc_problem(doc)) is not None:
             c.add(owner, f"doc {problem}", "keep doc strings to text UTF-8 can encode")
 
 

@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, cast
 import attrs
 import torch
 
-from relay.codegen import methods, naming
+from relay.codegen import literals, methods, naming
 from relay.codegen.layout import Member, PackedGroup, packed_groups
+from relay.codegen.naming import Names
 from relay.schema import (
     Alloc,
     Field,
@@ -118,13 +119,13 @@ _NOT_IN_TABLE = frozenset({"doc", "fields", "declared_at"})
 def _literal(value: object) -> str:
     """``value`` as the generated module spells it (``_rt`` re-exports the vocabulary)."""
     if isinstance(value, torch.dtype):
-        return naming.dtype(value)
+        return literals.dtype(value)
     if isinstance(value, FromPayload):
         return "_rt.FROM_PAYLOAD"
     if isinstance(value, enum.Enum):
         return f"_rt.{type(value).__name__}.{value.name}"
     if isinstance(value, str):
-        return naming.string_literal(value)
+        return literals.string_literal(value)
     if isinstance(value, tuple):
         items = [_literal(v) for v in value]
         return _join("(", items, ",)" if len(items) == 1 else ")")
@@ -155,7 +156,7 @@ def _field_declaration(f: Field) -> str:
 
 def _names_tuple(dims: tuple[str, ...], *, quote: bool) -> str:
     spelled = [
-        naming.string_literal(d) if quote and not d.isdigit() else d for d in dims
+        literals.string_literal(d) if quote and not d.isdigit() else d for d in dims
     ]
     return _join("(", spelled, ",)" if len(spelled) == 1 else ")")
 
@@ -163,14 +164,16 @@ def _names_tuple(dims: tuple[str, ...], *, quote: bool) -> str:
 # --- the constructor -------------------------------------------------------------------------
 
 
-def _init(schema: Schema, packed: Sequence[PackedGroup]) -> list[Statement]:
-    dims = naming.symbolic_dims(schema.fields)
+def _init(
+    names: Names, schema: Schema, packed: Sequence[PackedGroup]
+) -> list[Statement]:
+    dims = list(names.dims)
     stmts = [
         Statement("self.device = device = torch.device(device)"),
         Statement('self.pool_size = _rt.check_dim(_TABLE, "pool_size", pool_size)'),
         Statement("self.debug = debug"),
         *(
-            Statement(f"{d} = _rt.check_dim(_TABLE, {naming.string_literal(d)}, {d})")
+            Statement(f"{d} = _rt.check_dim(_TABLE, {literals.string_literal(d)}, {d})")
             for d in dims
         ),
     ]
@@ -185,63 +188,63 @@ def _init(schema: Schema, packed: Sequence[PackedGroup]) -> list[Statement]:
             )
         )
     for g in packed:
-        stmts += _group(g)
+        stmts += _group(names, g)
     member_of = {m.field.name: (g, m) for g in packed for m in g.members}
     for i, f in enumerate(schema.fields):
-        stmts += _field_init(i, f, member_of.get(f.name))
+        stmts += _field_init(names, i, f, member_of.get(f.name))
     return stmts
 
 
-def _group(g: PackedGroup) -> list[Statement]:
-    packed = f"self.{naming.packed_buffer(g.dtype)}"
-    names = ", ".join(m.field.name for m in g.members)
-    args = [f"(pool_size, {g.columns})", naming.dtype(g.dtype), "device", "debug"]
-    widths = naming.shape_literal(tuple(m.width for m in g.members))
+def _group(names: Names, g: PackedGroup) -> list[Statement]:
+    packed = f"self.{names.packed[g.dtype][0]}"
+    members = ", ".join(m.field.name for m in g.members)
+    args = [f"(pool_size, {g.columns})", literals.dtype(g.dtype), "device", "debug"]
+    widths = literals.shape_literal(tuple(m.width for m in g.members))
     return [
         Statement(
             _join(f"{packed} = _rt.buffer(", args),
-            f"Rows of {names} side by side (Note [Packed layout]).",
+            f"Rows of {members} side by side (Note [Packed layout]).",
         ),
-        Statement(f"self.{naming.packed_widths(g.dtype)} = {widths}"),
+        Statement(f"self.{names.packed[g.dtype][1]} = {widths}"),
     ]
 
 
 def _field_init(
-    i: int, f: Field, member: tuple[PackedGroup, Member] | None
+    names: Names, i: int, f: Field, member: tuple[PackedGroup, Member] | None
 ) -> list[Statement]:
     """Field ``i``'s buffer, made or adopted by the map's state (which fills it with
     zeros or debug mode's poison, as the field declares)."""
-    buf = f"self.{naming.buffer(f)}"
-    doc = naming.doc_text(f.doc) or f.name
+    buf = f"self.{names.buffer[f.name]}"
+    doc = names.doc[f.name]
     if member is not None:
-        view = _packed_column(f, *member)
+        view = _packed_column(names, f, *member)
         stmts = [Statement(f"{buf} = state.adopt({i}, {view})", doc)]
     elif f.alloc is Alloc.LAZY:
         stmts = []  # a property over the map's state (``_lazy_buffers``)
     elif f.graph_written:  # the engine's buffer, if it hands one over
         assert isinstance(f.dtype, torch.dtype)
-        args = ["state", str(i), naming.buffer(f), naming.eager_shape(f)]
-        args.append(naming.dtype(f.dtype))
+        args = ["state", str(i), names.buffer[f.name], names.eager_shape[f.name]]
+        args.append(names.dtype[f.name])
         stmts = [Statement(_join(f"{buf} = _rt.adopted(", args), doc)]
     else:
         assert isinstance(f.dtype, torch.dtype)
-        args = [str(i), naming.eager_shape(f), naming.dtype(f.dtype)]
+        args = [str(i), names.eager_shape[f.name], names.dtype[f.name]]
         stmts = [Statement(_join(f"{buf} = state.buffer(", args), doc)]
     if f.host is not None and (f.host.mirror or f.host.sum):
-        host = f"self.{naming.host_mirror(f)} = _rt.HostMirror(device, pool_size)"
+        host = f"self.{names.host[f.name]} = _rt.HostMirror(device, pool_size)"
         stmts.append(Statement(host))
     return stmts
 
 
-def _packed_column(f: Field, group: PackedGroup, member: Member) -> str:
+def _packed_column(names: Names, f: Field, group: PackedGroup, member: Member) -> str:
     """The field's fixed view of its group's buffer (Note [Packed layout])."""
-    packed = f"self.{naming.packed_buffer(group.dtype)}"
+    packed = f"self.{names.packed[group.dtype][0]}"
     if not f.shape:
         return _join(f"{packed}.select(", ["1", member.start])
     narrow = ["1", member.start, member.width]
     if len(f.shape) == 1:
         return _join(f"{packed}.narrow(", narrow)
-    dims = naming.shape_literal(tuple(str(d) for d in f.shape))
+    dims = literals.shape_literal(tuple(str(d) for d in f.shape))
     columns = _join(f"{packed}.narrow(", narrow)
     # torch.unflatten, not the method: torch types the function, not Tensor.unflatten.
     return _join("torch.unflatten(", [columns, "1", dims])
@@ -270,19 +273,19 @@ _RELEASE_DOC = (
 )
 
 
-def _read_doc(f: Field) -> list[str]:
-    lines = [methods.resolve_doc(f)] if f.target is not None else []
+def _read_doc(bodies: methods.Bodies, f: Field) -> list[str]:
+    lines = [bodies.read_doc[f.name]] if f.target is not None else []
     if f.host is not None and f.host.mirror:
         lines.append(f"- ``batch.{f.host.mirror}``: a host copy of it.")
     if f.host is not None and f.host.sum:
         lines.append(f"- ``batch.{f.host.sum}``: the sum of it on the host.")
-    return [naming.doc_text(line) for line in lines]
+    return [literals.doc_text(line) for line in lines]
 
 
-def _writes(schema: Schema) -> list[Method]:
+def _writes(names: Names, schema: Schema, bodies: methods.Bodies) -> list[Method]:
     """``stash``, ``publish``, ``invalidate`` and ``seed``, those the schema has."""
-    forward = methods.lane_fields(schema, Lane.FORWARD)
-    declared = methods.lane_fields(schema, Lane.SCHEDULE)
+    forward = _lane(schema, Lane.FORWARD)
+    declared = _lane(schema, Lane.SCHEDULE)
     # Required parameters first (Python's rule); the checked path takes the values in
     # declaration order, as the table has them.
     schedule = _required_first(declared)
@@ -290,40 +293,29 @@ def _writes(schema: Schema) -> list[Method]:
     passed = ", owners" if schema.owners else ""
     # publish takes the requests its lane's resolves check (Note [Slots per lane])
     published = schema.owners_of(Lane.SCHEDULE) is not None
-    payload = f"payload: {naming.payload_class(schema)}"
+    payload = f"payload: {names.payload_cls}"
     found = []
     if forward:
         head = f"def stash(self, indices: torch.Tensor, {payload}{owners}) -> None:"
-        checked = f"_rt.stash(state, indices, payload{passed})"
-        body = methods.write(schema, "stash", forward, checked)
-        found.append(Method(head, _STASH_DOC, tuple(body)))
+        found.append(Method(head, _STASH_DOC, bodies.stash))
     if schedule:
         params = _value_params(schedule)
         if published:
             params.append("owners: _rt.Owners | None = None")
         head = _join("def publish(", ["self", "indices: torch.Tensor", *params], ")")
-        names = [f.payload_name for f in declared]
-        values = _join("(", names, ",)" if len(names) == 1 else ")")
-        passed_on = ", owners" if published else ""
-        checked = f"_rt.publish(state, indices, {values}{passed_on})"
-        body = methods.write(schema, "publish", schedule, checked)
-        found.append(Method(f"{head} -> None:", _PUBLISH_DOC, tuple(body)))
+        found.append(Method(f"{head} -> None:", _PUBLISH_DOC, bodies.publish))
     partial = [f for f in forward if not f.kept]
     if len(partial) < len(forward):
         params = _value_params(_required_first(partial))
         if schema.owners:
             params.append("owners: _rt.Owners | None = None")
         head = _join("def stash_partial(", ["self", "indices: torch.Tensor", *params])
-        names = [f.payload_name for f in partial]
-        values = _join("(", names, ",)" if len(names) == 1 else ")")
-        checked = f"_rt.stash_partial(state, indices, {values}{passed})"
-        body = methods.write(schema, "stash_partial", _required_first(partial), checked)
-        found.append(Method(f"{head} -> None:", _PARTIAL_DOC, tuple(body)))
+        found.append(Method(f"{head} -> None:", _PARTIAL_DOC, bodies.stash_partial))
     if any(f.graph_written for f in schema.fields):
         either = schema.owners is not None or published
         taken = ", owners: _rt.Owners | None = None" if either else ""
         head = f"def graph_wrote(self, indices: torch.Tensor{taken}) -> None:"
-        found.append(Method(head, _GRAPH_DOC, tuple(methods.graph_wrote(schema))))
+        found.append(Method(head, _GRAPH_DOC, bodies.graph_wrote))
     placeholders = [f for f in schema.fields if f.resolve is Resolve.PLACEHOLDER]
     if placeholders:
         doc = [
@@ -331,10 +323,9 @@ def _writes(schema: Schema) -> list[Method]:
             "",
             *(f"- ``batch.{f.target}``." for f in placeholders),
         ]
-        batch = f"batch: {naming.batch_protocol(schema)}"
+        batch = f"batch: {names.batch}"
         head = f"def invalidate(self, {batch}, indices: torch.Tensor) -> None:"
-        body = methods.invalidate(schema, placeholders)
-        found.append(Method(head, tuple(doc), tuple(body)))
+        found.append(Method(head, tuple(doc), bodies.invalidate))
     if schema.seeded:
         head = f"def seed(self, indices: torch.Tensor, {payload}{owners}) -> None:"
         call = (f"_rt.seed(self._state, indices, payload{passed})",)
@@ -362,41 +353,43 @@ def _value_params(fields: Sequence[Field]) -> list[str]:
     ]
 
 
-def _lazy_buffers(schema: Schema) -> list[Method]:
+def _lazy_buffers(names: Names, schema: Schema) -> list[Method]:
     """A lazy field's ``<name>_buf``: a read-only property over the map's state, where
     the runtime puts the buffer it allocates on the first write that carries one."""
     found = []
     for i, f in enumerate(schema.fields):
         if f.alloc is Alloc.LAZY:
-            head = (
-                f"@property\n    def {naming.buffer(f)}(self) -> torch.Tensor | None:"
-            )
-            doc = (naming.doc_text(f.doc) or f.name,)
+            head = f"@property\n    def {names.buffer[f.name]}(self) -> torch.Tensor | None:"
+            doc = (names.doc[f.name],)
             found.append(Method(head, doc, (f"return self._state.buffers[{i}]",)))
     return found
 
 
-def _methods(schema: Schema, packed: Sequence[PackedGroup]) -> list[Method]:
-    batch = f"batch: {naming.batch_protocol(schema)}"
-    forward = methods.lane_fields(schema, Lane.FORWARD)
-    found = [*_lazy_buffers(schema), *_writes(schema)]
+def _lane(schema: Schema, lane: Lane) -> list[Field]:
+    return [f for f in schema.fields if f.lane is lane]
+
+
+def _methods(names: Names, schema: Schema, bodies: methods.Bodies) -> list[Method]:
+    batch = f"batch: {names.batch}"
+    forward = _lane(schema, Lane.FORWARD)
+    found = [*_lazy_buffers(names, schema), *_writes(names, schema, bodies)]
     head = "def release(self, indices: torch.Tensor) -> None:"
-    found.append(Method(head, _RELEASE_DOC, tuple(methods.release())))
+    found.append(Method(head, _RELEASE_DOC, bodies.release))
     reads = [f for f in forward if f.target is not None]
     if reads:
-        found.append(_resolve_future(schema, reads, packed, batch))
+        found.append(_resolve_future(schema, reads, bodies, batch))
     if schema.lanes_apart:  # Note [Slots per lane] in relay/schema.py
-        scheduler = f"batch: {naming.schedule_protocol(schema)}"
+        scheduler = f"batch: {names.schedule_batch}"
     else:
         scheduler = batch
-    for f in methods.lane_fields(schema, Lane.SCHEDULE):
+    for f in _lane(schema, Lane.SCHEDULE):
         name = resolve_method(f)
         doc = [
             f"Schedule lane: wait for the newest ``publish``, then resolve ``{f.name}``.",
             "",
             f"With ``indices = batch.{schema.slots_of(Lane.SCHEDULE)}``:",
             "",
-            *_read_doc(f),
+            *_read_doc(bodies, f),
         ]
         ordered = f.host is not None and f.host.stream_ordered
         if ordered:
@@ -405,7 +398,7 @@ def _methods(schema: Schema, packed: Sequence[PackedGroup]) -> list[Method]:
                 "``stream_ordered=True`` orders the read on the calling stream",
                 "(a device-side wait) instead of blocking the host.",
             ]
-        body = methods.resolve_schedule(schema, f)
+        body = bodies.schedule[f.name]
         params = f"{scheduler}, stream_ordered: bool = False" if ordered else scheduler
         if f.host is not None and f.host.optional:
             params += ", host: bool = True"
@@ -414,11 +407,9 @@ def _methods(schema: Schema, packed: Sequence[PackedGroup]) -> list[Method]:
                 "``host=False``: no host copy (the mirror and the sum are ``None``), and",
                 "the host waits for none.",
             ]
-        found.append(
-            Method(f"def {name}(self, {params}) -> None:", tuple(doc), tuple(body))
-        )
+        found.append(Method(f"def {name}(self, {params}) -> None:", tuple(doc), body))
         if f.tails is not None:
-            found.append(_resolve_tails(schema, f, batch))
+            found.append(_resolve_tails(names, f, bodies, batch))
     return found
 
 
@@ -438,7 +429,9 @@ def _tails_attributes(f: Field) -> list[tuple[str, str, bool]]:
     return found
 
 
-def _resolve_tails(schema: Schema, f: Field, batch: str) -> Method:
+def _resolve_tails(
+    names: Names, f: Field, bodies: methods.Bodies, batch: str
+) -> Method:
     tails = f.tails
     assert tails is not None
     mirror, total = (f.host.mirror, f.host.sum) if f.host else (None, None)
@@ -451,11 +444,11 @@ def _resolve_tails(schema: Schema, f: Field, batch: str) -> Method:
         "",
         (
             f"- the last rows of ``batch.{f.target}``: "
-            f"``{methods.plus(f'{naming.buffer(f)}[indices]', tails.add)}``."
+            f"``{literals.plus(f'{names.buffer[f.name]}[indices]', tails.add)}``."
         ),
     ]
     if tails.kv is not None:
-        at = methods.plus(f"{naming.buffer(f)}[indices]", tails.add - 1)
+        at = literals.plus(f"{names.buffer[f.name]}[indices]", tails.add - 1)
         doc.append(
             f"- the last rows of ``batch.{tails.kv.locations}``: "
             f"``batch.{tails.kv.table}[indices, {at}]``."
@@ -465,45 +458,42 @@ def _resolve_tails(schema: Schema, f: Field, batch: str) -> Method:
     if total is not None:
         doc.append(f"- ``batch.{total}``: the sum of the host copy.")
     if tails.prefix is not None:
-        prefix = methods.plus(f"{naming.buffer(f)}[indices]", tails.add - 1)
+        prefix = literals.plus(f"{names.buffer[f.name]}[indices]", tails.add - 1)
         doc.append(
             f"- the last entries of the list ``batch.{tails.prefix}``: "
             f"``{prefix}``, from the host copy."
         )
-    body = methods.resolve_tails(schema, f)
     head = f"def resolve_tails(self, {batch}) -> None:"
-    return Method(head, tuple(naming.doc_text(line) for line in doc), tuple(body))
+    doc_lines = tuple(literals.doc_text(line) for line in doc)
+    return Method(head, doc_lines, bodies.resolve_tails)
 
 
 def _resolve_future(
-    schema: Schema, reads: list[Field], packed: Sequence[PackedGroup], batch: str
+    schema: Schema, reads: list[Field], bodies: methods.Bodies, batch: str
 ) -> Method:
     doc = [
         "Forward lane: hand the previous forward's stash to ``batch``, on the forward stream.",
         "",
         f"With ``indices = batch.{schema.indices}``:",
         "",
-        *(line for f in reads for line in _read_doc(f)),
+        *(line for f in reads for line in _read_doc(bodies, f)),
     ]
-    fused = None
-    if packed:
-        member_of = {m.field.name: g for g in packed for m in g.members}
-        fused = methods.Fused(tuple(packed), member_of)
-    body = methods.resolve_future(schema, reads, fused)
     head = f"def resolve_future(self, {batch}) -> None:"
-    return Method(head, tuple(doc), tuple(body))
+    return Method(head, tuple(doc), bodies.resolve_future)
 
 
 # --- protocols and the whole view -------------------------------------------------------------
 
 
-def _protocols(schema: Schema) -> tuple[ProtocolView, ...]:
+def _protocols(names: Names, schema: Schema) -> tuple[ProtocolView, ...]:
     """Batch protocols: one per object on a dotted path, members in first-use order;
     where the schema names the schedule lane's slots or owners, the schedule lane's
     batch apart (Note [Slots per lane] in relay/schema.py)."""
     if not schema.lanes_apart:
-        return _protocol_set(schema, None)
-    return _protocol_set(schema, Lane.FORWARD) + _protocol_set(schema, Lane.SCHEDULE)
+        return _protocol_set(names, schema, None)
+    return _protocol_set(names, schema, Lane.FORWARD) + _protocol_set(
+        names, schema, Lane.SCHEDULE
+    )
 
 
 def _read_only(f: Field) -> list[tuple[str, str]]:
@@ -517,7 +507,9 @@ def _read_only(f: Field) -> list[tuple[str, str]]:
     return found
 
 
-def _protocol_set(schema: Schema, lane: Lane | None) -> tuple[ProtocolView, ...]:
+def _protocol_set(
+    names: Names, schema: Schema, lane: Lane | None
+) -> tuple[ProtocolView, ...]:
     """The protocols of one batch: the whole map's (``lane`` None), the forward
     batch's (``resolve_future``, ``invalidate``, ``resolve_tails``) or the schedule
     batch's (the schedule resolves)."""
@@ -530,7 +522,7 @@ def _protocol_set(schema: Schema, lane: Lane | None) -> tuple[ProtocolView, ...]
             owner, name = parts[: depth - 1], parts[depth - 1]
             nested = parts[:depth]
             members.setdefault(nested, {})
-            protocol = naming.nested_protocol(schema, nested, schedule=schedule)
+            protocol = names.nested[(nested, schedule)]
             members.setdefault(owner, {}).setdefault(
                 name, Attribute(name, protocol, False)
             )
@@ -572,30 +564,39 @@ def _protocol_set(schema: Schema, lane: Lane | None) -> tuple[ProtocolView, ...]
             members[tuple(head)][leaf] = Attribute(
                 leaf, f"{current.type} | None", False
             )
+    return _protocol_views(names, members, schedule)
+
+
+def _protocol_views(
+    names: Names, members: dict[tuple[str, ...], dict[str, Attribute]], schedule: bool
+) -> tuple[ProtocolView, ...]:
+    """One Protocol per object a path goes through, deepest first, then the batch's."""
     views = []
     for path in sorted((p for p in members if p), key=lambda p: (-len(p), p)):
         doc = f"The attributes of ``batch.{'.'.join(path)}`` the map reads and writes."
         views.append(
             ProtocolView(
-                naming.nested_protocol(schema, path, schedule=schedule),
-                naming.doc_text(doc),
+                names.nested[(path, schedule)],
+                literals.doc_text(doc),
                 tuple(members[path].values()),
             )
         )
     if schedule:
-        name = naming.schedule_protocol(schema)
+        name = names.schedule_batch
         doc = (
             "What the schedule lane's resolves read and write on the scheduler's "
             "object; any class with these fits."
         )
     else:
-        name = naming.batch_protocol(schema)
+        name = names.batch
         doc = "What the map reads and writes on a batch; any class with these fits."
-    views.append(ProtocolView(name, naming.doc_text(doc), tuple(members[()].values())))
+    views.append(
+        ProtocolView(name, literals.doc_text(doc), tuple(members[()].values()))
+    )
     return tuple(views)
 
 
-def _payload_counts(forward: Sequence[Field]) -> tuple[PayloadField, ...]:
+def _payload_counts(names: Names, forward: Sequence[Field]) -> tuple[PayloadField, ...]:
     """The producer's count of each counted scatter (``lengths``), once per name (Note
     [Counted scatters] in relay/runtime.py)."""
     counted: dict[str, list[str]] = {}
@@ -608,7 +609,7 @@ def _payload_counts(forward: Sequence[Field]) -> tuple[PayloadField, ...]:
             name,
             "torch.Tensor",
             False,
-            naming.doc_text(
+            literals.doc_text(
                 f"How many values of each row of {', '.join(names)} are real (0 to the "
                 "row's width); debug mode reports a resolve that reads more."
             ),
@@ -618,24 +619,30 @@ def _payload_counts(forward: Sequence[Field]) -> tuple[PayloadField, ...]:
 
 
 def map_view(schema: Schema, *, source: str) -> MapView:
-    """The view of one validated schema."""
+    """The view of one validated schema: its names first, then what each method says."""
+    names = naming.names_of(schema)
     packed = packed_groups(schema)
-    cleaned = naming.clean_doc(schema.doc)
+    fused = None
+    if packed:
+        member_of = {m.field.name: g for g in packed for m in g.members}
+        fused = methods.Fused(tuple(packed), member_of)
+    bodies = methods.bodies(names, schema, fused)
+    cleaned = literals.clean_doc(schema.doc)
     first_line = cleaned.split("\n")[0] if cleaned else schema.name
-    protocols = _protocols(schema)
-    forward = methods.lane_fields(schema, Lane.FORWARD)
+    protocols = _protocols(names, schema)
+    forward = _lane(schema, Lane.FORWARD)
     exports = [schema.name, *(p.name for p in protocols)]
     if forward:
-        exports.append(naming.payload_class(schema))
-    doc = naming.escape_doc(cleaned) or schema.name
-    dims = naming.symbolic_dims(schema.fields)
+        exports.append(names.payload_cls)
+    doc = literals.escape_doc(cleaned) or schema.name
+    dims = list(names.dims)
     return MapView(
-        module_doc=naming.doc_text(
+        module_doc=literals.doc_text(
             f"{first_line}\n\nGenerated from {source} by relay; see docs/generated.md."
         ),
         cls=schema.name,
         doc=f"{doc}\n\nRows are request-pool slots; row 0 is padding's scratch row.",
-        payload_cls=naming.payload_class(schema),
+        payload_cls=names.payload_cls,
         payload=tuple(
             PayloadField(
                 f.payload_name,
@@ -643,11 +650,11 @@ def map_view(schema: Schema, *, source: str) -> MapView:
                 if f.optional or f.graph_written
                 else "torch.Tensor",
                 f.optional,
-                naming.doc_text(f.doc) or f.name,
+                names.doc[f.name],
             )
             for f in forward
         )
-        + _payload_counts(forward),
+        + _payload_counts(names, forward),
         protocols=protocols,
         exports=tuple(sorted(exports)),
         schema_args=", ".join(_declared(schema)),
@@ -659,13 +666,13 @@ def map_view(schema: Schema, *, source: str) -> MapView:
                 "*",
                 *(f"{d}: int" for d in dims),
                 *(
-                    f"{naming.buffer(f)}: torch.Tensor | None = None"
+                    f"{names.buffer[f.name]}: torch.Tensor | None = None"
                     for f in schema.fields
                     if f.graph_written
                 ),
                 "debug: bool = False",
             ]
         ),
-        init=tuple(_init(schema, packed)),
-        methods=tuple(_methods(schema, packed)),
+        init=tuple(_init(names, schema, packed)),
+        methods=tuple(_methods(names, schema, bodies)),
     )

@@ -77,8 +77,9 @@ def check_resolved(
 # row's latest write and, for the fields a seed writes (``seeds``), its latest read,
 # whose reader those fields' reads record; and a write that finds a seed it is not
 # ordered after is the same mistake seen from the other side. Both are reported as
-# ``unordered_seed``. The map orders a seed by making the seeding stream wait for the
-# forward stream, which the happens-before clocks see as a stream wait.
+# ``unordered_seed``. A map's own ``seed`` is written in the first forward launched
+# after it, on the forward stream, behind the previous forward's read and stash (Note
+# [Seeds] in relay/runtime.py); these checks catch a seed written any other way.
 
 
 _P = ParamSpec("_P")

@@ -244,12 +244,6 @@ class HappensBefore:
                 self._strong_events[id(event)] = (event, snapshot)
             return snapshot
 
-    def chain(self, later: Clock, earlier: Clock) -> None:
-        """Record ``later`` (a snapshot ``record`` returned) now also knows what record
-        ``earlier`` knew (Note [Fence chaining in host order] in relay/cpu_stream.py)."""
-        with self._lock:
-            _join(later, earlier)
-
     def event_clock(self, event: Any) -> Clock:
         """What ``event``'s newest record knew (nothing before any record)."""
         with self._lock:
@@ -297,9 +291,6 @@ class _StreamObserver:
     def waited(self, event: CpuEvent, token: Any) -> None:
         if token is not None:
             clocks.join(current_cpu_stream(), token)
-
-    def chained(self, later: Any, earlier: Any) -> None:
-        clocks.chain(later, earlier)
 
 
 _STREAM_OBSERVER = _StreamObserver()

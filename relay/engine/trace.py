@@ -1,9 +1,9 @@
-"""Named ranges of each step's work, recorded with ``torch.profiler`` (``relay demo --trace``).
+"""Named ranges of each step's work, and a Chrome trace of them (``relay demo --trace``).
 
 The engine opens a range around each piece of a step's work, named ``"<what> <step>"``
 (``"forward 12"``), on the thread that does it. ``record`` writes them as a Chrome
-trace, threads named after their role (on CUDA with each kernel on its stream);
-``load`` reads such a file back as ``Span``s, for tests and ``relay demo --plot``.
+trace, threads named after their role, and on CUDA each kernel on its stream; ``load``
+reads such a file back as ``Span``s, for tests and ``relay demo --plot``.
 
 Note [Ranges that cost nothing when off]
 A run chooses its ``Ranges`` once, when it starts (``ranges_for``): with tracing
@@ -11,6 +11,15 @@ off every call site gets ``no_ranges``, which returns one shared, reusable
 ``nullcontext`` and formats no name, so the hot loop pays one call and an empty
 ``with`` per range and tests no flag. Ranges wrap the engine's calls into the
 generated maps, never code inside them: the maps stay as generated.
+
+Note [Ranges kept by relay, kernels by the profiler]
+A traced range is two clock readings appended to a list, the whole trace's memory is
+a tuple per range. ``torch.profiler`` is used for one thing only, the CUDA kernels
+and copies with their streams: asked for the CPU too, it records every torch
+operator on every thread (dozens per forward) and its export holds them all in
+memory at once, several times what the traced runs themselves need. Both
+clocks are the wall clock (the profiler's trace states its base in
+``baseTimeNanoseconds``), so kernels line up with the ranges that launched them.
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ import os
 import re
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -80,41 +90,48 @@ def no_ranges(what: str, step: int) -> AbstractContextManager[object]:
 
 #: The role of each thread that opened a range, to name it in the trace.
 _THREADS: dict[int, str] = {}
+#: The ranges of the recording in progress (``record``): ``(name, thread, start ns,
+#: end ns)``; None when nothing records. ``list.append`` is atomic, so the scheduler
+#: thread and the forward worker append without a lock.
+_RECORDED: list[tuple[str, int, int, int]] | None = None
 
 
-def _profiler_ranges(what: str, step: int) -> AbstractContextManager[object]:
-    """Tracing on: a ``torch.profiler.record_function`` per range."""
+class _Range:
+    """One traced range: the wall clock at its start and its end (Note [Ranges kept
+    by relay, kernels by the profiler])."""
+
+    __slots__ = ("name", "start")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.start = 0
+
+    def __enter__(self) -> None:
+        self.start = time.time_ns()
+
+    def __exit__(self, *exc: object) -> None:
+        end = time.time_ns()
+        recorded = _RECORDED
+        if recorded is not None:
+            recorded.append((self.name, threading.get_native_id(), self.start, end))
+
+
+def _traced_ranges(what: str, step: int) -> AbstractContextManager[object]:
+    """Tracing on: a range on the calling thread, kept while ``record`` runs."""
     tid = threading.get_native_id()
     if tid not in _THREADS:
         main = threading.current_thread() is threading.main_thread()
         _THREADS[tid] = SCHEDULER_THREAD if main else FORWARD_THREAD
-    return torch.profiler.record_function(f"{what} {step}")
+    return _Range(f"{what} {step}")
 
 
 def ranges_for(tracing: bool) -> Ranges:
     """The ranges of a run, chosen once when it starts."""
-    return _profiler_ranges if tracing else no_ranges
+    return _traced_ranges if tracing else no_ranges
 
 
-def _profile(device: torch.device) -> torch.profiler.profile:
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if device.type == "cuda":
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-    options: dict[str, Any] = {}
-    # Ranges opened on threads that exist before the profiler starts (a worker thread
-    # of an earlier run, or of this one) are dropped without it; older torch lacks it.
-    with contextlib.suppress(AttributeError, TypeError):
-        config = torch._C._profiler._ExperimentalConfig(profile_all_threads=True)
-        options["experimental_config"] = config
-    return torch.profiler.profile(activities=activities, **options)
-
-
-#: Trace event categories ``record`` keeps: the engine's ranges and, on a GPU, what
-#: ran on the device. Host-side torch ops (``cpu_op``, ``cuda_runtime``: about 60 per
-#: forward) are left out, which keeps a trace of a few dozen requests under 1 MB.
-KEPT_CATEGORIES = frozenset(
-    {"user_annotation", "gpu_user_annotation", "kernel", "gpu_memcpy", "gpu_memset"}
-)
+#: Trace event categories of the device work ``record`` keeps from the profiler.
+KEPT_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 
 
 @contextlib.contextmanager
@@ -134,38 +151,73 @@ def _quiet_stderr() -> Iterator[None]:
 
 @contextlib.contextmanager
 def record(path: Path, device: torch.device | str = "cpu") -> Iterator[None]:
-    """Profile the block and write its Chrome trace to ``path``, threads named by role
-    (runs inside the block trace only with ``EngineConfig(trace=True)``)."""
-    profiler = _profile(torch.device(device))
-    with _quiet_stderr():
-        profiler.start()
+    """Record the block's ranges (runs inside it trace only with
+    ``EngineConfig(trace=True)``) and, on CUDA, its kernels; write them to ``path`` as
+    a Chrome trace, threads named by role."""
+    global _RECORDED
+    ranges: list[tuple[str, int, int, int]] = []
+    profiler = None
+    if torch.device(device).type == "cuda":
+        # Note [Ranges kept by relay, kernels by the profiler]
+        activities = [torch.profiler.ProfilerActivity.CUDA]
+        profiler = torch.profiler.profile(activities=activities)
+        with _quiet_stderr():
+            profiler.start()
+    _RECORDED = ranges
     try:
         yield
     finally:
-        with _quiet_stderr():
-            profiler.stop()
+        _RECORDED = None
+        if profiler is not None:
+            with _quiet_stderr():
+                profiler.stop()
+    pid = os.getpid()
+    base = min((start for _, _, start, _ in ranges), default=time.time_ns())
+    events: list[dict[str, Any]] = [
+        {
+            "ph": "X",
+            "cat": "user_annotation",
+            "name": name,
+            "pid": pid,
+            "tid": tid,
+            "ts": (start - base) / 1000,
+            "dur": (end - start) / 1000,
+        }
+        for name, tid, start, end in ranges
+    ]
+    for tid in sorted({tid for _, tid, _, _ in ranges}):
+        role = _THREADS.get(tid)
+        name = f"{role} ({tid})" if role is not None else f"thread {tid}"
+        events.append(
+            {
+                "ph": "M",
+                "name": "thread_name",
+                "pid": pid,
+                "tid": tid,
+                "args": {"name": name},
+            }
+        )
+    if profiler is not None:
+        events += _device_events(profiler, path, base)
+    data = {"traceEvents": events, "displayTimeUnit": "ms", "baseTimeNanoseconds": base}
+    Path(path).write_text(json.dumps(data), encoding="utf-8")
+
+
+def _device_events(
+    profiler: torch.profiler.profile, path: Path, base: int
+) -> list[dict[str, Any]]:
+    """The profiler's kernels and copies, their times moved onto the ranges' clock
+    (microseconds from ``base`` ns). The profiler writes its own trace to ``path``
+    first; ``record`` then writes the whole trace over it."""
     profiler.export_chrome_trace(str(path))
     data = json.loads(Path(path).read_text(encoding="utf-8"))
+    shift = (int(data.get("baseTimeNanoseconds", 0)) - base) / 1000
     kept = []
-    threads: set[tuple[Any, Any]] = set()
     for event in data.get("traceEvents", []):
-        if event.get("ph") == "X":
-            if event.get("cat") not in KEPT_CATEGORIES:
-                continue
-            threads.add((event.get("pid"), event.get("tid")))
-        # Thread names are ours (below): the profiler's say "thread 1234 (python)",
-        # and a second profile in one process names only the first one's threads.
-        if event.get("ph") != "M" or event.get("name") != "thread_name":
+        if event.get("ph") == "X" and event.get("cat") in KEPT_CATEGORIES:
+            event["ts"] = float(event["ts"]) + shift
             kept.append(event)
-    for pid, tid in sorted(threads, key=str):
-        role = _THREADS.get(tid) if isinstance(tid, int) else None
-        name = f"{role} ({tid})" if role is not None else f"thread {tid}"
-        args = {"name": name}
-        kept.append(
-            {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": args}
-        )
-    data["traceEvents"] = kept
-    Path(path).write_text(json.dumps(data), encoding="utf-8")
+    return kept
 
 
 @attrs.frozen

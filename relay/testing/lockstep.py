@@ -21,14 +21,12 @@ and any debug report is a failure too.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
+import linecache
 import math
 import random
 import sys
-import tempfile
 import typing
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -79,18 +77,21 @@ def load_map_class(schema: Schema) -> type[Any]:
     """Render ``schema`` with the generator and import the class (needs ``relay.codegen``).
 
     The one use of the generator in ``relay.testing``: it makes the class under test and
-    decides nothing the harness checks (the model states the semantics itself)."""
+    decides nothing the harness checks (the model states the semantics itself). The
+    module is compiled from memory, nothing is written to disk; its source is kept in
+    ``linecache`` under ``<relay.testing NAME>``, so tracebacks still show its lines."""
     from relay.codegen.render import render  # the subject, not the semantics
 
     name = f"_relay_lockstep_{schema.name.lower()}"
-    folder = Path(tempfile.mkdtemp(prefix="relay-lockstep-"))
-    path = folder / f"{name}.py"
-    path.write_text(render(schema, source=f"<{schema.name}>", command="relay.testing"))
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module: ModuleType = importlib.util.module_from_spec(spec)
+    source = render(schema, source=f"<{schema.name}>", command="relay.testing")
+    filename = f"<relay.testing {schema.name}>"
+    # No modification time: linecache.checkcache keeps the entry (there is no file).
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    module = ModuleType(name)
+    module.__file__ = filename
     sys.modules[name] = module  # typing.get_type_hints looks the module up
-    spec.loader.exec_module(module)
+    # The generator's own output, rendered just above.
+    exec(compile(source, filename, "exec"), module.__dict__)  # noqa: S102
     cls: type[Any] = getattr(module, schema.name)
     return cls
 

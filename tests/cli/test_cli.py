@@ -160,6 +160,7 @@ def _python(code: str) -> subprocess.CompletedProcess[str]:
         ),
         (["--mode", "foo"], "argument --mode: invalid choice: 'foo'"),
         (["--repeat", "x"], "argument --repeat: expected a whole number >= 1"),
+        (["--bogus"], "unrecognized arguments: --bogus"),
     ],
 )
 def test_a_bad_demo_flag_is_one_line_before_torch(argv: list[str], says: str) -> None:
@@ -174,6 +175,41 @@ def test_a_bad_demo_flag_is_one_line_before_torch(argv: list[str], says: str) ->
     err = done.stderr.splitlines()
     assert len(err) == 1 and err[0].startswith(f"relay demo: error: {says}"), err
     assert "`relay demo --help` lists the flags" in err[0]
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "says"),
+    [
+        ("--device", "tpu", "--device 'tpu': the reference engine runs on cpu, cuda"),
+        ("--device", "cuda:x", "--device 'cuda:x'"),
+        ("--trace", ".", "--trace .: is a folder; name a file in it"),
+        ("--plot", ".", "--plot .: is a folder; name a file in it"),
+        ("--json", ".", "--json .: is a folder; name a file in it"),
+    ],
+)
+def test_a_bad_device_or_a_folder_as_output_is_refused_before_torch(
+    flag: str, value: str, says: str
+) -> None:
+    """A device the demo cannot run on, or a folder where a file is to be written:
+    one line, exit 2, and torch never imported."""
+    done = _python(
+        "import sys\nfrom relay.cli import main\n"
+        f"print(main({['demo', flag, value]!r}), 'torch' in sys.modules)\n"
+    )
+    assert done.stdout.split() == ["2", "False"], done.stderr
+    err = done.stderr.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"relay demo: error: {says}"), err
+
+
+def test_demo_help_speaks_to_users(capsys: pytest.CaptureFixture[str]) -> None:
+    """``relay demo --help`` opens with what the demo shows, in words for its users:
+    no module names or markup."""
+    with pytest.raises(SystemExit):
+        main(["demo", "--help"])
+    out = capsys.readouterr().out
+    description = out.split("\n\n", 2)[1]
+    assert description.startswith("Watch overlap scheduling work:")
+    assert "``" not in out and "relay.engine" not in out and "library" not in out
 
 
 def test_demo_without_the_generate_extra_refuses_before_torch() -> None:

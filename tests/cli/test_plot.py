@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
+import attrs
 import pytest
 
 from relay.cli import Exit, main, plot
@@ -45,13 +47,13 @@ def test_plot_without_matplotlib_is_one_line_and_exit_2(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """No matplotlib: one line naming the extra to install, exit 2, before any run."""
-    monkeypatch.setattr(plot, "available", lambda: False)
+    """No matplotlib: one line saying what to install, exit 2, before any run."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # find_spec: not installed
     assert main([*TINY_DEMO, "--plot", str(tmp_path / "t.png")]) == Exit.USAGE
     captured = capsys.readouterr()
     assert captured.out == ""
     (line,) = captured.err.splitlines()
-    assert "relay-futuremap[plot]" in line and line.startswith("relay demo: error:")
+    assert "pip install matplotlib" in line and line.startswith("relay demo: error:")
 
 
 @pytest.mark.parametrize(
@@ -76,7 +78,8 @@ def test_unwritable_trace_or_plot_is_bad_usage(
 
 
 def test_timeline_draws_a_row_per_cuda_stream(tmp_path: Path) -> None:
-    """A trace with CUDA kernels (as on a GPU) gets one row per stream; the picture is written."""
+    """A trace with CUDA kernels (as on a GPU) gets one row per stream, each panel's
+    title says what else the machine did during its run; the picture is written."""
     pytest.importorskip("matplotlib")
     spans: list[trace.Span] = []
     kernels: list[trace.Span] = []
@@ -105,8 +108,89 @@ def test_timeline_draws_a_row_per_cuda_stream(tmp_path: Path) -> None:
         return rows
 
     picture = tmp_path / "gpu.png"
+    titles: list[str] = []
+    frame = plot._frame
+
+    def title_spy(axes: object, title: str, *args: object) -> dict[str, int]:
+        y_of = frame(axes, title, *args)  # type: ignore[arg-type]
+        titles.append(axes.get_title(loc="left"))  # type: ignore[attr-defined]
+        return y_of
+
+    machine = {"decode overlap": "other processes 1.4 of 2 cores"}
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(plot, "_rows", spy)
-        plot.timeline(data, picture, ["decode"])
+        patch.setattr(plot, "_frame", title_spy)
+        plot.timeline(data, picture, ["decode"], machine)
     assert ["scheduler thread", "stream 7"] in axes_rows
     assert picture.read_bytes().startswith(PNG_SIGNATURE)
+    # What the machine did during a run is in its panel's title.
+    assert not titles[0].endswith("cores")
+    assert titles[1].endswith("; during the run, other processes 1.4 of 2 cores")
+
+
+def test_a_cpu_trace_never_starts_torchs_profiler(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the CPU relay keeps its ranges itself, two clock readings each: torch's
+    profiler, whose per-operator records once held most of a traced demo's memory,
+    is never started, and the trace still holds every step's ranges on both threads."""
+    import torch
+
+    from relay.engine import EngineConfig, ModelConfig, WorkloadConfig, run_workload
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("torch.profiler.profile was started")
+
+    monkeypatch.setattr(torch.profiler, "profile", refuse)
+    config = EngineConfig(
+        model=ModelConfig(
+            vocab_size=256, hidden=16, layers=1, heads=2, ffn=32, max_context=64
+        ),
+        workload=WorkloadConfig(
+            requests=4, min_prompt=4, max_prompt=8, min_output=4, max_output=8
+        ),
+        trace=True,
+        overlap=True,
+    )
+    path = tmp_path / "cpu.json"
+    with trace.record(path):
+        run_workload(config)
+    run = trace.load(path).runs()["decode overlap"]
+    forwards = run.named(trace.FORWARD)
+    assert forwards and set(run.named(trace.BUILD)) >= set(forwards) - {0}
+    assert {s.row.split(" (")[0] for s in run.spans} == {
+        trace.SCHEDULER_THREAD,
+        trace.FORWARD_THREAD,
+    }
+    events = json.loads(path.read_text())["traceEvents"]
+    assert {e.get("cat") for e in events if e["ph"] == "X"} == {"user_annotation"}
+
+
+@pytest.mark.gpu
+def test_a_cuda_trace_puts_each_kernel_inside_the_run_that_launched_it(
+    tmp_path: Path,
+) -> None:
+    """On CUDA the profiler records the device's work only; moved onto relay's clock,
+    each traced run holds kernels (a clock off by more than a run would leave it
+    none), on stream rows."""
+    from relay.engine import EngineConfig, ModelConfig, WorkloadConfig, run_workload
+
+    config = EngineConfig(
+        model=ModelConfig(
+            vocab_size=256, hidden=16, layers=1, heads=2, ffn=32, max_context=64
+        ),
+        workload=WorkloadConfig(
+            requests=4, min_prompt=4, max_prompt=8, min_output=4, max_output=8
+        ),
+        device="cuda",
+        trace=True,
+    )
+    path = tmp_path / "cuda.json"
+    with trace.record(path, "cuda"):
+        for overlap in (False, True):
+            run_workload(attrs.evolve(config, overlap=overlap))
+    runs = trace.load(path).runs()
+    assert set(runs) == {"decode sync", "decode overlap"}
+    for run in runs.values():
+        assert run.kernels and all(k.row.startswith("stream ") for k in run.kernels)
+        assert run.named(trace.FORWARD)

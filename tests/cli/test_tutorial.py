@@ -189,6 +189,22 @@ def _install(tmp_path: Path) -> dict[str, str]:
     return env
 
 
+def _adds_a_field(block: Block) -> bool:
+    """Whether the block is a ``Field`` the tutorial adds to the schema later."""
+    return "at the end of the schema's `fields` list" in block.intro.replace("\n", " ")
+
+
+def _add_field(schema: Path, field: str) -> None:
+    """Add ``field`` at the end of the schema's ``fields`` list, and ``Alloc`` to its
+    ``from relay import ...`` line, as the tutorial says."""
+    text = schema.read_text().replace(
+        "from relay import Field,", "from relay import Alloc, Field,"
+    )
+    lines = "".join(f"        {line}\n" for line in field.splitlines())
+    end = text.rindex("    ],\n)")
+    schema.write_text(text[:end] + lines + text[end:])
+
+
 def _follow(
     doc: Path, project: Project, start: str | None = None, stop: str | None = None
 ) -> int:
@@ -201,14 +217,8 @@ def _follow(
                 project.check(command, want, where)
                 ran += 1
             continue
-        if "at the end of the schema's `fields` list" in block.intro.replace("\n", " "):
-            schema = project.root / "myengine/relay_schemas/decode.py"
-            text = schema.read_text().replace(
-                "from relay import Field,", "from relay import Alloc, Field,"
-            )
-            field = "".join(f"        {line}\n" for line in block.body.splitlines())
-            end = text.rindex("    ],\n)")
-            schema.write_text(text[:end] + field + text[end:])
+        if _adds_a_field(block):
+            _add_field(project.root / "myengine/relay_schemas/decode.py", block.body)
             continue
         target = _file_target(block.intro)
         if target is not None and block.lang in ("python", "toml"):
@@ -232,14 +242,16 @@ def test_tutorial_and_ci_recipe_work_in_a_fresh_project(tmp_path: Path) -> None:
     assert _follow(DOCS / "tutorial.md", project, start=later) == 3
 
 
-def test_tutorial_files_pass_the_default_ruff_check(tmp_path: Path) -> None:
+def test_tutorial_files_pass_ruff_check_and_ruff_format(tmp_path: Path) -> None:
     """The files the tutorial has you create, in a project of their own, pass the
-    default ``ruff check`` of the ruff the generate extra installs (relay is a
-    third-party package there: its imports sort beside torch's)."""
+    default ``ruff check`` and ``ruff format --check`` of the ruff the generate extra
+    installs (relay is a third-party package there: its imports sort beside torch's),
+    before and after the field it adds later."""
     (tmp_path / "pyproject.toml").write_text("[tool.relay]\n")
     (tmp_path / "myengine").mkdir()
     (tmp_path / "myengine" / "__init__.py").touch()  # step 2's `touch`
     written = []
+    added = []
     for block in blocks(DOCS / "tutorial.md"):
         target = _file_target(block.intro)
         if target is not None and block.lang == "python":
@@ -247,15 +259,26 @@ def test_tutorial_files_pass_the_default_ruff_check(tmp_path: Path) -> None:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(block.body, encoding="utf-8")
             written.append(target[0])
+        elif _adds_a_field(block):
+            added.append(block.body)
     assert written == ["myengine/relay_schemas/decode.py", "myengine/loop.py"]
-    done = subprocess.run(
-        [str(ruff_binary()), "check", "--no-cache", "."],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert len(added) == 1
+
+    def ruff(*args: str) -> None:
+        done = subprocess.run(
+            [str(ruff_binary()), *args, "--no-cache", "."],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+
+    ruff("check")
+    ruff("format", "--check")
+    _add_field(tmp_path / written[0], added[0])
+    ruff("check")
+    ruff("format", "--check")
 
 
 def test_the_first_mypy_step_says_how_mypy_finds_an_editable_relay() -> None:

@@ -16,7 +16,7 @@ from types import ModuleType
 import pytest
 import torch
 
-from relay.codegen import naming
+from relay.codegen import literals, naming
 from relay.codegen.loader import load_schema
 from relay.codegen.render import render
 from relay.codegen.validate import validate
@@ -312,8 +312,8 @@ def test_hostile_strings_reach_the_module_faithfully(text: str, tmp_path: Path) 
 def test_lone_surrogates_in_docs_are_refused_with_the_owner() -> None:
     """A lone surrogate cannot live in a doc string: the problem names it (validation,
     next, locates it at its owner)."""
-    assert naming.doc_problem("ok \U0001f600") is None
-    problem = naming.doc_problem("bad \ud800")
+    assert literals.doc_problem("ok \U0001f600") is None
+    problem = literals.doc_problem("bad \ud800")
     assert problem is not None and "U+D800" in problem
 
 

@@ -171,9 +171,14 @@ def test_run_on_another_thread_is_cleaned_up_too(
 CHILD = textwrap.dedent(
     """
     import os
+    import signal
     import sys
 
     from relay import cli
+
+    # Ctrl-C as a terminal delivers it: a test run started with SIGINT ignored
+    # (nohup ... &, some CI wrappers) would otherwise pass the ignore on to this child.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     gate, k = sys.argv[1], int(sys.argv[2])
     real = getattr(os, gate)

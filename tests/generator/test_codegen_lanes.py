@@ -81,6 +81,14 @@ REFUSED: list[tuple[str, dict[str, Any], list[Field], str, str, str]] = [
         "slots",
     ),
     (
+        "not-a-group",
+        {"schedule": "slots"},
+        [lens()],
+        "schedule must be a ScheduleSlots(...) or None (got 'slots' that is a str)",
+        'write schedule=ScheduleSlots(indices="slots", owners="req_ids")',
+        "schema",
+    ),
+    (
         "nothing-named",
         slots(),
         [lens()],

@@ -189,6 +189,27 @@ CASES: list[tuple[str, Field, list[Field], str, str]] = [
         "give the Tails(rows=...) of field 'lens' a batch attribute of its own",
     ),
     (
+        "tails-not-a-group",
+        lens(tails="mix_running_indices"),
+        [],
+        "tails must be a Tails(...) or None (got 'mix_running_indices' that is a str)",
+        'write tails=Tails(rows="mix_running_indices")',
+    ),
+    (
+        "tails-kv-not-a-group",
+        lens(tails=Tails(rows="mix_running_indices", kv="out_cache_loc")),  # type: ignore[arg-type]
+        [],
+        "Tails(kv=...) must be a TailsKv(locations=..., table=...)",
+        'write kv=TailsKv(locations="out_cache_loc", table="req_to_token")',
+    ),
+    (
+        "stream-order-not-a-bool",
+        lens(host=HostCopy(mirror="seq_lens_cpu", stream_ordered="yes")),  # type: ignore[arg-type]
+        [],
+        "HostCopy(stream_ordered=...) must be True or False (got 'yes' that is a str)",
+        "write stream_ordered=True, or leave it out",
+    ),
+    (
         "host-not-a-group",
         lens(host="seq_lens_cpu"),
         [],
@@ -238,6 +259,8 @@ AT_GROUP = {
     "tails-prefix-without-host-mirror": "tails",
     "tails-prefix-not-a-path": "tails",
     "tails-kv-not-a-path": "tails.kv",
+    "tails-kv-not-a-group": "tails",
+    "stream-order-not-a-bool": "host",
     "tails-add-negative": "tails",
     "tails-not-a-path": "tails",
     "tails-is-a-target": "tails",

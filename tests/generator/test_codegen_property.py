@@ -21,7 +21,7 @@ from codegen_support import mypy_strict
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from relay.codegen import formatting, naming
+from relay.codegen import formatting, literals, naming
 from relay.codegen.render import render
 from relay.codegen.validate import validate
 from relay.schema import (
@@ -299,7 +299,7 @@ def _import(schema: Schema, content: str) -> types.ModuleType:
     cls_doc = inspect.getdoc(getattr(module, schema.name))
     assert cls_doc is not None
     # As inspect.getdoc shows it, less trailing blanks (formatters strip them).
-    assert cls_doc.startswith(naming.clean_doc(schema.doc) or schema.name)
+    assert cls_doc.startswith(literals.clean_doc(schema.doc) or schema.name)
     dims = {dim: 2 for dim in naming.symbolic_dims(schema.fields)}
     relay_map = getattr(module, schema.name)("cpu", 4, **dims)
     assert relay_map.pool_size == 4
@@ -365,4 +365,4 @@ def test_a_doc_with_blank_lines_first_reads_back_as_cleaned(doc: str) -> None:
     )
     module = _import(schema, render(schema, source=SOURCE, command="relay generate"))
     shown = inspect.getdoc(module.DocFutureMap)
-    assert shown is not None and shown.startswith(naming.clean_doc(doc))
+    assert shown is not None and shown.startswith(literals.clean_doc(doc))

@@ -187,8 +187,9 @@ def test_a_chained_fence_with_publishes_in_host_order_is_clean() -> None:
 
 @pytest.mark.usefixtures("clocks_on")
 def test_a_chained_fence_with_publishes_out_of_host_order_is_clean() -> None:
-    """Seed 1 runs the draft's publish before the forward's, which the host queued
-    first: the chained fence should still cover both."""
+    """Seed 1 interleaves the two publishes otherwise than seed 0; whichever task
+    starts first, the draft's record waits for the forward's, queued first in host
+    order, and the chained fence covers both."""
     with seeded_schedule(1):
         _publish_from_two_streams(EagleFutureMap("cpu", POOL, topk=2, debug=True))
 
