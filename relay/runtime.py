@@ -67,6 +67,7 @@ __all__ = [
     "ScheduleSlots",
     "Schema",
     "Seed",
+    "Span",
     "Table",
     "Tails",
     "TailsKv",
@@ -101,8 +102,10 @@ __all__ = [
     "scatter_span",
     "scattered",
     "seed",
+    "span_at",
     "stash",
     "stash_partial",
+    "tail_locations",
     "write_kept",
     "write_optional",
     "write_rows",
@@ -196,6 +199,7 @@ class MapState:
         "buffers",
         "carried",
         "columns",
+        "cpu",
         "debug",
         "device",
         "dtypes",
@@ -214,6 +218,8 @@ class MapState:
         self.table = table
         #: With its index (``cuda:0`` for ``cuda``), as tensors made there report it.
         self.device = torch.empty(0, device=device).device
+        #: Whether the map lives on the CPU (the common case's gate reads it).
+        self.cpu = self.device.type == "cpu"
         self.pool_size = pool_size
         #: Each field's buffer by position; ``None`` until a lazy one is allocated.
         self.buffers: list[torch.Tensor | None] = [None] * len(table.fields)
@@ -341,6 +347,8 @@ def write_rows(s: MapState, indices: torch.Tensor) -> tuple[int, ...] | None:
     if n == 0:
         return None
     if indices.is_cpu:
+        if not s.cpu:
+            return None  # the checked path refuses slots on another device
         if n <= HOST_SLOTS_IN_PYTHON_MAX:
             values: list[int] = indices.tolist()  # no op dispatched
             if min(values) < 0 or max(values) >= s.pool_size:
@@ -349,6 +357,8 @@ def write_rows(s: MapState, indices: torch.Tensor) -> tuple[int, ...] | None:
             low, high = torch.aminmax(indices)
             if cast(int, low.tolist()) < 0 or cast(int, high.tolist()) >= s.pool_size:
                 return None
+    elif indices.device != s.device:
+        return None
     return (n,)
 
 
@@ -374,6 +384,8 @@ def read_slots(s: MapState, op: str, indices: torch.Tensor) -> torch.Tensor:
     """The slots resolve ``op`` gathers with: in debug mode checked first (in the pool,
     none twice); int64 and int32 ones as they are, narrower integer ones widened
     (``index_select`` takes no other)."""
+    if not isinstance(indices, torch.Tensor) or indices.device != s.device:
+        _refuse_indices(f"{s.table.owner}.{op}", indices, s.device)
     if s.debug is not None:
         s.debug.check_slots(op, indices)
     if indices.dtype is torch.int64 or indices.dtype is torch.int32:
@@ -385,12 +397,45 @@ def read_slots(s: MapState, op: str, indices: torch.Tensor) -> torch.Tensor:
 # A scatter writes each request's row at its start offset in a flat target, and
 # index_copy_ checks positions one by one as it goes: a bad offset would leave the
 # target partly written, and a torch error would name no map, field or request. So
-# the positions are checked before the scatter: what costs no device read always (a
-# tensor of integer offsets, int32 taken, one per request), the range on the CPU
-# (one aminmax, read on the host), and in debug mode, on every device, the range and
-# that no two requests' rows overlap (``DebugChecks.check_scatter``), then, after
-# it, that no negative placeholder is left in a target whose field is guarded
-# non-negative (vLLM's -1: a position no request's row covered).
+# the target and the positions are checked before the scatter, with debug on and off
+# alike: always what costs no device read (a flat target of the field's dtype on the
+# map's device; integer offsets, int32 taken, one per request); on the CPU, where
+# offsets and counts are read on the host anyway, each count in its row's width and
+# each request's span inside the target and apart from every other request's
+# (``_spans_ok``, no op up to ``HOST_POSITIONS_IN_PYTHON_MAX`` requests). Off the CPU
+# a count outside its row is a device-side assert (``assert_counts``: no sync), and a
+# position outside the target the index op's own; overlapping spans are debug mode's
+# there. Debug mode checks ranges and overlaps on every device
+# (``DebugChecks.check_scatter``) and, in a target one of whose fields is guarded
+# non-negative, that every position a span writes holds a negative placeholder before
+# the scatter (``DebugChecks.check_claimed``: a span running into a request the
+# scatter does not write, such as the next prefill row) and that none is left after
+# it (vLLM's -1: a position no request's row covered). A resolve of several scatter
+# targets plans every one (``scatter_at``, ``span_at``) before it writes the first.
+
+
+def _target(s: MapState, i: int, target: object) -> int:
+    """The size of ``target``, field ``i``'s scatter target, if a scatter may write it:
+    a flat tensor of the field's buffer's dtype on the map's device; refused if not."""
+    dtype = s.dtypes[i]
+    if (
+        type(target) is torch.Tensor
+        and target.dtype is dtype
+        and target.ndim == 1
+        and (target.is_cpu if s.cpu else target.device == s.device)
+    ):
+        return target.numel()
+    f = s.table.fields[i]
+    got = (
+        f"a {target.dtype} tensor of shape {tuple(target.shape)} on {target.device}"
+        if isinstance(target, torch.Tensor)
+        else f"a {type(target).__name__}"
+    )
+    raise RelayError(
+        f"{s.table.what(i)}: batch.{f.target} must be a flat {dtype} tensor on "
+        f"{s.device} to scatter the field into, got {got}. Declare the field with the "
+        f"target's dtype, or hand a {dtype} target. Nothing was written"
+    )
 
 
 def scatter_at(
@@ -423,28 +468,18 @@ def scatter_at(
             f"{what} must hold one integer start offset per request ({n}, an int64 "
             f"or int32 vector), got {got}. Nothing was written"
         )
+    size = _target(s, i, target)
     starts = offsets if offsets.dtype is torch.int64 else offsets.long()
     width = math.prod(s.rows[i])
     debug = s.debug
     if debug is not None:
-        debug.check_scatter(f.name, indices, starts, width, target.numel(), owners)
-    elif starts.is_cpu:
-        low, high = torch.aminmax(starts)
-        if (
-            cast(int, low.tolist()) < 0
-            or cast(int, high.tolist()) + width > target.numel()
-        ):
-            bad = next(
-                j
-                for j, at in enumerate(cast(list[int], starts.tolist()))
-                if at < 0 or at + width > target.numel()
-            )
-            who = request_at(bad, int(indices[bad]), owners)
-            raise RelayError(
-                f"{what}: {who} starts at "
-                f"{int(starts[bad])}, so its {width} value(s) would not fit the "
-                f"target's {target.numel()} positions. Nothing was written"
-            )
+        debug.check_scatter(f.name, indices, starts, width, size, owners)
+        if _claimed(s, i):
+            none: list[torch.Tensor | None] = [None]
+            places = (starts, [width], none, [False])
+            _debug_claims(s, debug, (i,), indices, places, target, owners)
+    elif starts.is_cpu and not _spans_ok(starts, [], [], width, size):
+        _name_span(s, (i,), indices, starts, [width], [None], size, owners)
     if not s.rows[i]:
         return starts
     columns = s.columns.get(i)
@@ -453,37 +488,61 @@ def scatter_at(
     return (starts.unsqueeze(1) + columns).flatten()
 
 
+def _claimed(s: MapState, i: int) -> bool:
+    """Whether debug mode checks the positions of field ``i``'s target around its
+    spans: a guarded target whose scatters say the rest is theirs to check (a
+    ``Scatter(rest_checked=False)`` target's other positions are the engine's)."""
+    target = s.table.fields[i].target
+    return _guarded(s, i) and all(
+        g.scatter.rest_checked
+        for g in s.table.fields
+        if g.scatter is not None and g.target == target
+    )
+
+
+def _guarded(s: MapState, i: int) -> bool:
+    """Whether a scatter field into field ``i``'s target is guarded non-negative."""
+    target = s.table.fields[i].target
+    return any(
+        g.guard in (Guard.NON_NEGATIVE, Guard.POSITIVE)
+        for g in s.table.fields
+        if g.scatter is not None and g.target == target
+    )
+
+
 def scattered(s: MapState, i: int, target: torch.Tensor) -> None:
     """Debug mode, after field ``i``'s scatter (the last of those into its target): a
     target one of whose fields is guarded non-negative holds no negative placeholder
     (Note [Scatter destinations])."""
-    f = s.table.fields[i]
-    guarded = any(
-        g.guard in (Guard.NON_NEGATIVE, Guard.POSITIVE)
-        for g in s.table.fields
-        if g.scatter is not None and g.target == f.target
-    )
-    if s.debug is not None and guarded:
-        s.debug.check_scattered(f.name, target)
+    if s.debug is not None and _guarded(s, i):
+        s.debug.check_scattered(s.table.fields[i].name, target)
 
 
 # Note [Counted scatters]
 # A scatter field that declares ``lengths`` lays only each request's first
 # ``lengths[i]`` values of its row into the target, and one that declares ``after``
 # starts where another scatter field into the same target ends in each request's span
-# (the sampled token, then 0 to K drafts). Such a target's fields are one call,
-# ``scatter_span``: every field's counts and every request's span checked, then each
-# field written, so a refused resolve writes none of them. Rows keep their full width
-# in the buffer: what varies is how many of a row's values a resolve lays in, so a
-# producer and a consumer cannot disagree on where a row's values are, only on how
-# many there are. Debug mode keeps the count each stash carried per slot and reports
-# a resolve that reads more (reading fewer is a trim, the scheduler's right); a row of
-# which a resolve lays nothing is not read (not checked, not consumed), and a stash's
-# guard checks only each row's counted values. A field with ``when`` lays a request's
-# whole row or none of it, and takes its row's width of the span either way. On the
-# CPU the values are picked with a mask; elsewhere a mask would read the counts back
-# to the host, a sync that stalls the overlap, so each covered position takes the
-# value of the one entry that covers it (``scatter_kept``), with no host read.
+# (the sampled token, then 0 to K drafts). Such a target's fields are planned by one
+# call, ``span_at``: every field's counts and every request's span checked (Note
+# [Scatter destinations]), each field's positions and values built; ``scatter_span``
+# then writes them, so a refused resolve writes none of them. A count is 0 to its
+# row's width in both modes: one outside is refused, never clamped (a count above the
+# width would leave a gap before the next field, a negative one lay it over the field
+# before). Rows keep their full width in the buffer: what varies is how many of a
+# row's values a resolve lays in, so a producer and a consumer cannot disagree on
+# where a row's values are, only on how many there are. Debug mode keeps the count
+# each stash carried per slot and reports a resolve that reads more (reading fewer is
+# a trim, the scheduler's right); a row of which a resolve lays nothing is not read
+# (not checked, not consumed), and a stash's guard checks only each row's counted
+# values. A field with ``when`` lays a request's whole row or none of it, and takes
+# its row's width of the span either way. On the CPU the values are picked with a mask;
+# elsewhere a mask would read the counts back to the host, a sync that stalls the
+# overlap, so each covered position takes the value of the one entry that covers it
+# (``scatter_kept``), with no host read.
+
+#: What ``span_at`` hands ``scatter_span``: each field's positions, values, and the
+#: mask of the entries it keeps (``None``: all, already picked on the host).
+Span = tuple[list[torch.Tensor], list[torch.Tensor], list["torch.Tensor | None"]]
 
 
 def _per_request(
@@ -508,12 +567,12 @@ def _per_request(
     )
 
 
-#: Up to this many positions, a span's host check reads them as a list; above, one
-#: ``aminmax`` costs less than reading them.
+#: Up to this many requests, a scatter's host check reads offsets and counts as lists
+#: (no op); above, a few ops on the CPU cost less than reading them.
 HOST_POSITIONS_IN_PYTHON_MAX = 48
 
 
-def scatter_span(
+def span_at(
     s: MapState,
     fields: tuple[int, ...],
     rows: tuple[torch.Tensor, ...],
@@ -522,16 +581,19 @@ def scatter_span(
     target: torch.Tensor,
     lengths: tuple[object, ...],
     owners: Owners | None = None,
-) -> None:
-    """The gathered ``rows`` of scatter ``fields`` (in their order in a request's span)
-    into flat ``target``: each request's span from its start offset, each field's
-    first ``lengths`` values of its row (all of them where ``None``) after the fields
-    before it (Note [Counted scatters]). Every position is checked before the first
-    write, naming the request (by its id where ``owners`` names them): a refused
-    call writes nothing."""
+) -> Span:
+    """Where the gathered ``rows`` of scatter ``fields`` (in their order in a request's
+    span) go in flat ``target``, for ``scatter_span``: each request's span from its
+    start offset, each field's first ``lengths`` values of its row (all of them where
+    ``None``) after the fields before it (Note [Counted scatters]). Every count and
+    span is checked here, naming the request: a refused call writes nothing."""
     table = s.table
     n = indices.numel()
-    home = target.device
+    size = _target(s, fields[0], target)
+    for i in fields[1:]:
+        if s.dtypes[i] is not target.dtype:
+            _target(s, i, target)  # refused, naming the field
+    home = s.device
     scatters = [table.fields[i].scatter for i in fields]
     starts = _per_request(
         s, fields[0], scatters[0].offsets if scatters[0] else None, offsets, n, home
@@ -540,10 +602,9 @@ def scatter_span(
     widths: list[int] = []
     #: Per field: its span's room is its row's width whatever it lays (``when``).
     fixed: list[bool] = []
-    for i, scatter, value, block in zip(fields, scatters, lengths, rows):
+    for i, scatter, value in zip(fields, scatters, lengths):
         width = math.prod(s.rows[i])
         widths.append(width)
-        _same_dtype(s, i, block, target)
         when = scatter.when if scatter else None
         fixed.append(when is not None)
         if value is None:
@@ -557,31 +618,39 @@ def scatter_span(
             path = scatter.lengths if scatter else None
             counts.append(_per_request(s, i, path, value, n, home))
     debug = s.debug
+    host = target.is_cpu
+    # A ``when`` field's room in the span is its width, whatever it lays.
+    room = [None if whole else c for whole, c in zip(fixed, counts)]
     if debug is not None:
-        size = target.numel()
-        room = [None if f else c for f, c in zip(fixed, counts)]
         _debug_span(s, debug, fields, indices, starts, widths, room, size, owners)
+        if _claimed(s, fields[0]):
+            places = (starts, widths, counts, fixed)
+            _debug_claims(s, debug, fields, indices, places, target, owners)
         for i, count in zip(fields, counts):
             if count is not None:  # Note [Counted scatters]: a row laid 0 is unread
                 s.unread[i] = count == 0
-    # Each field's positions and values, then (debug off, on the CPU) the positions
-    # checked, then the writes: all or nothing.
-    host = target.is_cpu
-    positions, values, masks = _span_places(
-        s, fields, rows, starts, widths, counts, host, fixed
-    )
-    if debug is None and host:
-        size = target.numel()
-        seen: list[int] = []  # the positions read as lists, checked at once
-        for at in positions:
-            if at.numel() <= HOST_POSITIONS_IN_PYTHON_MAX:
-                seen += at.tolist()  # no op dispatched
-                continue
-            low, high = torch.aminmax(at)  # tolist reads them without an op
-            if cast(int, low.tolist()) < 0 or cast(int, high.tolist()) >= size:
-                _name_outside(s, fields, indices, starts, widths, counts, size, owners)
-        if seen and (min(seen) < 0 or max(seen) >= size):
-            _name_outside(s, fields, indices, starts, widths, counts, size, owners)
+    elif host:
+        taken = 0
+        counted: list[torch.Tensor] = []
+        counted_widths: list[int] = []
+        for count, width in zip(room, widths):
+            if count is None:
+                taken += width
+            else:
+                counted.append(count)
+                counted_widths.append(width)
+        if not _spans_ok(starts, counted, counted_widths, taken, size):
+            _name_span(s, fields, indices, starts, widths, room, size, owners)
+    else:
+        for i, width, count in zip(fields, widths, room):
+            if count is not None:
+                assert_counts(count, width, table.what(i))
+    return _span_places(s, fields, rows, starts, widths, counts, host, fixed)
+
+
+def scatter_span(target: torch.Tensor, span: Span) -> None:
+    """Write the span ``span_at`` planned and checked into ``target``."""
+    positions, values, masks = span
     for at, value, mask in zip(positions, values, masks):
         if mask is None:
             target.index_copy_(0, at, value)
@@ -589,15 +658,130 @@ def scatter_span(
             scatter_kept(target, at, mask, value)
 
 
-def _same_dtype(s: MapState, i: int, block: torch.Tensor, target: torch.Tensor) -> None:
-    """A scatter lays values into the target as they are: refused, before anything is
-    written, where the target holds another dtype (vLLM's input ids are int32)."""
-    if block.dtype is not target.dtype:
-        raise RelayError(
-            f"{s.table.what(i)}: the target holds {target.dtype} values and the field "
-            f"{block.dtype}; declare the field's dtype as the target's (vLLM's "
-            "input_ids are torch.int32) and cast at the stash. Nothing was written"
-        )
+def assert_counts(count: torch.Tensor, width: int, what: str) -> None:
+    """Off the CPU, every count 0 to ``width``, as a device-side assert: no host read
+    (Note [Scatter destinations])."""
+    torch._assert_async(
+        (count.clamp(0, width) == count).all(),
+        f"{what}: a count is outside its row's 0 to {width}",
+    )
+
+
+def _spans_ok(
+    starts: torch.Tensor,
+    counts: list[torch.Tensor],
+    widths: list[int],
+    fixed: int,
+    size: int,
+) -> bool:
+    """On the host, whether each of ``counts`` is 0 to its ``widths`` and each request's
+    span (``fixed`` plus its counts, from its start) lies inside ``size`` positions and
+    ends before the next request's starts. Requests out of start order fail here and
+    ``_name_span`` decides (Note [Scatter destinations])."""
+    n = starts.numel()
+    if n <= HOST_POSITIONS_IN_PYTHON_MAX:
+        at: list[int] = starts.tolist()  # no op dispatched
+        taken: list[list[int]] = [c.tolist() for c in counts]
+        for each, width in zip(taken, widths):
+            if min(each) < 0 or max(each) > width:
+                return False
+        end = 0
+        if not taken:
+            for a in at:
+                if a < end:
+                    return False
+                end = a + fixed
+        else:
+            spans = taken[0] if len(taken) == 1 else map(sum, zip(*taken))
+            for a, span in zip(at, spans):
+                if a < end:
+                    return False
+                end = a + fixed + span
+        return end <= size
+    # Above, numpy reads them in place: one view op per tensor, no data op.
+    at_np = starts.numpy()
+    ends = at_np
+    for count, width in zip(counts, widths):
+        made = count.numpy()
+        if made.min() < 0 or made.max() > width:
+            return False
+        ends = ends + made
+    if n > 1 and (at_np[1:] - ends[:-1]).min() < fixed:
+        return False
+    return bool(at_np[0] >= 0 and ends[-1] + fixed <= size)
+
+
+def _scatter_path(table: Table, i: int, option: str) -> str | None:
+    """Field ``i``'s scatter's ``offsets`` or ``lengths`` path, for a message."""
+    scatter = table.fields[i].scatter
+    if scatter is None:
+        return None
+    return scatter.offsets if option == "offsets" else scatter.lengths
+
+
+def _name_span(
+    s: MapState,
+    fields: tuple[int, ...],
+    indices: torch.Tensor,
+    starts: torch.Tensor,
+    widths: list[int],
+    counts: list[torch.Tensor | None],
+    size: int,
+    owners: Owners | None = None,
+) -> None:
+    """Refuse the first count outside its row, then the first value outside the
+    target, then the first span inside another's, once ``_spans_ok`` found the spans
+    out of order or wrong (debug off, on the host: Note [Scatter destinations]).
+    Returns when none is: requests out of start order whose spans lie apart."""
+    table = s.table
+    n = starts.numel()
+    at: list[int] = starts.tolist()
+    slots: list[int] = indices.reshape(-1).tolist()
+    taken = [
+        [w] * n if c is None else cast(list[int], c.tolist())
+        for w, c in zip(widths, counts)
+    ]
+    for i, width, count, each in zip(fields, widths, counts, taken):
+        for j, c in enumerate(each):
+            if count is not None and not 0 <= c <= width:
+                raise RelayError(
+                    f"{table.what(i)}: {request_at(j, slots[j], owners)} has a count "
+                    f"of {c} value(s), outside [0, {width}]: a row holds {width} "
+                    f"(batch.{_scatter_path(table, i, 'lengths')}). Nothing was "
+                    "written"
+                )
+    single = len(fields) == 1
+    for j in range(n):
+        first = at[j]
+        for i, each in zip(fields, taken):
+            if each[j] and (first < 0 or first + each[j] > size):
+                raise RelayError(
+                    f"{table.what(i)}: batch.{_scatter_path(table, i, 'offsets')}: "
+                    f"{request_at(j, slots[j], owners)} starts at {first}, so its "
+                    f"{each[j]} value(s) would not fit the target's {size} positions. "
+                    "Nothing was written"
+                    if single
+                    else f"{table.what(i)}: {request_at(j, slots[j], owners)} puts its "
+                    f"{each[j]} value(s) from {first}, outside the target's {size} "
+                    "positions. Nothing was written"
+                )
+            first += each[j]
+    spans = [sum(each[j] for each in taken) for j in range(n)]
+    last: int | None = None  # the request whose span ends last so far
+    for j in sorted(range(n), key=at.__getitem__):
+        if spans[j] == 0:
+            continue
+        if last is not None and at[j] < at[last] + spans[last]:
+            raise RelayError(
+                f"{table.what(fields[0])}: {request_at(j, slots[j], owners)} starts "
+                f"at {at[j]}, inside the {spans[last]} position(s) of "
+                f"{request_at(last, slots[last], owners)} from {at[last]}: one would "
+                "overwrite the "
+                "other's values (a count larger than the span its batch laid out, or "
+                "an offset off). Nothing was written"
+            )
+        if last is None or at[j] + spans[j] > at[last] + spans[last]:
+            last = j
 
 
 def _span_places(
@@ -673,6 +857,33 @@ def _debug_span(
     debug.check_scatter(head, indices, starts, span, size, owners)
 
 
+def _debug_claims(
+    s: MapState,
+    debug: DebugChecks,
+    fields: tuple[int, ...],
+    indices: torch.Tensor,
+    places: tuple[torch.Tensor, list[int], list[torch.Tensor | None], list[bool]],
+    target: torch.Tensor,
+    owners: Owners | None = None,
+) -> None:
+    """Debug mode, before a scatter into a guarded target, after its ranges were
+    checked: every position each field would write holds a negative placeholder, not
+    another request's value (Note [Scatter destinations]). ``places``: the starts,
+    and each field's width, count and whether it takes its width whatever it lays."""
+    first, widths, counts, fixed = places
+    for i, width, count, whole in zip(fields, widths, counts, fixed):
+        columns = torch.arange(width, device=first.device)
+        at = first.unsqueeze(1) + columns
+        keep = (
+            torch.ones_like(at, dtype=torch.bool)
+            if count is None
+            else columns < count.unsqueeze(1)
+        )
+        name = s.table.fields[i].name
+        debug.check_claimed(name, indices, at, keep, target, owners)
+        first = first + (width if count is None or whole else count)
+
+
 def scatter_kept(
     target: torch.Tensor, at: torch.Tensor, keep: torch.Tensor, block: torch.Tensor
 ) -> None:
@@ -691,38 +902,6 @@ def scatter_kept(
     cover.scatter_reduce_(0, torch.where(keep, at, 0).flatten(), taken, "amax")
     values = block.flatten().index_select(0, cover.clamp(min=0))
     target.copy_(torch.where(cover >= 0, values, target))
-
-
-def _name_outside(
-    s: MapState,
-    fields: tuple[int, ...],
-    indices: torch.Tensor,
-    starts: torch.Tensor,
-    widths: list[int],
-    counts: list[torch.Tensor | None],
-    size: int,
-    owners: Owners | None,
-) -> None:
-    """Refuse the first request whose values fall outside the target (debug off, on
-    the host: Note [Scatter destinations]), once ``scatter_span`` found one. A count is
-    taken as its row's width at most and 0 at least, as the write takes it; debug mode
-    reports one outside."""
-    n = starts.numel()
-    taken = [
-        [width] * n if count is None else cast(list[int], count.tolist())
-        for width, count in zip(widths, counts)
-    ]
-    for j, at in enumerate(cast(list[int], starts.tolist())):
-        for i, width, each in zip(fields, widths, taken):
-            count = min(max(each[j], 0), width)
-            if count and (at < 0 or at + count > size):
-                who = request_at(j, int(indices[j]), owners)
-                raise RelayError(
-                    f"{s.table.what(i)}: {who} puts its {count} value(s) from {at}, "
-                    f"outside the target's {size} positions. Nothing was written"
-                )
-            whole = s.table.fields[i].scatter
-            at += width if whole is not None and whole.when is not None else each[j]
 
 
 def _widened(s: MapState, i: int, value: torch.Tensor | None) -> torch.Tensor | None:
@@ -970,7 +1149,12 @@ def _checked(
     ]
     first = table.what(fields[0]) if fields else table.owner
     slots = write_slots(
-        f"{table.owner}.{op}", first, indices, s.pool_size, host=s.debug is None
+        f"{table.owner}.{op}",
+        first,
+        indices,
+        s.pool_size,
+        host=s.debug is None,
+        device=s.device,
     )
     if slots is None:
         return None
@@ -1222,8 +1406,11 @@ SLOT_DTYPES = frozenset(
 )
 
 
-def _refuse_indices(what: str, indices: object) -> torch.Tensor:
-    """``indices`` if they are one integer slot per row; else refuse them."""
+def _refuse_indices(
+    what: str, indices: object, device: torch.device | None = None
+) -> torch.Tensor:
+    """``indices`` if they are one integer slot per row (on ``device`` where given);
+    else refuse them."""
     if not isinstance(indices, torch.Tensor):
         raise RelayError(
             f"{what}: indices must be a tensor of request-pool slots (got a "
@@ -1247,16 +1434,29 @@ def _refuse_indices(what: str, indices: object) -> torch.Tensor:
             f"{what}: indices must be one slot per row, a 1-D tensor (got shape "
             f"{tuple(indices.shape)})"
         )
+    if device is not None and indices.device != device:
+        raise RelayError(
+            f"{what}: indices are on {indices.device}, not on the map's device "
+            f"{device}; hand the slots on {device} (.to({str(device)!r})). Nothing was "
+            "written"
+        )
     return indices
 
 
 def write_slots(
-    what: str, first: str, indices: object, pool_size: int, *, host: bool = True
+    what: str,
+    first: str,
+    indices: object,
+    pool_size: int,
+    *,
+    host: bool = True,
+    device: torch.device | None = None,
 ) -> torch.Tensor | None:
     """The int64 slots a checked write indexes with, ``None`` for none. Refuses, named
-    as field ``first``, indices that are no vector of integer slots and, on the host
-    where ``host`` (debug mode checks slots itself), a slot outside the pool."""
-    slots = _refuse_indices(first, indices)
+    as field ``first``, indices that are no vector of integer slots (on ``device``
+    where given) and, on the host where ``host`` (debug mode checks slots itself), a
+    slot outside the pool."""
+    slots = _refuse_indices(first, indices, device)
     if slots.numel() == 0:
         return None
     if host and slots.is_cpu and not host_slots_ok(slots, pool_size):
@@ -1405,10 +1605,46 @@ def adopted(
     dtype: torch.dtype,
 ) -> torch.Tensor:
     """Field ``i``'s buffer: ``buf``, which the engine allocated for a captured graph to
-    write, checked and filled in place as the field declares (zeros, or debug mode's
-    poison); or, without one, a buffer the map makes."""
+    write, or, without one, a buffer the map makes. An engine's buffer is checked
+    against the field and against the map's other buffers (Note [Adopted buffers]);
+    once the last graph-written field's is, each is filled in place as its field
+    declares (zeros, or debug mode's poison), so a refused one leaves all unfilled."""
+    table = s.table
     if buf is None:
-        return s.buffer(i, shape, dtype)
+        made = s.buffer(i, shape, dtype)
+    else:
+        made = s.adopt(i, _adoptable(s, i, buf, shape, dtype))
+    if i == max(j for j, f in enumerate(table.fields) if f.graph_written):
+        for j, f in enumerate(table.fields):
+            each = s.buffers[j]
+            if not f.graph_written or each is None:
+                continue
+            if f.unwritten is Unwritten.ZEROS:
+                each.zero_()
+            elif s.debug is not None:
+                each.fill_(poison(each.dtype))
+    return made
+
+
+# Note [Adopted buffers]
+# A graph-written field's buffer may be the engine's (``<field>_buf=``): the captured
+# graph writes it, the map reads and writes it in place. Two fields sharing storage
+# would write each other's rows (a stash of a bonus token read back as a length), and
+# a buffer that requires grad fails the first in-place write with a torch error. So
+# each is refused, naming the field, unless it is a tensor of the field's dtype and
+# shape on the map's device, not requiring grad, and its bytes overlap no other buffer
+# of the map (same storage, intersecting byte ranges: disjoint views of one
+# allocation are fine).
+
+
+def _adoptable(
+    s: MapState,
+    i: int,
+    buf: object,
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """``buf`` if field ``i`` may adopt it (Note [Adopted buffers]); refused if not."""
     what = s.table.what(i)
     if not isinstance(buf, torch.Tensor):
         raise RelayError(
@@ -1423,11 +1659,42 @@ def adopted(
             f"{tuple(buf.shape)} on {buf.device}); allocate it so, or leave it out for "
             "the map to make its own"
         )
-    if s.table.fields[i].unwritten is Unwritten.ZEROS:
-        buf.zero_()
-    elif s.debug is not None:
-        buf.fill_(poison(dtype))
-    return s.adopt(i, buf)
+    if buf.requires_grad:
+        raise RelayError(
+            f"{what}: the buffer handed to the constructor requires grad, but the map "
+            "writes it in place, outside autograd; hand buf.detach() (the same memory) "
+            "or allocate it with requires_grad=False"
+        )
+    low, high = _byte_range(buf)
+    for j, other in enumerate(s.buffers):
+        if other is None or j == i:
+            continue
+        if other.untyped_storage().data_ptr() != buf.untyped_storage().data_ptr():
+            continue
+        other_low, other_high = _byte_range(other)
+        if low < other_high and other_low < high:
+            raise RelayError(
+                f"{what}: the buffer handed to the constructor shares storage with "
+                f"{s.table.what(j)}'s buffer (bytes {low} to {high} and "
+                f"{other_low} to {other_high} of one storage overlap), so a write to "
+                "one would change the other's rows; hand each field its own tensor "
+                "(or disjoint views of one), or leave one out for the map to make"
+            )
+    return buf
+
+
+def _byte_range(t: torch.Tensor) -> tuple[int, int]:
+    """The bytes of its storage ``t`` may touch: from its first element to past its
+    last (every stride taken at its reach)."""
+    size = t.element_size()
+    low = high = t.storage_offset()
+    for extent, stride in zip(t.shape, t.stride()):
+        reach = (extent - 1) * stride
+        if reach < 0:
+            low += reach
+        else:
+            high += reach
+    return int(low) * size, (int(high) + 1) * size
 
 
 def graph_wrote(
@@ -1470,6 +1737,10 @@ def stash_partial(
     fields = [i for i in table.forward if not table.fields[i].kept]
     debug = s.debug
     if debug is not None and isinstance(indices, torch.Tensor) and indices.numel():
+        # The slots first: one outside the pool is that, not a stale kept row.
+        what = f"{table.owner}.stash_partial"
+        first = table.what(fields[0]) if fields else table.owner
+        write_slots(what, first, indices, s.pool_size, device=s.device)
         kept = [i for i in table.forward if table.fields[i].kept]
         debug.peek(
             "stash_partial",
@@ -1485,30 +1756,128 @@ def stash_partial(
     _write(s, "stash_partial", fields, indices, values, owners)
 
 
-def bind_tails(target: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """A copy of ``target`` whose last ``len(rows)`` entries are ``rows``, cast to its
-    dtype (the batch's own tensor may still be read by the step in flight)."""
+# Note [Tails]
+# ``resolve_tails`` builds every tail on a copy of the batch's own tensor or list, and
+# rebinds the batch only once all are built, so a refusal leaves it as it was. A KV
+# location is read from the table at column ``length + Tails.add - 1``: a column
+# outside the row (``-1`` for a published length of 0 with nothing added would read
+# the row's last column) or a slot past the table's rows is refused first. The check
+# reads the columns on the host where they are there at no cost: on the CPU, and
+# wherever the field's host copy was made (it is waited for anyway); elsewhere debug
+# mode asserts them on the device.
+
+
+def bind_tails(
+    s: MapState, i: int, path: str, target: object, rows: torch.Tensor
+) -> torch.Tensor:
+    """A copy of ``target`` (``batch.<path>``) whose last ``len(rows)`` entries are
+    ``rows``, cast to its dtype (the batch's own tensor may still be read by the step
+    in flight); refused, naming it, if it is no tensor or too short (Note [Tails])."""
     n = rows.shape[0]
-    if n > target.shape[0]:
+    if not isinstance(target, torch.Tensor):
         raise RelayError(
-            f"resolve_tails: {n} decode rows, but the batch's tensor has only "
-            f"{target.shape[0]} entries; the decode rows are the batch's last rows"
+            f"{s.table.what(i)}: batch.{path} must be a tensor of the batch's rows, "
+            f"its last {n} the decode rows resolve_tails binds (got a "
+            f"{type(target).__name__}); set it before resolve_tails. Nothing was "
+            "written"
         )
+    if n > target.shape[0]:
+        raise _short(s, i, path, n, target.shape[0], "tensor")
     bound = target.clone()
     bound[target.shape[0] - n :] = rows
     return bound
 
 
-def bind_tail_list(target: list[int], rows: torch.Tensor) -> list[int]:
-    """A new list: ``target`` with its last ``len(rows)`` entries the host ``rows``."""
+def bind_tail_list(
+    s: MapState, i: int, path: str, target: object, rows: torch.Tensor
+) -> list[int]:
+    """A new list: ``target`` (``batch.<path>``) with its last ``len(rows)`` entries
+    the host ``rows``; refused, naming it, if it is no list or too short."""
     n = rows.shape[0]
-    if n > len(target):
+    if not isinstance(target, list):
         raise RelayError(
-            f"resolve_tails: {n} decode rows, but the batch's list has only "
-            f"{len(target)} entries; the decode rows are the batch's last rows"
+            f"{s.table.what(i)}: batch.{path} must be a list of the batch's rows, its "
+            f"last {n} the decode rows resolve_tails binds (got a "
+            f"{type(target).__name__}); set it before resolve_tails. Nothing was "
+            "written"
         )
+    if n > len(target):
+        raise _short(s, i, path, n, len(target), "list")
     values: list[int] = rows.tolist()
     return [*target[: len(target) - n], *values]
+
+
+def _short(s: MapState, i: int, path: str, n: int, given: int, kind: str) -> RelayError:
+    return RelayError(
+        f"{s.table.what(i)}: batch.{path} has {given} entries, but resolve_tails "
+        f"binds {n} decode rows, the {kind}'s last rows; build the batch with its "
+        "decode rows last. Nothing was written"
+    )
+
+
+def tail_locations(
+    s: MapState,
+    i: int,
+    table: object,
+    indices: torch.Tensor,
+    columns: torch.Tensor,
+    host: torch.Tensor | None,
+) -> torch.Tensor:
+    """``table[indices, columns]``: each decode row's KV location, from field ``i``'s
+    ``Tails.kv.table``; a column outside the row or a slot past the table's rows is
+    refused first, naming the row (Note [Tails]). ``host`` is the field's host copy of
+    the lengths, where it was made."""
+    tails = s.table.fields[i].tails
+    assert tails is not None and tails.kv is not None, "a field with tails_kv"
+    what = f"{s.table.what(i)}: batch.{tails.kv.table}"
+    if (
+        not isinstance(table, torch.Tensor)
+        or table.ndim != 2
+        or table.device != columns.device
+    ):
+        got = (
+            f"a tensor of shape {tuple(table.shape)} on {table.device}"
+            if isinstance(table, torch.Tensor)
+            else f"a {type(table).__name__}"
+        )
+        raise RelayError(
+            f"{what} must be a 2-D tensor on {columns.device}, a row of KV locations "
+            f"per slot, got {got}. Nothing was written"
+        )
+    rows, width = table.shape
+    shift = tails.add - 1
+    taken: list[int] | None = None
+    if host is not None:
+        taken = [x + shift for x in cast(list[int], host.tolist())]
+    elif columns.is_cpu:
+        taken = columns.tolist()
+    if taken is not None:
+        slots = cast(list[int], indices.tolist()) if indices.is_cpu else None
+        for j, column in enumerate(taken):
+            slot = slots[j] if slots is not None else int(indices[j])
+            if not 0 <= column < width:
+                raise RelayError(
+                    f"{what}: decode row {j} (slot {slot}) would read column {column} "
+                    f"of its {width} (a published length of {column - shift}, plus "
+                    f"{tails.add}, minus 1): a length that points before the row or "
+                    "past the table. Publish a length within the row (or add to it "
+                    "with Tails(add=...)). Nothing was written"
+                )
+        for j, slot in enumerate(slots or ()):
+            if not 0 <= slot < rows:
+                raise RelayError(
+                    f"{what}: decode row {j} is slot {slot}, but the table has {rows} "
+                    "rows; give it a row per slot of the pool. Nothing was written"
+                )
+    elif s.debug is not None:
+        torch._assert_async(
+            ((columns >= 0) & (columns < width)).all(),
+            f"{what}: a decode row's KV column is outside its row of {width}",
+        )
+        torch._assert_async(
+            (indices < rows).all(), f"{what}: a slot is past the table's {rows} rows"
+        )
+    return table[indices, columns]
 
 
 def read_tails(s: MapState, i: int, indices: torch.Tensor) -> None:

@@ -2,8 +2,32 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+
 import pytest
 import torch
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _torch_compiler_cache() -> Iterator[None]:
+    """torch makes its compiler cache folder (``torchinductor_<user>`` in the temporary
+    folder) the first time anything imports its compiler, as a ``TorchDispatchMode``
+    does (relay's op counter): the tests and the processes they start point it at a
+    folder of their own and remove it, so a test run leaves the temporary folder as it
+    found it."""
+    if "TORCHINDUCTOR_CACHE_DIR" in os.environ:
+        yield
+        return
+    folder = tempfile.mkdtemp(prefix="relay-tests-torch-cache-")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = folder
+    try:
+        yield
+    finally:
+        del os.environ["TORCHINDUCTOR_CACHE_DIR"]
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

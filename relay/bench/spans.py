@@ -4,8 +4,8 @@ The bundled ``vllm_drafts`` map hands each request's sampled token and 0 to K dr
 to the next step's flat ``input_ids`` (Note [Counted scatters] in relay/runtime.py).
 Its step (``stash``, then ``resolve_future``) is timed beside its floors: the same
 torch calls in the same order, written by hand over the map's own buffers, with relay's
-host checks on the CPU (the stash's slots; the positions the offsets and counts place)
-or bare. Offsets and counts are int32, as vLLM's ``query_start_loc`` is.
+host checks on the CPU (the stash's slots; the counts and the spans the offsets and
+counts place) or bare. Offsets and counts are int32, as vLLM's ``query_start_loc`` is.
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def plain_step(
 ) -> tuple[Callable[[], None], torch.Tensor]:
     """A floor over ``relay``'s own buffers, and the ``input_ids`` it fills: with
     ``check``, relay's host checks on the CPU before any row changes (the stash's
-    slots; the positions the offsets and counts place), else bare."""
+    slots; the counts and the spans the offsets and counts place), else bare."""
     sampled_buf: torch.Tensor = relay.sampled_tokens_buf
     drafts_buf: torch.Tensor = relay.draft_tokens_buf
     idx, sampled, drafts = work.slots, work.sampled, work.drafts
@@ -98,17 +98,28 @@ def plain_step(
     few = idx.numel() <= HOST_SLOTS_IN_PYTHON_MAX
     size = input_ids.numel()
 
-    def inside(*positions: torch.Tensor) -> None:
-        seen: list[int] = []
-        for at in positions:
-            if at.numel() <= HOST_POSITIONS_IN_PYTHON_MAX:
-                seen += at.tolist()
-            else:
-                lo, hi = at.aminmax()
-                if cast(int, lo.tolist()) < 0 or cast(int, hi.tolist()) >= size:
+    def apart(starts: torch.Tensor, counts: torch.Tensor) -> None:
+        """relay's span check: each count 0 to K, each span (the token and its
+        drafts) inside the target and before the next request's start."""
+        if starts.numel() <= HOST_POSITIONS_IN_PYTHON_MAX:
+            at: list[int] = starts.tolist()
+            each: list[int] = counts.tolist()
+            if min(each) < 0 or max(each) > DRAFTS:
+                raise IndexError(each)
+            end = 0
+            for a, c in zip(at, each):
+                if a < end:
                     raise IndexError(at)
-        if seen and (min(seen) < 0 or max(seen) >= size):
-            raise IndexError(seen)
+                end = a + 1 + c
+            if end > size:
+                raise IndexError(at)
+            return
+        held, made = starts.numpy(), counts.numpy()  # one view op each
+        if made.min() < 0 or made.max() > DRAFTS:
+            raise IndexError(made)
+        ends = held + made
+        if (held[1:] - ends[:-1]).min() < 1 or held[0] < 0 or ends[-1] + 1 > size:
+            raise IndexError(held)
 
     def step() -> None:
         if check and few:
@@ -125,11 +136,11 @@ def plain_step(
         b = drafts_buf.index_select(0, idx)
         starts = starts32.long()
         counts = counts32.long()
+        if check:
+            apart(starts, counts)
         at = (starts + 1).unsqueeze(1) + cols
         keep = cols < counts.unsqueeze(1)
         at_kept, b_kept = at[keep], b[keep]
-        if check:
-            inside(starts, at_kept)
         input_ids.index_copy_(0, starts, a)
         input_ids.index_copy_(0, at_kept, b_kept)
 

@@ -205,24 +205,30 @@ def _placeholder_read(names: Names, f: Field, target: str) -> list[str]:
     ]
 
 
-def _scatter_read(names: Names, schema: Schema, f: Field, target: str) -> list[str]:
-    """Rows at ``indices`` into flat ``target`` from each request's start offset: one
-    gather, the checked positions (Note [Scatter destinations] in runtime.py), one
-    scatter. A counted field, or several fields into one target, is one span."""
+def _scatter_read(
+    names: Names, schema: Schema, f: Field, target: str
+) -> tuple[list[str], list[str]]:
+    """Rows at ``indices`` into flat ``target`` from each request's start offset: the
+    plan (one gather, the checked positions: Note [Scatter destinations] in
+    runtime.py), then the write (one scatter). A counted field, or several fields into
+    one target, is one span, planned and written where its last field is declared."""
     span = _span(schema, f)
     if span:
         last = max(span, key=schema.fields.index)
-        return _span_read(names, schema, span, target) if f is last else []
+        return _span_read(names, schema, span, target) if f is last else ([], [])
     i = schema.fields.index(f)
     rows = names.value[f.name]
+    at = names.placeholder[f.name][0]
     flat = ".flatten()" if f.shape else ""
     assert f.scatter is not None
     offsets = f.scatter.offsets
     args = ["self._state", str(i), f"batch.{offsets}", "indices", target]
-    at = join("_rt.scatter_at(", [*args, *_owners(schema)])
-    return [
+    plan = [
         *_stashed(names, schema, f),
         f"{rows} = {_buf(names, f)}.index_select(0, indices){flat}",
+        join(f"{at} = _rt.scatter_at(", [*args, *_owners(schema)]),
+    ]
+    return plan, [
         f"{target}.index_copy_(0, {at}, {rows})",
     ]
 
@@ -267,9 +273,9 @@ def _span(schema: Schema, f: Field) -> list[Field]:
 
 def _span_read(
     names: Names, schema: Schema, span: Sequence[Field], target: str
-) -> list[str]:
-    """Every field of one span: each gathered, then one checked scatter of them all
-    (Note [Counted scatters] in runtime.py)."""
+) -> tuple[list[str], list[str]]:
+    """Every field of one span: each gathered, one checked plan of them all, then its
+    write (Note [Counted scatters] in runtime.py)."""
     scatters = [g.scatter for g in span if g.scatter is not None]
     positions = [str(schema.fields.index(g)) for g in span]
     locals_ = [names.value[g.name] for g in span]
@@ -277,6 +283,7 @@ def _span_read(
         f"batch.{s.lengths or s.when}" if s.lengths or s.when else "None"
         for s in scatters
     ]
+    at = names.placeholder[span[-1].name][0]
 
     def tup(items: list[str]) -> str:
         return join("(", items, ",)" if len(items) == 1 else ")")
@@ -291,13 +298,16 @@ def _span_read(
         tup(counts),
         *_owners(schema),
     ]
-    return [
+    plan = [
         *(line for g in span for line in _stashed(names, schema, g)),
         *(
             f"{local} = {_buf(names, g)}.index_select(0, indices)"
             for g, local in zip(span, locals_)
         ),
-        join("_rt.scatter_span(", args),
+        join(f"{at} = _rt.span_at(", args),
+    ]
+    return plan, [
+        f"_rt.scatter_span({target}, {at})",
     ]
 
 
@@ -447,13 +457,26 @@ def _owners(schema: Schema, lane: Lane = Lane.FORWARD) -> list[str]:
     return [f"owners=batch.{owners}"] if owners else []
 
 
+def _plans(
+    names: Names, schema: Schema, reads: Sequence[Field], spelled: dict[str, str]
+) -> list[str]:
+    """Every scatter's plan (its checks and positions), before any of them writes."""
+    lines = []
+    for f in reads:
+        if f.scatter is not None and f.target is not None:
+            lines += _scatter_read(names, schema, f, spelled[f.target])[0]
+    return lines
+
+
 def _reads(
     names: Names,
     schema: Schema,
     reads: Sequence[Field],
     fused: Fused | None,
     spelled: dict[str, str],
+    planned: bool = False,
 ) -> list[str]:
+    """Each read's lines; a scatter's write alone where ``planned`` (``_plans``)."""
     lines = []
     for f in reads:
         assert f.target is not None
@@ -461,7 +484,8 @@ def _reads(
         if f.resolve is Resolve.PLACEHOLDER:
             lines += [*_stashed(names, schema, f), *_placeholder_read(names, f, target)]
         elif f.scatter is not None:
-            lines += _scatter_read(names, schema, f, target)
+            plan, scatter = _scatter_read(names, schema, f, target)
+            lines += scatter if planned else plan + scatter
         elif fused is not None and f.name in fused.member_of:
             lines.append(_packed_read(names, f, target))
         elif fused is not None and f.optional and _flat(f):
@@ -526,7 +550,8 @@ def resolve_future(
     if fused is not None:
         lines += [s for f in reads for s in _stashed(names, schema, f)]
         lines += _fused_block(names, schema, reads, fused)
-    lines += _reads(names, schema, outside, fused, spelled)
+    lines += _plans(names, schema, outside, spelled)  # every target before any write
+    lines += _reads(names, schema, outside, fused, spelled, planned=True)
     reports = _placeholder_reports(names, schema, outside) + _scattered(
         schema, outside, spelled
     )
@@ -659,32 +684,42 @@ def resolve_tails(names: Names, schema: Schema, f: Field) -> list[str]:
         *_slots_read("resolve_tails"),
         *_stashed(names, schema, f),
         f"{value} = {_buf(names, f)}.index_select(0, indices)",
+        "if debug is not None:",  # a stale row is named before its value is used
+        f"    _rt.read_tails(self._state, {i}, indices)",
     ]
     bind = "_rt.bind_tails"
-    bound = [(f.target, "tail_lengths", bind, plus(value, tails.add))]
-    if tails.kv is not None:
-        locations = f"batch.{tails.kv.table}[indices, {plus(value, tails.add - 1)}]"
-        bound.append((tails.kv.locations, "tail_locations", bind, locations))
     # An engine that may want no host copy (HostCopy(optional=True)) leaves the
     # mirror None: its tail is bound only where the batch has one.
     maybe = f.host is not None and f.host.optional
-    optional_mirror: list[str] = []
+    host = "None"
     if mirror is not None:  # validation: a sum, a prefix need a mirror here
         copied = f"self.{names.host[f.name]}.copy({value})"
-        if tails.prefix is not None or maybe:  # one host copy for all
+        if tails.prefix is not None or tails.kv is not None or maybe:  # one copy
             lines.append(f"host = {copied}")
-            copied = "host"
-        if maybe:
-            call = f"_rt.bind_tails(batch.{mirror}, {plus(copied, tails.add)})"
-            optional_mirror = [
-                f"tail_host = None if batch.{mirror} is None else {call}"
-            ]
-        else:
-            bound.append((mirror, "tail_host", bind, plus(copied, tails.add)))
+            copied = host = "host"
+    bound = [(f.target, "tail_lengths", bind, plus(value, tails.add))]
+    if tails.kv is not None:  # the columns checked first: runtime.tail_locations
+        columns = plus(value, tails.add - 1)
+        args = ["self._state", str(i), f"batch.{tails.kv.table}", "indices"]
+        locations = join("_rt.tail_locations(", [*args, columns, host])
+        bound.append((tails.kv.locations, "tail_locations", bind, locations))
+    optional_mirror: list[str] = []
+    if mirror is not None and not maybe:
+        bound.append((mirror, "tail_host", bind, plus(copied, tails.add)))
+    elif mirror is not None:
+        mirror_args = ["self._state", str(i), string_literal(mirror), f"batch.{mirror}"]
+        call = join(f"{bind}(", [*mirror_args, plus(copied, tails.add)])
+        optional_mirror = [f"tail_host = None if batch.{mirror} is None else {call}"]
     if tails.prefix is not None:
         rows = plus("host", tails.add - 1)
         bound.append((tails.prefix, "tail_prefix", "_rt.bind_tail_list", rows))
-    lines += [f"{local} = {call}(batch.{a}, {rows})" for a, local, call, rows in bound]
+    lines += [
+        join(
+            f"{local} = {call}(",
+            ["self._state", str(i), string_literal(a), f"batch.{a}", rows],
+        )
+        for a, local, call, rows in bound
+    ]
     lines += optional_mirror
     lines += [f"batch.{a} = {local}" for a, local, _, _ in bound]
     rebind = [f"batch.{mirror} = tail_host"] if optional_mirror else []
@@ -694,11 +729,7 @@ def resolve_tails(names: Names, schema: Schema, f: Field) -> list[str]:
         lines += ["if tail_host is not None:", *_indent(rebind)]
     else:
         lines += rebind
-    return [
-        *lines,
-        "if debug is not None:",
-        f"    _rt.read_tails(self._state, {i}, indices)",
-    ]
+    return lines
 
 
 def invalidate(schema: Schema, placeholders: Sequence[Field]) -> list[str]:

@@ -324,6 +324,39 @@ class DebugChecks:
 
         self._require(ok, lambda: text("scatter_count_summary", **where), problem)
 
+    def check_claimed(
+        self,
+        field: str,
+        indices: torch.Tensor,
+        at: torch.Tensor,
+        keep: torch.Tensor,
+        target: torch.Tensor,
+        owners: Owners | None = None,
+    ) -> None:
+        """Before a scatter into a non-negative field's target, its ranges checked:
+        every position ``at`` (one row per request) where ``keep`` holds a negative
+        placeholder, not a value another request's span already holds (Note [Scatter
+        destinations] in relay/runtime.py)."""
+        flat = target.reshape(-1)
+        if flat.numel() == 0 or at.numel() == 0:
+            return
+        held = flat.index_select(0, torch.where(keep, at, 0).reshape(-1)).view_as(at)
+        ok = (held < 0) | ~keep
+        where = {"owner": self.owner, "field": field}
+
+        def problem(first: int) -> str:
+            j, column = divmod(first, at.shape[1])
+            slot = int(indices.reshape(-1)[j])
+            return text(
+                "scatter_claimed",
+                request=request_at(j, slot, owners),
+                position=int(at[j, column]),
+                value=int(held[j, column]),
+                **where,
+            )
+
+        self._require(ok, lambda: text("scatter_claimed_summary", **where), problem)
+
     def check_scattered(self, field: str, target: torch.Tensor) -> None:
         """After a scatter into a non-negative field's target: no position still holds
         a negative placeholder that no request's row covered."""

@@ -192,6 +192,16 @@ MESSAGES: Final[Mapping[str, str]] = MappingProxyType(
             "{owner}.{field}: a count is outside the row's width, or more than the "
             "stash wrote"
         ),
+        "scatter_claimed": (
+            "{owner}.{field}: {request} would write position {position}, which holds "
+            "{value}, not a placeholder: its span runs into "
+            "another request's positions (a count larger than the span its batch laid "
+            "out, or an offset off)."
+        ),
+        "scatter_claimed_summary": (
+            "{owner}.{field}: a scatter would overwrite a position that holds no "
+            "placeholder"
+        ),
         "scatter_leftover": (
             "{owner}.{field}: after the scatter, position {position} of the target "
             "still holds {value}: a placeholder no request's row covered (an offset one "

@@ -378,6 +378,8 @@ class _Driver:
                 value.view(-1)[0] = self.rng.choice((math.nan, math.inf, -math.inf))
         else:
             low = {Guard.POSITIVE: 1, Guard.NON_NEGATIVE: 0}.get(f.guard, -2)
+            if f.tails is not None and f.tails.kv is not None:  # a KV column in its row
+                low = max(low, 1 - f.tails.add)
             value = torch.randint(low, 1000, shape, generator=g).to(
                 dtype
             )  # -1 included

@@ -234,6 +234,11 @@ class ReferenceRelay:
         bound(f.target, lengths + tails.add)
         if tails.kv is not None:
             table: torch.Tensor = get_path(batch, tails.kv.table)
+            for s, x in zip(slots, lengths.tolist()):  # never a column before the row
+                if not 0 <= x + tails.add - 1 < table.shape[1]:
+                    raise ModelError(
+                        f"{f.name}: slot {s}'s KV column is outside its row"
+                    )
             bound(
                 tails.kv.locations,
                 torch.stack(

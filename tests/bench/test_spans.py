@@ -21,7 +21,7 @@ CPU = torch.device("cpu")
 @pytest.mark.parametrize("batch", [1, 8, 20, 64, 256])
 def test_the_floors_make_the_generated_steps_ops(batch: int) -> None:
     """Same data ops and view ops in the same order, over the map's own buffers, from
-    the host checks' one-op forms (above 32 slots, above 48 positions) to none."""
+    the host checks' op forms (above 32 slots, above 48 requests) to none."""
     work = spans.workload(batch, CPU)
     generated, relay, relay_batch = spans.relay_step(work, CPU)
     floor, floor_ids = spans.plain_step(work, relay, CPU)
@@ -32,7 +32,9 @@ def test_the_floors_make_the_generated_steps_ops(batch: int) -> None:
         assert torch.equal(relay_batch.input_ids, input_ids)
     made, checked, plain = count_ops(generated), count_ops(floor), count_ops(bare)
     assert made.data == checked.data and "index_copy_" in made.data
-    assert len(made.views) == len(checked.views) == len(plain.views)
+    assert len(made.views) == len(checked.views)
+    # The host checks' ops: ``aminmax`` of the slots, numpy's reads of the spans.
+    assert len(plain.views) == len([v for v in made.views if v != "detach"])
     assert plain.data == tuple(op for op in made.data if op != "aminmax")
 
 

@@ -208,8 +208,9 @@ def _drafts_past_the_step(batch: Namespace, run: V2Run) -> None:
         (
             _token_always,
             (
-                r"VllmV2DraftsFutureMap\.last_sampled: slot \d+: resolve_future reads a "
-                r"row that was never written"
+                r"VllmV2DraftsFutureMap\.last_sampled: request 'req-\d+' \(row \d+, "
+                r"slot \d+\) would write position \d+, which holds \d+, not a "
+                r"placeholder"
             ),
         ),
         (

@@ -457,6 +457,31 @@ def _scatter_leftover_summary() -> tuple[str, Callable[[], object]]:
     return want, lambda: checks(named=False).check_scattered("tok", target)
 
 
+def _claimed(named: bool = True) -> Callable[[], object]:
+    """Request 1 (slot 5) would write positions 2 and 3; 3 holds a prefill token."""
+    target = torch.tensor([7, -1, -1, 9])
+    at = torch.tensor([[0, 1], [2, 3]])
+    keep = torch.tensor([[False, True], [True, True]])
+    d = checks(named=named)
+    return lambda: d.check_claimed("tok", rows(3, 5), at, keep, target)
+
+
+def _scatter_claimed() -> tuple[str, Callable[[], object]]:
+    want = text(
+        "scatter_claimed",
+        owner="M",
+        field="tok",
+        request="the request in row 1 (slot 5)",
+        position=3,
+        value=9,
+    )
+    return want, _claimed()
+
+
+def _scatter_claimed_summary() -> tuple[str, Callable[[], object]]:
+    return text("scatter_claimed_summary", owner="M", field="tok"), _claimed(False)
+
+
 def _counts(
     named: bool = True, produced: list[int] | None = None
 ) -> Callable[[], object]:
@@ -523,6 +548,8 @@ TRIGGERS: dict[str, Callable[[], tuple[str, Callable[[], object]]]] = {
     "scatter_outside": _scatter_outside,
     "scatter_overlap": _scatter_overlap,
     "scatter_summary": _scatter_summary,
+    "scatter_claimed": _scatter_claimed,
+    "scatter_claimed_summary": _scatter_claimed_summary,
     "scatter_leftover": _scatter_leftover,
     "scatter_leftover_summary": _scatter_leftover_summary,
     "scatter_count_outside": _scatter_count_outside,
