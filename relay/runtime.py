@@ -25,7 +25,6 @@ from relay.debug.messages import request_at, text
 from relay.debug.owners import Owners
 from relay.device import CpuFence, Fence, HostMirror, new_fence
 from relay.errors import RelayError, SlotError
-from relay.fused import gather_rows, gather_rows_optional
 from relay.schema import (
     FROM_PAYLOAD,
     Alloc,
@@ -83,8 +82,6 @@ __all__ = [
     "fits",
     "fits_optional",
     "gather_optional",
-    "gather_rows",
-    "gather_rows_optional",
     "graph_wrote",
     "guard_finite",
     "guard_non_negative",

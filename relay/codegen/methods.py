@@ -30,7 +30,7 @@ from relay.schema import (
 )
 
 __all__ = [
-    "Fused",
+    "PackedReads",
     "invalidate",
     "release",
     "resolve_future",
@@ -153,7 +153,7 @@ def resolve_doc(names: Names, f: Field) -> str:
 
 
 @attrs.frozen
-class Fused:
+class PackedReads:
     """A packed map's gather block (Note [Packed layout] in layout.py): the packed
     groups, and each packed field's group."""
 
@@ -323,63 +323,36 @@ def _packed_read(names: Names, f: Field, target: str) -> str:
     )
 
 
-def _fused_block(
-    names: Names, schema: Schema, reads: Sequence[Field], fused: Fused
+def _packed_block(
+    names: Names, schema: Schema, reads: Sequence[Field], packed_reads: PackedReads
 ) -> list[str]:
     """Every gather of a packed map at once: one ``index_select`` per packed buffer and
-    per field of its own, or with ``fused_gather`` set, one ``_rt.gather_rows``."""
-    required = [names.packed[g.dtype][2] for g in fused.groups]
-    required_args = [f"self.{names.packed[g.dtype][0]}" for g in fused.groups]
-    torch_path = [
-        f"{rows} = {arg}.index_select(0, indices)"
-        for rows, arg in zip(required, required_args)
+    per field of its own, then each packed buffer's rows split into its fields."""
+    lines = [
+        f"{names.packed[g.dtype][2]} = self.{names.packed[g.dtype][0]}"
+        ".index_select(0, indices)"
+        for g in packed_reads.groups
     ]
-    optional: list[str] = []
-    optional_args: list[str] = []
     for f in reads:
-        if f.name in fused.member_of or f.resolve is not Resolve.GATHER:
+        if f.name in packed_reads.member_of or f.resolve is not Resolve.GATHER:
             continue
         local = names.value[f.name]
         if f.optional:
             flag = _carried(schema, f)
-            optional.append(local)
-            optional_args.append(f"{_buf(names, f)} if {flag} else None")
-            torch_path.append(
+            lines.append(
                 f"{local} = _rt.gather_optional({_buf(names, f)}, {flag}, indices)"
             )
         else:
-            required.append(local)
-            required_args.append(_buf(names, f))
-            torch_path.append(f"{local} = {_buf(names, f)}.index_select(0, indices)")
-
-    def targets(names: list[str]) -> str:
-        return f"({names[0]},)" if len(names) == 1 else f"({', '.join(names)})"
-
-    def literal(args: list[str]) -> str:
-        return join("(", args, ",)" if len(args) == 1 else ")")
-
-    if optional:
-        head = f"{targets(required)}, {targets(optional)} = _rt.gather_rows_optional("
-        args = ["indices", literal(required_args), literal(optional_args)]
-    else:
-        head = f"{targets(required)} = _rt.gather_rows("
-        args = ["indices", literal(required_args)]
-    call = join(head, args)
+            lines.append(f"{local} = {_buf(names, f)}.index_select(0, indices)")
     split = [
         join(
             f"{', '.join(names.value[m.field.name] for m in g.members)} = "
             f"{names.packed[g.dtype][2]}.split_with_sizes(",
             [f"self.{names.packed[g.dtype][1]}", "1"],
         )
-        for g in fused.groups
+        for g in packed_reads.groups
     ]
-    return [
-        "if self.fused_gather:",
-        f"    {call}",
-        "else:",
-        *_indent(torch_path),
-        *split,
-    ]
+    return [*lines, *split]
 
 
 def _parents(
@@ -472,7 +445,7 @@ def _reads(
     names: Names,
     schema: Schema,
     reads: Sequence[Field],
-    fused: Fused | None,
+    packed_reads: PackedReads | None,
     spelled: dict[str, str],
     planned: bool = False,
 ) -> list[str]:
@@ -486,12 +459,12 @@ def _reads(
         elif f.scatter is not None:
             plan, scatter = _scatter_read(names, schema, f, target)
             lines += scatter if planned else plan + scatter
-        elif fused is not None and f.name in fused.member_of:
+        elif packed_reads is not None and f.name in packed_reads.member_of:
             lines.append(_packed_read(names, f, target))
-        elif fused is not None and f.optional and _flat(f):
+        elif packed_reads is not None and f.optional and _flat(f):
             local = names.value[f.name]
             lines.append(f"{target} = None if {local} is None else {local}.flatten()")
-        elif fused is not None:
+        elif packed_reads is not None:
             lines.append(f"{target} = {names.value[f.name]}{_flat(f)}")
         else:
             gate = spelled[f.gate] if f.gate is not None else None
@@ -519,7 +492,10 @@ def _placeholder_reports(
 
 
 def resolve_future(
-    names: Names, schema: Schema, reads: Sequence[Field], fused: Fused | None
+    names: Names,
+    schema: Schema,
+    reads: Sequence[Field],
+    packed_reads: PackedReads | None,
 ) -> list[str]:
     """The forward-lane resolve: seeds first where the map takes them, then gathers and
     placeholder substitutions, those under an optional parent only where it is set;
@@ -547,17 +523,17 @@ def resolve_future(
             lines.append(f"{parent} = batch.{parent}")
             lines += _none(parent, IfNone.REFUSE, "resolve_future")
 
-    if fused is not None:
+    if packed_reads is not None:
         lines += [s for f in reads for s in _stashed(names, schema, f)]
-        lines += _fused_block(names, schema, reads, fused)
+        lines += _packed_block(names, schema, reads, packed_reads)
     lines += _plans(names, schema, outside, spelled)  # every target before any write
-    lines += _reads(names, schema, outside, fused, spelled, planned=True)
+    lines += _reads(names, schema, outside, packed_reads, spelled, planned=True)
     reports = _placeholder_reports(names, schema, outside) + _scattered(
         schema, outside, spelled
     )
     absent = []
     for parent, fields in under.items():
-        body = _reads(names, schema, fields, fused, spelled)
+        body = _reads(names, schema, fields, packed_reads, spelled)
         placeholders = _placeholder_reports(names, schema, fields)
         placeholders += _scattered(schema, fields, spelled)
         if parents[parent] is IfNone.REFUSE:
@@ -794,7 +770,7 @@ class Bodies:
     read_doc: dict[str, str] = attrs.field(factory=dict)
 
 
-def bodies(names: Names, schema: Schema, fused: Fused | None) -> Bodies:
+def bodies(names: Names, schema: Schema, packed_reads: PackedReads | None) -> Bodies:
     """The bodies ``schema``'s map has (an empty one for a method it lacks)."""
     forward = lane_fields(schema, Lane.FORWARD)
     declared = lane_fields(schema, Lane.SCHEDULE)
@@ -821,7 +797,7 @@ def bodies(names: Names, schema: Schema, fused: Fused | None) -> Bodies:
         placeholders_body = tuple(invalidate(schema, placeholders))
     reads = [f for f in forward if f.target is not None]
     if reads:
-        future = tuple(resolve_future(names, schema, reads, fused))
+        future = tuple(resolve_future(names, schema, reads, packed_reads))
     tails = [tuple(resolve_tails(names, schema, f)) for f in declared if f.tails]
     return Bodies(
         stash=stash,

@@ -66,7 +66,6 @@ RESERVED = frozenset(
         "stream_ordered",
         # attributes of the map
         "_state",
-        "fused_gather",
     }
 )
 

@@ -180,13 +180,6 @@ def _init(
     made = [f for f in schema.fields if f.alloc is Alloc.EAGER]  # through ``state``
     bound = "state = self._state" if made else "self._state"
     stmts.append(Statement(f"{bound} = _rt.MapState(_TABLE, device, pool_size, debug)"))
-    if packed:
-        stmts.append(
-            Statement(
-                "self.fused_gather = False",
-                "Set True to gather resolve_future's fields in one launch on CUDA.",
-            )
-        )
     for g in packed:
         stmts += _group(names, g)
     member_of = {m.field.name: (g, m) for g in packed for m in g.members}
@@ -622,11 +615,11 @@ def map_view(schema: Schema, *, source: str) -> MapView:
     """The view of one validated schema: its names first, then what each method says."""
     names = naming.names_of(schema)
     packed = packed_groups(schema)
-    fused = None
+    packed_reads = None
     if packed:
         member_of = {m.field.name: g for g in packed for m in g.members}
-        fused = methods.Fused(tuple(packed), member_of)
-    bodies = methods.bodies(names, schema, fused)
+        packed_reads = methods.PackedReads(tuple(packed), member_of)
+    bodies = methods.bodies(names, schema, packed_reads)
     cleaned = literals.clean_doc(schema.doc)
     first_line = cleaned.split("\n")[0] if cleaned else schema.name
     protocols = _protocols(names, schema)
