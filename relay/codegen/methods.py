@@ -523,18 +523,29 @@ def resolve_future(
     if fused is not None:
         lines += [s for f in reads for s in _stashed(names, schema, f)]
         lines += _fused_block(names, schema, reads, fused)
-    lines += _plans(names, schema, outside, spelled)  # every target before any write
+    # Every target's plan before any write, those under a parent where it is set.
+    lines += _plans(names, schema, outside, spelled)
+    bound_early = set()
+    for parent, fields in under.items():
+        plans = _plans(names, schema, fields, spelled)
+        if plans and parents[parent] is IfNone.REFUSE:
+            lines += plans
+        elif plans:
+            bound_early.add(parent)
+            lines += [f"{parent} = batch.{parent}", f"if {parent} is not None:"]
+            lines += _indent(plans)
     lines += _reads(names, schema, outside, fused, spelled, planned=True)
     reports = _placeholder_reports(names, schema, outside)
     absent = []
     for parent, fields in under.items():
-        body = _reads(names, schema, fields, fused, spelled)
+        body = _reads(names, schema, fields, fused, spelled, planned=True)
         placeholders = _placeholder_reports(names, schema, fields)
         if parents[parent] is IfNone.REFUSE:
             lines += body
             reports += placeholders
             continue
-        lines.append(f"{parent} = batch.{parent}")
+        if parent not in bound_early:
+            lines.append(f"{parent} = batch.{parent}")
         if placeholders:  # reported where they were read
             body += ["if debug is not None:", *_indent(placeholders)]
         lines += [f"if {parent} is not None:", *_indent(body)]
