@@ -418,9 +418,11 @@ def _prologue(schema: Schema, method: str, lane: Lane) -> tuple[list[str], str |
 
 def _slots_read(method: str) -> list[str]:
     """Debug mode's check of the slots a resolve reads, and slots narrower than int64
-    widened (``index_select`` takes int64 and int32 only): one test when neither."""
+    widened (``index_select`` takes int64 and int32 only): one test when neither.
+    Meta slots are refused there too: ``index_select`` takes them without a word and
+    hands back uninitialised rows (an attribute read, no op)."""
     return [
-        "if debug is not None or indices.dtype is not torch.int64:",
+        "if debug is not None or indices.dtype is not torch.int64 or indices.is_meta:",
         f'    indices = _rt.read_slots(self._state, "{method}", indices)',
     ]
 

@@ -96,3 +96,38 @@ def test_a_skipped_parent_leaves_its_target_alone(debug: bool) -> None:
     batch.spec_info = None
     relay.resolve_future(batch)
     assert batch.input_ids.tolist() == [1, 2]
+
+
+@MODES
+def test_meta_slots_are_refused_by_every_resolve(debug: bool) -> None:
+    """int64 slots on the meta device: ``index_select`` would take them and hand back
+    uninitialised rows; relay refuses them by name, nothing written."""
+    from relay.maps.vllm_drafts import VllmDraftsFutureMap, VllmDraftsPayload
+
+    relay = VllmDraftsFutureMap("cpu", 8, num_speculative_tokens=3, debug=debug)
+    relay.stash(
+        torch.tensor([4, 2]),
+        VllmDraftsPayload(
+            sampled_token_ids=torch.tensor([10, 20]),
+            draft_token_ids=torch.tensor([[11, 12, 13], [21, 22, 23]]),
+            num_draft_tokens=torch.tensor([3, 3]),
+        ),
+    )
+    relay.publish(torch.tensor([4, 2]), torch.tensor([3, 3]))
+    meta = torch.tensor([4, 2], device="meta")
+    batch = Namespace(
+        slots=meta,
+        req_ids=None,
+        query_starts=torch.tensor([0, 3]),
+        num_draft_tokens=torch.tensor([2, 1]),
+        input_ids=torch.full((5,), PAD),
+        drafts_made=None,
+        drafts_made_cpu=None,
+    )
+    refused = r"VllmDraftsFutureMap\.resolve_\w+: .*on meta, not on the map's device"
+    with pytest.raises(RelayError, match=refused):
+        relay.resolve_future(batch)
+    assert batch.input_ids.tolist() == [PAD] * 5
+    with pytest.raises(RelayError, match=refused):
+        relay.resolve_drafts_made_cpu(batch)
+    assert batch.drafts_made_cpu is None
