@@ -14,18 +14,17 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import cast
 
 import torch
 
 from relay.cpu_stream import host_order_place
 from relay.debug import DebugChecks, poison
-from relay.debug.messages import text
+from relay.debug.messages import request_at, text
 from relay.debug.owners import Owners
 from relay.device import CpuFence, Fence, HostMirror, new_fence
 from relay.errors import RelayError, SlotError
-from relay.fused import gather_rows, gather_rows_optional
 from relay.schema import (
     FROM_PAYLOAD,
     Alloc,
@@ -83,8 +82,6 @@ __all__ = [
     "fits",
     "fits_optional",
     "gather_optional",
-    "gather_rows",
-    "gather_rows_optional",
     "graph_wrote",
     "guard_finite",
     "guard_non_negative",
@@ -209,6 +206,7 @@ class MapState:
         "rows",
         "seeds",
         "table",
+        "unread",
     )
 
     def __init__(
@@ -241,6 +239,9 @@ class MapState:
         #: Debug mode: each counted scatter field's count its latest write stashed per
         #: slot (Note [Counted scatters]).
         self.produced: dict[int, torch.Tensor] = {}
+        #: Debug mode, from a resolve's scatter to its read check: per counted or
+        #: ``when`` field, the requests it laid nothing for (their rows are not read).
+        self.unread: dict[int, torch.Tensor] = {}
 
     def buffer(
         self, i: int, shape: tuple[int, ...], dtype: torch.dtype
@@ -262,10 +263,18 @@ class MapState:
 
 
 def check_dim(table: Table, name: str, value: int) -> int:
-    """A dim given to a constructor must be a positive int."""
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+    """A dim given to a constructor must be a positive int; 0 too where only counted
+    scatter fields use it (vLLM's draft width without speculation: every count is 0)."""
+    counted = [
+        f.scatter is not None and f.scatter.lengths is not None
+        for f in table.fields
+        if name in f.shape
+    ]
+    low = 0 if counted and all(counted) else 1
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        kind = "a non-negative" if low == 0 else "a positive"
         raise ValueError(
-            f"{table.owner}: dim {name!r} must be a positive int (got {value!r} that is "
+            f"{table.owner}: dim {name!r} must be {kind} int (got {value!r} that is "
             f"a {type(value).__name__})"
         )
     return value
@@ -427,11 +436,16 @@ def _target(s: MapState, i: int, target: object) -> int:
 
 
 def scatter_at(
-    s: MapState, i: int, offsets: object, indices: torch.Tensor, target: torch.Tensor
+    s: MapState,
+    i: int,
+    offsets: object,
+    indices: torch.Tensor,
+    target: torch.Tensor,
+    owners: Owners | None = None,
 ) -> torch.Tensor:
     """Where field ``i``'s gathered rows go in flat ``target``: each request's start
     offset, then its row's columns (Note [Scatter destinations]); refused, naming the
-    request, before anything is written."""
+    request (by its id where ``owners`` names them), before anything is written."""
     f = s.table.fields[i]
     offsets_path = f.scatter.offsets if f.scatter is not None else None
     what = f"{s.table.what(i)}: batch.{offsets_path}"
@@ -456,17 +470,31 @@ def scatter_at(
     width = math.prod(s.rows[i])
     debug = s.debug
     if debug is not None:
-        debug.check_scatter(f.name, indices, starts, width, size)
-        if _guarded(s, i):
-            _debug_claims(s, debug, (i,), indices, starts, [width], [None], target)
+        debug.check_scatter(f.name, indices, starts, width, size, owners)
+        if _claimed(s, i):
+            none: list[torch.Tensor | None] = [None]
+            places = (starts, [width], none, [False])
+            _debug_claims(s, debug, (i,), indices, places, target, owners)
     elif starts.is_cpu and not _spans_ok(starts, [], [], width, size):
-        _name_span(s, (i,), indices, starts, [width], [None], size)
+        _name_span(s, (i,), indices, starts, [width], [None], size, owners)
     if not s.rows[i]:
         return starts
     columns = s.columns.get(i)
     if columns is None:
         columns = s.columns[i] = torch.arange(width, device=starts.device)
     return (starts.unsqueeze(1) + columns).flatten()
+
+
+def _claimed(s: MapState, i: int) -> bool:
+    """Whether debug mode checks the positions of field ``i``'s target around its
+    spans: a guarded target whose scatters say the rest is theirs to check (a
+    ``Scatter(rest_checked=False)`` target's other positions are the engine's)."""
+    target = s.table.fields[i].target
+    return _guarded(s, i) and all(
+        g.scatter.rest_checked
+        for g in s.table.fields
+        if g.scatter is not None and g.target == target
+    )
 
 
 def _guarded(s: MapState, i: int) -> bool:
@@ -501,7 +529,10 @@ def scattered(s: MapState, i: int, target: torch.Tensor) -> None:
 # row's values a resolve lays in, so a producer and a consumer cannot disagree on
 # where a row's values are, only on how many there are. Debug mode keeps the count
 # each stash carried per slot and reports a resolve that reads more (reading fewer is
-# a trim, the scheduler's right). On the CPU the values are picked with a mask;
+# a trim, the scheduler's right); a row of which a resolve lays nothing is not read
+# (not checked, not consumed), and a stash's guard checks only each row's counted
+# values. A field with ``when`` lays a request's whole row or none of it, and takes
+# its row's width of the span either way. On the CPU the values are picked with a mask;
 # elsewhere a mask would read the counts back to the host, a sync that stalls the
 # overlap, so each covered position takes the value of the one entry that covers it
 # (``scatter_kept``), with no host read.
@@ -546,6 +577,7 @@ def span_at(
     indices: torch.Tensor,
     target: torch.Tensor,
     lengths: tuple[object, ...],
+    owners: Owners | None = None,
 ) -> Span:
     """Where the gathered ``rows`` of scatter ``fields`` (in their order in a request's
     span) go in flat ``target``, for ``scatter_span``: each request's span from its
@@ -565,36 +597,52 @@ def span_at(
     )
     counts: list[torch.Tensor | None] = []
     widths: list[int] = []
+    #: Per field: its span's room is its row's width whatever it lays (``when``).
+    fixed: list[bool] = []
     for i, scatter, value in zip(fields, scatters, lengths):
-        widths.append(math.prod(s.rows[i]))
+        width = math.prod(s.rows[i])
+        widths.append(width)
+        when = scatter.when if scatter else None
+        fixed.append(when is not None)
         if value is None:
             counts.append(None)
+        elif when is not None:  # 0 or the whole row
+            if isinstance(value, torch.Tensor) and value.dtype is torch.bool:
+                value = value.long()
+            flag = _per_request(s, i, when, value, n, home)
+            counts.append((flag != 0).long() * width)
         else:
             path = scatter.lengths if scatter else None
             counts.append(_per_request(s, i, path, value, n, home))
     debug = s.debug
     host = target.is_cpu
+    # A ``when`` field's room in the span is its width, whatever it lays.
+    room = [None if whole else c for whole, c in zip(fixed, counts)]
     if debug is not None:
-        _debug_span(s, debug, fields, indices, starts, widths, counts, size)
-        if _guarded(s, fields[0]):
-            _debug_claims(s, debug, fields, indices, starts, widths, counts, target)
+        _debug_span(s, debug, fields, indices, starts, widths, room, size, owners)
+        if _claimed(s, fields[0]):
+            places = (starts, widths, counts, fixed)
+            _debug_claims(s, debug, fields, indices, places, target, owners)
+        for i, count in zip(fields, counts):
+            if count is not None:  # Note [Counted scatters]: a row laid 0 is unread
+                s.unread[i] = count == 0
     elif host:
-        fixed = 0
+        taken = 0
         counted: list[torch.Tensor] = []
         counted_widths: list[int] = []
-        for count, width in zip(counts, widths):
+        for count, width in zip(room, widths):
             if count is None:
-                fixed += width
+                taken += width
             else:
                 counted.append(count)
                 counted_widths.append(width)
-        if not _spans_ok(starts, counted, counted_widths, fixed, size):
-            _name_span(s, fields, indices, starts, widths, counts, size)
+        if not _spans_ok(starts, counted, counted_widths, taken, size):
+            _name_span(s, fields, indices, starts, widths, room, size, owners)
     else:
-        for i, width, count in zip(fields, widths, counts):
+        for i, width, count in zip(fields, widths, room):
             if count is not None:
                 assert_counts(count, width, table.what(i))
-    return _span_places(s, fields, rows, starts, widths, counts, host)
+    return _span_places(s, fields, rows, starts, widths, counts, host, fixed)
 
 
 def scatter_span(target: torch.Tensor, span: Span) -> None:
@@ -676,6 +724,7 @@ def _name_span(
     widths: list[int],
     counts: list[torch.Tensor | None],
     size: int,
+    owners: Owners | None = None,
 ) -> None:
     """Refuse the first count outside its row, then the first value outside the
     target, then the first span inside another's, once ``_spans_ok`` found the spans
@@ -693,8 +742,8 @@ def _name_span(
         for j, c in enumerate(each):
             if count is not None and not 0 <= c <= width:
                 raise RelayError(
-                    f"{table.what(i)}: request {j} (slot {slots[j]}) has a count of "
-                    f"{c} value(s), outside [0, {width}]: a row holds {width} "
+                    f"{table.what(i)}: {request_at(j, slots[j], owners)} has a count "
+                    f"of {c} value(s), outside [0, {width}]: a row holds {width} "
                     f"(batch.{_scatter_path(table, i, 'lengths')}). Nothing was "
                     "written"
                 )
@@ -705,11 +754,11 @@ def _name_span(
             if each[j] and (first < 0 or first + each[j] > size):
                 raise RelayError(
                     f"{table.what(i)}: batch.{_scatter_path(table, i, 'offsets')}: "
-                    f"request {j} "
-                    f"(slot {slots[j]}) starts at {first}, so its {each[j]} value(s) "
-                    f"would not fit the target's {size} positions. Nothing was written"
+                    f"{request_at(j, slots[j], owners)} starts at {first}, so its "
+                    f"{each[j]} value(s) would not fit the target's {size} positions. "
+                    "Nothing was written"
                     if single
-                    else f"{table.what(i)}: request {j} (slot {slots[j]}) puts its "
+                    else f"{table.what(i)}: {request_at(j, slots[j], owners)} puts its "
                     f"{each[j]} value(s) from {first}, outside the target's {size} "
                     "positions. Nothing was written"
                 )
@@ -721,9 +770,10 @@ def _name_span(
             continue
         if last is not None and at[j] < at[last] + spans[last]:
             raise RelayError(
-                f"{table.what(fields[0])}: request {j} (slot {slots[j]}) starts at "
-                f"{at[j]}, inside the {spans[last]} position(s) of request {last} "
-                f"(slot {slots[last]}) from {at[last]}: one would overwrite the "
+                f"{table.what(fields[0])}: {request_at(j, slots[j], owners)} starts "
+                f"at {at[j]}, inside the {spans[last]} position(s) of "
+                f"{request_at(last, slots[last], owners)} from {at[last]}: one would "
+                "overwrite the "
                 "other's values (a count larger than the span its batch laid out, or "
                 "an offset off). Nothing was written"
             )
@@ -739,9 +789,11 @@ def _span_places(
     widths: list[int],
     counts: list[torch.Tensor | None],
     host: bool,
+    fixed: list[bool],
 ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor | None]]:
     """Each field's target positions and values, in span order: on the host only the
-    counted ones; elsewhere all of a counted field's, with the mask of those kept."""
+    counted ones; elsewhere all of a counted field's, with the mask of those kept. A
+    ``fixed`` field takes its row's width of the span whatever it lays."""
     n = starts.numel()
     positions: list[torch.Tensor] = []
     values: list[torch.Tensor] = []
@@ -749,10 +801,10 @@ def _span_places(
     first = starts
     before: int = 0
     counted: torch.Tensor | None = None
-    for i, block, width, count in zip(fields, rows, widths, counts):
+    for i, block, width, count, whole in zip(fields, rows, widths, counts, fixed):
         if positions:  # after the fields before it in the span
             first = first + (before if counted is None else counted)
-        before, counted = width, count
+        before, counted = width, None if whole else count
         if count is None and width == 1:  # one value per request: at its start
             positions.append(first)
             values.append(block if block.ndim == 1 else block.flatten())
@@ -786,6 +838,7 @@ def _debug_span(
     widths: list[int],
     counts: list[torch.Tensor | None],
     size: int,
+    owners: Owners | None,
 ) -> None:
     """Debug mode, before a span's scatter: each count in its row's width and no more
     than the slot's stash wrote, each request's span inside the target and apart from
@@ -794,9 +847,11 @@ def _debug_span(
     for i, width, count in zip(fields, widths, counts):
         if count is not None:
             name = s.table.fields[i].name
-            debug.check_counts(name, indices, count, width, s.produced.get(i))
+            produced = s.produced.get(i)
+            debug.check_counts(name, indices, count, width, produced, owners)
         span = span + (width if count is None else count)
-    debug.check_scatter(s.table.fields[fields[0]].name, indices, starts, span, size)
+    head = s.table.fields[fields[0]].name
+    debug.check_scatter(head, indices, starts, span, size, owners)
 
 
 def _debug_claims(
@@ -804,25 +859,26 @@ def _debug_claims(
     debug: DebugChecks,
     fields: tuple[int, ...],
     indices: torch.Tensor,
-    starts: torch.Tensor,
-    widths: list[int],
-    counts: list[torch.Tensor | None],
+    places: tuple[torch.Tensor, list[int], list[torch.Tensor | None], list[bool]],
     target: torch.Tensor,
+    owners: Owners | None = None,
 ) -> None:
     """Debug mode, before a scatter into a guarded target, after its ranges were
     checked: every position each field would write holds a negative placeholder, not
-    another request's value (Note [Scatter destinations])."""
-    first = starts
-    for i, width, count in zip(fields, widths, counts):
-        columns = torch.arange(width, device=starts.device)
+    another request's value (Note [Scatter destinations]). ``places``: the starts,
+    and each field's width, count and whether it takes its width whatever it lays."""
+    first, widths, counts, fixed = places
+    for i, width, count, whole in zip(fields, widths, counts, fixed):
+        columns = torch.arange(width, device=first.device)
         at = first.unsqueeze(1) + columns
         keep = (
             torch.ones_like(at, dtype=torch.bool)
             if count is None
             else columns < count.unsqueeze(1)
         )
-        debug.check_claimed(s.table.fields[i].name, indices, at, keep, target)
-        first = first + (width if count is None else count)
+        name = s.table.fields[i].name
+        debug.check_claimed(name, indices, at, keep, target, owners)
+        first = first + (width if count is None or whole else count)
 
 
 def scatter_kept(
@@ -845,8 +901,22 @@ def scatter_kept(
     target.copy_(torch.where(cover >= 0, values, target))
 
 
+def _widened(s: MapState, i: int, value: torch.Tensor | None) -> torch.Tensor | None:
+    """A counted field's rows narrower than its buffer's, padded to its width with
+    zeros (vLLM's drafts are as wide as the step's draft count, which changes per
+    step); the counts keep the padding from being read (Note [Counted scatters])."""
+    f = s.table.fields[i]
+    counted = f.scatter is not None and f.scatter.lengths is not None
+    if not counted or not isinstance(value, torch.Tensor) or value.ndim != 2:
+        return value
+    width = math.prod(s.rows[i]) if s.buffers[i] is not None else None
+    if width is None or len(f.shape) != 1 or value.shape[1] >= width:
+        return value
+    return torch.nn.functional.pad(value, (0, width - value.shape[1]))
+
+
 def stashed_counts(
-    s: MapState, indices: torch.Tensor, payload: object
+    s: MapState, indices: torch.Tensor, payload: object, owners: Owners | None = None
 ) -> dict[int, torch.Tensor]:
     """Debug mode: the producer's count of each counted scatter field, from the
     payload attribute named after its ``lengths`` (Note [Counted scatters]); checked
@@ -883,7 +953,11 @@ def stashed_counts(
             )
         count = value.reshape(-1).long()
         if s.buffers[i] is not None:  # a lazy one's width comes with its first rows
-            debug.check_counts(f.name, indices, count, math.prod(s.rows[i]))
+            width = math.prod(s.rows[i])
+            rows = getattr(payload, f.payload_name)
+            if isinstance(rows, torch.Tensor) and rows.ndim == 2 and len(f.shape) == 1:
+                width = min(width, rows.shape[1])  # a narrower step (_widened)
+            debug.check_counts(f.name, indices, count, width, None, owners)
         counts[i] = count
     return counts
 
@@ -965,9 +1039,12 @@ def stash(
 ) -> None:
     """``stash`` off the common case (Note [One body])."""
     table = s.table
-    values = [getattr(payload, table.fields[i].payload_name) for i in table.forward]
-    counts = stashed_counts(s, indices, payload)
-    if _write(s, "stash", table.forward, indices, values, owners) and counts:
+    values = [
+        _widened(s, i, getattr(payload, table.fields[i].payload_name))
+        for i in table.forward
+    ]
+    counts = stashed_counts(s, indices, payload, owners)
+    if _write(s, "stash", table.forward, indices, values, owners, counts) and counts:
         record_counts(s, indices, counts)
 
 
@@ -992,10 +1069,12 @@ def _write(
     indices: torch.Tensor,
     given: Sequence[torch.Tensor | None],
     owners: Owners | None = None,
+    counts: Mapping[int, torch.Tensor] | None = None,
 ) -> bool:
     """Every check before any write, so a refused call leaves the map as it was;
-    whether there was a row to write."""
-    values = _checked(s, op, fields, indices, given, owners)
+    whether there was a row to write. ``counts``: debug mode's count of each counted
+    scatter field's real values per row (its guard checks those only)."""
+    values = _checked(s, op, fields, indices, given, owners, counts)
     if values is None:
         return False
     slots, checked = values
@@ -1042,6 +1121,7 @@ def _checked(
     indices: torch.Tensor,
     given: Sequence[torch.Tensor | None],
     owners: Owners | None,
+    counts: Mapping[int, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, list[torch.Tensor | None]] | None:
     """The int64 slots and the values ready to write, or ``None`` for zero slots;
     refuses what cannot be written, naming it, before anything is written. A 0-dim
@@ -1083,8 +1163,19 @@ def _checked(
         for i, value in zip(fields, values):
             guard = _guard(table.fields[i])
             if guard is not None and value is not None:
-                guard(value, table.what(i))
+                count = None if counts is None else counts.get(i)
+                guard(value if count is None else _counted(value, count), table.what(i))
     return slots, values
+
+
+def _counted(value: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    """``value``'s rows with each value past the row's count replaced by 1, which
+    every guard passes: a counted row's tail is no value (vLLM fills it with -1), and
+    no resolve reads it (Note [Counted scatters])."""
+    rows = value.reshape(count.numel(), -1)
+    columns = torch.arange(rows.shape[1], device=rows.device)
+    real = columns < count.to(rows.device).unsqueeze(1)
+    return torch.where(real, rows, torch.ones((), dtype=rows.dtype, device=rows.device))
 
 
 def _check_owners(what: str, owners: Owners, count: int) -> None:
@@ -1154,8 +1245,8 @@ def seed(
                 "rows of the steps it runs, and a seeded request ran none here. "
                 "Nothing was written"
             )
-    counts = stashed_counts(s, indices, payload)
-    checked = _checked(s, "seed", table.forward, indices, given, owners)
+    counts = stashed_counts(s, indices, payload, owners)
+    checked = _checked(s, "seed", table.forward, indices, given, owners, counts)
     if checked is not None:
         slots, values = checked
         copies = [None if v is None else v.detach().clone() for v in values]
@@ -1394,10 +1485,12 @@ def read_back(
     indices: torch.Tensor,
     owners: Owners | None = None,
     absent: tuple[str, ...] = (),
+    gated_off: tuple[str, ...] = (),
 ) -> None:
     """Debug mode: ``op`` gathered rows ``indices`` of its fields (optional ones only
     where the latest write carried them; none under the optional parents ``absent``,
-    which the batch lacked): checked fresh, then poisoned again."""
+    which the batch lacked; none of the fields ``gated_off``, whose gate the batch
+    left unset): checked fresh, then poisoned again."""
     debug = s.debug
     assert debug is not None, "read_back runs in debug mode only"
     table = s.table
@@ -1408,12 +1501,26 @@ def read_back(
         and f.target is not None
         and f.resolve is not Resolve.PLACEHOLDER
         and f.target.split(".")[0] not in absent
+        and f.name not in gated_off
     ]
-    buffers = {table.fields[i].name: s.buffers[i] for i in read}
+    # A scatter lays its rows in whatever the latest write carried (an optional
+    # scatter field keeps its rows when left out): each row's own state says.
     carried = {
-        table.fields[i].name: s.carried[i] for i in read if table.fields[i].optional
+        table.fields[i].name: s.carried[i] or table.fields[i].scatter is not None
+        for i in read
+        if table.fields[i].optional
     }
-    debug.read(op, indices, buffers, carried=carried, owners=owners)
+    # A row a counted scatter laid nothing of is not read (Note [Counted scatters]):
+    # such rows are sent to row 0, whose checks pass, one read per masked field.
+    unread = {i: s.unread.pop(i) for i in read if i in s.unread}
+    plain = {table.fields[i].name: s.buffers[i] for i in read if i not in unread}
+    if plain:
+        debug.read(op, indices, plain, carried=carried, owners=owners)
+    for i, skip in unread.items():
+        name = table.fields[i].name
+        rows = torch.where(skip, torch.zeros_like(indices), indices)
+        buffers = {name: s.buffers[i]}
+        debug.read(op, rows, buffers, carried=carried, owners=owners)
 
 
 #: Up to this many values, ``host_sum`` adds integers in Python; above it numpy does,

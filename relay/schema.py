@@ -224,6 +224,19 @@ class Scatter:
     #: values start right after that field's in each request's span (the drafts after
     #: the sampled token).
     after: str | None = None
+    #: Whether the target's positions outside the handed-over spans are the map's to
+    #: check: with a non-negative guard, debug mode reports a negative value left
+    #: anywhere in the target after the scatter (a placeholder no request covered).
+    #: ``False`` where the engine fills them and leaves placeholders there on purpose
+    #: (vLLM V1 keeps the host's -1 drafts of requests it does not hand over, and
+    #: clamps them later): only the handed-over values are checked.
+    rest_checked: bool = True
+    #: Batch tensor of one flag per request (bool, or 0/1 ints): where it is false the
+    #: field's row is not laid in (and not read), its positions keep what the engine
+    #: wrote, and the fields after it in the span start where they would anyway (vLLM
+    #: V2 writes a request's sampled token only once its prefill is done, and its
+    #: drafts after that position either way). For a field without ``lengths``.
+    when: str | None = None
     declared_at: SourceLocation = attrs.field(
         factory=_declaration_site, kw_only=True, eq=False, repr=False
     )
@@ -241,6 +254,10 @@ class HostCopy:
     #: The resolve takes ``stream_ordered=True`` to order its fence wait on the stream
     #: (a device-side wait) instead of blocking the host before the copy.
     stream_ordered: bool = False
+    #: The resolve takes ``host=False`` from an engine that needs no host copy this
+    #: time (sglang's ``needs_cpu_seq_lens=False``): the mirror and the sum are set to
+    #: ``None``, no copy is made and the host waits for none; the device read stays.
+    optional: bool = False
     declared_at: SourceLocation = attrs.field(
         factory=_declaration_site, kw_only=True, eq=False, repr=False
     )
@@ -347,6 +364,12 @@ class Field:
     #: Schedule lane: a ``Tails(...)``, a mixed batch's decode rows whose lengths (and
     #: KV locations, prefix lengths) ``resolve_tails`` rebuilds from the published ones.
     tails: Tails | None = None
+    #: Forward lane, an optional gathered field: a batch attribute (a bool) saying
+    #: whether this batch's rows hold the field (sglang's per-draft-input
+    #: ``future_dsa_topk_indices_available``). Where it is false the resolve hands
+    #: ``None`` and reads nothing, so a request seeded into a reused slot never gets
+    #: the slot's previous request's rows.
+    gate: str | None = None
     declared_at: SourceLocation = attrs.field(
         factory=_declaration_site, kw_only=True, eq=False, repr=False
     )
@@ -369,6 +392,7 @@ def extra(
     target: str | None = None,
     source: str | None = None,
     doc: str = "",
+    gate: str | None = None,
 ) -> Field:
     """A forward field the producer may or may not make (sglang's draft extras): its
     buffer is allocated by the first payload that carries it, with that payload's dtype
@@ -386,6 +410,7 @@ def extra(
         target=target,
         doc=doc,
         kept=True,
+        gate=gate,
     )
 
 

@@ -5,7 +5,7 @@ Note [Interpreted kernels in tests]
 Triton decides when ``@triton.jit`` decorates a kernel whether it is compiled or
 interpreted, from ``TRITON_INTERPRET`` at that moment. A test therefore never sets the
 variable for the whole process (the GPU tests in the same run must launch the compiled
-``relay._fused_kernel``, and whatever imports it first would fix its mode for everyone):
+gate kernel, and whatever imports it first would fix its mode for everyone):
 ``load_module`` executes a private copy of the kernel's file under another module name
 with the variable set for the import only, and ``Interpreted`` sets it again around each
 launch, since the interpreter also reads it while it runs. Tensors handed to an
@@ -29,23 +29,15 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
-#: Where the ``dev`` extra installs triton (pyproject.toml): a missing triton fails there.
-TRITON_PLATFORM = sys.platform == "linux" and platform.machine() in (
-    "x86_64",
-    "aarch64",
-)
-
 
 def require_triton() -> None:
-    """Fail where the ``dev`` extra installs triton and it is missing; skip elsewhere."""
-    if importlib.util.find_spec("triton") is not None:
-        return
-    if TRITON_PLATFORM:
-        pytest.fail(
-            "triton is not installed, but the dev extra installs it on this platform: "
-            "run `.venv/bin/pip install -e '.[dev]'` (README, the test command)"
+    """Skip where triton is not installed: relay does not depend on it, and torch's CUDA
+    wheels bring it where the gates run for real."""
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip(
+            f"triton is not installed ({sys.platform}/{platform.machine()}); torch's "
+            "CUDA wheels bring it, `pip install triton` adds it to a CPU build"
         )
-    pytest.skip(f"triton has no wheel for {sys.platform}/{platform.machine()}")
 
 
 @contextmanager

@@ -140,6 +140,8 @@ class SpecInfo:
     hidden_states: torch.Tensor | None = None
     draft_probs: torch.Tensor | None = None
     dsa_topk_indices: torch.Tensor | None = None
+    #: Whether this draft input's rows hold sparse indices (sglang sets it per input).
+    future_dsa_topk_indices_available: bool = False
     accept_tokens: torch.Tensor | None = None
     accept_lens: torch.Tensor | None = None
 

@@ -50,8 +50,8 @@ if TYPE_CHECKING:
     from relay.engine.engine import EngineConfig, RunResult
     from relay.engine.maps import MapSource
     from relay.engine.model import ModelConfig
-    from relay.engine.runner import SpecConfig
     from relay.engine.scheduler import SchedulerConfig
+    from relay.engine.spec import SpecConfig
 
 __all__ = [
     "MODELS",
@@ -62,6 +62,7 @@ __all__ = [
     "bundled_schemas",
     "check_device_name",
     "config_from_args",
+    "default_model",
     "main",
     "model_preset",
     "resolve_device",
@@ -83,8 +84,9 @@ MODES = ("decode", "eagle", "ngram")
 #: KV pages per slot by default: fewer than a full context needs, so that pages run
 #: out when the batch is full and the newest requests are retracted.
 PAGES_PER_SLOT = 2
-#: Model sizes by name (``model_preset``). ``small`` is the default, sized for a 2-core CPU.
-MODELS = ("micro", "tiny", "small", "base")
+#: Model sizes by name (``model_preset``). ``small`` is the default on the CPU, sized for
+#: a 2-core CPU; ``gpu`` on CUDA (``default_model``).
+MODELS = ("micro", "tiny", "small", "base", "gpu")
 #: The engine's defaults the flags show, written out so that parsing needs no torch
 #: (tests/cli/test_demo.py checks them against ``relay.engine``'s configs).
 DEFAULTS = {"requests": 200, "arrival_rate": 2.0, "max_running": 64, "page_size": 16}
@@ -114,7 +116,18 @@ def model_preset(name: str) -> ModelConfig:
         "base": ModelConfig(
             vocab_size=16384, hidden=1024, layers=4, heads=8, ffn=2816, max_context=512
         ),
+        # A forward whose device time per step exceeds its launch time on a GPU, once
+        # its decode steps replay CUDA graphs (EngineConfig.graphs): the scheduler's
+        # host work has device time to hide behind.
+        "gpu": ModelConfig(
+            vocab_size=16384, hidden=1536, layers=6, heads=12, ffn=4096, max_context=384
+        ),
     }[name]
+
+
+def default_model(device: str) -> str:
+    """The model ``relay demo`` runs without ``--model`` on ``device`` (resolved)."""
+    return "gpu" if device.startswith("cuda") else "small"
 
 
 class UsageError(Exception):
@@ -192,8 +205,8 @@ def _run_arguments(group: argparse._ArgumentGroup) -> None:
     group.add_argument(
         "--model",
         choices=sorted(MODELS),
-        default="small",
-        help="model size (default: small, sized for a 2-core CPU)",
+        default=None,
+        help="model size (default: small, sized for a 2-core CPU; gpu on CUDA)",
     )
     group.add_argument(
         "--mode",
@@ -351,7 +364,9 @@ def config_from_args(
     from relay.engine import EngineConfig, WorkloadConfig
     from relay.engine.maps import MapSource
 
-    model = attrs.evolve(model_preset(args.model), seed=args.seed)
+    device = resolve_device(args.device, args.ranks)
+    name = args.model or default_model(device)
+    model = attrs.evolve(model_preset(name), seed=args.seed)
     return EngineConfig(
         model=model,
         workload=attrs.evolve(
@@ -363,7 +378,9 @@ def config_from_args(
             prebuilt_share=args.prebuilt_share,
         ),
         scheduler=_scheduler_for(args, model.max_context),
-        device=resolve_device(args.device, args.ranks),
+        device=device,
+        # On CUDA decode steps replay graphs, as production engines run them.
+        graphs=device.startswith("cuda"),
         debug=args.debug,
         cpu_threads=args.threads,
         maps=maps or MapSource(),
@@ -1084,10 +1101,11 @@ def _run_all(
     args: argparse.Namespace, base: EngineConfig, report: _Reporter
 ) -> list[ModeResult]:
     w, m = base.workload, base.model
+    model = args.model or default_model(base.device)
     report.say(
         f"3. run the engine on {base.device}: {w.requests} requests (prompts {w.min_prompt}-"
         f"{w.max_prompt} tokens, output limits {w.min_output}-{w.max_output}, "
-        f"{w.arrival_rate:g} arrivals/step), model {args.model} (hidden {m.hidden}, "
+        f"{w.arrival_rate:g} arrivals/step), model {model} (hidden {m.hidden}, "
         f"{m.layers} layer{'s' if m.layers != 1 else ''}, vocab {m.vocab_size}), "
         f"{base.scheduler.max_running} slots, {_scheduling(base)}"
         + (", debug maps" if base.debug else "")

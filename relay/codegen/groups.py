@@ -45,6 +45,7 @@ def _group_paths(f: Field) -> list[tuple[str, object, SourceLocation]]:
     if scatter is not None:
         found.append(("Scatter(offsets=...)", scatter.offsets, scatter.declared_at))
         found.append(("Scatter(lengths=...)", scatter.lengths, scatter.declared_at))
+        found.append(("Scatter(when=...)", scatter.when, scatter.declared_at))
     if isinstance(host, HostCopy):
         found.append(("HostCopy(mirror=...)", host.mirror, host.declared_at))
         found.append(("HostCopy(sum=...)", host.sum, host.declared_at))
@@ -57,8 +58,8 @@ def _group_paths(f: Field) -> list[tuple[str, object, SourceLocation]]:
             found.append(("TailsKv(table=...)", kv.table, kv.declared_at))
         elif kv is not None:
             found.append(("Tails(kv=...)", kv, tails.declared_at))
-    optional = {"Scatter(lengths=...)", "HostCopy(mirror=...)", "HostCopy(sum=...)"}
-    optional.add("Tails(prefix=...)")
+    optional = {"Scatter(lengths=...)", "Scatter(when=...)", "HostCopy(mirror=...)"}
+    optional.update(("HostCopy(sum=...)", "Tails(prefix=...)"))
     return [(o, v, at) for o, v, at in found if v is not None or o not in optional]
 
 
@@ -151,13 +152,28 @@ def check_scatter(c: Collector, f: Field, at: SourceLocation | None = None) -> N
     """``Scatter``: rows into a flat forward target at per-request offsets."""
     if f.scatter is None:
         return
-    if f.lane is not Lane.FORWARD or f.target is None or f.optional is True:
+    # An optional scatter field must keep its rows when left out: nothing would say
+    # what to lay in for a row a stash left out (vLLM V2's token while in prefill).
+    left_out = f.optional is True and f.kept is not True
+    if f.lane is not Lane.FORWARD or f.target is None or left_out:
         c.add(
             f,
-            "resolve=Scatter(...) writes a required forward-lane field into its "
-            f"target (got lane={f.lane}, target={f.target!r}, optional={f.optional})",
-            "make the field a required forward-lane field with a target",
+            "resolve=Scatter(...) writes a forward-lane field into its target, "
+            f"required or kept when left out (got lane={f.lane}, "
+            f"target={f.target!r}, optional={f.optional}, kept={f.kept})",
+            "make the field a forward-lane field with a target, required or "
+            "optional=True with kept=True",
             at,
+        )
+    scatter = f.scatter
+    if scatter.when is not None and scatter.lengths is not None:
+        c.add(
+            f,
+            "Scatter(when=...) lays a request's whole row or none of it, and "
+            "Scatter(lengths=...) lays its first values: a field takes one of them",
+            "count the values with lengths=... (0 where none are laid), or keep "
+            "when=... and remove lengths=...",
+            scatter.declared_at,
         )
     if isinstance(f.shape, tuple) and len(f.shape) > 1:
         c.add(

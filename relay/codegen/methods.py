@@ -30,7 +30,7 @@ from relay.schema import (
 )
 
 __all__ = [
-    "Fused",
+    "PackedReads",
     "invalidate",
     "release",
     "resolve_future",
@@ -153,7 +153,7 @@ def resolve_doc(names: Names, f: Field) -> str:
 
 
 @attrs.frozen
-class Fused:
+class PackedReads:
     """A packed map's gather block (Note [Packed layout] in layout.py): the packed
     groups, and each packed field's group."""
 
@@ -176,10 +176,15 @@ def _flat(f: Field) -> str:
     return ".flatten()" if f.target_shape is TargetShape.FLAT else ""
 
 
-def _gather_read(names: Names, schema: Schema, f: Field, target: str) -> list[str]:
-    """Hand ``f``'s rows at ``indices`` to ``target`` (not for packed fields)."""
+def _gather_read(
+    names: Names, schema: Schema, f: Field, target: str, gate: str | None = None
+) -> list[str]:
+    """Hand ``f``'s rows at ``indices`` to ``target`` (not for packed fields); ``gate``
+    spells ``f``'s gate."""
     if f.optional:
         flag = _carried(schema, f)
+        if gate is not None:  # the batch says whether its rows hold the field
+            flag = f"{flag} and bool({gate})"
         flat = ", flat=True" if _flat(f) else ""
         return [
             f"{target} = _rt.gather_optional({_buf(names, f)}, {flag}, indices{flat})"
@@ -217,16 +222,35 @@ def _scatter_read(
     flat = ".flatten()" if f.shape else ""
     assert f.scatter is not None
     offsets = f.scatter.offsets
+    args = ["self._state", str(i), f"batch.{offsets}", "indices", target]
     plan = [
         *_stashed(names, schema, f),
         f"{rows} = {_buf(names, f)}.index_select(0, indices){flat}",
-        f"{at} = _rt.scatter_at(self._state, {i}, batch.{offsets}, indices, {target})",
+        join(f"{at} = _rt.scatter_at(", [*args, *_owners(schema)]),
     ]
     return plan, [
         f"{target}.index_copy_(0, {at}, {rows})",
-        "if debug is not None:",
-        f"    _rt.scattered(self._state, {i}, {target})",
     ]
+
+
+def _scattered(
+    schema: Schema, reads: Sequence[Field], spelled: dict[str, str]
+) -> list[str]:
+    """Debug mode's check of each scatter target once its reads were checked: a slot
+    with nothing to hand over is named as such before its poison in the target could
+    be taken for a placeholder no request covered."""
+    lines = []
+    for f in reads:
+        if f.scatter is None or f.target is None:
+            continue
+        span = _span(schema, f)
+        if span and f is not max(span, key=schema.fields.index):
+            continue
+        if not all(g.scatter and g.scatter.rest_checked for g in span or [f]):
+            continue  # the rest of the target is the engine's
+        i = schema.fields.index(f)
+        lines.append(f"_rt.scattered(self._state, {i}, {spelled[f.target]})")
+    return lines
 
 
 def _span(schema: Schema, f: Field) -> list[Field]:
@@ -238,7 +262,7 @@ def _span(schema: Schema, f: Field) -> list[Field]:
         for g in schema.fields
         if (scatter := g.scatter) is not None and g.target == f.target
     ]
-    if len(shared) == 1 and shared[0][1].lengths is None:
+    if len(shared) == 1 and shared[0][1].lengths is None and shared[0][1].when is None:
         return []
     following = {s.after: g for g, s in shared}
     order = [next(g for g, s in shared if s.after is None)]
@@ -255,7 +279,10 @@ def _span_read(
     scatters = [g.scatter for g in span if g.scatter is not None]
     positions = [str(schema.fields.index(g)) for g in span]
     locals_ = [names.value[g.name] for g in span]
-    counts = [f"batch.{s.lengths}" if s.lengths else "None" for s in scatters]
+    counts = [
+        f"batch.{s.lengths or s.when}" if s.lengths or s.when else "None"
+        for s in scatters
+    ]
     at = names.placeholder[span[-1].name][0]
 
     def tup(items: list[str]) -> str:
@@ -269,6 +296,7 @@ def _span_read(
         "indices",
         target,
         tup(counts),
+        *_owners(schema),
     ]
     plan = [
         *(line for g in span for line in _stashed(names, schema, g)),
@@ -280,8 +308,6 @@ def _span_read(
     ]
     return plan, [
         f"_rt.scatter_span({target}, {at})",
-        "if debug is not None:",
-        f"    _rt.scattered(self._state, {positions[-1]}, {target})",
     ]
 
 
@@ -297,63 +323,36 @@ def _packed_read(names: Names, f: Field, target: str) -> str:
     )
 
 
-def _fused_block(
-    names: Names, schema: Schema, reads: Sequence[Field], fused: Fused
+def _packed_block(
+    names: Names, schema: Schema, reads: Sequence[Field], packed_reads: PackedReads
 ) -> list[str]:
     """Every gather of a packed map at once: one ``index_select`` per packed buffer and
-    per field of its own, or with ``fused_gather`` set, one ``_rt.gather_rows``."""
-    required = [names.packed[g.dtype][2] for g in fused.groups]
-    required_args = [f"self.{names.packed[g.dtype][0]}" for g in fused.groups]
-    torch_path = [
-        f"{rows} = {arg}.index_select(0, indices)"
-        for rows, arg in zip(required, required_args)
+    per field of its own, then each packed buffer's rows split into its fields."""
+    lines = [
+        f"{names.packed[g.dtype][2]} = self.{names.packed[g.dtype][0]}"
+        ".index_select(0, indices)"
+        for g in packed_reads.groups
     ]
-    optional: list[str] = []
-    optional_args: list[str] = []
     for f in reads:
-        if f.name in fused.member_of or f.resolve is not Resolve.GATHER:
+        if f.name in packed_reads.member_of or f.resolve is not Resolve.GATHER:
             continue
         local = names.value[f.name]
         if f.optional:
             flag = _carried(schema, f)
-            optional.append(local)
-            optional_args.append(f"{_buf(names, f)} if {flag} else None")
-            torch_path.append(
+            lines.append(
                 f"{local} = _rt.gather_optional({_buf(names, f)}, {flag}, indices)"
             )
         else:
-            required.append(local)
-            required_args.append(_buf(names, f))
-            torch_path.append(f"{local} = {_buf(names, f)}.index_select(0, indices)")
-
-    def targets(names: list[str]) -> str:
-        return f"({names[0]},)" if len(names) == 1 else f"({', '.join(names)})"
-
-    def literal(args: list[str]) -> str:
-        return join("(", args, ",)" if len(args) == 1 else ")")
-
-    if optional:
-        head = f"{targets(required)}, {targets(optional)} = _rt.gather_rows_optional("
-        args = ["indices", literal(required_args), literal(optional_args)]
-    else:
-        head = f"{targets(required)} = _rt.gather_rows("
-        args = ["indices", literal(required_args)]
-    call = join(head, args)
+            lines.append(f"{local} = {_buf(names, f)}.index_select(0, indices)")
     split = [
         join(
             f"{', '.join(names.value[m.field.name] for m in g.members)} = "
             f"{names.packed[g.dtype][2]}.split_with_sizes(",
             [f"self.{names.packed[g.dtype][1]}", "1"],
         )
-        for g in fused.groups
+        for g in packed_reads.groups
     ]
-    return [
-        "if self.fused_gather:",
-        f"    {call}",
-        "else:",
-        *_indent(torch_path),
-        *split,
-    ]
+    return [*lines, *split]
 
 
 def _parents(
@@ -448,7 +447,7 @@ def _reads(
     names: Names,
     schema: Schema,
     reads: Sequence[Field],
-    fused: Fused | None,
+    packed_reads: PackedReads | None,
     spelled: dict[str, str],
     planned: bool = False,
 ) -> list[str]:
@@ -462,15 +461,16 @@ def _reads(
         elif f.scatter is not None:
             plan, scatter = _scatter_read(names, schema, f, target)
             lines += scatter if planned else plan + scatter
-        elif fused is not None and f.name in fused.member_of:
+        elif packed_reads is not None and f.name in packed_reads.member_of:
             lines.append(_packed_read(names, f, target))
-        elif fused is not None and f.optional and _flat(f):
+        elif packed_reads is not None and f.optional and _flat(f):
             local = names.value[f.name]
             lines.append(f"{target} = None if {local} is None else {local}.flatten()")
-        elif fused is not None:
+        elif packed_reads is not None:
             lines.append(f"{target} = {names.value[f.name]}{_flat(f)}")
         else:
-            lines += _gather_read(names, schema, f, target)
+            gate = spelled[f.gate] if f.gate is not None else None
+            lines += _gather_read(names, schema, f, target, gate)
     return lines
 
 
@@ -494,7 +494,10 @@ def _placeholder_reports(
 
 
 def resolve_future(
-    names: Names, schema: Schema, reads: Sequence[Field], fused: Fused | None
+    names: Names,
+    schema: Schema,
+    reads: Sequence[Field],
+    packed_reads: PackedReads | None,
 ) -> list[str]:
     """The forward-lane resolve: seeds first where the map takes them, then gathers and
     placeholder substitutions, those under an optional parent only where it is set;
@@ -513,18 +516,18 @@ def resolve_future(
         else:
             outside.append(f)
     taken = [p for p in (bound, *under) if p is not None]
-    binds, spelled = _parents(
-        names, schema, [f.target for f in reads if f.target], taken
-    )
+    paths = [f.target for f in reads if f.target]
+    paths += [f.gate for f in reads if f.gate is not None]
+    binds, spelled = _parents(names, schema, paths, taken)
     lines += binds
     for parent in under:  # refused before anything is handed over
         if parents[parent] is IfNone.REFUSE:
             lines.append(f"{parent} = batch.{parent}")
             lines += _none(parent, IfNone.REFUSE, "resolve_future")
 
-    if fused is not None:
+    if packed_reads is not None:
         lines += [s for f in reads for s in _stashed(names, schema, f)]
-        lines += _fused_block(names, schema, reads, fused)
+        lines += _packed_block(names, schema, reads, packed_reads)
     # Every target's plan before any write, those under a parent where it is set.
     lines += _plans(names, schema, outside, spelled)
     bound_early = set()
@@ -536,12 +539,15 @@ def resolve_future(
             bound_early.add(parent)
             lines += [f"{parent} = batch.{parent}", f"if {parent} is not None:"]
             lines += _indent(plans)
-    lines += _reads(names, schema, outside, fused, spelled, planned=True)
-    reports = _placeholder_reports(names, schema, outside)
+    lines += _reads(names, schema, outside, packed_reads, spelled, planned=True)
+    reports = _placeholder_reports(names, schema, outside) + _scattered(
+        schema, outside, spelled
+    )
     absent = []
     for parent, fields in under.items():
-        body = _reads(names, schema, fields, fused, spelled, planned=True)
+        body = _reads(names, schema, fields, packed_reads, spelled, planned=True)
         placeholders = _placeholder_reports(names, schema, fields)
+        placeholders += _scattered(schema, fields, spelled)
         if parents[parent] is IfNone.REFUSE:
             lines += body
             reports += placeholders
@@ -553,17 +559,28 @@ def resolve_future(
         lines += [f"if {parent} is not None:", *_indent(body)]
         named = string_literal(parent)
         absent.append(f"(() if {parent} is not None else ({named},))")
-    return lines + _future_reports(schema, reads, reports, absent)
+    return lines + _future_reports(schema, reads, reports, absent, spelled)
 
 
 def _future_reports(
-    schema: Schema, reads: Sequence[Field], reports: list[str], absent: list[str]
+    schema: Schema,
+    reads: Sequence[Field],
+    reports: list[str],
+    absent: list[str],
+    spelled: dict[str, str],
 ) -> list[str]:
     """The end of ``resolve_future``: debug mode's reports of what it read."""
     if any(f.resolve is not Resolve.PLACEHOLDER for f in reads):
         args = ['"resolve_future"', "indices", *_owners(schema)]
         if absent:
             args.append(f"absent={' + '.join(absent)}")
+        gated = [
+            f"(() if {spelled[f.gate]} else ({string_literal(f.name)},))"
+            for f in reads
+            if f.gate is not None
+        ]
+        if gated:
+            args.append(f"gated_off={' + '.join(gated)}")
         reports = [join("_rt.read_back(self._state, ", args), *reports]
     return ["if debug is not None:", *_indent(reports)] if reports else []
 
@@ -574,12 +591,19 @@ def _host(names: Names, f: Field, source: str) -> list[str]:
     if mirror is None and total is None:
         return []
     copy = f"self.{names.host[f.name]}.copy({source})"
+    optional = f.host is not None and f.host.optional
+    local = "host_copy" if optional else "host"  # ``host`` is the resolve's flag there
     if total is None:
-        return [f"batch.{mirror} = {copy}"]
-    stmts = [f"host = {copy}"]
-    if mirror is not None:
-        stmts.append(f"batch.{mirror} = host")
-    return [*stmts, f"batch.{total} = _rt.host_sum(host)"]
+        stmts = [f"batch.{mirror} = {copy}"]
+    else:
+        stmts = [f"{local} = {copy}"]
+        if mirror is not None:
+            stmts.append(f"batch.{mirror} = {local}")
+        stmts.append(f"batch.{total} = _rt.host_sum({local})")
+    if not optional:
+        return stmts
+    nones = [f"batch.{p} = None" for p in (mirror, total) if p is not None]
+    return ["if host:", *_indent(stmts), "else:", *_indent(nones)]
 
 
 def resolve_schedule(names: Names, schema: Schema, f: Field) -> list[str]:
@@ -653,10 +677,13 @@ def resolve_tails(names: Names, schema: Schema, f: Field) -> list[str]:
         f"    _rt.read_tails(self._state, {i}, indices)",
     ]
     bind = "_rt.bind_tails"
+    # An engine that may want no host copy (HostCopy(optional=True)) leaves the
+    # mirror None: its tail is bound only where the batch has one.
+    maybe = f.host is not None and f.host.optional
     host = "None"
     if mirror is not None:  # validation: a sum, a prefix need a mirror here
         copied = f"self.{names.host[f.name]}.copy({value})"
-        if tails.prefix is not None or tails.kv is not None:  # one host copy
+        if tails.prefix is not None or tails.kv is not None or maybe:  # one copy
             lines.append(f"host = {copied}")
             copied = host = "host"
     bound = [(f.target, "tail_lengths", bind, plus(value, tails.add))]
@@ -665,8 +692,13 @@ def resolve_tails(names: Names, schema: Schema, f: Field) -> list[str]:
         args = ["self._state", str(i), f"batch.{tails.kv.table}", "indices"]
         locations = join("_rt.tail_locations(", [*args, columns, host])
         bound.append((tails.kv.locations, "tail_locations", bind, locations))
-    if mirror is not None:
+    optional_mirror: list[str] = []
+    if mirror is not None and not maybe:
         bound.append((mirror, "tail_host", bind, plus(copied, tails.add)))
+    elif mirror is not None:
+        mirror_args = ["self._state", str(i), string_literal(mirror), f"batch.{mirror}"]
+        call = join(f"{bind}(", [*mirror_args, plus(copied, tails.add)])
+        optional_mirror = [f"tail_host = None if batch.{mirror} is None else {call}"]
     if tails.prefix is not None:
         rows = plus("host", tails.add - 1)
         bound.append((tails.prefix, "tail_prefix", "_rt.bind_tail_list", rows))
@@ -677,9 +709,15 @@ def resolve_tails(names: Names, schema: Schema, f: Field) -> list[str]:
         )
         for a, local, call, rows in bound
     ]
+    lines += optional_mirror
     lines += [f"batch.{a} = {local}" for a, local, _, _ in bound]
+    rebind = [f"batch.{mirror} = tail_host"] if optional_mirror else []
     if total is not None:
-        lines.append(f"batch.{total} = _rt.host_sum(tail_host)")
+        rebind.append(f"batch.{total} = _rt.host_sum(tail_host)")
+    if optional_mirror:
+        lines += ["if tail_host is not None:", *_indent(rebind)]
+    else:
+        lines += rebind
     return lines
 
 
@@ -745,7 +783,7 @@ class Bodies:
     read_doc: dict[str, str] = attrs.field(factory=dict)
 
 
-def bodies(names: Names, schema: Schema, fused: Fused | None) -> Bodies:
+def bodies(names: Names, schema: Schema, packed_reads: PackedReads | None) -> Bodies:
     """The bodies ``schema``'s map has (an empty one for a method it lacks)."""
     forward = lane_fields(schema, Lane.FORWARD)
     declared = lane_fields(schema, Lane.SCHEDULE)
@@ -772,7 +810,7 @@ def bodies(names: Names, schema: Schema, fused: Fused | None) -> Bodies:
         placeholders_body = tuple(invalidate(schema, placeholders))
     reads = [f for f in forward if f.target is not None]
     if reads:
-        future = tuple(resolve_future(names, schema, reads, fused))
+        future = tuple(resolve_future(names, schema, reads, packed_reads))
     tails = [tuple(resolve_tails(names, schema, f)) for f in declared if f.tails]
     return Bodies(
         stash=stash,

@@ -57,6 +57,7 @@ RESERVED = frozenset(
         "index_shape",
         "owners",
         "host",
+        "host_copy",
         "tail_lengths",
         "tail_locations",
         "tail_host",
@@ -65,7 +66,6 @@ RESERVED = frozenset(
         "stream_ordered",
         # attributes of the map
         "_state",
-        "fused_gather",
     }
 )
 
@@ -222,9 +222,9 @@ def _path_names(schema: Schema, path: str) -> set[str]:
 
 def field_paths(f: Field) -> list[str]:
     """Every batch attribute path field ``f`` names, in declaration order."""
-    paths: list[object] = [f.target]
+    paths: list[object] = [f.target, f.gate]
     if f.scatter is not None:
-        paths += [f.scatter.offsets, f.scatter.lengths]
+        paths += [f.scatter.offsets, f.scatter.lengths, f.scatter.when]
     if f.host is not None:
         paths += [f.host.mirror, f.host.sum]
     if f.tails is not None:

@@ -75,6 +75,7 @@ EXAMPLE = {
     "ScheduleSlots(owners=...)": "rids",
     "Scatter(offsets=...)": "query_start_loc",
     "Scatter(lengths=...)": "num_draft_tokens",
+    "Scatter(when=...)": "sampled_ready",
     "HostCopy(mirror=...)": "seq_lens_cpu",
     "HostCopy(sum=...)": "seq_lens_sum",
     "Tails(rows=...)": "mix_running_indices",

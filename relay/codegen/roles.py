@@ -36,6 +36,7 @@ class Kind(enum.Enum):
     OWNERS = "read as request ids"
     OFFSETS = "read as start offsets"
     COUNTS = "read as counts"
+    FLAG = "read as a flag"
     TABLE = "read as a request-to-token table"
     PARENT = "an object that may be None"
     WRITTEN = "written"
@@ -117,6 +118,9 @@ def _field_roles(f: Field) -> Iterator[Role]:
         yield Role(
             _str(scatter.lengths), "Scatter(lengths=...)", Kind.COUNTS, f, s, True
         )
+        yield Role(_str(scatter.when), "Scatter(when=...)", Kind.COUNTS, f, s, True)
+    if isinstance(f.gate, str):
+        yield Role(f.gate, "gate", Kind.FLAG, f, at, skippable=True)
     host = f.host
     if isinstance(host, HostCopy):
         h = host.declared_at

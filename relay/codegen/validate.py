@@ -378,6 +378,18 @@ def _check_target(c: Collector, f: Field) -> None:
     if isinstance(f.resolve, (Resolve, Scatter)):
         _check_placeholder(c, f)
         groups.check_scatter(c, f)
+    gathered = f.resolve is Resolve.GATHER and f.target is not None
+    if f.gate is not None and not (
+        isinstance(f.gate, str) and f.lane is Lane.FORWARD and f.optional and gathered
+    ):
+        c.add(
+            f,
+            "gate=... says whether a batch's rows hold an optional gathered "
+            f"forward-lane field (got gate={f.gate!r}, lane={f.lane}, "
+            f"optional={f.optional}, resolve={f.resolve}, target={f.target!r})",
+            "declare it on an optional forward field with a target (extra(..., "
+            'gate="spec_info.future_dsa_topk_indices_available")), or remove gate=...',
+        )
 
 
 def _check_unique(c: Collector, fields: list[Field]) -> None:

@@ -180,13 +180,6 @@ def _init(
     made = [f for f in schema.fields if f.alloc is Alloc.EAGER]  # through ``state``
     bound = "state = self._state" if made else "self._state"
     stmts.append(Statement(f"{bound} = _rt.MapState(_TABLE, device, pool_size, debug)"))
-    if packed:
-        stmts.append(
-            Statement(
-                "self.fused_gather = False",
-                "Set True to gather resolve_future's fields in one launch on CUDA.",
-            )
-        )
     for g in packed:
         stmts += _group(names, g)
     member_of = {m.field.name: (g, m) for g in packed for m in g.members}
@@ -400,6 +393,13 @@ def _methods(names: Names, schema: Schema, bodies: methods.Bodies) -> list[Metho
             ]
         body = bodies.schedule[f.name]
         params = f"{scheduler}, stream_ordered: bool = False" if ordered else scheduler
+        if f.host is not None and f.host.optional:
+            params += ", host: bool = True"
+            doc += [
+                "",
+                "``host=False``: no host copy (the mirror and the sum are ``None``), and",
+                "the host waits for none.",
+            ]
         found.append(Method(f"def {name}(self, {params}) -> None:", tuple(doc), body))
         if f.tails is not None:
             found.append(_resolve_tails(names, f, bodies, batch))
@@ -489,6 +489,17 @@ def _protocols(names: Names, schema: Schema) -> tuple[ProtocolView, ...]:
     )
 
 
+def _read_only(f: Field) -> list[tuple[str, str]]:
+    """What a resolve of ``f`` only reads on the batch besides its slots: a scatter's
+    offsets, counts and flags, a gate; path and type."""
+    found = [(f.gate, "bool")] if f.gate is not None else []
+    scatter = f.scatter
+    if scatter is not None:
+        paths = (scatter.offsets, scatter.lengths, scatter.when)
+        found += [(p, "torch.Tensor") for p in paths if p is not None]
+    return found
+
+
 def _protocol_set(
     names: Names, schema: Schema, lane: Lane | None
 ) -> tuple[ProtocolView, ...]:
@@ -529,16 +540,14 @@ def _protocol_set(
             # in place: always tensors; gather targets are assigned by the resolve.
             in_place = f.resolve is not Resolve.GATHER
             add(f.target, "torch.Tensor" if in_place else tensor, True)
-        scatter = f.scatter
-        if scatter is not None and resolved:
-            add(scatter.offsets, "torch.Tensor", False)
-            if scatter.lengths is not None:
-                add(scatter.lengths, "torch.Tensor", False)
+        for read, type_ in _read_only(f) if resolved else ():
+            add(read, type_, False)
         host = f.host
+        maybe = f.optional or (host is not None and host.optional)
         if host is not None and host.mirror is not None and (resolved or tails):
-            add(host.mirror, tensor, True)
+            add(host.mirror, "torch.Tensor | None" if maybe else tensor, True)
         if host is not None and host.sum is not None and (resolved or tails):
-            add(host.sum, "int | None" if f.optional else "int", True)
+            add(host.sum, "int | None" if maybe else "int", True)
         for tail, type_, writable in _tails_attributes(f) if tails else ():
             add(tail, type_, writable)
     for parent, _how in schema.optional_parents:  # a parent, or the slots path itself
@@ -606,11 +615,11 @@ def map_view(schema: Schema, *, source: str) -> MapView:
     """The view of one validated schema: its names first, then what each method says."""
     names = naming.names_of(schema)
     packed = packed_groups(schema)
-    fused = None
+    packed_reads = None
     if packed:
         member_of = {m.field.name: g for g in packed for m in g.members}
-        fused = methods.Fused(tuple(packed), member_of)
-    bodies = methods.bodies(names, schema, fused)
+        packed_reads = methods.PackedReads(tuple(packed), member_of)
+    bodies = methods.bodies(names, schema, packed_reads)
     cleaned = literals.clean_doc(schema.doc)
     first_line = cleaned.split("\n")[0] if cleaned else schema.name
     protocols = _protocols(names, schema)

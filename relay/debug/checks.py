@@ -14,7 +14,7 @@ import torch
 
 from relay import cpu_stream
 from relay.debug.clocks import FenceRecord, HappensBefore, Tick, clocks
-from relay.debug.messages import text
+from relay.debug.messages import request_at, text
 from relay.debug.owners import Owners, Requests
 from relay.debug.state import Plan, Row, State, StateTable, poison
 from relay.device import CpuPolicy, policy_for
@@ -237,11 +237,12 @@ class DebugChecks:
         starts: torch.Tensor,
         width: int | torch.Tensor,
         size: int,
+        owners: Owners | None = None,
     ) -> None:
         """Before a scatter: every request's ``width`` positions from its start lie in
         the target's ``size``, and no two requests' positions overlap (Note [Scatter
         destinations] in relay/runtime.py). ``width`` may be one per request (Note
-        [Counted scatters])."""
+        [Counted scatters]). ``owners`` names the batch's requests in messages."""
         n = starts.numel()
         if n == 0:
             return
@@ -262,8 +263,7 @@ class DebugChecks:
             if at < 0 or at + wide(j) > size:
                 return text(
                     "scatter_outside",
-                    request=j,
-                    slot=slot,
+                    request=request_at(j, slot, owners),
                     start=at,
                     width=wide(j),
                     size=size,
@@ -272,11 +272,9 @@ class DebugChecks:
             k = int(order[first - 1])
             return text(
                 "scatter_overlap",
-                request=j,
-                slot=slot,
+                request=request_at(j, slot, owners),
                 start=at,
-                other=k,
-                other_slot=int(indices.reshape(-1)[k]),
+                other=request_at(k, int(indices.reshape(-1)[k]), owners),
                 other_start=int(starts[k]),
                 width=wide(k),
                 **where,
@@ -291,10 +289,12 @@ class DebugChecks:
         counts: torch.Tensor,
         width: int,
         produced: torch.Tensor | None = None,
+        owners: Owners | None = None,
     ) -> None:
         """A counted scatter's counts (Note [Counted scatters] in relay/runtime.py):
         each in ``[0, width]``, and, where ``produced`` holds what each slot's stash
-        carried, no more than that (a consumer reading values no producer wrote)."""
+        carried, no more than that (a consumer reading values no producer wrote).
+        ``owners`` names the requests in messages."""
         slots = indices.reshape(-1).long()
         ok = (counts >= 0) & (counts <= width)
         wrote = None
@@ -309,16 +309,14 @@ class DebugChecks:
             if not 0 <= count <= width or wrote is None:
                 return text(
                     "scatter_count_outside",
-                    request=j,
-                    slot=slot,
+                    request=request_at(j, slot, owners),
                     count=count,
                     width=width,
                     **where,
                 )
             return text(
                 "scatter_count_disagrees",
-                request=j,
-                slot=slot,
+                request=request_at(j, slot, owners),
                 count=count,
                 wrote=int(wrote[j]),
                 **where,
@@ -333,6 +331,7 @@ class DebugChecks:
         at: torch.Tensor,
         keep: torch.Tensor,
         target: torch.Tensor,
+        owners: Owners | None = None,
     ) -> None:
         """Before a scatter into a non-negative field's target, its ranges checked:
         every position ``at`` (one row per request) where ``keep`` holds a negative
@@ -347,10 +346,10 @@ class DebugChecks:
 
         def problem(first: int) -> str:
             j, column = divmod(first, at.shape[1])
+            slot = int(indices.reshape(-1)[j])
             return text(
                 "scatter_claimed",
-                request=j,
-                slot=int(indices.reshape(-1)[j]),
+                request=request_at(j, slot, owners),
                 position=int(at[j, column]),
                 value=int(held[j, column]),
                 **where,

@@ -17,7 +17,11 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Final
 
-__all__ = ["MESSAGES", "text"]
+import torch
+
+from relay.debug.owners import Owners
+
+__all__ = ["MESSAGES", "request_at", "text"]
 
 _SLOTS_ARE = (
     "(slots are request-pool indices of this map, which has {pool} rows; a negative "
@@ -162,35 +166,35 @@ MESSAGES: Final[Mapping[str, str]] = MappingProxyType(
         ),
         # -- scatters (Note [Scatter destinations] in relay/runtime.py) -----------------
         "scatter_outside": (
-            "{owner}.{field}: request {request} (slot {slot}) starts at {start}, so its "
-            "{width} value(s) would not fit the target's {size} positions; its offset "
-            "is wrong (one past the right place, or another batch's)."
+            "{owner}.{field}: {request} starts at {start}, so its {width} value(s) "
+            "would not fit the target's {size} positions; its offset is wrong (one past "
+            "the right place, or another batch's)."
         ),
         "scatter_overlap": (
-            "{owner}.{field}: request {request} (slot {slot}) starts at {start}, inside "
-            "the {width} position(s) of request {other} (slot {other_slot}) from "
-            "{other_start}: one would overwrite the other's values. Give each request "
-            "its own positions (offsets one row apart at least)."
+            "{owner}.{field}: {request} starts at {start}, inside the {width} "
+            "position(s) of {other} from {other_start}: one would overwrite the other's "
+            "values. Give each request its own positions (offsets one row apart at "
+            "least)."
         ),
         "scatter_summary": (
             "{owner}.{field}: a scatter's offsets run outside the target or overlap"
         ),
         "scatter_count_outside": (
-            "{owner}.{field}: request {request} (slot {slot}) has a count of {count} "
-            "value(s), outside [0, {width}]: a row holds {width}."
+            "{owner}.{field}: {request} has a count of {count} value(s), outside "
+            "[0, {width}]: a row holds {width}."
         ),
         "scatter_count_disagrees": (
-            "{owner}.{field}: request {request} (slot {slot}) reads {count} value(s), "
-            "but its stash wrote {wrote}: the producer and the consumer disagree on its "
-            "count (drafts trimmed on one side, or another step's count)."
+            "{owner}.{field}: {request} reads {count} value(s), but its stash wrote "
+            "{wrote}: the producer and the consumer disagree on its count (drafts "
+            "trimmed on one side, or another step's count)."
         ),
         "scatter_count_summary": (
             "{owner}.{field}: a count is outside the row's width, or more than the "
             "stash wrote"
         ),
         "scatter_claimed": (
-            "{owner}.{field}: request {request} (slot {slot}) would write position "
-            "{position}, which holds {value}, not a placeholder: its span runs into "
+            "{owner}.{field}: {request} would write position {position}, which holds "
+            "{value}, not a placeholder: its span runs into "
             "another request's positions (a count larger than the span its batch laid "
             "out, or an offset off)."
         ),
@@ -254,6 +258,19 @@ MESSAGES: Final[Mapping[str, str]] = MappingProxyType(
         "placeholder_summary": "{consumer}: read a placeholder (-slot) not resolved yet",
     }
 )
+
+
+def request_at(row: int, slot: int, owners: Owners | None = None) -> str:
+    """How a scatter's message names the request of batch row ``row``: by its id where
+    the batch names its requests (``owners``), else by its row; with its slot."""
+    if owners is None:
+        return f"the request in row {row} (slot {slot})"
+    named: object
+    if isinstance(owners, torch.Tensor):
+        named = owners.reshape(-1)[row].item()
+    else:
+        named = owners[row]
+    return f"request {named!r} (row {row}, slot {slot})"
 
 
 def text(key: str, **fields: object) -> str:

@@ -7,8 +7,8 @@ starts (so the demo can generate them first). See ``docs/engine.md``.
 
 from relay.engine.engine import EngineConfig, RunResult, StepAgreement, run_workload
 from relay.engine.model import ModelConfig
-from relay.engine.runner import SpecConfig
 from relay.engine.scheduler import SchedulerConfig
+from relay.engine.spec import SpecConfig
 from relay.engine.workload import RequestSpec, WorkloadConfig, make_workload
 
 __all__ = ["EngineConfig", "ModelConfig", "RequestSpec", "RunResult", "SchedulerConfig"]

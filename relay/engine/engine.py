@@ -27,11 +27,13 @@ import torch
 from relay import debug
 from relay.engine.batch import ForwardBatch, ForwardMode, Request, Seeds, StepOutput
 from relay.engine.executors import ForwardExecutor, make_executor
+from relay.engine.graphs import buckets_for
 from relay.engine.maps import MapSource
 from relay.engine.model import KVCache, ModelConfig, TargetModel
 from relay.engine.relays import DirectRelay, Relay, map_relay
-from relay.engine.runner import ModelRunner, SpecConfig
+from relay.engine.runner import ModelRunner
 from relay.engine.scheduler import Scheduler, SchedulerConfig
+from relay.engine.spec import SpecConfig
 from relay.engine.trace import BUILD, HOST_WAIT, PROCESS, RUN, ranges_for
 from relay.engine.workload import RequestSpec, WorkloadConfig, make_workload
 
@@ -74,6 +76,10 @@ class EngineConfig:
     #: Keep each decode step's input tokens per request (``RunResult.inputs``), read
     #: back on the forward: for comparing two runs step by step, not for timing.
     record_inputs: bool = False
+    #: Decode steps run over static buffers per batch-size bucket, captured once in
+    #: CUDA graphs and replayed on CUDA, run eagerly over the same buffers on the CPU
+    #: (relay/engine/graphs.py); mixed batches and prefills run eagerly.
+    graphs: bool = False
 
 
 @attrs.frozen(kw_only=True)
@@ -101,6 +107,11 @@ class RunResult:
     aborted_ids: tuple[int, ...] = ()
     #: With ``record_inputs``: per decode step, (step, request id, input token) rows.
     inputs: tuple[tuple[int, int, int], ...] = ()
+    #: With ``EngineConfig.graphs``: decode steps run per bucket size, decode steps
+    #: that ran eagerly (mixed batches), and the CUDA graphs captured.
+    bucket_steps: dict[int, int] = attrs.field(factory=dict)
+    eager_decode_steps: int = 0
+    graphs_captured: int = 0
 
     @property
     def tokens_per_second(self) -> float:
@@ -184,6 +195,8 @@ def run_workload(
             step_sync=step_sync,
             kernels_started=executor.kernels_started,
             ranges=ranges,
+            buckets=buckets_for(config.scheduler.max_running) if config.graphs else (),
+            resolve_in_graph=not config.debug,
         )
         runner.warm_up()
         if config.record_inputs:
@@ -260,6 +273,7 @@ def _loop(
     busy = executor.busy_seconds()  # waits for the executor
     wall = time.perf_counter() - start
     requests = sorted(scheduler.requests.items())
+    graphs = runner.graphs
     outputs = {rid: tuple(r.output) for rid, r in requests}
     reasons = Counter(r.finish_reason or "unfinished" for _, r in requests)
     return RunResult(
@@ -272,6 +286,9 @@ def _loop(
         idle_steps=idle_steps,
         aborted_ids=tuple(rid for rid, r in requests if r.finish_reason == "abort"),
         inputs=tuple(runner.record or ()),
+        bucket_steps=graphs.runs if graphs is not None else {},
+        eager_decode_steps=graphs.eager_steps if graphs is not None else 0,
+        graphs_captured=graphs.graphs if graphs is not None else 0,
         **{name: getattr(scheduler, name) for name in SCHEDULER_COUNTS},
     )
 

@@ -303,8 +303,11 @@ class _Program(torch.nn.Module):
         j = torch.arange(draft_num, device=bonus.device)
         taken = j[None, :] < accept_lens.long()[:, None]
         positions = last[:, None] - accept_lens.long()[:, None] + j[None, :]
+        # Drafts not taken write at ``last``, which the bonus overwrites next: no
+        # boolean mask, whose data-dependent shape a CUDA graph cannot capture.
+        positions = torch.where(taken, positions, last[:, None])
         rows = slots[:, None].expand(n, draft_num)
-        self.history[rows[taken], positions[taken]] = accept_tokens[taken]
+        self.history[rows, positions] = accept_tokens
         self.history[slots, last] = bonus
         drafts, found = self._ngram_drafts(slots, seq_lens, draft_num, max_seq_len)
         limit: Tensor | None = None
@@ -534,6 +537,7 @@ class Forwards:
         *,
         compiled: bool = True,
     ) -> None:
+        self.draft = draft
         draft_w = draft.w if draft is not None else target.embed.new_empty(0)
         program = _Program(target, kv, draft_w)
         self.program = _script(program) if compiled else program

@@ -72,7 +72,9 @@ def _rank_main(rank: int, world: int, configs: list[EngineConfig], shared: str) 
 
 
 #: ``RunResult`` counts that add up over ranks.
-_SUMMED = ("generated_tokens", "idle_steps", *SCHEDULER_COUNTS)
+_SUMMED: tuple[str, ...] = ("generated_tokens", "idle_steps", "eager_decode_steps")
+_SUMMED += ("graphs_captured",)
+_SUMMED += SCHEDULER_COUNTS
 
 
 def merge_results(results: list[RunResult]) -> RunResult:
@@ -88,6 +90,7 @@ def merge_results(results: list[RunResult]) -> RunResult:
         forward_busy_seconds=busy / len(results),
         steps=max(r.steps for r in results),
         aborted_ids=tuple(sorted(i for r in results for i in r.aborted_ids)),
+        bucket_steps=dict(sum((Counter(r.bucket_steps) for r in results), Counter())),
         **{name: sum(getattr(r, name) for r in results) for name in _SUMMED},
     )
 

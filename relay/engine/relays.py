@@ -18,7 +18,7 @@ from relay.engine.trace import Ranges, no_ranges
 
 if TYPE_CHECKING:  # no map is imported with the engine
     from relay.engine.maps import Maps
-    from relay.engine.runner import SpecConfig
+    from relay.engine.spec import SpecConfig
 
 # Note [Tracing the fence wait]
 # The fence wait is inside the generated resolve_seq_lens_cpu, and ranges never go
@@ -56,7 +56,10 @@ class Relay(Protocol):
     next forward, ``release`` says the requests of slots ended (debug maps refuse stale
     reads), and ``seed`` seeds prebuilt requests' rows (Note [Seeding a prebuilt
     request]). ``resolve_tails``, first in a forward, sets a late-bound mixed batch's
-    lengths (Note [Late-bound tails] in runner.py)."""
+    lengths (Note [Late-bound tails] in runner.py). ``seeds_pending``: a seed is
+    waiting for the next ``resolve_future`` to apply it."""
+
+    seeds_pending: bool
 
     def resolve_lengths(self, batch: ForwardBatch) -> None: ...
     def resolve_tails(self, batch: ForwardBatch) -> None: ...
@@ -123,6 +126,7 @@ class MapRelay:
         self._payload = payload
         self._lane = lane
         self._next_lens_cpu = torch.zeros(pool_size, dtype=torch.int64)
+        self.seeds_pending = False
 
     def resolve_lengths(self, batch: ForwardBatch) -> None:
         if self._lane is not None:
@@ -165,6 +169,7 @@ class MapRelay:
 
     def resolve_future(self, batch: ForwardBatch) -> None:
         self.map.resolve_future(batch)
+        self.seeds_pending = False
 
     def publish(self, slots: Tensor, new_seq_lens: Tensor) -> None:
         if self._lane is not None:
@@ -182,6 +187,7 @@ class MapRelay:
         # Note [Seeding a prebuilt request]: the map's seed queues the rows for its
         # next resolve_future, on the forward stream; the lengths are published here.
         self.map.seed(slots, self._payload(self.maps, tokens, extras))
+        self.seeds_pending = True
         self.publish(slots, seq_lens)
 
 
@@ -237,6 +243,9 @@ class DirectRelay:
 
     ``mode`` names what the extras are: ``decode`` (none), ``eagle`` or ``ngram``.
     """
+
+    #: Its seeds are plain writes.
+    seeds_pending = False
 
     def __init__(
         self, pool_size: int, device: torch.device, ranges: Ranges, mode: str

@@ -14,13 +14,15 @@ from torch import Tensor
 
 from relay.engine import trace
 from relay.engine.batch import ForwardBatch, ForwardMode, Seeds, StepOutput
+from relay.engine.graphs import GraphRunner
 from relay.engine.model import DraftHead, Forwards, KVCache, TargetModel, VerifyResult
+from relay.engine.spec import SpecConfig
 from relay.engine.trace import Ranges, no_ranges
 
 if TYPE_CHECKING:  # no map is imported with the engine
     from relay.engine.relays import Extras, Relay
 
-__all__ = ["ModelRunner", "SpecConfig"]
+__all__ = ["ModelRunner"]
 
 # Note [Late-bound tails]
 # A mixed batch of n-gram speculation launches before the scheduler knows its decode
@@ -32,26 +34,6 @@ __all__ = ["ModelRunner", "SpecConfig"]
 # sglang binds its mixed batches' decode tails. Both loops decide from the same host
 # values, so they build the same batches; the synchronous one reads its finished
 # step's lengths at the same point.
-
-
-@attrs.frozen(kw_only=True)
-class SpecConfig:
-    """Speculative decoding: ``method`` ``eagle`` drafts ``topk`` branches of ``steps``
-    tokens with a draft head; ``ngram`` drafts one branch of ``steps`` tokens from
-    n-gram matches in the request's own context (``topk`` unused). ``variable_drafts``
-    (n-gram only): each request verifies 0 to ``steps`` drafts, as many as its match
-    found, instead of padding a short match with its last token."""
-
-    steps: int = 3
-    topk: int = 2
-    method: str = "eagle"
-    variable_drafts: bool = False
-
-    def __attrs_post_init__(self) -> None:
-        if self.method not in ("eagle", "ngram"):
-            raise ValueError(f"method must be eagle or ngram (got {self.method!r})")
-        if self.variable_drafts and self.method != "ngram":
-            raise ValueError("variable_drafts needs method='ngram'")
 
 
 def _to_host(t: Tensor) -> Tensor:
@@ -100,12 +82,27 @@ class ModelRunner:
         step_sync: Callable[[int], None] | None = None,
         kernels_started: Callable[[], None] | None = None,
         ranges: Ranges = no_ranges,
+        buckets: tuple[int, ...] = (),
+        resolve_in_graph: bool = True,
     ) -> None:
         self.model = model
         self.relay = relay
         self.spec = spec
         self.eagle = spec is not None and spec.method == "eagle"
         self.forwards = Forwards(model, kv, DraftHead(model) if self.eagle else None)
+        #: With ``buckets``: decode steps that fit one run over its static buffers
+        #: (relay/engine/graphs.py), captured in CUDA graphs by ``warm_up`` on CUDA.
+        self.graphs: GraphRunner | None = None
+        if buckets:
+            self.graphs = GraphRunner(
+                model,
+                kv,
+                self.forwards,
+                relay,
+                spec,
+                buckets,
+                resolve_inside=resolve_in_graph,
+            )
         self.step_sync = step_sync
         self.kernels_started = kernels_started
         self.ranges = ranges
@@ -137,6 +134,17 @@ class ModelRunner:
                     token, accept, lens, seq_lens, 3, slot, variable
                 )
                 fw.commit(result, seq_lens, slot)
+        if self.graphs is not None:
+            self.graphs.capture(self._stash_scratch)
+
+    def _stash_scratch(self) -> None:
+        """Stash a prompt's results into the scratch slot 0, so that every lazily
+        allocated relay buffer exists before a capture (Note [The resolve inside the
+        graph] in relay/engine/graphs.py)."""
+        slot = torch.zeros(1, dtype=torch.int64, device=self.model.device)
+        token = slot + 1
+        hidden, _ = self.forwards.prefill(token[:, None].expand(1, 2), slot + 2, slot)
+        self.relay.stash(slot, token, self._first_extras(hidden, token))
 
     def forward(self, batch: ForwardBatch, out: StepOutput) -> None:
         """Run ``batch`` and fill ``out`` with host copies of its results."""
@@ -167,8 +175,11 @@ class ModelRunner:
             if batch.mix_running_indices.numel():
                 self.relay.resolve_tails(batch)  # Note [Late-bound tails]
             self.relay.resolve_future(batch)
+        ids = batch.input_ids if self.spec is None else batch.spec_info.bonus_tokens
+        self._record(batch, ids)
+
+    def _record(self, batch: ForwardBatch, ids: Tensor) -> None:
         if self.record is not None and batch.reqs:
-            ids = batch.input_ids if self.spec is None else batch.spec_info.bonus_tokens
             rows = zip(batch.reqs, ids.tolist())
             self.record += [(batch.step, req.spec.rid, token) for req, token in rows]
 
@@ -251,6 +262,12 @@ class ModelRunner:
 
     def _decode(self, batch: ForwardBatch, out: StepOutput) -> None:
         """A decode (or verify) forward, with a mixed batch's chunk."""
+        if self.graphs is not None:
+            size = self.graphs.bucket_for(batch)
+            if size is not None:
+                self._decode_static(batch, out, size)
+                return
+            self.graphs.eager_steps += 1
         self._resolve_future(batch)
         spec, chunk = self.spec, batch.chunk
         width = 1 if spec is None else spec.steps + 1  # each branch: drafts and bonus
@@ -284,6 +301,46 @@ class ModelRunner:
         out.tokens = _to_host(host_tokens)
         out.counts = _to_host(counts)
         out.new_seq_lens = _to_host(rows.new_seq_lens)
+
+    def _decode_static(self, batch: ForwardBatch, out: StepOutput, size: int) -> None:
+        """``_decode`` over bucket ``size``'s static buffers (relay/engine/graphs.py):
+        the same publish, stash and host copies, of the real rows."""
+        graphs, spec, n = self.graphs, self.spec, len(batch)
+        assert graphs is not None
+        static = graphs.inputs(size)
+        static.fill(batch)
+        if not graphs.resolve_inside:
+            self._resolve_future(batch)
+            static.adopt(batch, spec, n)
+        elif graphs.captures and self.relay.seeds_pending:
+            self.relay.resolve_future(
+                static.batch
+            )  # Note [The resolve inside the graph]
+        width = 1 if spec is None else spec.steps + 1
+        branches = spec.topk if spec is not None and self.eagle else 1
+        self._start_kernels(n * width * branches)
+        with self.ranges(trace.RESOLVE_FUTURE, batch.step):
+            graphs.run_phase(size, 0)  # with the resolve inside: its range too
+        if graphs.resolve_inside:
+            self._record(batch, static.tokens[:n])
+        slots, lens = batch.req_pool_indices, batch.seq_lens
+        if spec is None:
+            tokens = graphs.next_tokens(size, n)
+            new_seq_lens = lens + 1
+            self._publish(batch, slots, new_seq_lens)
+            self._stash(batch, _Handoff(slots, tokens, (), new_seq_lens))
+            out.tokens = _to_host(tokens[:, None])
+            out.counts = _to_host(torch.ones_like(tokens))
+        else:
+            result = graphs.verified(size, n)
+            new_seq_lens = lens + result.accept_lens + 1
+            self._publish(batch, slots, new_seq_lens)  # Note [Two phases around ...]
+            graphs.run_phase(size, 1)
+            extras = graphs.extras(size, n)
+            self._stash(batch, _Handoff(slots, result.bonus, extras, new_seq_lens))
+            out.tokens = _to_host(result.tokens)
+            out.counts = _to_host(result.accept_lens + 1)
+        out.new_seq_lens = _to_host(new_seq_lens)
 
     def _verify(self, batch: ForwardBatch, spec: SpecConfig) -> VerifyResult:
         info, slots = batch.spec_info, batch.req_pool_indices

@@ -70,7 +70,9 @@ SCHEMA = Schema(
             "dsa_topk_indices",
             shape=("dsa_topk",),
             target="spec_info.dsa_topk_indices",
-            doc="KV positions the sparse-attention indexer selected for each request.",
+            gate="spec_info.future_dsa_topk_indices_available",
+            doc="KV positions the sparse-attention indexer selected for each request "
+            "(read only where the draft input says its rows hold them).",
         ),
         Field(
             "new_seq_lens",
@@ -78,7 +80,10 @@ SCHEMA = Schema(
             dtype=torch.int64,
             target="seq_lens",
             host=HostCopy(
-                mirror="seq_lens_cpu", sum="seq_lens_sum", stream_ordered=True
+                mirror="seq_lens_cpu",
+                sum="seq_lens_sum",
+                stream_ordered=True,
+                optional=True,
             ),
             guard=Guard.NON_NEGATIVE,
             graph_written=True,

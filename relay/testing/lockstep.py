@@ -113,7 +113,7 @@ def _host_paths(f: FieldDecl) -> list[str]:
 def _scatter_paths(f: FieldDecl) -> list[str]:
     """The offsets and counts a scatter field ``f`` reads, those it declares."""
     scatter = f.scatter
-    paths = (scatter.offsets, scatter.lengths) if scatter else ()
+    paths = (scatter.offsets, scatter.lengths, scatter.when) if scatter else ()
     return [p for p in paths if p is not None]
 
 
@@ -189,12 +189,18 @@ def _new_batch(
             sizes = [size + count for size, count in zip(sizes, taken)]
             if lengths is not None:
                 set_path(batch, lengths, torch.tensor(taken, dtype=torch.int64))
+            when = f.scatter.when if f.scatter else None
+            if when is not None:  # every row laid in: the harness reads them all
+                set_path(batch, when, torch.ones(n, dtype=torch.bool))
         first = fields[0]
         dtype = first.dtype if isinstance(first.dtype, torch.dtype) else torch.int64
         set_path(batch, target, torch.full((sum(sizes),), -7, dtype=dtype))
         starts = [sum(sizes[:request]) for request in range(n)]
         assert first.scatter is not None
         set_path(batch, first.scatter.offsets, torch.tensor(starts, dtype=torch.int64))
+    for f in schema.fields:  # a gated field: this batch's rows hold it
+        if f.gate is not None:
+            set_path(batch, f.gate, True)
     if schema.owners is not None:
         set_path(batch, schema.owners, owners)
     return batch
@@ -618,7 +624,8 @@ class _Driver:
         read = [
             f
             for f in self.forward_fields
-            if f.target is not None and self.model.hands_over(f.name)
+            if f.target is not None
+            and (self.model.hands_over(f.name) or f.scatter is not None)
         ]
         candidates = set(range(1, self.pool_size))
         for f in read:

@@ -261,7 +261,11 @@ class ReferenceRelay:
         if not slots:
             return
         value: torch.Tensor | None = None
-        if self.hands_over(f.name):
+        # A gate unset: the batch's rows do not hold the field; None, nothing read.
+        gated_off = f.gate is not None and not bool(get_path(batch, f.gate))
+        if not gated_off and (self.hands_over(f.name) or f.scatter is not None):
+            # A scatter lays each row in whatever the latest write carried: a kept
+            # optional one keeps its rows when left out.
             value = self._value(f, batch, slots)
         if f.target is not None:
             set_path(batch, f.target, value)
@@ -285,13 +289,14 @@ class ReferenceRelay:
             # from the end of the named field's values in the request's span.
             flat: torch.Tensor = get_path(batch, f.target).clone()
             starts = get_path(batch, f.scatter.offsets).tolist()
+            # With when, the whole row where the request's flag is set, else none,
+            # and its room in the span kept either way. A row laid 0 is not read.
             for request, (start, slot) in enumerate(zip(starts, slots)):
-                row = self.row(f.name, slot).reshape(-1)
-                at = start + sum(
-                    self._count(g, batch, request) for g in self._before(f)
-                )
+                at = start + sum(self._room(g, batch, request) for g in self._before(f))
                 count = self._count(f, batch, request)
-                flat[at : at + count] = row[:count].to(flat.dtype)
+                if count:
+                    row = self.row(f.name, slot).reshape(-1)
+                    flat[at : at + count] = row[:count].to(flat.dtype)
             return flat
         if f.resolve is not Resolve.PLACEHOLDER or f.target is None:
             raise ModelError(f"{f.name}: the model does not know resolve={f.resolve}")
@@ -317,9 +322,22 @@ class ReferenceRelay:
 
     def _count(self, f: FieldDecl, batch: Any, request: int) -> int:
         """How many values of its row scatter field ``f`` lays in for ``request``: its
-        ``lengths`` entry, else the whole row."""
+        ``lengths`` entry, none where its ``when`` flag is unset, else the whole row."""
         if f.scatter is not None and f.scatter.lengths is not None:
             return int(get_path(batch, f.scatter.lengths)[request])
+        when = f.scatter.when if f.scatter is not None else None
+        if when is not None and not bool(get_path(batch, when)[request]):
+            return 0
+        return self._width(f)
+
+    def _room(self, f: FieldDecl, batch: Any, request: int) -> int:
+        """How many positions of a request's span scatter field ``f`` takes: its
+        count, or its whole row where a ``when`` flag decides whether it is laid."""
+        if f.scatter is not None and f.scatter.when is not None:
+            return self._width(f)
+        return self._count(f, batch, request)
+
+    def _width(self, f: FieldDecl) -> int:
         sizes = [d if isinstance(d, int) else self.dims[d] for d in f.shape]
         return math.prod(sizes)
 

@@ -14,7 +14,7 @@ from relay.engine import (
     WorkloadConfig,
     run_workload,
 )
-from relay.engine.runner import SpecConfig
+from relay.engine.spec import SpecConfig
 
 TINY = ModelConfig(
     vocab_size=1024, hidden=32, layers=1, heads=2, ffn=64, max_context=96

@@ -1,6 +1,8 @@
 """The engine's matrix: every mode with retraction, aborts, chunked prefill, mixed
 batches and prebuilt requests each on and off, on 1 and 2 data-parallel ranks, maps
-in debug mode and not: the overlap loop yields the synchronous loop's tokens.
+in debug mode and not, the overlap loop's decode steps eager or over the static
+buffers of ``EngineConfig.graphs``: the overlap loop yields the synchronous (eager)
+loop's tokens.
 
 A seeded slice runs with the suite; the whole matrix is opt-in
 (``RELAY_FULL_MATRIX=1 pytest -m slow tests/engine/test_matrix.py``), several minutes.
@@ -49,11 +51,14 @@ class Cell:
     on: frozenset[str]
     ranks: int
     debug: bool
+    #: The overlap loop runs its decode steps over static buffers per bucket.
+    graphs: bool = False
 
     def __str__(self) -> str:
         features = "+".join(f for f in FEATURES if f in self.on) or "plain"
         debug = "debug" if self.debug else "fast"
-        return f"{self.mode}/{features}/{self.ranks}rank/{debug}"
+        static = "/graphs" if self.graphs else ""
+        return f"{self.mode}/{features}/{self.ranks}rank/{debug}{static}"
 
     def config(self) -> EngineConfig:
         on = self.on
@@ -91,11 +96,12 @@ def all_cells() -> list[Cell]:
         for bits in itertools.product((False, True), repeat=len(FEATURES))
     ]
     return [
-        Cell(mode, on, ranks, debug)
+        Cell(mode, on, ranks, debug, graphs)
         for mode in MODES
         for on in subsets
         for ranks in (1, 2)
         for debug in (True, False)
+        for graphs in (False, True)
     ]
 
 
@@ -104,6 +110,8 @@ def _check(cell: Cell, sync: RunResult, overlap: RunResult) -> str | None:
     problem = first_output_difference(sync.outputs, overlap.outputs)
     if problem is not None:
         return f"{cell}: {problem}"
+    if cell.graphs and not sum(overlap.bucket_steps.values()):
+        return f"{cell}: no decode step ran over the static buffers"
     # A feature switched on must have happened, or the cell proves nothing about it.
     seen = {
         "retract": sync.retractions,
@@ -124,12 +132,12 @@ def run_cells(cells: list[Cell]) -> list[str]:
     for cell in single:
         config = cell.config()
         sync = run_workload(attrs.evolve(config, overlap=False))
-        overlap = run_workload(attrs.evolve(config, overlap=True))
+        overlap = run_workload(attrs.evolve(config, overlap=True, graphs=cell.graphs))
         problems.append(_check(cell, sync, overlap))
     ranked = [c for c in cells if c.ranks == 2]
     if ranked:
         configs = [
-            attrs.evolve(c.config(), overlap=overlap)
+            attrs.evolve(c.config(), overlap=overlap, graphs=overlap and c.graphs)
             for c in ranked
             for overlap in (False, True)
         ]
@@ -140,10 +148,16 @@ def run_cells(cells: list[Cell]) -> list[str]:
 
 
 def test_matrix_slice() -> None:
-    """Every feature on in each mode, debug maps, and a seeded sample of other cells."""
+    """Every feature on in each mode, debug maps, eager and over static buffers, and
+    a seeded sample of other cells."""
     cells = all_cells()
     full = [
         c for c in cells if c.on == frozenset(FEATURES) and c.ranks == 1 and c.debug
+    ]
+    full += [
+        c
+        for c in cells
+        if c.on == frozenset(FEATURES) and c.ranks == 1 and c.graphs and not c.debug
     ]
     rng = random.Random(24)
     sample = rng.sample([c for c in cells if c.ranks == 1 and c not in full], 3)

@@ -161,7 +161,8 @@ def test_warm_up_touches_only_the_scratch_slot(speculative: bool) -> None:
     """Warming the forwards up writes slot 0's cache rows and nothing a request owns."""
     from relay.engine.maps import MapSource
     from relay.engine.relays import map_relay
-    from relay.engine.runner import ModelRunner, SpecConfig
+    from relay.engine.runner import ModelRunner
+    from relay.engine.spec import SpecConfig
 
     cpu = torch.device("cpu")
     spec = SpecConfig(steps=3, topk=2) if speculative else None

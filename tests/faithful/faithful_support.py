@@ -10,8 +10,9 @@ graph wrote), may be stashed again keeping extras, staged and leave staging (a p
 stash of its bonus token), ride in a mixed batch as a decode tail, and ends (its slot
 released and reused); batches without a draft input pass by. It draws only what a
 correct engine does, so the map may run in debug mode and any report of it is a
-failure too. Not drawn, where the map and sglang differ (docs/sglang.md): a mixed
-batch without host lengths.
+failure too. Some EAGLE runs' backends need no host lengths (no host copy, a mixed
+batch's host lengths left None), and each draft input says whether its rows hold the
+sparse indices, as sglang sets it.
 """
 
 from __future__ import annotations
@@ -88,8 +89,14 @@ class Run:
         self.map = map_class(algorithm)("cpu", POOL, debug=debug, **self.adopted)
         self.payload = payload_class(algorithm)
         self.confidence = algorithm == "eagle" and self.rng.random() < 0.5
+        #: EAGLE: some runs' attention backends need no host lengths
+        #: (``needs_cpu_seq_lens=False``); n-gram always needs them.
+        self.host = algorithm != "eagle" or self.rng.random() < 0.7
         self.model = SglangRelay(
-            algorithm, req_to_token=self.table, confidence=self.confidence
+            algorithm,
+            req_to_token=self.table,
+            confidence=self.confidence,
+            host_lengths=self.host,
         )
         self.free = list(range(1, POOL))
         #: Slots whose request has values written and not yet read (its next step).
@@ -99,6 +106,9 @@ class Run:
         self.extras = [e for e in EAGLE_EXTRAS if self.rng.random() < 0.7]
         self.decoded = False
         self.lengths: dict[int, int] = {}
+        #: Per slot: whether the step that stashed its rows carried the sparse
+        #: indices (sglang's per-draft-input flag).
+        self.dsa: dict[int, bool] = {}
         self.history: list[str] = []
         #: What the run exercised (non-empty steps by kind), so a test can tell that a
         #: method was really compared and not only drawn.
@@ -167,8 +177,9 @@ class Run:
             # ids and lengths, which its resolves gather again (relay's leave alone).
             batch.input_ids = torch.empty((0,), dtype=torch.int64)
             batch.seq_lens = torch.empty((0,), dtype=torch.int64)
-            batch.seq_lens_cpu = torch.empty((0,), dtype=torch.int64)
-            batch.seq_lens_sum = 0
+            if self.host:
+                batch.seq_lens_cpu = torch.empty((0,), dtype=torch.int64)
+                batch.seq_lens_sum = 0
         if self.speculative:
             batch.spec_info = SimpleNamespace(
                 future_indices=indices.clone(),
@@ -180,8 +191,11 @@ class Run:
                 dsa_topk_indices=None,
                 accept_tokens=None,
                 accept_lens=None,
-                future_dsa_topk_indices_available=(
-                    "dsa_topk_indices" in self.model.rows
+                # As sglang sets it per draft input: whether the step that
+                # stashed each slot's rows carried the indices, and-ed over the
+                # merged slots (an empty input takes the other's).
+                future_dsa_topk_indices_available=all(
+                    self.dsa.get(slot, False) for slot in slots
                 ),
             )
         return batch
@@ -246,11 +260,17 @@ class Run:
             keywords = {"confidence": confidence} if self.confidence else {}
             self.map.publish(indices, None if graph else lens, **keywords)
         self.model.stash(slots, payload)
+        self._carried_dsa(slots, payload)
         if graph:
             payload = {**payload, "bonus_tokens": None}
         self.map.stash(indices, self.payload(**payload))
         self.history.append(f"write {slots} (extras: {carry}, graph: {graph})")
         self.seen["graph_wrote"] += graph
+
+    def _carried_dsa(self, slots: list[int], payload: dict[str, Tensor | None]) -> None:
+        """sglang's flag for the draft input this stash makes: its indices or none."""
+        for slot in slots:
+            self.dsa[slot] = payload.get("dsa_topk_indices") is not None
 
     # -- the engine's steps ------------------------------------------------------------
     def admit(self) -> None:
@@ -275,8 +295,10 @@ class Run:
         if self.speculative:
             got, want = self._pair(slots)
             ordered = self.rng.random() < 0.5
-            self.map.resolve_seq_lens_cpu(got, stream_ordered=ordered)
+            keywords = {} if self.algorithm == "ngram" else {"host": self.host}
+            self.map.resolve_seq_lens_cpu(got, stream_ordered=ordered, **keywords)
             self.seen["stream_ordered"] += ordered and bool(slots)
+            self.seen["no_host_lengths"] += not self.host and bool(slots)
             self.model.resolve_seq_lens_cpu(want, stream_ordered=ordered)
             paths = ["seq_lens", "seq_lens_cpu", "seq_lens_sum"]
             self.compare("resolve_seq_lens_cpu", got, want, paths)
@@ -286,6 +308,9 @@ class Run:
                 want.confidence_cpu = self.model.resolve_confidence_cpu(want)
                 self.compare("resolve_confidence_cpu", got, want, ["confidence_cpu"])
         got, want = self._pair(slots)
+        if self.speculative and "dsa_topk_indices" in self.model.rows and slots:
+            gated = not got.spec_info.future_dsa_topk_indices_available
+            self.seen["dsa_gated_off"] += gated
         self.map.resolve_future(got)
         self.model.resolve_forward_inputs(want)
         self.compare("resolve_future", got, want, self._forward_paths())
@@ -331,6 +356,7 @@ class Run:
         self.history.append(f"restash {slots} keeping {sorted(payload)}")
         self.seen["kept"] += bool(slots)
         self.model.stash(slots, payload)
+        self._carried_dsa(slots, payload)
         self.map.stash(torch.tensor(slots, dtype=torch.int64), self.payload(**payload))
 
     def mixed(self) -> None:
@@ -346,9 +372,9 @@ class Run:
         for batch in (got, want):
             batch.mix_running_indices = torch.tensor(running, dtype=torch.int64)
             batch.seq_lens = torch.tensor(lagging, dtype=torch.int64)
-            # The faithful maps model an engine whose backends need host lengths.
-            batch.seq_lens_cpu = batch.seq_lens.clone()
-            batch.seq_lens_sum = sum(lagging)
+            # Built by a scheduler whose backends may need no host lengths.
+            batch.seq_lens_cpu = batch.seq_lens.clone() if self.host else None
+            batch.seq_lens_sum = sum(lagging) if self.host else None
             batch.out_cache_loc = torch.full((len(slots),), -5, dtype=torch.int64)
             batch.prefix_lens = [length - 1 for length in lagging]
         self.map.resolve_tails(got)

@@ -21,6 +21,8 @@ EXERCISED = {
         "resolve_confidence_cpu",
         "no_draft_input",
         "no_future_indices",
+        "dsa_gated_off",
+        "no_host_lengths",
     },
     "ngram": {
         "decode",

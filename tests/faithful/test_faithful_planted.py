@@ -173,3 +173,48 @@ def test_a_stale_tail(planted: bool) -> None:
         RelayDebugError, match=r"new_seq_lens: slot 2: resolve_tails binds"
     ):
         _mixed(checked, planted=True)
+
+
+def _reused(relay: SglangEagleFutureMap, *, flag: bool) -> SimpleNamespace:
+    """Slot 3's request stashes sparse indices and its next step reads them; it ends,
+    and a new request in slot 3 stashes none (its prefill). The plant: the engine sets
+    the draft input's flag from "the buffer exists", not from what the step stashed."""
+    dsa = torch.ones(1, 2, dtype=torch.int32)
+    relay.stash(_slots(3), SglangEaglePayload(**_extras(4), dsa_topk_indices=dsa))
+    first = _batch(3)
+    first.spec_info.future_dsa_topk_indices_available = True
+    relay.resolve_future(first)
+    relay.release(_slots(3))
+    relay.stash(_slots(3), SglangEaglePayload(**_extras(5)))
+    batch = _batch(3)
+    batch.spec_info.future_dsa_topk_indices_available = flag
+    relay.resolve_future(batch)
+    return batch
+
+
+def _extras(bonus: int) -> dict[str, Tensor]:
+    return {
+        "bonus_tokens": torch.tensor([bonus]),
+        "topk_p": torch.ones(1, 2),
+        "topk_index": torch.ones(1, 2, dtype=torch.int64),
+    }
+
+
+@pytest.mark.parametrize("planted", [False, True])
+def test_a_reused_slot_read_through_a_flag_set_for_the_buffer(planted: bool) -> None:
+    """As sglang sets it, the flag is unset for the new request and the map hands None
+    (debug mode silent); set because the buffer exists, debug off hands the previous
+    request's indices (the -1 poison aside), and debug on names the field, the slot
+    and the release."""
+    quiet = _reused(SglangEagleFutureMap("cpu", POOL), flag=planted)
+    if not planted:
+        assert quiet.spec_info.dsa_topk_indices is None
+        _reused(SglangEagleFutureMap("cpu", POOL, debug=True), flag=False)
+        return
+    assert quiet.spec_info.dsa_topk_indices.tolist() == [[1, 1]]
+    with pytest.raises(
+        RelayDebugError,
+        match=r"dsa_topk_indices: slot 3: resolve_future reads a row that was not "
+        r"written since it was last consumed",
+    ):
+        _reused(SglangEagleFutureMap("cpu", POOL, debug=True), flag=True)

@@ -69,16 +69,28 @@ FIELD_CASES = {
             'Field("x", lane=Lane.SCHEDULE, dtype=torch.int64, target="x", '
             'resolve=Scatter(offsets="starts")),'
         ),
-        "resolve=Scatter(...) writes a required forward-lane field",
-        "make the field a required forward-lane field with a target",
+        (
+            "resolve=Scatter(...) writes a forward-lane field into its target, "
+            "required or kept when left out"
+        ),
+        (
+            "make the field a forward-lane field with a target, required or "
+            "optional=True with kept=True"
+        ),
     ),
     "scatter of an optional field": (
         (
             'Field("x", lane=Lane.FORWARD, dtype=torch.int64, target="flat", '
             'resolve=Scatter(offsets="starts"), optional=True),'
         ),
-        "resolve=Scatter(...) writes a required forward-lane field",
-        "make the field a required forward-lane field with a target",
+        (
+            "resolve=Scatter(...) writes a forward-lane field into its target, "
+            "required or kept when left out"
+        ),
+        (
+            "make the field a forward-lane field with a target, required or "
+            "optional=True with kept=True"
+        ),
     ),
     "offsets that a field writes": (
         (

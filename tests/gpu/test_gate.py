@@ -1,7 +1,8 @@
-"""The gates of the GPU tests (Note [Gated streams] in gate.py), checked on the CPU on every
-run: ``Gate`` with its kernel run by Triton's interpreter on a thread of the test's own
-(the thread stands in for the held stream), and the kernel compiled for CUDA with no GPU.
-Nothing here needs a GPU; the GPU tests rely on exactly this logic.
+"""The gates of the GPU tests (Note [Gated streams] in gate.py), checked on the CPU wherever
+triton is installed (skipped elsewhere: relay does not depend on it): ``Gate`` with its
+kernel run by Triton's interpreter on a thread of the test's own (the thread stands in for
+the held stream), and the kernel compiled for CUDA with no GPU. Nothing here needs a GPU;
+the GPU tests rely on exactly this logic.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 from gate import ARMED, GUARD_S, OPENED, TIMED_OUT, Gate, describe
-from triton_interpret import REPO, Interpreted, load_module
+from triton_interpret import REPO, Interpreted, load_module, require_triton
 
 KERNEL_FILE = REPO / "tests" / "gpu" / "gate_kernel.py"
 #: A guard, in spins, that the interpreter cannot spend while a test looks.
@@ -151,6 +152,7 @@ def test_the_gate_kernel_compiles_for_cuda_with_volatile_loads_and_the_timer(
     """The compiled kernel (the GPU's branch, which the interpreter cannot take) lowers to
     PTX for sm_90: its flag loads are volatile (re-read on each spin, never hoisted) and
     its guard reads the global timer; it assembles to a cubin."""
+    require_triton()
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource

@@ -406,7 +406,10 @@ def _seed_over_unread_summary() -> tuple[str, Callable[[], object]]:
 
 def _scatter(*starts: int) -> Callable[[], object]:
     d = checks()
-    return lambda: d.check_scatter("tok", rows(3, 5), torch.tensor(starts), 2, 6)
+    owners = ["req-a", "req-b"]
+    return lambda: d.check_scatter(
+        "tok", rows(3, 5), torch.tensor(starts), 2, 6, owners
+    )
 
 
 def _scatter_outside() -> tuple[str, Callable[[], object]]:
@@ -414,8 +417,7 @@ def _scatter_outside() -> tuple[str, Callable[[], object]]:
         "scatter_outside",
         owner="M",
         field="tok",
-        request=1,
-        slot=5,
+        request="request 'req-b' (row 1, slot 5)",
         start=5,
         width=2,
         size=6,
@@ -428,11 +430,9 @@ def _scatter_overlap() -> tuple[str, Callable[[], object]]:
         "scatter_overlap",
         owner="M",
         field="tok",
-        request=1,
-        slot=5,
+        request="request 'req-b' (row 1, slot 5)",
         start=1,
-        other=0,
-        other_slot=3,
+        other="request 'req-a' (row 0, slot 3)",
         other_start=0,
         width=2,
     )
@@ -471,8 +471,7 @@ def _scatter_claimed() -> tuple[str, Callable[[], object]]:
         "scatter_claimed",
         owner="M",
         field="tok",
-        request=1,
-        slot=5,
+        request="the request in row 1 (slot 5)",
         position=3,
         value=9,
     )
@@ -496,8 +495,7 @@ def _scatter_count_outside() -> tuple[str, Callable[[], object]]:
         "scatter_count_outside",
         owner="M",
         field="tok",
-        request=1,
-        slot=5,
+        request="the request in row 1 (slot 5)",
         count=3,
         width=2,
     )
@@ -511,13 +509,12 @@ def _scatter_count_disagrees() -> tuple[str, Callable[[], object]]:
         "scatter_count_disagrees",
         owner="M",
         field="tok",
-        request=1,
-        slot=5,
+        request="request 8 (row 1, slot 5)",
         count=2,
         wrote=1,
     )
     return want, lambda: d.check_counts(
-        "tok", rows(3, 5), torch.tensor([2, 2]), 2, wrote
+        "tok", rows(3, 5), torch.tensor([2, 2]), 2, wrote, torch.tensor([7, 8])
     )
 
 

@@ -19,7 +19,7 @@ def _snippet() -> str:
     blocks = re.findall(
         r"```python\n(.*?)```", GUIDE.read_text(encoding="utf-8"), re.DOTALL
     )
-    (found,) = [b for b in blocks if "SlotTable(" in b]
+    (found,) = [b for b in blocks if "SlotTable(" in b and "slots.take(req_id)" in b]
     return found
 
 
@@ -40,7 +40,7 @@ def test_the_guides_slot_table_calls_run() -> None:
         "lookup": Namespace(),
         "batch": Namespace(input_ids=torch.zeros(3, dtype=torch.int64)),
         "query_start_loc": torch.tensor([0], dtype=torch.int32),
-        "num_decode_reqs": 1,
+        "decode_rows": torch.tensor([0]),  # the handed-over rows' positions
         "scheduled_drafts": torch.tensor([1], dtype=torch.int32),
         "sampled": torch.tensor([5]),
         "drafts": torch.tensor([[6, 7]]),

@@ -221,13 +221,18 @@ def _every_option() -> Schema:
                 unwritten=Unwritten.ZEROS,
                 kept=True,
             ),
-            extra("hidden", shape=("hidden",), target="spec_info.hidden"),
+            extra(
+                "hidden",
+                shape=("hidden",),
+                target="spec_info.hidden",
+                gate="spec_info.has_hidden",
+            ),
             Field(
                 "bonus",
                 lane=Lane.FORWARD,
                 dtype=torch.int64,
                 target="draft_ids",
-                resolve=Scatter(offsets="draft_starts"),
+                resolve=Scatter(offsets="draft_starts", when="bonus_ready"),
             ),
             Field(
                 "drafts",
@@ -236,7 +241,10 @@ def _every_option() -> Schema:
                 shape=(2,),
                 target="draft_ids",
                 resolve=Scatter(
-                    offsets="draft_starts", lengths="num_drafts", after="bonus"
+                    offsets="draft_starts",
+                    lengths="num_drafts",
+                    after="bonus",
+                    rest_checked=False,
                 ),
                 graph_written=True,
             ),
@@ -246,7 +254,10 @@ def _every_option() -> Schema:
                 dtype=torch.int64,
                 target="seq_lens",
                 host=HostCopy(
-                    mirror="seq_lens_cpu", sum="seq_lens_sum", stream_ordered=True
+                    mirror="seq_lens_cpu",
+                    sum="seq_lens_sum",
+                    stream_ordered=True,
+                    optional=True,
                 ),
                 guard=Guard.POSITIVE,
                 graph_written=True,

@@ -57,15 +57,12 @@ def _same(a: dict[str, torch.Tensor | None], b: dict[str, torch.Tensor | None]) 
         assert torch.equal(left, right), name
 
 
-@pytest.mark.parametrize("fused", [False, True], ids=["torch-gathers", "fused-gather"])
 @pytest.mark.parametrize("debug", [False, True])
-def test_packed_eagle_resolves_what_eagle_resolves(debug: bool, fused: bool) -> None:
-    """Steps over overlapping slots, with and without hidden states: identical batches (with
-    fused_gather set too, which on the CPU runs relay.fused's torch path)."""
+def test_packed_eagle_resolves_what_eagle_resolves(debug: bool) -> None:
+    """Steps over overlapping slots, with and without hidden states: identical batches."""
     generator = torch.Generator().manual_seed(7)
     separate = EagleFutureMap("cpu", POOL, topk=TOPK, debug=debug)
     packed = EaglePackedFutureMap("cpu", POOL, topk=TOPK, debug=debug)
-    packed.fused_gather = fused
     for step in range(12):
         chosen = torch.randperm(POOL - 1, generator=generator)[: 1 + step % 4] + 1
         values = [int(v) for v in chosen]
@@ -149,13 +146,11 @@ class _ProbeBatch:
         self.spec = _Spec()
 
 
-@pytest.mark.parametrize("fused", [False, True], ids=["torch-gathers", "fused-gather"])
-def test_probe_groups_round_trip_every_row_shape(tmp_path: Path, fused: bool) -> None:
+def test_probe_groups_round_trip_every_row_shape(tmp_path: Path) -> None:
     """Two dtype groups (float32: a, c, e; int32: b, d) hand back each field's rows in its
     declared shape; a dtype with one field keeps its own buffer."""
-    module = load_generated(PROBE, tmp_path, f"probe_packed_{fused}")
+    module = load_generated(PROBE, tmp_path, "probe_packed")
     relay = module.ProbePackedFutureMap("cpu", POOL, k=2)
-    relay.fused_gather = fused
     assert relay._float32_packed.shape == (POOL, 2 * 2 + 3 + 1)
     assert relay._int32_packed.shape == (POOL, 1 + 2 * 2)
     assert not hasattr(relay, "_int64_packed")

@@ -117,10 +117,10 @@ def test_the_chain_driver_runs_clean(debug: bool) -> None:
 @pytest.mark.parametrize(
     ("counts", "message"),
     [
-        ([4, 2], r"request 0 \(slot 2\) has a count of 4 value\(s\), outside \[0, 3\]"),
+        ([4, 2], r"row 0 \(slot 2\) has a count of 4 value\(s\), outside \[0, 3\]"),
         (
             [3, -1],
-            r"request 1 \(slot 4\) has a count of -1 value\(s\), outside \[0, 3\]",
+            r"row 1 \(slot 4\) has a count of -1 value\(s\), outside \[0, 3\]",
         ),
     ],
     ids=["above-the-width", "negative"],
@@ -141,7 +141,9 @@ def test_a_planted_span_over_a_prefill_token_is_named_in_debug_mode() -> None:
     (the map knows the scattered requests' starts only: docs/schema.md)."""
     batch, error = _chain_steps(True, [3, 3])
     assert isinstance(error, RelayError), error
-    assert "PlantedChainFutureMap.drafts: request 1 (slot 4)" in str(error), error
+    assert "PlantedChainFutureMap.drafts: the request in row 1 (slot 4)" in str(
+        error
+    ), error
     assert "position 7" in str(error) and "99" in str(error), error
     assert batch.input_ids.tolist() == [PAD] * 7 + [99]
 
@@ -169,7 +171,7 @@ def test_a_planted_span_into_the_next_request_is_refused() -> None:
             lambda: relay.resolve_future(batch),
         )
     assert isinstance(error, RelayError), error
-    assert "request 1 (slot 4) starts at 3, inside the 4 position(s)" in str(error)
+    assert "row 1 (slot 4) starts at 3, inside the 4 position(s)" in str(error)
     assert batch.input_ids.tolist() == [PAD] * 8
 
 

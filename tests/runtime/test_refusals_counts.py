@@ -97,7 +97,7 @@ def test_a_count_outside_its_row_is_refused_in_both_modes(
     with pytest.raises(RelayError, match=why) as raised:
         relay.resolve_future(batch)
     assert str(raised.value).startswith(
-        "ChainFutureMap.drafts: request 1 (slot 4) has a count"
+        "ChainFutureMap.drafts: the request in row 1 (slot 4) has a count"
     )
     assert batch.input_ids.tolist() == [PAD] * 12
 
@@ -111,9 +111,9 @@ def test_a_span_running_into_the_next_requests_span_is_refused(debug: bool) -> N
         [3, 1]
     )  # request 0 now ends at 6, request 1 starts at 5
     batch.input_ids = torch.full((9,), PAD)
-    with pytest.raises(RelayError, match=r"request 0 \(slot 2\)") as raised:
+    with pytest.raises(RelayError, match=r"request in row 0 \(slot 2\)") as raised:
         relay.resolve_future(batch)
-    assert "request 1 (slot 4)" in str(raised.value)
+    assert "request in row 1 (slot 4)" in str(raised.value)
     assert batch.input_ids.tolist() == [PAD] * 9
 
 
@@ -150,7 +150,9 @@ def test_an_extra_draft_over_a_prefill_token_is_named_in_debug_mode() -> None:
     )
     with pytest.raises(RelayDebugError, match=r"position 2, which holds 501") as raised:
         relay.resolve_future(batch)
-    assert str(raised.value).startswith("VllmDraftsFutureMap.draft_tokens: request 0")
+    assert str(raised.value).startswith(
+        "VllmDraftsFutureMap.draft_tokens: the request in row 0"
+    )
     assert batch.input_ids.tolist() == [PAD, PAD, *prompt]
 
 

@@ -63,8 +63,8 @@ def test_int64_and_int32_offsets_scatter_each_request_at_its_start(
 
 
 OVERLAP = (
-    r"request 1 \(slot 4\) starts at 1, inside the 2 position\(s\) of "
-    r"request 0 \(slot 2\) from 0"
+    r"the request in row 1 \(slot 4\) starts at 1, inside the 2 position\(s\) of "
+    r"the request in row 0 \(slot 2\) from 0"
 )
 
 BAD_OFFSETS = {
@@ -74,8 +74,14 @@ BAD_OFFSETS = {
     ),
     "a list": ([0, 3], r"got a list"),
     "one short": (torch.tensor([0]), r"one integer start offset per request \(2"),
-    "negative": (torch.tensor([-1, 3]), r"request 0 \(slot 2\) starts at -1"),
-    "one past the end": (torch.tensor([0, 5]), r"request 1 \(slot 4\) starts at 5"),
+    "negative": (
+        torch.tensor([-1, 3]),
+        r"the request in row 0 \(slot 2\) starts at -1",
+    ),
+    "one past the end": (
+        torch.tensor([0, 5]),
+        r"the request in row 1 \(slot 4\) starts at 5",
+    ),
 }
 
 
@@ -99,10 +105,13 @@ def test_bad_offsets_are_refused_before_anything_is_written(case: str) -> None:
             [0, 1],
             OVERLAP,
         ),
-        ([3, 3], r"inside the 2 position\(s\) of request"),
+        ([3, 3], r"inside the 2 position\(s\) of the request in row 0"),
         (
             [0, 5],
-            r"request 1 \(slot 4\) starts at 5, so its 2 value\(s\) would not fit",
+            (
+                r"the request in row 1 \(slot 4\) starts at 5, so its 2 value\(s\) "
+                r"would not fit"
+            ),
         ),
     ],
     ids=["overlapping", "repeated", "one past the end"],

@@ -312,16 +312,16 @@ def test_a_request_reads_its_token_then_its_scheduled_drafts(debug: bool) -> Non
             torch.tensor([1, 3]),
             [0, 2],
             (
-                r"request 1 \(slot 2\) puts its 3 value\(s\) from 3, outside the "
-                r"target's 5 positions"
+                r"request 7 \(row 1, slot 2\) puts its 3 value\(s\) from 3, outside "
+                r"the target's 5 positions"
             ),
         ),
         (
             torch.tensor([1, 2]),
             [-1, 2],
             (
-                r"^VllmDraftsFutureMap.sampled_tokens: request 0 \(slot 4\) puts its 1 "
-                r"value\(s\) from -1"
+                r"^VllmDraftsFutureMap.sampled_tokens: request 9 \(row 0, slot 4\) puts "
+                r"its 1 value\(s\) from -1"
             ),
         ),
     ],
@@ -361,7 +361,9 @@ def test_a_long_batch_running_past_the_end_is_refused() -> None:
         num_draft_tokens=torch.ones(20, dtype=torch.int64),
         input_ids=torch.full((39,), PAD),
     )
-    with pytest.raises(RelayError, match=r"request 19 \(slot 20\) puts its 1 value"):
+    with pytest.raises(
+        RelayError, match=r"the request in row 19 \(slot 20\) puts its 1 value"
+    ):
         relay.resolve_future(batch)
     assert batch.input_ids.tolist() == [PAD] * 39
     batch.input_ids = torch.full((40,), PAD)
@@ -377,7 +379,8 @@ def test_a_count_outside_the_row_is_named_in_debug_mode(count: int) -> None:
     batch.num_draft_tokens = torch.tensor([1, count])
     with pytest.raises(
         RelayDebugError,
-        match=rf"request 1 \(slot 2\) has a count of {count} value\(s\), outside",
+        match=rf"request 7 \(row 1, slot 2\) has a count of {count} value\(s\), "
+        r"outside",
     ):
         relay.resolve_future(batch)
 
@@ -504,3 +507,46 @@ def test_a_three_field_span_with_nested_paths_runs_in_lockstep() -> None:
     )
     assert check_lockstep(schema, operations=600, steps=100) == 600
     assert check_lockstep(schema, operations=300, steps=100, debug=False) == 300
+
+
+@pytest.mark.parametrize("read_twice", [False, True], ids=["never stashed", "read"])
+def test_a_slot_with_nothing_to_hand_over_is_not_called_an_offset_one_off(
+    read_twice: bool,
+) -> None:
+    """The read check runs before the check of -1 left in the target: a slot never
+    stashed, or already read, is named as such, with its request, though its poison
+    (-1, vLLM's placeholder too) landed in ``input_ids``."""
+    relay, batch = _two_requests(True)
+    if read_twice:
+        relay.resolve_future(batch)
+        batch.input_ids = torch.full((5,), PAD)
+        message = r"sampled_tokens: slot 4: resolve_future reads a row that was not"
+    else:
+        batch.slots = torch.tensor([5, 2])
+        message = r"sampled_tokens: slot 5: resolve_future reads a row that was never"
+    with pytest.raises(RelayDebugError, match=message):
+        relay.resolve_future(batch)
+
+
+def test_the_stash_guard_checks_only_the_counted_drafts() -> None:
+    """Draft columns past a row's count are no values (vLLM fills them with -1):
+    debug mode's non-negative guard skips them, and still refuses a -1 among the
+    counted ones."""
+    relay = VllmDraftsFutureMap("cpu", 8, num_speculative_tokens=K, debug=True)
+    relay.stash(
+        torch.tensor([2, 4]),
+        VllmDraftsPayload(
+            sampled_token_ids=torch.tensor([10, 20]),
+            draft_token_ids=torch.tensor([[11, -1, -1], [-1, -1, -1]]),
+            num_draft_tokens=torch.tensor([1, 0]),
+        ),
+    )
+    with pytest.raises(RuntimeError, match=r"draft_tokens: guard failed"):
+        relay.stash(
+            torch.tensor([3]),
+            VllmDraftsPayload(
+                sampled_token_ids=torch.tensor([30]),
+                draft_token_ids=torch.tensor([[31, -1, -1]]),
+                num_draft_tokens=torch.tensor([2]),
+            ),
+        )

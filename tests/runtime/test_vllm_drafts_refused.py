@@ -69,7 +69,8 @@ def test_a_count_outside_the_row_is_refused(value: int, seed: int, debug: bool) 
     """Never clamped: above the width it would leave a gap, negative it would lay the
     next field over the sampled token."""
     message = _refused(_count(value), seed, debug)
-    assert message.startswith("VllmDraftsFutureMap.draft_tokens: request 0 (slot ")
+    assert message.startswith("VllmDraftsFutureMap.draft_tokens: request "), message
+    assert "(row 0, slot " in message, message
     assert f"has a count of {value} value(s), outside [0, {K}]" in message
 
 
@@ -79,7 +80,7 @@ def test_a_span_into_the_next_requests_span_is_refused(seed: int, debug: bool) -
     """Debug mode may name it first as a count above what the stash made."""
     message = _refused(_into_the_next, seed, debug)
     assert message.startswith("VllmDraftsFutureMap."), message
-    overlap = "request 1 (slot " in message and "would overwrite" in message
+    overlap = "(row 1, slot " in message and "would overwrite" in message
     assert overlap or (debug and "disagree on its count" in message), message
 
 

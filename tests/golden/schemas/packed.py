@@ -2,8 +2,8 @@
 
 Reaches: two packed dtype groups (scalar, 1-D, multi-dim and fixed-width rows), a dtype
 with one packable field (kept in its own buffer), and fields the layout leaves alone:
-an optional lazy field and a required lazy one (both in resolve_future's gather block,
-Note [Fused gather]), a placeholder and a schedule field.
+an optional lazy field and a required lazy one (both in resolve_future's gather
+block), a placeholder and a schedule field.
 """
 
 import torch

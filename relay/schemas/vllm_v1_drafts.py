@@ -1,0 +1,66 @@
+"""Relay of vLLM 0.33's V1 model runner's async hand-over: the sampled token and drafts."""
+
+import torch
+
+from relay.schema import Field, Guard, HostCopy, Lane, Scatter, ScheduleSlots, Schema
+
+SCHEMA = Schema(
+    name="VllmV1DraftsFutureMap",
+    doc="""Relay of vLLM 0.33's V1 model runner under async scheduling (docs/integrating.md).
+
+    Step N stashes, for each request that sampled (a partial prefill did not), its
+    sampled token and the drafts the step proposed (as many as the step's draft width,
+    0 without speculation, at most ``num_speculative_tokens``). Step N+1 hands them to
+    the requests it finds in step N, wherever their rows are now: into the flat int32
+    ``input_ids``, the token at the position before the request's scheduled drafts
+    (vLLM's ``cu_num_tokens[i] - 1 - num_draft_tokens[i]``), then those drafts. Every
+    other position is the engine's: a request absent from step N keeps the host's ids,
+    whose -1 draft placeholders the engine clamps later. Each request keeps one slot
+    for its life, so the step-to-step row map is the slots tensor in row order.
+
+    Step N also publishes how many tokens each request kept (its sampled token and the
+    drafts verification accepted); the scheduler reads them back by request.
+    """,
+    indices="slots",
+    owners="req_ids",
+    schedule=ScheduleSlots(indices="slots", owners="req_ids"),
+    fields=[
+        Field(
+            "sampled_tokens",
+            lane=Lane.FORWARD,
+            dtype=torch.int32,
+            source="sampled_token_ids",
+            target="input_ids",
+            resolve=Scatter(offsets="token_positions", rest_checked=False),
+            guard=Guard.NON_NEGATIVE,
+            doc="The token step N sampled: the first input of the request's span.",
+        ),
+        Field(
+            "draft_tokens",
+            lane=Lane.FORWARD,
+            dtype=torch.int32,
+            shape=("num_speculative_tokens",),
+            source="draft_token_ids",
+            target="input_ids",
+            resolve=Scatter(
+                offsets="token_positions",
+                lengths="num_draft_tokens",
+                after="sampled_tokens",
+                rest_checked=False,
+            ),
+            guard=Guard.NON_NEGATIVE,
+            doc="The drafts step N proposed; the scheduled ones follow the token.",
+        ),
+        Field(
+            "kept_counts",
+            lane=Lane.SCHEDULE,
+            dtype=torch.int32,
+            source="num_kept",
+            target="kept_counts",
+            host=HostCopy(mirror="kept_counts_cpu"),
+            guard=Guard.NON_NEGATIVE,
+            doc="How many tokens step N kept per request (the sampled one and the "
+            "accepted drafts), for the scheduler, on the host.",
+        ),
+    ],
+)
