@@ -431,9 +431,11 @@ def _prologue(schema: Schema, method: str, lane: Lane) -> tuple[list[str], str |
 
 def _slots_read(method: str) -> list[str]:
     """Debug mode's check of the slots a resolve reads, and slots narrower than int64
-    widened (``index_select`` takes int64 and int32 only): one test when neither."""
+    widened (``index_select`` takes int64 and int32 only): one test when neither.
+    Meta slots are refused there too: ``index_select`` takes them without a word and
+    hands back uninitialised rows (an attribute read, no op)."""
     return [
-        "if debug is not None or indices.dtype is not torch.int64:",
+        "if debug is not None or indices.dtype is not torch.int64 or indices.is_meta:",
         f'    indices = _rt.read_slots(self._state, "{method}", indices)',
     ]
 
@@ -540,21 +542,32 @@ def resolve_future(
     if packed_reads is not None:
         lines += [s for f in reads for s in _stashed(names, schema, f)]
         lines += _packed_block(names, schema, reads, packed_reads)
-    lines += _plans(names, schema, outside, spelled)  # every target before any write
+    # Every target's plan before any write, those under a parent where it is set.
+    lines += _plans(names, schema, outside, spelled)
+    bound_early = set()
+    for parent, fields in under.items():
+        plans = _plans(names, schema, fields, spelled)
+        if plans and parents[parent] is IfNone.REFUSE:
+            lines += plans
+        elif plans:
+            bound_early.add(parent)
+            lines += [f"{parent} = batch.{parent}", f"if {parent} is not None:"]
+            lines += _indent(plans)
     lines += _reads(names, schema, outside, packed_reads, spelled, planned=True)
     reports = _placeholder_reports(names, schema, outside) + _scattered(
         schema, outside, spelled
     )
     absent = []
     for parent, fields in under.items():
-        body = _reads(names, schema, fields, packed_reads, spelled)
+        body = _reads(names, schema, fields, packed_reads, spelled, planned=True)
         placeholders = _placeholder_reports(names, schema, fields)
         placeholders += _scattered(schema, fields, spelled)
         if parents[parent] is IfNone.REFUSE:
             lines += body
             reports += placeholders
             continue
-        lines.append(f"{parent} = batch.{parent}")
+        if parent not in bound_early:
+            lines.append(f"{parent} = batch.{parent}")
         if placeholders:  # reported where they were read
             body += ["if debug is not None:", *_indent(placeholders)]
         lines += [f"if {parent} is not None:", *_indent(body)]
