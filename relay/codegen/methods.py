@@ -20,6 +20,7 @@ from relay.codegen.literals import join, plus, string_literal
 from relay.codegen.naming import Names
 from relay.schema import (
     Alloc,
+    Carried,
     Field,
     IfNone,
     Lane,
@@ -441,6 +442,15 @@ def _plans(
     return lines
 
 
+def _gate(schema: Schema, f: Field, spelled: dict[str, str]) -> str | None:
+    """``f``'s gate spelled: the batch's flag, or whether the map carries the field a
+    ``Carried`` names."""
+    if isinstance(f.gate, Carried):
+        other = next(g for g in schema.fields if g.name == f.gate.field)
+        return _carried(schema, other)
+    return spelled[f.gate] if f.gate is not None else None
+
+
 def _reads(
     names: Names,
     schema: Schema,
@@ -467,8 +477,7 @@ def _reads(
         elif packed_reads is not None:
             lines.append(f"{target} = {names.value[f.name]}{_flat(f)}")
         else:
-            gate = spelled[f.gate] if f.gate is not None else None
-            lines += _gather_read(names, schema, f, target, gate)
+            lines += _gather_read(names, schema, f, target, _gate(schema, f, spelled))
     return lines
 
 
@@ -515,7 +524,7 @@ def resolve_future(
             outside.append(f)
     taken = [p for p in (bound, *under) if p is not None]
     paths = [f.target for f in reads if f.target]
-    paths += [f.gate for f in reads if f.gate is not None]
+    paths += [f.gate for f in reads if isinstance(f.gate, str)]
     binds, spelled = _parents(names, schema, paths, taken)
     lines += binds
     for parent in under:  # refused before anything is handed over
@@ -562,7 +571,7 @@ def _future_reports(
         if absent:
             args.append(f"absent={' + '.join(absent)}")
         gated = [
-            f"(() if {spelled[f.gate]} else ({string_literal(f.name)},))"
+            f"(() if {_gate(schema, f, spelled)} else ({string_literal(f.name)},))"
             for f in reads
             if f.gate is not None
         ]

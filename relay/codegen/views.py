@@ -492,7 +492,7 @@ def _protocols(names: Names, schema: Schema) -> tuple[ProtocolView, ...]:
 def _read_only(f: Field) -> list[tuple[str, str]]:
     """What a resolve of ``f`` only reads on the batch besides its slots: a scatter's
     offsets, counts and flags, a gate; path and type."""
-    found = [(f.gate, "bool")] if f.gate is not None else []
+    found = [(f.gate, "bool")] if isinstance(f.gate, str) else []
     scatter = f.scatter
     if scatter is not None:
         paths = (scatter.offsets, scatter.lengths, scatter.when)

@@ -150,7 +150,8 @@ class Run:
             values["hidden_states"] = self._floats(
                 n, DIMS["hidden"], dtype=torch.bfloat16
             )
-        if "draft_probs" in self.extras and "topk" in self.extras:
+        # Some runs stash draft probabilities without top-k: sglang hands None.
+        if "draft_probs" in self.extras:
             values["draft_probs"] = self._floats(n, DIMS["vocab"], dtype=torch.float32)
         if "dsa_topk_indices" in self.extras:
             values["dsa_topk_indices"] = self._ints(
@@ -311,6 +312,9 @@ class Run:
         if self.speculative and "dsa_topk_indices" in self.model.rows and slots:
             gated = not got.spec_info.future_dsa_topk_indices_available
             self.seen["dsa_gated_off"] += gated
+        rows = self.model.rows
+        if slots and "draft_probs" in rows and "topk_p" not in rows:
+            self.seen["draft_probs_without_topk"] += 1
         self.map.resolve_future(got)
         self.model.resolve_forward_inputs(want)
         self.compare("resolve_future", got, want, self._forward_paths())

@@ -22,6 +22,7 @@ EXERCISED = {
         "no_draft_input",
         "no_future_indices",
         "dsa_gated_off",
+        "draft_probs_without_topk",
         "no_host_lengths",
     },
     "ngram": {

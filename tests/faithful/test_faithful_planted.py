@@ -218,3 +218,45 @@ def test_a_reused_slot_read_through_a_flag_set_for_the_buffer(planted: bool) -> 
         r"written since it was last consumed",
     ):
         _reused(SglangEagleFutureMap("cpu", POOL, debug=True), flag=True)
+
+
+def _probs_step(relay: SglangEagleFutureMap, *, topk: bool) -> SimpleNamespace:
+    """Slot 3's request stashes draft probabilities (beside top-k or alone) and its
+    next step reads its draft input."""
+    probs = torch.full((1, 5), 0.25)
+    extras = _extras(4) if topk else {"bonus_tokens": torch.tensor([4])}
+    relay.stash(_slots(3), SglangEaglePayload(**extras, draft_probs=probs))
+    batch = _batch(3)
+    relay.resolve_future(batch)
+    return batch
+
+
+@pytest.mark.parametrize("planted", [False, True])
+def test_draft_probs_stashed_without_topk(planted: bool) -> None:
+    """sglang reads the draft probabilities only beside top-k: stashed alone, the map
+    hands None and debug mode is silent. The plant: a run with top-k whose loop drops
+    a reused slot's new probabilities; debug mode names the field and the slot."""
+    alone = _probs_step(SglangEagleFutureMap("cpu", POOL, debug=True), topk=False)
+    assert alone.spec_info.draft_probs is None
+    model = SglangRelay("eagle", req_to_token=TABLE, confidence=False)
+    model.stash(
+        [3], {"bonus_tokens": torch.tensor([4]), "draft_probs": torch.ones(1, 5)}
+    )
+    want = _batch(3)
+    model.resolve_spec_extras(want)  # the draft input's own default stays: None
+    assert getattr(want.spec_info, "draft_probs", None) is None
+    relay = SglangEagleFutureMap("cpu", POOL, debug=True)
+    beside = _probs_step(relay, topk=True)
+    assert beside.spec_info.draft_probs.tolist() == [[0.25] * 5]
+    relay.release(_slots(3))
+    probs = None if planted else torch.ones(1, 5)
+    relay.stash(_slots(3), SglangEaglePayload(**_extras(5), draft_probs=probs))
+    if not planted:
+        relay.resolve_future(_batch(3))
+        return
+    with pytest.raises(
+        RelayDebugError,
+        match=r"draft_probs: slot 3: resolve_future reads a row that was not "
+        r"written since it was last consumed",
+    ):
+        relay.resolve_future(_batch(3))
