@@ -472,6 +472,14 @@ def _resolve_future(
         *(line for f in reads for line in _read_doc(bodies, f)),
     ]
     head = f"def resolve_future(self, {batch}) -> None:"
+    if bodies.partial_read:  # Note [Partial reads] in relay/codegen/methods.py
+        kept = ", ".join(f"``{f.name}``" for f in reads if f.kept)
+        head = f"def resolve_future(self, {batch}, *, partial: bool = False) -> None:"
+        partial = (
+            f"``partial=True`` reads only what ``stash_partial`` writes: {kept} are "
+            "handed ``None`` and their rows stay for the next full read."
+        )
+        doc += ["", partial]
     return Method(head, tuple(doc), bodies.resolve_future)
 
 

@@ -385,8 +385,29 @@ class Run:
         self.model.resolve_mixed_spec_tails(want)
         paths = ["seq_lens", "out_cache_loc", "seq_lens_cpu", "seq_lens_sum"]
         self.compare("resolve_tails", got, want, [*paths, "prefix_lens"])
+        if running and self.algorithm == "eagle":
+            self._mixed_tokens(running)
         self._write(slots, carry=self.decoded)
         self.pending.update(slots)
+
+    def _mixed_tokens(self, running: list[int]) -> None:
+        """The mixed batch's decode tokens, gathered by the running rows' slots: sglang
+        reads no extra there (its mixed batch has no draft input), so the engine asks
+        for a partial read, which hands the extras None and leaves their rows."""
+        tokens = self._batch(running)
+        self.map.resolve_future(tokens, partial=True)
+        want = self.model.gather("output_tokens", running)
+        if not same(tokens.spec_info.bonus_tokens, want):
+            raise Divergence(f"mixed decode tokens {tokens.spec_info.bonus_tokens}")
+        extras = ["topk_p", "topk_index", "hidden_states", "draft_probs"]
+        handed = [
+            e
+            for e in [*extras, "dsa_topk_indices"]
+            if getattr(tokens.spec_info, e) is not None
+        ]
+        if handed:
+            raise Divergence(f"a mixed batch's partial read handed {handed}")
+        self.seen["mixed_tokens"] += 1
 
     def no_draft_input(self) -> None:
         """A batch without a draft input (a prefill): every resolve leaves it alone."""

@@ -23,6 +23,7 @@ EXERCISED = {
         "no_future_indices",
         "dsa_gated_off",
         "draft_probs_without_topk",
+        "mixed_tokens",
         "no_host_lengths",
     },
     "ngram": {

@@ -260,3 +260,49 @@ def test_draft_probs_stashed_without_topk(planted: bool) -> None:
         r"written since it was last consumed",
     ):
         relay.resolve_future(_batch(3))
+
+
+def _mixed_then_decode(
+    relay: SglangEagleFutureMap, *, planted: bool
+) -> tuple[SimpleNamespace, SimpleNamespace]:
+    """Slot 3's verify stashes its bonus token and top-k; a mixed batch gathers its
+    decode token (a partial read: sglang's mixed path reads no extra); a partial stash
+    refreshes the token, keeping top-k; the next decode reads both. The plant: the
+    partial stash is skipped, so the decode reads the token the mixed batch consumed."""
+    relay.stash(_slots(3), SglangEaglePayload(**_extras(4)))
+    mixed = _batch(3)
+    relay.resolve_future(mixed, partial=True)
+    if not planted:
+        relay.stash_partial(_slots(3), torch.tensor([5]))
+    decode = _batch(3)
+    relay.resolve_future(decode)
+    return mixed, decode
+
+
+@pytest.mark.parametrize("planted", [False, True])
+def test_a_mixed_batch_reads_only_its_decode_tokens(planted: bool) -> None:
+    """The mixed batch is handed the token and no extra, and the kept top-k reaches the
+    next decode with debug mode silent; a full read there would consume top-k, which
+    debug mode then reports at the partial stash. Planted, debug mode names the bonus
+    token and the slot."""
+    if planted:
+        with pytest.raises(
+            RelayDebugError,
+            match=r"output_tokens: slot 3: resolve_future reads a row a captured graph "
+            r"writes, but it holds no value to take \(its value was already read\)",
+        ):
+            _mixed_then_decode(
+                SglangEagleFutureMap("cpu", POOL, debug=True), planted=True
+            )
+        return
+    relay = SglangEagleFutureMap("cpu", POOL, debug=True)
+    mixed, decode = _mixed_then_decode(relay, planted=False)
+    assert mixed.spec_info.bonus_tokens.tolist() == [4]
+    assert mixed.spec_info.topk_p is None and mixed.spec_info.topk_index is None
+    assert decode.spec_info.bonus_tokens.tolist() == [5]
+    assert decode.spec_info.topk_p.tolist() == [[1.0, 1.0]]
+    full = SglangEagleFutureMap("cpu", POOL, debug=True)
+    full.stash(_slots(3), SglangEaglePayload(**_extras(4)))
+    full.resolve_future(_batch(3))
+    with pytest.raises(RelayDebugError, match=r"topk_p: slot 3: stash_partial keeps"):
+        full.stash_partial(_slots(3), torch.tensor([5]))
