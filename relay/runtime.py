@@ -317,7 +317,8 @@ def _debug_checks(table: Table, device: torch.device, pool_size: int) -> DebugCh
 
 # --- the common case's gate --------------------------------------------------------------
 
-_INT64 = torch.int64  # a module constant: reading torch.int64 costs an attribute lookup
+_INT64 = torch.int64  # module constants: reading torch.int64 costs an attribute lookup
+_TENSOR = torch.Tensor
 
 
 # Note [Slots on the host]
@@ -334,20 +335,19 @@ _INT64 = torch.int64  # a module constant: reading torch.int64 costs an attribut
 def write_rows(s: MapState, indices: torch.Tensor) -> tuple[int, ...] | None:
     """``(n,)`` when a write may index with ``indices`` as they are: debug off, a 1-D
     int64 tensor of at least one slot, in the pool (Note [Slots on the host]). Else
-    ``None``, and the write takes the checked path."""
+    ``None``, and the write takes the checked path. The tests are ordered so the CPU's
+    common case reads each property once; what failed is the checked path's to say."""
     if (
         s.debug is not None
-        or type(indices) is not torch.Tensor
+        or type(indices) is not _TENSOR
         or indices.dtype is not _INT64
         or indices.ndim != 1
     ):
         return None
     n = indices.numel()
-    if n == 0:
-        return None
-    if indices.is_cpu:
-        if not s.cpu:
-            return None  # the checked path refuses slots on another device
+    if s.cpu:
+        if not indices.is_cpu or n == 0:
+            return None  # the checked path refuses slots on another device, or none
         if n <= HOST_SLOTS_IN_PYTHON_MAX:
             values: list[int] = indices.tolist()  # no op dispatched
             if min(values) < 0 or max(values) >= s.pool_size:
@@ -356,7 +356,8 @@ def write_rows(s: MapState, indices: torch.Tensor) -> tuple[int, ...] | None:
             low, high = torch.aminmax(indices)
             if cast(int, low.tolist()) < 0 or cast(int, high.tolist()) >= s.pool_size:
                 return None
-    elif indices.device != s.device:
+        return (n,)
+    if n == 0 or indices.device != s.device:
         return None
     return (n,)
 
@@ -998,12 +999,13 @@ def fits(s: MapState, i: int, value: object, index_shape: tuple[int, ...]) -> bo
     """The gate's test of field ``i``'s value: a tensor of its buffer's dtype, on the
     map's device, one buffer row per slot, not requiring grad (a lazy field with no
     buffer yet fits nothing: the checked path makes it). The whole shape is compared
-    at once: slicing a ``torch.Size`` costs more than the rest of the test."""
+    at once: slicing a ``torch.Size`` costs more than the rest of the test; on a CPU
+    map ``is_cpu`` says the device without making a ``torch.device``."""
     return (
-        type(value) is torch.Tensor
+        type(value) is _TENSOR
         and value.dtype is s.dtypes[i]
         and value.shape == index_shape + s.rows[i]
-        and value.device == s.device
+        and (value.is_cpu if s.cpu else value.device == s.device)
         and not value.requires_grad
     )
 
@@ -1014,10 +1016,10 @@ def fits_optional(
     """``fits`` for an optional field, whose value may be left out (``None``); spelled
     out, not calling ``fits``: a call per field is what the gate saves."""
     return value is None or (
-        type(value) is torch.Tensor
+        type(value) is _TENSOR
         and value.dtype is s.dtypes[i]
         and value.shape == index_shape + s.rows[i]
-        and value.device == s.device
+        and (value.is_cpu if s.cpu else value.device == s.device)
         and not value.requires_grad
     )
 

@@ -69,29 +69,43 @@ def _carried(schema: Schema, f: Field, state: str = "self._state") -> str:
 def _test(schema: Schema, f: Field, v: str) -> str:
     """The gate's test of ``f``'s value ``v`` (``_rt.fits``): a tensor of its buffer's
     dtype and row shape, one row per slot, on the map's device, not requiring grad; an
-    optional field's may be left out; a lazy field's buffer must exist."""
-    left_out = f.optional or f.graph_written  # Note [Left to others] in runtime.py
-    helper = "_rt.fits_optional" if left_out else "_rt.fits"
-    return f"{helper}(state, {schema.fields.index(f)}, {v}, index_shape)"
+    optional field's may be left out (tested here: no call for a value left out); a
+    lazy field's buffer must exist."""
+    test = f"_rt.fits(state, {schema.fields.index(f)}, {v}, index_shape)"
+    if f.optional or f.graph_written:  # Note [Left to others] in runtime.py
+        return f"({v} is None or {test})"
+    return test
+
+
+def _write_buf(names: Names, schema: Schema, f: Field) -> str:
+    """The buffer a write names: a lazy one from the state's list, not through the
+    map's property (the gate saw it made when a value is given)."""
+    if _lazy(f):
+        return f"state.buffers[{schema.fields.index(f)}]"
+    return _buf(names, f)
 
 
 def _write(names: Names, schema: Schema, f: Field, v: str) -> list[str]:
-    """The common case's write of ``f``'s value ``v``: one statement (Note [One body] in
-    runtime.py)."""
+    """The common case's write of ``f``'s value ``v`` (Note [One body] in runtime.py)."""
+    buf = _write_buf(names, schema, f)
     if f.optional and f.kept:  # left out, the rows and the flag stay
         flag = _carried(schema, f, "state")
-        return [f"{flag} = _rt.write_kept({_buf(names, f)}, indices, {v}, {flag})"]
-    if f.optional:
-        flag = _carried(schema, f, "state")
-        return [f"{flag} = _rt.write_optional({_buf(names, f)}, indices, {v})"]
-    if _lazy(f):  # the gate saw the buffer made; the helper narrows its type
-        return [f"_rt.write_optional({_buf(names, f)}, indices, {v})"]
-    if f.graph_written:  # None: the graph wrote the rows (Note [Left to others])
+        if _lazy(f):  # the helper narrows the buffer's type
+            write = f"{flag} = _rt.write_optional({buf}, indices, {v})"
+            return [f"if {v} is not None:", f"    {write}"]
         return [
             f"if {v} is not None:",
-            f"    {_buf(names, f)}.index_copy_(0, indices, {v})",
+            f"    {buf}.index_copy_(0, indices, {v})",
+            f"    {flag} = True",
         ]
-    return [f"{_buf(names, f)}.index_copy_(0, indices, {v})"]
+    if f.optional:
+        flag = _carried(schema, f, "state")
+        return [f"{flag} = _rt.write_optional({buf}, indices, {v})"]
+    if _lazy(f):  # the gate saw the buffer made; the helper narrows its type
+        return [f"_rt.write_optional({buf}, indices, {v})"]
+    if f.graph_written:  # None: the graph wrote the rows (Note [Left to others])
+        return [f"if {v} is not None:", f"    {buf}.index_copy_(0, indices, {v})"]
+    return [f"{buf}.index_copy_(0, indices, {v})"]
 
 
 def write(
