@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from relay.schema import (
         FROM_PAYLOAD,
         Alloc,
+        Carried,
         Dim,
         Field,
         FromPayload,
@@ -65,6 +66,7 @@ _HOMES = {
     "Lane": "relay.schema",
     "Layout": "relay.schema",
     "Resolve": "relay.schema",
+    "Carried": "relay.schema",
     "Scatter": "relay.schema",
     "ScheduleSlots": "relay.schema",
     "Schema": "relay.schema",
@@ -85,6 +87,7 @@ _HOMES = {
 __all__ = [
     "FROM_PAYLOAD",
     "Alloc",
+    "Carried",
     "CompositionError",
     "Dim",
     "Field",

@@ -28,6 +28,7 @@ from relay.errors import RelayError, SlotError
 from relay.schema import (
     FROM_PAYLOAD,
     Alloc,
+    Carried,
     Field,
     Guard,
     HostCopy,
@@ -49,6 +50,7 @@ __all__ = [
     "FROM_PAYLOAD",
     "SLOT_DTYPES",
     "Alloc",
+    "Carried",
     "CpuFence",
     "DebugChecks",
     "Fence",

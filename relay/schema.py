@@ -300,6 +300,19 @@ class Tails:
 
 
 @attrs.frozen
+class Carried:
+    """``extra(..., gate=Carried("topk_p"))``: the field is read only where the map
+    carries another optional field, ``field`` (sglang hands its draft probabilities only
+    beside the top-k candidates, and ``None`` where a run stashes them alone)."""
+
+    #: The other optional forward field's name.
+    field: str
+    declared_at: SourceLocation = attrs.field(
+        factory=_declaration_site, kw_only=True, eq=False, repr=False
+    )
+
+
+@attrs.frozen
 class ScheduleSlots:
     """``Schema(schedule=ScheduleSlots(...))``: where the schedule lane's resolves read
     their slots and requests, when the scheduler's object names them its own way
@@ -368,8 +381,9 @@ class Field:
     #: whether this batch's rows hold the field (sglang's per-draft-input
     #: ``future_dsa_topk_indices_available``). Where it is false the resolve hands
     #: ``None`` and reads nothing, so a request seeded into a reused slot never gets
-    #: the slot's previous request's rows.
-    gate: str | None = None
+    #: the slot's previous request's rows. A ``Carried(...)`` reads it only where the
+    #: map carries that other field.
+    gate: str | Carried | None = None
     declared_at: SourceLocation = attrs.field(
         factory=_declaration_site, kw_only=True, eq=False, repr=False
     )
@@ -392,7 +406,7 @@ def extra(
     target: str | None = None,
     source: str | None = None,
     doc: str = "",
-    gate: str | None = None,
+    gate: str | Carried | None = None,
 ) -> Field:
     """A forward field the producer may or may not make (sglang's draft extras): its
     buffer is allocated by the first payload that carries it, with that payload's dtype

@@ -20,6 +20,7 @@ from relay.codegen.literals import join, plus, string_literal
 from relay.codegen.naming import Names
 from relay.schema import (
     Alloc,
+    Carried,
     Field,
     IfNone,
     Lane,
@@ -32,6 +33,7 @@ from relay.schema import (
 __all__ = [
     "PackedReads",
     "invalidate",
+    "partial_read",
     "release",
     "resolve_future",
     "resolve_schedule",
@@ -457,6 +459,39 @@ def _plans(
     return lines
 
 
+def partial_read(reads: Sequence[Field], packed_reads: PackedReads | None) -> bool:
+    """Whether ``resolve_future`` takes ``partial=``: it reads kept fields, each an
+    optional plain gather, which ``partial=True`` leaves unread (Note [Partial reads])."""
+    kept = [f for f in reads if f.kept]
+    plain = all(f.optional and f.resolve is Resolve.GATHER for f in kept)
+    return packed_reads is None and bool(kept) and plain
+
+
+# Note [Partial reads]
+# ~~~~~~~~~~~~~~~~~~~~
+# A resolve may read only what a partial stash writes (sglang's mixed batch gathers its
+# decode rows' bonus tokens and none of the draft extras). ``resolve_future(batch,
+# partial=True)`` gates every kept field off, as a gate does: ``None`` handed, nothing
+# read, and debug mode neither checks nor consumes those rows, which stay for the next
+# full read.
+
+
+def _gate(
+    schema: Schema, f: Field, spelled: dict[str, str], partial: bool = False
+) -> str | None:
+    """``f``'s gate spelled: the batch's flag, or whether the map carries the field a
+    ``Carried`` names; a kept field's also off where the call is partial."""
+    gate = None
+    if isinstance(f.gate, Carried):
+        other = next(g for g in schema.fields if g.name == f.gate.field)
+        gate = _carried(schema, other)
+    elif f.gate is not None:
+        gate = spelled[f.gate]
+    if partial and f.kept:
+        return "not partial" if gate is None else f"not partial and bool({gate})"
+    return gate
+
+
 def _reads(
     names: Names,
     schema: Schema,
@@ -464,8 +499,10 @@ def _reads(
     packed_reads: PackedReads | None,
     spelled: dict[str, str],
     planned: bool = False,
+    partial: bool = False,
 ) -> list[str]:
-    """Each read's lines; a scatter's write alone where ``planned`` (``_plans``)."""
+    """Each read's lines; a scatter's write alone where ``planned`` (``_plans``); kept
+    fields gated on the call's ``partial`` where it takes one."""
     lines = []
     for f in reads:
         assert f.target is not None
@@ -483,7 +520,7 @@ def _reads(
         elif packed_reads is not None:
             lines.append(f"{target} = {names.value[f.name]}{_flat(f)}")
         else:
-            gate = spelled[f.gate] if f.gate is not None else None
+            gate = _gate(schema, f, spelled, partial)
             lines += _gather_read(names, schema, f, target, gate)
     return lines
 
@@ -531,7 +568,7 @@ def resolve_future(
             outside.append(f)
     taken = [p for p in (bound, *under) if p is not None]
     paths = [f.target for f in reads if f.target]
-    paths += [f.gate for f in reads if f.gate is not None]
+    paths += [f.gate for f in reads if isinstance(f.gate, str)]
     binds, spelled = _parents(names, schema, paths, taken)
     lines += binds
     for parent in under:  # refused before anything is handed over
@@ -553,13 +590,18 @@ def resolve_future(
             bound_early.add(parent)
             lines += [f"{parent} = batch.{parent}", f"if {parent} is not None:"]
             lines += _indent(plans)
-    lines += _reads(names, schema, outside, packed_reads, spelled, planned=True)
+    partial = partial_read(reads, packed_reads)
+    lines += _reads(
+        names, schema, outside, packed_reads, spelled, planned=True, partial=partial
+    )
     reports = _placeholder_reports(names, schema, outside) + _scattered(
         schema, outside, spelled
     )
     absent = []
     for parent, fields in under.items():
-        body = _reads(names, schema, fields, packed_reads, spelled, planned=True)
+        body = _reads(
+            names, schema, fields, packed_reads, spelled, planned=True, partial=partial
+        )
         placeholders = _placeholder_reports(names, schema, fields)
         placeholders += _scattered(schema, fields, spelled)
         if parents[parent] is IfNone.REFUSE:
@@ -573,7 +615,7 @@ def resolve_future(
         lines += [f"if {parent} is not None:", *_indent(body)]
         named = string_literal(parent)
         absent.append(f"(() if {parent} is not None else ({named},))")
-    return lines + _future_reports(schema, reads, reports, absent, spelled)
+    return lines + _future_reports(schema, reads, reports, absent, spelled, partial)
 
 
 def _future_reports(
@@ -582,6 +624,7 @@ def _future_reports(
     reports: list[str],
     absent: list[str],
     spelled: dict[str, str],
+    partial: bool = False,
 ) -> list[str]:
     """The end of ``resolve_future``: debug mode's reports of what it read."""
     if any(f.resolve is not Resolve.PLACEHOLDER for f in reads):
@@ -589,9 +632,10 @@ def _future_reports(
         if absent:
             args.append(f"absent={' + '.join(absent)}")
         gated = [
-            f"(() if {spelled[f.gate]} else ({string_literal(f.name)},))"
+            f"(() if {_gate(schema, f, spelled, partial)} else "
+            f"({string_literal(f.name)},))"
             for f in reads
-            if f.gate is not None
+            if f.gate is not None or (partial and f.kept)
         ]
         if gated:
             args.append(f"gated_off={' + '.join(gated)}")
@@ -790,6 +834,8 @@ class Bodies:
     invalidate: tuple[str, ...] = ()
     release: tuple[str, ...] = ()
     resolve_future: tuple[str, ...] = ()
+    #: Whether ``resolve_future`` takes ``partial=`` (Note [Partial reads]).
+    partial_read: bool = False
     #: Each schedule field's resolve, by field name.
     schedule: dict[str, tuple[str, ...]] = attrs.field(factory=dict)
     resolve_tails: tuple[str, ...] = ()
@@ -834,6 +880,7 @@ def bodies(names: Names, schema: Schema, packed_reads: PackedReads | None) -> Bo
         invalidate=placeholders_body,
         release=tuple(release()),
         resolve_future=future,
+        partial_read=bool(reads) and partial_read(reads, packed_reads),
         schedule={f.name: tuple(resolve_schedule(names, schema, f)) for f in declared},
         resolve_tails=tails[0] if tails else (),
         read_doc={

@@ -64,6 +64,7 @@ RESERVED = frozenset(
         "tail_prefix",
         "state",
         "stream_ordered",
+        "partial",
         # attributes of the map
         "_state",
     }

@@ -20,6 +20,7 @@ from relay.codegen.roles import Role, clash, role_table
 from relay.errors import SchemaIssue
 from relay.schema import (
     Alloc,
+    Carried,
     Field,
     FromPayload,
     Guard,
@@ -95,6 +96,7 @@ def validate(schema: Schema, display: Callable[[str], str]) -> list[SchemaIssue]
         _check_field(c, field)
     fields = [f for f in schema.fields if isinstance(f, Field)]
     _check_unique(c, fields)
+    _check_carried(c, fields)
     _check_layout(c)
     _check_docs(c, fields)
     _check_parents(c, fields)
@@ -379,9 +381,7 @@ def _check_target(c: Collector, f: Field) -> None:
         _check_placeholder(c, f)
         groups.check_scatter(c, f)
     gathered = f.resolve is Resolve.GATHER and f.target is not None
-    if f.gate is not None and not (
-        isinstance(f.gate, str) and f.lane is Lane.FORWARD and f.optional and gathered
-    ):
+    if f.gate is not None and not (f.lane is Lane.FORWARD and f.optional and gathered):
         c.add(
             f,
             "gate=... says whether a batch's rows hold an optional gathered "
@@ -390,6 +390,21 @@ def _check_target(c: Collector, f: Field) -> None:
             "declare it on an optional forward field with a target (extra(..., "
             'gate="spec_info.future_dsa_topk_indices_available")), or remove gate=...',
         )
+
+
+def _check_carried(c: Collector, fields: list[Field]) -> None:
+    """A ``gate=Carried(name)`` names another optional field of the schema."""
+    for f in fields:
+        if not isinstance(f.gate, Carried):
+            continue
+        other = next((g for g in fields if g.name == f.gate.field), None)
+        if other is None or other is f or not other.optional:
+            c.add(
+                f,
+                "gate=Carried(...) names another optional field of this schema, whose "
+                f"carrying this field's read follows (got field={f.gate.field!r})",
+                'name an optional field declared beside it, e.g. gate=Carried("topk_p")',
+            )
 
 
 def _check_unique(c: Collector, fields: list[Field]) -> None:

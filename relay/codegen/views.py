@@ -472,6 +472,14 @@ def _resolve_future(
         *(line for f in reads for line in _read_doc(bodies, f)),
     ]
     head = f"def resolve_future(self, {batch}) -> None:"
+    if bodies.partial_read:  # Note [Partial reads] in relay/codegen/methods.py
+        kept = ", ".join(f"``{f.name}``" for f in reads if f.kept)
+        head = f"def resolve_future(self, {batch}, *, partial: bool = False) -> None:"
+        partial = (
+            f"``partial=True`` reads only what ``stash_partial`` writes: {kept} are "
+            "handed ``None`` and their rows stay for the next full read."
+        )
+        doc += ["", partial]
     return Method(head, tuple(doc), bodies.resolve_future)
 
 
@@ -492,7 +500,7 @@ def _protocols(names: Names, schema: Schema) -> tuple[ProtocolView, ...]:
 def _read_only(f: Field) -> list[tuple[str, str]]:
     """What a resolve of ``f`` only reads on the batch besides its slots: a scatter's
     offsets, counts and flags, a gate; path and type."""
-    found = [(f.gate, "bool")] if f.gate is not None else []
+    found = [(f.gate, "bool")] if isinstance(f.gate, str) else []
     scatter = f.scatter
     if scatter is not None:
         paths = (scatter.offsets, scatter.lengths, scatter.when)

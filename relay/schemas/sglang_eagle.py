@@ -4,6 +4,7 @@ import torch
 
 from relay.schema import (
     Alloc,
+    Carried,
     Field,
     Guard,
     HostCopy,
@@ -64,7 +65,9 @@ SCHEMA = Schema(
             "draft_probs",
             shape=("vocab",),
             target="spec_info.draft_probs",
-            doc="The draft's probabilities over the vocabulary, for rejection sampling.",
+            gate=Carried("topk_p"),
+            doc="The draft's probabilities over the vocabulary, for rejection sampling "
+            "(read only beside the top-k candidates, as sglang reads them).",
         ),
         extra(
             "dsa_topk_indices",

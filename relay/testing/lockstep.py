@@ -199,7 +199,7 @@ def _new_batch(
         assert first.scatter is not None
         set_path(batch, first.scatter.offsets, torch.tensor(starts, dtype=torch.int64))
     for f in schema.fields:  # a gated field: this batch's rows hold it
-        if f.gate is not None:
+        if isinstance(f.gate, str):
             set_path(batch, f.gate, True)
     if schema.owners is not None:
         set_path(batch, schema.owners, owners)

@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from relay.schema import Field as FieldDecl
 from relay.schema import (
+    Carried,
     FromPayload,
     Guard,
     IfNone,
@@ -28,6 +28,7 @@ from relay.schema import (
     TargetShape,
     Unwritten,
 )
+from relay.schema import Field as FieldDecl
 
 __all__ = ["ModelError", "ReferenceRelay", "get_path", "set_path"]
 
@@ -262,7 +263,10 @@ class ReferenceRelay:
             return
         value: torch.Tensor | None = None
         # A gate unset: the batch's rows do not hold the field; None, nothing read.
-        gated_off = f.gate is not None and not bool(get_path(batch, f.gate))
+        if isinstance(f.gate, Carried):  # read only beside the field it names
+            gated_off = not self.hands_over(f.gate.field)
+        else:
+            gated_off = f.gate is not None and not bool(get_path(batch, f.gate))
         if not gated_off and (self.hands_over(f.name) or f.scatter is not None):
             # A scatter lays each row in whatever the latest write carried: a kept
             # optional one keeps its rows when left out.

@@ -150,7 +150,8 @@ class Run:
             values["hidden_states"] = self._floats(
                 n, DIMS["hidden"], dtype=torch.bfloat16
             )
-        if "draft_probs" in self.extras and "topk" in self.extras:
+        # Some runs stash draft probabilities without top-k: sglang hands None.
+        if "draft_probs" in self.extras:
             values["draft_probs"] = self._floats(n, DIMS["vocab"], dtype=torch.float32)
         if "dsa_topk_indices" in self.extras:
             values["dsa_topk_indices"] = self._ints(
@@ -311,6 +312,9 @@ class Run:
         if self.speculative and "dsa_topk_indices" in self.model.rows and slots:
             gated = not got.spec_info.future_dsa_topk_indices_available
             self.seen["dsa_gated_off"] += gated
+        rows = self.model.rows
+        if slots and "draft_probs" in rows and "topk_p" not in rows:
+            self.seen["draft_probs_without_topk"] += 1
         self.map.resolve_future(got)
         self.model.resolve_forward_inputs(want)
         self.compare("resolve_future", got, want, self._forward_paths())
@@ -381,8 +385,29 @@ class Run:
         self.model.resolve_mixed_spec_tails(want)
         paths = ["seq_lens", "out_cache_loc", "seq_lens_cpu", "seq_lens_sum"]
         self.compare("resolve_tails", got, want, [*paths, "prefix_lens"])
+        if running and self.algorithm == "eagle":
+            self._mixed_tokens(running)
         self._write(slots, carry=self.decoded)
         self.pending.update(slots)
+
+    def _mixed_tokens(self, running: list[int]) -> None:
+        """The mixed batch's decode tokens, gathered by the running rows' slots: sglang
+        reads no extra there (its mixed batch has no draft input), so the engine asks
+        for a partial read, which hands the extras None and leaves their rows."""
+        tokens = self._batch(running)
+        self.map.resolve_future(tokens, partial=True)
+        want = self.model.gather("output_tokens", running)
+        if not same(tokens.spec_info.bonus_tokens, want):
+            raise Divergence(f"mixed decode tokens {tokens.spec_info.bonus_tokens}")
+        extras = ["topk_p", "topk_index", "hidden_states", "draft_probs"]
+        handed = [
+            e
+            for e in [*extras, "dsa_topk_indices"]
+            if getattr(tokens.spec_info, e) is not None
+        ]
+        if handed:
+            raise Divergence(f"a mixed batch's partial read handed {handed}")
+        self.seen["mixed_tokens"] += 1
 
     def no_draft_input(self) -> None:
         """A batch without a draft input (a prefill): every resolve leaves it alone."""

@@ -22,6 +22,8 @@ EXERCISED = {
         "no_draft_input",
         "no_future_indices",
         "dsa_gated_off",
+        "draft_probs_without_topk",
+        "mixed_tokens",
         "no_host_lengths",
     },
     "ngram": {

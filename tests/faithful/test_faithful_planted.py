@@ -218,3 +218,91 @@ def test_a_reused_slot_read_through_a_flag_set_for_the_buffer(planted: bool) -> 
         r"written since it was last consumed",
     ):
         _reused(SglangEagleFutureMap("cpu", POOL, debug=True), flag=True)
+
+
+def _probs_step(relay: SglangEagleFutureMap, *, topk: bool) -> SimpleNamespace:
+    """Slot 3's request stashes draft probabilities (beside top-k or alone) and its
+    next step reads its draft input."""
+    probs = torch.full((1, 5), 0.25)
+    extras = _extras(4) if topk else {"bonus_tokens": torch.tensor([4])}
+    relay.stash(_slots(3), SglangEaglePayload(**extras, draft_probs=probs))
+    batch = _batch(3)
+    relay.resolve_future(batch)
+    return batch
+
+
+@pytest.mark.parametrize("planted", [False, True])
+def test_draft_probs_stashed_without_topk(planted: bool) -> None:
+    """sglang reads the draft probabilities only beside top-k: stashed alone, the map
+    hands None and debug mode is silent. The plant: a run with top-k whose loop drops
+    a reused slot's new probabilities; debug mode names the field and the slot."""
+    alone = _probs_step(SglangEagleFutureMap("cpu", POOL, debug=True), topk=False)
+    assert alone.spec_info.draft_probs is None
+    model = SglangRelay("eagle", req_to_token=TABLE, confidence=False)
+    model.stash(
+        [3], {"bonus_tokens": torch.tensor([4]), "draft_probs": torch.ones(1, 5)}
+    )
+    want = _batch(3)
+    model.resolve_spec_extras(want)  # the draft input's own default stays: None
+    assert getattr(want.spec_info, "draft_probs", None) is None
+    relay = SglangEagleFutureMap("cpu", POOL, debug=True)
+    beside = _probs_step(relay, topk=True)
+    assert beside.spec_info.draft_probs.tolist() == [[0.25] * 5]
+    relay.release(_slots(3))
+    probs = None if planted else torch.ones(1, 5)
+    relay.stash(_slots(3), SglangEaglePayload(**_extras(5), draft_probs=probs))
+    if not planted:
+        relay.resolve_future(_batch(3))
+        return
+    with pytest.raises(
+        RelayDebugError,
+        match=r"draft_probs: slot 3: resolve_future reads a row that was not "
+        r"written since it was last consumed",
+    ):
+        relay.resolve_future(_batch(3))
+
+
+def _mixed_then_decode(
+    relay: SglangEagleFutureMap, *, planted: bool
+) -> tuple[SimpleNamespace, SimpleNamespace]:
+    """Slot 3's verify stashes its bonus token and top-k; a mixed batch gathers its
+    decode token (a partial read: sglang's mixed path reads no extra); a partial stash
+    refreshes the token, keeping top-k; the next decode reads both. The plant: the
+    partial stash is skipped, so the decode reads the token the mixed batch consumed."""
+    relay.stash(_slots(3), SglangEaglePayload(**_extras(4)))
+    mixed = _batch(3)
+    relay.resolve_future(mixed, partial=True)
+    if not planted:
+        relay.stash_partial(_slots(3), torch.tensor([5]))
+    decode = _batch(3)
+    relay.resolve_future(decode)
+    return mixed, decode
+
+
+@pytest.mark.parametrize("planted", [False, True])
+def test_a_mixed_batch_reads_only_its_decode_tokens(planted: bool) -> None:
+    """The mixed batch is handed the token and no extra, and the kept top-k reaches the
+    next decode with debug mode silent; a full read there would consume top-k, which
+    debug mode then reports at the partial stash. Planted, debug mode names the bonus
+    token and the slot."""
+    if planted:
+        with pytest.raises(
+            RelayDebugError,
+            match=r"output_tokens: slot 3: resolve_future reads a row a captured graph "
+            r"writes, but it holds no value to take \(its value was already read\)",
+        ):
+            _mixed_then_decode(
+                SglangEagleFutureMap("cpu", POOL, debug=True), planted=True
+            )
+        return
+    relay = SglangEagleFutureMap("cpu", POOL, debug=True)
+    mixed, decode = _mixed_then_decode(relay, planted=False)
+    assert mixed.spec_info.bonus_tokens.tolist() == [4]
+    assert mixed.spec_info.topk_p is None and mixed.spec_info.topk_index is None
+    assert decode.spec_info.bonus_tokens.tolist() == [5]
+    assert decode.spec_info.topk_p.tolist() == [[1.0, 1.0]]
+    full = SglangEagleFutureMap("cpu", POOL, debug=True)
+    full.stash(_slots(3), SglangEaglePayload(**_extras(4)))
+    full.resolve_future(_batch(3))
+    with pytest.raises(RelayDebugError, match=r"topk_p: slot 3: stash_partial keeps"):
+        full.stash_partial(_slots(3), torch.tensor([5]))

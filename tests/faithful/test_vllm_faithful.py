@@ -38,6 +38,18 @@ def test_the_v1_map_agrees_with_the_v1_runner(width: int, debug: bool) -> None:
         assert seen["width_0"] > 50  # a step that proposed no drafts
 
 
+def test_a_port_placing_its_own_drafts_runs_clean_in_debug_mode() -> None:
+    """A port written against the last release: relay hands over the sampled token
+    alone (every draft count 0) and the engine lays the scheduled drafts after it,
+    after the resolve. The -1 placeholders it fills later are its own: no report."""
+    seen: Counter[str] = Counter()
+    for seed in range(10):
+        seen += Counter(run_v1(seed, 60, debug=True, engine_drafts=True).seen)
+    assert seen["handed_over"] > 200
+    assert seen["engine_placed"] > 50
+    assert seen["left_placeholders"] > 5
+
+
 def _planted(plant: object, message: str) -> None:
     run = V1Run(1, debug=True)
     for _ in range(200):

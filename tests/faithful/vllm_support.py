@@ -55,9 +55,14 @@ Plant = Callable[[Namespace, "V1Run"], None]
 class V1Run:
     """One lockstep run of the V1 runner's hand-over."""
 
-    def __init__(self, seed: int, *, debug: bool, width: int = 3) -> None:
+    def __init__(
+        self, seed: int, *, debug: bool, width: int = 3, engine_drafts: bool = False
+    ) -> None:
         self.rng = random.Random(seed)
         self.width = width
+        #: A port that hands over the token alone (every count 0) and places the
+        #: drafts itself after the resolve, from its own copy of step N's proposals.
+        self.engine_drafts = engine_drafts
         self.map = VllmV1DraftsFutureMap(
             "cpu", POOL, num_speculative_tokens=width, debug=debug
         )
@@ -74,6 +79,7 @@ class V1Run:
             "left_placeholders": 0,
             "width_0": 0,
             "trimmed": 0,
+            "engine_placed": 0,
         }
 
     # -- the scheduler ---------------------------------------------------------------
@@ -148,13 +154,21 @@ class V1Run:
                 [cu[i] - 1 - drafts[order[i].rid] for i in handed], dtype=torch.int32
             ),
             num_draft_tokens=torch.tensor(
-                [drafts[order[i].rid] for i in handed], dtype=torch.int32
+                [0 if self.engine_drafts else drafts[order[i].rid] for i in handed],
+                dtype=torch.int32,
             ),
             input_ids=torch.tensor(host, dtype=torch.int32),
         )
         if plant is not None and not getattr(plant, "lookup", False):
             plant(batch, self)
         self.map.resolve_future(batch)
+        if self.engine_drafts:
+            for i in handed:
+                d = drafts[order[i].rid]
+                row = self.model.drafts[prev[order[i].rid]][:d]
+                start = cu[i] - d
+                batch.input_ids[start : start + d] = torch.tensor(row)
+                self.seen["engine_placed"] += d > 0
         if batch.input_ids.tolist() != want:
             raise Divergence(f"input_ids {batch.input_ids.tolist()} != {want}")
         self._sample(order, drafts, chunks)
@@ -201,9 +215,11 @@ class V1Run:
             order[i].last = sampled[i]
 
 
-def run_v1(seed: int, steps: int, *, debug: bool, width: int = 3) -> V1Run:
+def run_v1(
+    seed: int, steps: int, *, debug: bool, width: int = 3, engine_drafts: bool = False
+) -> V1Run:
     """``steps`` steps of one V1 lockstep run; raises ``Divergence`` on a difference."""
-    lockstep = V1Run(seed, debug=debug, width=width)
+    lockstep = V1Run(seed, debug=debug, width=width, engine_drafts=engine_drafts)
     for _ in range(steps):
         lockstep.step()
     return lockstep

@@ -21,7 +21,7 @@ RELAY_EXE = Path(sys.executable).with_name("relay")
 # declaration's line number is found by searching the text (see ``line_of``).
 SCHEMA_PRELUDE = (
     "import torch\n\n"
-    "from relay.schema import FROM_PAYLOAD, Alloc, Field, Guard, HostCopy, Lane, Resolve, "
+    "from relay.schema import FROM_PAYLOAD, Alloc, Carried, Field, Guard, HostCopy, Lane, Resolve, "
     "Scatter, Schema, Tails, TailsKv\n\n"
 )
 

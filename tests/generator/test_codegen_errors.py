@@ -741,3 +741,24 @@ def test_an_option_now_grouped_is_told_its_spelling(
         f"{SRC}:{line}: error: the schema module failed to import"
     )
     assert f"fix: {spelled}" in message
+
+
+def test_carried_gate_names_no_optional_field(project: Project) -> None:
+    """``gate=Carried(name)`` must name another optional field of the schema."""
+    path = project.schema_module(
+        "bad",
+        [
+            GOOD,
+            (
+                'Field("probs", lane=Lane.FORWARD, dtype=FROM_PAYLOAD, alloc=Alloc.LAZY, '
+                'optional=True, target="spec_info.probs", gate=Carried("tokens")),'
+            ),
+        ],
+    )
+    line = line_of(path, "spec_info.probs")
+    assert one_issue(project) == (
+        f"{SRC}:{line}: error: BadFutureMap.probs: gate=Carried(...) names another "
+        "optional field of this schema, whose carrying this field's read follows "
+        "(got field='tokens')\n"
+        '    fix: name an optional field declared beside it, e.g. gate=Carried("topk_p")'
+    )
