@@ -1,7 +1,2 @@
-"""``relay bench``: the generated FutureMaps against hand-written baselines and floors.
-
-``baseline`` (the hand-written maps), ``sides`` (what is compared, and one driver of a
-step), ``plain`` (the floors), ``spans`` (the counted scatter), ``timing`` and ``main``
-(the command). Nothing is imported here, so ``relay --help`` builds the flags without
-torch. See docs/bench.md.
-"""
+"""``relay bench``: the generated FutureMaps against hand-written baselines and floors
+(docs/bench.md). Nothing is imported here: ``relay --help`` needs no torch."""

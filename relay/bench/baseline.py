@@ -1,11 +1,5 @@
-"""Hand-written FutureMaps in sglang's style: what ``relay bench`` compares with.
-
-Written from DOMAIN.md's "sglang today, op by op" and, for sglang 0.5.23's EAGLE and
-n-gram relays, from docs/sglang.md, as lean as an engine keeps them: no value checks,
-gathers by ``buf[slots]``, a host copy only where the design needs one. Stash and
-publish take keyword tensors named as the generated payload's fields, so one driver
-feeds both sides. The fence and the host copy follow the device (``PublishReady``).
-"""
+"""Hand-written FutureMaps in sglang's style (DOMAIN.md, docs/sglang.md), as lean as an
+engine keeps them; stash and publish take the payload's field names as keywords."""
 
 from __future__ import annotations
 
@@ -20,10 +14,8 @@ __all__ += ["NgramBaseline", "PublishReady", "SglangEagleBaseline"]
 
 
 class PublishReady:
-    """The ``publish_ready`` fence and the host copy behind it: a device-side wait and
-    a pinned copy on a private stream on CUDA, a host wait on HIP, plain calls on the
-    CPU. A record from another stream than the last first waits on the last record
-    (Note [Fence chaining] in relay/device.py)."""
+    """The fence and the host copy: a device wait and a pinned copy on CUDA, a host wait
+    on HIP, plain calls on the CPU (Note [Fence chaining] in relay/device.py)."""
 
     def __init__(self, device: torch.device) -> None:
         self.cpu = device.type == "cpu"
@@ -33,7 +25,6 @@ class PublishReady:
         self.module: Any = None if self.cpu else torch.get_device_module(device.type)
         self.event: Any = None
         self.stream: Any = None
-        # CUDA host copy: a private stream into a pinned mirror of the whole buffer.
         self.copy_stream: Any = None
         self.copy_done: Any = None
         self.pinned = torch.empty(0)
@@ -50,9 +41,7 @@ class PublishReady:
         self.stream = stream
 
     def resolve(self, buf: torch.Tensor, batch: Any, indices: torch.Tensor) -> None:
-        """The scheduler's read of ``buf`` rows ``indices`` after the newest publish:
-        gathered, copied to the host (on CUDA the whole buffer into a pinned mirror on
-        a private stream, the rows picked on the host) and summed."""
+        """Rows ``indices`` of ``buf`` after the newest publish, to the host, summed."""
         if self.event is not None and self.host_wait:
             self.event.synchronize()
         elif self.event is not None:
@@ -80,8 +69,7 @@ def _pool(device: torch.device, pool_size: int, *row: int, dtype: Any) -> torch.
 
 
 class DecodeBaseline:
-    """Plain decoding, sglang today: the sampled token relayed to the next ``input_ids``;
-    the scheduler computes ``seq_lens + 1`` on the host itself."""
+    """Plain decoding, sglang today: tokens relayed; the host computes ``seq_lens + 1``."""
 
     def __init__(self, device: torch.device | str, pool_size: int) -> None:
         self.device = torch.device(device)
@@ -100,8 +88,6 @@ class DecodeBaseline:
 
 
 class _SeqLens:
-    """The new lengths published behind the fence for the scheduler."""
-
     def __init__(self, device: torch.device | str, pool_size: int) -> None:
         self.device = torch.device(device)
         self.pool_size = pool_size
@@ -122,8 +108,7 @@ class _SeqLens:
 
 
 class DecodeSeqLensBaseline(DecodeBaseline, _SeqLens):
-    """Plain decoding, sglang's sentinel design of 2026-05: tokens through placeholders
-    in ``input_ids``, and the new sequence lengths relayed to the scheduler."""
+    """Plain decoding, sglang's sentinel design: placeholder tokens, lengths relayed."""
 
     def __init__(self, device: torch.device | str, pool_size: int) -> None:
         DecodeBaseline.__init__(self, device, pool_size)
@@ -143,8 +128,7 @@ class DecodeSeqLensBaseline(DecodeBaseline, _SeqLens):
 
 
 class EagleBaseline(_SeqLens):
-    """EAGLE, sglang today: the bonus token, the draft's first top-k and (when the draft
-    reads it) the hidden state gathered into the draft input; the lengths published."""
+    """EAGLE, sglang today: bonus token, top-k and hidden state; lengths published."""
 
     def __init__(
         self, device: torch.device | str, pool_size: int, *, topk: int
@@ -153,7 +137,6 @@ class EagleBaseline(_SeqLens):
         self.output_tokens_buf = _pool(self.device, pool_size, dtype=torch.int64)
         self.topk_p_buf = _pool(self.device, pool_size, topk, dtype=torch.float32)
         self.topk_index_buf = _pool(self.device, pool_size, topk, dtype=torch.int64)
-        # Allocated by the first stash that carries it (the draft model's width, dtype).
         self.hidden_states_buf: torch.Tensor | None = None
 
     def stash(
@@ -195,8 +178,7 @@ class EagleBaseline(_SeqLens):
 def _write_extra(
     buf: torch.Tensor | None, pool_size: int, indices: torch.Tensor, value: Any
 ) -> torch.Tensor | None:
-    """sglang 0.5.23's optional extra: allocated (uninitialised) by the first payload
-    that carries it, with its dtype and row; written only when a payload carries it."""
+    """sglang 0.5.23's optional extra: allocated by the first payload carrying it."""
     if value is None:
         return buf
     if buf is None:
@@ -207,11 +189,8 @@ def _write_extra(
 
 
 class SglangEagleBaseline:
-    """EAGLE as sglang 0.5.23 relays it (docs/sglang.md): slots are the draft input's
-    ``future_indices``; every extra is allocated and written by a stash that carries
-    it. The lengths and bonus-token buffers may be a captured verify graph's: handed
-    the very tensors the graph wrote (``graph_wrote``), ``publish`` and ``stash`` skip
-    their scatter once."""
+    """EAGLE as sglang 0.5.23 relays it, by ``future_indices``. Buffers a captured graph
+    wrote (``graph_wrote``) are not scattered again by ``publish`` and ``stash``."""
 
     def __init__(
         self,
@@ -303,9 +282,7 @@ class SglangEagleBaseline:
 
 
 class NgramBaseline(_SeqLens):
-    """n-gram speculation as sglang 0.5.23 relays it (docs/sglang.md): the accepted
-    drafts and their count, in zero-filled buffers allocated by the first stash,
-    gathered by the draft input's ``future_indices`` (the drafts flattened)."""
+    """n-gram as sglang 0.5.23 relays it: accepted drafts and counts, lazily allocated."""
 
     def __init__(self, device: torch.device | str, pool_size: int) -> None:
         super().__init__(device, pool_size)
@@ -340,7 +317,6 @@ class NgramBaseline(_SeqLens):
 
 
 def _resolve_seq_lens(ready: PublishReady, buf: torch.Tensor, batch: Any) -> None:
-    """sglang 0.5.23's schedule read, by the draft input's ``future_indices``."""
     spec_info = batch.spec_info
     if spec_info is None or spec_info.future_indices is None:
         return

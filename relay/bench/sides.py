@@ -1,6 +1,5 @@
-"""The sides ``relay bench`` compares, and one driver of a step for all of them: it
-reads a map's public interface (payload fields, ``publish`` keywords, ``invalidate``,
-schedule-side resolves), so a schema that changes design is still driven correctly."""
+"""The sides ``relay bench`` compares, and one driver of a step for all of them, read
+from a map's public interface so that a schema changing design is still driven."""
 
 from __future__ import annotations
 
@@ -26,8 +25,7 @@ SEQ_LENS_PLUS_ONE = "seq_lens + 1"
 
 @attrs.frozen
 class Shape:
-    """Pool P, batch B (at most P - 1: row 0 is scratch) and, for speculative maps,
-    top-k K (n-gram: drafts per request) and hidden H (bf16; 0: none relayed)."""
+    """Pool P, batch B <= P - 1 (row 0 is scratch); speculative: top-k K, bf16 hidden H."""
 
     pool: int
     batch: int
@@ -42,36 +40,28 @@ class Shape:
 
 @attrs.frozen
 class Pair:
-    """One bundled schema and the hand-written map an engine would keep instead."""
+    """A bundled schema and the hand-written map an engine would keep instead: ``design``
+    for the report; ``spec``: shapes have K and H; ``left_out``: methods no decode step
+    calls; ``graph``: a captured graph writes the ``graph_written`` fields."""
 
     schema: str
     baseline: type[Any]
-    #: One line for the report: what the baseline does.
     design: str
-    #: Speculative: shapes have K (and H), and lengths grow by the accepted length.
     spec: bool
-    #: Relays a hidden state: shapes have H (a speculative map without one has H = 0).
     hidden: bool = True
-    #: Methods an engine does not call in a decode step (``resolve_tails``: a mixed
-    #: batch's; ``resolve_confidence_cpu``: a ragged verify's).
     left_out: tuple[str, ...] = ()
-    #: A captured verify graph writes the schema's ``graph_written`` fields into
-    #: buffers both maps adopt; neither scatters them (see ``build_side``).
     graph: bool = False
 
     @property
     def name(self) -> str:
-        """The pair in the report: the schema, ``/graph`` for a graph-written step."""
         return f"{self.schema}/graph" if self.graph else self.schema
 
     def graph_fields(self) -> list[Field]:
-        """The fields the captured graph writes (none unless ``graph``)."""
         fields = Schema.bundled(self.schema).fields if self.graph else ()
         return [f for f in fields if isinstance(f, Field) and f.graph_written]
 
     def adopted(self, shape: Shape, device: torch.device) -> dict[str, torch.Tensor]:
-        """The buffers a captured graph writes (one scalar per slot, as sglang's
-        lengths and bonus tokens), allocated by the engine before the map."""
+        """The buffers the captured graph writes, which the engine allocates."""
         return {
             f"{f.name}_buf": torch.zeros(shape.pool, dtype=f.dtype, device=device)  # type: ignore[arg-type]
             for f in self.graph_fields()
@@ -103,8 +93,6 @@ PAIRS: tuple[Pair, ...] = (
 
 @attrs.frozen
 class Generated:
-    """A generated map module (``relay.maps.<schema>``): its FutureMap and Payload."""
-
     map_cls: type[Any]
     payload_cls: type[Any]
 
@@ -131,8 +119,6 @@ def discover(
 
 @attrs.define(slots=False)
 class SpecInfo:
-    """The draft input of a speculative batch."""
-
     future_indices: torch.Tensor | None = None
     bonus_tokens: torch.Tensor | None = None
     topk_p: torch.Tensor | None = None
@@ -140,7 +126,6 @@ class SpecInfo:
     hidden_states: torch.Tensor | None = None
     draft_probs: torch.Tensor | None = None
     dsa_topk_indices: torch.Tensor | None = None
-    #: Whether this draft input's rows hold sparse indices (sglang sets it per input).
     future_dsa_topk_indices_available: bool = False
     accept_tokens: torch.Tensor | None = None
     accept_lens: torch.Tensor | None = None
@@ -148,9 +133,7 @@ class SpecInfo:
 
 @attrs.define(slots=False)
 class Batch:
-    """A scheduler batch with every attribute the maps read and write in a decode
-    step; its draft input's ``future_indices`` are its ``req_pool_indices``, as in
-    sglang's batches."""
+    """A scheduler batch: every attribute the maps read and write in a decode step."""
 
     req_pool_indices: torch.Tensor
     req_pool_indices_cpu: torch.Tensor
@@ -162,7 +145,6 @@ class Batch:
 
     @staticmethod
     def new(indices: torch.Tensor, seq_lens: torch.Tensor) -> Batch:
-        """A batch of requests in slots ``indices``, ``seq_lens`` long."""
         host = seq_lens.cpu().clone()
         return Batch(
             indices, indices.cpu(), torch.zeros_like(indices), seq_lens.clone(), host,
@@ -171,16 +153,14 @@ class Batch:
 
 
 def advance_seq_lens(batch: Batch) -> None:
-    """The scheduler's own work where plain decoding relays no lengths: each request
-    grew by one token (sglang: ``seq_lens + 1`` on the host)."""
+    """The scheduler's own ``seq_lens + 1`` where no lengths are relayed."""
     batch.seq_lens_cpu = batch.seq_lens_cpu + 1
     batch.seq_lens_sum += batch.seq_lens_cpu.shape[0]
 
 
 @attrs.define
 class Workload:
-    """The tensors of one step for ``shape.batch`` requests, by payload field or
-    ``publish`` keyword. ``kwargs`` hands a side the dict it unpacks, kept current."""
+    """One step's tensors by payload field or ``publish`` keyword."""
 
     indices: torch.Tensor
     seq_lens: torch.Tensor
@@ -191,7 +171,6 @@ class Workload:
     def random(
         shape: Shape, device: torch.device, seed: int, *, spec: bool
     ) -> Workload:
-        """Distinct slots in 1..P-1 and plausible values; ``renew`` draws the next."""
         g = torch.Generator().manual_seed(seed)
         indices = torch.randperm(shape.pool - 1, generator=g)[: shape.batch] + 1
         seq_lens = torch.randint(1, 30_000, (shape.batch,), generator=g)
@@ -200,8 +179,7 @@ class Workload:
         return w
 
     def renew(self, shape: Shape, g: torch.Generator, *, spec: bool) -> None:
-        """New outputs of the same requests: lengths grow by one token, or by the
-        accepted length (1 to K + 1) when speculative."""
+        """New outputs of the same requests; speculative lengths grow by 1 to K + 1."""
         b, k, device = shape.batch, max(shape.topk, 1), self.indices.device
 
         def ints(high: int, *size: int) -> torch.Tensor:
@@ -229,8 +207,7 @@ class Workload:
     def kwargs(
         self, names: Sequence[str], owner: str, nones: Collection[str] = ()
     ) -> dict[str, torch.Tensor | None]:
-        """The values ``names`` name, those in ``nones`` handed as None (a value a
-        captured graph wrote), kept current by ``renew``."""
+        """A dict of ``names``' values (``nones``: None) that ``renew`` keeps current."""
         missing = ", ".join(n for n in names if n not in self.values)
         if missing:
             raise LookupError(f"{owner} takes {missing}: not in the workload")
@@ -241,10 +218,8 @@ class Workload:
 
 @attrs.define
 class Side:
-    """One map at one shape, its batch, and one step as an engine drives it (see
-    ``build_side``). ``graph`` is the captured graph's own write of this step's values
-    into the map's adopted buffers: not the map's work, so ``step`` (what is timed)
-    leaves it out and ``check_step`` makes it, before ``graph_wrote``."""
+    """One map, its batch and its step's calls; ``graph``: the captured graph's write,
+    not the map's work, so only ``check_step`` makes it (before ``graph_wrote``)."""
 
     map: Any
     batch: Batch
@@ -256,7 +231,6 @@ class Side:
             call()
 
     def check_step(self) -> None:
-        """A step with fresh values: the graph writes them first where one does."""
         for name, call in self.calls:
             if name == "graph_wrote" and self.graph is not None:
                 self.graph()
@@ -275,13 +249,9 @@ def build_side(
     left_out: Collection[str] = (),
     graph: Sequence[Field] = (),
 ) -> Side:
-    """Wire ``relay_map`` to a fresh batch over ``work``, primed with one stash, in an
-    engine's call order: ``invalidate`` (placeholder designs), ``resolve_future``,
-    ``graph_wrote``, ``publish``, ``stash``, then the scheduler's resolves but
-    ``left_out``, or its own ``seq_lens + 1`` where none are relayed. ``payload_cls``:
-    the generated payload class; None for a baseline, whose ``stash`` takes keywords.
-    ``graph``: the fields a captured graph writes; the generated map is told
-    ``graph_wrote(indices)`` and handed None for them, a baseline the very values."""
+    """``relay_map``'s step in an engine's order, primed with one stash. ``payload_cls``:
+    None for a baseline (keyword stash). ``graph``: the fields a captured graph writes;
+    the generated map gets None for them, a baseline the very values."""
     owner, indices = type(relay_map).__name__, work.indices
     batch = Batch.new(indices, work.seq_lens)
     calls: list[tuple[str, Callable[[], None]]] = []
@@ -345,8 +315,6 @@ def generated_side(
     *,
     debug: bool = False,
 ) -> Side:
-    """The generated map of ``pair`` at ``shape``, its eager symbolic dims (``topk``)
-    taken from it, driven as an engine drives it."""
     dims: dict[str, Any] = {"topk": shape.topk, "hidden": shape.hidden}
     params = inspect.signature(generated.map_cls).parameters.items()
     kwargs: dict[str, Any] = {
@@ -371,7 +339,6 @@ def pair_sides(
     *,
     debug: bool = False,
 ) -> tuple[Side, Side]:
-    """The baseline's side and the generated map's, over one workload."""
     kwargs: dict[str, Any] = pair.adopted(shape, device)
     if "topk" in inspect.signature(pair.baseline).parameters:
         kwargs["topk"] = shape.topk
@@ -383,8 +350,7 @@ def pair_sides(
 
 
 def buffer_bytes(relay_map: Any, fields: Sequence[str]) -> int:
-    """Bytes of the map's buffers of ``fields`` (``<field>_buf``), a storage that
-    views share counted once."""
+    """Bytes of the ``<field>_buf`` buffers, a shared storage counted once."""
     bufs = [getattr(relay_map, f"{name}_buf", None) for name in fields]
     storages = [b.untyped_storage() for b in bufs if isinstance(b, torch.Tensor)]
     return sum({s.data_ptr(): s.nbytes() for s in storages}.values())
@@ -395,9 +361,10 @@ def observed(batch: Batch, with_seq_lens: bool) -> Iterator[tuple[str, object]]:
     spec = batch.spec_info
     tokens = spec.bonus_tokens if spec.bonus_tokens is not None else batch.input_ids
     yield "next tokens", tokens
-    for name in ("topk_p", "topk_index", "hidden_states", "draft_probs"):
-        yield f"spec_info.{name}", getattr(spec, name)
-    for name in ("dsa_topk_indices", "accept_tokens", "accept_lens"):
+    for name in (
+        *("topk_p", "topk_index", "hidden_states", "draft_probs"),
+        *("dsa_topk_indices", "accept_tokens", "accept_lens"),
+    ):
         yield f"spec_info.{name}", getattr(spec, name)
     if with_seq_lens:
         yield "seq_lens", batch.seq_lens
@@ -422,10 +389,8 @@ def compare_values(
     seed: int = 0,
     debug: bool = False,
 ) -> list[str]:
-    """Drive the baseline and the generated map through ``steps`` steps with fresh
-    outputs each, and list every difference in what the next forward and the scheduler
-    read (empty: none). The first stash carries no hidden state, so lazy allocation is
-    compared too."""
+    """Every difference in what the next forward and the scheduler read over ``steps``
+    fresh steps; the priming stash carries no hidden state (lazy allocation)."""
     work = Workload.random(shape, device, seed, spec=pair.spec)
     work.values["hidden_states"] = None  # before any side takes it: the priming stash
     base, gen = pair_sides(pair, generated, shape, device, work, debug=debug)
