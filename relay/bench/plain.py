@@ -1,21 +1,8 @@
-"""The floors: a generated map's step as the same torch calls, plain tensor methods.
+"""The floors: a generated map's step as the same torch calls on its own buffers,
+built from the schema, without relay's Python (payload, gates, bookkeeping).
 
-Built from the schema (its fields, lanes and layout), not from the generated code: for
-each method of the step one straight-line function making the calls the design needs,
-spelled as a hand-written map spells them (``buf.index_copy_(0, idx, v)``,
-``buf.index_select(0, idx)``, the fence's record and wait, the host copy and sum), over
-names bound once: the generated map's own buffers (so both move the same memory), the
-workload's tensors, a fence and a batch of its own. Left out is relay's own Python: the
-payload object, the map's method calls, the gates' tests, branches and bookkeeping.
-
-The checked floor adds what relay's promise "a refused write changes no row" costs on
-the CPU, where torch's indexed writes write the rows before a bad slot and then raise:
-one host check of the slots per write call, as relay makes it (Note [Slots on the host]
-in relay/runtime.py: up to 32 slots read as a list, one ``aminmax`` above). The bare
-floor leaves it out: the difference is the price of the check. Off the CPU they are
-the same. ``tests/bench/`` asserts that the checked floor dispatches exactly the
-generated step's data ops and view ops, method by method, and resolves the same values.
-"""
+The checked floor adds, on the CPU, relay's host check of a write's slots (Note [Slots
+on the host] in relay/runtime.py); the bare floor leaves it out."""
 
 from __future__ import annotations
 
@@ -38,13 +25,11 @@ __all__ = ["Plain", "Unsupported", "build_plain", "slot_check"]
 
 
 class Unsupported(Exception):
-    """The schema's step uses something the floor does not write (placeholders,
-    scatters): the bench reports no floor for it rather than a wrong one."""
+    """A step the floor does not write (placeholders, scatters): no floor is reported."""
 
 
 def slot_check(slots: str, pool: str, batch: int) -> list[str]:
-    """The host check of a CPU write's ``slots`` before any row changes, as relay makes
-    it: up to 32 read as a list, more with one ``aminmax`` (read without another op)."""
+    """relay's host check of a CPU write's ``slots``: a list up to 32, else ``aminmax``."""
     if batch <= HOST_SLOTS_IN_PYTHON_MAX:
         return [
             f"s = {slots}.tolist()",
@@ -58,8 +43,7 @@ def slot_check(slots: str, pool: str, batch: int) -> list[str]:
 
 @attrs.define
 class Plain:
-    """A floor of one map at one shape: its source, one function per method of the
-    step in the driver's order, and the batch it hands its results to."""
+    """A floor: its source, one function per method of the step, and its batch."""
 
     source: str
     calls: tuple[tuple[str, Callable[[], None]], ...]
@@ -72,13 +56,10 @@ class Plain:
             call()
 
     def bind(self, values: Mapping[str, torch.Tensor | None]) -> None:
-        """Take the workload's current values (after ``Workload.renew``)."""
         self.namespace.update((f"v_{s}", values[s]) for s in self.sources)
 
 
 class _Builder:
-    """The namespace the floor's functions run in, and their lines per method."""
-
     def __init__(
         self, schema: Schema, relay_map: Any, shape: Shape, work: Any, graph: bool
     ) -> None:
@@ -88,7 +69,6 @@ class _Builder:
         self.batch = Batch.new(work.indices, work.seq_lens)
         self.ns: dict[str, Any] = {"idx": work.indices, "batch": self.batch}
         self.ns["advance"] = advance_seq_lens
-        #: Fields whose latest write carried a value: the ones a resolve gathers.
         self.carried: set[str] = set()
         self.sources: list[str] = []
         for f in schema.fields:
@@ -112,9 +92,7 @@ class _Builder:
         return self.values[name]
 
     def _buffers(self, relay_map: Any) -> None:
-        """The generated map's own buffers (a packed group's shared buffer is the base
-        of its fields' views), taken after its first stash, so lazy buffers that a
-        value was given for exist."""
+        """The map's buffers after its first stash (a packed group's: its views' base)."""
         ns = self.ns
         for g in packed_groups(self.schema):
             views = [getattr(relay_map, f"{m.field.name}_buf") for m in g.members]
@@ -135,7 +113,6 @@ class _Builder:
                 raise Unsupported(f"{f.name}: no buffer after a stash that carried it")
 
     def fence(self) -> None:
-        """The fence's record and wait as the device policy does them, bound once."""
         policy = policy_for(self.device)
         if type(policy) is CpuPolicy:
             event = CpuEvent()  # CpuPolicy: record is event.record, wait synchronize
@@ -239,10 +216,8 @@ def build_plain(
     graph: bool = False,
     check: bool = True,
 ) -> Plain:
-    """The floor of ``relay_map`` (generated from ``schema``, one stash in) at ``shape``
-    over its buffers and ``work``'s tensors: one function per name of ``methods`` (the
-    generated step's, in its order). ``graph``: a captured graph wrote the
-    ``graph_written`` fields, which the step then does not write. ``check``: the
+    """The floor of ``relay_map`` (one stash in): a function per name of ``methods``.
+    ``graph``: a captured graph wrote the ``graph_written`` fields. ``check``: the
     checked floor, else the bare one. Raises ``Unsupported``."""
     b = _Builder(schema, relay_map, shape, work, graph)
     fields = schema.fields

@@ -1,12 +1,6 @@
-"""``relay bench --spans``: a counted scatter's step against its floors.
-
-The bundled ``vllm_drafts`` map hands each request's sampled token and 0 to K drafts
-to the next step's flat ``input_ids`` (Note [Counted scatters] in relay/runtime.py).
-Its step (``stash``, then ``resolve_future``) is timed beside its floors: the same
-torch calls in the same order, written by hand over the map's own buffers, with relay's
-host checks on the CPU (the stash's slots; the counts and the spans the offsets and
-counts place) or bare. Offsets and counts are int32, as vLLM's ``query_start_loc`` is.
-"""
+"""``relay bench --spans``: ``vllm_drafts``' counted scatter (Note [Counted scatters]
+in relay/runtime.py) against its floors, the same torch calls with relay's CPU host
+checks or bare. Offsets and counts are int32, as vLLM's ``query_start_loc`` is."""
 
 from __future__ import annotations
 
@@ -23,7 +17,6 @@ from relay.runtime import HOST_POSITIONS_IN_PYTHON_MAX, HOST_SLOTS_IN_PYTHON_MAX
 
 __all__ = ["SpanWork", "measure", "plain_step", "relay_step", "render", "workload"]
 
-#: Drafts per request at most (K), and the pool, of every span configuration.
 DRAFTS = 3
 POOL = 513
 BATCHES = (1, 8, 64, 256)
@@ -31,9 +24,6 @@ BATCHES = (1, 8, 64, 256)
 
 @attrs.frozen
 class SpanWork:
-    """One step's values: slots, the stash's tokens, drafts and counts, the next
-    batch's int32 offsets and counts, and the size of its flat ``input_ids``."""
-
     slots: torch.Tensor
     sampled: torch.Tensor
     drafts: torch.Tensor
@@ -44,7 +34,6 @@ class SpanWork:
 
 
 def workload(batch: int, device: torch.device, seed: int = 0) -> SpanWork:
-    """``batch`` requests in random slots, each with 0 to K drafts, some trimmed."""
     g = torch.Generator().manual_seed(seed)
     slots = torch.randperm(POOL - 1, generator=g)[:batch] + 1
     made = torch.randint(0, DRAFTS + 1, (batch,), generator=g)
@@ -62,7 +51,6 @@ def workload(batch: int, device: torch.device, seed: int = 0) -> SpanWork:
 def relay_step(
     work: SpanWork, device: torch.device, debug: bool = False
 ) -> tuple[Callable[[], None], Any, Any]:
-    """The generated map's step, its map and its batch."""
     from relay.maps.vllm_drafts import VllmDraftsFutureMap, VllmDraftsPayload
 
     relay = VllmDraftsFutureMap(device, POOL, num_speculative_tokens=DRAFTS, debug=debug)  # fmt: skip
@@ -85,9 +73,7 @@ def relay_step(
 def plain_step(
     work: SpanWork, relay: Any, device: torch.device, check: bool = True
 ) -> tuple[Callable[[], None], torch.Tensor]:
-    """A floor over ``relay``'s own buffers, and the ``input_ids`` it fills: with
-    ``check``, relay's host checks on the CPU before any row changes (the stash's
-    slots; the counts and the spans the offsets and counts place), else bare."""
+    """A floor over ``relay``'s buffers, and the ``input_ids`` it fills."""
     sampled_buf: torch.Tensor = relay.sampled_tokens_buf
     drafts_buf: torch.Tensor = relay.draft_tokens_buf
     idx, sampled, drafts = work.slots, work.sampled, work.drafts
@@ -99,8 +85,7 @@ def plain_step(
     size = input_ids.numel()
 
     def apart(starts: torch.Tensor, counts: torch.Tensor) -> None:
-        """relay's span check: each count 0 to K, each span (the token and its
-        drafts) inside the target and before the next request's start."""
+        """relay's span check: counts 0 to K, spans in order inside the target."""
         if starts.numel() <= HOST_POSITIONS_IN_PYTHON_MAX:
             at: list[int] = starts.tolist()
             each: list[int] = counts.tolist()
@@ -156,9 +141,7 @@ def measure(
     sample_ms: float = 0.25,
     seed: int = 0,
 ) -> list[dict[str, Any]]:
-    """Per batch size: each side's median microseconds per step (``us``: generated,
-    floor, bare), the quartiles of generated / floor and generated / bare over the
-    interleaved samples, and whether all laid in the same values."""
+    """Per batch size: median us per side, quartiles of the ratios, same values."""
     device = device or torch.device("cpu")
     results = []
     for batch in batches:
@@ -187,7 +170,6 @@ _QUARTILES = (("p25", 0.25), ("median", 0.5), ("p75", 0.75))
 
 
 def render(results: Sequence[dict[str, Any]]) -> str:
-    """The table ``relay bench --spans`` prints."""
     lines = [
         (
             f"vllm_drafts (P={POOL}, K={DRAFTS}): stash + resolve_future per step; floor: "

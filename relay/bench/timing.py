@@ -1,9 +1,5 @@
-"""Timing: per-device timers and interleaved samples in balanced orders.
-
-Every time ``relay bench`` compares is a ratio of sides measured in the same process,
-interleaved, so machine speed, load and drift weigh on every side alike; the host time
-per method (``per_method``) is what it is, measured in turns too.
-"""
+"""Timing: per-device timers and interleaved samples in balanced orders, so that load
+and drift weigh on every compared side alike."""
 
 from __future__ import annotations
 
@@ -23,9 +19,7 @@ Timer = Callable[[Callable[[], None], int], int]
 
 
 def timer_for(device: torch.device) -> Timer:
-    """A timer of ``inner`` back-to-back calls, in ns: host clocks on the CPU (ops are
-    synchronous), CUDA events around the calls on CUDA, host clocks around a device
-    synchronize elsewhere."""
+    """A timer of ``inner`` calls in ns: CUDA events on CUDA, else host clocks."""
     if device.type == "cuda":
         cuda: Any = torch.cuda  # Event's constructor is untyped
         start, end = cuda.Event(enable_timing=True), cuda.Event(enable_timing=True)
@@ -60,7 +54,6 @@ def _sync(device: torch.device) -> Callable[[], None]:
 
 
 def quantile(values: Sequence[float], q: float) -> float:
-    """Linear-interpolated quantile ``q`` of ``values``."""
     ordered = sorted(values)
     pos = q * (len(ordered) - 1)
     lo, hi = math.floor(pos), math.ceil(pos)
@@ -75,9 +68,7 @@ def quantile(values: Sequence[float], q: float) -> float:
 
 
 def balanced_orders(count: int, repeat: int) -> Iterator[list[int]]:
-    """``repeat`` orders of ``range(count)`` from a Williams design: over every ``count``
-    repeats (``2 * count`` for an odd count) each side comes right after each other
-    side exactly as often, and first as often as any."""
+    """``repeat`` orders of ``range(count)``, rows of a Williams design."""
     first = [0]
     for k in range(1, count):
         first.append((k + 1) // 2 if k % 2 else count - k // 2)
@@ -96,12 +87,8 @@ def time_interleaved(
     warmup: int,
     target_ns: int,
 ) -> list[list[float]]:
-    """Per-call times (ns) of each function, one sample per repeat, in balanced orders.
-
-    One sample is ``inner`` back-to-back calls, ``inner`` calibrated on the first
-    function so that a sample lasts about ``target_ns``: short, so a context switch
-    spoils one sample rather than all. The garbage collector is off while timing.
-    """
+    """Per-call ns of each function, one sample per repeat, gc off. A sample lasts
+    about ``target_ns`` (short: a context switch spoils one sample, not all)."""
     for fn in fns:
         for _ in range(warmup):
             fn()
@@ -126,7 +113,6 @@ def _no_gc() -> Iterator[None]:
             gc.enable()
 
 
-#: The breakdown's name for the device's own time after the host's last call.
 SYNC = "device sync"
 
 
@@ -137,14 +123,8 @@ def per_method(
     repeat: int,
     inner: int,
 ) -> list[dict[str, float]]:
-    """Per side, the host time per step of each method of its step (ns), and ``step``.
-
-    Each call is timed by host clocks around it alone; the device is synchronized only
-    after a sample's last step (off the CPU that wait is reported as ``SYNC``), so a
-    part is the host time the method costs its caller, as an engine sees it. The sides
-    take turns, one sample each per repeat. Each figure is the quietest sample's (a
-    context switch only adds time), so the parts sum to at most the step; what is left
-    is the loop's and the clocks' own cost."""
+    """Per side, the host ns per step of each method, ``SYNC`` (the device's wait after
+    the last step, off the CPU) and ``step``: each the quietest sample's."""
     sync, clock = _sync(device), time.perf_counter_ns
     samples: list[list[list[int]]] = [[] for _ in sides]
     with _no_gc():
