@@ -1,9 +1,5 @@
-"""``relay bench``: flags, one configuration measured, the report and its JSON.
-
-Exit status: 0 every side ran and resolved the same values, 1 a side raised or the
-values differ, 2 bad usage or device. Timings never fail a run. torch is imported by
-``run`` only, after the flags are checked (``flags_problem``), so building the flags
-(``relay --help``) and refusing a bad one stay fast."""
+"""``relay bench``: flags, one configuration measured, the report and its JSON. Exit 0:
+all sides agree, 1: a side raised or values differ, 2: usage. torch loads in ``run``."""
 
 from __future__ import annotations
 
@@ -26,15 +22,11 @@ __all__ = ["add_arguments", "flags_problem", "run"]
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = Exit.OK, Exit.FAILED, Exit.USAGE
 
-#: Size grids (pool, batch, top-k, hidden in bf16) and how long to time each side.
 PRESETS: dict[str, dict[str, Any]] = {
     "default": {"sizes": ((257, 4097), (1, 32, 256), (1, 8), (4096, 7168)), "repeat": 15, "sample_ms": 0.25},
     "quick": {"sizes": ((257,), (1, 32), (1,), (4096,)), "repeat": 5, "sample_ms": 0.1},
 }  # fmt: skip
-#: Steps driven with fresh outputs to check that both sides resolve the same values.
 CHECK_STEPS = 3
-#: The sides timed, in the JSON's keys: the hand-written map, the generated one, the
-#: checked floor and the bare floor.
 SIDES = ("baseline", "generated", "floor", "bare")
 HEADER = """\
 baseline: the sglang-style map an engine keeps by hand (relay/bench/baseline.py); \
@@ -58,7 +50,6 @@ def _ints(text: str) -> tuple[int, ...]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The ``relay bench`` flags."""
     add = parser.add_argument
     ints: dict[str, Any] = {"type": _ints}
     names: dict[str, Any] = {"type": lambda t: tuple(t.split(","))}
@@ -85,7 +76,6 @@ def _usage(message: str) -> int:
 
 
 def _device(name: str) -> Any:
-    """The torch device ``name`` names, or why not."""
     import torch
 
     try:
@@ -102,15 +92,12 @@ def _preset(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _sizes(args: argparse.Namespace) -> tuple[tuple[int, ...], ...]:
-    """Pools, batches, top-ks and hidden sizes: the flags', else the preset's."""
     flags = (args.pool, args.batch, args.topk, args.hidden)
     return tuple(given or default for given, default in zip(flags, _preset(args)["sizes"]))  # fmt: skip
 
 
 def flags_problem(args: argparse.Namespace) -> str | None:
-    """What is wrong with the parsed flags, as far as it shows without torch (a device
-    name and the schema names are checked by ``run``, after importing it); None if
-    nothing is."""
+    """What is wrong with the flags, as far as it shows without torch; None if nothing."""
     pools, batches, topks, _ = _sizes(args)
     if min(topks) < 1 or min(pools) < 2 or min(batches) < 1:
         return "--topk and --batch must be >= 1, --pool >= 2 (row 0 is scratch)"
@@ -127,7 +114,6 @@ def flags_problem(args: argparse.Namespace) -> str | None:
 
 
 def _configs(args: argparse.Namespace) -> list[Any] | str:
-    """Every (pair, generated, shape) to measure, or a usage message."""
     from relay.bench.sides import PAIRS, Shape, discover
 
     pools, batches, topks, hiddens = _sizes(args)
@@ -148,19 +134,10 @@ def _configs(args: argparse.Namespace) -> list[Any] | str:
     return configs  # not empty: flags_problem saw a shape that fits
 
 
-def _ratio(num: list[float], den: list[float]) -> dict[str, float]:
-    """Quartiles of the per-repeat ratios: drift between repeats cancels."""
-    from relay.bench.timing import quantile
-
-    per = [n / d for n, d in zip(num, den)]
-    return {k: quantile(per, q) for k, q in (("p25", 0.25), ("median", 0.5), ("p75", 0.75))}  # fmt: skip
-
-
 def measure(
     pair: Any, gen: Any, shape: Any, device: Any, args: argparse.Namespace
 ) -> dict[str, Any]:
-    """One configuration: values checked, one step of each side counted, then the
-    baseline, the generated map and its two floors timed, interleaved, and the host
+    """One configuration: values checked, ops counted, the four sides timed, and the host
     time per method of the baseline and the generated map."""
     from statistics import median
 
@@ -210,7 +187,7 @@ def measure(
             for k, v in counted.items()
         },
         "ns": {k: median(t) for k, t in zip(SIDES, times)},
-        **{f"generated/{k}": _ratio(times[1], t) for k, t in zip(SIDES, times) if k != "generated"},
+        **{f"generated/{k}": timing.quartiles(times[1], t) for k, t in zip(SIDES, times) if k != "generated"},
         "host_ns": dict(zip(SIDES, host)),
         "bytes": {k: sides.buffer_bytes(s.map, fields) for k, s in zip(SIDES, (base, side))},
         "floor_source": floors[0].source if floors else None,
@@ -241,7 +218,6 @@ def _meta(device: Any, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _table(rows: Sequence[tuple[str, ...]], left: int = 2) -> list[str]:
-    """Rows as aligned columns: the first ``left`` to the left, the others right."""
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return [
         "  ".join(
@@ -257,7 +233,6 @@ def _us(ns: float) -> str:
 
 
 def _cells(r: dict[str, Any]) -> tuple[str, ...]:
-    """One configuration's row of the table."""
     if r["error"] is not None or not r["ok"]:
         return (r["name"], r["label"], "FAILED", *[""] * 7)
     ops, ns = r["ops"], r["ns"]
@@ -272,8 +247,6 @@ def _cells(r: dict[str, Any]) -> tuple[str, ...]:
 
 
 def render(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
-    """The report: one table, the host time per method, then each map's ops per
-    method, its buffers and its floor's source."""
     gpu = f" ({meta['gpu']})" if meta["gpu"] else ""
     out = [
         (f"relay bench: {meta['device']}{gpu}, {meta['machine']}, torch {meta['torch']}, {meta['torch_threads']} "
@@ -314,8 +287,6 @@ def render(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
 
 
 def _spans(args: argparse.Namespace, device: Any) -> int:
-    """``relay bench --spans``: the counted scatter against its floors
-    (``relay/bench/spans.py``), at ``--batch`` sizes."""
     from relay.bench import spans
 
     results = spans.measure(
@@ -330,7 +301,6 @@ def _spans(args: argparse.Namespace, device: Any) -> int:
 
 
 def _progress(n: int, of: int, r: dict[str, Any]) -> str:
-    """One line on stderr per configuration: its verdict and its headline figures."""
     verdict = "ok" if r["ok"] else "FAILED"
     if r["error"] is None and r["ok"]:
         floor = r.get("generated/floor")
@@ -343,7 +313,6 @@ def _progress(n: int, of: int, r: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``relay bench`` with parsed ``args``; returns the exit status."""
     problem = flags_problem(args)
     if problem is not None:
         return _usage(problem)

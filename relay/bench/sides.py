@@ -315,19 +315,19 @@ def generated_side(
     *,
     debug: bool = False,
 ) -> Side:
-    dims: dict[str, Any] = {"topk": shape.topk, "hidden": shape.hidden}
-    params = inspect.signature(generated.map_cls).parameters.items()
-    kwargs: dict[str, Any] = {
-        name: dims[name]
-        for name, p in params
-        if p.kind is inspect.Parameter.KEYWORD_ONLY and name in dims
-    }
-    kwargs.update(pair.adopted(shape, device))
-    relay_map = generated.map_cls(device, shape.pool, debug=debug, **kwargs)
+    relay_map = _new(generated.map_cls, pair, shape, device, debug=debug)
+    graph = pair.graph_fields()
     return build_side(
-        relay_map, work, generated.payload_cls, left_out=pair.left_out,
-        graph=pair.graph_fields(),
-    )  # fmt: skip
+        relay_map, work, generated.payload_cls, left_out=pair.left_out, graph=graph
+    )
+
+
+def _new(cls: Any, pair: Pair, shape: Shape, device: torch.device, **kw: Any) -> Any:
+    """``cls`` at ``shape``, given the eager dims it takes and the adopted buffers."""
+    dims: dict[str, Any] = {"topk": shape.topk, "hidden": shape.hidden}
+    params = inspect.signature(cls).parameters.items()
+    kw.update((n, dims[n]) for n, p in params if p.kind is p.KEYWORD_ONLY and n in dims)
+    return cls(device, shape.pool, **kw, **pair.adopted(shape, device))
 
 
 def pair_sides(
@@ -339,10 +339,7 @@ def pair_sides(
     *,
     debug: bool = False,
 ) -> tuple[Side, Side]:
-    kwargs: dict[str, Any] = pair.adopted(shape, device)
-    if "topk" in inspect.signature(pair.baseline).parameters:
-        kwargs["topk"] = shape.topk
-    relay_map = pair.baseline(device, shape.pool, **kwargs)
+    relay_map = _new(pair.baseline, pair, shape, device)
     base = build_side(
         relay_map, work, None, left_out=pair.left_out, graph=pair.graph_fields()
     )

@@ -12,7 +12,7 @@ from typing import Any, cast
 import attrs
 import torch
 
-from relay.bench.timing import quantile, time_interleaved, timer_for
+from relay.bench.timing import quartiles, time_interleaved, timer_for
 from relay.runtime import HOST_POSITIONS_IN_PYTHON_MAX, HOST_SLOTS_IN_PYTHON_MAX
 
 __all__ = ["SpanWork", "measure", "plain_step", "relay_step", "render", "workload"]
@@ -159,14 +159,12 @@ def measure(
         result: dict[str, Any] = {"batch": batch, "same": same}
         result["us"] = {k: statistics.median(t) / 1e3 for k, t in zip(SIDES, times)}
         for k, t in zip(SIDES[1:], times[1:]):
-            ratios = [g / p for g, p in zip(times[0], t)]
-            result[f"generated/{k}"] = {q: quantile(ratios, v) for q, v in _QUARTILES}
+            result[f"generated/{k}"] = quartiles(times[0], t)
         results.append(result)
     return results
 
 
 SIDES = ("generated", "floor", "bare")
-_QUARTILES = (("p25", 0.25), ("median", 0.5), ("p75", 0.75))
 
 
 def render(results: Sequence[dict[str, Any]]) -> str:

@@ -13,7 +13,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["balanced_orders", "per_method", "quantile", "time_interleaved", "timer_for"]
+__all__ = ["balanced_orders", "per_method", "quantile", "quartiles", "time_interleaved"]
+__all__ += ["timer_for"]
 
 Timer = Callable[[Callable[[], None], int], int]
 
@@ -58,6 +59,16 @@ def quantile(values: Sequence[float], q: float) -> float:
     pos = q * (len(ordered) - 1)
     lo, hi = math.floor(pos), math.ceil(pos)
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def quartiles(num: Sequence[float], den: Sequence[float]) -> dict[str, float]:
+    """Quartiles of the per-repeat ratios ``num / den``: drift between repeats cancels."""
+    per = [n / d for n, d in zip(num, den)]
+    return {
+        "p25": quantile(per, 0.25),
+        "median": quantile(per, 0.5),
+        "p75": quantile(per, 0.75),
+    }
 
 
 # Note [Balanced order]
