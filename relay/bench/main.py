@@ -263,15 +263,10 @@ def render(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
         parts = [f"{m} {_us(v)}/{_us(base[m]) if m in base else '-'}" for m, v in gen.items() if m != "step"]  # fmt: skip
         rows.append((r["name"], r["label"], f"{_us(gen['step'])}/{_us(base['step'])}:", "  ".join(parts)))  # fmt: skip
     out += _table(rows, left=4) if rows else []
-    first: dict[str, dict[str, Any]] = {}
-    for r in done:
-        first.setdefault(r["name"], r)
-    for r in first.values():
-        base, gen, sizes = (
-            r["methods"]["baseline"],
-            r["methods"]["generated"],
-            r["bytes"],
-        )
+    names = dict.fromkeys(r["name"] for r in done)
+    for r in [next(r for r in done if r["name"] == n) for n in names]:
+        base, gen = r["methods"]["baseline"], r["methods"]["generated"]
+        sizes = r["bytes"]
         out += [
             f"\n{r['name']}, baseline: {r['baseline']}",
             f"  buffers at {r['label']}: baseline {sizes['baseline']:,} bytes, generated {sizes['generated']:,}",
@@ -294,10 +289,14 @@ def _spans(args: argparse.Namespace, device: Any) -> int:
         warmup=args.warmup, sample_ms=args.sample_ms or 0.25, seed=args.seed,
     )  # fmt: skip
     print(spans.render(results))
-    if args.json is not None:
-        args.json.write_text(json.dumps({"spans": results}, indent=2) + "\n")
-        print(f"wrote {args.json}")
+    _write_json(args.json, {"spans": results})
     return EXIT_OK if all(r["same"] for r in results) else EXIT_FAILED
+
+
+def _write_json(path: Path | None, data: dict[str, Any]) -> None:
+    if path is not None:
+        path.write_text(json.dumps(data, indent=2) + "\n")
+        print(f"wrote {path}")
 
 
 def _progress(n: int, of: int, r: dict[str, Any]) -> str:
@@ -350,7 +349,5 @@ def run(args: argparse.Namespace) -> int:
     failures += [p for r in results for p in r["problems"]]
     print("\n" + ("\n".join(failures) if failures else
                   "values: generated == baseline == floors in every configuration"))  # fmt: skip
-    if args.json is not None:
-        args.json.write_text(json.dumps({"meta": meta, "configs": results}, indent=2) + "\n")  # fmt: skip
-        print(f"wrote {args.json}")
+    _write_json(args.json, {"meta": meta, "configs": results})
     return EXIT_FAILED if failures else EXIT_OK
