@@ -193,15 +193,12 @@ class _Builder:
         if host_mirror is not None:
             lines.append(f"batch.{host_mirror} = h")
         if host_sum is not None:  # the generated map's host sum, its branch taken
-            integral = isinstance(f.dtype, torch.dtype) and not (
-                f.dtype.is_floating_point or f.dtype.is_complex
-            )
-            if not integral:
+            dtype = f.dtype if isinstance(f.dtype, torch.dtype) else torch.float32
+            total = "int(h.numpy().sum())"
+            if dtype.is_floating_point or dtype.is_complex:
                 total = "int(h.sum())"
             elif self.shape.batch <= HOST_SUM_IN_PYTHON_MAX:
                 total = "sum(h.tolist())"
-            else:
-                total = "int(h.numpy().sum())"
             lines.append(f"batch.{host_sum} = {total}")
         return lines
 
