@@ -29,7 +29,7 @@ __all__ = ["Exit", "main", "rich_console"]
 
 _EPILOG = """\
 exit status: 0 ok; 1 generated files drifted (generate --check) or a result is
-wrong (demo: overlap outputs differ; bench: values or memory differ); 2 bad usage,
+wrong (demo: overlap outputs differ; bench: the sides' values differ); 2 bad usage,
 configuration or device; 3 invalid schema (generate); 130 Ctrl-C; 143 SIGTERM (demo).
 
 `relay COMMAND --help` lists a command's flags."""

@@ -16,8 +16,8 @@ class Exit(enum.IntEnum):
     """What a ``relay`` command's exit status means; the same number for every command."""
 
     OK = 0
-    #: ``demo``: overlap outputs differ from the synchronous run's; ``bench``: values
-    #: or memory differ.
+    #: ``demo``: overlap outputs differ from the synchronous run's; ``bench``: the
+    #: sides' values differ.
     FAILED = 1
     #: ``generate --check``: a generated file is missing, stale, hand-edited or orphaned.
     DRIFT = 1
