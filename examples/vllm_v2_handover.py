@@ -45,6 +45,7 @@ class V2Relay:
                 slots=self.slots.indices(b.req_ids),
                 req_ids=b.req_ids,
                 input_ids=input_ids,
+                query_start_loc=b.query_start_loc,
                 logits_starts=b.query_start_loc[1:] - num_logits,
                 sampled_ready=b.seq_lens - num_logits >= prefill_len,
                 num_draft_tokens=b.num_draft_tokens * (b.seq_lens > prefill_len),

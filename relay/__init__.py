@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from relay.schema import (
         FROM_PAYLOAD,
         Alloc,
+        BatchRows,
         Carried,
         Dim,
         Field,
@@ -57,6 +58,7 @@ __version__ = "0.1.0"
 _HOMES = {
     "FROM_PAYLOAD": "relay.schema",
     "Alloc": "relay.schema",
+    "BatchRows": "relay.schema",
     "Dim": "relay.schema",
     "Field": "relay.schema",
     "FromPayload": "relay.schema",
@@ -87,6 +89,7 @@ _HOMES = {
 __all__ = [
     "FROM_PAYLOAD",
     "Alloc",
+    "BatchRows",
     "Carried",
     "CompositionError",
     "Dim",

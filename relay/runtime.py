@@ -12,6 +12,7 @@ from relay, so its names are the contract between the generator and the runtime.
 
 from __future__ import annotations
 
+import bisect
 import math
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -28,6 +29,7 @@ from relay.errors import RelayError, SlotError
 from relay.schema import (
     FROM_PAYLOAD,
     Alloc,
+    BatchRows,
     Carried,
     Field,
     Guard,
@@ -50,6 +52,7 @@ __all__ = [
     "FROM_PAYLOAD",
     "SLOT_DTYPES",
     "Alloc",
+    "BatchRows",
     "Carried",
     "CpuFence",
     "DebugChecks",
@@ -410,8 +413,10 @@ def read_slots(s: MapState, op: str, indices: torch.Tensor) -> torch.Tensor:
 # non-negative, that every position a span writes holds a negative placeholder before
 # the scatter (``DebugChecks.check_claimed``: a span running into a request the
 # scatter does not write, such as the next prefill row) and that none is left after
-# it (vLLM's -1: a position no request's row covered). A resolve of several scatter
-# targets plans every one (``scatter_at``, ``span_at``) before it writes the first.
+# it (vLLM's -1: a position no request's row covered). A scatter that declares its
+# batch rows has each span checked inside its own row in both modes (Note
+# [Row-bounded scatters]). A resolve of several scatter targets plans every one
+# (``scatter_at``, ``span_at``) before it writes the first.
 
 
 def _target(s: MapState, i: int, target: object) -> int:
@@ -445,9 +450,11 @@ def scatter_at(
     indices: torch.Tensor,
     target: torch.Tensor,
     owners: Owners | None = None,
+    rows: Bounds | None = None,
 ) -> torch.Tensor:
     """Where field ``i``'s gathered rows go in flat ``target``: each request's start
-    offset, then its row's columns (Note [Scatter destinations]); refused, naming the
+    offset, then its row's columns (Note [Scatter destinations]), inside its batch row
+    where ``rows`` bounds them (Note [Row-bounded scatters]); refused, naming the
     request (by its id where ``owners`` names them), before anything is written."""
     f = s.table.fields[i]
     offsets_path = f.scatter.offsets if f.scatter is not None else None
@@ -480,6 +487,12 @@ def scatter_at(
             _debug_claims(s, debug, (i,), indices, places, target, owners)
     elif starts.is_cpu and not _spans_ok(starts, [], [], width, size):
         _name_span(s, (i,), indices, starts, [width], [None], size, owners)
+    if rows is not None:
+        bounds = _bounds(s, i, rows, n, s.device)
+        if debug is not None or starts.is_cpu:
+            _rows_fit(s, (i,), indices, starts, [width], [None], bounds, owners)
+        else:
+            assert_rows(starts, width, bounds, s.table.what(i))
     if not s.rows[i]:
         return starts
     columns = s.columns.get(i)
@@ -575,18 +588,20 @@ HOST_POSITIONS_IN_PYTHON_MAX = 48
 def span_at(
     s: MapState,
     fields: tuple[int, ...],
-    rows: tuple[torch.Tensor, ...],
+    blocks: tuple[torch.Tensor, ...],
     offsets: object,
     indices: torch.Tensor,
     target: torch.Tensor,
     lengths: tuple[object, ...],
     owners: Owners | None = None,
+    rows: Bounds | None = None,
 ) -> Span:
-    """Where the gathered ``rows`` of scatter ``fields`` (in their order in a request's
+    """Where the gathered ``blocks`` of scatter ``fields`` (in their order in a request's
     span) go in flat ``target``, for ``scatter_span``: each request's span from its
     start offset, each field's first ``lengths`` values of its row (all of them where
-    ``None``) after the fields before it (Note [Counted scatters]). Every count and
-    span is checked here, naming the request: a refused call writes nothing."""
+    ``None``) after the fields before it (Note [Counted scatters]), inside its batch
+    row where ``rows`` bounds them (Note [Row-bounded scatters]). Every count and span
+    is checked here, naming the request: a refused call writes nothing."""
     table = s.table
     n = indices.numel()
     size = _target(s, fields[0], target)
@@ -621,8 +636,11 @@ def span_at(
     host = target.is_cpu
     # A ``when`` field's room in the span is its width, whatever it lays.
     room = [None if whole else c for whole, c in zip(fixed, counts)]
+    bounds = None if rows is None else _bounds(s, fields[0], rows, n, home)
     if debug is not None:
         _debug_span(s, debug, fields, indices, starts, widths, room, size, owners)
+        if bounds is not None:
+            _rows_fit(s, fields, indices, starts, widths, room, bounds, owners)
         if _claimed(s, fields[0]):
             places = (starts, widths, counts, fixed)
             _debug_claims(s, debug, fields, indices, places, target, owners)
@@ -641,11 +659,17 @@ def span_at(
                 counted_widths.append(width)
         if not _spans_ok(starts, counted, counted_widths, taken, size):
             _name_span(s, fields, indices, starts, widths, room, size, owners)
+        if bounds is not None:
+            _rows_fit(s, fields, indices, starts, widths, room, bounds, owners)
     else:
+        span: torch.Tensor | int = 0
         for i, width, count in zip(fields, widths, room):
             if count is not None:
                 assert_counts(count, width, table.what(i))
-    return _span_places(s, fields, rows, starts, widths, counts, host, fixed)
+            span = span + (width if count is None else count)
+        if bounds is not None:
+            assert_rows(starts, span, bounds, table.what(fields[0]))
+    return _span_places(s, fields, blocks, starts, widths, counts, host, fixed)
 
 
 def scatter_span(target: torch.Tensor, span: Span) -> None:
@@ -782,6 +806,163 @@ def _name_span(
             )
         if last is None or at[j] + spans[j] > at[last] + spans[last]:
             last = j
+
+
+# Note [Row-bounded scatters]
+# The checks above keep the handed-over spans apart from each other, but a batch has
+# rows the scatter does not write (a prefill row, a request absent from the last
+# step): a span one value too long runs onto such a row's first token, and nothing
+# above knows where that row starts. ``Scatter(rows=BatchRows(...))`` hands the map
+# every row's start (vLLM's ``query_start_loc``) and each request's row, and each
+# request's span must lie inside its own row: from its row's start to the next row's
+# (a span of no values is not placed). On the CPU, in both modes, and in debug mode
+# on every device, the starts are read on the host and the first span outside its row
+# is refused, naming the request, the field and the row, as is a row outside the
+# batch or shared by two requests; off the CPU with debug off, a span outside its row
+# (or a row outside the batch) is a device-side assert (``assert_rows``: a few ops, no
+# sync). Either way before the target changes.
+
+#: ``rows=`` of a bounded scatter's plan: ``batch.<starts>`` (every batch row's start,
+#: then the last row's end) and ``batch.<index>`` (each request's row; ``None`` where
+#: request ``i`` is row ``i``).
+Bounds = tuple[object, object]
+
+
+def _bounds(
+    s: MapState, i: int, rows: Bounds, n: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Field ``i``'s scatter's row starts and each request's row (Note [Row-bounded
+    scatters]) as int64 on ``device``; refused, before anything is written, unless
+    the starts are one integer vector with a start per row and the last row's end, and
+    the rows one integer per request (or, without them, a row per request)."""
+    scatter = s.table.fields[i].scatter
+    assert scatter is not None and scatter.rows is not None
+    declared = scatter.rows
+    starts, index = rows
+    rows_given = index is not None
+    if (
+        type(starts) is torch.Tensor
+        and starts.dtype in (torch.int64, torch.int32)
+        and starts.ndim == 1
+        and starts.device == device
+        and (starts.numel() >= 2 if rows_given and n else starts.numel() == n + 1)
+    ):
+        at = starts if starts.dtype is torch.int64 else starts.long()
+        if index is None:
+            return at, None
+        return at, _per_request(s, i, declared.index, index, n, device)
+    got = (
+        f"a {starts.dtype} tensor of shape {tuple(starts.shape)} on {starts.device}"
+        if isinstance(starts, torch.Tensor)
+        else f"a {type(starts).__name__}"
+    )
+    many = "a start per batch row" if rows_given else f"a start per request ({n})"
+    raise RelayError(
+        f"{s.table.what(i)}: batch.{declared.starts} must hold {many} and the last "
+        f"row's end (an int64 or int32 vector on {device}), got {got}. Hand the "
+        "batch's cumulative row starts from 0 (vLLM's query_start_loc). Nothing was "
+        "written"
+    )
+
+
+def _rows_fit(
+    s: MapState,
+    fields: tuple[int, ...],
+    indices: torch.Tensor,
+    starts: torch.Tensor,
+    widths: list[int],
+    counts: list[torch.Tensor | None],
+    bounds: tuple[torch.Tensor, torch.Tensor | None],
+    owners: Owners | None = None,
+) -> None:
+    """On the host: each request's span (``widths``, or ``counts`` where given, of
+    each field in turn from its start) inside its own batch row; the first that is
+    not refused, naming the request and the field (Note [Row-bounded scatters])."""
+    table = s.table
+    n = starts.numel()
+    row_starts, index = bounds
+    ends: list[int] = row_starts.tolist()
+    at: list[int] = starts.tolist()
+    rows: list[int] = list(range(n)) if index is None else index.tolist()
+    taken = [
+        [w] * n if c is None else cast(list[int], c.tolist())
+        for w, c in zip(widths, counts)
+    ]
+    scatter = table.fields[fields[0]].scatter
+    assert scatter is not None and scatter.rows is not None
+    path = scatter.rows.starts
+    held: dict[int, int] = {}  # the request each row was paired with
+    for j in range(n):
+        if not any(each[j] for each in taken):
+            continue  # places nothing
+        r = rows[j]
+        whose = request_at(j, int(indices.reshape(-1)[j]), owners)
+        if not 0 <= r < len(ends) - 1:
+            raise RelayError(
+                f"{table.what(fields[0])}: {whose} is paired with batch row {r} "
+                f"(batch.{scatter.rows.index}), but batch.{path} holds "
+                f"{len(ends) - 1} row(s). Pair each request with its row of this "
+                "batch. Nothing was written"
+            )
+        if r in held:
+            other = request_at(held[r], int(indices.reshape(-1)[held[r]]), owners)
+            raise RelayError(
+                f"{table.what(fields[0])}: {whose} and {other} are both paired with "
+                f"batch row {r} (batch.{scatter.rows.index}): one would overwrite the "
+                "other's row. Pair each request with its own row. Nothing was written"
+            )
+        held[r] = j
+        low, high = ends[r], ends[r + 1]
+        first = at[j]
+        for i, each in zip(fields, taken):
+            last = first + each[j]
+            if each[j] and (first < low or last > high):
+                out = first if first < low else high
+                k = bisect.bisect_right(ends, out) - 1
+                if not 0 <= k < len(ends) - 1:
+                    side = "in no row of the batch"
+                elif ends[k] == out:
+                    side = f"batch row {k}'s first, another request's"
+                else:
+                    side = f"inside batch row {k}, another request's"
+                raise RelayError(
+                    f"{table.what(i)}: {whose} would lay its {each[j]} value(s) at "
+                    f"positions {first} to {last - 1}, outside its batch row {r} "
+                    f"(positions {low} to {high - 1} by batch.{path}): position "
+                    f"{out} is {side}. Lay out each request's row for the values it "
+                    "is handed (a count larger than its row was laid out for, an "
+                    "offset off, or the wrong row). Nothing was written"
+                )
+            first = last
+
+
+def assert_rows(
+    starts: torch.Tensor,
+    span: torch.Tensor | int,
+    bounds: tuple[torch.Tensor, torch.Tensor | None],
+    what: str,
+) -> None:
+    """Off the CPU, each request's span of ``span`` positions from its start inside its
+    own batch row, as a device-side assert: no host read (Note [Row-bounded
+    scatters])."""
+    row_starts, index = bounds
+    if index is None:
+        low, high = row_starts[:-1], row_starts[1:]
+        known: torch.Tensor | bool = True
+    else:
+        row = index.clamp(0, row_starts.numel() - 2)
+        known = row == index
+        low, high = row_starts.index_select(0, row), row_starts.index_select(0, row + 1)
+    inside = known & (starts >= low) & (starts + span <= high)
+    if isinstance(span, torch.Tensor):
+        inside = inside | (span == 0)
+    elif span == 0:
+        return
+    torch._assert_async(
+        inside.all(),
+        f"{what}: a request's span runs outside its batch row (or its row is not "
+        "one of the batch's)",
+    )
 
 
 def _span_places(

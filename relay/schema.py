@@ -36,6 +36,7 @@ def bundled_names() -> list[str]:
 __all__ = [
     "FROM_PAYLOAD",
     "Alloc",
+    "BatchRows",
     "Dim",
     "Field",
     "FromPayload",
@@ -208,6 +209,24 @@ def _to_shape(value: Sequence[Dim] | Dim) -> Any:
 
 
 @attrs.frozen
+class BatchRows:
+    """``Scatter(rows=BatchRows(...))``: where every row of the batch lies in a scatter's
+    flat target, so that each request's span is checked to stay inside its own row,
+    also where the next row is one the scatter does not write (a prefill row)."""
+
+    #: Batch tensor of every row's start in the target, then the end of the last row:
+    #: one more value than the batch has rows (vLLM's ``query_start_loc``).
+    starts: str
+    #: Batch tensor of each request's row, in the order of the map's slots (vLLM V1's
+    #: current row of each request it hands over); ``None`` where request ``i`` is row
+    #: ``i``, every row of the batch handed over in order (vLLM V2).
+    index: str | None = None
+    declared_at: SourceLocation = attrs.field(
+        factory=_declaration_site, kw_only=True, eq=False, repr=False
+    )
+
+
+@attrs.frozen
 class Scatter:
     """``Field(resolve=Scatter(...))``: each request's row laid into a flat target at
     the request's start offset, ``target[offsets[i] + j] = buf[indices[i], j]`` (vLLM's
@@ -237,6 +256,10 @@ class Scatter:
     #: V2 writes a request's sampled token only once its prefill is done, and its
     #: drafts after that position either way). For a field without ``lengths``.
     when: str | None = None
+    #: Every batch row's bounds in the target (``BatchRows``), on the first field of a
+    #: request's span: each request's span must lie inside its own row, refused before
+    #: the target changes where it would run onto a neighbouring row.
+    rows: BatchRows | None = None
     declared_at: SourceLocation = attrs.field(
         factory=_declaration_site, kw_only=True, eq=False, repr=False
     )

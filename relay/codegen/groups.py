@@ -11,6 +11,7 @@ import torch
 from relay.codegen import naming
 from relay.codegen.report import EXAMPLE, Collector, got, is_int_dtype, valid_path
 from relay.schema import (
+    BatchRows,
     Field,
     FromPayload,
     HostCopy,
@@ -46,6 +47,12 @@ def _group_paths(f: Field) -> list[tuple[str, object, SourceLocation]]:
         found.append(("Scatter(offsets=...)", scatter.offsets, scatter.declared_at))
         found.append(("Scatter(lengths=...)", scatter.lengths, scatter.declared_at))
         found.append(("Scatter(when=...)", scatter.when, scatter.declared_at))
+        rows = scatter.rows
+        if isinstance(rows, BatchRows):
+            found.append(("BatchRows(starts=...)", rows.starts, rows.declared_at))
+            found.append(("BatchRows(index=...)", rows.index, rows.declared_at))
+        elif rows is not None:
+            found.append(("Scatter(rows=...)", rows, scatter.declared_at))
     if isinstance(host, HostCopy):
         found.append(("HostCopy(mirror=...)", host.mirror, host.declared_at))
         found.append(("HostCopy(sum=...)", host.sum, host.declared_at))
@@ -59,7 +66,7 @@ def _group_paths(f: Field) -> list[tuple[str, object, SourceLocation]]:
         elif kv is not None:
             found.append(("Tails(kv=...)", kv, tails.declared_at))
     optional = {"Scatter(lengths=...)", "Scatter(when=...)", "HostCopy(mirror=...)"}
-    optional.update(("HostCopy(sum=...)", "Tails(prefix=...)"))
+    optional.update(("HostCopy(sum=...)", "Tails(prefix=...)", "BatchRows(index=...)"))
     return [(o, v, at) for o, v, at in found if v is not None or o not in optional]
 
 
@@ -81,6 +88,14 @@ def check_groups(c: Collector, f: Field) -> None:
                 f"Tails(kv=...) must be a TailsKv(locations=..., table=...) (got "
                 f"{got(value)})",
                 'write kv=TailsKv(locations="out_cache_loc", table="req_to_token")',
+                at,
+            )
+        elif option == "Scatter(rows=...)":
+            c.add(
+                f,
+                f"Scatter(rows=...) must be a BatchRows(starts=..., index=...) or None "
+                f"(got {got(value)})",
+                'write rows=BatchRows(starts="query_start_loc"), or leave it out',
                 at,
             )
         elif not valid_path(value):
@@ -173,6 +188,15 @@ def check_scatter(c: Collector, f: Field, at: SourceLocation | None = None) -> N
             "Scatter(lengths=...) lays its first values: a field takes one of them",
             "count the values with lengths=... (0 where none are laid), or keep "
             "when=... and remove lengths=...",
+            scatter.declared_at,
+        )
+    if scatter.rows is not None and scatter.after is not None:
+        c.add(
+            f,
+            "Scatter(rows=...) bounds each request's whole span, which starts at the "
+            f"field the chain starts with; this field lays its values after "
+            f"{scatter.after!r}'s",
+            "declare rows=BatchRows(...) once, on the scatter field without after=...",
             scatter.declared_at,
         )
     if isinstance(f.shape, tuple) and len(f.shape) > 1:

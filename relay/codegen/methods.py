@@ -25,6 +25,7 @@ from relay.schema import (
     IfNone,
     Lane,
     Resolve,
+    Scatter,
     Schema,
     TargetShape,
     resolve_method,
@@ -144,6 +145,11 @@ def resolve_doc(names: Names, f: Field) -> str:
     """The resolve doc string's line for ``f``'s target."""
     later = " (when the latest write carried it, else ``None``)" if f.optional else ""
     scatter = f.scatter
+    inside = (
+        f", inside its row of ``batch.{scatter.rows.starts}``"
+        if scatter is not None and scatter.rows is not None
+        else ""
+    )
     if scatter is not None and (scatter.after or scatter.lengths):
         after = f", after ``{scatter.after}``" if scatter.after else ""
         count = (
@@ -153,12 +159,12 @@ def resolve_doc(names: Names, f: Field) -> str:
         )
         return (
             f"- ``batch.{f.target}``: from each row's ``batch.{scatter.offsets}``"
-            f"{after}, ``{names.buffer[f.name]}[indices]``{count}."
+            f"{inside}{after}, ``{names.buffer[f.name]}[indices]``{count}."
         )
     if scatter is not None:
         return (
-            f"- ``batch.{f.target}``: from each row's ``batch.{scatter.offsets}``, "
-            f"``{names.buffer[f.name]}[indices]``."
+            f"- ``batch.{f.target}``: from each row's ``batch.{scatter.offsets}``"
+            f"{inside}, ``{names.buffer[f.name]}[indices]``."
         )
     if f.resolve is Resolve.PLACEHOLDER:
         return (
@@ -242,7 +248,7 @@ def _scatter_read(
     plan = [
         *_stashed(names, schema, f),
         f"{rows} = {_buf(names, f)}.index_select(0, indices){flat}",
-        join(f"{at} = _rt.scatter_at(", [*args, *_owners(schema)]),
+        join(f"{at} = _rt.scatter_at(", [*args, *_owners(schema), *_bounds(f.scatter)]),
     ]
     return plan, [
         f"{target}.index_copy_(0, {at}, {rows})",
@@ -313,6 +319,7 @@ def _span_read(
         target,
         tup(counts),
         *_owners(schema),
+        *_bounds(scatters[0]),
     ]
     plan = [
         *(line for g in span for line in _stashed(names, schema, g)),
@@ -325,6 +332,16 @@ def _span_read(
     return plan, [
         f"_rt.scatter_span({target}, {at})",
     ]
+
+
+def _bounds(scatter: Scatter) -> list[str]:
+    """``rows=`` of a scatter whose span is bounded by its batch rows: the rows'
+    starts and each request's row (``None``: request ``i`` is row ``i``)."""
+    rows = scatter.rows
+    if rows is None:
+        return []
+    index = f"batch.{rows.index}" if rows.index is not None else "None"
+    return [f"rows=(batch.{rows.starts}, {index})"]
 
 
 def _packed_read(names: Names, f: Field, target: str) -> str:

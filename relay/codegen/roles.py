@@ -1,8 +1,8 @@
 """Roles: every batch attribute path a schema names, with what the map does with it.
 
 One table per schema, in declaration order: the schema's slots and owners (each
-lane's), its optional parents, then each field's target, scatter offsets and counts,
-host copy and sum, and tails paths. Validation refuses, by one rule, a path in two
+lane's), its optional parents, then each field's target, scatter offsets, counts and
+row bounds, host copy and sum, and tails paths. Validation refuses, by one rule, a path in two
 roles that cannot share it, and a path inside another role's path (Note [One role
 per path]); the generator's views read the same table.
 """
@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 import attrs
 
 from relay.schema import (
+    BatchRows,
     Field,
     HostCopy,
     Lane,
@@ -35,6 +36,8 @@ class Kind(enum.Enum):
     SLOTS = "read as slots"
     OWNERS = "read as request ids"
     OFFSETS = "read as start offsets"
+    ROW_STARTS = "read as every batch row's start"
+    ROWS = "read as batch row numbers"
     COUNTS = "read as counts"
     FLAG = "read as a flag"
     TABLE = "read as a request-to-token table"
@@ -119,6 +122,13 @@ def _field_roles(f: Field) -> Iterator[Role]:
             _str(scatter.lengths), "Scatter(lengths=...)", Kind.COUNTS, f, s, True
         )
         yield Role(_str(scatter.when), "Scatter(when=...)", Kind.COUNTS, f, s, True)
+        rows = scatter.rows
+        if isinstance(rows, BatchRows):
+            r = rows.declared_at
+            yield Role(
+                _str(rows.starts), "BatchRows(starts=...)", Kind.ROW_STARTS, f, r, True
+            )
+            yield Role(_str(rows.index), "BatchRows(index=...)", Kind.ROWS, f, r, True)
     if isinstance(f.gate, str):
         yield Role(f.gate, "gate", Kind.FLAG, f, at, skippable=True)
     host = f.host

@@ -499,11 +499,13 @@ def _protocols(names: Names, schema: Schema) -> tuple[ProtocolView, ...]:
 
 def _read_only(f: Field) -> list[tuple[str, str]]:
     """What a resolve of ``f`` only reads on the batch besides its slots: a scatter's
-    offsets, counts and flags, a gate; path and type."""
+    offsets, counts, flags and row bounds, a gate; path and type."""
     found = [(f.gate, "bool")] if isinstance(f.gate, str) else []
     scatter = f.scatter
     if scatter is not None:
         paths = (scatter.offsets, scatter.lengths, scatter.when)
+        if scatter.rows is not None:
+            paths += (scatter.rows.starts, scatter.rows.index)
         found += [(p, "torch.Tensor") for p in paths if p is not None]
     return found
 

@@ -2,7 +2,16 @@
 
 import torch
 
-from relay.schema import Field, Guard, HostCopy, Lane, Scatter, ScheduleSlots, Schema
+from relay.schema import (
+    BatchRows,
+    Field,
+    Guard,
+    HostCopy,
+    Lane,
+    Scatter,
+    ScheduleSlots,
+    Schema,
+)
 
 SCHEMA = Schema(
     name="VllmV1DraftsFutureMap",
@@ -15,7 +24,10 @@ SCHEMA = Schema(
     ``input_ids``, the token at the position before the request's scheduled drafts
     (vLLM's ``cu_num_tokens[i] - 1 - num_draft_tokens[i]``), then those drafts. Every
     other position is the engine's: a request absent from step N keeps the host's ids,
-    whose -1 draft placeholders the engine clamps later. Each request keeps one slot
+    whose -1 draft placeholders the engine clamps later. Each handed-over request's span
+    stays inside its own row of the batch (its row ``token_rows``, every row's start
+    ``query_start_loc``): one running onto the next row, a prefill's first token say,
+    is refused before ``input_ids`` changes. Each request keeps one slot
     for its life, so the step-to-step row map is the slots tensor in row order.
 
     Step N also publishes how many tokens each request kept (its sampled token and the
@@ -31,7 +43,11 @@ SCHEMA = Schema(
             dtype=torch.int32,
             source="sampled_token_ids",
             target="input_ids",
-            resolve=Scatter(offsets="token_positions", rest_checked=False),
+            resolve=Scatter(
+                offsets="token_positions",
+                rows=BatchRows(starts="query_start_loc", index="token_rows"),
+                rest_checked=False,
+            ),
             guard=Guard.NON_NEGATIVE,
             doc="The token step N sampled: the first input of the request's span.",
         ),

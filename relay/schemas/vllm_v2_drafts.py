@@ -2,7 +2,7 @@
 
 import torch
 
-from relay.schema import Field, Guard, Lane, Scatter, Schema
+from relay.schema import BatchRows, Field, Guard, Lane, Scatter, Schema
 
 SCHEMA = Schema(
     name="VllmV2DraftsFutureMap",
@@ -17,7 +17,9 @@ SCHEMA = Schema(
     prefill is done (``seq_len - 1 - n >= prefill_len``: a prompt tail keeps its prompt
     token there), and the ``n`` drafts after it whenever the sequence is past its
     prefill (``seq_len > prefill_len``; 0 counted otherwise). Draft columns past the
-    step's count hold -1, which nothing reads.
+    step's count hold -1, which nothing reads. Each request's span stays inside its
+    row of ``query_start_loc``: one running onto the next row is refused before
+    ``input_ids`` changes.
     """,
     indices="slots",
     owners="req_ids",
@@ -31,7 +33,11 @@ SCHEMA = Schema(
             kept=True,
             source="sampled_token_ids",
             target="input_ids",
-            resolve=Scatter(offsets="logits_starts", when="sampled_ready"),
+            resolve=Scatter(
+                offsets="logits_starts",
+                when="sampled_ready",
+                rows=BatchRows(starts="query_start_loc"),
+            ),
             guard=Guard.NON_NEGATIVE,
             doc="The last token the request sampled (kept while it samples none).",
         ),

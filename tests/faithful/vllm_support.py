@@ -153,6 +153,8 @@ class V1Run:
             token_positions=torch.tensor(
                 [cu[i] - 1 - drafts[order[i].rid] for i in handed], dtype=torch.int32
             ),
+            query_start_loc=torch.tensor([0, *cu], dtype=torch.int32),
+            token_rows=torch.tensor(handed, dtype=torch.int32),
             num_draft_tokens=torch.tensor(
                 [0 if self.engine_drafts else drafts[order[i].rid] for i in handed],
                 dtype=torch.int32,
@@ -326,6 +328,7 @@ class V2Run:
                 [starts[i + 1] - 1 - n for i, n in enumerate(drafts)], dtype=torch.int32
             ),
             sampled_ready=torch.tensor(ready, dtype=torch.bool),
+            query_start_loc=torch.tensor(starts, dtype=torch.int32),
             num_draft_tokens=torch.tensor(
                 [n if p else 0 for n, p in zip(drafts, past)], dtype=torch.int32
             ),
