@@ -19,7 +19,7 @@ import attrs
 import torch
 
 from relay.codegen.literals import doc_text, dtype, shape_literal, string_literal
-from relay.schema import Dim, Field, Lane, Schema, resolve_method
+from relay.schema import BatchRows, Dim, Field, Lane, Schema, resolve_method
 
 #: Every fixed name a generated module binds or uses: module imports and aliases,
 #: method names and parameters, ``self`` attributes and locals. A field, source, dim or schema name equal to one of these (as Python sees
@@ -226,6 +226,9 @@ def field_paths(f: Field) -> list[str]:
     paths: list[object] = [f.target, f.gate]
     if f.scatter is not None:
         paths += [f.scatter.offsets, f.scatter.lengths, f.scatter.when]
+        rows = f.scatter.rows
+        if isinstance(rows, BatchRows):
+            paths += [rows.starts, rows.index]
     if f.host is not None:
         paths += [f.host.mirror, f.host.sum]
     if f.tails is not None:

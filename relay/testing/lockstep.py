@@ -114,6 +114,8 @@ def _scatter_paths(f: FieldDecl) -> list[str]:
     """The offsets and counts a scatter field ``f`` reads, those it declares."""
     scatter = f.scatter
     paths = (scatter.offsets, scatter.lengths, scatter.when) if scatter else ()
+    if scatter is not None and scatter.rows is not None:
+        paths += (scatter.rows.starts, scatter.rows.index)
     return [p for p in paths if p is not None]
 
 
@@ -198,6 +200,13 @@ def _new_batch(
         starts = [sum(sizes[:request]) for request in range(n)]
         assert first.scatter is not None
         set_path(batch, first.scatter.offsets, torch.tensor(starts, dtype=torch.int64))
+        for f in fields:  # each request's row: its span and its gap
+            rows = f.scatter.rows if f.scatter else None
+            if rows is not None:
+                ends = torch.tensor([*starts, sum(sizes)], dtype=torch.int64)
+                set_path(batch, rows.starts, ends)
+                if rows.index is not None:
+                    set_path(batch, rows.index, torch.arange(n))
     for f in schema.fields:  # a gated field: this batch's rows hold it
         if isinstance(f.gate, str):
             set_path(batch, f.gate, True)

@@ -18,7 +18,7 @@ import pytest
 import torch
 from vllm_support import V1Run, V2Run, lookup_plant, run_v1, run_v2
 
-from relay import RelayDebugError
+from relay import RelayDebugError, RelayError
 from relay.testing import Namespace
 from relay.testing.vllm_reference import V2Runner
 
@@ -135,6 +135,56 @@ def test_each_planted_bug_is_named_with_its_cause_and_request(
     """Planted into the V1 schedule above, each bug is named by debug mode: the map,
     the field, the cause and the request's id."""
     _planted(plant, message)
+
+
+class ExtraDraftOntoAPrefill:
+    """One draft more than the batch laid out for a handed-over request whose next row
+    is one relay does not write (a prefill, or a request absent from the last step):
+    the extra draft would land on that row's first token. The producer made it."""
+
+    def __init__(self) -> None:
+        #: The planted batch, its ``input_ids`` before the resolve, the request's id.
+        self.planted: tuple[Namespace, list[int], str] | None = None
+
+    def __call__(self, batch: Namespace, run: V1Run) -> None:
+        rows = batch.token_rows.tolist()
+        ends = batch.query_start_loc.tolist()
+        for j, row in enumerate(rows):
+            nxt = row + 1
+            count = int(batch.num_draft_tokens[j])
+            if nxt < len(ends) - 1 and nxt not in rows and count < run.prev_width:
+                batch.num_draft_tokens = batch.num_draft_tokens.clone()
+                batch.num_draft_tokens[j] = count + 1
+                self.planted = (batch, batch.input_ids.tolist(), batch.req_ids[j])
+                return
+
+
+@pytest.mark.parametrize("debug", [False, True], ids=["debug-off", "debug-on"])
+def test_an_extra_draft_onto_the_next_prefill_row_is_refused(debug: bool) -> None:
+    """Planted into V1's schedule, with debug mode off and on: refused before
+    ``input_ids`` changes, naming the map, the field, the request's id, its row and
+    the fix (the map's positions outside the handed-over spans are the engine's, so
+    this is the batch rows' check, not debug mode's placeholder check)."""
+    run = V1Run(3, debug=debug)
+    plant = ExtraDraftOntoAPrefill()
+    for _ in range(200):
+        try:
+            run.step(plant)
+        except RelayError as error:
+            assert plant.planted is not None, error
+            batch, before, rid = plant.planted
+            assert re.match(
+                rf"VllmV1DraftsFutureMap\.draft_tokens: request '{rid}' \(row \d+, "
+                r"slot \d+\) would lay its \d value\(s\) at positions \d+ to \d+, "
+                r"outside its batch row \d+ \(positions \d+ to \d+ by "
+                r"batch\.query_start_loc\): position \d+ is batch row \d+'s first, "
+                r"another request's\. Lay out each request's row",
+                str(error),
+            ), str(error)
+            assert not isinstance(error, RelayDebugError)
+            assert batch.input_ids.tolist() == before
+            return
+    raise AssertionError("the extra draft was never refused")
 
 
 def test_the_v2_model_follows_the_prefill_rule() -> None:

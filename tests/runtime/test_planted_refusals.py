@@ -11,6 +11,7 @@ import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import attrs
 import pytest
 import torch
 from relay_runtime_support import GUARD_S, thread_streams
@@ -18,7 +19,17 @@ from schedule_support import SEEDS, replaying, seed_id
 
 from relay import RelayError
 from relay.cpu_stream import Gate, ThreadStream
-from relay.schema import Field, Guard, HostCopy, Lane, Scatter, Schema, Tails, TailsKv
+from relay.schema import (
+    BatchRows,
+    Field,
+    Guard,
+    HostCopy,
+    Lane,
+    Scatter,
+    Schema,
+    Tails,
+    TailsKv,
+)
 from relay.testing import Namespace, load_map_class
 
 pytestmark = pytest.mark.usefixtures("clocks_on", "schedule")
@@ -78,18 +89,36 @@ CHAIN = Schema(
 )
 
 
+#: CHAIN with every batch row's bounds declared: rows 0 and 1 are the two requests',
+#: row 2 a prefill row the scatter does not write.
+BOUNDED = attrs.evolve(
+    CHAIN,
+    fields=[
+        attrs.evolve(
+            CHAIN.fields[0],
+            resolve=Scatter(
+                offsets="starts", rows=BatchRows(starts="row_starts", index="rows")
+            ),
+        ),
+        CHAIN.fields[1],
+    ],
+)
+
+
 def _chain_steps(
-    debug: bool, counts: list[int]
+    debug: bool, counts: list[int], schema: Schema = CHAIN
 ) -> tuple[Namespace, BaseException | None]:
     """Step N stashes two requests' token and 3 drafts; step N+1 lays them at 0 and 4
-    with ``counts`` drafts each (3 and 2 laid out)."""
-    cls = load_map_class(CHAIN)
+    with ``counts`` drafts each (3 and 2 laid out), then a prefill row at 7."""
+    cls = load_map_class(schema)
     payload = importlib.import_module(cls.__module__).PlantedChainPayload
     relay = cls("cpu", 8, debug=debug)
     batch = Namespace(
         req_pool_indices=torch.tensor([2, 4]),
         starts=torch.tensor([0, 4]),
         counts=torch.tensor(counts),
+        row_starts=torch.tensor([0, 4, 7, 8]),
+        rows=torch.tensor([0, 1]),
         input_ids=torch.tensor([PAD, PAD, PAD, PAD, PAD, PAD, PAD, 99]),
     )
     stash = payload(
@@ -137,14 +166,36 @@ def test_a_planted_count_is_refused_before_the_write(
 
 def test_a_planted_span_over_a_prefill_token_is_named_in_debug_mode() -> None:
     """Request 1's 3 drafts where 2 were laid out run over position 7, the first token
-    of a row the scatter does not write (a prefill row: 99). Only debug mode can tell
-    (the map knows the scattered requests' starts only: docs/schema.md)."""
+    of a row the scatter does not write (a prefill row: 99). Without the batch's rows
+    declared only debug mode can tell (the map knows the scattered requests' starts
+    only: docs/schema.md)."""
     batch, error = _chain_steps(True, [3, 3])
     assert isinstance(error, RelayError), error
     assert "PlantedChainFutureMap.drafts: the request in row 1 (slot 4)" in str(
         error
     ), error
     assert "position 7" in str(error) and "99" in str(error), error
+    assert batch.input_ids.tolist() == [PAD] * 7 + [99]
+
+
+@MODES
+def test_a_planted_span_over_a_prefill_token_is_refused_with_rows_declared(
+    debug: bool,
+) -> None:
+    """The same span, with ``Scatter(rows=BatchRows(...))``: refused in both modes,
+    naming the map, the field, the request, its row and the fix, nothing written; the
+    counts the batch laid out run clean."""
+    batch, error = _chain_steps(debug, [3, 2], BOUNDED)
+    assert error is None, error
+    assert batch.input_ids.tolist() == [10, 11, 12, 13, 20, 21, 22, 99]
+    batch, error = _chain_steps(debug, [3, 3], BOUNDED)
+    assert isinstance(error, RelayError), error
+    assert str(error).startswith(
+        "PlantedChainFutureMap.drafts: the request in row 1 (slot 4) would lay its 3 "
+        "value(s) at positions 5 to 7, outside its batch row 1 (positions 4 to 6 by "
+        "batch.row_starts): position 7 is batch row 2's first, another request's. "
+        "Lay out each request's row for the values it is handed"
+    ), error
     assert batch.input_ids.tolist() == [PAD] * 7 + [99]
 
 
