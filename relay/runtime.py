@@ -18,6 +18,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import cast
 
+import numpy as np
 import torch
 
 from relay.cpu_stream import host_order_place
@@ -876,14 +877,69 @@ def _rows_fit(
     owners: Owners | None = None,
 ) -> None:
     """On the host: each request's span (``widths``, or ``counts`` where given, of
-    each field in turn from its start) inside its own batch row; the first that is
-    not refused, naming the request and the field (Note [Row-bounded scatters])."""
+    each field in turn from its start) inside its own batch row, and no row paired
+    with two requests; else the first that is not refused, naming the request and the
+    field (Note [Row-bounded scatters])."""
+    row_starts, index = bounds
+    n = starts.numel()
+    if n > HOST_POSITIONS_IN_PYTHON_MAX and starts.is_cpu:
+        # numpy reads them in place: one view op per tensor, no data op.
+        at = starts.numpy()
+        span = sum(
+            (np.full(n, w) if c is None else c.numpy() for w, c in zip(widths, counts)),
+            np.zeros(n, dtype=np.int64),
+        )
+        live = span > 0
+        rows = (np.arange(n) if index is None else index.numpy())[live]
+        ends = row_starts.numpy()
+        known = (rows >= 0) & (rows < ends.size - 1)
+        if known.all() and np.unique(rows).size == rows.size:
+            first = at[live]
+            if ((first >= ends[rows]) & (first + span[live] <= ends[rows + 1])).all():
+                return
+    else:
+        at_l: list[int] = starts.tolist()
+        ends_l: list[int] = row_starts.tolist()
+        rows_l: list[int] = list(range(n)) if index is None else index.tolist()
+        spans = [0] * n
+        for w, c in zip(widths, counts):
+            each = [w] * n if c is None else cast(list[int], c.tolist())
+            spans = [a + b for a, b in zip(spans, each)]
+        m = len(ends_l) - 1
+        seen: set[int] = set()
+        for a, r, length in zip(at_l, rows_l, spans):
+            if length and (
+                not 0 <= r < m
+                or r in seen
+                or not ends_l[r] <= a <= ends_l[r + 1] - length
+            ):
+                break
+            if length:
+                seen.add(r)
+        else:
+            return
+    _name_row(s, fields, indices, starts, widths, counts, bounds, owners)
+
+
+def _name_row(
+    s: MapState,
+    fields: tuple[int, ...],
+    indices: torch.Tensor,
+    starts: torch.Tensor,
+    widths: list[int],
+    counts: list[torch.Tensor | None],
+    bounds: tuple[torch.Tensor, torch.Tensor | None],
+    owners: Owners | None = None,
+) -> None:
+    """Refuse the first request paired with no row of the batch, or with a row another
+    request has, or whose span leaves its row, once ``_rows_fit`` found one."""
     table = s.table
     n = starts.numel()
     row_starts, index = bounds
     ends: list[int] = row_starts.tolist()
     at: list[int] = starts.tolist()
     rows: list[int] = list(range(n)) if index is None else index.tolist()
+    slots: list[int] = indices.reshape(-1).tolist()
     taken = [
         [w] * n if c is None else cast(list[int], c.tolist())
         for w, c in zip(widths, counts)
@@ -896,7 +952,7 @@ def _rows_fit(
         if not any(each[j] for each in taken):
             continue  # places nothing
         r = rows[j]
-        whose = request_at(j, int(indices.reshape(-1)[j]), owners)
+        whose = request_at(j, slots[j], owners)
         if not 0 <= r < len(ends) - 1:
             raise RelayError(
                 f"{table.what(fields[0])}: {whose} is paired with batch row {r} "
@@ -905,7 +961,7 @@ def _rows_fit(
                 "batch. Nothing was written"
             )
         if r in held:
-            other = request_at(held[r], int(indices.reshape(-1)[held[r]]), owners)
+            other = request_at(held[r], slots[held[r]], owners)
             raise RelayError(
                 f"{table.what(fields[0])}: {whose} and {other} are both paired with "
                 f"batch row {r} (batch.{scatter.rows.index}): one would overwrite the "

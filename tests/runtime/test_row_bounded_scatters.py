@@ -273,3 +273,53 @@ def test_vllm_v2_a_span_longer_than_its_row_is_refused(debug: bool) -> None:
         "to 1 by batch.query_start_loc)"
     ), raised.value
     assert batch.input_ids.tolist() == [PAD, PAD, *PROMPT]
+
+
+@MODES
+@pytest.mark.parametrize(
+    "index", ["rows", None], ids=["rows-named", "request-i-is-row-i"]
+)
+def test_many_requests_are_checked_the_same(debug: bool, index: str | None) -> None:
+    """Above ``HOST_POSITIONS_IN_PYTHON_MAX`` requests the host check reads through
+    numpy: the same spans pass, and the same one past its row is refused."""
+    n = runtime.HOST_POSITIONS_IN_PYTHON_MAX + 12
+    cls = load_map_class(_chain(index))
+    payload = importlib.import_module(cls.__module__).BoundedPayload
+    relay = cls("cpu", n + 1, debug=debug)
+    slots = torch.arange(1, n + 1)
+    relay.stash(
+        slots,
+        payload(
+            tok=torch.arange(n),
+            drafts=torch.arange(3 * n).reshape(n, 3),
+            counts=torch.full((n,), 3),
+        ),
+    )
+    # Every request's row is 4 positions: its token and 3 drafts; a prefill row of 2
+    # follows the last when ``index`` names the rows.
+    ends = torch.arange(0, 4 * n + 1, 4)
+    batch = Namespace(
+        req_pool_indices=slots,
+        starts=ends[:-1].clone(),
+        counts=torch.full((n,), 3),
+        row_starts=torch.cat([ends, torch.tensor([4 * n + 2])]) if index else ends,
+        input_ids=torch.tensor([PAD] * 4 * n + PROMPT[:2]),
+    )
+    if index is not None:
+        batch.rows = torch.arange(n)
+    relay.resolve_future(batch)
+    assert batch.input_ids[:8].tolist() == [0, 0, 1, 2, 1, 3, 4, 5]
+    relay.stash(
+        slots,
+        payload(
+            tok=torch.arange(n),
+            drafts=torch.arange(3 * n).reshape(n, 3),
+            counts=torch.full((n,), 3),
+        ),
+    )
+    batch.input_ids = torch.tensor([PAD] * 4 * n + PROMPT[:2])
+    batch.starts = batch.starts.clone()
+    batch.starts[n - 1] += 1  # its last draft past its row, on the prefill's token
+    with pytest.raises(RelayError, match=rf"row {n - 1} \(slot {n}\) would lay"):
+        relay.resolve_future(batch)
+    assert batch.input_ids.tolist() == [PAD] * 4 * n + PROMPT[:2]
