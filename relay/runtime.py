@@ -819,9 +819,10 @@ def _name_span(
 # (a span of no values is not placed). On the CPU, in both modes, and in debug mode
 # on every device, the starts are read on the host and the first span outside its row
 # is refused, naming the request, the field and the row, as is a row outside the
-# batch or shared by two requests; off the CPU with debug off, a span outside its row
-# (or a row outside the batch) is a device-side assert (``assert_rows``: a few ops, no
-# sync). Either way before the target changes.
+# batch or shared by two requests; off the CPU with debug off, one device-side assert
+# (``assert_rows``: a few ops, no sync) refuses the same, and row starts out of order,
+# so the handed-over spans are kept apart there too. Either way before the target
+# changes.
 
 #: ``rows=`` of a bounded scatter's plan: ``batch.<starts>`` (every batch row's start,
 #: then the last row's end) and ``batch.<index>`` (each request's row; ``None`` where
@@ -998,10 +999,14 @@ def assert_rows(
     bounds: tuple[torch.Tensor, torch.Tensor | None],
     what: str,
 ) -> None:
-    """Off the CPU, each request's span of ``span`` positions from its start inside its
-    own batch row, as a device-side assert: no host read (Note [Row-bounded
-    scatters])."""
+    """Off the CPU, as one device-side assert (no host read: Note [Row-bounded
+    scatters]): each request's span of ``span`` positions from its start inside its
+    own batch row, the rows' starts in order and no row paired with two requests, so
+    the spans lie apart from each other too."""
     row_starts, index = bounds
+    if isinstance(span, int) and span == 0:
+        return
+    ordered = (row_starts[1:] >= row_starts[:-1]).all()
     if index is None:
         low, high = row_starts[:-1], row_starts[1:]
         known: torch.Tensor | bool = True
@@ -1011,13 +1016,23 @@ def assert_rows(
         low, high = row_starts.index_select(0, row), row_starts.index_select(0, row + 1)
     inside = known & (starts >= low) & (starts + span <= high)
     if isinstance(span, torch.Tensor):
-        inside = inside | (span == 0)
-    elif span == 0:
-        return
+        placed = span != 0
+        inside = inside | ~placed
+    if index is not None:  # a request placing nothing takes no row
+        own = (
+            index
+            if isinstance(span, int)
+            else torch.where(
+                placed, index, -1 - torch.arange(index.numel(), device=index.device)
+            )
+        )
+        taken = own.sort().values
+        ordered = ordered & (taken[1:] > taken[:-1]).all()
     torch._assert_async(
-        inside.all(),
+        inside.all() & ordered,
         f"{what}: a request's span runs outside its batch row (or its row is not "
-        "one of the batch's)",
+        "one of the batch's, or is another request's, or the rows' starts are out "
+        "of order)",
     )
 
 

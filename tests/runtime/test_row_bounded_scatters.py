@@ -163,8 +163,8 @@ def test_row_starts_that_are_not_one_per_request_are_refused(debug: bool) -> Non
 
 def test_off_the_host_a_span_out_of_its_row_is_a_device_assert() -> None:
     """Off the CPU the rows are not read back: ``torch._assert_async`` refuses a span
-    outside its row, or a row outside the batch, on the device (it raises at once on
-    the CPU)."""
+    outside its row, a row outside the batch or taken by two requests, and row starts
+    out of order, on the device (it raises at once on the CPU)."""
     starts = torch.tensor([0, 4, 7, 10])
     at = torch.tensor([0, 4])
     runtime.assert_rows(at, torch.tensor([4, 3]), (starts, torch.tensor([0, 1])), "M")
@@ -175,6 +175,15 @@ def test_off_the_host_a_span_out_of_its_row_is_a_device_assert() -> None:
             runtime.assert_rows(
                 at, torch.tensor(span), (starts, torch.tensor(rows)), "M"
             )
+    # Both inside row 1, apart: still one row for two requests.
+    two = (starts, torch.tensor([1, 1]))
+    with pytest.raises(RuntimeError, match=r"or is another request's"):
+        runtime.assert_rows(torch.tensor([4, 5]), torch.tensor([1, 1]), two, "M")
+    runtime.assert_rows(torch.tensor([4, 5]), torch.tensor([1, 0]), two, "M")
+    # Row starts out of order: rows that are not a partition of the target.
+    shuffled = (torch.tensor([0, 8, 4, 10]), torch.tensor([0, 2]))
+    with pytest.raises(RuntimeError, match=r"the rows' starts are out of order"):
+        runtime.assert_rows(torch.tensor([0, 4]), torch.tensor([4, 2]), shuffled, "M")
 
 
 # --- the bundled vLLM maps ----------------------------------------------------------------
