@@ -19,6 +19,7 @@ from relay.codegen.loader import load_schema
 from relay.maps.decode import DecodeFutureMap
 from relay.schema import (
     Alloc,
+    BatchRows,
     Field,
     Guard,
     HostCopy,
@@ -232,7 +233,11 @@ def _every_option() -> Schema:
                 lane=Lane.FORWARD,
                 dtype=torch.int64,
                 target="draft_ids",
-                resolve=Scatter(offsets="draft_starts", when="bonus_ready"),
+                resolve=Scatter(
+                    offsets="draft_starts",
+                    when="bonus_ready",
+                    rows=BatchRows(starts="draft_rows", index="draft_row_of"),
+                ),
             ),
             Field(
                 "drafts",
@@ -309,6 +314,7 @@ def test_a_schema_with_every_option_runs_in_lockstep_through_its_own_table(
     groups: list[Any] = [f.resolve for f in schema.fields if f.scatter is not None]
     groups += [f.host for f in schema.fields] + [f.tails for f in schema.fields]
     groups += [f.tails.kv for f in schema.fields if f.tails is not None]
+    groups += [f.scatter.rows for f in schema.fields if f.scatter is not None]
     if separate:
         groups.append(schema.schedule)
     declared = {
@@ -318,7 +324,8 @@ def test_a_schema_with_every_option_runs_in_lockstep_through_its_own_table(
         for a in attrs.fields(type(g))
         if getattr(g, a.name) != a.default
     }
-    kinds = [Scatter, HostCopy, Tails, TailsKv, *([ScheduleSlots] if separate else [])]
+    kinds = [Scatter, BatchRows, HostCopy, Tails, TailsKv]
+    kinds += [ScheduleSlots] if separate else []
     every = {
         (k.__name__, a.name)
         for k in kinds
