@@ -503,9 +503,9 @@ def _read_only(f: Field) -> list[tuple[str, str]]:
     found = [(f.gate, "bool")] if isinstance(f.gate, str) else []
     scatter = f.scatter
     if scatter is not None:
-        paths = (scatter.offsets, scatter.lengths, scatter.when)
-        if scatter.rows is not None:
-            paths += (scatter.rows.starts, scatter.rows.index)
+        rows = scatter.rows
+        paths = [scatter.offsets, scatter.lengths, scatter.when]
+        paths += [rows.starts, rows.index] if rows is not None else []
         found += [(p, "torch.Tensor") for p in paths if p is not None]
     return found
 

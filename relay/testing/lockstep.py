@@ -111,11 +111,14 @@ def _host_paths(f: FieldDecl) -> list[str]:
 
 
 def _scatter_paths(f: FieldDecl) -> list[str]:
-    """The offsets and counts a scatter field ``f`` reads, those it declares."""
+    """The offsets, counts and row bounds a scatter field ``f`` reads, those it
+    declares."""
     scatter = f.scatter
-    paths = (scatter.offsets, scatter.lengths, scatter.when) if scatter else ()
-    if scatter is not None and scatter.rows is not None:
-        paths += (scatter.rows.starts, scatter.rows.index)
+    if scatter is None:
+        return []
+    rows = scatter.rows
+    paths = [scatter.offsets, scatter.lengths, scatter.when]
+    paths += [rows.starts, rows.index] if rows is not None else []
     return [p for p in paths if p is not None]
 
 
