@@ -834,9 +834,10 @@ def _bounds(
     s: MapState, i: int, rows: Bounds, n: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Field ``i``'s scatter's row starts and each request's row (Note [Row-bounded
-    scatters]) as int64 on ``device``; refused, before anything is written, unless
-    the starts are one integer vector with a start per row and the last row's end, and
-    the rows one integer per request (or, without them, a row per request)."""
+    scatters]), as the batch holds them (int32 is read as it is: no op); refused,
+    before anything is written, unless the starts are one integer vector on
+    ``device`` with a start per row and the last row's end, and the rows one integer
+    per request (or, without them, a row per request)."""
     scatter = s.table.fields[i].scatter
     assert scatter is not None and scatter.rows is not None
     declared = scatter.rows
@@ -844,15 +845,21 @@ def _bounds(
     rows_given = index is not None
     if (
         type(starts) is torch.Tensor
-        and starts.dtype in (torch.int64, torch.int32)
+        and (starts.dtype is torch.int64 or starts.dtype is torch.int32)
         and starts.ndim == 1
         and starts.device == device
         and (starts.numel() >= 2 if rows_given and n else starts.numel() == n + 1)
     ):
-        at = starts if starts.dtype is torch.int64 else starts.long()
         if index is None:
-            return at, None
-        return at, _per_request(s, i, declared.index, index, n, device)
+            return starts, None
+        if (
+            type(index) is torch.Tensor
+            and (index.dtype is torch.int64 or index.dtype is torch.int32)
+            and index.shape == (n,)
+            and index.device == device
+        ):
+            return starts, index
+        return starts, _per_request(s, i, declared.index, index, n, device)  # refused
     got = (
         f"a {starts.dtype} tensor of shape {tuple(starts.shape)} on {starts.device}"
         if isinstance(starts, torch.Tensor)
