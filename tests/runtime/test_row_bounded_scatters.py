@@ -10,13 +10,16 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+import attrs
 import pytest
 import torch
 
 from relay import RelayError, runtime
 from relay.maps.vllm_v1_drafts import VllmV1DraftsFutureMap, VllmV1DraftsPayload
 from relay.maps.vllm_v2_drafts import VllmV2DraftsFutureMap, VllmV2DraftsPayload
+from relay.opcount import count_ops
 from relay.schema import BatchRows, Field, Guard, Lane, Scatter, Schema
+from relay.schemas.vllm_v1_drafts import SCHEMA as V1_SCHEMA
 from relay.testing import Namespace, load_map_class
 
 PAD = -1
@@ -332,3 +335,42 @@ def test_many_requests_are_checked_the_same(debug: bool, index: str | None) -> N
     with pytest.raises(RelayError, match=rf"row {n - 1} \(slot {n}\) would lay"):
         relay.resolve_future(batch)
     assert batch.input_ids.tolist() == [PAD] * 4 * n + PROMPT[:2]
+
+
+def _resolve_ops(cls: Any) -> tuple[str, ...]:
+    """The data ops of ``cls``'s resolve of ``_v1``'s batch, 2 drafts scheduled."""
+    payload = importlib.import_module(cls.__module__).__dict__[
+        cls.__name__.replace("FutureMap", "Payload")
+    ]
+    relay = cls("cpu", 4, num_speculative_tokens=3)
+    relay.stash(
+        torch.tensor([1]),
+        payload(
+            sampled_token_ids=torch.tensor([7], dtype=torch.int32),
+            draft_token_ids=torch.tensor([[31, 32, 33]], dtype=torch.int32),
+            num_draft_tokens=torch.tensor([3], dtype=torch.int32),
+        ),
+        owners=["req-a"],
+    )
+    _, batch = _v1(False, 2)
+    ops = count_ops(lambda: relay.resolve_future(batch)).data
+    assert batch.input_ids.tolist() == [7, 31, 32, *PROMPT]
+    return ops
+
+
+def test_the_row_check_dispatches_no_op_on_the_cpu() -> None:
+    """With debug off the CPU check reads the int32 row starts and rows as they are:
+    the bounded V1 map's resolve dispatches exactly the data ops of the same map
+    without ``rows``."""
+    first = V1_SCHEMA.fields[0]
+    assert first.scatter is not None and first.scatter.rows is not None
+    unbounded = attrs.evolve(
+        V1_SCHEMA,
+        name="UnboundedV1FutureMap",
+        fields=[
+            attrs.evolve(first, resolve=attrs.evolve(first.scatter, rows=None)),
+            *V1_SCHEMA.fields[1:],
+        ],
+    )
+    bounded = _resolve_ops(VllmV1DraftsFutureMap)
+    assert bounded == _resolve_ops(load_map_class(unbounded))
