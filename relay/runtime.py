@@ -648,7 +648,27 @@ def span_at(
         for i, count in zip(fields, counts):
             if count is not None:  # Note [Counted scatters]: a row laid 0 is unread
                 s.unread[i] = count == 0
-    elif host:
+    else:
+        planned = (starts, widths, room)
+        _checked_span(s, fields, indices, planned, size, host, bounds, owners)
+    return _span_places(s, fields, blocks, starts, widths, counts, host, fixed)
+
+
+def _checked_span(
+    s: MapState,
+    fields: tuple[int, ...],
+    indices: torch.Tensor,
+    places: tuple[torch.Tensor, list[int], list[torch.Tensor | None]],
+    size: int,
+    host: bool,
+    bounds: tuple[torch.Tensor, torch.Tensor | None] | None,
+    owners: Owners | None = None,
+) -> None:
+    """Debug off, a span's checks (Note [Scatter destinations]): on the host every
+    count and span, read as lists; elsewhere device-side asserts. ``places``: the
+    starts, and each field's width and room (its count, or ``None``: its width)."""
+    starts, widths, room = places
+    if host:
         taken = 0
         counted: list[torch.Tensor] = []
         counted_widths: list[int] = []
@@ -662,15 +682,14 @@ def span_at(
             _name_span(s, fields, indices, starts, widths, room, size, owners)
         if bounds is not None:
             _rows_fit(s, fields, indices, starts, widths, room, bounds, owners)
-    else:
-        span: torch.Tensor | int = 0
-        for i, width, count in zip(fields, widths, room):
-            if count is not None:
-                assert_counts(count, width, table.what(i))
-            span = span + (width if count is None else count)
-        if bounds is not None:
-            assert_rows(starts, span, bounds, table.what(fields[0]))
-    return _span_places(s, fields, blocks, starts, widths, counts, host, fixed)
+        return
+    span: torch.Tensor | int = 0
+    for i, width, count in zip(fields, widths, room):
+        if count is not None:
+            assert_counts(count, width, s.table.what(i))
+        span = span + (width if count is None else count)
+    if bounds is not None:
+        assert_rows(starts, span, bounds, s.table.what(fields[0]))
 
 
 def scatter_span(target: torch.Tensor, span: Span) -> None:
