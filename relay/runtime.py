@@ -927,23 +927,29 @@ def _rows_fit(
     else:
         at_l: list[int] = starts.tolist()
         ends_l: list[int] = row_starts.tolist()
-        rows_l: list[int] = list(range(n)) if index is None else index.tolist()
-        spans = [0] * n
-        for w, c in zip(widths, counts):
-            each = [w] * n if c is None else cast(list[int], c.tolist())
-            spans = [a + b for a, b in zip(spans, each)]
-        m = len(ends_l) - 1
-        seen: set[int] = set()
-        for a, r, length in zip(at_l, rows_l, spans):
-            if length and (
-                not 0 <= r < m
-                or r in seen
-                or not ends_l[r] <= a <= ends_l[r + 1] - length
-            ):
-                break
-            if length:
-                seen.add(r)
+        fixed = sum(w for w, c in zip(widths, counts) if c is None)
+        each = [cast(list[int], c.tolist()) for c in counts if c is not None]
+        spans: Sequence[int] = (
+            [fixed] * n
+            if not each
+            else [fixed + c for c in each[0]]
+            if len(each) == 1
+            else [fixed + sum(cs) for cs in zip(*each)]
+        )
+        if index is None:  # request i is row i: rows apart by construction
+            rows_ok = all(
+                lo <= a <= hi - length or not length
+                for a, lo, hi, length in zip(at_l, ends_l, ends_l[1:], spans)
+            )
         else:
+            m = len(ends_l) - 1
+            rows_l: list[int] = index.tolist()
+            placed = [r for r, length in zip(rows_l, spans) if length]
+            rows_ok = len(set(placed)) == len(placed) and all(
+                not length or (0 <= r < m and ends_l[r] <= a <= ends_l[r + 1] - length)
+                for a, r, length in zip(at_l, rows_l, spans)
+            )
+        if rows_ok:
             return
     _name_row(s, fields, indices, starts, widths, counts, bounds, owners)
 
