@@ -18,7 +18,7 @@ from relay.bench.sides import SEQ_LENS_PLUS_ONE, Batch, Shape, advance_seq_lens
 from relay.codegen.layout import packed_groups
 from relay.cpu_stream import CpuEvent
 from relay.device import CpuPolicy, HostMirror, policy_for
-from relay.runtime import HOST_SLOTS_IN_PYTHON_MAX, HOST_SUM_IN_PYTHON_MAX
+from relay.runtime import HOST_SLOTS_IN_PYTHON_MAX, HOST_SUM_IN_PYTHON_MAX, slot_set
 from relay.schema import Field, Lane, Resolve, Schema, TargetShape, resolve_method
 
 __all__ = ["Plain", "Unsupported", "build_plain", "slot_check"]
@@ -30,11 +30,8 @@ class Unsupported(Exception):
 
 def slot_check(slots: str, pool: str, batch: int) -> list[str]:
     """relay's host check of a CPU write's ``slots``: a list up to 32, else ``aminmax``."""
-    if batch <= HOST_SLOTS_IN_PYTHON_MAX:
-        return [
-            f"s = {slots}.tolist()",
-            f"if min(s) < 0 or max(s) >= {pool}: raise IndexError(s)",
-        ]
+    if batch <= HOST_SLOTS_IN_PYTHON_MAX:  # S: the pool's slots (runtime.slot_set)
+        return [f"if not S.issuperset({slots}.tolist()): raise IndexError({slots})"]
     return [
         f"lo, hi = {slots}.aminmax()",
         f"if lo.tolist() < 0 or hi.tolist() >= {pool}: raise IndexError({slots})",
@@ -78,6 +75,7 @@ class _Builder:
                 kind = "scatter" if f.scatter else getattr(f.resolve, "value", "?")
                 raise Unsupported(f"{f.name} resolves by {kind}")
         self.ns["P"] = relay_map.pool_size
+        self.ns["S"] = slot_set(relay_map.pool_size)
         self._buffers(relay_map)
 
     def _value(self, f: Field) -> torch.Tensor | None:

@@ -13,7 +13,11 @@ import attrs
 import torch
 
 from relay.bench.timing import quartiles, time_interleaved, timer_for
-from relay.runtime import HOST_POSITIONS_IN_PYTHON_MAX, HOST_SLOTS_IN_PYTHON_MAX
+from relay.runtime import (
+    HOST_POSITIONS_IN_PYTHON_MAX,
+    HOST_SLOTS_IN_PYTHON_MAX,
+    slot_set,
+)
 
 __all__ = ["SpanWork", "measure", "plain_step", "relay_step", "render", "workload"]
 
@@ -81,7 +85,7 @@ def plain_step(
     cols = torch.arange(DRAFTS, device=device)
     input_ids = torch.full((work.size,), -1, device=device)
     check = check and device.type == "cpu"
-    few = idx.numel() <= HOST_SLOTS_IN_PYTHON_MAX
+    few, slots = idx.numel() <= HOST_SLOTS_IN_PYTHON_MAX, slot_set(POOL)
     size = input_ids.numel()
 
     def apart(starts: torch.Tensor, counts: torch.Tensor) -> None:
@@ -108,9 +112,8 @@ def plain_step(
 
     def step() -> None:
         if check and few:
-            s = idx.tolist()
-            if min(s) < 0 or max(s) >= POOL:
-                raise IndexError(s)
+            if not slots.issuperset(idx.tolist()):
+                raise IndexError(idx)
         elif check:
             lo, hi = idx.aminmax()
             if cast(int, lo.tolist()) < 0 or cast(int, hi.tolist()) >= POOL:

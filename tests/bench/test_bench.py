@@ -283,7 +283,8 @@ def test_the_floors_resolve_the_same_values(
 def test_the_floor_is_plain_tensor_methods() -> None:
     """No relay Python and no op overloads: the calls are tensor methods on bound
     tensors, the fence's bound record and wait, the driver's own ``seq_lens + 1``, and
-    the host check's list read, ``min``, ``max`` and ``IndexError``."""
+    the host check's list read, its test against the pool's slot set ``S`` and
+    ``IndexError``."""
     for pair, generated in FOUND:
         shape = PLAIN_SHAPES[pair.spec][0]
         _, _, plain, _ = _generated_and_plain(pair, generated, shape)
@@ -293,8 +294,9 @@ def test_the_floor_is_plain_tensor_methods() -> None:
             bound = {n for n in names if n in plain.namespace}
             assert all(
                 isinstance(plain.namespace[n], (torch.Tensor, tuple, sides.Batch))
-                for n in bound - {"record", "wait", "advance", "P"}
+                for n in bound - {"record", "wait", "advance", "P", "S"}
             ), (pair.schema, bound)
+            assert "S" not in bound or isinstance(plain.namespace["S"], frozenset)
 
 
 def test_a_step_the_floor_does_not_write_is_refused() -> None:
