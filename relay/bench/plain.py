@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
 import torch
 
-from relay.bench.sides import SEQ_LENS_PLUS_ONE, Batch, Shape, advance_seq_lens
+from relay.bench.sides import SEQ_LENS_PLUS_ONE, Batch, Shape, Side, advance_seq_lens
 from relay.codegen.layout import packed_groups
 from relay.cpu_stream import CpuEvent
 from relay.device import CpuPolicy, HostMirror, policy_for
@@ -39,20 +39,16 @@ def slot_check(slots: str, pool: str, batch: int) -> list[str]:
 
 
 @attrs.define
-class Plain:
-    """A floor: its source, one function per method of the step, and its batch."""
+class Plain(Side):
+    """A floor, driven as a side: one function per method of the step, its source, the
+    names they read, and the workload's values they read (``v_<name>``)."""
 
-    source: str
-    calls: tuple[tuple[str, Callable[[], None]], ...]
-    batch: Batch
-    namespace: dict[str, Any]
-    sources: tuple[str, ...]
-
-    def step(self) -> None:
-        for _, call in self.calls:
-            call()
+    source: str = ""
+    namespace: dict[str, Any] = attrs.field(factory=dict)
+    sources: tuple[str, ...] = ()
 
     def bind(self, values: Mapping[str, torch.Tensor | None]) -> None:
+        """Rebind the workload's values (after ``Workload.renew``)."""
         self.namespace.update((f"v_{s}", values[s]) for s in self.sources)
 
 
@@ -244,4 +240,4 @@ def build_plain(
     text = "\n".join(source) + "\n"
     exec(compile(text, "<relay bench floor>", "exec"), b.ns)  # noqa: S102
     calls = tuple((name, b.ns[f"m{m}"]) for m, (name, _) in enumerate(bodies))
-    return Plain(text, calls, b.batch, b.ns, tuple(b.sources))
+    return Plain(None, b.batch, calls, None, text, b.ns, tuple(b.sources))
