@@ -18,24 +18,15 @@ from relay.bench.sides import SEQ_LENS_PLUS_ONE, Batch, Shape, Side, advance_seq
 from relay.codegen.layout import packed_groups
 from relay.cpu_stream import CpuEvent
 from relay.device import CpuPolicy, HostMirror, policy_for
-from relay.runtime import HOST_SLOTS_IN_PYTHON_MAX, HOST_SUM_IN_PYTHON_MAX, slot_set
+from relay.runtime import HOST_SLOTS_IN_PYTHON_MAX as SLOTS_LISTED
+from relay.runtime import HOST_SUM_IN_PYTHON_MAX, slot_set
 from relay.schema import Field, Lane, Resolve, Schema, TargetShape, resolve_method
 
-__all__ = ["Plain", "Unsupported", "build_plain", "slot_check"]
+__all__ = ["Plain", "Unsupported", "build_plain"]
 
 
 class Unsupported(Exception):
     """A step the floor does not write (placeholders, scatters): no floor is reported."""
-
-
-def slot_check(slots: str, pool: str, batch: int) -> list[str]:
-    """relay's host check of a CPU write's ``slots``: a list up to 32, else ``aminmax``."""
-    if batch <= HOST_SLOTS_IN_PYTHON_MAX:  # S: the pool's slots (runtime.slot_set)
-        return [f"if not S.issuperset({slots}.tolist()): raise IndexError({slots})"]
-    return [
-        f"lo, hi = {slots}.aminmax()",
-        f"if lo.tolist() < 0 or hi.tolist() >= {pool}: raise IndexError({slots})",
-    ]
 
 
 @attrs.define
@@ -117,9 +108,14 @@ class _Builder:
             self.ns["wait"] = functools.partial(policy.wait, event)
 
     def writes(self, fields: Sequence[Field], check: bool) -> list[str]:
-        lines = []
-        if check and self.device.type == "cpu":
-            lines += slot_check("idx", "P", self.shape.batch)
+        lines = []  # relay's host check of the slots (S: the pool's, runtime.slot_set)
+        if check and self.device.type == "cpu" and self.shape.batch <= SLOTS_LISTED:
+            lines.append("if not S.issuperset(idx.tolist()): raise IndexError(idx)")
+        elif check and self.device.type == "cpu":
+            lines.append("lo, hi = idx.aminmax()")
+            lines.append(
+                "if lo.tolist() < 0 or hi.tolist() >= P: raise IndexError(idx)"
+            )
         for f in fields:
             if f"b_{f.name}" not in self.ns:
                 continue  # a lazy field never carried: the map writes nothing either

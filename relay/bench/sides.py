@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import types
 from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any
 
@@ -15,8 +16,9 @@ import torch
 from relay.bench import baseline as hand
 from relay.schema import Field, Schema
 
-__all__ = ["PAIRS", "SEQ_LENS_PLUS_ONE", "Batch", "Generated", "Pair", "Shape", "Side"]
-__all__ += ["Workload", "advance_seq_lens", "buffer_bytes", "compare_values"]
+__all__ = ["PAIRS", "SEQ_LENS_PLUS_ONE", "SPEC_READS", "Batch", "Generated", "Pair"]
+__all__ += ["Shape", "Side", "Workload", "advance_seq_lens", "buffer_bytes"]
+__all__ += ["compare_values"]
 __all__ += ["differences", "discover", "observed", "pair_sides", "same"]
 
 #: The driver's own step where a map relays no lengths.
@@ -116,23 +118,15 @@ def discover(
     return found, skipped
 
 
-@attrs.define(slots=False)
-class SpecInfo:
-    future_indices: torch.Tensor | None = None
-    bonus_tokens: torch.Tensor | None = None
-    topk_p: torch.Tensor | None = None
-    topk_index: torch.Tensor | None = None
-    hidden_states: torch.Tensor | None = None
-    draft_probs: torch.Tensor | None = None
-    dsa_topk_indices: torch.Tensor | None = None
-    future_dsa_topk_indices_available: bool = False
-    accept_tokens: torch.Tensor | None = None
-    accept_lens: torch.Tensor | None = None
+#: What a resolve hands the next forward through the batch's draft input.
+SPEC_READS: tuple[str, ...] = ("topk_p", "topk_index", "hidden_states")
+SPEC_READS += ("draft_probs", "dsa_topk_indices", "accept_tokens", "accept_lens")
 
 
 @attrs.define(slots=False)
 class Batch:
-    """A scheduler batch: every attribute the maps read and write in a decode step."""
+    """A scheduler batch: every attribute the maps read and write in a decode step; its
+    draft input (``spec_info``) holds the slots, the bonus tokens and ``SPEC_READS``."""
 
     req_pool_indices: torch.Tensor
     req_pool_indices_cpu: torch.Tensor
@@ -140,14 +134,18 @@ class Batch:
     seq_lens: torch.Tensor
     seq_lens_cpu: torch.Tensor
     seq_lens_sum: int
-    spec_info: SpecInfo = attrs.field(factory=SpecInfo)
+    spec_info: Any
 
     @staticmethod
     def new(indices: torch.Tensor, seq_lens: torch.Tensor) -> Batch:
         host = seq_lens.cpu().clone()
+        spec_info = types.SimpleNamespace(
+            future_indices=indices, bonus_tokens=None,
+            future_dsa_topk_indices_available=False, **dict.fromkeys(SPEC_READS),
+        )  # fmt: skip
         return Batch(
             indices, indices.cpu(), torch.zeros_like(indices), seq_lens.clone(), host,
-            int(host.sum()), SpecInfo(future_indices=indices),
+            int(host.sum()), spec_info,
         )  # fmt: skip
 
 
@@ -341,10 +339,7 @@ def observed(batch: Batch, with_seq_lens: bool) -> Iterator[tuple[str, object]]:
     spec = batch.spec_info
     tokens = spec.bonus_tokens if spec.bonus_tokens is not None else batch.input_ids
     yield "next tokens", tokens
-    for name in (
-        *("topk_p", "topk_index", "hidden_states", "draft_probs"),
-        *("dsa_topk_indices", "accept_tokens", "accept_lens"),
-    ):
+    for name in SPEC_READS:
         yield f"spec_info.{name}", getattr(spec, name)
     if with_seq_lens:
         yield "seq_lens", batch.seq_lens

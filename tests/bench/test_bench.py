@@ -139,8 +139,8 @@ def test_the_graphs_values_reach_the_batch() -> None:
         work.renew(shape, g, spec=True)
         for side in both:
             side.check_step()
-            assert torch.equal(side.batch.spec_info.bonus_tokens, bonus)
-            assert torch.equal(side.batch.seq_lens, work.values["new_seq_lens"])
+            assert sides.same(side.batch.spec_info.bonus_tokens, bonus)
+            assert sides.same(side.batch.seq_lens, work.values["new_seq_lens"])
 
 
 @pytest.mark.parametrize("name", ["sglang_eagle", "sglang_eagle/graph", "sglang_ngram"])
@@ -160,7 +160,7 @@ def test_the_faithful_steps_follow_the_draft_inputs_slots(name: str) -> None:
             assert count_ops(call).data == ()
         after = dict(sides.observed(side.batch, True))
         assert all(after[key] is value for key, value in before.items())
-        side.batch.spec_info = None  # type: ignore[assignment]
+        side.batch.spec_info = None
         for _, call in resolves:
             assert count_ops(call).data == ()
 
