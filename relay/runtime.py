@@ -711,10 +711,10 @@ def _checked_span(
             else:
                 counted.append(count)
                 counted_widths.append(width)
-        if not _spans_ok(starts, counted, counted_widths, taken, size):
+        if not _spans_ok(starts, counted, counted_widths, taken, size, bounds):
             _name_span(s, fields, indices, starts, widths, room, size, owners)
-        if bounds is not None:
-            _rows_fit(s, fields, indices, starts, widths, room, bounds, owners)
+            if bounds is not None:
+                _rows_fit(s, fields, indices, starts, widths, room, bounds, owners)
         return
     span: torch.Tensor | int = 0
     for i, width, count in zip(fields, widths, room):
@@ -750,11 +750,13 @@ def _spans_ok(
     widths: list[int],
     fixed: int,
     size: int,
+    bounds: tuple[torch.Tensor, torch.Tensor | None] | None = None,
 ) -> bool:
     """On the host, whether each of ``counts`` is 0 to its ``widths`` and each request's
-    span (``fixed`` plus its counts, from its start) lies inside ``size`` positions and
-    ends before the next request's starts. Requests out of start order fail here and
-    ``_name_span`` decides (Note [Scatter destinations])."""
+    span (``fixed`` plus its counts, from its start) lies inside ``size`` positions,
+    ends before the next request's starts, and (``bounds``) lies inside its own batch
+    row. Requests out of start order fail here and ``_name_span`` decides (Note
+    [Scatter destinations])."""
     n = starts.numel()
     if n <= HOST_POSITIONS_IN_PYTHON_MAX:
         at: list[int] = starts.tolist()  # no op dispatched
@@ -768,13 +770,17 @@ def _spans_ok(
                 if a < end:
                     return False
                 end = a + fixed
+            spans = [fixed] * n
         else:
-            spans = taken[0] if len(taken) == 1 else map(sum, zip(*taken))
+            laid = taken[0] if len(taken) == 1 else [sum(c) for c in zip(*taken)]
+            spans = [fixed + c for c in laid]
             for a, span in zip(at, spans):
                 if a < end:
                     return False
-                end = a + fixed + span
-        return end <= size
+                end = a + span
+        if end > size:
+            return False
+        return bounds is None or _rows_ok(at, spans, bounds)
     # Above, numpy reads them in place: one view op per tensor, no data op.
     at_np = starts.numpy()
     ends = at_np
@@ -784,6 +790,8 @@ def _spans_ok(
             return False
         ends = ends + made
     if n > 1 and (at_np[1:] - ends[:-1]).min() < fixed:
+        return False
+    if bounds is not None and not _rows_ok_np(at_np, ends + fixed - at_np, bounds):
         return False
     return bool(at_np[0] >= 0 and ends[-1] + fixed <= size)
 
@@ -940,51 +948,62 @@ def _rows_fit(
     each field in turn from its start) inside its own batch row, and no row paired
     with two requests; else the first that is not refused, naming the request and the
     field (Note [Row-bounded scatters])."""
-    row_starts, index = bounds
     n = starts.numel()
+    fixed = sum(w for w, c in zip(widths, counts) if c is None)
+    counted = [c for c in counts if c is not None]
     if n > HOST_POSITIONS_IN_PYTHON_MAX and starts.is_cpu:
-        # numpy reads them in place: one view op per tensor, no data op.
-        at = starts.numpy()
-        span = sum(
-            (np.full(n, w) if c is None else c.numpy() for w, c in zip(widths, counts)),
-            np.zeros(n, dtype=np.int64),
-        )
-        live = span > 0
-        rows = (np.arange(n) if index is None else index.numpy())[live]
-        ends = row_starts.numpy()
-        known = (rows >= 0) & (rows < ends.size - 1)
-        if known.all() and np.unique(rows).size == rows.size:
-            first = at[live]
-            if ((first >= ends[rows]) & (first + span[live] <= ends[rows + 1])).all():
-                return
+        spans = sum((c.numpy() for c in counted), np.full(n, fixed))
+        ok = _rows_ok_np(starts.numpy(), spans, bounds)
     else:
-        at_l: list[int] = starts.tolist()
-        ends_l: list[int] = row_starts.tolist()
-        fixed = sum(w for w, c in zip(widths, counts) if c is None)
-        each = [cast(list[int], c.tolist()) for c in counts if c is not None]
-        spans: Sequence[int] = (
-            [fixed] * n
-            if not each
-            else [fixed + c for c in each[0]]
-            if len(each) == 1
-            else [fixed + sum(cs) for cs in zip(*each)]
-        )
-        if index is None:  # request i is row i: rows apart by construction
-            rows_ok = all(
-                lo <= a <= hi - length or not length
-                for a, lo, hi, length in zip(at_l, ends_l, ends_l[1:], spans)
-            )
-        else:
-            m = len(ends_l) - 1
-            rows_l: list[int] = index.tolist()
-            placed = [r for r, length in zip(rows_l, spans) if length]
-            rows_ok = len(set(placed)) == len(placed) and all(
-                not length or (0 <= r < m and ends_l[r] <= a <= ends_l[r + 1] - length)
-                for a, r, length in zip(at_l, rows_l, spans)
-            )
-        if rows_ok:
-            return
-    _name_row(s, fields, indices, starts, widths, counts, bounds, owners)
+        each = [cast(list[int], c.tolist()) for c in counted]
+        spans_l = [fixed + sum(c) for c in zip(*each)] if each else [fixed] * n
+        ok = _rows_ok(starts.tolist(), spans_l, bounds)
+    if not ok:
+        _name_row(s, fields, indices, starts, widths, counts, bounds, owners)
+
+
+def _rows_ok(
+    at: list[int],
+    spans: list[int],
+    bounds: tuple[torch.Tensor, torch.Tensor | None],
+) -> bool:
+    """Whether each request's span of ``spans[j]`` positions from ``at[j]`` lies inside
+    its own batch row, no row taken twice (a span of no positions is not placed)."""
+    row_starts, index = bounds
+    ends: list[int] = row_starts.tolist()
+    if index is None:  # request i is row i: rows apart by construction
+        for a, low, high, span in zip(at, ends, ends[1:], spans):
+            if span and not low <= a <= high - span:
+                return False
+        return True
+    last = len(ends) - 2
+    seen: set[int] = set()
+    for a, r, span in zip(at, index.tolist(), spans):
+        if span:
+            if (
+                not 0 <= r <= last
+                or r in seen
+                or not ends[r] <= a <= ends[r + 1] - span
+            ):
+                return False
+            seen.add(r)
+    return True
+
+
+def _rows_ok_np(
+    at: np.ndarray, spans: np.ndarray, bounds: tuple[torch.Tensor, torch.Tensor | None]
+) -> bool:
+    """``_rows_ok`` through numpy, for many requests: one view op per tensor."""
+    row_starts, index = bounds
+    live = spans > 0
+    rows = (np.arange(at.size) if index is None else index.numpy())[live]
+    ends = row_starts.numpy()
+    if not ((rows >= 0) & (rows < ends.size - 1)).all():
+        return False
+    if np.unique(rows).size != rows.size:
+        return False
+    first = at[live]
+    return bool(((first >= ends[rows]) & (first + spans[live] <= ends[rows + 1])).all())
 
 
 def _name_row(
