@@ -92,6 +92,7 @@ INDEXED = pytest.mark.parametrize(
 @MODES
 @INDEXED
 def test_spans_inside_their_rows_are_laid_in(debug: bool, index: str | None) -> None:
+    """The counts each row was laid out for: every value in place, in both modes."""
     relay, batch = _bounded(debug, index, [3, 2])
     relay.resolve_future(batch)
     assert batch.input_ids.tolist() == [10, 11, 12, 13, 20, 21, 22, *PROMPT]
@@ -141,6 +142,8 @@ def test_a_span_onto_the_previous_row_is_refused(debug: bool) -> None:
 def test_a_request_paired_with_no_row_of_its_own_is_refused(
     debug: bool, rows: list[int], why: str
 ) -> None:
+    """A row the batch does not have, or one two requests share: refused, nothing
+    written."""
     relay, batch = _bounded(debug, "rows", [0, 0])
     batch.starts = torch.tensor([4, 5])  # apart, both inside row 1
     batch.rows = torch.tensor(rows)
