@@ -19,7 +19,7 @@ import attrs
 import torch
 
 from relay.codegen.literals import doc_text, dtype, shape_literal, string_literal
-from relay.schema import Dim, Field, Lane, Schema, resolve_method
+from relay.schema import Dim, Field, Lane, Schema, Switch, resolve_method
 
 #: Every fixed name a generated module binds or uses: module imports and aliases,
 #: method names and parameters, ``self`` attributes and locals. A field, source, dim or schema name equal to one of these (as Python sees
@@ -65,6 +65,7 @@ RESERVED = frozenset(
         "state",
         "stream_ordered",
         "partial",
+        "handle",
         # attributes of the map
         "_state",
     }
@@ -264,7 +265,25 @@ def bound_names(schema: Schema) -> frozenset[str]:
             names.update(
                 {packed_buffer(f.dtype), packed_widths(f.dtype), packed_rows(f.dtype)}
             )
+    names.update(switch_keywords(schema.fields))
+    if schema.staged is not None:
+        names.update({schema.staged.method, staged_protocol(schema)})
     return frozenset(names)
+
+
+def switch_keywords(fields: tuple[Field, ...]) -> list[str]:
+    """The ``Switch`` keywords in first-use order: the constructor's bool keywords."""
+    seen: list[str] = []
+    for f in fields:
+        if isinstance(f.gate, Switch) and f.gate.keyword not in seen:
+            seen.append(f.gate.keyword)
+    return seen
+
+
+def staged_protocol(schema: Schema) -> str:
+    """The Protocol of the draft input a ``Staged`` method fills (``EagleStagedSpecInfo``)."""
+    parent = schema.indices.rsplit(".", 1)[0]
+    return f"{prefix(schema)}Staged{''.join(_camel(p) for p in parent.split('.'))}"
 
 
 def eager_shape(field: Field) -> str:
