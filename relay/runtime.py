@@ -297,7 +297,7 @@ def switch(s: MapState, keyword: str, value: bool) -> bool:
     if not isinstance(value, bool):
         raise TypeError(
             f"{s.table.owner}: {keyword} must be a bool saying whether this map relays "
-            f"the fields switched by it (got {value!r} that is a "
+            f"the fields switched by it (got {value!r} of type "
             f"{type(value).__name__}); pass {keyword}=True or {keyword}=False"
         )
     for i, f in enumerate(s.table.fields):

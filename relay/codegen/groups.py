@@ -484,8 +484,8 @@ def check_switches(c: Collector, fields: list[Field]) -> None:
         if problem is not None:
             c.add(
                 f,
-                f"Switch(keyword=...) names the constructor keyword that turns the "
-                f"field on or off; {got(keyword)} {problem}",
+                "Switch(keyword=...) names the constructor keyword that turns the "
+                f"field on or off; {keyword!r} {problem}",
                 'name it after what the map relays, e.g. gate=Switch("need_topk")',
                 f.gate.declared_at,
             )
@@ -515,8 +515,8 @@ def check_staged(c: Collector, fields: list[Field]) -> None:
     if problem is not None:
         c.add(
             None,
-            f"Staged(method=...) names the method that fills a staged draft input; "
-            f"{got(staged.method)} {problem}",
+            "Staged(method=...) names the method that fills a staged draft input; "
+            f"{staged.method!r} {problem}",
             'name it after what it builds, e.g. Staged("make_staged_spec_input")',
             at,
         )
