@@ -61,8 +61,10 @@ def test_a_switch_keyword_the_constructor_cannot_take(
     _module(
         project,
         [
-            'Field("w", lane=Lane.FORWARD, dtype=torch.int64, shape=("width",), '
-            'target="spec_info.w"),',
+            (
+                'Field("w", lane=Lane.FORWARD, dtype=torch.int64, shape=("width",), '
+                'target="spec_info.w"),'
+            ),
             f'extra("probs", target="spec_info.probs", gate=Switch({keyword!r})),',
         ],
     )
@@ -80,8 +82,10 @@ def test_a_switch_on_a_required_field(project: Project) -> None:
     _module(
         project,
         [
-            'Field("t", lane=Lane.FORWARD, dtype=torch.int64, target="spec_info.t", '
-            'gate=Switch("need_t")),'
+            (
+                'Field("t", lane=Lane.FORWARD, dtype=torch.int64, target="spec_info.t", '
+                'gate=Switch("need_t")),'
+            )
         ],
     )
     line = line_of(project.schemas / "bad.py", "need_t")
