@@ -472,7 +472,10 @@ def check_schedule_slots(c: Collector, fields: list[Field]) -> None:
 def check_switches(c: Collector, fields: list[Field]) -> None:
     """``gate=Switch(keyword)``: a constructor keyword of its own (the rule that a gate
     sits on an optional gathered forward field is the gate's, in validate.py)."""
-    dims = set(naming.symbolic_dims(tuple(fields)))
+    if not any(isinstance(f.gate, Switch) for f in fields):
+        return
+    shaped = tuple(f for f in fields if isinstance(f.shape, tuple))
+    dims = set(naming.symbolic_dims(shaped))
     buffers = {naming.buffer(f) for f in fields if f.graph_written}
     for f in fields:
         if not isinstance(f.gate, Switch):

@@ -337,6 +337,10 @@ class Names:
     doc: dict[str, str]
     #: The constructor's symbolic dims, in first-use order.
     dims: tuple[str, ...]
+    #: The constructor's ``Switch`` keywords, in first-use order.
+    switches: tuple[str, ...]
+    #: The Protocol of the draft input a ``Staged`` method fills (``""`` without one).
+    staged: str
     #: The Protocol of each object a batch path goes through, by the path's parts and
     #: whether it is the schedule lane's batch.
     nested: dict[tuple[tuple[str, ...], bool], str]
@@ -380,6 +384,8 @@ def names_of(schema: Schema) -> Names:
     values = {f.name: value_local(f) for f in fields}
     placeholders = {f.name: placeholder_locals(f) for f in fields}
     dims = tuple(symbolic_dims(fields))
+    switches = tuple(switch_keywords(fields))
+    staged = staged_protocol(schema) if schema.staged is not None else ""
     # Last, in one loop: what is spelled as a literal (Python source of a text).
     literal = string_literal(schema.name)
     literals: dict[str, str] = {}
@@ -407,6 +413,8 @@ def names_of(schema: Schema) -> Names:
         dtype=spelled,
         doc=docs,
         dims=dims,
+        switches=switches,
+        staged=staged,
         nested=nested,
         packed=packed,
         taken=frozenset(taken),

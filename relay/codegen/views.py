@@ -180,7 +180,7 @@ def _init(
     made = [f for f in schema.fields if f.alloc is Alloc.EAGER]  # through ``state``
     bound = "state = self._state" if made else "self._state"
     stmts.append(Statement(f"{bound} = _rt.MapState(_TABLE, device, pool_size, debug)"))
-    for k in naming.switch_keywords(schema.fields):
+    for k in names.switches:
         spelled = literals.string_literal(k)
         stmts.append(Statement(f"self.{k} = _rt.switch(self._state, {spelled}, {k})"))
     for g in packed:
@@ -372,7 +372,7 @@ def _methods(names: Names, schema: Schema, bodies: methods.Bodies) -> list[Metho
     head = "def release(self, indices: torch.Tensor) -> None:"
     found.append(Method(head, _RELEASE_DOC, bodies.release))
     if schema.staged is not None:
-        found.append(_staged(schema))
+        found.append(_staged(names, schema))
     reads = [f for f in forward if f.target is not None]
     if reads:
         found.append(_resolve_future(schema, reads, bodies, batch))
@@ -425,21 +425,19 @@ def _staged_members(schema: Schema) -> list[tuple[str, str, Field | None]]:
     return found
 
 
-def _staged_protocol(schema: Schema) -> ProtocolView:
+def _staged_protocol(names: Names, schema: Schema) -> ProtocolView:
     parent = schema.indices.rsplit(".", 1)[0]
     doc = f"A fresh ``batch.{parent}`` the map fills for staged requests."
     attributes = (Attribute(n, t, True) for n, t, _f in _staged_members(schema))
-    return ProtocolView(
-        naming.staged_protocol(schema), literals.doc_text(doc), tuple(attributes)
-    )
+    return ProtocolView(names.staged, literals.doc_text(doc), tuple(attributes))
 
 
-def _staged(schema: Schema) -> Method:
+def _staged(names: Names, schema: Schema) -> Method:
     """The ``Staged`` method: the slots, and each gate set to whether the map carries
     its field now (a kept field once carried stays carried)."""
     assert schema.staged is not None
     parent = schema.indices.rsplit(".", 1)[0]
-    handle = f"handle: {naming.staged_protocol(schema)}"
+    handle = f"handle: {names.staged}"
     head = f"def {schema.staged.method}(self, indices: torch.Tensor, {handle}) -> None:"
     doc = [
         f"Fill ``handle``, a fresh ``batch.{parent}`` for requests whose rows the map",
@@ -684,7 +682,7 @@ def map_view(schema: Schema, *, source: str) -> MapView:
     first_line = cleaned.split("\n")[0] if cleaned else schema.name
     protocols = _protocols(names, schema)
     if schema.staged is not None:
-        protocols = (_staged_protocol(schema), *protocols)
+        protocols = (_staged_protocol(names, schema), *protocols)
     forward = _lane(schema, Lane.FORWARD)
     exports = [schema.name, *(p.name for p in protocols)]
     if forward:
@@ -725,7 +723,7 @@ def map_view(schema: Schema, *, source: str) -> MapView:
                     for f in schema.fields
                     if f.graph_written
                 ),
-                *(f"{k}: bool = True" for k in naming.switch_keywords(schema.fields)),
+                *(f"{k}: bool = True" for k in names.switches),
                 "debug: bool = False",
             ]
         ),

@@ -225,6 +225,12 @@ def _same(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
+def _switches(schema: Schema, data: st.DataObject) -> dict[str, bool]:
+    """Each ``Switch`` keyword drawn: some runs' maps are built not to relay a field."""
+    named = [f.gate.keyword for f in schema.fields if isinstance(f.gate, Switch)]
+    return {k: data.draw(st.booleans()) for k in dict.fromkeys(named)}
+
+
 class _Driver:
     """One lockstep run: the map, the model, the streams, and what may be read next."""
 
@@ -265,9 +271,7 @@ class _Driver:
                 assert isinstance(f.dtype, torch.dtype)
                 shape = (pool_size, *self._row_shape(f))
                 keywords[f"{f.name}_buf"] = torch.zeros(shape, dtype=f.dtype)
-        # Switched fields: some runs' maps are built not to relay them.
-        named = [f.gate.keyword for f in schema.fields if isinstance(f.gate, Switch)]
-        switches = {k: data.draw(st.booleans()) for k in dict.fromkeys(named)}
+        switches = _switches(schema, data)
         keywords.update(switches)
         self.map = map_cls(device, pool_size, debug=debug, **keywords)
         self.tails_fields = [f for f in schema.fields if f.tails is not None]
