@@ -271,8 +271,7 @@ class _Driver:
                 assert isinstance(f.dtype, torch.dtype)
                 shape = (pool_size, *self._row_shape(f))
                 keywords[f"{f.name}_buf"] = torch.zeros(shape, dtype=f.dtype)
-        switches = _switches(schema, data)
-        keywords.update(switches)
+        keywords.update(switches := _switches(schema, data))
         self.map = map_cls(device, pool_size, debug=debug, **keywords)
         self.tails_fields = [f for f in schema.fields if f.tails is not None]
         # Graph-written schedule rows not yet behind a publish's fence.
