@@ -8,7 +8,8 @@ its lengths, waiting or stream-ordered, the forward resolves its draft input,
 verification publishes and stashes again, on some EAGLE runs through buffers a captured
 graph wrote), may be stashed again keeping extras, leave a staging area (a stash of its
 last token alone and a fresh draft input from ``make_staged_spec_input``), ride in a
-mixed batch as a decode tail (EAGLE only: sglang runs no mixed batch with n-gram), and
+mixed batch as a decode tail (EAGLE runs without a staging area only: sglang runs no
+mixed batch with n-gram, nor beside its staging area), and
 ends (its slot released and reused); batches without a draft input pass by. It draws
 only what a correct engine does, so the map may run in debug mode and any report of it
 is a failure too. Some EAGLE runs' backends need no host lengths (no host copy, a mixed
@@ -134,7 +135,8 @@ class Run:
         if self.speculative:
             self.kinds += ["no_draft_input", "no_future_indices"]
         if algorithm == "eagle":
-            self.kinds += ["mixed", "stage", "restash"]
+            # sglang's staging area and mixed chunked prefill exclude each other.
+            self.kinds += ["restash", "stage" if self.rng.random() < 0.4 else "mixed"]
         if not self.overlap:
             self.kinds = ["admit", "sync_mixed", "sync_mixed", "finish"]
 
