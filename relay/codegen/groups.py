@@ -476,14 +476,19 @@ def check_switches(c: Collector, fields: list[Field]) -> None:
         return
     shaped = tuple(f for f in fields if isinstance(f.shape, tuple))
     dims = set(naming.symbolic_dims(shaped))
-    buffers = {naming.buffer(f) for f in fields if f.graph_written}
+    # The map's attributes and methods besides the reserved names: the keyword
+    # becomes an attribute too.
+    taken = {naming.buffer(f) for f in fields} | {naming.host_mirror(f) for f in fields}
+    taken |= {resolve_method(f) for f in fields if f.lane is Lane.SCHEDULE}
     for f in fields:
         if not isinstance(f.gate, Switch):
             continue
         keyword = f.gate.keyword
         problem = naming.identifier_problem(keyword)
-        if problem is None and (keyword in dims or keyword in buffers):
-            problem = "is already a keyword of the constructor (a dim or a buffer)"
+        if problem is None and keyword in dims:
+            problem = "is already a keyword of the constructor (a dim)"
+        elif problem is None and keyword in taken:
+            problem = "is already an attribute or method of the map"
         if problem is not None:
             c.add(
                 f,
@@ -511,10 +516,13 @@ def check_staged(c: Collector, fields: list[Field]) -> None:
     taken = {
         *naming.METHODS,
         *(resolve_method(f) for f in fields if f.lane is Lane.SCHEDULE),
+        *(naming.buffer(f) for f in fields),
+        *(naming.host_mirror(f) for f in fields),
+        *(f.gate.keyword for f in fields if isinstance(f.gate, Switch)),
     }
     problem = naming.identifier_problem(staged.method)
     if problem is None and staged.method in taken:
-        problem = "is a method the generated map has already"
+        problem = "is a method or attribute the generated map has already"
     if problem is not None:
         c.add(
             None,

@@ -51,7 +51,8 @@ def _one_issue(project: Project) -> str:
     [
         ("need topk", "is not a Python identifier"),
         ("debug", "is a name the generated module binds itself"),
-        ("width", "is already a keyword of the constructor (a dim or a buffer)"),
+        ("width", "is already a keyword of the constructor (a dim)"),
+        ("w_buf", "is already an attribute or method of the map"),
     ],
 )
 def test_a_switch_keyword_the_constructor_cannot_take(
@@ -101,7 +102,8 @@ def test_a_switch_on_a_required_field(project: Project) -> None:
     ("method", "why"),
     [
         ("stash", "is a name the generated module binds itself"),
-        ("resolve_seq_lens", "is a method the generated map has already"),
+        ("resolve_seq_lens", "is a method or attribute the generated map has already"),
+        ("lens_buf", "is a method or attribute the generated map has already"),
         ("make-staged", "is not a Python identifier"),
     ],
 )
