@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import attrs
 
 from relay.codegen.layout import PackedGroup
-from relay.codegen.literals import join, plus, string_literal
+from relay.codegen.literals import dtype, join, plus, string_literal
 from relay.codegen.naming import Names
 from relay.schema import (
     Alloc,
@@ -144,6 +144,7 @@ def resolve_doc(names: Names, f: Field) -> str:
     """The resolve doc string's line for ``f``'s target."""
     later = " (when the latest write carried it, else ``None``)" if f.optional else ""
     scatter = f.scatter
+    cast = "" if scatter is None or scatter.cast is None else f", as ``{scatter.cast}``"
     if scatter is not None and (scatter.after or scatter.lengths):
         after = f", after ``{scatter.after}``" if scatter.after else ""
         count = (
@@ -153,12 +154,12 @@ def resolve_doc(names: Names, f: Field) -> str:
         )
         return (
             f"- ``batch.{f.target}``: from each row's ``batch.{scatter.offsets}``"
-            f"{after}, ``{names.buffer[f.name]}[indices]``{count}."
+            f"{after}, ``{names.buffer[f.name]}[indices]``{count}{cast}."
         )
     if scatter is not None:
         return (
             f"- ``batch.{f.target}``: from each row's ``batch.{scatter.offsets}``, "
-            f"``{names.buffer[f.name]}[indices]``."
+            f"``{names.buffer[f.name]}[indices]``{cast}."
         )
     if f.resolve is Resolve.PLACEHOLDER:
         return (
@@ -241,12 +242,19 @@ def _scatter_read(
     args = ["self._state", str(i), f"batch.{offsets}", "indices", target]
     plan = [
         *_stashed(names, schema, f),
-        f"{rows} = {_buf(names, f)}.index_select(0, indices){flat}",
+        f"{rows} = {_buf(names, f)}.index_select(0, indices){flat}{_cast(f)}",
         join(f"{at} = _rt.scatter_at(", [*args, *_owners(schema)]),
     ]
     return plan, [
         f"{target}.index_copy_(0, {at}, {rows})",
     ]
+
+
+def _cast(f: Field) -> str:
+    """The cast of a scatter's gathered rows to its target's dtype, where it declares
+    one (Note [Casting scatters] in runtime.py)."""
+    cast = f.scatter.cast if f.scatter is not None else None
+    return "" if cast is None else f".to({dtype(cast)})"
 
 
 def _scattered(
@@ -317,7 +325,7 @@ def _span_read(
     plan = [
         *(line for g in span for line in _stashed(names, schema, g)),
         *(
-            f"{local} = {_buf(names, g)}.index_select(0, indices)"
+            f"{local} = {_buf(names, g)}.index_select(0, indices){_cast(g)}"
             for g, local in zip(span, locals_)
         ),
         join(f"{at} = _rt.span_at(", args),

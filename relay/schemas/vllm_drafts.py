@@ -1,4 +1,5 @@
-"""Relay of vLLM V1's async hand-over: the sampled token and 0 to K drafts per request."""
+"""Relay of vLLM V1's async hand-over: the sampled token and 0 to K drafts per request,
+sampled as int64 and laid into int32 ``input_ids``."""
 
 import torch
 
@@ -18,11 +19,12 @@ SCHEMA = Schema(
 
     Step N stashes each request's sampled token and its drafts (up to
     ``num_speculative_tokens``, of which ``num_draft_tokens`` are real) into the
-    request's slot. Step N+1, whose rows may be in any order, lays them into its flat
-    ``input_ids``: the sampled token at
-    the request's start offset (vLLM's ``query_start_loc[:-1]``, int32 taken), then the
-    request's scheduled drafts right after it. Each request keeps one slot for its
-    life, so the step-to-step row map is the slots tensor in row order.
+    request's slot, int64 as a sampler makes them. Step N+1, whose rows may be in any
+    order, lays them into its flat int32 ``input_ids``, each value cast as it is laid
+    in: the sampled token at the request's start offset (vLLM's
+    ``query_start_loc[:-1]``, int32 taken), then the request's scheduled drafts right
+    after it. Each request keeps one slot for its life, so the step-to-step row map is
+    the slots tensor in row order.
 
     Step N also publishes each request's draft count; the scheduler looks it up by
     request (its own object's ``slots`` and ``req_ids``, nothing of the forward's
@@ -38,7 +40,7 @@ SCHEMA = Schema(
             dtype=torch.int64,
             source="sampled_token_ids",
             target="input_ids",
-            resolve=Scatter(offsets="query_starts"),
+            resolve=Scatter(offsets="query_starts", cast=torch.int32),
             guard=Guard.NON_NEGATIVE,
             doc="The token step N sampled: the first input of the request's span.",
         ),
@@ -53,6 +55,7 @@ SCHEMA = Schema(
                 offsets="query_starts",
                 lengths="num_draft_tokens",
                 after="sampled_tokens",
+                cast=torch.int32,
             ),
             guard=Guard.NON_NEGATIVE,
             doc="The drafts proposed at step N; the scheduled ones follow the token.",

@@ -330,7 +330,11 @@ def test_the_worked_example_hands_over_what_the_v2_runner_does(k: int) -> None:
             model.set_drafts(rid, proposed[i].tolist(), width)
             made[rid] = width
         relay.post_update(
-            b, torch.tensor(last), torch.tensor(n_sampled), proposed, width
+            b,
+            torch.tensor(last, dtype=torch.int64),
+            torch.tensor(n_sampled),
+            proposed,
+            width,
         )
 
 
