@@ -60,7 +60,8 @@ def relay_step(
     )  # fmt: skip
     batch = types.SimpleNamespace(
         slots=work.slots, req_ids=None, query_starts=work.starts,
-        num_draft_tokens=work.counts, input_ids=torch.full((work.size,), -1, device=device),
+        num_draft_tokens=work.counts,
+        input_ids=torch.full((work.size,), -1, dtype=torch.int32, device=device),
     )  # fmt: skip
 
     def step() -> None:
@@ -79,7 +80,7 @@ def plain_step(
     idx, sampled, drafts = work.slots, work.sampled, work.drafts
     starts32, counts32 = work.starts, work.counts
     cols = torch.arange(DRAFTS, device=device)
-    input_ids = torch.full((work.size,), -1, device=device)
+    input_ids = torch.full((work.size,), -1, dtype=torch.int32, device=device)
     check = check and device.type == "cpu"
     few = idx.numel() <= HOST_SLOTS_IN_PYTHON_MAX
     size = input_ids.numel()
@@ -117,8 +118,8 @@ def plain_step(
                 raise IndexError(idx)
         sampled_buf.index_copy_(0, idx, sampled)
         drafts_buf.index_copy_(0, idx, drafts)
-        a = sampled_buf.index_select(0, idx)
-        b = drafts_buf.index_select(0, idx)
+        a = sampled_buf.index_select(0, idx).int()  # int64 tokens, int32 input_ids
+        b = drafts_buf.index_select(0, idx).int()
         starts = starts32.long()
         counts = counts32.long()
         if check:

@@ -19,12 +19,11 @@ SCHEMA = Schema(
 
     Step N stashes each request's sampled token and its drafts (up to
     ``num_speculative_tokens``, of which ``num_draft_tokens`` are real) into the
-    request's slot, int64 as a sampler makes them. Step N+1, whose rows may be in any
-    order, lays them into its flat int32 ``input_ids``, each value cast as it is laid
-    in: the sampled token at the request's start offset (vLLM's
-    ``query_start_loc[:-1]``, int32 taken), then the request's scheduled drafts right
-    after it. Each request keeps one slot for its life, so the step-to-step row map is
-    the slots tensor in row order.
+    request's slot. Step N+1, whose rows may be in any order, lays them into its flat
+    ``input_ids``: the sampled token at
+    the request's start offset (vLLM's ``query_start_loc[:-1]``, int32 taken), then the
+    request's scheduled drafts right after it. Each request keeps one slot for its
+    life, so the step-to-step row map is the slots tensor in row order.
 
     Step N also publishes each request's draft count; the scheduler looks it up by
     request (its own object's ``slots`` and ``req_ids``, nothing of the forward's

@@ -193,7 +193,9 @@ def _new_batch(
             if when is not None:  # every row laid in: the harness reads them all
                 set_path(batch, when, torch.ones(n, dtype=torch.bool))
         first = fields[0]
-        dtype = first.dtype if isinstance(first.dtype, torch.dtype) else torch.int64
+        laid = first.scatter.cast if first.scatter is not None else None
+        dtype = laid or first.dtype
+        dtype = dtype if isinstance(dtype, torch.dtype) else torch.int64
         set_path(batch, target, torch.full((sum(sizes),), -7, dtype=dtype))
         starts = [sum(sizes[:request]) for request in range(n)]
         assert first.scatter is not None
