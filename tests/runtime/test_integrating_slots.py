@@ -38,7 +38,7 @@ def test_the_guides_slot_table_calls_run() -> None:
         "decode_req_ids": ["r0"],
         "done_step": 0,
         "lookup": Namespace(),
-        "batch": Namespace(input_ids=torch.zeros(3, dtype=torch.int64)),
+        "batch": Namespace(input_ids=torch.zeros(3, dtype=torch.int32)),
         "query_start_loc": torch.tensor([0], dtype=torch.int32),
         "decode_rows": torch.tensor([0]),  # the handed-over rows' positions
         "scheduled_drafts": torch.tensor([1], dtype=torch.int32),
