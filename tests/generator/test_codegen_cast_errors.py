@@ -6,10 +6,12 @@ the line of the field, with the fix; the casts that keep values generate."""
 from __future__ import annotations
 
 import pytest
+import torch
 from codegen_support import Project, line_of
 
-from relay.codegen import explicit_job, plan
+from relay.codegen import explicit_job, files, plan
 from relay.errors import SchemaError
+from relay.schema import Field, Lane, Scatter, Schema
 
 PRELUDE = (
     "import torch\n\nfrom relay.schema import Field, Lane, Scatter, Schema\n\n"
@@ -150,3 +152,20 @@ def test_a_cast_that_keeps_each_values_kind_generates(
     _write(project, fields)
     (planned,) = plan(explicit_job([project.schemas / "bad.py"], project.maps))
     assert ".index_select(0, indices).to(torch." in planned.content
+
+
+def test_a_scatter_without_a_cast_hashes_as_before_the_option() -> None:
+    """``cast`` at its default is not hashed: a schema that declares none keeps the
+    hash relay recorded before the option existed, so ``relay generate --check`` after
+    an upgrade does not call it changed; declaring one changes it."""
+
+    def schema(scatter: Scatter) -> Schema:
+        token = Field(
+            "tok", lane=Lane.FORWARD, dtype=torch.int64, target="ids", resolve=scatter
+        )
+        return Schema("TokFutureMap", [token])
+
+    plain = files.schema_hash(schema(Scatter(offsets="starts")))
+    assert files.schema_hash(schema(Scatter(offsets="starts", cast=None))) == plain
+    cast = schema(Scatter(offsets="starts", cast=torch.int32))
+    assert files.schema_hash(cast) != plain
