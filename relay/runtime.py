@@ -164,6 +164,8 @@ class Table:
             i for i, f in enumerate(self.fields) if f.lane is Lane.SCHEDULE
         )
         self.readers = tuple(_reader(f) for f in self.fields)
+        #: Each scatter field's declared target dtype (Note [Casting scatters]).
+        self.casts = tuple(f.scatter.cast if f.scatter else None for f in self.fields)
 
     def what(self, i: int) -> str:
         """How messages name field ``i``: ``Map.field``."""
@@ -418,8 +420,7 @@ def read_slots(s: MapState, op: str, indices: torch.Tensor) -> torch.Tensor:
 
 def _laid(s: MapState, i: int) -> torch.dtype | None:
     """The dtype field ``i``'s scatter lays into its target (Note [Casting scatters])."""
-    scatter = s.table.fields[i].scatter
-    cast = scatter.cast if scatter is not None else None
+    cast = s.table.casts[i]
     return cast if cast is not None else s.dtypes[i]
 
 
