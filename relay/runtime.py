@@ -91,7 +91,6 @@ __all__ = [
     "guard_positive",
     "host_sum",
     "lazy_buffer",
-    "narrowed",
     "never_stashed",
     "parent_is_none",
     "publish",
@@ -470,7 +469,7 @@ def _target(s: MapState, i: int, target: object) -> int:
 # wraps, as torch's cast does.
 
 
-def narrowed(f: Field) -> torch.dtype | None:
+def _narrowed(f: Field) -> torch.dtype | None:
     """The integer dtype ``f``'s scatter casts to where it cannot hold every value of
     the field's dtype (debug mode checks the values: Note [Casting scatters])."""
     scatter = f.scatter
@@ -1220,7 +1219,7 @@ def _checked(
         debug.check_slots(op, indices, scratch_ok=op != "seed")
         for i, value in zip(fields, values):
             f = table.fields[i]
-            guard, cast = _guard(f), narrowed(f)
+            guard, cast = _guard(f), _narrowed(f)
             if value is None or (guard is None and cast is None):
                 continue
             count = None if counts is None else counts.get(i)

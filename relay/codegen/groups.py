@@ -36,7 +36,6 @@ __all__ = [
     "check_groups",
     "check_scatter",
     "check_schedule_slots",
-    "laid_dtype",
 ]
 
 
@@ -203,7 +202,7 @@ def check_scatter(c: Collector, f: Field, at: SourceLocation | None = None) -> N
         _check_cast(c, f, scatter)
 
 
-def laid_dtype(f: Field) -> object:
+def _laid_dtype(f: Field) -> object:
     """The dtype ``f``'s scatter lays into its target: its ``cast``, else its own."""
     cast = f.scatter.cast if f.scatter is not None else None
     return f.dtype if cast is None else cast
@@ -394,13 +393,13 @@ def _check_after(
             f" and target={first.target!r}",
             at,
         )
-    elif laid_dtype(first) != laid_dtype(f) and all(
-        isinstance(laid_dtype(g), torch.dtype) for g in (first, f)
+    elif _laid_dtype(first) != _laid_dtype(f) and all(
+        isinstance(_laid_dtype(g), torch.dtype) for g in (first, f)
     ):
         c.add(
             f,
-            f"this field lays {laid_dtype(f)} values into {f.target!r} after "
-            f"{first.name!r}'s {laid_dtype(first)} ones: one target holds one dtype",
+            f"this field lays {_laid_dtype(f)} values into {f.target!r} after "
+            f"{first.name!r}'s {_laid_dtype(first)} ones: one target holds one dtype",
             "give both fields the target's dtype, or Scatter(cast=<the target's "
             "dtype>) to the one whose values are another",
             at,
