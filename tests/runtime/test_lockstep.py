@@ -232,7 +232,9 @@ def _every_option() -> Schema:
                 lane=Lane.FORWARD,
                 dtype=torch.int64,
                 target="draft_ids",
-                resolve=Scatter(offsets="draft_starts", when="bonus_ready"),
+                resolve=Scatter(
+                    offsets="draft_starts", when="bonus_ready", cast=torch.int32
+                ),
             ),
             Field(
                 "drafts",
@@ -245,6 +247,7 @@ def _every_option() -> Schema:
                     lengths="num_drafts",
                     after="bonus",
                     rest_checked=False,
+                    cast=torch.int32,
                 ),
                 graph_written=True,
             ),
