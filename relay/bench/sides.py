@@ -62,13 +62,6 @@ class Pair:
         fields = Schema.bundled(self.schema).fields if self.graph else ()
         return [f for f in fields if isinstance(f, Field) and f.graph_written]
 
-    def adopted(self, shape: Shape, device: torch.device) -> dict[str, torch.Tensor]:
-        """The buffers the captured graph writes, which the engine allocates."""
-        return {
-            f"{f.name}_buf": torch.zeros(shape.pool, dtype=f.dtype, device=device)  # type: ignore[arg-type]
-            for f in self.graph_fields()
-        }
-
 
 _TOKENS = "tokens gathered; host seq_lens + 1"
 _EAGLE = "bonus token, top-k, hidden gathered; seq_lens relayed, to the host, summed"
@@ -282,25 +275,21 @@ def build_side(
     calls += [(r, functools.partial(getattr(m, r), batch)) for r in resolves]
     if not resolves:
         calls.append((SEQ_LENS_PLUS_ONE, functools.partial(advance_seq_lens, batch)))
-    side = Side(m, batch, tuple(calls), _graph_write(m, work, graph) if graph else None)
-    if side.graph is not None:  # the priming stash follows a graph's write
-        side.graph()
+    side = Side(m, batch, tuple(calls))
+    if (
+        graph
+    ):  # the captured graph's write into the map's buffers, before the priming stash
+        targets = [(getattr(m, f"{f.name}_buf"), f.payload_name) for f in graph]
+
+        def write() -> None:
+            for buf, value in targets:
+                buf.index_copy_(0, work.indices, work.values[value])
+
+        side.graph = write
+        write()
         dict(calls)["graph_wrote"]()
     dict(calls)["stash"]()
     return side
-
-
-def _graph_write(
-    relay_map: Any, work: Workload, graph: Sequence[Field]
-) -> Callable[[], None]:
-    """The captured graph's write of its fields' values into ``relay_map``'s buffers."""
-    targets = [(getattr(relay_map, f"{f.name}_buf"), f.payload_name) for f in graph]
-
-    def write() -> None:
-        for buf, value in targets:
-            buf.index_copy_(0, work.indices, work.values[value])
-
-    return write
 
 
 def pair_sides(
@@ -320,11 +309,14 @@ def pair_sides(
 
 
 def _new(cls: Any, pair: Pair, shape: Shape, device: torch.device, **kw: Any) -> Any:
-    """``cls`` at ``shape``, given the eager dims it takes and the adopted buffers."""
+    """``cls`` at ``shape``, given the eager dims it takes and the buffers the captured
+    graph writes, which the engine allocates."""
     dims: dict[str, Any] = {"topk": shape.topk, "hidden": shape.hidden}
     params = inspect.signature(cls).parameters.items()
     kw.update((n, dims[n]) for n, p in params if p.kind is p.KEYWORD_ONLY and n in dims)
-    return cls(device, shape.pool, **kw, **pair.adopted(shape, device))
+    for f in pair.graph_fields():
+        kw[f"{f.name}_buf"] = torch.zeros(shape.pool, dtype=f.dtype, device=device)  # type: ignore[arg-type]
+    return cls(device, shape.pool, **kw)
 
 
 def buffer_bytes(relay_map: Any, fields: Sequence[str]) -> int:

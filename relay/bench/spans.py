@@ -4,22 +4,19 @@ checks or bare. Offsets and counts are int32, as vLLM's ``query_start_loc`` is."
 
 from __future__ import annotations
 
-import statistics
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, cast
 
 import attrs
 import torch
 
 from relay import runtime
-from relay.bench.timing import quartiles, time_interleaved, timer_for
 
-__all__ = ["SIDES", "SpanWork", "measure", "plain_step", "relay_step", "workload"]
+__all__ = ["SpanWork", "plain_step", "relay_step", "sides", "workload"]
 
 DRAFTS = 3
 POOL = 513
-BATCHES = (1, 8, 64, 256)
 
 
 @attrs.frozen
@@ -132,36 +129,16 @@ def plain_step(
     return step, input_ids
 
 
-def measure(
-    batches: Sequence[int] = BATCHES,
-    device: torch.device | None = None,
-    *,
-    repeat: int = 15,
-    warmup: int = 3,
-    sample_ms: float = 0.25,
-    seed: int = 0,
-) -> list[dict[str, Any]]:
-    """Per batch size: median us per side, quartiles of the ratios, same values."""
-    device = device or torch.device("cpu")
-    results = []
-    for batch in batches:
-        work = workload(batch, device, seed)
-        generated, relay, relay_batch = relay_step(work, device)
-        generated()  # allocates nothing, but warms the columns cache
-        floors = [plain_step(work, relay, device, check) for check in (True, False)]
-        for floor, _ in floors:
-            floor()
-        same = all(torch.equal(relay_batch.input_ids, ids) for _, ids in floors)
-        times = time_interleaved(
-            [generated, *(floor for floor, _ in floors)], timer_for(device),
-            repeat=repeat, warmup=warmup, target_ns=int(sample_ms * 1e6),
-        )  # fmt: skip
-        result: dict[str, Any] = {"batch": batch, "same": same}
-        result["us"] = {k: statistics.median(t) / 1e3 for k, t in zip(SIDES, times)}
-        for k, t in zip(SIDES[1:], times[1:]):
-            result[f"generated/{k}"] = quartiles(times[0], t)
-        results.append(result)
-    return results
-
-
-SIDES = ("generated", "floor", "bare")
+def sides(
+    batch: int, device: torch.device, seed: int
+) -> tuple[dict[str, Callable[[], None]], bool]:
+    """The generated step and its floors at ``batch``, one step in, and whether they
+    laid in the same values."""
+    work = workload(batch, device, seed)
+    generated, relay, relay_batch = relay_step(work, device)
+    floors = [plain_step(work, relay, device, check) for check in (True, False)]
+    steps = {"generated": generated, "floor": floors[0][0], "bare": floors[1][0]}
+    for step in steps.values():
+        step()
+    same = all(torch.equal(relay_batch.input_ids, ids) for _, ids in floors)
+    return steps, same

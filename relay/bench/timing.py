@@ -7,12 +7,12 @@ import contextlib
 import gc
 import statistics
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 
-__all__ = ["balanced_orders", "per_method", "quartiles", "time_interleaved"]
+__all__ = ["balanced_orders", "figures", "per_method", "quartiles", "time_interleaved"]
 __all__ += ["timer_for"]
 
 Timer = Callable[[Callable[[], None], int], int]
@@ -58,6 +58,27 @@ def quartiles(num: Sequence[float], den: Sequence[float]) -> dict[str, float]:
     per = [n / d for n, d in zip(num, den)]
     q = statistics.quantiles(per * (2 if len(per) == 1 else 1), n=4, method="inclusive")
     return {"p25": q[0], "median": q[1], "p75": q[2]}
+
+
+def figures(
+    steps: Mapping[str, Callable[[], None]],
+    device: torch.device,
+    repeat: int,
+    warmup: int,
+    target_ns: int,
+) -> dict[str, Any]:
+    """``steps`` timed interleaved: ``ns``, the median per step of each, and the
+    quartiles of ``generated`` / each other."""
+    timer = timer_for(device)
+    samples = time_interleaved(
+        list(steps.values()), timer, repeat=repeat, warmup=warmup, target_ns=target_ns
+    )
+    times = dict(zip(steps, samples))
+    out: dict[str, Any] = {"ns": {k: statistics.median(t) for k, t in times.items()}}
+    for k, t in times.items():
+        if k != "generated":
+            out[f"generated/{k}"] = quartiles(times["generated"], t)
+    return out
 
 
 # Note [Balanced order]
