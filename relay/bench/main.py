@@ -163,7 +163,7 @@ def measure(
             for key, _, _ in sides.differences(side.batch, floor.batch)
         ]
     counted = {k: {m: count_ops(c) for m, c in s.calls} for k, s in zip(SIDES, driven)}
-    timed = _timed({k: s.step for k, s in zip(SIDES, driven)}, device, args)
+    timed = timing.figures({k: s.step for k, s in zip(SIDES, driven)}, device, args)
     inner = max(1, int(args.sample_ms * 1e6 // max(timed["ns"]["baseline"], 1)))
     host = timing.per_method([base.calls, side.calls], device, repeat=args.repeat, inner=inner)  # fmt: skip
     fields = [f.name for f in schema.fields]
@@ -275,20 +275,14 @@ def render(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
-def _timed(steps: dict[str, Any], device: Any, args: argparse.Namespace) -> Any:
-    from relay.bench import timing
-
-    target = int(args.sample_ms * 1e6)
-    return timing.figures(steps, device, args.repeat, args.warmup, target)
-
-
 def _spans(args: argparse.Namespace, device: Any) -> int:
-    from relay.bench import spans
+    from relay.bench import spans, timing
 
     results = []
     for batch in args.batch:
         steps, same = spans.sides(batch, device, args.seed)
-        results.append({"batch": batch, "same": same, **_timed(steps, device, args)})
+        figures = timing.figures(steps, device, args)
+        results.append({"batch": batch, "same": same, **figures})
     print(
         f"vllm_drafts (P={spans.POOL}, K={spans.DRAFTS}): stash + resolve_future per "
         "step; floor: the same torch calls and relay's host checks on the CPU, bare: "

@@ -18,8 +18,8 @@ from relay.schema import Field, Schema
 
 __all__ = ["PAIRS", "SEQ_LENS_PLUS_ONE", "SPEC_READS", "Batch", "Generated", "Pair"]
 __all__ += ["Shape", "Side", "Workload", "advance_seq_lens", "buffer_bytes"]
-__all__ += ["compare_values"]
-__all__ += ["differences", "discover", "observed", "pair_sides", "same"]
+__all__ += ["compare_values", "differences", "discover", "new_batch", "observed"]
+__all__ += ["pair_sides", "same"]
 
 #: The driver's own step where a map relays no lengths.
 SEQ_LENS_PLUS_ONE = "seq_lens + 1"
@@ -42,9 +42,8 @@ class Shape:
 
 @attrs.frozen
 class Pair:
-    """A bundled schema and the hand-written map an engine would keep instead: ``design``
-    for the report; ``spec``: shapes have K and H; ``left_out``: methods no decode step
-    calls; ``graph``: a captured graph writes the ``graph_written`` fields."""
+    """A bundled schema and its baseline; ``left_out``: methods no decode step calls;
+    ``graph``: a captured graph writes the ``graph_written`` fields."""
 
     schema: str
     baseline: type[Any]
@@ -116,30 +115,22 @@ SPEC_READS: tuple[str, ...] = ("topk_p", "topk_index", "hidden_states")
 SPEC_READS += ("draft_probs", "dsa_topk_indices", "accept_tokens", "accept_lens")
 
 
-@attrs.define(slots=False)
-class Batch:
-    """A scheduler batch: every attribute the maps read and write in a decode step; its
-    draft input (``spec_info``) holds the slots, the bonus tokens and ``SPEC_READS``."""
+#: A scheduler batch: every attribute the maps read and write in a decode step.
+Batch = types.SimpleNamespace
 
-    req_pool_indices: torch.Tensor
-    req_pool_indices_cpu: torch.Tensor
-    input_ids: torch.Tensor
-    seq_lens: torch.Tensor
-    seq_lens_cpu: torch.Tensor
-    seq_lens_sum: int
-    spec_info: Any
 
-    @staticmethod
-    def new(indices: torch.Tensor, seq_lens: torch.Tensor) -> Batch:
-        host = seq_lens.cpu().clone()
-        spec_info = types.SimpleNamespace(
-            future_indices=indices, bonus_tokens=None,
-            future_dsa_topk_indices_available=False, **dict.fromkeys(SPEC_READS),
-        )  # fmt: skip
-        return Batch(
-            indices, indices.cpu(), torch.zeros_like(indices), seq_lens.clone(), host,
-            int(host.sum()), spec_info,
-        )  # fmt: skip
+def new_batch(indices: torch.Tensor, seq_lens: torch.Tensor) -> Batch:
+    """Its draft input (``spec_info``) holds the slots, bonus tokens and ``SPEC_READS``."""
+    host = seq_lens.cpu().clone()
+    spec_info = Batch(
+        future_indices=indices, bonus_tokens=None,
+        future_dsa_topk_indices_available=False, **dict.fromkeys(SPEC_READS),
+    )  # fmt: skip
+    return Batch(
+        req_pool_indices=indices, req_pool_indices_cpu=indices.cpu(),
+        input_ids=torch.zeros_like(indices), seq_lens=seq_lens.clone(), seq_lens_cpu=host,
+        seq_lens_sum=int(host.sum()), spec_info=spec_info,
+    )  # fmt: skip
 
 
 def advance_seq_lens(batch: Batch) -> None:
@@ -209,7 +200,7 @@ class Workload:
 @attrs.define
 class Side:
     """One map, its batch and its step's calls; ``graph``: the captured graph's write,
-    not the map's work, so only ``check_step`` makes it (before ``graph_wrote``)."""
+    which only ``check_step`` makes."""
 
     map: Any
     batch: Batch
@@ -240,11 +231,10 @@ def build_side(
     left_out: Collection[str] = (),
     graph: Sequence[Field] = (),
 ) -> Side:
-    """``relay_map``'s step in an engine's order, primed with one stash. ``payload_cls``:
-    None for a baseline (keyword stash). ``graph``: the fields a captured graph writes;
-    the generated map gets None for them, a baseline the very values."""
+    """``relay_map``'s step in an engine's order (docs/bench.md, how a step is driven),
+    primed with one stash; ``payload_cls``: None for a baseline (keyword stash)."""
     owner, indices, m = type(relay_map).__name__, work.indices, relay_map
-    batch = Batch.new(indices, work.seq_lens)
+    batch = new_batch(indices, work.seq_lens)
     nones = [f.payload_name for f in graph] if payload_cls is not None else []
     calls: list[tuple[str, Callable[[], None]]] = []
     if hasattr(m, "invalidate"):
@@ -364,8 +354,8 @@ def compare_values(
     seed: int = 0,
     debug: bool = False,
 ) -> list[str]:
-    """Every difference in what the next forward and the scheduler read over ``steps``
-    fresh steps; the priming stash carries no hidden state (lazy allocation)."""
+    """What the next forward and the scheduler read that differs over ``steps`` fresh
+    steps; the priming stash carries no hidden state (lazy allocation)."""
     work = Workload.random(shape, device, seed, spec=pair.spec)
     work.values["hidden_states"] = None  # before any side takes it: the priming stash
     base, gen = pair_sides(pair, generated, shape, device, work, debug=debug)

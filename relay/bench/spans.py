@@ -46,11 +46,11 @@ def workload(batch: int, device: torch.device, seed: int = 0) -> SpanWork:
 
 
 def relay_step(
-    work: SpanWork, device: torch.device, debug: bool = False
+    work: SpanWork, device: torch.device
 ) -> tuple[Callable[[], None], Any, Any]:
     from relay.maps.vllm_drafts import VllmDraftsFutureMap, VllmDraftsPayload
 
-    relay = VllmDraftsFutureMap(device, POOL, num_speculative_tokens=DRAFTS, debug=debug)  # fmt: skip
+    relay = VllmDraftsFutureMap(device, POOL, num_speculative_tokens=DRAFTS)
     payload = VllmDraftsPayload(
         sampled_token_ids=work.sampled, draft_token_ids=work.drafts,
         num_draft_tokens=work.made,

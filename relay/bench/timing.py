@@ -61,18 +61,13 @@ def quartiles(num: Sequence[float], den: Sequence[float]) -> dict[str, float]:
 
 
 def figures(
-    steps: Mapping[str, Callable[[], None]],
-    device: torch.device,
-    repeat: int,
-    warmup: int,
-    target_ns: int,
+    steps: Mapping[str, Callable[[], None]], device: torch.device, flags: Any
 ) -> dict[str, Any]:
-    """``steps`` timed interleaved: ``ns``, the median per step of each, and the
-    quartiles of ``generated`` / each other."""
-    timer = timer_for(device)
-    samples = time_interleaved(
-        list(steps.values()), timer, repeat=repeat, warmup=warmup, target_ns=target_ns
-    )
+    """``steps`` timed interleaved as the flags say (``repeat``, ``warmup``,
+    ``sample_ms``): ``ns``, the median of each, and ``generated`` / each other."""
+    fns, target = list(steps.values()), int(flags.sample_ms * 1e6)
+    kw = {"repeat": flags.repeat, "warmup": flags.warmup, "target_ns": target}
+    samples = time_interleaved(fns, timer_for(device), **kw)
     times = dict(zip(steps, samples))
     out: dict[str, Any] = {"ns": {k: statistics.median(t) for k, t in times.items()}}
     for k, t in times.items():
@@ -134,9 +129,6 @@ def _no_gc() -> Iterator[None]:
             gc.enable()
 
 
-SYNC = "device sync"
-
-
 def per_method(
     sides: Sequence[Sequence[tuple[str, Callable[[], None]]]],
     device: torch.device,
@@ -144,8 +136,8 @@ def per_method(
     repeat: int,
     inner: int,
 ) -> list[dict[str, float]]:
-    """Per side, the host ns per step of each method, ``SYNC`` (the device's wait after
-    the last step, off the CPU) and ``step``: each the quietest sample's."""
+    """Per side, the host ns per step of each method, ``device sync`` off the CPU and
+    ``step``, each the quietest sample's (docs/bench.md, host time per method)."""
     sync, clock = _sync(device), time.perf_counter_ns
     samples: list[list[list[int]]] = [[] for _ in sides]
     with _no_gc():
@@ -167,7 +159,7 @@ def per_method(
                 kept.append(parts)
     out = []
     for calls, kept in zip(sides, samples):
-        names = [name for name, _ in calls] + ([SYNC] if device.type != "cpu" else [])
+        names = [name for name, _ in calls] + (["device sync"] * (device.type != "cpu"))
         quietest = [min(column) / inner for column in zip(*kept)]
         out.append({**dict(zip(names, quietest)), "step": quietest[-1]})
     return out
