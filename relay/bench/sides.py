@@ -224,16 +224,12 @@ def _keywords(method: Callable[..., Any], after: int = 1) -> list[str]:
 
 
 def build_side(
-    relay_map: Any,
-    work: Workload,
-    payload_cls: type[Any] | None,
-    *,
-    left_out: Collection[str] = (),
-    graph: Sequence[Field] = (),
+    relay_map: Any, work: Workload, payload_cls: type[Any] | None, pair: Pair
 ) -> Side:
     """``relay_map``'s step in an engine's order (docs/bench.md, how a step is driven),
     primed with one stash; ``payload_cls``: None for a baseline (keyword stash)."""
     owner, indices, m = type(relay_map).__name__, work.indices, relay_map
+    graph, left_out = pair.graph_fields(), pair.left_out
     batch = new_batch(indices, work.seq_lens)
     nones = [f.payload_name for f in graph] if payload_cls is not None else []
     calls: list[tuple[str, Callable[[], None]]] = []
@@ -266,9 +262,7 @@ def build_side(
     if not resolves:
         calls.append((SEQ_LENS_PLUS_ONE, functools.partial(advance_seq_lens, batch)))
     side = Side(m, batch, tuple(calls))
-    if (
-        graph
-    ):  # the captured graph's write into the map's buffers, before the priming stash
+    if graph:  # the graph writes the map's buffers, then the priming stash follows
         targets = [(getattr(m, f"{f.name}_buf"), f.payload_name) for f in graph]
 
         def write() -> None:
@@ -292,10 +286,9 @@ def pair_sides(
     debug: bool = False,
 ) -> tuple[Side, Side]:
     """The baseline's side and the generated map's (``debug``: in debug mode)."""
-    kw: dict[str, Any] = {"left_out": pair.left_out, "graph": pair.graph_fields()}
-    base = build_side(_new(pair.baseline, pair, shape, device), work, None, **kw)
+    base = build_side(_new(pair.baseline, pair, shape, device), work, None, pair)
     relay_map = _new(generated.map_cls, pair, shape, device, debug=debug)
-    return base, build_side(relay_map, work, generated.payload_cls, **kw)
+    return base, build_side(relay_map, work, generated.payload_cls, pair)
 
 
 def _new(cls: Any, pair: Pair, shape: Shape, device: torch.device, **kw: Any) -> Any:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import types
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 import attrs
 import torch
@@ -78,48 +78,19 @@ def plain_step(
     cols = torch.arange(DRAFTS, device=device)
     input_ids = torch.full((work.size,), -1, device=device)
     check = check and device.type == "cpu"
-    few = idx.numel() <= runtime.HOST_SLOTS_IN_PYTHON_MAX
-    slots = runtime.slot_set(POOL)
     size = input_ids.numel()
 
-    def apart(starts: torch.Tensor, counts: torch.Tensor) -> None:
-        """relay's span check: counts 0 to K, spans in order inside the target."""
-        if starts.numel() <= runtime.HOST_POSITIONS_IN_PYTHON_MAX:
-            at: list[int] = starts.tolist()
-            each: list[int] = counts.tolist()
-            if min(each) < 0 or max(each) > DRAFTS:
-                raise IndexError(each)
-            end = 0
-            for a, c in zip(at, each):
-                if a < end:
-                    raise IndexError(at)
-                end = a + 1 + c
-            if end > size:
-                raise IndexError(at)
-            return
-        held, made = starts.numpy(), counts.numpy()  # one view op each
-        if made.min() < 0 or made.max() > DRAFTS:
-            raise IndexError(made)
-        ends = held + made
-        if (held[1:] - ends[:-1]).min() < 1 or held[0] < 0 or ends[-1] + 1 > size:
-            raise IndexError(held)
-
-    def step() -> None:
-        if check and few:
-            if not slots.issuperset(idx.tolist()):
-                raise IndexError(idx)
-        elif check:
-            lo, hi = idx.aminmax()
-            if cast(int, lo.tolist()) < 0 or cast(int, hi.tolist()) >= POOL:
-                raise IndexError(idx)
+    def step() -> None:  # relay's own host checks: the slots, then the spans
+        if check and not runtime.host_slots_ok(idx, POOL):
+            raise IndexError(idx)
         sampled_buf.index_copy_(0, idx, sampled)
         drafts_buf.index_copy_(0, idx, drafts)
         a = sampled_buf.index_select(0, idx)
         b = drafts_buf.index_select(0, idx)
         starts = starts32.long()
         counts = counts32.long()
-        if check:
-            apart(starts, counts)
+        if check and not runtime._spans_ok(starts, [counts], [DRAFTS], 1, size):
+            raise IndexError(starts)
         at = (starts + 1).unsqueeze(1) + cols
         keep = cols < counts.unsqueeze(1)
         at_kept, b_kept = at[keep], b[keep]
