@@ -1,5 +1,4 @@
-"""``relay bench``: flags, one configuration measured, the report and its JSON. Exit 0:
-all sides agree, 1: a side raised or values differ, 2: usage. torch loads in ``run``."""
+"""``relay bench``: flags, a configuration measured, the report (docs/bench.md)."""
 
 from __future__ import annotations
 
@@ -94,8 +93,7 @@ def _device(name: str) -> Any:
 
 
 def flags_problem(args: argparse.Namespace) -> str | None:
-    """Fills the flags not given from the preset, then says what is wrong with them,
-    as far as it shows without torch; None if nothing."""
+    """Fills in the flags not given; what is wrong with them, seen without torch."""
     if args.spans and args.batch is None:
         args.batch = SPAN_BATCHES
     for name, (default, quick) in DEFAULTS.items():
@@ -135,8 +133,7 @@ def _configs(args: argparse.Namespace) -> list[Any] | str:
 def measure(
     pair: Any, gen: Any, shape: Any, device: Any, args: argparse.Namespace
 ) -> dict[str, Any]:
-    """One configuration: values checked, ops counted, the four sides timed, and the host
-    time per method of the baseline and the generated map."""
+    """One configuration: values checked, ops counted, the sides timed."""
     from relay.bench import plain, sides, timing
     from relay.opcount import count_ops
     from relay.schema import Schema

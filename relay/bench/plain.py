@@ -33,15 +33,11 @@ class Unsupported(Exception):
 
 @attrs.define
 class Plain(Side):
-    """A floor, driven as a side: its source and the names its functions read."""
+    """A floor, driven as a side: its source and the names its functions read (the
+    workload's values as ``v_<name>``)."""
 
     source: str = ""
     namespace: dict[str, Any] = attrs.field(factory=dict)
-
-    def bind(self, values: Mapping[str, torch.Tensor | None]) -> None:
-        """Rebind the workload's values (after ``Workload.renew``)."""
-        bound = [k for k in self.namespace if k.startswith("v_")]
-        self.namespace.update((k, values[k.removeprefix("v_")]) for k in bound)
 
 
 class _Builder:
@@ -200,8 +196,7 @@ def build_plain(
     graph: bool = False,
     check: bool = True,
 ) -> Plain:
-    """The floor of ``relay_map`` (one stash in): a function per name of ``methods``;
-    ``graph``: a captured graph wrote the ``graph_written`` fields."""
+    """The floor of ``relay_map`` (one stash in): a function per name of ``methods``."""
     b = _Builder(schema, relay_map, shape, work, graph)
     fields = schema.fields
     schedule = {resolve_method(f): f for f in fields if f.lane is Lane.SCHEDULE}

@@ -42,8 +42,7 @@ class Shape:
 
 @attrs.frozen
 class Pair:
-    """A bundled schema and its baseline; ``left_out``: methods no decode step calls;
-    ``graph``: a captured graph writes the ``graph_written`` fields."""
+    """A bundled schema and its baseline; ``left_out``: methods no decode step calls."""
 
     schema: str
     baseline: type[Any]
@@ -120,7 +119,7 @@ Batch = types.SimpleNamespace
 
 
 def new_batch(indices: torch.Tensor, seq_lens: torch.Tensor) -> Batch:
-    """Its draft input (``spec_info``) holds the slots, bonus tokens and ``SPEC_READS``."""
+    """A batch whose draft input holds the slots, bonus tokens and ``SPEC_READS``."""
     host = seq_lens.cpu().clone()
     spec_info = Batch(
         future_indices=indices, bonus_tokens=None,
@@ -128,8 +127,8 @@ def new_batch(indices: torch.Tensor, seq_lens: torch.Tensor) -> Batch:
     )  # fmt: skip
     return Batch(
         req_pool_indices=indices, req_pool_indices_cpu=indices.cpu(),
-        input_ids=torch.zeros_like(indices), seq_lens=seq_lens.clone(), seq_lens_cpu=host,
-        seq_lens_sum=int(host.sum()), spec_info=spec_info,
+        input_ids=torch.zeros_like(indices), seq_lens=seq_lens.clone(),
+        seq_lens_cpu=host, seq_lens_sum=int(host.sum()), spec_info=spec_info,
     )  # fmt: skip
 
 
@@ -199,8 +198,7 @@ class Workload:
 
 @attrs.define
 class Side:
-    """One map, its batch and its step's calls; ``graph``: the captured graph's write,
-    which only ``check_step`` makes."""
+    """A map, its batch, its step's calls; ``graph``: the write ``check_step`` adds."""
 
     map: Any
     batch: Batch
@@ -292,8 +290,7 @@ def pair_sides(
 
 
 def _new(cls: Any, pair: Pair, shape: Shape, device: torch.device, **kw: Any) -> Any:
-    """``cls`` at ``shape``, given the eager dims it takes and the buffers the captured
-    graph writes, which the engine allocates."""
+    """``cls`` at ``shape``, given its eager dims and the buffers the graph writes."""
     dims: dict[str, Any] = {"topk": shape.topk, "hidden": shape.hidden}
     params = inspect.signature(cls).parameters.items()
     kw.update((n, dims[n]) for n, p in params if p.kind is p.KEYWORD_ONLY and n in dims)
@@ -347,8 +344,7 @@ def compare_values(
     seed: int = 0,
     debug: bool = False,
 ) -> list[str]:
-    """What the next forward and the scheduler read that differs over ``steps`` fresh
-    steps; the priming stash carries no hidden state (lazy allocation)."""
+    """What the next forward and the scheduler read that differs, over fresh steps."""
     work = Workload.random(shape, device, seed, spec=pair.spec)
     work.values["hidden_states"] = None  # before any side takes it: the priming stash
     base, gen = pair_sides(pair, generated, shape, device, work, debug=debug)

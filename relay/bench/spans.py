@@ -103,8 +103,7 @@ def plain_step(
 def sides(
     batch: int, device: torch.device, seed: int
 ) -> tuple[dict[str, Callable[[], None]], bool]:
-    """The generated step and its floors at ``batch``, one step in, and whether they
-    laid in the same values."""
+    """The generated step and its floors, one step in; whether they lay in the same."""
     work = workload(batch, device, seed)
     generated, relay, relay_batch = relay_step(work, device)
     floors = [plain_step(work, relay, device, check) for check in (True, False)]

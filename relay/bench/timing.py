@@ -63,8 +63,7 @@ def quartiles(num: Sequence[float], den: Sequence[float]) -> dict[str, float]:
 def figures(
     steps: Mapping[str, Callable[[], None]], device: torch.device, flags: Any
 ) -> dict[str, Any]:
-    """``steps`` timed interleaved as the flags say (``repeat``, ``warmup``,
-    ``sample_ms``): ``ns``, the median of each, and ``generated`` / each other."""
+    """``steps`` timed as the flags say: median ns of each, generated / the others."""
     fns, target = list(steps.values()), int(flags.sample_ms * 1e6)
     kw = {"repeat": flags.repeat, "warmup": flags.warmup, "target_ns": target}
     samples = time_interleaved(fns, timer_for(device), **kw)
@@ -103,8 +102,7 @@ def time_interleaved(
     warmup: int,
     target_ns: int,
 ) -> list[list[float]]:
-    """Per-call ns of each function, one sample per repeat, gc off. A sample lasts
-    about ``target_ns`` (short: a context switch spoils one sample, not all)."""
+    """Per-call ns of each function, one sample of about ``target_ns`` per repeat."""
     for fn in fns:
         for _ in range(warmup):
             fn()

@@ -224,6 +224,12 @@ def _generated_and_plain(
     return work, side, plain, other
 
 
+def _bind(plain: Plain, work: Workload) -> None:
+    """Rebind the floor's values (``v_<name>``) after ``work.renew``."""
+    bound = [k for k in plain.namespace if k.startswith("v_")]
+    plain.namespace.update((k, work.values[k.removeprefix("v_")]) for k in bound)
+
+
 #: Both host sums (a Python sum up to 64 slots, numpy above) and no hidden state.
 PLAIN_SHAPES = {
     False: [*TINY[False], Shape(257, 100)],
@@ -266,7 +272,7 @@ def test_the_floors_resolve_the_same_values(
         g = torch.Generator().manual_seed(4)
         for step in range(3):
             work.renew(shape, g, spec=pair.spec)
-            plain.bind(work.values)
+            _bind(plain, work)
             side.check_step()
             for method, call in plain.calls:
                 if method == "graph_wrote" and other.graph is not None:
@@ -477,7 +483,7 @@ def test_the_floors_check_refuses_a_bad_slot_before_any_row_changes(
             pair, generated, shape, check=check
         )
         work.renew(shape, torch.Generator().manual_seed(1), spec=False)
-        floor.bind(work.values)  # new tokens: a row written is a row changed
+        _bind(floor, work)  # new tokens: a row written is a row changed
         buf = other.map.output_tokens_buf
         before = buf.clone()
         work.indices[-1] = 257  # one past the pool, after the good slots
