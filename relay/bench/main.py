@@ -43,15 +43,10 @@ of the per-repeat ratios (p25-p75)"""
 
 
 def _ints(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated ints, got {text!r}"
-        ) from None
-    if not values or any(v < 0 for v in values):
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    if not parts or not all(part.isdecimal() for part in parts):
         raise argparse.ArgumentTypeError(f"expected non-negative ints, got {text!r}")
-    return values
+    return tuple(map(int, parts))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

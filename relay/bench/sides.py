@@ -1,5 +1,4 @@
-"""The sides ``relay bench`` compares, and one driver of a step for all of them, read
-from a map's public interface so that a schema changing design is still driven."""
+"""The sides ``relay bench`` compares, and one driver of a step for all of them."""
 
 from __future__ import annotations
 
@@ -17,9 +16,9 @@ from relay.bench import baseline as hand
 from relay.schema import Field, Schema
 
 __all__ = ["PAIRS", "SEQ_LENS_PLUS_ONE", "SPEC_READS", "Batch", "Generated", "Pair"]
-__all__ += ["Shape", "Side", "Workload", "advance_seq_lens", "buffer_bytes"]
+__all__ += ["Shape", "Side", "Workload", "advance_seq_lens", "buffer_bytes", "same"]
 __all__ += ["compare_values", "differences", "discover", "new_batch", "observed"]
-__all__ += ["pair_sides", "same"]
+__all__ += ["pair_sides"]
 
 #: The driver's own step where a map relays no lengths.
 SEQ_LENS_PLUS_ONE = "seq_lens + 1"
@@ -306,15 +305,14 @@ def buffer_bytes(relay_map: Any, fields: Sequence[str]) -> int:
     return sum({s.data_ptr(): s.nbytes() for s in storages}.values())
 
 
-def observed(batch: Batch, with_seq_lens: bool) -> Iterator[tuple[str, object]]:
+def observed(batch: Batch) -> Iterator[tuple[str, object]]:
     """What the next forward and the scheduler read from ``batch``."""
     spec = batch.spec_info
     tokens = spec.bonus_tokens if spec.bonus_tokens is not None else batch.input_ids
     yield "next tokens", tokens
     for name in SPEC_READS:
         yield f"spec_info.{name}", getattr(spec, name)
-    if with_seq_lens:
-        yield "seq_lens", batch.seq_lens
+    yield "seq_lens", batch.seq_lens
     yield "seq_lens_cpu", batch.seq_lens_cpu
     yield "seq_lens_sum", batch.seq_lens_sum
 
@@ -326,11 +324,9 @@ def same(a: object, b: object) -> bool:
     return type(a) is type(b) and a == b
 
 
-def differences(
-    want: Batch, got: Batch, with_seq_lens: bool = True
-) -> list[tuple[str, object, object]]:
+def differences(want: Batch, got: Batch) -> list[tuple[str, object, object]]:
     """Each value the next forward or the scheduler reads that ``got`` holds otherwise."""
-    both = zip(observed(want, with_seq_lens), observed(got, with_seq_lens))
+    both = zip(observed(want), observed(got))
     return [(key, a, b) for (key, a), (_, b) in both if not same(a, b)]
 
 
@@ -348,9 +344,6 @@ def compare_values(
     work = Workload.random(shape, device, seed, spec=pair.spec)
     work.values["hidden_states"] = None  # before any side takes it: the priming stash
     base, gen = pair_sides(pair, generated, shape, device, work, debug=debug)
-    both = all(
-        name != SEQ_LENS_PLUS_ONE for side in (base, gen) for name, _ in side.calls
-    )
     g = torch.Generator().manual_seed(seed + 1)
     problems = []
     where = f"{pair.name} {shape.label}{' debug' if debug else ''}"
@@ -362,6 +355,6 @@ def compare_values(
         work.seq_lens = work.values["new_seq_lens"]
         problems += [
             f"{where} step {step}: {key} differs (baseline {a!r:.60}, generated {b!r:.60})"
-            for key, a, b in differences(base.batch, gen.batch, both)
+            for key, a, b in differences(base.batch, gen.batch)
         ]
     return problems

@@ -1,5 +1,4 @@
-"""Timing: per-device timers and interleaved samples in balanced orders, so that load
-and drift weigh on every compared side alike."""
+"""Timing: per-device timers, interleaved samples in balanced orders (docs/bench.md)."""
 
 from __future__ import annotations
 
