@@ -75,18 +75,6 @@ def _usage(message: str) -> int:
     return EXIT_USAGE
 
 
-def _device(name: str) -> Any:
-    import torch
-
-    try:
-        device = torch.device(name)
-    except RuntimeError as error:
-        return f"bad --device {name!r}: {error}"
-    if device.type == "cuda" and not torch.cuda.is_available():
-        return "--device cuda, but torch sees no CUDA device"
-    return device
-
-
 def flags_problem(args: argparse.Namespace) -> str | None:
     """Fills in the flags not given; what is wrong with them, seen without torch."""
     if args.spans and args.batch is None:
@@ -307,9 +295,12 @@ def run(args: argparse.Namespace) -> int:
         return _usage(problem)
     import torch
 
-    device = _device(args.device)
-    if isinstance(device, str):
-        return _usage(device)
+    try:
+        device = torch.device(args.device)
+    except RuntimeError as error:
+        return _usage(f"bad --device {args.device!r}: {error}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        return _usage("--device cuda, but torch sees no CUDA device")
     configs = [] if args.spans else _configs(args)
     if isinstance(configs, str):
         return _usage(configs)

@@ -20,6 +20,8 @@ __all__ += ["Shape", "Side", "Workload", "advance_seq_lens", "buffer_bytes", "sa
 __all__ += ["compare_values", "differences", "discover", "new_batch", "observed"]
 __all__ += ["pair_sides"]
 
+#: Resolves no decode step calls.
+LEFT_OUT = ("resolve_confidence_cpu", "resolve_tails")
 #: The driver's own step where a map relays no lengths.
 SEQ_LENS_PLUS_ONE = "seq_lens + 1"
 
@@ -41,14 +43,13 @@ class Shape:
 
 @attrs.frozen
 class Pair:
-    """A bundled schema and its baseline; ``left_out``: methods no decode step calls."""
+    """A bundled schema, its baseline and ``design``, said in the report."""
 
     schema: str
     baseline: type[Any]
     design: str
     spec: bool
     hidden: bool = True
-    left_out: tuple[str, ...] = ()
     graph: bool = False
 
     @property
@@ -64,7 +65,6 @@ _TOKENS = "tokens gathered; host seq_lens + 1"
 _EAGLE = "bonus token, top-k, hidden gathered; seq_lens relayed, to the host, summed"
 _SGLANG = "sglang 0.5.23, by spec_info.future_indices: "
 _NGRAM = "accepted drafts and counts gathered; seq_lens relayed, to the host, summed"
-_SKIPPED = ("resolve_confidence_cpu", "resolve_tails")
 #: Every compared pair, in report order.
 PAIRS: tuple[Pair, ...] = (
     Pair("decode", hand.DecodeBaseline, _TOKENS, spec=False),
@@ -73,13 +73,11 @@ PAIRS: tuple[Pair, ...] = (
     Pair("eagle", hand.EagleBaseline, _EAGLE, spec=True),
     Pair("eagle_packed", hand.EagleBaseline, _EAGLE, spec=True),
     Pair("sglang_decode", hand.DecodeBaseline, "sglang 0.5.23: " + _TOKENS, spec=False),
-    Pair("sglang_eagle", hand.SglangEagleBaseline, _SGLANG + _EAGLE, spec=True,
-         left_out=_SKIPPED),
+    Pair("sglang_eagle", hand.SglangEagleBaseline, _SGLANG + _EAGLE, spec=True),
     Pair("sglang_eagle", hand.SglangEagleBaseline,
          _SGLANG + _EAGLE + "; seq_lens and bonus token written by a captured graph",
-         spec=True, left_out=_SKIPPED, graph=True),
-    Pair("sglang_ngram", hand.NgramBaseline, _SGLANG + _NGRAM, spec=True,
-         hidden=False, left_out=_SKIPPED),
+         spec=True, graph=True),
+    Pair("sglang_ngram", hand.NgramBaseline, _SGLANG + _NGRAM, spec=True, hidden=False),
 )  # fmt: skip
 
 
@@ -226,7 +224,7 @@ def build_side(
     """``relay_map``'s step in an engine's order (docs/bench.md, how a step is driven),
     primed with one stash; ``payload_cls``: None for a baseline (keyword stash)."""
     owner, indices, m = type(relay_map).__name__, work.indices, relay_map
-    graph, left_out = pair.graph_fields(), pair.left_out
+    graph = pair.graph_fields()
     batch = new_batch(indices, work.seq_lens)
     nones = [f.payload_name for f in graph] if payload_cls is not None else []
     calls: list[tuple[str, Callable[[], None]]] = []
@@ -253,7 +251,7 @@ def build_side(
     resolves = [
         n
         for n in sorted(dir(type(m)))
-        if n.startswith("resolve_") and n != "resolve_future" and n not in left_out
+        if n.startswith("resolve_") and n not in ("resolve_future", *LEFT_OUT)
     ]
     calls += [(r, functools.partial(getattr(m, r), batch)) for r in resolves]
     if not resolves:

@@ -8,7 +8,6 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-import attrs
 import torch
 
 from relay import runtime
@@ -19,15 +18,8 @@ DRAFTS = 3
 POOL = 513
 
 
-@attrs.frozen
-class SpanWork:
-    slots: torch.Tensor
-    sampled: torch.Tensor
-    drafts: torch.Tensor
-    made: torch.Tensor
-    starts: torch.Tensor
-    counts: torch.Tensor
-    size: int
+#: A step's slots, sampled tokens, drafts made and kept (``counts``) at ``starts``.
+SpanWork = types.SimpleNamespace
 
 
 def workload(batch: int, device: torch.device, seed: int = 0) -> SpanWork:
@@ -40,8 +32,9 @@ def workload(batch: int, device: torch.device, seed: int = 0) -> SpanWork:
     sampled = torch.randint(0, 32_000, (batch,), generator=g).to(device)
     drafts = torch.randint(0, 32_000, (batch, DRAFTS), generator=g).to(device)
     return SpanWork(
-        slots.to(device), sampled, drafts, made.to(device),
-        starts.to(device, torch.int32), counts.to(device, torch.int32), int(sizes.sum()),
+        slots=slots.to(device), sampled=sampled, drafts=drafts, made=made.to(device),
+        starts=starts.to(device, torch.int32), counts=counts.to(device, torch.int32),
+        size=int(sizes.sum()),
     )  # fmt: skip
 
 

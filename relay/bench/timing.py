@@ -33,7 +33,7 @@ def timer_for(device: torch.device) -> Timer:
             return int(start.elapsed_time(end) * 1e6)
 
         return events
-    sync = _sync(device)
+    sync = torch.get_device_module(device.type).synchronize  # torch.cpu's: a no-op
 
     def host(fn: Callable[[], None], inner: int) -> int:
         sync()
@@ -44,12 +44,6 @@ def timer_for(device: torch.device) -> Timer:
         return time.perf_counter_ns() - begin
 
     return host
-
-
-def _sync(device: torch.device) -> Callable[[], None]:
-    if device.type == "cpu":
-        return lambda: None
-    return torch.get_device_module(device.type).synchronize  # type: ignore[no-any-return]
 
 
 def quartiles(num: Sequence[float], den: Sequence[float]) -> dict[str, float]:
@@ -135,7 +129,7 @@ def per_method(
 ) -> list[dict[str, float]]:
     """Per side, the host ns per step of each method, ``device sync`` off the CPU and
     ``step``, each the quietest sample's (docs/bench.md, host time per method)."""
-    sync, clock = _sync(device), time.perf_counter_ns
+    sync, clock = torch.get_device_module(device.type).synchronize, time.perf_counter_ns
     samples: list[list[list[int]]] = [[] for _ in sides]
     with _no_gc():
         for _ in range(repeat):
