@@ -122,7 +122,7 @@ def measure(
     from relay.schema import Schema
 
     problems = sides.compare_values(pair, gen, shape, device, steps=CHECK_STEPS, seed=args.seed)  # fmt: skip
-    work = sides.Workload.random(shape, device, args.seed, spec=pair.spec)
+    work = sides.Workload.random(shape, device, args.seed)
     base, side = sides.pair_sides(pair, gen, shape, device, work)
     schema, methods = Schema.bundled(pair.schema), [m for m, _ in side.calls]
     try:

@@ -145,24 +145,22 @@ class Workload:
     _handed: list[tuple[dict[str, Any], frozenset[str]]] = attrs.field(factory=list)
 
     @staticmethod
-    def random(
-        shape: Shape, device: torch.device, seed: int, *, spec: bool
-    ) -> Workload:
+    def random(shape: Shape, device: torch.device, seed: int) -> Workload:
         g = torch.Generator().manual_seed(seed)
         indices = torch.randperm(shape.pool - 1, generator=g)[: shape.batch] + 1
         seq_lens = torch.randint(1, 30_000, (shape.batch,), generator=g)
         w = Workload(indices.to(device), seq_lens.to(device))
-        w.renew(shape, g, spec=spec)
+        w.renew(shape, g)
         return w
 
-    def renew(self, shape: Shape, g: torch.Generator, *, spec: bool) -> None:
-        """New outputs of the same requests; speculative lengths grow by 1 to K + 1."""
+    def renew(self, shape: Shape, g: torch.Generator) -> None:
+        """New outputs of the same requests; with a top-k, lengths grow by 1 to K + 1."""
         b, k, device = shape.batch, max(shape.topk, 1), self.indices.device
 
         def ints(high: int, *size: int) -> torch.Tensor:
             return torch.randint(0, high, size, generator=g).to(device)
 
-        grown = torch.randint(1, k + 2, (b,), generator=g) if spec else 1
+        grown = torch.randint(1, k + 2, (b,), generator=g) if shape.topk else 1
         tokens = ints(150_000, b)
         hidden = torch.randn((b, shape.hidden), generator=g).to(torch.bfloat16)
         self.values = {
@@ -339,14 +337,14 @@ def compare_values(
     debug: bool = False,
 ) -> list[str]:
     """What the next forward and the scheduler read that differs, over fresh steps."""
-    work = Workload.random(shape, device, seed, spec=pair.spec)
+    work = Workload.random(shape, device, seed)
     work.values["hidden_states"] = None  # before any side takes it: the priming stash
     base, gen = pair_sides(pair, generated, shape, device, work, debug=debug)
     g = torch.Generator().manual_seed(seed + 1)
     problems = []
     where = f"{pair.name} {shape.label}{' debug' if debug else ''}"
     for step in range(steps):
-        work.renew(shape, g, spec=pair.spec)
+        work.renew(shape, g)
         base.check_step()
         gen.check_step()
         assert work.values["new_seq_lens"] is not None
