@@ -40,6 +40,8 @@ from relay.schema import (
     Scatter,
     ScheduleSlots,
     Schema,
+    Staged,
+    Switch,
     Tails,
     TailsKv,
     TargetShape,
@@ -70,6 +72,8 @@ __all__ = [
     "Schema",
     "Seed",
     "Span",
+    "Staged",
+    "Switch",
     "Table",
     "Tails",
     "TailsKv",
@@ -105,6 +109,7 @@ __all__ = [
     "span_at",
     "stash",
     "stash_partial",
+    "switch",
     "tail_locations",
     "write_kept",
     "write_optional",
@@ -204,6 +209,7 @@ class MapState:
         "device",
         "dtypes",
         "fence",
+        "on",
         "pool_size",
         "produced",
         "rows",
@@ -232,6 +238,9 @@ class MapState:
         self.rows: list[tuple[int, ...]] = [()] * len(table.fields)
         #: Each optional field: whether the latest write carried it.
         self.carried: list[bool] = [False] * len(table.fields)
+        #: Each field: whether this map relays it (``False`` for a field whose
+        #: ``Switch`` keyword the constructor was given false: ``switch``).
+        self.on: list[bool] = [True] * len(table.fields)
         #: A scattered field's row positions after its start (``arange(width)``).
         self.columns: dict[int, torch.Tensor] = {}
         #: Debug mode's checker; ``None`` with debug off.
@@ -283,6 +292,21 @@ def check_dim(table: Table, name: str, value: int) -> int:
             f"{table.owner}: dim {name!r} must be {kind} int (got {value!r} that is "
             f"a {type(value).__name__})"
         )
+    return value
+
+
+def switch(s: MapState, keyword: str, value: bool) -> bool:
+    """A ``Switch`` keyword's value given to the constructor: a bool, which turns the
+    fields gated on it on or off for this map's life."""
+    if not isinstance(value, bool):
+        raise TypeError(
+            f"{s.table.owner}: {keyword} must be a bool saying whether this map relays "
+            f"the fields switched by it (got {value!r} of type "
+            f"{type(value).__name__}); pass {keyword}=True or {keyword}=False"
+        )
+    for i, f in enumerate(s.table.fields):
+        if isinstance(f.gate, Switch) and f.gate.keyword == keyword:
+            s.on[i] = value
     return value
 
 
@@ -1168,8 +1192,12 @@ def _checked(
     if isinstance(indices, torch.Tensor) and indices.ndim == 0:
         indices = indices.reshape(1)
     values = [
-        None
-        if value is None and (table.fields[i].optional or table.fields[i].graph_written)
+        None  # a field this map does not relay drops its value unread
+        if (
+            value is None
+            and (table.fields[i].optional or table.fields[i].graph_written)
+        )
+        or not s.on[i]
         else check_rows(
             table.what(i),
             value,

@@ -26,6 +26,7 @@ from relay.schema import (
     Lane,
     Resolve,
     Schema,
+    Switch,
     TargetShape,
     resolve_method,
 )
@@ -77,6 +78,8 @@ def _test(schema: Schema, f: Field, v: str) -> str:
     lazy field's buffer must exist."""
     i = schema.fields.index(f)
     test = f"_rt.fits(state, {i}, {v}, index_shape)"
+    if isinstance(f.gate, Switch):  # a field this map does not relay takes anything
+        return f"({v} is None or {test} or not {_on(schema, f)})"
     if f.optional or f.graph_written:  # Note [Left to others] in runtime.py
         return f"({v} is None or {test})"
     if _lazy(f):  # true once ``fits`` is; it narrows the buffer's type for the write
@@ -84,21 +87,31 @@ def _test(schema: Schema, f: Field, v: str) -> str:
     return test
 
 
+def _on(schema: Schema, f: Field) -> str:
+    """Whether this map relays ``f`` (its ``Switch`` keyword, as the constructor got it)."""
+    return f"state.on[{schema.fields.index(f)}]"
+
+
 def _write(names: Names, schema: Schema, f: Field, v: str) -> list[str]:
     """The common case's write of ``f``'s value ``v`` (Note [One body] in runtime.py)."""
     buf = _buf(names, schema, f)
+    given = f"{v} is not None"
+    if isinstance(f.gate, Switch):  # dropped where this map does not relay it
+        given = f"{given} and {_on(schema, f)}"
     if f.optional and f.kept:  # left out, the rows and the flag stay
         flag = _carried(schema, f)
         if _lazy(f):  # the helper narrows the buffer's type
             write = f"{flag} = _rt.write_optional({buf}, indices, {v})"
-            return [f"if {v} is not None:", f"    {write}"]
+            return [f"if {given}:", f"    {write}"]
         return [
-            f"if {v} is not None:",
+            f"if {given}:",
             f"    {buf}.index_copy_(0, indices, {v})",
             f"    {flag} = True",
         ]
     if f.optional:
         flag = _carried(schema, f)
+        if isinstance(f.gate, Switch):
+            v = f"{v} if {_on(schema, f)} else None"
         return [f"{flag} = _rt.write_optional({buf}, indices, {v})"]
     if f.graph_written:  # None: the graph wrote the rows (Note [Left to others])
         return [f"if {v} is not None:", f"    {buf}.index_copy_(0, indices, {v})"]
@@ -479,12 +492,13 @@ def _gate(
     schema: Schema, f: Field, spelled: dict[str, str], partial: bool = False
 ) -> str | None:
     """``f``'s gate spelled: the batch's flag, or whether the map carries the field a
-    ``Carried`` names; a kept field's also off where the call is partial."""
+    ``Carried`` names; a kept field's also off where the call is partial. A ``Switch``
+    needs none: a field this map does not relay is never carried."""
     gate = None
     if isinstance(f.gate, Carried):
         other = next(g for g in schema.fields if g.name == f.gate.field)
         gate = _carried(schema, other)
-    elif f.gate is not None:
+    elif isinstance(f.gate, str):
         gate = spelled[f.gate]
     if partial and f.kept:
         return "not partial" if gate is None else f"not partial and {gate}"
@@ -635,10 +649,9 @@ def _future_reports(
         if absent:
             args.append(f"absent={' + '.join(absent)}")
         gated = [
-            f"(() if {_gate(schema, f, spelled, partial)} else "
-            f"({string_literal(f.name)},))"
+            f"(() if {gate} else ({string_literal(f.name)},))"
             for f in reads
-            if f.gate is not None or (partial and f.kept)
+            if (gate := _gate(schema, f, spelled, partial)) is not None
         ]
         if gated:
             args.append(f"gated_off={' + '.join(gated)}")
