@@ -107,8 +107,9 @@ def _configs(args: argparse.Namespace) -> list[Any] | str:
         return "no generated map to compare: every schema was skipped"
     configs = []
     for pair, gen in found:
-        grid = itertools.product(args.pool, args.batch, args.topk if pair.spec else [0],
-                                 args.hidden if pair.spec and pair.hidden else [0])  # fmt: skip
+        topks = args.topk if pair.spec else [0]
+        hiddens = args.hidden if pair.spec and pair.hidden else [0]
+        grid = itertools.product(args.pool, args.batch, topks, hiddens)
         configs += [(pair, gen, Shape(*s)) for s in grid if s[1] <= s[0] - 1]
     return configs  # not empty: flags_problem saw a shape that fits
 
