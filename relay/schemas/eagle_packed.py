@@ -1,5 +1,7 @@
 """Relay of EAGLE speculative decoding, packed: one gather per dtype."""
 
+import attrs
+
 from relay.schema import Layout, Schema
 
 EAGLE = Schema.load("eagle.py")
@@ -17,4 +19,11 @@ SCHEMA = EAGLE.derive(
     pick ``eagle`` where the draft's kernels need them contiguous.
     """,
     layout=Layout.PACKED,
+    # A packed buffer is the map's own: no graph writes it (nor, so that one call
+    # writes every row, the lengths).
+    replace=[
+        attrs.evolve(EAGLE.field(f.name), graph_written=False)
+        for f in EAGLE.fields
+        if f.graph_written
+    ],
 )
