@@ -34,9 +34,10 @@ __all__ = ["GraphRunner", "StaticInputs", "buckets_for"]
 # and their cache writes land in the scratch slot's rows, and every other op of the
 # forward is row by row, so the real rows' results are those of an unpadded batch.
 # A resolve inside the graph gathers the scratch row of every relay buffer for them,
-# which holds whatever was last written there (nothing, or the capture's stash); the
-# copy into the static inputs replaces those rows by zeros, so no garbage index
-# reaches an embedding lookup.
+# which holds whatever was last written there (nothing, the capture's stash, or a
+# padded row's own write into a graph-written buffer); the copy into the static
+# inputs replaces those rows by zeros, so no garbage index reaches an embedding
+# lookup.
 
 # Note [Two phases around the publish]
 # Speculative decoding publishes the new lengths mid-forward, after the verify and

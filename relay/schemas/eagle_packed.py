@@ -19,8 +19,9 @@ SCHEMA = EAGLE.derive(
     pick ``eagle`` where the draft's kernels need them contiguous.
     """,
     layout=Layout.PACKED,
-    # A packed buffer is the map's own: no graph writes it (nor, so that one call
-    # writes every row, the lengths).
+    # A packed buffer is the map's own, so no graph may write the fields it packs;
+    # the lengths stay the map's to write too (an engine whose graphs write the
+    # relay's rows picks ``eagle``).
     replace=[
         attrs.evolve(EAGLE.field(f.name), graph_written=False)
         for f in EAGLE.fields
