@@ -12,10 +12,11 @@ from relay, so its names are the contract between the generator and the runtime.
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
-from collections.abc import Callable, Mapping, Sequence
-from typing import cast
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Protocol, cast
 
 import torch
 
@@ -39,6 +40,8 @@ from relay.schema import (
     Scatter,
     ScheduleSlots,
     Schema,
+    Staged,
+    Switch,
     Tails,
     TailsKv,
     TargetShape,
@@ -69,6 +72,8 @@ __all__ = [
     "Schema",
     "Seed",
     "Span",
+    "Staged",
+    "Switch",
     "Table",
     "Tails",
     "TailsKv",
@@ -104,6 +109,7 @@ __all__ = [
     "span_at",
     "stash",
     "stash_partial",
+    "switch",
     "tail_locations",
     "write_kept",
     "write_optional",
@@ -203,10 +209,12 @@ class MapState:
         "device",
         "dtypes",
         "fence",
+        "on",
         "pool_size",
         "produced",
         "rows",
         "seeds",
+        "slots",
         "table",
         "unread",
     )
@@ -220,6 +228,8 @@ class MapState:
         #: Whether the map lives on the CPU (the common case's gate reads it).
         self.cpu = self.device.type == "cpu"
         self.pool_size = pool_size
+        #: The pool's slots, for the host check of a write's slots on the CPU.
+        self.slots = slot_set(pool_size)
         #: Each field's buffer by position; ``None`` until a lazy one is allocated.
         self.buffers: list[torch.Tensor | None] = [None] * len(table.fields)
         #: Each buffer's dtype and row shape, for the gate (``None`` and ``()`` before
@@ -228,6 +238,9 @@ class MapState:
         self.rows: list[tuple[int, ...]] = [()] * len(table.fields)
         #: Each optional field: whether the latest write carried it.
         self.carried: list[bool] = [False] * len(table.fields)
+        #: Each field: whether this map relays it (``False`` for a field whose
+        #: ``Switch`` keyword the constructor was given false: ``switch``).
+        self.on: list[bool] = [True] * len(table.fields)
         #: A scattered field's row positions after its start (``arange(width)``).
         self.columns: dict[int, torch.Tensor] = {}
         #: Debug mode's checker; ``None`` with debug off.
@@ -282,6 +295,21 @@ def check_dim(table: Table, name: str, value: int) -> int:
     return value
 
 
+def switch(s: MapState, keyword: str, value: bool) -> bool:
+    """A ``Switch`` keyword's value given to the constructor: a bool, which turns the
+    fields gated on it on or off for this map's life."""
+    if not isinstance(value, bool):
+        raise TypeError(
+            f"{s.table.owner}: {keyword} must be a bool saying whether this map relays "
+            f"the fields switched by it (got {value!r} of type "
+            f"{type(value).__name__}); pass {keyword}=True or {keyword}=False"
+        )
+    for i, f in enumerate(s.table.fields):
+        if isinstance(f.gate, Switch) and f.gate.keyword == keyword:
+            s.on[i] = value
+    return value
+
+
 def buffer(
     shape: tuple[int, ...],
     dtype: torch.dtype,
@@ -325,11 +353,12 @@ _TENSOR = torch.Tensor
 # On the CPU an indexed write checks each index as it goes, so a slot outside the pool
 # would leave some rows written: the slots are checked first, every time. Up to
 # ``HOST_SLOTS_IN_PYTHON_MAX`` of them are read as a list (``Tensor.numpy`` would
-# dispatch a view op); more with one ``aminmax``. Nothing is taken on trust: slots an
-# engine edited in place after a resolve (through ``.data`` or a numpy alias, which no
-# version counter sees) are checked like any others. On CUDA a bad slot is a
-# device-side assert whatever relay does, and a host check would be a sync: there only
-# debug mode checks slots.
+# dispatch a view op) and tested against the pool's slots in one call
+# (``slot_set``: a set's membership test costs less than ``min`` and ``max``); more
+# with one ``aminmax``. Nothing is taken on trust: slots an engine edited in place
+# after a resolve (through ``.data`` or a numpy alias, which no version counter sees)
+# are checked like any others. On CUDA a bad slot is a device-side assert whatever
+# relay does, and a host check would be a sync: there only debug mode checks slots.
 
 
 def write_rows(s: MapState, indices: torch.Tensor) -> tuple[int, ...] | None:
@@ -349,8 +378,7 @@ def write_rows(s: MapState, indices: torch.Tensor) -> tuple[int, ...] | None:
         if not indices.is_cpu or n == 0:
             return None  # the checked path refuses slots on another device, or none
         if n <= HOST_SLOTS_IN_PYTHON_MAX:
-            values: list[int] = indices.tolist()  # no op dispatched
-            if min(values) < 0 or max(values) >= s.pool_size:
+            if not s.slots.issuperset(indices.tolist()):  # tolist: no op dispatched
                 return None  # the checked path refuses the bad slot, naming it
         else:  # host_slots_ok's aminmax, inlined on the hot path
             low, high = torch.aminmax(indices)
@@ -364,13 +392,42 @@ def write_rows(s: MapState, indices: torch.Tensor) -> tuple[int, ...] | None:
 
 #: Up to this many slots, the host check reads them as a list; above, one ``aminmax``.
 HOST_SLOTS_IN_PYTHON_MAX = 32
+#: Pools up to this many slots are tested against a set of them (4 MiB at most, one
+#: per pool size); larger ones by ``min`` and ``max``.
+SLOT_SET_MAX = 1 << 16
+
+
+class Slots(Protocol):
+    """A pool's slots as the host check tests them."""
+
+    def issuperset(self, values: Iterable[int], /) -> bool: ...
+
+
+class _SlotRange:
+    """The slots of a pool too large for a set: ``issuperset`` by ``min`` and ``max``."""
+
+    __slots__ = ("size",)
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def issuperset(self, values: Iterable[int], /) -> bool:
+        listed = list(values)
+        return not listed or (min(listed) >= 0 and max(listed) < self.size)
+
+
+@functools.lru_cache(maxsize=16)
+def slot_set(pool_size: int) -> Slots:
+    """The slots ``0 .. pool_size - 1``, made once per pool size and shared."""
+    if pool_size <= SLOT_SET_MAX:
+        return frozenset(range(pool_size))
+    return _SlotRange(pool_size)
 
 
 def host_slots_ok(slots: torch.Tensor, pool_size: int) -> bool:
     """Whether every slot of host ``slots`` is in the pool (Note [Slots on the host])."""
     if slots.numel() <= HOST_SLOTS_IN_PYTHON_MAX:
-        values = _host_values(slots)
-        return min(values) >= 0 and max(values) < pool_size
+        return slot_set(pool_size).issuperset(_host_values(slots))
     low, high = torch.aminmax(slots)  # one op; tolist() reads them without another
     return cast(int, low.tolist()) >= 0 and cast(int, high.tolist()) < pool_size
 
@@ -1135,8 +1192,12 @@ def _checked(
     if isinstance(indices, torch.Tensor) and indices.ndim == 0:
         indices = indices.reshape(1)
     values = [
-        None
-        if value is None and (table.fields[i].optional or table.fields[i].graph_written)
+        None  # a field this map does not relay drops its value unread
+        if (
+            value is None
+            and (table.fields[i].optional or table.fields[i].graph_written)
+        )
+        or not s.on[i]
         else check_rows(
             table.what(i),
             value,
@@ -1532,9 +1593,18 @@ def read_back(
 HOST_SUM_IN_PYTHON_MAX = 64
 
 
+#: The dtypes neither floating nor complex, whose host sum is exact in Python ints
+#: (one set test on the hot path).
+_EXACT_SUM = frozenset(
+    d
+    for d in vars(torch).values()
+    if isinstance(d, torch.dtype) and not (d.is_floating_point or d.is_complex)
+)
+
+
 def host_sum(values: torch.Tensor) -> int:
     """The sum of a host tensor as an ``int`` (a float sum is truncated)."""
-    if values.is_floating_point() or values.is_complex():
+    if values.dtype not in _EXACT_SUM:
         return int(values.sum())
     if values.numel() <= HOST_SUM_IN_PYTHON_MAX:
         return sum(values.tolist())

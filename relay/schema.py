@@ -49,6 +49,8 @@ __all__ = [
     "ScheduleSlots",
     "Schema",
     "SourceLocation",
+    "Staged",
+    "Switch",
     "Tails",
     "TailsKv",
     "TargetShape",
@@ -313,6 +315,37 @@ class Carried:
 
 
 @attrs.frozen
+class Switch:
+    """``extra(..., gate=Switch("need_topk"))``: the field is relayed only by a map
+    built with that constructor keyword true (its default). Built with it false, the
+    map allocates no buffer for the field, a payload's value for it is dropped
+    unread, and every resolve hands ``None`` (sglang relays the top-k candidates only
+    for algorithms that draft with them, and the hidden state only where the draft
+    model reads it, whatever the payload carries). Fields may share a keyword."""
+
+    #: The constructor keyword (a bool, default ``True``).
+    keyword: str
+    declared_at: SourceLocation = attrs.field(
+        factory=_declaration_site, kw_only=True, eq=False, repr=False
+    )
+
+
+@attrs.frozen
+class Staged:
+    """``Schema(staged=Staged(...))``: a method that fills a fresh draft input for
+    requests whose rows the map already holds (sglang's requests leaving a staging
+    area, ``make_staged_spec_input``): the parent of the schema's ``indices`` path
+    gets the slots, and each per-batch gate under it says whether the map carries
+    that field now. The next ``resolve_future`` reads the rows as for any batch."""
+
+    #: The generated method's name.
+    method: str
+    declared_at: SourceLocation = attrs.field(
+        factory=_declaration_site, kw_only=True, eq=False, repr=False
+    )
+
+
+@attrs.frozen
 class ScheduleSlots:
     """``Schema(schedule=ScheduleSlots(...))``: where the schedule lane's resolves read
     their slots and requests, when the scheduler's object names them its own way
@@ -382,8 +415,9 @@ class Field:
     #: ``future_dsa_topk_indices_available``). Where it is false the resolve hands
     #: ``None`` and reads nothing, so a request seeded into a reused slot never gets
     #: the slot's previous request's rows. A ``Carried(...)`` reads it only where the
-    #: map carries that other field.
-    gate: str | Carried | None = None
+    #: map carries that other field; a ``Switch(...)`` relays it only where the map
+    #: was built with that keyword true.
+    gate: str | Carried | Switch | None = None
     declared_at: SourceLocation = attrs.field(
         factory=_declaration_site, kw_only=True, eq=False, repr=False
     )
@@ -406,7 +440,7 @@ def extra(
     target: str | None = None,
     source: str | None = None,
     doc: str = "",
-    gate: str | Carried | None = None,
+    gate: str | Carried | Switch | None = None,
 ) -> Field:
     """A forward field the producer may or may not make (sglang's draft extras): its
     buffer is allocated by the first payload that carries it, with that payload's dtype
@@ -479,6 +513,8 @@ class Schema:
     #: Where the schedule lane's resolves read their slots and requests, when the
     #: scheduler's object names them its own way: a ``ScheduleSlots(...)``.
     schedule: ScheduleSlots | None = None
+    #: A method filling a fresh draft input for staged requests: a ``Staged(...)``.
+    staged: Staged | None = None
     declared_at: SourceLocation = attrs.field(
         factory=_declaration_site, kw_only=True, eq=False, repr=False
     )
@@ -571,6 +607,7 @@ class Schema:
         seeded: bool | None = None,
         owners: str | None = None,
         schedule: ScheduleSlots | None = None,
+        staged: Staged | None = None,
     ) -> Schema:
         """A new schema made of this one's fields and the differences given.
 
@@ -591,6 +628,7 @@ class Schema:
             "seeded": seeded,
             "owners": owners,
             "schedule": schedule,
+            "staged": staged,
         }
         return attrs.evolve(  # the options not given stay the base's
             self,

@@ -68,63 +68,77 @@ def _pool(device: torch.device, pool_size: int, *row: int, dtype: Any) -> torch.
     return torch.zeros((pool_size, *row), dtype=dtype, device=device)
 
 
-class DecodeBaseline:
-    """Plain decoding, sglang today: tokens relayed; the host computes ``seq_lens + 1``."""
+class _Map:
+    """A pool of request slots; a resolve reads the batch's ``req_pool_indices``."""
 
-    def __init__(self, device: torch.device | str, pool_size: int) -> None:
-        self.device = torch.device(device)
-        self.output_tokens_buf = _pool(self.device, pool_size, dtype=torch.int64)
-
-    def stash(self, indices: torch.Tensor, *, next_token_ids: torch.Tensor) -> None:
-        if indices.numel() == 0:
-            return
-        self.output_tokens_buf[indices] = next_token_ids.to(torch.int64)
-
-    def resolve_future(self, batch: Any) -> None:
-        indices = batch.req_pool_indices
-        if indices.numel() == 0:
-            return
-        batch.input_ids = self.output_tokens_buf[indices]
-
-
-class _SeqLens:
     def __init__(self, device: torch.device | str, pool_size: int) -> None:
         self.device = torch.device(device)
         self.pool_size = pool_size
+
+    def slots(self, batch: Any) -> torch.Tensor | None:
+        """The slots a resolve reads, ``None`` for none."""
+        indices = batch.req_pool_indices
+        return indices if indices.numel() != 0 else None
+
+
+class _Sglang(_Map):
+    """sglang 0.5.23's slots: the draft input's ``future_indices``, none without one."""
+
+    def slots(self, batch: Any) -> torch.Tensor | None:
+        spec_info = batch.spec_info
+        indices = None if spec_info is None else spec_info.future_indices
+        return indices if indices is not None and indices.numel() != 0 else None
+
+
+class DecodeBaseline(_Map):
+    """Plain decoding, sglang today: tokens relayed; the host computes ``seq_lens + 1``."""
+
+    def __init__(self, device: torch.device | str, pool_size: int) -> None:
+        super().__init__(device, pool_size)
+        self.output_tokens_buf = _pool(self.device, pool_size, dtype=torch.int64)
+
+    def stash(self, indices: torch.Tensor, *, next_token_ids: torch.Tensor) -> None:
+        if indices.numel() != 0:
+            self.output_tokens_buf[indices] = next_token_ids.to(torch.int64)
+
+    def resolve_future(self, batch: Any) -> None:
+        indices = self.slots(batch)
+        if indices is not None:
+            batch.input_ids = self.output_tokens_buf[indices]
+
+
+class _SeqLens(_Map):
+    """``new_seq_lens`` published behind the fence, gathered by the scheduler, copied
+    to the host and summed."""
+
+    def __init__(self, device: torch.device | str, pool_size: int) -> None:
+        super().__init__(device, pool_size)
         self.new_seq_lens_buf = _pool(self.device, pool_size, dtype=torch.int64)
         self._ready = PublishReady(self.device)
 
     def publish(self, indices: torch.Tensor, new_seq_lens: torch.Tensor) -> None:
-        if indices.numel() == 0:
-            return
-        self.new_seq_lens_buf[indices] = new_seq_lens.to(torch.int64)
-        self._ready.record()
+        if indices.numel() != 0:
+            self.new_seq_lens_buf[indices] = new_seq_lens.to(torch.int64)
+            self._ready.record()
 
     def resolve_seq_lens_cpu(self, batch: Any) -> None:
-        indices = batch.req_pool_indices
-        if indices.numel() == 0:
-            return
-        self._ready.resolve(self.new_seq_lens_buf, batch, indices)
+        indices = self.slots(batch)
+        if indices is not None:
+            self._ready.resolve(self.new_seq_lens_buf, batch, indices)
 
 
 class DecodeSeqLensBaseline(DecodeBaseline, _SeqLens):
     """Plain decoding, sglang's sentinel design: placeholder tokens, lengths relayed."""
 
-    def __init__(self, device: torch.device | str, pool_size: int) -> None:
-        DecodeBaseline.__init__(self, device, pool_size)
-        _SeqLens.__init__(self, device, pool_size)
-
     def invalidate(self, batch: Any, indices: torch.Tensor) -> None:
-        if indices.numel() == 0:
-            return
-        batch.input_ids = -indices  # slots start at 1: a placeholder is always < 0
+        if indices.numel() != 0:
+            batch.input_ids = -indices  # slots start at 1: a placeholder is always < 0
 
     def resolve_future(self, batch: Any) -> None:
-        if batch.req_pool_indices.numel() == 0:
-            return
-        input_ids = batch.input_ids
-        tokens = self.output_tokens_buf[(-input_ids).clamp(min=0)]
-        input_ids.copy_(torch.where(input_ids < 0, tokens, input_ids))
+        if self.slots(batch) is not None:
+            input_ids = batch.input_ids
+            tokens = self.output_tokens_buf[(-input_ids).clamp(min=0)]
+            input_ids.copy_(torch.where(input_ids < 0, tokens, input_ids))
 
 
 class EagleBaseline(_SeqLens):
@@ -153,19 +167,11 @@ class EagleBaseline(_SeqLens):
         self.output_tokens_buf[indices] = bonus_tokens.to(torch.int64)
         self.topk_p_buf[indices] = topk_p.to(torch.float32)
         self.topk_index_buf[indices] = topk_index.to(torch.int64)
-        if hidden_states is not None:
-            if self.hidden_states_buf is None:
-                self.hidden_states_buf = _pool(
-                    self.device, self.pool_size, hidden_states.shape[1],
-                    dtype=hidden_states.dtype,
-                )  # fmt: skip
-            self.hidden_states_buf[indices] = hidden_states.to(
-                self.hidden_states_buf.dtype
-            )
+        self.hidden_states_buf = _write_extra(self.hidden_states_buf, self.pool_size, indices, hidden_states)  # fmt: skip
 
     def resolve_future(self, batch: Any) -> None:
-        indices = batch.req_pool_indices
-        if indices.numel() == 0:
+        indices = self.slots(batch)
+        if indices is None:
             return
         spec_info = batch.spec_info
         spec_info.bonus_tokens = self.output_tokens_buf[indices]
@@ -178,7 +184,7 @@ class EagleBaseline(_SeqLens):
 def _write_extra(
     buf: torch.Tensor | None, pool_size: int, indices: torch.Tensor, value: Any
 ) -> torch.Tensor | None:
-    """sglang 0.5.23's optional extra: allocated by the first payload carrying it."""
+    """An optional extra, allocated by the first payload carrying it (sglang 0.5.23's)."""
     if value is None:
         return buf
     if buf is None:
@@ -188,7 +194,7 @@ def _write_extra(
     return buf
 
 
-class SglangEagleBaseline:
+class SglangEagleBaseline(_Sglang, _SeqLens):
     """EAGLE as sglang 0.5.23 relays it, by ``future_indices``. Buffers a captured graph
     wrote (``graph_wrote``) are not scattered again by ``publish`` and ``stash``."""
 
@@ -200,11 +206,11 @@ class SglangEagleBaseline:
         output_tokens_buf: torch.Tensor | None = None,
         new_seq_lens_buf: torch.Tensor | None = None,
     ) -> None:
-        self.device = torch.device(device)
-        self.pool_size = pool_size
+        super().__init__(device, pool_size)
         own = torch.empty(pool_size, dtype=torch.int64, device=self.device)
-        self.output_tokens_buf = output_tokens_buf if output_tokens_buf is not None else own  # fmt: skip
-        self.new_seq_lens_buf = new_seq_lens_buf if new_seq_lens_buf is not None else own.clone()  # fmt: skip
+        self.output_tokens_buf = own if output_tokens_buf is None else output_tokens_buf
+        if new_seq_lens_buf is not None:
+            self.new_seq_lens_buf = new_seq_lens_buf
         self.topk_p_buf: torch.Tensor | None = None
         self.topk_index_buf: torch.Tensor | None = None
         self.hidden_states_buf: torch.Tensor | None = None
@@ -213,7 +219,6 @@ class SglangEagleBaseline:
         self.confidence_buf: torch.Tensor | None = None
         self.published_bonus: torch.Tensor | None = None
         self.published_seq_lens: torch.Tensor | None = None
-        self._ready = PublishReady(self.device)
 
     def graph_wrote(
         self, *, bonus_tokens: torch.Tensor, new_seq_lens: torch.Tensor
@@ -260,12 +265,10 @@ class SglangEagleBaseline:
         self._ready.record()
 
     def resolve_future(self, batch: Any) -> None:
+        indices = self.slots(batch)
+        if indices is None:
+            return
         spec_info = batch.spec_info
-        if spec_info is None or spec_info.future_indices is None:
-            return
-        indices = spec_info.future_indices
-        if indices.numel() == 0:
-            return
         spec_info.bonus_tokens = self.output_tokens_buf[indices]
         if self.topk_p_buf is not None and self.topk_index_buf is not None:
             spec_info.topk_p = self.topk_p_buf[indices]
@@ -277,11 +280,8 @@ class SglangEagleBaseline:
         dsa = self.dsa_topk_indices_buf
         spec_info.dsa_topk_indices = None if dsa is None else dsa[indices]
 
-    def resolve_seq_lens_cpu(self, batch: Any) -> None:
-        _resolve_seq_lens(self._ready, self.new_seq_lens_buf, batch)
 
-
-class NgramBaseline(_SeqLens):
+class NgramBaseline(_Sglang, _SeqLens):
     """n-gram as sglang 0.5.23 relays it: accepted drafts and counts, lazily allocated."""
 
     def __init__(self, device: torch.device | str, pool_size: int) -> None:
@@ -302,24 +302,8 @@ class NgramBaseline(_SeqLens):
         self.accept_lens_buf[indices] = accept_lens
 
     def resolve_future(self, batch: Any) -> None:
-        spec_info = batch.spec_info
-        if spec_info is None or spec_info.future_indices is None:
-            return
-        indices = spec_info.future_indices
+        indices = self.slots(batch)
         tokens, lens = self.accept_tokens_buf, self.accept_lens_buf
-        if indices.numel() == 0 or tokens is None or lens is None:
-            return  # no slots, or nothing stashed yet
-        spec_info.accept_tokens = tokens[indices].flatten()
-        spec_info.accept_lens = lens[indices]
-
-    def resolve_seq_lens_cpu(self, batch: Any) -> None:
-        _resolve_seq_lens(self._ready, self.new_seq_lens_buf, batch)
-
-
-def _resolve_seq_lens(ready: PublishReady, buf: torch.Tensor, batch: Any) -> None:
-    spec_info = batch.spec_info
-    if spec_info is None or spec_info.future_indices is None:
-        return
-    indices = spec_info.future_indices
-    if indices.numel() != 0:
-        ready.resolve(buf, batch, indices)
+        if indices is not None and tokens is not None and lens is not None:
+            batch.spec_info.accept_tokens = tokens[indices].flatten()
+            batch.spec_info.accept_lens = lens[indices]

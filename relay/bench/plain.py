@@ -8,54 +8,38 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
 import torch
 
-from relay.bench.sides import SEQ_LENS_PLUS_ONE, Batch, Shape, advance_seq_lens
+from relay.bench.sides import SEQ_LENS_PLUS_ONE, Batch, Shape, Side, advance_seq_lens
 from relay.codegen.layout import packed_groups
 from relay.cpu_stream import CpuEvent
 from relay.device import CpuPolicy, HostMirror, policy_for
-from relay.runtime import HOST_SLOTS_IN_PYTHON_MAX, HOST_SUM_IN_PYTHON_MAX
+from relay.runtime import HOST_SLOTS_IN_PYTHON_MAX as SLOTS_LISTED
+from relay.runtime import HOST_SUM_IN_PYTHON_MAX, slot_set
 from relay.schema import Field, Lane, Resolve, Schema, TargetShape, resolve_method
 
-__all__ = ["Plain", "Unsupported", "build_plain", "slot_check"]
+__all__ = ["Plain", "Unsupported", "build_plain"]
 
 
 class Unsupported(Exception):
     """A step the floor does not write (placeholders, scatters): no floor is reported."""
 
 
-def slot_check(slots: str, pool: str, batch: int) -> list[str]:
-    """relay's host check of a CPU write's ``slots``: a list up to 32, else ``aminmax``."""
-    if batch <= HOST_SLOTS_IN_PYTHON_MAX:
-        return [
-            f"s = {slots}.tolist()",
-            f"if min(s) < 0 or max(s) >= {pool}: raise IndexError(s)",
-        ]
-    return [
-        f"lo, hi = {slots}.aminmax()",
-        f"if lo.tolist() < 0 or hi.tolist() >= {pool}: raise IndexError({slots})",
-    ]
-
-
 @attrs.define
-class Plain:
-    """A floor: its source, one function per method of the step, and its batch."""
+class Plain(Side):
+    """A floor, driven as a side: one function per method of the step, its source, the
+    names they read, and the workload's values they read (``v_<name>``)."""
 
-    source: str
-    calls: tuple[tuple[str, Callable[[], None]], ...]
-    batch: Batch
-    namespace: dict[str, Any]
-    sources: tuple[str, ...]
-
-    def step(self) -> None:
-        for _, call in self.calls:
-            call()
+    source: str = ""
+    namespace: dict[str, Any] = attrs.field(factory=dict)
+    sources: tuple[str, ...] = ()
 
     def bind(self, values: Mapping[str, torch.Tensor | None]) -> None:
+        """Rebind the workload's values (after ``Workload.renew``)."""
         self.namespace.update((f"v_{s}", values[s]) for s in self.sources)
 
 
@@ -78,6 +62,7 @@ class _Builder:
                 kind = "scatter" if f.scatter else getattr(f.resolve, "value", "?")
                 raise Unsupported(f"{f.name} resolves by {kind}")
         self.ns["P"] = relay_map.pool_size
+        self.ns["S"] = slot_set(relay_map.pool_size)
         self._buffers(relay_map)
 
     def _value(self, f: Field) -> torch.Tensor | None:
@@ -123,9 +108,14 @@ class _Builder:
             self.ns["wait"] = functools.partial(policy.wait, event)
 
     def writes(self, fields: Sequence[Field], check: bool) -> list[str]:
-        lines = []
-        if check and self.device.type == "cpu":
-            lines += slot_check("idx", "P", self.shape.batch)
+        lines = []  # relay's host check of the slots (S: the pool's, runtime.slot_set)
+        if check and self.device.type == "cpu" and self.shape.batch <= SLOTS_LISTED:
+            lines.append("if not S.issuperset(idx.tolist()): raise IndexError(idx)")
+        elif check and self.device.type == "cpu":
+            lines.append("lo, hi = idx.aminmax()")
+            lines.append(
+                "if lo.tolist() < 0 or hi.tolist() >= P: raise IndexError(idx)"
+            )
         for f in fields:
             if f"b_{f.name}" not in self.ns:
                 continue  # a lazy field never carried: the map writes nothing either
@@ -246,4 +236,4 @@ def build_plain(
     text = "\n".join(source) + "\n"
     exec(compile(text, "<relay bench floor>", "exec"), b.ns)  # noqa: S102
     calls = tuple((name, b.ns[f"m{m}"]) for m, (name, _) in enumerate(bodies))
-    return Plain(text, calls, b.batch, b.ns, tuple(b.sources))
+    return Plain(None, b.batch, calls, None, text, b.ns, tuple(b.sources))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import types
 from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any
 
@@ -15,9 +16,10 @@ import torch
 from relay.bench import baseline as hand
 from relay.schema import Field, Schema
 
-__all__ = ["PAIRS", "SEQ_LENS_PLUS_ONE", "Batch", "Generated", "Pair", "Shape", "Side"]
-__all__ += ["Workload", "advance_seq_lens", "buffer_bytes", "compare_values"]
-__all__ += ["discover", "generated_side", "observed", "pair_sides", "same"]
+__all__ = ["PAIRS", "SEQ_LENS_PLUS_ONE", "SPEC_READS", "Batch", "Generated", "Pair"]
+__all__ += ["Shape", "Side", "Workload", "advance_seq_lens", "buffer_bytes"]
+__all__ += ["compare_values"]
+__all__ += ["differences", "discover", "observed", "pair_sides", "same"]
 
 #: The driver's own step where a map relays no lengths.
 SEQ_LENS_PLUS_ONE = "seq_lens + 1"
@@ -108,32 +110,23 @@ def discover(
         except ImportError as error:
             skipped.append((pair, str(error)))
             continue
-        names: Sequence[str] = getattr(module, "__all__", dir(module))
-        classes = [getattr(module, n) for n in names if n.endswith(("FutureMap", "Payload"))]  # fmt: skip
-        if len(classes) != 2:
-            skipped.append((pair, f"{module.__name__}: not one FutureMap and one Payload"))  # fmt: skip
-        else:
-            found.append((pair, Generated(*sorted(classes, key=lambda c: c.__name__.endswith("Payload")))))  # fmt: skip
+        # A generated module exports one map, one payload and its batch Protocols.
+        exported = [getattr(module, name) for name in module.__all__]
+        (map_cls,) = [c for c in exported if c.__name__.endswith("FutureMap")]
+        (payload_cls,) = [c for c in exported if c.__name__.endswith("Payload")]
+        found.append((pair, Generated(map_cls, payload_cls)))
     return found, skipped
 
 
-@attrs.define(slots=False)
-class SpecInfo:
-    future_indices: torch.Tensor | None = None
-    bonus_tokens: torch.Tensor | None = None
-    topk_p: torch.Tensor | None = None
-    topk_index: torch.Tensor | None = None
-    hidden_states: torch.Tensor | None = None
-    draft_probs: torch.Tensor | None = None
-    dsa_topk_indices: torch.Tensor | None = None
-    future_dsa_topk_indices_available: bool = False
-    accept_tokens: torch.Tensor | None = None
-    accept_lens: torch.Tensor | None = None
+#: What a resolve hands the next forward through the batch's draft input.
+SPEC_READS: tuple[str, ...] = ("topk_p", "topk_index", "hidden_states")
+SPEC_READS += ("draft_probs", "dsa_topk_indices", "accept_tokens", "accept_lens")
 
 
 @attrs.define(slots=False)
 class Batch:
-    """A scheduler batch: every attribute the maps read and write in a decode step."""
+    """A scheduler batch: every attribute the maps read and write in a decode step; its
+    draft input (``spec_info``) holds the slots, the bonus tokens and ``SPEC_READS``."""
 
     req_pool_indices: torch.Tensor
     req_pool_indices_cpu: torch.Tensor
@@ -141,14 +134,18 @@ class Batch:
     seq_lens: torch.Tensor
     seq_lens_cpu: torch.Tensor
     seq_lens_sum: int
-    spec_info: SpecInfo = attrs.field(factory=SpecInfo)
+    spec_info: Any
 
     @staticmethod
     def new(indices: torch.Tensor, seq_lens: torch.Tensor) -> Batch:
         host = seq_lens.cpu().clone()
+        spec_info = types.SimpleNamespace(
+            future_indices=indices, bonus_tokens=None,
+            future_dsa_topk_indices_available=False, **dict.fromkeys(SPEC_READS),
+        )  # fmt: skip
         return Batch(
             indices, indices.cpu(), torch.zeros_like(indices), seq_lens.clone(), host,
-            int(host.sum()), SpecInfo(future_indices=indices),
+            int(host.sum()), spec_info,
         )  # fmt: skip
 
 
@@ -237,8 +234,9 @@ class Side:
             call()
 
 
-def _keywords(method: Callable[..., Any]) -> list[str]:
-    return list(inspect.signature(method).parameters)[1:]  # after the indices
+def _keywords(method: Callable[..., Any], after: int = 1) -> list[str]:
+    """``method``'s parameters after its first ``after`` (the indices)."""
+    return list(inspect.signature(method).parameters)[after:]
 
 
 def build_side(
@@ -252,82 +250,57 @@ def build_side(
     """``relay_map``'s step in an engine's order, primed with one stash. ``payload_cls``:
     None for a baseline (keyword stash). ``graph``: the fields a captured graph writes;
     the generated map gets None for them, a baseline the very values."""
-    owner, indices = type(relay_map).__name__, work.indices
+    owner, indices, m = type(relay_map).__name__, work.indices, relay_map
     batch = Batch.new(indices, work.seq_lens)
-    calls: list[tuple[str, Callable[[], None]]] = []
     nones = [f.payload_name for f in graph] if payload_cls is not None else []
-    if hasattr(relay_map, "invalidate"):
-        calls.append(("invalidate", functools.partial(relay_map.invalidate, batch, indices)))  # fmt: skip
-    calls.append(("resolve_future", functools.partial(relay_map.resolve_future, batch)))
-    graph_write = None
-    if graph:
-        wrote = relay_map.graph_wrote
-        if payload_cls is not None:
-            calls.append(("graph_wrote", functools.partial(wrote, indices)))
-        else:
-            values = work.kwargs(list(inspect.signature(wrote).parameters), owner)
-            calls.append(("graph_wrote", lambda: wrote(**values)))
-        targets = [(getattr(relay_map, f"{f.name}_buf"), f.payload_name) for f in graph]
-
-        def graph_write() -> None:
-            for buf, value in targets:
-                buf.index_copy_(0, indices, work.values[value])
-
-    if hasattr(relay_map, "publish"):
-        publish = relay_map.publish
+    calls: list[tuple[str, Callable[[], None]]] = []
+    if hasattr(m, "invalidate"):
+        calls.append(("invalidate", functools.partial(m.invalidate, batch, indices)))
+    calls.append(("resolve_future", functools.partial(m.resolve_future, batch)))
+    if graph and payload_cls is not None:
+        calls.append(("graph_wrote", functools.partial(m.graph_wrote, indices)))
+    elif graph:  # the dicts ``work.kwargs`` hands are kept current: read per call
+        wrote, values = m.graph_wrote, work.kwargs(_keywords(m.graph_wrote, 0), owner)
+        calls.append(("graph_wrote", lambda: wrote(**values)))
+    if hasattr(m, "publish"):
+        publish = m.publish
         published = work.kwargs(_keywords(publish), f"{owner}.publish", nones)
         calls.append(("publish", lambda: publish(indices, **published)))
-    stash = relay_map.stash
-    if payload_cls is not None:
-        make = payload_cls
+    stash, make = m.stash, payload_cls
+    if make is not None:
         names = [f.name for f in attrs.fields(make)]
         fields = work.kwargs(names, make.__name__, nones)
-
-        def stash_call() -> None:
-            stash(indices, make(**fields))
+        calls.append(("stash", lambda: stash(indices, make(**fields))))
     else:
         keywords = work.kwargs(_keywords(stash), f"{owner}.stash")
-
-        def stash_call() -> None:
-            stash(indices, **keywords)
-
-    calls.append(("stash", stash_call))
-    resolves = sorted(
-        n for n in dir(type(relay_map))
+        calls.append(("stash", lambda: stash(indices, **keywords)))
+    resolves = [
+        n
+        for n in sorted(dir(type(m)))
         if n.startswith("resolve_") and n != "resolve_future" and n not in left_out
-    )  # fmt: skip
-    calls += [(r, functools.partial(getattr(relay_map, r), batch)) for r in resolves]
+    ]
+    calls += [(r, functools.partial(getattr(m, r), batch)) for r in resolves]
     if not resolves:
         calls.append((SEQ_LENS_PLUS_ONE, functools.partial(advance_seq_lens, batch)))
-    if graph_write is not None:  # the priming stash follows a graph's write
-        graph_write()
+    side = Side(m, batch, tuple(calls), _graph_write(m, work, graph) if graph else None)
+    if side.graph is not None:  # the priming stash follows a graph's write
+        side.graph()
         dict(calls)["graph_wrote"]()
-    stash_call()
-    return Side(relay_map, batch, tuple(calls), graph_write)
+    dict(calls)["stash"]()
+    return side
 
 
-def generated_side(
-    pair: Pair,
-    generated: Generated,
-    shape: Shape,
-    device: torch.device,
-    work: Workload,
-    *,
-    debug: bool = False,
-) -> Side:
-    relay_map = _new(generated.map_cls, pair, shape, device, debug=debug)
-    graph = pair.graph_fields()
-    return build_side(
-        relay_map, work, generated.payload_cls, left_out=pair.left_out, graph=graph
-    )
+def _graph_write(
+    relay_map: Any, work: Workload, graph: Sequence[Field]
+) -> Callable[[], None]:
+    """The captured graph's write of its fields' values into ``relay_map``'s buffers."""
+    targets = [(getattr(relay_map, f"{f.name}_buf"), f.payload_name) for f in graph]
 
+    def write() -> None:
+        for buf, value in targets:
+            buf.index_copy_(0, work.indices, work.values[value])
 
-def _new(cls: Any, pair: Pair, shape: Shape, device: torch.device, **kw: Any) -> Any:
-    """``cls`` at ``shape``, given the eager dims it takes and the adopted buffers."""
-    dims: dict[str, Any] = {"topk": shape.topk, "hidden": shape.hidden}
-    params = inspect.signature(cls).parameters.items()
-    kw.update((n, dims[n]) for n, p in params if p.kind is p.KEYWORD_ONLY and n in dims)
-    return cls(device, shape.pool, **kw, **pair.adopted(shape, device))
+    return write
 
 
 def pair_sides(
@@ -339,11 +312,19 @@ def pair_sides(
     *,
     debug: bool = False,
 ) -> tuple[Side, Side]:
-    relay_map = _new(pair.baseline, pair, shape, device)
-    base = build_side(
-        relay_map, work, None, left_out=pair.left_out, graph=pair.graph_fields()
-    )
-    return base, generated_side(pair, generated, shape, device, work, debug=debug)
+    """The baseline's side and the generated map's (``debug``: in debug mode)."""
+    kw: dict[str, Any] = {"left_out": pair.left_out, "graph": pair.graph_fields()}
+    base = build_side(_new(pair.baseline, pair, shape, device), work, None, **kw)
+    relay_map = _new(generated.map_cls, pair, shape, device, debug=debug)
+    return base, build_side(relay_map, work, generated.payload_cls, **kw)
+
+
+def _new(cls: Any, pair: Pair, shape: Shape, device: torch.device, **kw: Any) -> Any:
+    """``cls`` at ``shape``, given the eager dims it takes and the adopted buffers."""
+    dims: dict[str, Any] = {"topk": shape.topk, "hidden": shape.hidden}
+    params = inspect.signature(cls).parameters.items()
+    kw.update((n, dims[n]) for n, p in params if p.kind is p.KEYWORD_ONLY and n in dims)
+    return cls(device, shape.pool, **kw, **pair.adopted(shape, device))
 
 
 def buffer_bytes(relay_map: Any, fields: Sequence[str]) -> int:
@@ -358,10 +339,7 @@ def observed(batch: Batch, with_seq_lens: bool) -> Iterator[tuple[str, object]]:
     spec = batch.spec_info
     tokens = spec.bonus_tokens if spec.bonus_tokens is not None else batch.input_ids
     yield "next tokens", tokens
-    for name in (
-        *("topk_p", "topk_index", "hidden_states", "draft_probs"),
-        *("dsa_topk_indices", "accept_tokens", "accept_lens"),
-    ):
+    for name in SPEC_READS:
         yield f"spec_info.{name}", getattr(spec, name)
     if with_seq_lens:
         yield "seq_lens", batch.seq_lens
@@ -374,6 +352,14 @@ def same(a: object, b: object) -> bool:
         same_kind = (a.dtype, a.shape, a.device) == (b.dtype, b.shape, b.device)
         return same_kind and bool(torch.equal(a, b))
     return type(a) is type(b) and a == b
+
+
+def differences(
+    want: Batch, got: Batch, with_seq_lens: bool = True
+) -> list[tuple[str, object, object]]:
+    """Each value the next forward or the scheduler reads that ``got`` holds otherwise."""
+    both = zip(observed(want, with_seq_lens), observed(got, with_seq_lens))
+    return [(key, a, b) for (key, a), (_, b) in both if not same(a, b)]
 
 
 def compare_values(
@@ -403,11 +389,8 @@ def compare_values(
         gen.check_step()
         assert work.values["new_seq_lens"] is not None
         work.seq_lens = work.values["new_seq_lens"]
-        want, got = dict(observed(base.batch, both)), dict(observed(gen.batch, both))
         problems += [
-            f"{where} step {step}: {key} differs (baseline {want[key]!r:.60}, "
-            f"generated {got[key]!r:.60})"
-            for key in want
-            if not same(want[key], got[key])
+            f"{where} step {step}: {key} differs (baseline {a!r:.60}, generated {b!r:.60})"
+            for key, a, b in differences(base.batch, gen.batch, both)
         ]
     return problems

@@ -12,10 +12,10 @@ from typing import Any, cast
 import attrs
 import torch
 
+from relay import runtime
 from relay.bench.timing import quartiles, time_interleaved, timer_for
-from relay.runtime import HOST_POSITIONS_IN_PYTHON_MAX, HOST_SLOTS_IN_PYTHON_MAX
 
-__all__ = ["SpanWork", "measure", "plain_step", "relay_step", "render", "workload"]
+__all__ = ["SIDES", "SpanWork", "measure", "plain_step", "relay_step", "workload"]
 
 DRAFTS = 3
 POOL = 513
@@ -81,12 +81,13 @@ def plain_step(
     cols = torch.arange(DRAFTS, device=device)
     input_ids = torch.full((work.size,), -1, device=device)
     check = check and device.type == "cpu"
-    few = idx.numel() <= HOST_SLOTS_IN_PYTHON_MAX
+    few = idx.numel() <= runtime.HOST_SLOTS_IN_PYTHON_MAX
+    slots = runtime.slot_set(POOL)
     size = input_ids.numel()
 
     def apart(starts: torch.Tensor, counts: torch.Tensor) -> None:
         """relay's span check: counts 0 to K, spans in order inside the target."""
-        if starts.numel() <= HOST_POSITIONS_IN_PYTHON_MAX:
+        if starts.numel() <= runtime.HOST_POSITIONS_IN_PYTHON_MAX:
             at: list[int] = starts.tolist()
             each: list[int] = counts.tolist()
             if min(each) < 0 or max(each) > DRAFTS:
@@ -108,9 +109,8 @@ def plain_step(
 
     def step() -> None:
         if check and few:
-            s = idx.tolist()
-            if min(s) < 0 or max(s) >= POOL:
-                raise IndexError(s)
+            if not slots.issuperset(idx.tolist()):
+                raise IndexError(idx)
         elif check:
             lo, hi = idx.aminmax()
             if cast(int, lo.tolist()) < 0 or cast(int, hi.tolist()) >= POOL:
@@ -165,22 +165,3 @@ def measure(
 
 
 SIDES = ("generated", "floor", "bare")
-
-
-def render(results: Sequence[dict[str, Any]]) -> str:
-    lines = [
-        (
-            f"vllm_drafts (P={POOL}, K={DRAFTS}): stash + resolve_future per step; floor: "
-            "the same torch calls and relay's host checks on the CPU, bare: without them"
-        ),
-        "batch  generated us  floor us  bare us  gen/floor (p25-p75)   gen/bare  values",
-    ]
-    for r in results:
-        q, us = r["generated/floor"], r["us"]
-        lines.append(
-            f"{r['batch']:5d}  {us['generated']:12.1f}  {us['floor']:8.1f}  "
-            f"{us['bare']:7.1f}  {q['median']:.2f}x ({q['p25']:.2f}-{q['p75']:.2f})  "
-            f"{r['generated/bare']['median']:8.2f}x  "
-            + ("same" if r["same"] else "DIFFER")
-        )
-    return "\n".join(lines)

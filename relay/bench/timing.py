@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import math
 import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -13,7 +12,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["balanced_orders", "per_method", "quantile", "quartiles", "time_interleaved"]
+__all__ = ["balanced_orders", "per_method", "quartiles", "time_interleaved"]
 __all__ += ["timer_for"]
 
 Timer = Callable[[Callable[[], None], int], int]
@@ -54,21 +53,11 @@ def _sync(device: torch.device) -> Callable[[], None]:
     return torch.get_device_module(device.type).synchronize  # type: ignore[no-any-return]
 
 
-def quantile(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    pos = q * (len(ordered) - 1)
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
-
-
 def quartiles(num: Sequence[float], den: Sequence[float]) -> dict[str, float]:
     """Quartiles of the per-repeat ratios ``num / den``: drift between repeats cancels."""
     per = [n / d for n, d in zip(num, den)]
-    return {
-        "p25": quantile(per, 0.25),
-        "median": quantile(per, 0.5),
-        "p75": quantile(per, 0.75),
-    }
+    q = statistics.quantiles(per * (2 if len(per) == 1 else 1), n=4, method="inclusive")
+    return {"p25": q[0], "median": q[1], "p75": q[2]}
 
 
 # Note [Balanced order]

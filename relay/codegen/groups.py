@@ -1,5 +1,6 @@
 """The grouped declarations' rules: a scatter's offsets, counts and span, a host copy,
-a mixed batch's tails, the schedule lane's own slots (Note [Grouped declarations] in
+a mixed batch's tails, the schedule lane's own slots, a map's switches and its staged
+draft inputs (Note [Grouped declarations] in
 relay/schema.py). A group's options cannot contradict each other; what is checked here
 is each value (a path, an int) and how the group fits the field or schema declaring it.
 """
@@ -20,8 +21,11 @@ from relay.schema import (
     ScheduleSlots,
     Schema,
     SourceLocation,
+    Staged,
+    Switch,
     Tails,
     TailsKv,
+    resolve_method,
 )
 
 __all__ = [
@@ -29,6 +33,8 @@ __all__ = [
     "check_groups",
     "check_scatter",
     "check_schedule_slots",
+    "check_staged",
+    "check_switches",
 ]
 
 
@@ -460,4 +466,91 @@ def check_schedule_slots(c: Collector, fields: list[Field]) -> None:
                 "its value to the scheduler's own object, so the placeholders would "
                 "stay where they were written",
                 "resolve the field with Resolve.GATHER, or remove schedule=...",
+            )
+
+
+def check_switches(c: Collector, fields: list[Field]) -> None:
+    """``gate=Switch(keyword)``: a constructor keyword of its own (the rule that a gate
+    sits on an optional gathered forward field is the gate's, in validate.py)."""
+    if not any(isinstance(f.gate, Switch) for f in fields):
+        return
+    shaped = tuple(f for f in fields if isinstance(f.shape, tuple))
+    dims = set(naming.symbolic_dims(shaped))
+    # The map's attributes and methods besides the reserved names: the keyword
+    # becomes an attribute too.
+    taken = {naming.buffer(f) for f in fields} | {naming.host_mirror(f) for f in fields}
+    taken |= {resolve_method(f) for f in fields if f.lane is Lane.SCHEDULE}
+    for f in fields:
+        if not isinstance(f.gate, Switch):
+            continue
+        keyword = f.gate.keyword
+        problem = naming.identifier_problem(keyword)
+        if problem is None and keyword in dims:
+            problem = "is already a keyword of the constructor (a dim)"
+        elif problem is None and keyword in taken:
+            problem = "is already an attribute or method of the map"
+        if problem is not None:
+            c.add(
+                f,
+                "Switch(keyword=...) names the constructor keyword that turns the "
+                f"field on or off; {keyword!r} {problem}",
+                'name it after what the map relays, e.g. gate=Switch("need_topk")',
+                f.gate.declared_at,
+            )
+
+
+def check_staged(c: Collector, fields: list[Field]) -> None:
+    """``Schema(staged=Staged(method))``: a method of its own name that fills the parent
+    of the slots path, which holds every per-batch gate it sets."""
+    staged = c.schema.staged
+    if staged is None:
+        return
+    if not isinstance(staged, Staged):
+        c.add(
+            None,
+            f"staged must be a Staged(...) or None (got {got(staged)})",
+            'write staged=Staged("make_staged_spec_input")',
+        )
+        return
+    at = staged.declared_at
+    taken = {
+        *naming.METHODS,
+        *(resolve_method(f) for f in fields if f.lane is Lane.SCHEDULE),
+        *(naming.buffer(f) for f in fields),
+        *(naming.host_mirror(f) for f in fields),
+        *(f.gate.keyword for f in fields if isinstance(f.gate, Switch)),
+    }
+    problem = naming.identifier_problem(staged.method)
+    if problem is None and staged.method in taken:
+        problem = "is a method or attribute the generated map has already"
+    if problem is not None:
+        c.add(
+            None,
+            "Staged(method=...) names the method that fills a staged draft input; "
+            f"{staged.method!r} {problem}",
+            'name it after what it builds, e.g. Staged("make_staged_spec_input")',
+            at,
+        )
+    slots = c.schema.indices
+    parent = (
+        slots.rsplit(".", 1)[0] if isinstance(slots, str) and "." in slots else None
+    )
+    if parent is None:
+        c.add(
+            None,
+            "Staged(...) fills the object that holds the slots, but indices="
+            f"{slots!r} is an attribute of the batch itself",
+            'read the slots through the draft input, e.g. indices="spec_info.future_'
+            'indices", or remove staged=...',
+            at,
+        )
+        return
+    for f in fields:
+        gate = f.gate
+        if isinstance(gate, str) and gate.rsplit(".", 1)[0] != parent:
+            c.add(
+                f,
+                f"Staged(...) fills batch.{parent}, so each gate must be a flag of it "
+                f"(got gate={gate!r})",
+                f'keep the flag on the draft input, e.g. gate="{parent}.<flag>"',
             )

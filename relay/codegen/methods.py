@@ -26,6 +26,7 @@ from relay.schema import (
     Lane,
     Resolve,
     Schema,
+    Switch,
     TargetShape,
     resolve_method,
 )
@@ -50,7 +51,11 @@ def _names(names: Sequence[str]) -> str:
     return join("(", literals, ",)" if len(literals) == 1 else ")")
 
 
-def _buf(names: Names, f: Field) -> str:
+def _buf(names: Names, schema: Schema, f: Field) -> str:
+    """The buffer a body names: a lazy one from the state's list, not through the
+    map's property (a call per read); ``state`` is the body's first local."""
+    if f.alloc is Alloc.LAZY:
+        return f"state.buffers[{schema.fields.index(f)}]"
     return f"self.{names.buffer[f.name]}"
 
 
@@ -61,9 +66,9 @@ def _lazy(f: Field) -> bool:
 # --- stash / publish / seed -------------------------------------------------------------
 
 
-def _carried(schema: Schema, f: Field, state: str = "self._state") -> str:
+def _carried(schema: Schema, f: Field) -> str:
     """Whether the latest write carried optional field ``f``: the map state's flag."""
-    return f"{state}.carried[{schema.fields.index(f)}]"
+    return f"state.carried[{schema.fields.index(f)}]"
 
 
 def _test(schema: Schema, f: Field, v: str) -> str:
@@ -71,38 +76,43 @@ def _test(schema: Schema, f: Field, v: str) -> str:
     dtype and row shape, one row per slot, on the map's device, not requiring grad; an
     optional field's may be left out (tested here: no call for a value left out); a
     lazy field's buffer must exist."""
-    test = f"_rt.fits(state, {schema.fields.index(f)}, {v}, index_shape)"
+    i = schema.fields.index(f)
+    test = f"_rt.fits(state, {i}, {v}, index_shape)"
+    if isinstance(f.gate, Switch):  # a field this map does not relay takes anything
+        return f"({v} is None or {test} or not {_on(schema, f)})"
     if f.optional or f.graph_written:  # Note [Left to others] in runtime.py
         return f"({v} is None or {test})"
+    if _lazy(f):  # true once ``fits`` is; it narrows the buffer's type for the write
+        return f"{test} and state.buffers[{i}] is not None"
     return test
 
 
-def _write_buf(names: Names, schema: Schema, f: Field) -> str:
-    """The buffer a write names: a lazy one from the state's list, not through the
-    map's property (the gate saw it made when a value is given)."""
-    if _lazy(f):
-        return f"state.buffers[{schema.fields.index(f)}]"
-    return _buf(names, f)
+def _on(schema: Schema, f: Field) -> str:
+    """Whether this map relays ``f`` (its ``Switch`` keyword, as the constructor got it)."""
+    return f"state.on[{schema.fields.index(f)}]"
 
 
 def _write(names: Names, schema: Schema, f: Field, v: str) -> list[str]:
     """The common case's write of ``f``'s value ``v`` (Note [One body] in runtime.py)."""
-    buf = _write_buf(names, schema, f)
+    buf = _buf(names, schema, f)
+    given = f"{v} is not None"
+    if isinstance(f.gate, Switch):  # dropped where this map does not relay it
+        given = f"{given} and {_on(schema, f)}"
     if f.optional and f.kept:  # left out, the rows and the flag stay
-        flag = _carried(schema, f, "state")
+        flag = _carried(schema, f)
         if _lazy(f):  # the helper narrows the buffer's type
             write = f"{flag} = _rt.write_optional({buf}, indices, {v})"
-            return [f"if {v} is not None:", f"    {write}"]
+            return [f"if {given}:", f"    {write}"]
         return [
-            f"if {v} is not None:",
+            f"if {given}:",
             f"    {buf}.index_copy_(0, indices, {v})",
             f"    {flag} = True",
         ]
     if f.optional:
-        flag = _carried(schema, f, "state")
+        flag = _carried(schema, f)
+        if isinstance(f.gate, Switch):
+            v = f"{v} if {_on(schema, f)} else None"
         return [f"{flag} = _rt.write_optional({buf}, indices, {v})"]
-    if _lazy(f):  # the gate saw the buffer made; the helper narrows its type
-        return [f"_rt.write_optional({buf}, indices, {v})"]
     if f.graph_written:  # None: the graph wrote the rows (Note [Left to others])
         return [f"if {v} is not None:", f"    {buf}.index_copy_(0, indices, {v})"]
     return [f"{buf}.index_copy_(0, indices, {v})"]
@@ -114,9 +124,9 @@ def write(
     """``stash`` or ``publish``: the gate, the writes, else ``checked`` (the call of
     the runtime's checked path). The gate's tests decide; nothing is caught (Note [One
     body] in runtime.py)."""
-    # publish and stash_partial take their values as such
-    prefix = "payload." if op in ("stash", "seed") else ""
-    values = [f"{prefix}{f.payload_name}" for f in fields]
+    # stash reads each payload value once; publish and stash_partial take them as such
+    values = [f.payload_name for f in fields]
+    bind = [f"{v} = payload.{v}" for v in values] if op == "stash" else []
     writes = [
         line for f, v in zip(fields, values) for line in _write(names, schema, f, v)
     ]
@@ -126,6 +136,7 @@ def write(
     gate = " and ".join(["index_shape", *tests])
     return [
         "state = self._state",
+        *bind,
         "index_shape = _rt.write_rows(state, indices)",
         f"if {gate}:",
         *_indent(writes),
@@ -183,7 +194,7 @@ def _stashed(names: Names, schema: Schema, f: Field) -> list[str]:
         return []
     owner, name = names.literal, names.field_literal[f.name]
     return [
-        f"if {_buf(names, f)} is None:",
+        f"if {_buf(names, schema, f)} is None:",
         f"    raise _rt.never_stashed({owner}, {name})",
     ]
 
@@ -200,23 +211,23 @@ def _gather_read(
     if f.optional:
         flag = _carried(schema, f)
         if gate is not None:  # the batch says whether its rows hold the field
-            flag = f"{flag} and bool({gate})"
+            flag = f"{flag} and {gate}"
         flat = ", flat=True" if _flat(f) else ""
         return [
-            f"{target} = _rt.gather_optional({_buf(names, f)}, {flag}, indices{flat})"
+            f"{target} = _rt.gather_optional({_buf(names, schema, f)}, {flag}, indices{flat})"
         ]
-    gather = f"{_buf(names, f)}.index_select(0, indices){_flat(f)}"
+    gather = f"{_buf(names, schema, f)}.index_select(0, indices){_flat(f)}"
     return [*_stashed(names, schema, f), f"{target} = {gather}"]
 
 
-def _placeholder_read(names: Names, f: Field, target: str) -> list[str]:
+def _placeholder_read(names: Names, schema: Schema, f: Field, target: str) -> list[str]:
     at, pending, rows = names.placeholder[f.name]
     value = names.value[f.name]
     return [
         f"{at} = {target}",
         f"{pending} = {at} < 0",
         f"{rows} = {at}.neg().clamp(min=0)",
-        f"{value} = {_buf(names, f)}.index_select(0, {rows})",
+        f"{value} = {_buf(names, schema, f)}.index_select(0, {rows})",
         f"{at}.copy_(torch.where({pending}, {value}, {at}))",
     ]
 
@@ -238,10 +249,10 @@ def _scatter_read(
     flat = ".flatten()" if f.shape else ""
     assert f.scatter is not None
     offsets = f.scatter.offsets
-    args = ["self._state", str(i), f"batch.{offsets}", "indices", target]
+    args = ["state", str(i), f"batch.{offsets}", "indices", target]
     plan = [
         *_stashed(names, schema, f),
-        f"{rows} = {_buf(names, f)}.index_select(0, indices){flat}",
+        f"{rows} = {_buf(names, schema, f)}.index_select(0, indices){flat}",
         join(f"{at} = _rt.scatter_at(", [*args, *_owners(schema)]),
     ]
     return plan, [
@@ -265,7 +276,7 @@ def _scattered(
         if not all(g.scatter and g.scatter.rest_checked for g in span or [f]):
             continue  # the rest of the target is the engine's
         i = schema.fields.index(f)
-        lines.append(f"_rt.scattered(self._state, {i}, {spelled[f.target]})")
+        lines.append(f"_rt.scattered(state, {i}, {spelled[f.target]})")
     return lines
 
 
@@ -305,7 +316,7 @@ def _span_read(
         return join("(", items, ",)" if len(items) == 1 else ")")
 
     args = [
-        "self._state",
+        "state",
         tup(positions),
         tup(locals_),
         f"batch.{scatters[0].offsets}",
@@ -317,7 +328,7 @@ def _span_read(
     plan = [
         *(line for g in span for line in _stashed(names, schema, g)),
         *(
-            f"{local} = {_buf(names, g)}.index_select(0, indices)"
+            f"{local} = {_buf(names, schema, g)}.index_select(0, indices)"
             for g, local in zip(span, locals_)
         ),
         join(f"{at} = _rt.span_at(", args),
@@ -335,7 +346,8 @@ def _packed_read(names: Names, f: Field, target: str) -> str:
     if len(f.shape) == 1:
         return f"{target} = {local}"
     return join(
-        f"{target} = torch.unflatten(", [local, "1", f"{_buf(names, f)}.shape[1:]"]
+        f"{target} = torch.unflatten(",
+        [local, "1", f"self.{names.buffer[f.name]}.shape[1:]"],
     )
 
 
@@ -356,10 +368,10 @@ def _packed_block(
         if f.optional:
             flag = _carried(schema, f)
             lines.append(
-                f"{local} = _rt.gather_optional({_buf(names, f)}, {flag}, indices)"
+                f"{local} = _rt.gather_optional({_buf(names, schema, f)}, {flag}, indices)"
             )
         else:
-            lines.append(f"{local} = {_buf(names, f)}.index_select(0, indices)")
+            lines.append(f"{local} = {_buf(names, schema, f)}.index_select(0, indices)")
     split = [
         join(
             f"{', '.join(names.value[m.field.name] for m in g.members)} = "
@@ -438,7 +450,7 @@ def _slots_read(method: str) -> list[str]:
     hands back uninitialised rows (an attribute read, no op)."""
     return [
         "if debug is not None or indices.dtype is not torch.int64 or indices.is_meta:",
-        f'    indices = _rt.read_slots(self._state, "{method}", indices)',
+        f'    indices = _rt.read_slots(state, "{method}", indices)',
     ]
 
 
@@ -480,15 +492,16 @@ def _gate(
     schema: Schema, f: Field, spelled: dict[str, str], partial: bool = False
 ) -> str | None:
     """``f``'s gate spelled: the batch's flag, or whether the map carries the field a
-    ``Carried`` names; a kept field's also off where the call is partial."""
+    ``Carried`` names; a kept field's also off where the call is partial. A ``Switch``
+    needs none: a field this map does not relay is never carried."""
     gate = None
     if isinstance(f.gate, Carried):
         other = next(g for g in schema.fields if g.name == f.gate.field)
         gate = _carried(schema, other)
-    elif f.gate is not None:
+    elif isinstance(f.gate, str):
         gate = spelled[f.gate]
     if partial and f.kept:
-        return "not partial" if gate is None else f"not partial and bool({gate})"
+        return "not partial" if gate is None else f"not partial and {gate}"
     return gate
 
 
@@ -508,7 +521,10 @@ def _reads(
         assert f.target is not None
         target = spelled[f.target]
         if f.resolve is Resolve.PLACEHOLDER:
-            lines += [*_stashed(names, schema, f), *_placeholder_read(names, f, target)]
+            lines += [
+                *_stashed(names, schema, f),
+                *_placeholder_read(names, schema, f, target),
+            ]
         elif f.scatter is not None:
             plan, scatter = _scatter_read(names, schema, f, target)
             lines += scatter if planned else plan + scatter
@@ -532,7 +548,7 @@ def _placeholder_reports(
     for f in reads:
         if f.resolve is Resolve.PLACEHOLDER:
             _at, pending, rows = names.placeholder[f.name]
-            buffers = f"{{{names.field_literal[f.name]}: {_buf(names, f)}}}"
+            buffers = f"{{{names.field_literal[f.name]}: {_buf(names, schema, f)}}}"
             args = [
                 rows,
                 buffers,
@@ -555,8 +571,9 @@ def resolve_future(
     debug mode checks the slots and reports the reads."""
     lines, bound = _prologue(schema, "resolve_future", Lane.FORWARD)
     if schema.seeded:  # on the forward stream, whatever this batch holds (Note [Seeds])
-        lines[:0] = ["if self._state.seeds:", "    _rt.apply_seeds(self._state)"]
-    lines += ["debug = self._state.debug", *_slots_read("resolve_future")]
+        lines[:0] = ["if state.seeds:", "    _rt.apply_seeds(state)"]
+    lines[:0] = ["state = self._state"]
+    lines += ["debug = state.debug", *_slots_read("resolve_future")]
     parents = {k: v for k, v in schema.optional_parents if k != bound}
     under: dict[str, list[Field]] = {}
     outside = []
@@ -632,14 +649,13 @@ def _future_reports(
         if absent:
             args.append(f"absent={' + '.join(absent)}")
         gated = [
-            f"(() if {_gate(schema, f, spelled, partial)} else "
-            f"({string_literal(f.name)},))"
+            f"(() if {gate} else ({string_literal(f.name)},))"
             for f in reads
-            if f.gate is not None or (partial and f.kept)
+            if (gate := _gate(schema, f, spelled, partial)) is not None
         ]
         if gated:
             args.append(f"gated_off={' + '.join(gated)}")
-        reports = [join("_rt.read_back(self._state, ", args), *reports]
+        reports = [join("_rt.read_back(state, ", args), *reports]
     return ["if debug is not None:", *_indent(reports)] if reports else []
 
 
@@ -670,19 +686,20 @@ def resolve_schedule(names: Names, schema: Schema, f: Field) -> list[str]:
     method = resolve_method(f)
     value = names.value[f.name]
     lines, _bound = _prologue(schema, method, Lane.SCHEDULE)
+    lines[:0] = ["state = self._state"]
     if f.host is not None and f.host.stream_ordered:
         lines += [
             "if stream_ordered:",
-            "    self._state.fence.wait_on_stream()",
+            "    state.fence.wait_on_stream()",
             "else:",
-            "    self._state.fence.wait()",
+            "    state.fence.wait()",
         ]
     else:
-        lines.append("self._state.fence.wait()")
-    lines.append("debug = self._state.debug")
+        lines.append("state.fence.wait()")
+    lines.append("debug = state.debug")
     lines += ["if debug is not None:", f'    debug.waited("{method}")']
     lines += _slots_read(method)
-    gather = f"{_buf(names, f)}.index_select(0, indices){_flat(f)}"
+    gather = f"{_buf(names, schema, f)}.index_select(0, indices){_flat(f)}"
     read = [*_stashed(names, schema, f), f"{value} = {gather}"]
     if f.target is not None:
         read.append(f"batch.{f.target} = {value}")
@@ -693,7 +710,7 @@ def resolve_schedule(names: Names, schema: Schema, f: Field) -> list[str]:
         nones = [host.mirror, host.sum] if host is not None else []
         nones.append(f.target)
         lines += [
-            f"if {flag} and {_buf(names, f)} is not None:",
+            f"if {flag} and {_buf(names, schema, f)} is not None:",
             *_indent(read),
             "else:",
         ]
@@ -701,7 +718,7 @@ def resolve_schedule(names: Names, schema: Schema, f: Field) -> list[str]:
     else:
         lines += read
     args = [f'"{method}"', "indices", *_owners(schema, Lane.SCHEDULE)]
-    report = join("_rt.read_back(self._state, ", args)
+    report = join("_rt.read_back(state, ", args)
     return [*lines, "if debug is not None:", f"    {report}"]
 
 
@@ -723,16 +740,17 @@ def resolve_tails(names: Names, schema: Schema, f: Field) -> list[str]:
     i = schema.fields.index(f)
     value = names.value[f.name]
     lines = [
+        "state = self._state",
         f"indices = batch.{tails.rows}",
         "if indices.numel() == 0:",
         "    return",
-        "self._state.fence.wait_on_stream()",
-        "debug = self._state.debug",
+        "state.fence.wait_on_stream()",
+        "debug = state.debug",
         *_slots_read("resolve_tails"),
         *_stashed(names, schema, f),
-        f"{value} = {_buf(names, f)}.index_select(0, indices)",
+        f"{value} = {_buf(names, schema, f)}.index_select(0, indices)",
         "if debug is not None:",  # a stale row is named before its value is used
-        f"    _rt.read_tails(self._state, {i}, indices)",
+        f"    _rt.read_tails(state, {i}, indices)",
     ]
     bind = "_rt.bind_tails"
     # An engine that may want no host copy (HostCopy(optional=True)) leaves the
@@ -747,14 +765,14 @@ def resolve_tails(names: Names, schema: Schema, f: Field) -> list[str]:
     bound = [(f.target, "tail_lengths", bind, plus(value, tails.add))]
     if tails.kv is not None:  # the columns checked first: runtime.tail_locations
         columns = plus(value, tails.add - 1)
-        args = ["self._state", str(i), f"batch.{tails.kv.table}", "indices"]
+        args = ["state", str(i), f"batch.{tails.kv.table}", "indices"]
         locations = join("_rt.tail_locations(", [*args, columns, host])
         bound.append((tails.kv.locations, "tail_locations", bind, locations))
     optional_mirror: list[str] = []
     if mirror is not None and not maybe:
         bound.append((mirror, "tail_host", bind, plus(copied, tails.add)))
     elif mirror is not None:
-        mirror_args = ["self._state", str(i), string_literal(mirror), f"batch.{mirror}"]
+        mirror_args = ["state", str(i), string_literal(mirror), f"batch.{mirror}"]
         call = join(f"{bind}(", [*mirror_args, plus(copied, tails.add)])
         optional_mirror = [f"tail_host = None if batch.{mirror} is None else {call}"]
     if tails.prefix is not None:
@@ -763,7 +781,7 @@ def resolve_tails(names: Names, schema: Schema, f: Field) -> list[str]:
     lines += [
         join(
             f"{local} = {call}(",
-            ["self._state", str(i), string_literal(a), f"batch.{a}", rows],
+            ["state", str(i), string_literal(a), f"batch.{a}", rows],
         )
         for a, local, call, rows in bound
     ]

@@ -19,7 +19,7 @@ import attrs
 import torch
 
 from relay.codegen.literals import doc_text, dtype, shape_literal, string_literal
-from relay.schema import Dim, Field, Lane, Schema, resolve_method
+from relay.schema import Dim, Field, Lane, Schema, Switch, resolve_method
 
 #: Every fixed name a generated module binds or uses: module imports and aliases,
 #: method names and parameters, ``self`` attributes and locals. A field, source, dim or schema name equal to one of these (as Python sees
@@ -65,6 +65,7 @@ RESERVED = frozenset(
         "state",
         "stream_ordered",
         "partial",
+        "handle",
         # attributes of the map
         "_state",
     }
@@ -264,7 +265,25 @@ def bound_names(schema: Schema) -> frozenset[str]:
             names.update(
                 {packed_buffer(f.dtype), packed_widths(f.dtype), packed_rows(f.dtype)}
             )
+    names.update(switch_keywords(schema.fields))
+    if schema.staged is not None:
+        names.update({schema.staged.method, staged_protocol(schema)})
     return frozenset(names)
+
+
+def switch_keywords(fields: tuple[Field, ...]) -> list[str]:
+    """The ``Switch`` keywords in first-use order: the constructor's bool keywords."""
+    seen: list[str] = []
+    for f in fields:
+        if isinstance(f.gate, Switch) and f.gate.keyword not in seen:
+            seen.append(f.gate.keyword)
+    return seen
+
+
+def staged_protocol(schema: Schema) -> str:
+    """The Protocol of the draft input a ``Staged`` method fills (``EagleStagedSpecInfo``)."""
+    parent = schema.indices.rsplit(".", 1)[0]
+    return f"{prefix(schema)}Staged{''.join(_camel(p) for p in parent.split('.'))}"
 
 
 def eager_shape(field: Field) -> str:
@@ -318,6 +337,10 @@ class Names:
     doc: dict[str, str]
     #: The constructor's symbolic dims, in first-use order.
     dims: tuple[str, ...]
+    #: The constructor's ``Switch`` keywords, in first-use order.
+    switches: tuple[str, ...]
+    #: The Protocol of the draft input a ``Staged`` method fills (``""`` without one).
+    staged: str
     #: The Protocol of each object a batch path goes through, by the path's parts and
     #: whether it is the schedule lane's batch.
     nested: dict[tuple[tuple[str, ...], bool], str]
@@ -361,6 +384,8 @@ def names_of(schema: Schema) -> Names:
     values = {f.name: value_local(f) for f in fields}
     placeholders = {f.name: placeholder_locals(f) for f in fields}
     dims = tuple(symbolic_dims(fields))
+    switches = tuple(switch_keywords(fields))
+    staged = staged_protocol(schema) if schema.staged is not None else ""
     # Last, in one loop: what is spelled as a literal (Python source of a text).
     literal = string_literal(schema.name)
     literals: dict[str, str] = {}
@@ -388,6 +413,8 @@ def names_of(schema: Schema) -> Names:
         dtype=spelled,
         doc=docs,
         dims=dims,
+        switches=switches,
+        staged=staged,
         nested=nested,
         packed=packed,
         taken=frozenset(taken),

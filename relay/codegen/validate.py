@@ -104,6 +104,8 @@ def validate(schema: Schema, display: Callable[[str], str]) -> list[SchemaIssue]
     groups.check_counted_scatters(c, fields)
     _check_partial_and_tails(c, fields)
     groups.check_schedule_slots(c, fields)
+    groups.check_switches(c, fields)
+    groups.check_staged(c, fields)
     table = role_table(schema)
     _check_roles(c, table)
     for owner, problem, fix, at in bindings.protocol_clashes(schema, table, c.where):

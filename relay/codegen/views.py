@@ -180,6 +180,9 @@ def _init(
     made = [f for f in schema.fields if f.alloc is Alloc.EAGER]  # through ``state``
     bound = "state = self._state" if made else "self._state"
     stmts.append(Statement(f"{bound} = _rt.MapState(_TABLE, device, pool_size, debug)"))
+    for k in names.switches:
+        spelled = literals.string_literal(k)
+        stmts.append(Statement(f"self.{k} = _rt.switch(self._state, {spelled}, {k})"))
     for g in packed:
         stmts += _group(names, g)
     member_of = {m.field.name: (g, m) for g in packed for m in g.members}
@@ -368,6 +371,8 @@ def _methods(names: Names, schema: Schema, bodies: methods.Bodies) -> list[Metho
     found = [*_lazy_buffers(names, schema), *_writes(names, schema, bodies)]
     head = "def release(self, indices: torch.Tensor) -> None:"
     found.append(Method(head, _RELEASE_DOC, bodies.release))
+    if schema.staged is not None:
+        found.append(_staged(names, schema))
     reads = [f for f in forward if f.target is not None]
     if reads:
         found.append(_resolve_future(schema, reads, bodies, batch))
@@ -404,6 +409,51 @@ def _methods(names: Names, schema: Schema, bodies: methods.Bodies) -> list[Metho
         if f.tails is not None:
             found.append(_resolve_tails(names, f, bodies, batch))
     return found
+
+
+def _staged_members(schema: Schema) -> list[tuple[str, str, Field | None]]:
+    """What a ``Staged`` method sets on the draft input it fills: the slots' leaf, then
+    each per-batch gate's leaf; name, type, the gated field."""
+    slots = schema.indices.rsplit(".", 1)[1]
+    optional = any(p == schema.indices for p, _how in schema.optional_parents)
+    found: list[tuple[str, str, Field | None]] = [
+        (slots, "torch.Tensor | None" if optional else "torch.Tensor", None)
+    ]
+    for f in schema.fields:
+        if isinstance(f.gate, str):
+            found.append((f.gate.rsplit(".", 1)[1], "bool", f))
+    return found
+
+
+def _staged_protocol(names: Names, schema: Schema) -> ProtocolView:
+    parent = schema.indices.rsplit(".", 1)[0]
+    doc = f"A fresh ``batch.{parent}`` the map fills for staged requests."
+    attributes = (Attribute(n, t, True) for n, t, _f in _staged_members(schema))
+    return ProtocolView(names.staged, literals.doc_text(doc), tuple(attributes))
+
+
+def _staged(names: Names, schema: Schema) -> Method:
+    """The ``Staged`` method: the slots, and each gate set to whether the map carries
+    its field now (a kept field once carried stays carried)."""
+    assert schema.staged is not None
+    parent = schema.indices.rsplit(".", 1)[0]
+    handle = f"handle: {names.staged}"
+    head = f"def {schema.staged.method}(self, indices: torch.Tensor, {handle}) -> None:"
+    doc = [
+        f"Fill ``handle``, a fresh ``batch.{parent}`` for requests whose rows the map",
+        "holds already; the next ``resolve_future`` reads them.",
+        "",
+    ]
+    body = []
+    for name, _type, f in _staged_members(schema):
+        if f is None:
+            doc.append(f"- ``handle.{name} = indices``.")
+            body.append(f"handle.{name} = indices")
+        else:
+            i = schema.fields.index(f)
+            doc.append(f"- ``handle.{name}``: whether the map carries ``{f.name}``.")
+            body.append(f"handle.{name} = self._state.carried[{i}]")
+    return Method(head, tuple(literals.doc_text(d) for d in doc), tuple(body))
 
 
 def _tails_attributes(f: Field) -> list[tuple[str, str, bool]]:
@@ -631,6 +681,8 @@ def map_view(schema: Schema, *, source: str) -> MapView:
     cleaned = literals.clean_doc(schema.doc)
     first_line = cleaned.split("\n")[0] if cleaned else schema.name
     protocols = _protocols(names, schema)
+    if schema.staged is not None:
+        protocols = (_staged_protocol(names, schema), *protocols)
     forward = _lane(schema, Lane.FORWARD)
     exports = [schema.name, *(p.name for p in protocols)]
     if forward:
@@ -671,6 +723,7 @@ def map_view(schema: Schema, *, source: str) -> MapView:
                     for f in schema.fields
                     if f.graph_written
                 ),
+                *(f"{k}: bool = True" for k in names.switches),
                 "debug: bool = False",
             ]
         ),

@@ -11,6 +11,8 @@ from relay.schema import (
     IfNone,
     Lane,
     Schema,
+    Staged,
+    Switch,
     Tails,
     TailsKv,
     extra,
@@ -25,13 +27,17 @@ SCHEMA = Schema(
     and the draft's extras (top-k, hidden state, draft probabilities, the sparse
     indexer's KV positions) for the next step's draft input, which gathers them by
     its ``future_indices``. Each extra is allocated by the first payload that carries
-    it, with that payload's dtype and row. A batch with no draft input is left alone.
+    it, with that payload's dtype and row; the top-k pair and the hidden state only by
+    a map built to relay them (``need_topk``, ``need_hidden_states``: the algorithm
+    decides). A batch with no draft input is left alone. A request leaving a staging
+    area gets a fresh draft input from ``make_staged_spec_input``.
     """,
     indices="spec_info.future_indices",
     optional_parents={
         "spec_info": IfNone.SKIP,
         "spec_info.future_indices": IfNone.SKIP,
     },
+    staged=Staged("make_staged_spec_input"),
     fields=[
         Field(
             "output_tokens",
@@ -47,19 +53,25 @@ SCHEMA = Schema(
             "topk_p",
             shape=("topk",),
             target="spec_info.topk_p",
-            doc="Probabilities of the draft's first top-k candidates.",
+            gate=Switch("need_topk"),
+            doc="Probabilities of the draft's first top-k candidates (relayed where the "
+            "algorithm drafts with them).",
         ),
         extra(
             "topk_index",
             shape=("topk",),
             target="spec_info.topk_index",
-            doc="Token ids of the draft's first top-k candidates.",
+            gate=Switch("need_topk"),
+            doc="Token ids of the draft's first top-k candidates (relayed with "
+            "``topk_p``).",
         ),
         extra(
             "hidden_states",
             shape=("hidden",),
             target="spec_info.hidden_states",
-            doc="The target model's last hidden state, when the draft model reads it.",
+            gate=Switch("need_hidden_states"),
+            doc="The target model's last hidden state (relayed where the draft model "
+            "reads it).",
         ),
         extra(
             "draft_probs",

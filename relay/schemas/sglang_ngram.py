@@ -11,8 +11,6 @@ from relay.schema import (
     IfNone,
     Lane,
     Schema,
-    Tails,
-    TailsKv,
     TargetShape,
     Unwritten,
 )
@@ -27,7 +25,9 @@ SCHEMA = Schema(
     are allocated by the first stash, with its dtypes, and read as zeros until a
     row is first written (accept length 0). A batch with no draft input is left
     alone. The accepted lengths are published right after verification, and the
-    scheduler reads them behind the fence, on the device and on the host.
+    scheduler reads them behind the fence, on the device and on the host. With no
+    bonus token to gather there is no mixed batch (sglang turns mixed chunked
+    prefill off for n-gram), so no late-bound tails either.
     """,
     indices="spec_info.future_indices",
     optional_parents={
@@ -65,11 +65,6 @@ SCHEMA = Schema(
                 mirror="seq_lens_cpu", sum="seq_lens_sum", stream_ordered=True
             ),
             guard=Guard.NON_NEGATIVE,
-            tails=Tails(
-                rows="mix_running_indices",
-                kv=TailsKv(locations="out_cache_loc", table="req_to_token"),
-                prefix="prefix_lens",
-            ),
             doc="Each request's sequence length after verification (accepted tokens "
             "included).",
         ),

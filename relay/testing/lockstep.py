@@ -36,7 +36,16 @@ from hypothesis import strategies as st
 
 from relay import debug as debug_mode
 from relay.cpu_stream import ThreadStream, use_cpu_stream
-from relay.schema import Alloc, FromPayload, Guard, Lane, Resolve, Schema, Unwritten
+from relay.schema import (
+    Alloc,
+    FromPayload,
+    Guard,
+    Lane,
+    Resolve,
+    Schema,
+    Switch,
+    Unwritten,
+)
 from relay.schema import Field as FieldDecl
 from relay.testing.model import ReferenceRelay, get_path, set_path
 
@@ -216,6 +225,12 @@ def _same(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
+def _switches(schema: Schema, data: st.DataObject) -> dict[str, bool]:
+    """Each ``Switch`` keyword drawn: some runs' maps are built not to relay a field."""
+    named = [f.gate.keyword for f in schema.fields if isinstance(f.gate, Switch)]
+    return {k: data.draw(st.booleans()) for k in dict.fromkeys(named)}
+
+
 class _Driver:
     """One lockstep run: the map, the model, the streams, and what may be read next."""
 
@@ -256,11 +271,12 @@ class _Driver:
                 assert isinstance(f.dtype, torch.dtype)
                 shape = (pool_size, *self._row_shape(f))
                 keywords[f"{f.name}_buf"] = torch.zeros(shape, dtype=f.dtype)
+        keywords.update(switches := _switches(schema, data))
         self.map = map_cls(device, pool_size, debug=debug, **keywords)
         self.tails_fields = [f for f in schema.fields if f.tails is not None]
         # Graph-written schedule rows not yet behind a publish's fence.
         self.behind_graph: set[int] = set()
-        self.model = ReferenceRelay(schema, dims)
+        self.model = ReferenceRelay(schema, dims, switches)
         self.payload_cls = _payload_class(map_cls)
         self.forward_fields = [f for f in schema.fields if f.lane is Lane.FORWARD]
         self.schedule_fields = [f for f in schema.fields if f.lane is Lane.SCHEDULE]

@@ -25,6 +25,7 @@ from relay.schema import (
     Lane,
     Resolve,
     Schema,
+    Switch,
     TargetShape,
     Unwritten,
 )
@@ -59,8 +60,21 @@ class ReferenceRelay:
     left out by the latest write holds nothing, and asking for it is a ``ModelError``.
     """
 
-    def __init__(self, schema: Schema, dims: Mapping[str, int] | None = None) -> None:
+    def __init__(
+        self,
+        schema: Schema,
+        dims: Mapping[str, int] | None = None,
+        switches: Mapping[str, bool] | None = None,
+    ) -> None:
         self.schema = schema
+        #: Fields whose ``Switch`` keyword the map was built with false: a write's
+        #: value for them is dropped, so they are never carried or handed over.
+        self.off = {
+            f.name
+            for f in schema.fields
+            if isinstance(f.gate, Switch)
+            and not (switches or {}).get(f.gate.keyword, True)
+        }
         #: Sizes of the symbolic dims: the rows a never-written zeros field reads.
         self.dims = dict(dims or {})
         #: field -> the slots any write ever reached (a zeros row reads zeros before).
@@ -127,7 +141,7 @@ class ReferenceRelay:
         for f in self.schema.fields:
             if f.lane is not lane or (partial and f.kept):
                 continue
-            value = values.get(f.payload_name)
+            value = None if f.name in self.off else values.get(f.payload_name)
             if value is None and (f.kept or f.graph_written):
                 # A kept field left out keeps its rows and its carried flag; a
                 # graph-written one left out was written by the graph (graph_wrote).
@@ -265,8 +279,10 @@ class ReferenceRelay:
         # A gate unset: the batch's rows do not hold the field; None, nothing read.
         if isinstance(f.gate, Carried):  # read only beside the field it names
             gated_off = not self.hands_over(f.gate.field)
-        else:
-            gated_off = f.gate is not None and not bool(get_path(batch, f.gate))
+        elif isinstance(f.gate, str):
+            gated_off = not bool(get_path(batch, f.gate))
+        else:  # a Switch: a field this map does not relay is never carried
+            gated_off = False
         if not gated_off and (self.hands_over(f.name) or f.scatter is not None):
             # A scatter lays each row in whatever the latest write carried: a kept
             # optional one keeps its rows when left out.

@@ -15,6 +15,7 @@ the harness never asks for one, so asking is a harness bug.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -38,7 +39,11 @@ class SglangRelay:
     """One ``FutureMap`` of one algorithm. ``req_to_token`` is the pool's
     request-to-token table (the late-bound tails read KV locations from it);
     ``host_lengths`` says whether an attention backend needs host lengths
-    (``needs_cpu_seq_lens``); ``confidence`` turns the confidence relay on."""
+    (``needs_cpu_seq_lens``); ``confidence`` turns the confidence relay on;
+    ``need_topk`` and ``need_hidden_states`` say whether the EAGLE-family algorithm
+    relays the top-k pair (EAGLE and standalone drafts do) and the hidden state (not
+    for standalone, DFlash, DSpark or multi-layer EAGLE): the others are never
+    allocated, whatever the payloads carry."""
 
     def __init__(
         self,
@@ -47,6 +52,8 @@ class SglangRelay:
         req_to_token: Tensor | None = None,
         host_lengths: bool = True,
         confidence: bool = False,
+        need_topk: bool = True,
+        need_hidden_states: bool = True,
     ) -> None:
         if algorithm not in ALGORITHMS:
             raise ModelError(f"unknown algorithm {algorithm!r}")
@@ -55,6 +62,12 @@ class SglangRelay:
         self.req_to_token = req_to_token
         self.host_lengths = host_lengths or algorithm == "ngram"
         self.confidence_on = confidence
+        #: The extras this algorithm never relays.
+        self.unrelayed: set[str] = set()
+        if not need_topk:
+            self.unrelayed |= {"topk_p", "topk_index"}
+        if not need_hidden_states:
+            self.unrelayed.add("hidden_states")
         #: The eager scalar lanes: slot -> int64 value.
         self.tokens: dict[int, Tensor] = {}
         self.lengths: dict[int, Tensor] = {}
@@ -109,7 +122,7 @@ class SglangRelay:
             return
         for name in EXTRAS:
             value = payload.get(name)
-            if value is not None and self.speculative:
+            if value is not None and self.speculative and name not in self.unrelayed:
                 self._allocate(name, value, value.dtype)
         bonus = payload["bonus_tokens"]
         assert bonus is not None, "sglang's stash needs the bonus token"
@@ -124,8 +137,19 @@ class SglangRelay:
                 self._put(self.rows[name], slots, value, dtype)
 
     def stash_bonus_tokens(self, slots: list[int], bonus: Tensor) -> None:
-        """A request leaving staging: its bonus token only; every extra is kept."""
+        """The bonus tokens only, every extra kept: with speculation on and overlap
+        off, a mixed batch's running rows' last tokens, for its decode-token gather."""
         self._put(self.tokens, slots, bonus)
+
+    def make_staged_spec_input(self, slots: Tensor) -> Any:
+        """A fresh draft input for requests leaving the staging area (EAGLE family
+        only): their slots, and the sparse indices flagged where their buffer exists."""
+        if self.algorithm != "eagle":
+            raise ModelError("sglang stages EAGLE-family draft inputs only")
+        return SimpleNamespace(
+            future_indices=slots,
+            future_dsa_topk_indices_available="dsa_topk_indices" in self.rows,
+        )
 
     def _allocate(self, name: str, value: Tensor, dtype: torch.dtype) -> None:
         """A lazy buffer, allocated by the first payload that carries it; the n-gram
@@ -172,6 +196,11 @@ class SglangRelay:
         """First thing in a forward: a mixed batch's late-bound tails and decode rows,
         plain decoding's input tokens, then (speculative) the draft input's extras."""
         running = getattr(batch, "mix_running_indices", None)
+        if running is not None and self.algorithm == "ngram":
+            raise ModelError(
+                "sglang runs no mixed batch with n-gram: its server arguments turn "
+                "mixed chunked prefill off, as n-gram relays no bonus token to gather"
+            )
         if getattr(batch, "prefill_input_ids", None) is not None:
             prefill = batch.prefill_input_ids
             if running is not None:
@@ -236,6 +265,8 @@ class SglangRelay:
         """Late binding of a mixed batch's decode tails: the last n rows' lengths,
         KV write locations, host lengths, sum and prefix lengths from the published
         lengths of their slots (a second read: nothing is consumed)."""
+        if self.algorithm == "ngram":
+            raise ModelError("sglang runs no mixed batch with n-gram")
         slots = batch.mix_running_indices.tolist()
         n = len(slots)
         if n == 0:

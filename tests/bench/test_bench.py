@@ -139,8 +139,8 @@ def test_the_graphs_values_reach_the_batch() -> None:
         work.renew(shape, g, spec=True)
         for side in both:
             side.check_step()
-            assert torch.equal(side.batch.spec_info.bonus_tokens, bonus)
-            assert torch.equal(side.batch.seq_lens, work.values["new_seq_lens"])
+            assert sides.same(side.batch.spec_info.bonus_tokens, bonus)
+            assert sides.same(side.batch.seq_lens, work.values["new_seq_lens"])
 
 
 @pytest.mark.parametrize("name", ["sglang_eagle", "sglang_eagle/graph", "sglang_ngram"])
@@ -160,7 +160,7 @@ def test_the_faithful_steps_follow_the_draft_inputs_slots(name: str) -> None:
             assert count_ops(call).data == ()
         after = dict(sides.observed(side.batch, True))
         assert all(after[key] is value for key, value in before.items())
-        side.batch.spec_info = None  # type: ignore[assignment]
+        side.batch.spec_info = None
         for _, call in resolves:
             assert count_ops(call).data == ()
 
@@ -213,9 +213,7 @@ def _generated_and_plain(
     shares the generated map's), so a write to the wrong rows cannot hide behind the
     other side's."""
     work = Workload.random(shape, CPU, seed, spec=pair.spec)
-    side, other = (
-        sides.generated_side(pair, generated, shape, CPU, work) for _ in "ab"
-    )
+    side, other = (sides.pair_sides(pair, generated, shape, CPU, work)[1] for _ in "ab")
     schema = Schema.bundled(pair.schema)
     methods = [m for m, _ in side.calls]
     plain = build_plain(
@@ -274,16 +272,14 @@ def test_the_floors_resolve_the_same_values(
                 if method == "graph_wrote" and other.graph is not None:
                     other.graph()  # the captured graph writes the floor's buffers
                 call()
-            want = dict(sides.observed(side.batch, True))
-            got = dict(sides.observed(plain.batch, True))
-            for key, value in want.items():
-                assert sides.same(value, got[key]), (shape.label, step, key)
+            assert sides.differences(side.batch, plain.batch) == [], (shape.label, step)
 
 
 def test_the_floor_is_plain_tensor_methods() -> None:
     """No relay Python and no op overloads: the calls are tensor methods on bound
     tensors, the fence's bound record and wait, the driver's own ``seq_lens + 1``, and
-    the host check's list read, ``min``, ``max`` and ``IndexError``."""
+    the host check's list read, its test against the pool's slot set ``S`` and
+    ``IndexError``."""
     for pair, generated in FOUND:
         shape = PLAIN_SHAPES[pair.spec][0]
         _, _, plain, _ = _generated_and_plain(pair, generated, shape)
@@ -293,8 +289,9 @@ def test_the_floor_is_plain_tensor_methods() -> None:
             bound = {n for n in names if n in plain.namespace}
             assert all(
                 isinstance(plain.namespace[n], (torch.Tensor, tuple, sides.Batch))
-                for n in bound - {"record", "wait", "advance", "P"}
+                for n in bound - {"record", "wait", "advance", "P", "S"}
             ), (pair.schema, bound)
+            assert "S" not in bound or isinstance(plain.namespace["S"], frozenset)
 
 
 def test_a_step_the_floor_does_not_write_is_refused() -> None:

@@ -6,13 +6,17 @@ The driver keeps requests in slots as an engine does: a request is admitted (pre
 publishes its length and stashes its first values), decodes (the scheduler resolves
 its lengths, waiting or stream-ordered, the forward resolves its draft input,
 verification publishes and stashes again, on some EAGLE runs through buffers a captured
-graph wrote), may be stashed again keeping extras, staged and leave staging (a partial
-stash of its bonus token), ride in a mixed batch as a decode tail, and ends (its slot
-released and reused); batches without a draft input pass by. It draws only what a
-correct engine does, so the map may run in debug mode and any report of it is a
-failure too. Some EAGLE runs' backends need no host lengths (no host copy, a mixed
-batch's host lengths left None), and each draft input says whether its rows hold the
-sparse indices, as sglang sets it.
+graph wrote), may be stashed again keeping extras, leave a staging area (a stash of its
+last token alone and a fresh draft input from ``make_staged_spec_input``), ride in a
+mixed batch as a decode tail (EAGLE runs without a staging area only: sglang runs no
+mixed batch with n-gram, nor beside its staging area), and
+ends (its slot released and reused); batches without a draft input pass by. It draws
+only what a correct engine does, so the map may run in debug mode and any report of it
+is a failure too. Some EAGLE runs' backends need no host lengths (no host copy, a mixed
+batch's host lengths left None); some EAGLE runs' algorithm relays no top-k or no
+hidden state although its payloads carry them; each draft input says whether its rows
+hold the sparse indices, as sglang sets it. Some EAGLE runs have overlap off: the map
+then only hands a mixed batch its running rows' last tokens (``stash_bonus_tokens``).
 """
 
 from __future__ import annotations
@@ -86,17 +90,31 @@ class Run:
                 "output_tokens_buf": torch.empty(POOL, dtype=torch.int64),
                 "new_seq_lens_buf": torch.empty(POOL, dtype=torch.int64),
             }
-        self.map = map_class(algorithm)("cpu", POOL, debug=debug, **self.adopted)
+        #: EAGLE: which extras the algorithm relays (sglang's ``need_topk()`` and
+        #: ``spec_need_hidden_states()``), whatever its payloads carry.
+        switches: dict[str, bool] = {}
+        if algorithm == "eagle":
+            switches = {
+                "need_topk": self.rng.random() < 0.75,
+                "need_hidden_states": self.rng.random() < 0.75,
+            }
+        self.switched_off = not all(switches.values())
+        self.map = map_class(algorithm)(
+            "cpu", POOL, debug=debug, **self.adopted, **switches
+        )
         self.payload = payload_class(algorithm)
         self.confidence = algorithm == "eagle" and self.rng.random() < 0.5
         #: EAGLE: some runs' attention backends need no host lengths
         #: (``needs_cpu_seq_lens=False``); n-gram always needs them.
         self.host = algorithm != "eagle" or self.rng.random() < 0.7
+        #: EAGLE: some runs have overlap off (the map only relays mixed batches' tokens).
+        self.overlap = algorithm != "eagle" or self.rng.random() < 0.85
         self.model = SglangRelay(
             algorithm,
             req_to_token=self.table,
             confidence=self.confidence,
             host_lengths=self.host,
+            **switches,
         )
         self.free = list(range(1, POOL))
         #: Slots whose request has values written and not yet read (its next step).
@@ -115,9 +133,12 @@ class Run:
         self.seen: Counter[str] = Counter()
         self.kinds = ["admit", "decode", "decode", "decode", "finish"]
         if self.speculative:
-            self.kinds += ["mixed", "no_draft_input", "no_future_indices"]
+            self.kinds += ["no_draft_input", "no_future_indices"]
         if algorithm == "eagle":
-            self.kinds += ["stage", "restash"]
+            # sglang's staging area and mixed chunked prefill exclude each other.
+            self.kinds += ["restash", "stage" if self.rng.random() < 0.4 else "mixed"]
+        if not self.overlap:
+            self.kinds = ["admit", "sync_mixed", "sync_mixed", "finish"]
 
     # -- values ------------------------------------------------------------------------
     def _ints(self, n: int, *shape: int, low: int = 0, dtype: torch.dtype) -> Tensor:
@@ -204,6 +225,26 @@ class Run:
     def _pair(self, slots: list[int]) -> tuple[SimpleNamespace, SimpleNamespace]:
         return self._batch(slots), self._batch(slots)
 
+    def _staged_pair(self, slots: list[int]) -> tuple[SimpleNamespace, SimpleNamespace]:
+        """Batches whose draft input is a fresh one for staged requests: the map fills
+        one, the model builds its own, and both must say the same."""
+        got, want = self._pair(slots)
+        indices = torch.tensor(slots, dtype=torch.int64)
+        got.spec_info.future_indices = None
+        got.spec_info.future_dsa_topk_indices_available = False
+        self.map.make_staged_spec_input(indices, got.spec_info)
+        staged = self.model.make_staged_spec_input(indices)
+        want.spec_info.future_indices = staged.future_indices
+        flag = staged.future_dsa_topk_indices_available
+        want.spec_info.future_dsa_topk_indices_available = flag
+        paths = [
+            "spec_info.future_indices",
+            "spec_info.future_dsa_topk_indices_available",
+        ]
+        self.compare("make_staged_spec_input", got, want, paths)
+        self.seen["staged_dsa_flag"] += flag and bool(slots)
+        return got, want
+
     def compare(self, what: str, got: Any, want: Any, paths: list[str]) -> None:
         for path in paths:
             a, b = got, want
@@ -277,7 +318,8 @@ class Run:
     def admit(self) -> None:
         """A prefill of up to three waiting requests: their first values."""
         slots = self._admitted(self.rng.randint(0, 3))
-        self._write(slots, carry=self.decoded)
+        if self.overlap:  # overlap off, the forward hands its values over directly
+            self._write(slots, carry=self.decoded)
         self.pending.update(slots)
 
     def _admitted(self, most: int) -> list[int]:
@@ -287,10 +329,11 @@ class Run:
             self.lengths[slot] = self.rng.randint(1, 50)
         return slots
 
-    def decode(self) -> None:
-        """One decode step of some pending requests (none: an idle rank): the
-        scheduler resolves their lengths, the forward its inputs, then writes."""
-        slots = self._ready()
+    def decode(self, staged: list[int] | None = None) -> None:
+        """One decode step of some pending requests (none: an idle rank), or of the
+        ``staged`` ones leaving a staging area: the scheduler resolves their lengths,
+        the forward its inputs, then writes."""
+        slots = self._ready() if staged is None else staged
         self.history.append(f"decode {slots}")
         self.seen["decode"] += bool(slots)
         if self.speculative:
@@ -308,13 +351,14 @@ class Run:
                 self.seen["resolve_confidence_cpu"] += bool(slots)
                 want.confidence_cpu = self.model.resolve_confidence_cpu(want)
                 self.compare("resolve_confidence_cpu", got, want, ["confidence_cpu"])
-        got, want = self._pair(slots)
+        got, want = self._pair(slots) if staged is None else self._staged_pair(slots)
         if self.speculative and "dsa_topk_indices" in self.model.rows and slots:
             gated = not got.spec_info.future_dsa_topk_indices_available
             self.seen["dsa_gated_off"] += gated
         rows = self.model.rows
         if slots and "draft_probs" in rows and "topk_p" not in rows:
             self.seen["draft_probs_without_topk"] += 1
+        self.seen["switched_off"] += self.switched_off and bool(slots)
         self.map.resolve_future(got)
         self.model.resolve_forward_inputs(want)
         self.compare("resolve_future", got, want, self._forward_paths())
@@ -332,18 +376,22 @@ class Run:
         return [f"spec_info.{name}" for name in names]
 
     def stage(self) -> None:
-        """Requests leave the sparse-attention staging area: a partial stash of
-        their bonus tokens keeps the extras their last verify stashed."""
-        if not (self.decoded and self.extras):
-            return
-        slots = self._ready()
-        bonus = self._ints(
-            len(slots), dtype=self.rng.choice([torch.int64, torch.int32])
-        )
+        """Requests leave the sparse-attention staging area: the scheduler stashes
+        each one's last token alone (the extras its prefill stashed are kept), gives
+        the batch a fresh draft input, and the batch decodes. Where the sparse
+        indices' buffer exists, sglang's fresh input says every row holds them: only
+        requests whose last stash carried them are staged (another would be handed
+        the slot's earlier rows, which debug mode reports)."""
+        dsa = "dsa_topk_indices" in self.model.rows
+        slots = [s for s in self._ready() if not dsa or self.dsa.get(s, False)]
+        bonus = self._ints(len(slots), dtype=torch.int64)
         self.history.append(f"stage {slots}")
-        self.seen["stash_partial"] += bool(slots)
-        self.model.stash_bonus_tokens(slots, bonus)
-        self.map.stash_partial(torch.tensor(slots, dtype=torch.int64), bonus)
+        self.seen["staged"] += bool(slots)
+        self.model.stash(slots, {"bonus_tokens": bonus})
+        self.map.stash(
+            torch.tensor(slots, dtype=torch.int64), self.payload(bonus_tokens=bonus)
+        )
+        self.decode(staged=slots)
 
     def restash(self) -> None:
         """Pending requests stashed again before any read, some extras left out: the
@@ -389,6 +437,23 @@ class Run:
             self._mixed_tokens(running)
         self._write(slots, carry=self.decoded)
         self.pending.update(slots)
+
+    def sync_mixed(self) -> None:
+        """Overlap off: a mixed batch of new requests' prefill and running decode
+        rows, whose last tokens the scheduler stashes alone for the mixed batch's
+        token gather; no tails are late-bound and no extra is read."""
+        running = self._ready()
+        prefill = self._admitted(self.rng.randint(0, 2))
+        bonus = self._ints(
+            len(running), dtype=self.rng.choice([torch.int64, torch.int32])
+        )
+        self.history.append(f"mixed, overlap off {prefill} + tails {running}")
+        self.seen["stash_partial"] += bool(running)
+        self.model.stash_bonus_tokens(running, bonus)
+        self.map.stash_partial(torch.tensor(running, dtype=torch.int64), bonus)
+        if running:
+            self._mixed_tokens(running)
+        self.pending.update(prefill)
 
     def _mixed_tokens(self, running: list[int]) -> None:
         """The mixed batch's decode tokens, gathered by the running rows' slots: sglang

@@ -86,8 +86,8 @@ def test_a_graph_written_row_read_before_the_graph_ran(planted: bool) -> None:
 def _staging(relay: SglangEagleFutureMap | SglangRelay, *, planted: bool) -> None:
     """Slot 3's request verifies (top-k stashed) and its next step reads it; it ends and
     a new request takes slot 3, whose prefill stashes no top-k (the plant: the engine
-    drops the kept field from that stash), is staged, and leaves staging with a
-    partial stash of its bonus token."""
+    drops the kept field from that stash), and rides in a mixed batch with overlap off,
+    its last token stashed alone (sglang's ``stash_bonus_tokens``)."""
     first = {
         "bonus_tokens": torch.tensor([4]),
         "topk_p": torch.ones(1, 2),

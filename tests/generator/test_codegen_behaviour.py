@@ -200,9 +200,8 @@ BEHAVIOURS: dict[str, tuple[Callable[[ModuleType], None], Callable[[str], str]]]
     "omitted field's zero-fill dropped": (
         omitted_rows_read_zeros,
         lambda text: text.replace(
-            "_rt.write_optional(\n                self.scores_buf, indices, payload.scores",
-            "payload.scores is not None and _rt.write_optional("
-            "self.scores_buf, indices, payload.scores",
+            "_rt.write_optional(self.scores_buf, indices, scores",
+            "scores is not None and _rt.write_optional(self.scores_buf, indices, scores",
         ),
     ),
     "host mirror handed the device tensor": (

@@ -65,6 +65,8 @@ def _minted(schema: Schema) -> set[str]:
     for f in schema.fields:
         host = (f.host.mirror, f.host.sum) if f.host else ()
         paths += [p for p in (f.target, *host) if p is not None]
+    if schema.staged is not None:  # the draft input a Staged method fills
+        names.add(naming.staged_protocol(schema))
     if schema.lanes_apart:  # the schedule lane's batch, Note [Slots per lane]
         names.add(naming.schedule_protocol(schema))
         lanes = schema.schedule

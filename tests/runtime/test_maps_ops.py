@@ -396,6 +396,24 @@ def test_a_slot_outside_the_pool_is_refused_before_any_write(
                 torch.testing.assert_close(after[k], v, rtol=0, atol=0, msg=name + k)
 
 
+@pytest.mark.parametrize("extra", [0, 2], ids=["set", "above the set's limit"])
+def test_the_host_check_takes_the_last_slot_and_refuses_the_pool_size(
+    extra: int,
+) -> None:
+    """The listed slots are tested against the pool's slots: a set up to
+    ``SLOT_SET_MAX`` slots, ``min`` and ``max`` above; both take the last slot and
+    refuse the pool size and -1 with no row written."""
+    pool = runtime.SLOT_SET_MAX + extra
+    assert isinstance(runtime.slot_set(pool), frozenset) is (extra == 0)
+    relay = DecodeFutureMap("cpu", pool)
+    relay.stash(slots(1, pool - 1), DecodePayload(next_token_ids=slots(7, 8)))
+    assert relay.output_tokens_buf[[1, pool - 1]].tolist() == [7, 8]
+    for bad in (pool, -1):
+        with pytest.raises(SlotError, match=f"slot {bad} at position 1"):
+            relay.stash(slots(2, bad), DecodePayload(next_token_ids=slots(5, 6)))
+    assert relay.output_tokens_buf.count_nonzero().item() == 2
+
+
 @pytest.mark.parametrize("n", [2, 40], ids=["listed", "aminmax"])
 def test_every_cpu_write_checks_its_slots_on_the_host(n: int) -> None:
     """Nothing is taken on trust (Note [Slots on the host]): a stash or publish on the

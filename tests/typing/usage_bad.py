@@ -14,6 +14,7 @@ from relay.maps.decode import DecodeFutureMap, DecodePayload
 from relay.maps.decode_seq_lens import DecodeSeqLensFutureMap
 from relay.maps.eagle import EagleFutureMap, EaglePayload
 from relay.maps.eagle_confidence import EagleConfidenceFutureMap
+from relay.maps.sglang_eagle import SglangEagleFutureMap
 from relay.maps.vllm_drafts import VllmDraftsFutureMap, VllmDraftsPayload
 
 
@@ -141,3 +142,17 @@ def counted_misuse(batch: UncountedBatch, tokens: torch.Tensor) -> None:
     VllmDraftsFutureMap("cpu", 9)  # E: call-arg
     VllmDraftsPayload(sampled_token_ids=tokens, draft_token_ids=tokens)  # E: call-arg
     relay.resolve_future(batch)  # E: arg-type
+
+
+@dataclass
+class RequiredSlotsInput:
+    """A draft input whose slots cannot be set to None: not the staged handle."""
+
+    future_indices: torch.Tensor
+    future_dsa_topk_indices_available: bool
+
+
+def staged_misuse(slots: torch.Tensor, handle: RequiredSlotsInput) -> None:
+    SglangEagleFutureMap("cpu", 9, need_topk="yes")  # E: arg-type
+    relay = SglangEagleFutureMap("cpu", 9)
+    relay.make_staged_spec_input(slots, handle)  # E: arg-type

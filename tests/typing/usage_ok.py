@@ -19,6 +19,7 @@ from relay.maps.eagle import EagleBatch, EagleFutureMap, EaglePayload
 from relay.maps.eagle_confidence import EagleConfidenceFutureMap, EagleConfidencePayload
 from relay.maps.eagle_dsa import EagleDsaFutureMap, EagleDsaPayload
 from relay.maps.eagle_multilayer import EagleMultiLayerFutureMap, EagleMultiLayerPayload
+from relay.maps.sglang_eagle import SglangEagleFutureMap
 from relay.maps.vllm_drafts import (
     VllmDraftsBatch,
     VllmDraftsFutureMap,
@@ -212,3 +213,18 @@ def scheduler_lookup(relay: VllmDraftsFutureMap, lookup: DraftLookup) -> list[in
     del fits
     counts: list[int] = lookup.drafts_made_cpu.tolist()
     return counts
+
+
+@dataclass
+class StagedDraftInput:
+    """An engine's own draft input, as sglang's: optional slots and the indices flag."""
+
+    future_indices: torch.Tensor | None = None
+    future_dsa_topk_indices_available: bool = False
+
+
+def staged(slots: torch.Tensor) -> StagedDraftInput:
+    relay = SglangEagleFutureMap("cpu", 9, need_topk=False, need_hidden_states=False)
+    handle = StagedDraftInput()
+    relay.make_staged_spec_input(slots, handle)
+    return handle

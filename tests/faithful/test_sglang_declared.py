@@ -1,0 +1,168 @@
+"""What sglang 0.5.23 decides per algorithm or per staged request, as the faithful maps
+declare it: extras a map is built not to relay, a staged request's fresh draft input,
+and n-gram's lack of a bonus token (so of a mixed batch)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import Tensor
+
+from relay import RelayDebugError
+from relay.maps.sglang_eagle import SglangEagleFutureMap, SglangEaglePayload
+from relay.maps.sglang_ngram import SglangNgramFutureMap, SglangNgramPayload
+from relay.testing.model import ModelError
+from relay.testing.sglang_reference import SglangRelay
+
+POOL = 6
+
+
+def _slots(*values: int) -> Tensor:
+    return torch.tensor(values, dtype=torch.int64)
+
+
+def _info(*slots: int, dsa: bool = False) -> SimpleNamespace:
+    return SimpleNamespace(
+        future_indices=_slots(*slots),
+        future_dsa_topk_indices_available=dsa,
+        bonus_tokens=None,
+        topk_p=None,
+        topk_index=None,
+        hidden_states=None,
+        draft_probs=None,
+        dsa_topk_indices=None,
+    )
+
+
+def _everything(bonus: int) -> dict[str, Tensor]:
+    """One request's payload carrying every extra."""
+    return {
+        "bonus_tokens": torch.tensor([bonus]),
+        "topk_p": torch.full((1, 2), 0.5),
+        "topk_index": torch.ones(1, 2, dtype=torch.int64),
+        "hidden_states": torch.ones(1, 3, dtype=torch.bfloat16),
+        "draft_probs": torch.full((1, 4), 0.25),
+        "dsa_topk_indices": torch.ones(1, 2, dtype=torch.int32),
+    }
+
+
+@pytest.mark.parametrize(
+    ("switches", "handed"),
+    [
+        ({}, {"topk_p", "topk_index", "hidden_states", "draft_probs"}),
+        ({"need_hidden_states": False}, {"topk_p", "topk_index", "draft_probs"}),
+        ({"need_topk": False}, {"hidden_states"}),
+        ({"need_topk": False, "need_hidden_states": False}, set()),
+    ],
+)
+def test_a_map_relays_only_the_extras_its_algorithm_needs(
+    switches: dict[str, bool], handed: set[str]
+) -> None:
+    """Payloads carry every extra; the map allocates, writes and hands over only those
+    it is built to relay, as sglang's model does (draft probabilities are kept without
+    top-k and never handed), and debug mode is silent."""
+    relay = SglangEagleFutureMap("cpu", POOL, debug=True, **switches)
+    model = SglangRelay("eagle", **switches)
+    payload = _everything(4)
+    relay.stash(_slots(2), SglangEaglePayload(**payload))
+    model.stash([2], payload)
+    got, want = SimpleNamespace(spec_info=_info(2)), SimpleNamespace(spec_info=_info(2))
+    relay.resolve_future(got)
+    model.resolve_spec_extras(want)
+    for name in ("topk_p", "topk_index", "hidden_states", "draft_probs"):
+        value, expected = getattr(got.spec_info, name), getattr(want.spec_info, name)
+        assert (value is not None) == (name in handed), name
+        assert (expected is not None) == (name in handed), name
+        if value is not None:
+            assert torch.equal(value, expected)
+    assert (relay.hidden_states_buf is None) == (
+        switches.get("need_hidden_states") is False
+    )
+    assert (relay.topk_p_buf is None) == (switches.get("need_topk") is False)
+    assert relay.draft_probs_buf is not None  # sglang allocates it whatever top-k does
+
+
+def test_a_switch_takes_a_bool() -> None:
+    """A switch given anything but a bool is refused at construction, named."""
+    with pytest.raises(
+        TypeError,
+        match=r"SglangEagleFutureMap: need_topk must be a bool saying whether this map "
+        r"relays the fields switched by it \(got 1 of type int\); pass need_topk=True "
+        r"or need_topk=False",
+    ):
+        SglangEagleFutureMap("cpu", POOL, need_topk=1)  # type: ignore[arg-type]
+
+
+def _staged(relay: SglangEagleFutureMap, *, dsa_in_prefill: bool) -> SimpleNamespace:
+    """Slot 3's first request stashes and reads its sparse indices, then ends. A new
+    request in slot 3 is prefilled (its payload carrying the indices or not), waits
+    in the staging area, and leaves it: its last token stashed alone, a fresh draft
+    input from ``make_staged_spec_input``, then the decode's read."""
+    relay.stash(_slots(3), SglangEaglePayload(**_everything(4)))
+    relay.resolve_future(SimpleNamespace(spec_info=_info(3, dsa=True)))
+    relay.release(_slots(3))
+    prefill = _everything(5)
+    if not dsa_in_prefill:
+        del prefill["dsa_topk_indices"]
+    relay.stash(_slots(3), SglangEaglePayload(**prefill))
+    relay.stash(_slots(3), SglangEaglePayload(bonus_tokens=torch.tensor([6])))
+    handle = SimpleNamespace(**vars(_info()))
+    handle.future_indices = None
+    relay.make_staged_spec_input(_slots(3), handle)
+    batch = SimpleNamespace(spec_info=handle)
+    relay.resolve_future(batch)
+    return batch
+
+
+def test_a_staged_draft_input_says_the_buffer_exists() -> None:
+    """The fresh input holds the slots and flags the sparse indices where the map
+    carries them, as sglang's does; the decode reads the request's rows."""
+    batch = _staged(SglangEagleFutureMap("cpu", POOL, debug=True), dsa_in_prefill=True)
+    info = batch.spec_info
+    assert info.future_indices.tolist() == [3]
+    assert info.future_dsa_topk_indices_available is True
+    assert info.bonus_tokens.tolist() == [6]
+    assert info.topk_p.tolist() == [[0.5, 0.5]]
+    fresh = SglangEagleFutureMap("cpu", POOL)
+    handle = _info()
+    fresh.make_staged_spec_input(_slots(1), handle)
+    assert handle.future_dsa_topk_indices_available is False
+    model = SglangRelay("eagle")
+    assert not model.make_staged_spec_input(_slots(1)).future_dsa_topk_indices_available
+    with pytest.raises(ModelError, match="EAGLE-family draft inputs only"):
+        SglangRelay("ngram").make_staged_spec_input(_slots(1))
+
+
+def test_a_staged_request_whose_prefill_held_no_sparse_indices() -> None:
+    """sglang's fresh input flags the indices because the buffer exists, so a staged
+    request whose prefill carried none is handed the slot's earlier request's rows:
+    debug off the map does the same; debug mode names the field and the slot."""
+    quiet = _staged(SglangEagleFutureMap("cpu", POOL), dsa_in_prefill=False)
+    assert quiet.spec_info.dsa_topk_indices.tolist() == [[1, 1]]
+    with pytest.raises(
+        RelayDebugError,
+        match=r"dsa_topk_indices: slot 3: resolve_future reads a row that was not "
+        r"written since it was last consumed",
+    ):
+        _staged(SglangEagleFutureMap("cpu", POOL, debug=True), dsa_in_prefill=False)
+
+
+def test_ngram_relays_no_bonus_token_and_runs_no_mixed_batch() -> None:
+    """sglang's n-gram stash carries no bonus token and its server arguments turn
+    mixed chunked prefill off (the mixed batch's token gather would find none): the
+    faithful map has neither, and the model refuses a mixed batch."""
+    assert "bonus_tokens" not in SglangNgramPayload.__annotations__
+    assert not hasattr(SglangNgramFutureMap, "resolve_tails")
+    assert not hasattr(SglangNgramFutureMap, "stash_partial")
+    model = SglangRelay("ngram", req_to_token=torch.zeros(POOL, 8, dtype=torch.int64))
+    mixed = SimpleNamespace(
+        prefill_input_ids=torch.tensor([1, 2]),
+        mix_running_indices=_slots(2),
+        spec_info=None,
+    )
+    with pytest.raises(ModelError, match="no mixed batch with n-gram"):
+        model.resolve_forward_inputs(mixed)
+    with pytest.raises(ModelError, match="no mixed batch with n-gram"):
+        model.resolve_mixed_spec_tails(mixed)
