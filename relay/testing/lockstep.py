@@ -577,6 +577,7 @@ class _Driver:
         self._on(self.forward, run)
         self.model.graph_wrote(slots, values)
         for f in self.graph_fields:
+            self.unwritten.get(f.name, set()).difference_update(slots)  # as a write
             if f.lane is Lane.FORWARD:
                 self.fresh[f.name] |= set(slots)
             else:  # read only behind the next publish's fence
