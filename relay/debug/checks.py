@@ -685,10 +685,10 @@ class DebugChecks:
                 **where,
             )
         if why is not None and field in self.graph_written and self.graph_writes:
-            return text("graph_not_run", why=_WHY[why], **where)
+            return text("graph_not_run", why=_WHY[why], **where) + self._for(reading)
         if why is not None:
             extra = {"writer_op": row.op} if why == "released" else {}
-            return text(why, **where, **extra)
+            return text(why, **where, **extra) + self._for(reading)
         if reading.requests is not None:
             request = int(reading.requests[reading.position])
             if row.owner is not None and row.owner != request:
@@ -707,6 +707,13 @@ class DebugChecks:
             writer_stream=self.clocks.writer_name(row.writer),
             **where,
         )
+
+    def _for(self, reading: Reading) -> str:
+        """Which request read the row, where the read names its requests."""
+        if reading.requests is None:
+            return ""
+        request = self._requests.name(int(reading.requests[reading.position]))
+        return f" (read for request {request}, position {reading.position})"
 
     @_atomic
     def peek(
