@@ -5,8 +5,10 @@
 and the token/draft half of its combine kernel; everything it takes is what the runner
 already has on the device: ``b`` is the runner's input batch (``req_ids``,
 ``query_start_loc``, ``seq_lens``, ``num_draft_tokens``, per row), ``prefill_len`` its
-rows' prefill lengths. relay's slots start at 1 (row 0 is the scratch row). ``tests/faithful/test_vllm_faithful.py`` runs it against a
-model of the runner's own combine.
+rows' prefill lengths. Tokens and drafts stay int64, as the runner's state holds them:
+the map casts them into the int32 ``input_ids``. relay's slots start at 1 (row 0 is
+the scratch row). ``tests/faithful/test_vllm_faithful.py`` runs it against a model of
+the runner's own combine.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ class V2Relay:
         self.slots = SlotTable(reqs + 1, [self.map], device=device)
 
     def add_request(self, rid: str) -> None:  # the runner zeroes a new row's drafts
-        zeros = torch.zeros((1, self.k), dtype=torch.int32)
+        zeros = torch.zeros((1, self.k), dtype=torch.int64)
         seed = Payload(
             sampled_token_ids=None,
             draft_token_ids=zeros,
@@ -57,11 +59,11 @@ class V2Relay:
     ) -> None:  # drafts: -1 past n_spec, as V2 keeps them
         counts = torch.full((len(b.req_ids),), n_spec, dtype=torch.int32)
         sampled = n_sampled > 0  # a request that sampled none keeps its token
-        for rows, tokens in ((sampled, last[sampled].int()), (~sampled, None)):
+        for rows, tokens in ((sampled, last[sampled]), (~sampled, None)):
             rids = [r for r, kept in zip(b.req_ids, rows.tolist()) if kept]
             payload = Payload(
                 sampled_token_ids=tokens,
-                draft_token_ids=drafts[rows].int(),
+                draft_token_ids=drafts[rows],
                 num_draft_tokens=counts[rows],
             )
             self.map.stash(self.slots.indices(rids), payload, owners=rids)

@@ -88,6 +88,7 @@ __all__ = [
     "bind_tail_list",
     "bind_tails",
     "buffer",
+    "check_cast",
     "check_dim",
     "check_rows",
     "fits",
@@ -172,6 +173,8 @@ class Table:
             i for i, f in enumerate(self.fields) if f.lane is Lane.SCHEDULE
         )
         self.readers = tuple(_reader(f) for f in self.fields)
+        #: Each scatter field's declared target dtype (Note [Casting scatters]).
+        self.casts = tuple(f.scatter.cast if f.scatter else None for f in self.fields)
 
     def what(self, i: int) -> str:
         """How messages name field ``i``: ``Map.field``."""
@@ -477,10 +480,17 @@ def read_slots(s: MapState, op: str, indices: torch.Tensor) -> torch.Tensor:
 # (``scatter_at``, ``span_at``) before it writes the first.
 
 
+def _laid(s: MapState, i: int) -> torch.dtype | None:
+    """The dtype field ``i``'s scatter lays into its target (Note [Casting scatters])."""
+    cast = s.table.casts[i]
+    return cast if cast is not None else s.dtypes[i]
+
+
 def _target(s: MapState, i: int, target: object) -> int:
     """The size of ``target``, field ``i``'s scatter target, if a scatter may write it:
-    a flat tensor of the field's buffer's dtype on the map's device; refused if not."""
-    dtype = s.dtypes[i]
+    a flat tensor of the dtype the field lays in (its buffer's, or its ``cast``) on the
+    map's device; refused if not."""
+    dtype = _laid(s, i)
     if (
         type(target) is torch.Tensor
         and target.dtype is dtype
@@ -494,10 +504,53 @@ def _target(s: MapState, i: int, target: object) -> int:
         if isinstance(target, torch.Tensor)
         else f"a {type(target).__name__}"
     )
+    scatter = f.scatter
+    if scatter is not None and scatter.cast is not None:
+        fix = f"Hand a {dtype} target, or declare Scatter(cast=...) as its dtype"
+    else:
+        fix = (
+            f"Hand a {dtype} target, or declare the field with the target's dtype "
+            "(Scatter(cast=<the target's dtype>) lays an integer field into another "
+            "integer dtype)"
+        )
     raise RelayError(
         f"{s.table.what(i)}: batch.{f.target} must be a flat {dtype} tensor on "
-        f"{s.device} to scatter the field into, got {got}. Declare the field with the "
-        f"target's dtype, or hand a {dtype} target. Nothing was written"
+        f"{s.device} to scatter the field into, got {got}. {fix}. Nothing was written"
+    )
+
+
+# Note [Casting scatters]
+# An engine's values and its target may differ in dtype on purpose: vLLM samples
+# int64 tokens and its input_ids are int32. ``Scatter(cast=...)`` declares the target's
+# dtype: the buffer keeps the field's own, and a resolve casts each gathered row as
+# it is laid in (``.to(...)`` in the generated body), as vLLM casts its drafts before
+# its own scatter. Validation takes only casts that keep every value's kind: an
+# integer field into an integer target, a floating one into a wider floating one. An
+# integer target narrower than the field cannot hold every value, so debug mode
+# checks each stashed value that a resolve may lay in (a counted row's real ones) on
+# the device, with no host sync (``check_cast``); with debug off a value out of range
+# wraps, as torch's cast does.
+
+
+def _narrowed(f: Field) -> torch.dtype | None:
+    """The integer dtype ``f``'s scatter casts to where it cannot hold every value of
+    the field's dtype (debug mode checks the values: Note [Casting scatters])."""
+    scatter = f.scatter
+    cast = scatter.cast if scatter is not None else None
+    dtype = f.dtype
+    if cast is None or not isinstance(dtype, torch.dtype) or dtype == torch.bool:
+        return None
+    if dtype.is_floating_point or cast.is_floating_point:
+        return None  # a wider floating dtype holds every value
+    wide, narrow = torch.iinfo(dtype), torch.iinfo(cast)
+    return cast if narrow.min > wide.min or narrow.max < wide.max else None
+
+
+def check_cast(value: torch.Tensor, cast: torch.dtype, what: str, target: str) -> None:
+    """Assert, on the device, that every value survives the cast to ``cast``."""
+    same = value.to(cast).to(value.dtype) == value
+    torch._assert_async(
+        same.all(), text("cast_summary", what=what, cast=cast, target=target)
     )
 
 
@@ -664,7 +717,7 @@ def span_at(
     n = indices.numel()
     size = _target(s, fields[0], target)
     for i in fields[1:]:
-        if s.dtypes[i] is not target.dtype:
+        if _laid(s, i) is not target.dtype:
             _target(s, i, target)  # refused, naming the field
     home = s.device
     scatters = [table.fields[i].scatter for i in fields]
@@ -1529,10 +1582,16 @@ def _checked(
     if debug is not None:
         debug.check_slots(op, indices, scratch_ok=op != "seed")
         for i, value in zip(fields, values):
-            guard = _guard(table.fields[i])
-            if guard is not None and value is not None:
-                count = None if counts is None else counts.get(i)
-                guard(value if count is None else _counted(value, count), table.what(i))
+            f = table.fields[i]
+            guard, cast = _guard(f), _narrowed(f)
+            if value is None or (guard is None and cast is None):
+                continue
+            count = None if counts is None else counts.get(i)
+            real = value if count is None else _counted(value, count)
+            if guard is not None:
+                guard(real, table.what(i))
+            if cast is not None:
+                check_cast(real, cast, table.what(i), f"batch.{f.target}")
     return slots, values
 
 

@@ -262,6 +262,12 @@ class Scatter:
     #: request's span: each request's span must lie inside its own row, refused before
     #: the target changes where it would run onto a neighbouring row.
     rows: BatchRows | None = None
+    #: The target's dtype, where it is not the field's: each value is cast to it as it
+    #: is laid in (vLLM samples int64 tokens and its ``input_ids`` are int32:
+    #: ``cast=torch.int32``). An integer field into an integer target, or a floating
+    #: one into a wider floating one; debug mode reports a stashed value the target's
+    #: dtype cannot hold. Without it the target must have the field's dtype.
+    cast: torch.dtype | None = None
     declared_at: SourceLocation = attrs.field(
         factory=_declaration_site, kw_only=True, eq=False, repr=False
     )

@@ -10,13 +10,14 @@
 # figures to record), pytest-gpu.xml, overlap.json, demo-decode.json, demo-eagle.json and
 # bench.json.
 # Every step runs even when an earlier one failed; the exit status is 1 if any step
-# failed or timed out. Each step has its own time limit and the whole run stays under
-# GPU_CHECK_BUDGET_S seconds (default 580, under 10 minutes).
+# failed or timed out. Each step has its own time limit; the default limits add up to
+# 525 s and the whole run stays under GPU_CHECK_BUDGET_S seconds (default 540), so a
+# default run fits one 10-minute device call with its figures.
 #
 # Environment:
 #   PYTHON              the interpreter (default python3)
 #   GPU_CHECK_STEPS     the steps to run, space-separated (default: all, in order)
-#   GPU_CHECK_BUDGET_S  the whole run's time limit in seconds (default 580)
+#   GPU_CHECK_BUDGET_S  the whole run's time limit in seconds (default 540)
 #   GPU_CHECK_LIMIT_<STEP>  one step's limit, e.g. GPU_CHECK_LIMIT_RACECHECK=600
 #   GPU_CHECK_DEMO_ARGS more `relay demo` flags for demo-decode and demo-eagle
 # See docs/gpu.md for what each step checks and what to record afterwards.
@@ -28,7 +29,7 @@ RESULTS=$(cd "$RESULTS" && pwd)
 cd "$(dirname "$0")/.." || exit 2
 ROOT=$(pwd)
 PY=${PYTHON:-python3}
-BUDGET=${GPU_CHECK_BUDGET_S:-580}
+BUDGET=${GPU_CHECK_BUDGET_S:-540}
 SKIP_RC=77 # a step that cannot run here (a tool is missing) exits 77: SKIP, not FAIL
 
 # relay from this checkout, and nothing written into it (bytecode, caches).
@@ -45,9 +46,11 @@ else
     RELAY=("$PY" -c 'import sys; from relay.cli import main; sys.exit(main())')
 fi
 
-# A short demo for the sanitizers, which slow every kernel down many times over.
-# One mode: under racecheck the demo's decode loop alone took 23 s a pass (H200, 2026-11-27).
-SHORT_DEMO=(demo --device cuda --model tiny --mode decode --requests 4 --repeat 1 --no-generate)
+# A short workload for the sanitizers, which slow every kernel down many times over
+# (under racecheck a 4-request decode demo took 23 s a run, H200, 2026-11-27): the tiny
+# model, 4 requests of 4 to 16 tokens, one sync and one overlap run per mode, the
+# overlap run's decode steps replaying CUDA graphs.
+SHORT=(scripts/gpu_overlap.py --device cuda --short --modes decode eagle)
 
 # -- steps: each runs in its own bash, stdout and stderr into RESULTS/<step>.log ----------
 
@@ -134,20 +137,23 @@ step_pytest_gpu() {
     return $rc
 }
 
+# The demo steps: its CUDA default (the gpu model over CUDA graphs), one timed pair (the
+# overlap step measures the bars over more); GPU_CHECK_DEMO_ARGS comes last and wins.
 step_demo_decode() {
     # shellcheck disable=SC2086 # GPU_CHECK_DEMO_ARGS is a list of flags
-    shown "${RELAY[@]}" demo --device cuda --mode decode --no-generate \
+    shown "${RELAY[@]}" demo --device cuda --mode decode --repeat 1 --no-generate \
         --json "$RESULTS/demo-decode.json" ${GPU_CHECK_DEMO_ARGS:-}
 }
 
 step_demo_eagle() {
     # shellcheck disable=SC2086
-    shown "${RELAY[@]}" demo --device cuda --mode eagle --no-generate \
+    shown "${RELAY[@]}" demo --device cuda --mode eagle --repeat 1 --no-generate \
         --json "$RESULTS/demo-eagle.json" ${GPU_CHECK_DEMO_ARGS:-}
 }
 
 step_bench() {
-    shown "${RELAY[@]}" bench --device cuda --json "$RESULTS/bench.json"
+    # Every shape of the default grid, 7 samples a side instead of 15.
+    shown "${RELAY[@]}" bench --device cuda --repeat 7 --json "$RESULTS/bench.json"
 }
 
 step_overlap() {
@@ -159,7 +165,7 @@ step_overlap() {
 step_torch_sanitizer() {
     # torch's own CUDA sanitizer (CSAN): tensor accesses from streams not ordered by an
     # event or a synchronize; the relay's fences and host mirror are exactly that.
-    TORCH_CUDA_SANITIZER=1 shown "${RELAY[@]}" "${SHORT_DEMO[@]}"
+    TORCH_CUDA_SANITIZER=1 shown "$PY" "${SHORT[@]}"
 }
 
 find_compute_sanitizer() {
@@ -179,7 +185,7 @@ compute_sanitizer() { # TOOL
     fi
     "$sanitizer" --version | tail -1
     shown "$sanitizer" --tool "$1" --error-exitcode 1 --target-processes all --print-limit 50 \
-        "${RELAY[@]}" "${SHORT_DEMO[@]}"
+        "$PY" "${SHORT[@]}"
 }
 
 step_racecheck() {
@@ -196,21 +202,23 @@ export -f shown step_env step_generate_check step_reused_event step_pytest_gpu s
     step_demo_decode step_demo_eagle step_bench step_torch_sanitizer find_compute_sanitizer compute_sanitizer \
     step_racecheck step_memcheck
 
-# name, default limit in seconds. The limits add up to more than the default budget: a
-# step gets at most what is left of it, so if the early steps are slow, the last ones are
-# reported "not run" and can be run alone (GPU_CHECK_STEPS) in a second call.
+# name, default limit in seconds, sized from the 2026-11-27 H200 run's step times: they
+# add up to 525 s, under the default budget, so a default run fits one 10-minute call
+# with its figures (at most 30 s more) and the machine's margin. A step gets at most
+# what is left of the budget: with larger limits (GPU_CHECK_LIMIT_<STEP>) the last
+# steps may be reported "not run", to run alone (GPU_CHECK_STEPS) in a second call.
 STEPS=(
-    env 20
-    generate-check 30
-    reused-event 45
-    pytest-gpu 180
-    overlap 150
-    demo-decode 90
-    demo-eagle 90
-    bench 120
-    torch-sanitizer 45
-    racecheck 120
-    memcheck 120
+    env 15
+    generate-check 15
+    reused-event 30
+    pytest-gpu 130
+    overlap 70
+    demo-decode 35
+    demo-eagle 35
+    bench 60
+    torch-sanitizer 30
+    racecheck 75
+    memcheck 30
 )
 
 # -- the runner --------------------------------------------------------------------------
@@ -243,7 +251,7 @@ run_step() { # NAME LIMIT
         echo "== $name (limit ${limit}s)"
         began=$(date +%s)
         # Arrays do not pass through the environment: hand them over as declarations.
-        timeout --kill-after=10 "$limit" bash -c "$(declare -p RELAY SHORT_DEMO); $fn" >"$log" 2>&1
+        timeout --kill-after=10 "$limit" bash -c "$(declare -p RELAY SHORT); $fn" >"$log" 2>&1
         rc=$?
         took=$(($(date +%s) - began))
         note=$(grep -v '^[[:space:]]*$' "$log" | tail -1 | cut -c1-110)

@@ -3,6 +3,7 @@ default (its ``gpu`` model, decode steps replaying CUDA graphs):
 
     PYTHONPATH=. python3 scripts/gpu_overlap.py [--device cuda] [--json PATH]
     PYTHONPATH=. python3 scripts/gpu_overlap.py --dry-run   # the plumbing, on the CPU
+    PYTHONPATH=. python3 scripts/gpu_overlap.py --short     # the sanitizers' workload
 
 Per mode, ``--repeat`` back-to-back pairs of a synchronous and an overlap run (after one
 untimed pair, which warms up the allocator and the kernels): the overlap run's forward
@@ -11,8 +12,13 @@ sync run) and the efficiency (speedup / ideal), medians; the outputs of every ru
 be the first sync run's. Exit 0 when every mode meets the bars (occupancy >= 95%,
 efficiency >= 90%, outputs identical), 1 otherwise. ``--dry-run`` runs the ``tiny``
 model on the CPU with a short workload and reports the figures without judging them
-(exit 1 only if outputs differ or no decode step ran over the static buffers). ``scripts/gpu_check.sh`` runs it as its ``overlap``
-step; ``scripts/gpu_figures.py`` reads its JSON.
+(exit 1 only if outputs differ or no decode step ran over the static buffers).
+``--short`` is the sanitizers' workload: on the device, the ``tiny`` model, 4 requests
+of 4 to 16 output tokens in 4 slots, one synchronous and one overlap run per mode,
+nothing timed (exit 1 only if outputs differ or no decode step ran over the static
+buffers, which the overlap run replays as CUDA graphs on CUDA). ``scripts/gpu_check.sh``
+runs it as its ``overlap`` step and, ``--short``, under each sanitizer;
+``scripts/gpu_figures.py`` reads its JSON.
 """
 
 from __future__ import annotations
@@ -46,6 +52,30 @@ def demo_config(device: str, dry_run: bool) -> EngineConfig:
         flags += ["--model", "tiny", "--requests", "16", "--max-running", "8"]
     config = demo.config_from_args(parser.parse_args(flags))
     return attrs.evolve(config, graphs=True) if dry_run else config
+
+
+def short_config(device: str) -> EngineConfig:
+    """The sanitizers' workload (``--short``): few kernels, every path of a step (the
+    static-buffer phases, the publish between them, the stash after), over graphs."""
+    config = demo_config(device, dry_run=True)
+    workload = attrs.evolve(config.workload, requests=4, min_output=4, max_output=16)
+    scheduler = attrs.evolve(config.scheduler, max_running=4)
+    return attrs.evolve(config, workload=workload, scheduler=scheduler)
+
+
+def short_run(config: EngineConfig, mode: str) -> list[str]:
+    """One synchronous and one overlap run of ``mode``: what is wrong (empty: nothing)."""
+    config = attrs.evolve(config, spec=_spec(mode))
+    sync = run_workload(attrs.evolve(config, overlap=False))
+    overlap = run_workload(attrs.evolve(config, overlap=True))
+    steps = sum(overlap.bucket_steps.values())
+    print(
+        f"{mode}: {overlap.generated_tokens} tokens, identical "
+        f"{sync.outputs == overlap.outputs}, graphs {overlap.graphs_captured}, steps in "
+        f"buckets {steps}"
+    )
+    wrong = [] if sync.outputs == overlap.outputs else [f"{mode}: outputs differ"]
+    return wrong + ([] if steps else [f"{mode}: no step over the static buffers"])
 
 
 def _spec(mode: str) -> SpecConfig | None:
@@ -105,7 +135,18 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="the tiny model on the CPU, figures not judged",
     )
+    parser.add_argument(
+        "--short",
+        action="store_true",
+        help="the sanitizers' workload on --device: one untimed pair per mode",
+    )
     args = parser.parse_args(argv)
+    if args.short:
+        wrong = [
+            w for mode in args.modes for w in short_run(short_config(args.device), mode)
+        ]
+        print("; ".join(wrong) if wrong else "PASS")
+        return 1 if wrong else 0
     device = "cpu" if args.dry_run else args.device
     config = demo_config(device, args.dry_run)
     m = config.model

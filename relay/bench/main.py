@@ -1,5 +1,4 @@
-"""``relay bench``: flags, one configuration measured, the report and its JSON. Exit 0:
-all sides agree, 1: a side raised or values differ, 2: usage. torch loads in ``run``."""
+"""``relay bench``: flags, a configuration measured, the report (docs/bench.md)."""
 
 from __future__ import annotations
 
@@ -22,10 +21,16 @@ __all__ = ["add_arguments", "flags_problem", "run"]
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = Exit.OK, Exit.FAILED, Exit.USAGE
 
-PRESETS: dict[str, dict[str, Any]] = {
-    "default": {"sizes": ((257, 4097), (1, 32, 256), (1, 8), (4096, 7168)), "repeat": 15, "sample_ms": 0.25},
-    "quick": {"sizes": ((257,), (1, 32), (1,), (4096,)), "repeat": 5, "sample_ms": 0.1},
-}  # fmt: skip
+#: Each flag's default, and under ``--quick``; ``--spans`` batches: ``SPAN_BATCHES``.
+DEFAULTS: dict[str, tuple[Any, Any]] = {
+    "pool": ((257, 4097), (257,)),
+    "batch": ((1, 32, 256), (1, 32)),
+    "topk": ((1, 8), (1,)),
+    "hidden": ((4096, 7168), (4096,)),
+    "repeat": (15, 5),
+    "sample_ms": (0.25, 0.1),
+}
+SPAN_BATCHES = (1, 8, 64, 256)
 CHECK_STEPS = 3
 SIDES = ("baseline", "generated", "floor", "bare")
 HEADER = """\
@@ -38,15 +43,10 @@ of the per-repeat ratios (p25-p75)"""
 
 
 def _ints(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated ints, got {text!r}"
-        ) from None
-    if not values or any(v < 0 for v in values):
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    if not parts or not all(part.isdecimal() for part in parts):
         raise argparse.ArgumentTypeError(f"expected non-negative ints, got {text!r}")
-    return values
+    return tuple(map(int, parts))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -75,40 +75,20 @@ def _usage(message: str) -> int:
     return EXIT_USAGE
 
 
-def _device(name: str) -> Any:
-    import torch
-
-    try:
-        device = torch.device(name)
-    except RuntimeError as error:
-        return f"bad --device {name!r}: {error}"
-    if device.type == "cuda" and not torch.cuda.is_available():
-        return "--device cuda, but torch sees no CUDA device"
-    return device
-
-
-def _preset(args: argparse.Namespace) -> dict[str, Any]:
-    return PRESETS["quick" if args.quick else "default"]
-
-
-def _sizes(args: argparse.Namespace) -> tuple[tuple[int, ...], ...]:
-    flags = (args.pool, args.batch, args.topk, args.hidden)
-    return tuple(given or default for given, default in zip(flags, _preset(args)["sizes"]))  # fmt: skip
-
-
 def flags_problem(args: argparse.Namespace) -> str | None:
-    """What is wrong with the flags, as far as it shows without torch; None if nothing."""
-    pools, batches, topks, _ = _sizes(args)
-    if min(topks) < 1 or min(pools) < 2 or min(batches) < 1:
+    """Fills in the flags not given; what is wrong with them, seen without torch."""
+    if args.spans and args.batch is None:
+        args.batch = SPAN_BATCHES
+    for name, (default, quick) in DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, quick if args.quick else default)
+    if min(args.topk) < 1 or min(args.pool) < 2 or min(args.batch) < 1:
         return "--topk and --batch must be >= 1, --pool >= 2 (row 0 is scratch)"
-    sample_ms = args.sample_ms
-    if (args.repeat is not None and args.repeat < 1) or (
-        sample_ms is not None and not (math.isfinite(sample_ms) and sample_ms > 0)
-    ):
+    if args.repeat < 1 or not (math.isfinite(args.sample_ms) and args.sample_ms > 0):
         return "--repeat must be >= 1 and --sample-ms > 0"
     if args.warmup < 0 or args.threads < 0:
         return "--warmup and --threads must be >= 0 (--threads 0 keeps torch's)"
-    if all(batch > pool - 1 for pool in pools for batch in batches):
+    if all(batch > pool - 1 for pool in args.pool for batch in args.batch):
         return "no shape fits: a pool of P rows holds at most P - 1 requests"
     return None
 
@@ -116,7 +96,6 @@ def flags_problem(args: argparse.Namespace) -> str | None:
 def _configs(args: argparse.Namespace) -> list[Any] | str:
     from relay.bench.sides import PAIRS, Shape, discover
 
-    pools, batches, topks, hiddens = _sizes(args)
     unknown = [s for s in args.schema or () if s not in [p.schema for p in PAIRS]]
     if unknown:
         known = ", ".join(dict.fromkeys(p.schema for p in PAIRS))
@@ -128,8 +107,9 @@ def _configs(args: argparse.Namespace) -> list[Any] | str:
         return "no generated map to compare: every schema was skipped"
     configs = []
     for pair, gen in found:
-        grid = itertools.product(pools, batches, topks if pair.spec else [0],
-                                 hiddens if pair.spec and pair.hidden else [0])  # fmt: skip
+        topks = args.topk if pair.spec else [0]
+        hiddens = args.hidden if pair.spec and pair.hidden else [0]
+        grid = itertools.product(args.pool, args.batch, topks, hiddens)
         configs += [(pair, gen, Shape(*s)) for s in grid if s[1] <= s[0] - 1]
     return configs  # not empty: flags_problem saw a shape that fits
 
@@ -137,16 +117,13 @@ def _configs(args: argparse.Namespace) -> list[Any] | str:
 def measure(
     pair: Any, gen: Any, shape: Any, device: Any, args: argparse.Namespace
 ) -> dict[str, Any]:
-    """One configuration: values checked, ops counted, the four sides timed, and the host
-    time per method of the baseline and the generated map."""
-    from statistics import median
-
+    """One configuration: values checked, ops counted, the sides timed."""
     from relay.bench import plain, sides, timing
     from relay.opcount import count_ops
     from relay.schema import Schema
 
     problems = sides.compare_values(pair, gen, shape, device, steps=CHECK_STEPS, seed=args.seed)  # fmt: skip
-    work = sides.Workload.random(shape, device, args.seed, spec=pair.spec)
+    work = sides.Workload.random(shape, device, args.seed)
     base, side = sides.pair_sides(pair, gen, shape, device, work)
     schema, methods = Schema.bundled(pair.schema), [m for m, _ in side.calls]
     try:
@@ -167,12 +144,9 @@ def measure(
             for key, _, _ in sides.differences(side.batch, floor.batch)
         ]
     counted = {k: {m: count_ops(c) for m, c in s.calls} for k, s in zip(SIDES, driven)}
-    preset = _preset(args)
-    repeat, target = args.repeat or preset["repeat"], (args.sample_ms or preset["sample_ms"]) * 1e6  # fmt: skip
-    times = timing.time_interleaved([s.step for s in driven], timing.timer_for(device),
-                                    repeat=repeat, warmup=args.warmup, target_ns=int(target))  # fmt: skip
-    inner = max(1, int(target // max(median(times[0]), 1)))
-    host = timing.per_method([base.calls, side.calls], device, repeat=repeat, inner=inner)  # fmt: skip
+    timed = timing.figures({k: s.step for k, s in zip(SIDES, driven)}, device, args)
+    inner = max(1, int(args.sample_ms * 1e6 // max(timed["ns"]["baseline"], 1)))
+    host = timing.per_method([base.calls, side.calls], device, repeat=args.repeat, inner=inner)  # fmt: skip
     fields = [f.name for f in schema.fields]
     return {
         "schema": pair.schema, "name": pair.name, "graph": pair.graph,
@@ -184,8 +158,7 @@ def measure(
             k: {m: {"ops": list(c.data), "views": len(c.views)} for m, c in v.items()}
             for k, v in counted.items()
         },
-        "ns": {k: median(t) for k, t in zip(SIDES, times)},
-        **{f"generated/{k}": timing.quartiles(times[1], t) for k, t in zip(SIDES, times) if k != "generated"},
+        **timed,
         "host_ns": dict(zip(SIDES, host)),
         "bytes": {k: sides.buffer_bytes(s.map, fields) for k, s in zip(SIDES, (base, side))},
         "floor_source": floors[0].source if floors else None,
@@ -211,7 +184,7 @@ def _meta(device: Any, args: argparse.Namespace) -> dict[str, Any]:
         "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "torch": torch.__version__, "python": platform.python_version(),
         "torch_threads": torch.get_num_threads(),
-        "repeat": args.repeat or _preset(args)["repeat"],
+        "repeat": args.repeat,
     }  # fmt: skip
 
 
@@ -284,12 +257,13 @@ def render(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
 
 
 def _spans(args: argparse.Namespace, device: Any) -> int:
-    from relay.bench import spans
+    from relay.bench import spans, timing
 
-    results = spans.measure(
-        args.batch or spans.BATCHES, device, repeat=args.repeat or (5 if args.quick else 15),
-        warmup=args.warmup, sample_ms=args.sample_ms or 0.25, seed=args.seed,
-    )  # fmt: skip
+    results = []
+    for batch in args.batch:
+        steps, same = spans.sides(batch, device, args.seed)
+        figures = timing.figures(steps, device, args)
+        results.append({"batch": batch, "same": same, **figures})
     print(
         f"vllm_drafts (P={spans.POOL}, K={spans.DRAFTS}): stash + resolve_future per "
         "step; floor: the same torch calls and relay's host checks on the CPU, bare: "
@@ -299,8 +273,8 @@ def _spans(args: argparse.Namespace, device: Any) -> int:
     rows = [
         (
             str(r["batch"]),
-            *(f"{r['us'][k]:.1f}" for k in spans.SIDES),
-            *(_quartiles(r[f"generated/{k}"]) for k in spans.SIDES[1:]),
+            *(_us(ns) for ns in r["ns"].values()),
+            *(_quartiles(r[f"generated/{k}"]) for k in ("floor", "bare")),
             "same" if r["same"] else "DIFFER",
         )
         for r in results
@@ -322,9 +296,12 @@ def run(args: argparse.Namespace) -> int:
         return _usage(problem)
     import torch
 
-    device = _device(args.device)
-    if isinstance(device, str):
-        return _usage(device)
+    try:
+        device = torch.device(args.device)
+    except RuntimeError as error:
+        return _usage(f"bad --device {args.device!r}: {error}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        return _usage("--device cuda, but torch sees no CUDA device")
     configs = [] if args.spans else _configs(args)
     if isinstance(configs, str):
         return _usage(configs)

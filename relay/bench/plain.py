@@ -1,8 +1,5 @@
-"""The floors: a generated map's step as the same torch calls on its own buffers,
-built from the schema, without relay's Python (payload, gates, bookkeeping).
-
-The checked floor adds, on the CPU, relay's host check of a write's slots (Note [Slots
-on the host] in relay/runtime.py); the bare floor leaves it out."""
+"""The floors: a generated map's step as the same torch calls on its own buffers, built
+from the schema, checked or bare (docs/bench.md, the floors)."""
 
 from __future__ import annotations
 
@@ -14,9 +11,14 @@ from typing import Any
 import attrs
 import torch
 
-from relay.bench.sides import SEQ_LENS_PLUS_ONE, Batch, Shape, Side, advance_seq_lens
+from relay.bench.sides import (
+    SEQ_LENS_PLUS_ONE,
+    Shape,
+    Side,
+    advance_seq_lens,
+    new_batch,
+)
 from relay.codegen.layout import packed_groups
-from relay.cpu_stream import CpuEvent
 from relay.device import CpuPolicy, HostMirror, policy_for
 from relay.runtime import HOST_SLOTS_IN_PYTHON_MAX as SLOTS_LISTED
 from relay.runtime import HOST_SUM_IN_PYTHON_MAX, slot_set
@@ -31,16 +33,11 @@ class Unsupported(Exception):
 
 @attrs.define
 class Plain(Side):
-    """A floor, driven as a side: one function per method of the step, its source, the
-    names they read, and the workload's values they read (``v_<name>``)."""
+    """A floor, driven as a side: its source and the names its functions read (the
+    workload's values as ``v_<name>``)."""
 
     source: str = ""
     namespace: dict[str, Any] = attrs.field(factory=dict)
-    sources: tuple[str, ...] = ()
-
-    def bind(self, values: Mapping[str, torch.Tensor | None]) -> None:
-        """Rebind the workload's values (after ``Workload.renew``)."""
-        self.namespace.update((f"v_{s}", values[s]) for s in self.sources)
 
 
 class _Builder:
@@ -50,11 +47,10 @@ class _Builder:
         self.schema, self.device, self.shape = schema, relay_map.device, shape
         self.graph = graph
         self.values: Mapping[str, torch.Tensor | None] = work.values
-        self.batch = Batch.new(work.indices, work.seq_lens)
+        self.batch = new_batch(work.indices, work.seq_lens)
         self.ns: dict[str, Any] = {"idx": work.indices, "batch": self.batch}
         self.ns["advance"] = advance_seq_lens
         self.carried: set[str] = set()
-        self.sources: list[str] = []
         for f in schema.fields:
             if not isinstance(f, Field):
                 raise Unsupported(f"{f!r} is not a field")
@@ -71,9 +67,7 @@ class _Builder:
         name = f.payload_name
         if name not in self.values:
             raise Unsupported(f"{f.name}: the workload has no {name}")
-        if name not in self.sources:
-            self.sources.append(name)
-            self.ns[f"v_{name}"] = self.values[name]
+        self.ns[f"v_{name}"] = self.values[name]
         return self.values[name]
 
     def _buffers(self, relay_map: Any) -> None:
@@ -99,13 +93,12 @@ class _Builder:
 
     def fence(self) -> None:
         policy = policy_for(self.device)
-        if type(policy) is CpuPolicy:
-            event = CpuEvent()  # CpuPolicy: record is event.record, wait synchronize
-            self.ns["record"], self.ns["wait"] = event.record, event.synchronize
-        else:
-            event = policy.new_event()
-            self.ns["record"] = event.record  # on the current stream, as policy.record
-            self.ns["wait"] = functools.partial(policy.wait, event)
+        event = policy.new_event()
+        self.ns["record"] = event.record  # on the current stream, as policy.record
+        cpu = type(policy) is CpuPolicy  # whose wait is the event's synchronize
+        self.ns["wait"] = (
+            event.synchronize if cpu else functools.partial(policy.wait, event)
+        )
 
     def writes(self, fields: Sequence[Field], check: bool) -> list[str]:
         lines = []  # relay's host check of the slots (S: the pool's, runtime.slot_set)
@@ -203,9 +196,7 @@ def build_plain(
     graph: bool = False,
     check: bool = True,
 ) -> Plain:
-    """The floor of ``relay_map`` (one stash in): a function per name of ``methods``.
-    ``graph``: a captured graph wrote the ``graph_written`` fields. ``check``: the
-    checked floor, else the bare one. Raises ``Unsupported``."""
+    """The floor of ``relay_map`` (one stash in): a function per name of ``methods``."""
     b = _Builder(schema, relay_map, shape, work, graph)
     fields = schema.fields
     schedule = {resolve_method(f): f for f in fields if f.lane is Lane.SCHEDULE}
@@ -236,4 +227,4 @@ def build_plain(
     text = "\n".join(source) + "\n"
     exec(compile(text, "<relay bench floor>", "exec"), b.ns)  # noqa: S102
     calls = tuple((name, b.ns[f"m{m}"]) for m, (name, _) in enumerate(bodies))
-    return Plain(None, b.batch, calls, None, text, b.ns, tuple(b.sources))
+    return Plain(None, b.batch, calls, None, text, b.ns)

@@ -1,5 +1,4 @@
-"""The sides ``relay bench`` compares, and one driver of a step for all of them, read
-from a map's public interface so that a schema changing design is still driven."""
+"""The sides ``relay bench`` compares, and one driver of a step for all of them."""
 
 from __future__ import annotations
 
@@ -17,10 +16,12 @@ from relay.bench import baseline as hand
 from relay.schema import Field, Schema
 
 __all__ = ["PAIRS", "SEQ_LENS_PLUS_ONE", "SPEC_READS", "Batch", "Generated", "Pair"]
-__all__ += ["Shape", "Side", "Workload", "advance_seq_lens", "buffer_bytes"]
-__all__ += ["compare_values"]
-__all__ += ["differences", "discover", "observed", "pair_sides", "same"]
+__all__ += ["Shape", "Side", "Workload", "advance_seq_lens", "buffer_bytes", "same"]
+__all__ += ["compare_values", "differences", "discover", "new_batch", "observed"]
+__all__ += ["pair_sides"]
 
+#: Resolves no decode step calls.
+LEFT_OUT = ("resolve_confidence_cpu", "resolve_tails")
 #: The driver's own step where a map relays no lengths.
 SEQ_LENS_PLUS_ONE = "seq_lens + 1"
 
@@ -42,16 +43,13 @@ class Shape:
 
 @attrs.frozen
 class Pair:
-    """A bundled schema and the hand-written map an engine would keep instead: ``design``
-    for the report; ``spec``: shapes have K and H; ``left_out``: methods no decode step
-    calls; ``graph``: a captured graph writes the ``graph_written`` fields."""
+    """A bundled schema, its baseline and ``design``, said in the report."""
 
     schema: str
     baseline: type[Any]
     design: str
     spec: bool
     hidden: bool = True
-    left_out: tuple[str, ...] = ()
     graph: bool = False
 
     @property
@@ -62,19 +60,11 @@ class Pair:
         fields = Schema.bundled(self.schema).fields if self.graph else ()
         return [f for f in fields if isinstance(f, Field) and f.graph_written]
 
-    def adopted(self, shape: Shape, device: torch.device) -> dict[str, torch.Tensor]:
-        """The buffers the captured graph writes, which the engine allocates."""
-        return {
-            f"{f.name}_buf": torch.zeros(shape.pool, dtype=f.dtype, device=device)  # type: ignore[arg-type]
-            for f in self.graph_fields()
-        }
-
 
 _TOKENS = "tokens gathered; host seq_lens + 1"
 _EAGLE = "bonus token, top-k, hidden gathered; seq_lens relayed, to the host, summed"
 _SGLANG = "sglang 0.5.23, by spec_info.future_indices: "
 _NGRAM = "accepted drafts and counts gathered; seq_lens relayed, to the host, summed"
-_SKIPPED = ("resolve_confidence_cpu", "resolve_tails")
 #: Every compared pair, in report order.
 PAIRS: tuple[Pair, ...] = (
     Pair("decode", hand.DecodeBaseline, _TOKENS, spec=False),
@@ -83,13 +73,11 @@ PAIRS: tuple[Pair, ...] = (
     Pair("eagle", hand.EagleBaseline, _EAGLE, spec=True),
     Pair("eagle_packed", hand.EagleBaseline, _EAGLE, spec=True),
     Pair("sglang_decode", hand.DecodeBaseline, "sglang 0.5.23: " + _TOKENS, spec=False),
-    Pair("sglang_eagle", hand.SglangEagleBaseline, _SGLANG + _EAGLE, spec=True,
-         left_out=_SKIPPED),
+    Pair("sglang_eagle", hand.SglangEagleBaseline, _SGLANG + _EAGLE, spec=True),
     Pair("sglang_eagle", hand.SglangEagleBaseline,
          _SGLANG + _EAGLE + "; seq_lens and bonus token written by a captured graph",
-         spec=True, left_out=_SKIPPED, graph=True),
-    Pair("sglang_ngram", hand.NgramBaseline, _SGLANG + _NGRAM, spec=True,
-         hidden=False, left_out=_SKIPPED),
+         spec=True, graph=True),
+    Pair("sglang_ngram", hand.NgramBaseline, _SGLANG + _NGRAM, spec=True, hidden=False),
 )  # fmt: skip
 
 
@@ -123,30 +111,22 @@ SPEC_READS: tuple[str, ...] = ("topk_p", "topk_index", "hidden_states")
 SPEC_READS += ("draft_probs", "dsa_topk_indices", "accept_tokens", "accept_lens")
 
 
-@attrs.define(slots=False)
-class Batch:
-    """A scheduler batch: every attribute the maps read and write in a decode step; its
-    draft input (``spec_info``) holds the slots, the bonus tokens and ``SPEC_READS``."""
+#: A scheduler batch: every attribute the maps read and write in a decode step.
+Batch = types.SimpleNamespace
 
-    req_pool_indices: torch.Tensor
-    req_pool_indices_cpu: torch.Tensor
-    input_ids: torch.Tensor
-    seq_lens: torch.Tensor
-    seq_lens_cpu: torch.Tensor
-    seq_lens_sum: int
-    spec_info: Any
 
-    @staticmethod
-    def new(indices: torch.Tensor, seq_lens: torch.Tensor) -> Batch:
-        host = seq_lens.cpu().clone()
-        spec_info = types.SimpleNamespace(
-            future_indices=indices, bonus_tokens=None,
-            future_dsa_topk_indices_available=False, **dict.fromkeys(SPEC_READS),
-        )  # fmt: skip
-        return Batch(
-            indices, indices.cpu(), torch.zeros_like(indices), seq_lens.clone(), host,
-            int(host.sum()), spec_info,
-        )  # fmt: skip
+def new_batch(indices: torch.Tensor, seq_lens: torch.Tensor) -> Batch:
+    """A batch whose draft input holds the slots, bonus tokens and ``SPEC_READS``."""
+    host = seq_lens.cpu().clone()
+    spec_info = Batch(
+        future_indices=indices, bonus_tokens=None,
+        future_dsa_topk_indices_available=False, **dict.fromkeys(SPEC_READS),
+    )  # fmt: skip
+    return Batch(
+        req_pool_indices=indices, req_pool_indices_cpu=indices.cpu(),
+        input_ids=torch.zeros_like(indices), seq_lens=seq_lens.clone(),
+        seq_lens_cpu=host, seq_lens_sum=int(host.sum()), spec_info=spec_info,
+    )  # fmt: skip
 
 
 def advance_seq_lens(batch: Batch) -> None:
@@ -165,24 +145,22 @@ class Workload:
     _handed: list[tuple[dict[str, Any], frozenset[str]]] = attrs.field(factory=list)
 
     @staticmethod
-    def random(
-        shape: Shape, device: torch.device, seed: int, *, spec: bool
-    ) -> Workload:
+    def random(shape: Shape, device: torch.device, seed: int) -> Workload:
         g = torch.Generator().manual_seed(seed)
         indices = torch.randperm(shape.pool - 1, generator=g)[: shape.batch] + 1
         seq_lens = torch.randint(1, 30_000, (shape.batch,), generator=g)
         w = Workload(indices.to(device), seq_lens.to(device))
-        w.renew(shape, g, spec=spec)
+        w.renew(shape, g)
         return w
 
-    def renew(self, shape: Shape, g: torch.Generator, *, spec: bool) -> None:
-        """New outputs of the same requests; speculative lengths grow by 1 to K + 1."""
+    def renew(self, shape: Shape, g: torch.Generator) -> None:
+        """New outputs of the same requests; with a top-k, lengths grow by 1 to K + 1."""
         b, k, device = shape.batch, max(shape.topk, 1), self.indices.device
 
         def ints(high: int, *size: int) -> torch.Tensor:
             return torch.randint(0, high, size, generator=g).to(device)
 
-        grown = torch.randint(1, k + 2, (b,), generator=g) if spec else 1
+        grown = torch.randint(1, k + 2, (b,), generator=g) if shape.topk else 1
         tokens = ints(150_000, b)
         hidden = torch.randn((b, shape.hidden), generator=g).to(torch.bfloat16)
         self.values = {
@@ -215,8 +193,7 @@ class Workload:
 
 @attrs.define
 class Side:
-    """One map, its batch and its step's calls; ``graph``: the captured graph's write,
-    not the map's work, so only ``check_step`` makes it (before ``graph_wrote``)."""
+    """A map, its batch, its step's calls; ``graph``: the write ``check_step`` adds."""
 
     map: Any
     batch: Batch
@@ -240,18 +217,13 @@ def _keywords(method: Callable[..., Any], after: int = 1) -> list[str]:
 
 
 def build_side(
-    relay_map: Any,
-    work: Workload,
-    payload_cls: type[Any] | None,
-    *,
-    left_out: Collection[str] = (),
-    graph: Sequence[Field] = (),
+    relay_map: Any, work: Workload, payload_cls: type[Any] | None, pair: Pair
 ) -> Side:
-    """``relay_map``'s step in an engine's order, primed with one stash. ``payload_cls``:
-    None for a baseline (keyword stash). ``graph``: the fields a captured graph writes;
-    the generated map gets None for them, a baseline the very values."""
+    """``relay_map``'s step in an engine's order (docs/bench.md, how a step is driven),
+    primed with one stash; ``payload_cls``: None for a baseline (keyword stash)."""
     owner, indices, m = type(relay_map).__name__, work.indices, relay_map
-    batch = Batch.new(indices, work.seq_lens)
+    graph = pair.graph_fields()
+    batch = new_batch(indices, work.seq_lens)
     nones = [f.payload_name for f in graph] if payload_cls is not None else []
     calls: list[tuple[str, Callable[[], None]]] = []
     if hasattr(m, "invalidate"):
@@ -277,30 +249,24 @@ def build_side(
     resolves = [
         n
         for n in sorted(dir(type(m)))
-        if n.startswith("resolve_") and n != "resolve_future" and n not in left_out
+        if n.startswith("resolve_") and n not in ("resolve_future", *LEFT_OUT)
     ]
     calls += [(r, functools.partial(getattr(m, r), batch)) for r in resolves]
     if not resolves:
         calls.append((SEQ_LENS_PLUS_ONE, functools.partial(advance_seq_lens, batch)))
-    side = Side(m, batch, tuple(calls), _graph_write(m, work, graph) if graph else None)
-    if side.graph is not None:  # the priming stash follows a graph's write
-        side.graph()
+    side = Side(m, batch, tuple(calls))
+    if graph:  # the graph writes the map's buffers, then the priming stash follows
+        targets = [(getattr(m, f"{f.name}_buf"), f.payload_name) for f in graph]
+
+        def write() -> None:
+            for buf, value in targets:
+                buf.index_copy_(0, work.indices, work.values[value])
+
+        side.graph = write
+        write()
         dict(calls)["graph_wrote"]()
     dict(calls)["stash"]()
     return side
-
-
-def _graph_write(
-    relay_map: Any, work: Workload, graph: Sequence[Field]
-) -> Callable[[], None]:
-    """The captured graph's write of its fields' values into ``relay_map``'s buffers."""
-    targets = [(getattr(relay_map, f"{f.name}_buf"), f.payload_name) for f in graph]
-
-    def write() -> None:
-        for buf, value in targets:
-            buf.index_copy_(0, work.indices, work.values[value])
-
-    return write
 
 
 def pair_sides(
@@ -313,18 +279,19 @@ def pair_sides(
     debug: bool = False,
 ) -> tuple[Side, Side]:
     """The baseline's side and the generated map's (``debug``: in debug mode)."""
-    kw: dict[str, Any] = {"left_out": pair.left_out, "graph": pair.graph_fields()}
-    base = build_side(_new(pair.baseline, pair, shape, device), work, None, **kw)
+    base = build_side(_new(pair.baseline, pair, shape, device), work, None, pair)
     relay_map = _new(generated.map_cls, pair, shape, device, debug=debug)
-    return base, build_side(relay_map, work, generated.payload_cls, **kw)
+    return base, build_side(relay_map, work, generated.payload_cls, pair)
 
 
 def _new(cls: Any, pair: Pair, shape: Shape, device: torch.device, **kw: Any) -> Any:
-    """``cls`` at ``shape``, given the eager dims it takes and the adopted buffers."""
+    """``cls`` at ``shape``, given its eager dims and the buffers the graph writes."""
     dims: dict[str, Any] = {"topk": shape.topk, "hidden": shape.hidden}
     params = inspect.signature(cls).parameters.items()
     kw.update((n, dims[n]) for n, p in params if p.kind is p.KEYWORD_ONLY and n in dims)
-    return cls(device, shape.pool, **kw, **pair.adopted(shape, device))
+    for f in pair.graph_fields():
+        kw[f"{f.name}_buf"] = torch.zeros(shape.pool, dtype=f.dtype, device=device)  # type: ignore[arg-type]
+    return cls(device, shape.pool, **kw)
 
 
 def buffer_bytes(relay_map: Any, fields: Sequence[str]) -> int:
@@ -334,15 +301,14 @@ def buffer_bytes(relay_map: Any, fields: Sequence[str]) -> int:
     return sum({s.data_ptr(): s.nbytes() for s in storages}.values())
 
 
-def observed(batch: Batch, with_seq_lens: bool) -> Iterator[tuple[str, object]]:
+def observed(batch: Batch) -> Iterator[tuple[str, object]]:
     """What the next forward and the scheduler read from ``batch``."""
     spec = batch.spec_info
     tokens = spec.bonus_tokens if spec.bonus_tokens is not None else batch.input_ids
     yield "next tokens", tokens
     for name in SPEC_READS:
         yield f"spec_info.{name}", getattr(spec, name)
-    if with_seq_lens:
-        yield "seq_lens", batch.seq_lens
+    yield "seq_lens", batch.seq_lens
     yield "seq_lens_cpu", batch.seq_lens_cpu
     yield "seq_lens_sum", batch.seq_lens_sum
 
@@ -354,11 +320,9 @@ def same(a: object, b: object) -> bool:
     return type(a) is type(b) and a == b
 
 
-def differences(
-    want: Batch, got: Batch, with_seq_lens: bool = True
-) -> list[tuple[str, object, object]]:
+def differences(want: Batch, got: Batch) -> list[tuple[str, object, object]]:
     """Each value the next forward or the scheduler reads that ``got`` holds otherwise."""
-    both = zip(observed(want, with_seq_lens), observed(got, with_seq_lens))
+    both = zip(observed(want), observed(got))
     return [(key, a, b) for (key, a), (_, b) in both if not same(a, b)]
 
 
@@ -372,25 +336,21 @@ def compare_values(
     seed: int = 0,
     debug: bool = False,
 ) -> list[str]:
-    """Every difference in what the next forward and the scheduler read over ``steps``
-    fresh steps; the priming stash carries no hidden state (lazy allocation)."""
-    work = Workload.random(shape, device, seed, spec=pair.spec)
+    """What the next forward and the scheduler read that differs, over fresh steps."""
+    work = Workload.random(shape, device, seed)
     work.values["hidden_states"] = None  # before any side takes it: the priming stash
     base, gen = pair_sides(pair, generated, shape, device, work, debug=debug)
-    both = all(
-        name != SEQ_LENS_PLUS_ONE for side in (base, gen) for name, _ in side.calls
-    )
     g = torch.Generator().manual_seed(seed + 1)
     problems = []
     where = f"{pair.name} {shape.label}{' debug' if debug else ''}"
     for step in range(steps):
-        work.renew(shape, g, spec=pair.spec)
+        work.renew(shape, g)
         base.check_step()
         gen.check_step()
         assert work.values["new_seq_lens"] is not None
         work.seq_lens = work.values["new_seq_lens"]
         problems += [
             f"{where} step {step}: {key} differs (baseline {a!r:.60}, generated {b!r:.60})"
-            for key, a, b in differences(base.batch, gen.batch, both)
+            for key, a, b in differences(base.batch, gen.batch)
         ]
     return problems

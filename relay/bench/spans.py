@@ -4,33 +4,22 @@ checks or bare. Offsets and counts are int32, as vLLM's ``query_start_loc`` is."
 
 from __future__ import annotations
 
-import statistics
 import types
-from collections.abc import Callable, Sequence
-from typing import Any, cast
+from collections.abc import Callable
+from typing import Any
 
-import attrs
 import torch
 
 from relay import runtime
-from relay.bench.timing import quartiles, time_interleaved, timer_for
 
-__all__ = ["SIDES", "SpanWork", "measure", "plain_step", "relay_step", "workload"]
+__all__ = ["SpanWork", "plain_step", "relay_step", "sides", "workload"]
 
 DRAFTS = 3
 POOL = 513
-BATCHES = (1, 8, 64, 256)
 
 
-@attrs.frozen
-class SpanWork:
-    slots: torch.Tensor
-    sampled: torch.Tensor
-    drafts: torch.Tensor
-    made: torch.Tensor
-    starts: torch.Tensor
-    counts: torch.Tensor
-    size: int
+#: A step's slots, sampled tokens, drafts made and kept (``counts``) at ``starts``.
+SpanWork = types.SimpleNamespace
 
 
 def workload(batch: int, device: torch.device, seed: int = 0) -> SpanWork:
@@ -43,24 +32,26 @@ def workload(batch: int, device: torch.device, seed: int = 0) -> SpanWork:
     sampled = torch.randint(0, 32_000, (batch,), generator=g).to(device)
     drafts = torch.randint(0, 32_000, (batch, DRAFTS), generator=g).to(device)
     return SpanWork(
-        slots.to(device), sampled, drafts, made.to(device),
-        starts.to(device, torch.int32), counts.to(device, torch.int32), int(sizes.sum()),
+        slots=slots.to(device), sampled=sampled, drafts=drafts, made=made.to(device),
+        starts=starts.to(device, torch.int32), counts=counts.to(device, torch.int32),
+        size=int(sizes.sum()),
     )  # fmt: skip
 
 
 def relay_step(
-    work: SpanWork, device: torch.device, debug: bool = False
+    work: SpanWork, device: torch.device
 ) -> tuple[Callable[[], None], Any, Any]:
     from relay.maps.vllm_drafts import VllmDraftsFutureMap, VllmDraftsPayload
 
-    relay = VllmDraftsFutureMap(device, POOL, num_speculative_tokens=DRAFTS, debug=debug)  # fmt: skip
+    relay = VllmDraftsFutureMap(device, POOL, num_speculative_tokens=DRAFTS)
     payload = VllmDraftsPayload(
         sampled_token_ids=work.sampled, draft_token_ids=work.drafts,
         num_draft_tokens=work.made,
     )  # fmt: skip
     batch = types.SimpleNamespace(
         slots=work.slots, req_ids=None, query_starts=work.starts,
-        num_draft_tokens=work.counts, input_ids=torch.full((work.size,), -1, device=device),
+        num_draft_tokens=work.counts,
+        input_ids=torch.full((work.size,), -1, dtype=torch.int32, device=device),
     )  # fmt: skip
 
     def step() -> None:
@@ -79,50 +70,21 @@ def plain_step(
     idx, sampled, drafts = work.slots, work.sampled, work.drafts
     starts32, counts32 = work.starts, work.counts
     cols = torch.arange(DRAFTS, device=device)
-    input_ids = torch.full((work.size,), -1, device=device)
+    input_ids = torch.full((work.size,), -1, dtype=torch.int32, device=device)
     check = check and device.type == "cpu"
-    few = idx.numel() <= runtime.HOST_SLOTS_IN_PYTHON_MAX
-    slots = runtime.slot_set(POOL)
     size = input_ids.numel()
 
-    def apart(starts: torch.Tensor, counts: torch.Tensor) -> None:
-        """relay's span check: counts 0 to K, spans in order inside the target."""
-        if starts.numel() <= runtime.HOST_POSITIONS_IN_PYTHON_MAX:
-            at: list[int] = starts.tolist()
-            each: list[int] = counts.tolist()
-            if min(each) < 0 or max(each) > DRAFTS:
-                raise IndexError(each)
-            end = 0
-            for a, c in zip(at, each):
-                if a < end:
-                    raise IndexError(at)
-                end = a + 1 + c
-            if end > size:
-                raise IndexError(at)
-            return
-        held, made = starts.numpy(), counts.numpy()  # one view op each
-        if made.min() < 0 or made.max() > DRAFTS:
-            raise IndexError(made)
-        ends = held + made
-        if (held[1:] - ends[:-1]).min() < 1 or held[0] < 0 or ends[-1] + 1 > size:
-            raise IndexError(held)
-
-    def step() -> None:
-        if check and few:
-            if not slots.issuperset(idx.tolist()):
-                raise IndexError(idx)
-        elif check:
-            lo, hi = idx.aminmax()
-            if cast(int, lo.tolist()) < 0 or cast(int, hi.tolist()) >= POOL:
-                raise IndexError(idx)
+    def step() -> None:  # relay's own host checks: the slots, then the spans
+        if check and not runtime.host_slots_ok(idx, POOL):
+            raise IndexError(idx)
         sampled_buf.index_copy_(0, idx, sampled)
         drafts_buf.index_copy_(0, idx, drafts)
-        a = sampled_buf.index_select(0, idx)
-        b = drafts_buf.index_select(0, idx)
+        a = sampled_buf.index_select(0, idx).int()  # int64 tokens, int32 input_ids
+        b = drafts_buf.index_select(0, idx).int()
         starts = starts32.long()
         counts = counts32.long()
-        if check:
-            apart(starts, counts)
+        if check and not runtime._spans_ok(starts, [counts], [DRAFTS], 1, size):
+            raise IndexError(starts)
         at = (starts + 1).unsqueeze(1) + cols
         keep = cols < counts.unsqueeze(1)
         at_kept, b_kept = at[keep], b[keep]
@@ -132,36 +94,15 @@ def plain_step(
     return step, input_ids
 
 
-def measure(
-    batches: Sequence[int] = BATCHES,
-    device: torch.device | None = None,
-    *,
-    repeat: int = 15,
-    warmup: int = 3,
-    sample_ms: float = 0.25,
-    seed: int = 0,
-) -> list[dict[str, Any]]:
-    """Per batch size: median us per side, quartiles of the ratios, same values."""
-    device = device or torch.device("cpu")
-    results = []
-    for batch in batches:
-        work = workload(batch, device, seed)
-        generated, relay, relay_batch = relay_step(work, device)
-        generated()  # allocates nothing, but warms the columns cache
-        floors = [plain_step(work, relay, device, check) for check in (True, False)]
-        for floor, _ in floors:
-            floor()
-        same = all(torch.equal(relay_batch.input_ids, ids) for _, ids in floors)
-        times = time_interleaved(
-            [generated, *(floor for floor, _ in floors)], timer_for(device),
-            repeat=repeat, warmup=warmup, target_ns=int(sample_ms * 1e6),
-        )  # fmt: skip
-        result: dict[str, Any] = {"batch": batch, "same": same}
-        result["us"] = {k: statistics.median(t) / 1e3 for k, t in zip(SIDES, times)}
-        for k, t in zip(SIDES[1:], times[1:]):
-            result[f"generated/{k}"] = quartiles(times[0], t)
-        results.append(result)
-    return results
-
-
-SIDES = ("generated", "floor", "bare")
+def sides(
+    batch: int, device: torch.device, seed: int
+) -> tuple[dict[str, Callable[[], None]], bool]:
+    """The generated step and its floors, one step in; whether they lay in the same."""
+    work = workload(batch, device, seed)
+    generated, relay, relay_batch = relay_step(work, device)
+    floors = [plain_step(work, relay, device, check) for check in (True, False)]
+    steps = {"generated": generated, "floor": floors[0][0], "bare": floors[1][0]}
+    for step in steps.values():
+        step()
+    same = all(torch.equal(relay_batch.input_ids, ids) for _, ids in floors)
+    return steps, same

@@ -1,5 +1,4 @@
-"""Timing: per-device timers and interleaved samples in balanced orders, so that load
-and drift weigh on every compared side alike."""
+"""Timing: per-device timers, interleaved samples in balanced orders (docs/bench.md)."""
 
 from __future__ import annotations
 
@@ -7,12 +6,12 @@ import contextlib
 import gc
 import statistics
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 
-__all__ = ["balanced_orders", "per_method", "quartiles", "time_interleaved"]
+__all__ = ["balanced_orders", "figures", "per_method", "quartiles", "time_interleaved"]
 __all__ += ["timer_for"]
 
 Timer = Callable[[Callable[[], None], int], int]
@@ -34,7 +33,7 @@ def timer_for(device: torch.device) -> Timer:
             return int(start.elapsed_time(end) * 1e6)
 
         return events
-    sync = _sync(device)
+    sync = torch.get_device_module(device.type).synchronize  # torch.cpu's: a no-op
 
     def host(fn: Callable[[], None], inner: int) -> int:
         sync()
@@ -47,17 +46,26 @@ def timer_for(device: torch.device) -> Timer:
     return host
 
 
-def _sync(device: torch.device) -> Callable[[], None]:
-    if device.type == "cpu":
-        return lambda: None
-    return torch.get_device_module(device.type).synchronize  # type: ignore[no-any-return]
-
-
 def quartiles(num: Sequence[float], den: Sequence[float]) -> dict[str, float]:
     """Quartiles of the per-repeat ratios ``num / den``: drift between repeats cancels."""
     per = [n / d for n, d in zip(num, den)]
     q = statistics.quantiles(per * (2 if len(per) == 1 else 1), n=4, method="inclusive")
     return {"p25": q[0], "median": q[1], "p75": q[2]}
+
+
+def figures(
+    steps: Mapping[str, Callable[[], None]], device: torch.device, flags: Any
+) -> dict[str, Any]:
+    """``steps`` timed as the flags say: median ns of each, generated / the others."""
+    fns, target = list(steps.values()), int(flags.sample_ms * 1e6)
+    kw = {"repeat": flags.repeat, "warmup": flags.warmup, "target_ns": target}
+    samples = time_interleaved(fns, timer_for(device), **kw)
+    times = dict(zip(steps, samples))
+    out: dict[str, Any] = {"ns": {k: statistics.median(t) for k, t in times.items()}}
+    for k, t in times.items():
+        if k != "generated":
+            out[f"generated/{k}"] = quartiles(times["generated"], t)
+    return out
 
 
 # Note [Balanced order]
@@ -87,8 +95,7 @@ def time_interleaved(
     warmup: int,
     target_ns: int,
 ) -> list[list[float]]:
-    """Per-call ns of each function, one sample per repeat, gc off. A sample lasts
-    about ``target_ns`` (short: a context switch spoils one sample, not all)."""
+    """Per-call ns of each function, one sample of about ``target_ns`` per repeat."""
     for fn in fns:
         for _ in range(warmup):
             fn()
@@ -113,9 +120,6 @@ def _no_gc() -> Iterator[None]:
             gc.enable()
 
 
-SYNC = "device sync"
-
-
 def per_method(
     sides: Sequence[Sequence[tuple[str, Callable[[], None]]]],
     device: torch.device,
@@ -123,9 +127,9 @@ def per_method(
     repeat: int,
     inner: int,
 ) -> list[dict[str, float]]:
-    """Per side, the host ns per step of each method, ``SYNC`` (the device's wait after
-    the last step, off the CPU) and ``step``: each the quietest sample's."""
-    sync, clock = _sync(device), time.perf_counter_ns
+    """Per side, the host ns per step of each method, ``device sync`` off the CPU and
+    ``step``, each the quietest sample's (docs/bench.md, host time per method)."""
+    sync, clock = torch.get_device_module(device.type).synchronize, time.perf_counter_ns
     samples: list[list[list[int]]] = [[] for _ in sides]
     with _no_gc():
         for _ in range(repeat):
@@ -146,7 +150,7 @@ def per_method(
                 kept.append(parts)
     out = []
     for calls, kept in zip(sides, samples):
-        names = [name for name, _ in calls] + ([SYNC] if device.type != "cpu" else [])
+        names = [name for name, _ in calls] + (["device sync"] * (device.type != "cpu"))
         quietest = [min(column) / inner for column in zip(*kept)]
         out.append({**dict(zip(names, quietest)), "step": quietest[-1]})
     return out

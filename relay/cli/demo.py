@@ -63,6 +63,7 @@ __all__ = [
     "check_device_name",
     "config_from_args",
     "default_model",
+    "graphs_on",
     "main",
     "model_preset",
     "resolve_device",
@@ -123,6 +124,13 @@ def model_preset(name: str) -> ModelConfig:
             vocab_size=16384, hidden=1536, layers=6, heads=12, ffn=4096, max_context=384
         ),
     }[name]
+
+
+def graphs_on(flag: bool | None, device: str) -> bool:
+    """Whether decode steps run over static buffers (``--graphs``/``--no-graphs``):
+    without the flag, on CUDA only, where they replay CUDA graphs as production engines
+    run them."""
+    return device.startswith("cuda") if flag is None else flag
 
 
 def default_model(device: str) -> str:
@@ -219,6 +227,15 @@ def _run_arguments(group: argparse._ArgumentGroup) -> None:
         "--device",
         default="cpu",
         help="cpu (default), cuda, cuda:N, or auto (cuda when available)",
+    )
+    group.add_argument(
+        "--graphs",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="decode steps over static buffers per batch-size bucket, captured once "
+        "in CUDA graphs and replayed on CUDA, run eagerly over the same buffers on "
+        "the CPU; --no-graphs runs every decode step eagerly (default: on for CUDA, "
+        "off on the CPU)",
     )
     number = functools.partial(_number_flag, group)
     number("--requests", _positive_int, DEFAULTS["requests"], "number of requests")
@@ -379,8 +396,7 @@ def config_from_args(
         ),
         scheduler=_scheduler_for(args, model.max_context),
         device=device,
-        # On CUDA decode steps replay graphs, as production engines run them.
-        graphs=device.startswith("cuda"),
+        graphs=graphs_on(args.graphs, device),
         debug=args.debug,
         cpu_threads=args.threads,
         maps=maps or MapSource(),
@@ -1097,6 +1113,13 @@ def _trace_and_plot(
             report.say(f"   wrote the timeline {args.plot}")
 
 
+#: What ``--graphs`` adds to the run's line, by whether the device is CUDA.
+_STATIC = {
+    True: ", decode steps in CUDA graphs",
+    False: ", decode steps over static buffers",
+}
+
+
 def _run_all(
     args: argparse.Namespace, base: EngineConfig, report: _Reporter
 ) -> list[ModeResult]:
@@ -1109,6 +1132,7 @@ def _run_all(
         f"{m.layers} layer{'s' if m.layers != 1 else ''}, vocab {m.vocab_size}), "
         f"{base.scheduler.max_running} slots, {_scheduling(base)}"
         + (", debug maps" if base.debug else "")
+        + (_STATIC[base.device.startswith("cuda")] if base.graphs else "")
         + f"; each loop {args.repeat}x per mode, interleaved"
     )
     modes = _modes(args)

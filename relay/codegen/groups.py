@@ -10,7 +10,14 @@ from __future__ import annotations
 import torch
 
 from relay.codegen import naming
-from relay.codegen.report import EXAMPLE, Collector, got, is_int_dtype, valid_path
+from relay.codegen.report import (
+    EXAMPLE,
+    Collector,
+    got,
+    is_int_dtype,
+    unusable_dtype,
+    valid_path,
+)
 from relay.schema import (
     BatchRows,
     Field,
@@ -221,6 +228,66 @@ def check_scatter(c: Collector, f: Field, at: SourceLocation | None = None) -> N
             "give the target's dtype, e.g. dtype=torch.int64",
             at,
         )
+    if scatter.cast is not None:
+        _check_cast(c, f, scatter)
+
+
+def _laid_dtype(f: Field) -> object:
+    """The dtype ``f``'s scatter lays into its target: its ``cast``, else its own."""
+    cast = f.scatter.cast if f.scatter is not None else None
+    return f.dtype if cast is None else cast
+
+
+def _check_cast(c: Collector, f: Field, scatter: Scatter) -> None:
+    """``Scatter(cast=...)``: a target dtype every value of the field's can become
+    without losing what it is (Note [Casting scatters] in relay/runtime.py)."""
+    cast, at = scatter.cast, scatter.declared_at
+    if not isinstance(cast, torch.dtype):
+        c.add(
+            f,
+            f"Scatter(cast=...) must be a torch.dtype, the target's (got {got(cast)})",
+            "write cast=torch.int32, or leave it out where the target has the "
+            "field's dtype",
+            at,
+        )
+        return
+    if not isinstance(f.dtype, torch.dtype):
+        return  # FROM_PAYLOAD: refused above
+    if cast == f.dtype:
+        c.add(
+            f,
+            f"Scatter(cast={cast}) names the field's own dtype: nothing would be cast",
+            "leave cast out",
+            at,
+        )
+        return
+    unusable = unusable_dtype(cast)
+    if unusable is not None:
+        c.add(
+            f,
+            f"Scatter(cast={cast}): torch cannot write {cast} values into a target "
+            f"({unusable})",
+            "cast to a dtype torch indexes, such as torch.int32",
+            at,
+        )
+        return
+    integers = (is_int_dtype(f.dtype) or f.dtype == torch.bool) and is_int_dtype(cast)
+    widened = (
+        f.dtype.is_floating_point
+        and cast.is_floating_point
+        and torch.promote_types(f.dtype, cast) == cast
+    )
+    if not (integers or widened):
+        c.add(
+            f,
+            f"Scatter(cast={cast}) would turn the field's {f.dtype} values into "
+            f"{cast}, which loses values (fractions, signs or range) whatever they "
+            "are: relay casts an integer field into an integer target, or a floating "
+            "one into a wider floating one",
+            f"give the field the target's dtype ({cast}), or cast the values "
+            "yourself before the stash",
+            at,
+        )
 
 
 # --- counted scatters (Note [Counted scatters] in relay/runtime.py) ---------------------
@@ -354,6 +421,17 @@ def _check_after(
             f"offsets={scatter.offsets!r}, target={f.target!r})",
             f"give both resolve=Scatter(offsets={other.offsets if other else 'starts'!r})"
             f" and target={first.target!r}",
+            at,
+        )
+    elif _laid_dtype(first) != _laid_dtype(f) and all(
+        isinstance(_laid_dtype(g), torch.dtype) for g in (first, f)
+    ):
+        c.add(
+            f,
+            f"this field lays {_laid_dtype(f)} values into {f.target!r} after "
+            f"{first.name!r}'s {_laid_dtype(first)} ones: one target holds one dtype",
+            "give both fields the target's dtype, or Scatter(cast=<the target's "
+            "dtype>) to the one whose values are another",
             at,
         )
     taken = followed.setdefault(first.name, f)

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import attrs
 
 from relay.codegen.layout import PackedGroup
-from relay.codegen.literals import join, plus, string_literal
+from relay.codegen.literals import dtype, join, plus, string_literal
 from relay.codegen.naming import Names
 from relay.schema import (
     Alloc,
@@ -161,6 +161,7 @@ def resolve_doc(names: Names, f: Field) -> str:
         if scatter is not None and scatter.rows is not None
         else ""
     )
+    cast = "" if scatter is None or scatter.cast is None else f", as ``{scatter.cast}``"
     if scatter is not None and (scatter.after or scatter.lengths):
         after = f", after ``{scatter.after}``" if scatter.after else ""
         count = (
@@ -170,12 +171,12 @@ def resolve_doc(names: Names, f: Field) -> str:
         )
         return (
             f"- ``batch.{f.target}``: from each row's ``batch.{scatter.offsets}``"
-            f"{inside}{after}, ``{names.buffer[f.name]}[indices]``{count}."
+            f"{inside}{after}, ``{names.buffer[f.name]}[indices]``{count}{cast}."
         )
     if scatter is not None:
         return (
             f"- ``batch.{f.target}``: from each row's ``batch.{scatter.offsets}``"
-            f"{inside}, ``{names.buffer[f.name]}[indices]``."
+            f"{inside}, ``{names.buffer[f.name]}[indices]``{cast}."
         )
     if f.resolve is Resolve.PLACEHOLDER:
         return (
@@ -258,12 +259,19 @@ def _scatter_read(
     args = ["state", str(i), f"batch.{offsets}", "indices", target]
     plan = [
         *_stashed(names, schema, f),
-        f"{rows} = {_buf(names, schema, f)}.index_select(0, indices){flat}",
+        f"{rows} = {_buf(names, schema, f)}.index_select(0, indices){flat}{_cast(f)}",
         join(f"{at} = _rt.scatter_at(", [*args, *_owners(schema), *_bounds(f.scatter)]),
     ]
     return plan, [
         f"{target}.index_copy_(0, {at}, {rows})",
     ]
+
+
+def _cast(f: Field) -> str:
+    """The cast of a scatter's gathered rows to its target's dtype, where it declares
+    one (Note [Casting scatters] in runtime.py)."""
+    cast = f.scatter.cast if f.scatter is not None else None
+    return "" if cast is None else f".to({dtype(cast)})"
 
 
 def _scattered(
@@ -335,7 +343,7 @@ def _span_read(
     plan = [
         *(line for g in span for line in _stashed(names, schema, g)),
         *(
-            f"{local} = {_buf(names, schema, g)}.index_select(0, indices)"
+            f"{local} = {_buf(names, schema, g)}.index_select(0, indices){_cast(g)}"
             for g, local in zip(span, locals_)
         ),
         join(f"{at} = _rt.span_at(", args),

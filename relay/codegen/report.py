@@ -3,6 +3,8 @@ the rules share (how a value is spelled in a message, what a path is)."""
 
 from __future__ import annotations
 
+import functools
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -11,7 +13,14 @@ from relay.codegen import naming
 from relay.errors import SchemaIssue
 from relay.schema import Field, Schema, SourceLocation
 
-__all__ = ["EXAMPLE", "Collector", "got", "is_int_dtype", "valid_path"]
+__all__ = [
+    "EXAMPLE",
+    "Collector",
+    "got",
+    "is_int_dtype",
+    "unusable_dtype",
+    "valid_path",
+]
 
 
 def got(value: object) -> str:
@@ -23,6 +32,23 @@ def is_int_dtype(dtype: object) -> bool:
     return isinstance(dtype, torch.dtype) and not (
         dtype.is_floating_point or dtype.is_complex or dtype == torch.bool
     )
+
+
+@functools.cache
+def unusable_dtype(dtype: torch.dtype) -> str | None:
+    """Why torch cannot hold ``dtype`` in a relay buffer (allocate, write rows, read rows)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            buf = torch.zeros((2,), dtype=dtype)
+            rows = torch.ones((1,), dtype=torch.int64)
+            buf[rows] = rows.to(dtype)
+            buf[rows]
+    # torch says why (NotImplementedError, RuntimeError, ...): its reason is the message.
+    except Exception as error:  # noqa: BLE001
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        return f"{type(error).__name__}: {first}"
+    return None
 
 
 def valid_path(path: object) -> bool:

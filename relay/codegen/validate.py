@@ -7,15 +7,20 @@ is well-formed.
 
 from __future__ import annotations
 
-import functools
-import warnings
 from collections.abc import Callable
 
 import torch
 
 from relay.codegen import bindings, groups, literals, naming
 from relay.codegen.layout import packed_groups
-from relay.codegen.report import EXAMPLE, Collector, got, is_int_dtype, valid_path
+from relay.codegen.report import (
+    EXAMPLE,
+    Collector,
+    got,
+    is_int_dtype,
+    unusable_dtype,
+    valid_path,
+)
 from relay.codegen.roles import Role, clash, role_table
 from relay.errors import SchemaIssue
 from relay.schema import (
@@ -39,23 +44,6 @@ from relay.schema import (
 )
 
 _DTYPE_HINT = "torch.int64, torch.float32, torch.bfloat16"
-
-
-@functools.cache
-def _unusable(dtype: torch.dtype) -> str | None:
-    """Why torch cannot hold ``dtype`` in a relay buffer (allocate, write rows, read rows)."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            buf = torch.zeros((2,), dtype=dtype)
-            rows = torch.ones((1,), dtype=torch.int64)
-            buf[rows] = rows.to(dtype)
-            buf[rows]
-    # torch says why (NotImplementedError, RuntimeError, ...): its reason is the message.
-    except Exception as error:  # noqa: BLE001
-        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
-        return f"{type(error).__name__}: {first}"
-    return None
 
 
 def validate(schema: Schema, display: Callable[[str], str]) -> list[SchemaIssue]:
@@ -291,7 +279,7 @@ def _check_options(c: Collector, f: Field) -> None:
             "write dtype=torch.<name>, e.g. dtype=torch.int64",
         )
     elif isinstance(f.dtype, torch.dtype):
-        unusable = _unusable(f.dtype)
+        unusable = unusable_dtype(f.dtype)
         if unusable is not None:
             c.add(
                 f,

@@ -137,9 +137,18 @@ class DebugChecks:
         graph_written: tuple[str, ...] = (),
     ) -> None:
         self.device = torch.device(device)
-        #: Fields a captured graph writes (``graph_wrote``): a read finding nothing to
-        #: take there is named as a read before the graph ran.
+        #: Fields a captured graph may write (``graph_wrote``). Once a graph writes
+        #: rows of the map (a write left such a field to it, or ``graph_wrote``
+        #: declared its write), a read finding nothing to take there is named as a
+        #: read before the graph ran; until then every write was the map's own call
+        #: (an engine that runs no graph), and the read is named as any other.
         self.graph_written = frozenset(graph_written)
+        self.graph_writes = False
+        self._lane_of = {
+            "stash": forward,
+            "stash_partial": forward,
+            "publish": schedule,
+        }
         self.pool_size = pool_size
         self.owner = owner
         self.state = StateTable(
@@ -401,6 +410,8 @@ class DebugChecks:
         row: an int tensor, or a sequence of ints or strings) records whose value each
         row now holds, for ``read(..., owners=...)``. Two unordered writes of one row
         are reported (``unordered_seed`` where one of them is a seed)."""
+        left = self.graph_written.intersection(self._lane_of.get(op, ())) - set(fields)
+        self.graph_writes = self.graph_writes or op == "graph_wrote" or bool(left)
         self._write(op, indices, fields, carried, owners, seed=False)
 
     def seeded(
@@ -673,11 +684,11 @@ class DebugChecks:
                 why=_WHY[why],
                 **where,
             )
-        if why is not None and field in self.graph_written:
-            return text("graph_not_run", why=_WHY[why], **where)
+        if why is not None and field in self.graph_written and self.graph_writes:
+            return text("graph_not_run", why=_WHY[why], **where) + self._for(reading)
         if why is not None:
             extra = {"writer_op": row.op} if why == "released" else {}
-            return text(why, **where, **extra)
+            return text(why, **where, **extra) + self._for(reading)
         if reading.requests is not None:
             request = int(reading.requests[reading.position])
             if row.owner is not None and row.owner != request:
@@ -696,6 +707,13 @@ class DebugChecks:
             writer_stream=self.clocks.writer_name(row.writer),
             **where,
         )
+
+    def _for(self, reading: Reading) -> str:
+        """Which request read the row, where the read names its requests."""
+        if reading.requests is None:
+            return ""
+        request = self._requests.name(int(reading.requests[reading.position]))
+        return f" (read for request {request}, position {reading.position})"
 
     @_atomic
     def peek(

@@ -248,6 +248,11 @@ MESSAGES: Final[Mapping[str, str]] = MappingProxyType(
         "guard_finite_summary": (
             "{what}: guard failed, values must be finite (no NaN, no inf)"
         ),
+        "cast_summary": (
+            "{what}: a value does not fit {cast}, the dtype Scatter(cast=...) lays it "
+            "into {target} as; it would be laid in changed. Stash values {cast} "
+            "holds, or give the target the field's dtype"
+        ),
         # -- an engine's host reads of placeholder targets (check_resolved) -------------
         "placeholder": (
             "{consumer}: position {position} holds the placeholder {placeholder} (slot "

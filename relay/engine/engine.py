@@ -183,7 +183,13 @@ def run_workload(
         if config.overlap:
             maps = config.maps.load()  # Note [One set of map classes per run]
             relay = map_relay(
-                maps, spec, device, pool_size, debug=config.debug, ranges=ranges
+                maps,
+                spec,
+                device,
+                pool_size,
+                debug=config.debug,
+                ranges=ranges,
+                graph_written=config.graphs,  # the static-buffer steps write its rows
             )
         else:
             relay = DirectRelay(pool_size, device, ranges, mode)

@@ -6,8 +6,10 @@ it pointing at the scratch slot (Note [Padded rows]). Each mode's forward is two
 phases with the publish between them (Note [Two phases around the publish]); the
 relay's ``resolve_future`` is the first thing of the first phase unless the maps run
 in debug mode, whose checks read values on the host (Note [The resolve inside the
-graph]). Prefill, mixed batches and batches larger than the largest bucket run the
-eager forward.
+graph]). Where the relay adopted buffers of its own (``Relay.written``), the forward
+writes the relay's rows into them itself, as it runs (Note [Graph-written relay
+buffers] in relays.py). Prefill, mixed batches and batches larger than the largest
+bucket run the eager forward.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from torch import Tensor
 
 from relay.engine.batch import ForwardBatch, ForwardMode
 from relay.engine.model import Forwards, KVCache, ModelConfig, TargetModel, VerifyResult
-from relay.engine.relays import Extras, Relay
+from relay.engine.relays import Extras, Relay, Written
 from relay.engine.spec import SpecConfig
 
 __all__ = ["GraphRunner", "StaticInputs", "buckets_for"]
@@ -32,9 +34,10 @@ __all__ = ["GraphRunner", "StaticInputs", "buckets_for"]
 # and their cache writes land in the scratch slot's rows, and every other op of the
 # forward is row by row, so the real rows' results are those of an unpadded batch.
 # A resolve inside the graph gathers the scratch row of every relay buffer for them,
-# which holds whatever was last written there (nothing, or the capture's stash); the
-# copy into the static inputs replaces those rows by zeros, so no garbage index
-# reaches an embedding lookup.
+# which holds whatever was last written there (nothing, the capture's stash, or a
+# padded row's own write into a graph-written buffer); the copy into the static
+# inputs replaces those rows by zeros, so no garbage index reaches an embedding
+# lookup.
 
 # Note [Two phases around the publish]
 # Speculative decoding publishes the new lengths mid-forward, after the verify and
@@ -163,6 +166,19 @@ class StaticInputs:
                 static[rows:].zero_()
 
 
+def _write_verified(
+    w: Written, slots: Tensor, seq_lens: Tensor, result: VerifyResult, steps: int
+) -> None:
+    """A verify's rows of ``w``: the bonus token, the new length, and n-gram's
+    accepted drafts (what the commit phase would hand over, known already)."""
+    assert w.new_seq_lens is not None
+    w.tokens.index_copy_(0, slots, result.bonus)
+    w.new_seq_lens.index_copy_(0, slots, seq_lens + result.accept_lens + 1)
+    if w.accept_tokens is not None and w.accept_lens is not None:
+        w.accept_tokens.index_copy_(0, slots, result.tokens[:, :steps])
+        w.accept_lens.index_copy_(0, slots, result.accept_lens.int())
+
+
 @attrs.define(eq=False)
 class _Bucket:
     """One bucket's inputs, its phases' outputs, and their graphs (CUDA)."""
@@ -180,7 +196,9 @@ class GraphRunner:
     """Decode, EAGLE verify and draft, and n-gram verify forwards over static buffers
     per bucket (``buckets_for``): captured in CUDA graphs by ``capture`` on CUDA,
     run eagerly over the same buffers on the CPU. ``resolve_inside``: the relay's
-    ``resolve_future`` runs in the first phase (Note [The resolve inside the graph])."""
+    ``resolve_future`` runs in the first phase (Note [The resolve inside the graph]);
+    the phases write the relay's rows into ``relay.written`` where it is not ``None``
+    (Note [Graph-written relay buffers] in relays.py)."""
 
     def __init__(
         self,
@@ -196,6 +214,8 @@ class GraphRunner:
         self.spec = spec
         self.relay = relay
         self.resolve_inside = resolve_inside
+        #: The relay's buffers each phase writes its rows into, or ``None``.
+        self.written = relay.written
         self.device = model.device
         self.captures = self.device.type == "cuda"
         # TorchScript's profiling executor may rewrite a function after its first
@@ -234,9 +254,13 @@ class GraphRunner:
         if self.resolve_inside:
             self.relay.resolve_future(s.batch)
             s.adopt(s.batch, spec, s.size)
+        w = self.written
         if spec is None:
             _, b.next_tokens = fw.decode(s.tokens, s.seq_lens, self.width, s.slots)
-        elif spec.method == "eagle":
+            if w is not None:
+                w.tokens.index_copy_(0, s.slots, b.next_tokens)
+            return
+        if spec.method == "eagle":
             b.verified = fw.draft_and_verify(
                 s.tokens,
                 s.hidden,
@@ -256,6 +280,8 @@ class GraphRunner:
                 s.slots,
                 spec.variable_drafts,
             )
+        if w is not None:
+            _write_verified(w, s.slots, s.seq_lens, b.verified, spec.steps)
 
     def _phase_two(self, b: _Bucket) -> None:
         """The cache commit and (EAGLE) the next draft."""
@@ -265,9 +291,15 @@ class GraphRunner:
             b.extras = self.forwards.commit_and_extend(
                 result, s.seq_lens, s.slots, spec.topk
             )
+            w = self.written
+            if w is not None:
+                assert w.topk_p is not None and w.topk_index is not None
+                w.topk_p.index_copy_(0, s.slots, b.extras[0])
+                w.topk_index.index_copy_(0, s.slots, b.extras[1])
         else:
             self.forwards.commit(result, s.seq_lens, s.slots)
-            b.extras = (result.tokens[:, : spec.steps], result.accept_lens.int())
+            if self.written is None:  # else phase one wrote them
+                b.extras = (result.tokens[:, : spec.steps], result.accept_lens.int())
 
     def _phases(self) -> list[Callable[[_Bucket], None]]:
         if self.spec is None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
+import attrs
 import torch
 from torch import Tensor
 
@@ -37,13 +38,45 @@ if TYPE_CHECKING:  # no map is imported with the engine
 # stream too, after releasing the slots freed since the last launch, so neither the
 # release nor the lengths' publish lands out of order.
 
+# Note [Graph-written relay buffers]
+# A decode step over static buffers (relay/engine/graphs.py) writes the relay's rows
+# itself, inside its forward (its CUDA graph, on CUDA), into buffers the engine
+# allocates and the overlap map adopts as its graph-written fields' (``Written``;
+# docs/schema.md, "Graph-written buffers"), as sglang's verify graph writes its
+# bonus tokens and lengths: the map's stash and publish then dispatch no scatter for
+# them. Everything but EAGLE's hidden states is written so (the hidden states are a
+# lazily allocated optional field, whose buffer the map makes from its first value).
+# The step declares the write (``graph_wrote``, debug mode's record) after its first
+# phase, before the publish: the scheduler reads the lengths behind the publish's
+# fence. EAGLE's draft top-k, which the second phase writes, is declared with them;
+# its only reader is the next forward's resolve, on the same stream after the second
+# phase. The synchronous relay adopts nothing: its step's stash writes its rows.
+
 __all__ = ["DirectRelay", "Extras", "FutureMap", "LengthsLane", "MapRelay", "Relay"]
-__all__ += ["map_relay"]
+__all__ += ["Written", "map_relay"]
 
 #: What a step hands the next besides its tokens: EAGLE's draft (topk_p, topk_index,
 #: hidden states), n-gram speculation's accepted drafts (n, draft_token_num) and
 #: their counts (n,) int32, or nothing (plain decoding).
 Extras = tuple[Tensor, ...]
+
+
+@attrs.frozen(eq=False)
+class Written:
+    """The relay rows a decode step over static buffers writes itself, by slot: the
+    overlap map's graph-written buffers, which the engine allocates and the map adopts
+    (Note [Graph-written relay buffers])."""
+
+    #: (pool_size,) int64: the sampled token (plain decoding) or the bonus token.
+    tokens: Tensor
+    #: Speculative decoding: (pool_size,) int64, each slot's length after the verify.
+    new_seq_lens: Tensor | None = None
+    #: EAGLE: (pool_size, topk) the draft's first top-k probabilities and token ids.
+    topk_p: Tensor | None = None
+    topk_index: Tensor | None = None
+    #: n-gram: (pool_size, steps) the accepted drafts and (pool_size,) int32 their count.
+    accept_tokens: Tensor | None = None
+    accept_lens: Tensor | None = None
 
 
 class Relay(Protocol):
@@ -57,17 +90,24 @@ class Relay(Protocol):
     reads), and ``seed`` seeds prebuilt requests' rows (Note [Seeding a prebuilt
     request]). ``resolve_tails``, first in a forward, sets a late-bound mixed batch's
     lengths (Note [Late-bound tails] in runner.py). ``seeds_pending``: a seed is
-    waiting for the next ``resolve_future`` to apply it."""
+    waiting for the next ``resolve_future`` to apply it. ``written``: the buffers a
+    decode step over static buffers writes itself, or ``None``; such a step calls
+    ``graph_wrote`` once it wrote them, ``publish`` with ``None`` lengths and
+    ``stash_written`` with what it did not write (Note [Graph-written relay
+    buffers])."""
 
     seeds_pending: bool
+    written: Written | None
 
     def resolve_lengths(self, batch: ForwardBatch) -> None: ...
     def resolve_tails(self, batch: ForwardBatch) -> None: ...
     def scheduled(self, batch: ForwardBatch) -> None: ...
     def seeded(self, slots: list[int], seq_lens: list[int]) -> None: ...
     def resolve_future(self, batch: ForwardBatch) -> None: ...
-    def publish(self, slots: Tensor, new_seq_lens: Tensor) -> None: ...
+    def publish(self, slots: Tensor, new_seq_lens: Tensor | None) -> None: ...
     def stash(self, slots: Tensor, tokens: Tensor, extras: Extras) -> None: ...
+    def graph_wrote(self, slots: Tensor) -> None: ...
+    def stash_written(self, slots: Tensor, extras: Extras) -> None: ...
     def release(self, slots: Tensor) -> None: ...
     def seed(
         self, slots: Tensor, tokens: Tensor, extras: Extras, seq_lens: Tensor
@@ -82,12 +122,13 @@ class FutureMap(Protocol):
     def stash(self, indices: Tensor, payload: Any) -> None: ...
     def seed(self, indices: Tensor, payload: Any) -> None: ...
     def release(self, indices: Tensor) -> None: ...
+    def graph_wrote(self, indices: Tensor) -> None: ...
 
 
 class LengthsLane(Protocol):
     """A map that relays the new lengths too, on its schedule lane (eagle, ngram)."""
 
-    def publish(self, indices: Tensor, new_seq_lens: Tensor) -> None: ...
+    def publish(self, indices: Tensor, new_seq_lens: Tensor | None) -> None: ...
     def resolve_seq_lens_cpu(self, batch: ForwardBatch) -> None: ...
 
 
@@ -107,17 +148,19 @@ class MapRelay:
     map itself where it relays lengths, which the scheduler resolves behind the map's
     fence; ``None`` in plain decoding, whose map relays tokens only: every request
     grows by one token per step, so the host keeps each slot's next length.
+    ``written``: the buffers the map adopted (Note [Graph-written relay buffers]).
     """
 
     def __init__(
         self,
         future_map: FutureMap,
         maps: Maps,
-        payload: Callable[[Maps, Tensor, Extras], Any],  # the map's payload of a step
+        payload: Callable[[Maps, Tensor | None, Extras], Any],  # a step's payload
         lane: LengthsLane | None,
         pool_size: int,
         ranges: Ranges = no_ranges,
         tails: TailsLane | None = None,
+        written: Written | None = None,
     ) -> None:
         self.map = future_map
         self._tails = tails
@@ -125,6 +168,7 @@ class MapRelay:
         self.ranges = ranges
         self._payload = payload
         self._lane = lane
+        self.written = written
         self._next_lens_cpu = torch.zeros(pool_size, dtype=torch.int64)
         self.seeds_pending = False
 
@@ -171,12 +215,20 @@ class MapRelay:
         self.map.resolve_future(batch)
         self.seeds_pending = False
 
-    def publish(self, slots: Tensor, new_seq_lens: Tensor) -> None:
+    def publish(self, slots: Tensor, new_seq_lens: Tensor | None) -> None:
         if self._lane is not None:
             self._lane.publish(slots, new_seq_lens)
 
     def stash(self, slots: Tensor, tokens: Tensor, extras: Extras) -> None:
         self.map.stash(slots, self._payload(self.maps, tokens, extras))
+
+    def graph_wrote(self, slots: Tensor) -> None:
+        self.map.graph_wrote(slots)
+
+    def stash_written(self, slots: Tensor, extras: Extras) -> None:
+        # The step wrote the tokens, and every extra but EAGLE's hidden states, into
+        # ``written``: ``None`` for them, so the map dispatches no scatter.
+        self.map.stash(slots, self._payload(self.maps, None, extras))
 
     def release(self, slots: Tensor) -> None:
         self.map.release(slots)
@@ -191,19 +243,27 @@ class MapRelay:
         self.publish(slots, seq_lens)
 
 
-def _decode_payload(maps: Maps, tokens: Tensor, extras: Extras) -> Any:
+# A step's payload: ``tokens=None`` after a step that wrote the rows of ``Written``
+# itself, which are then ``None`` too (Note [Graph-written relay buffers]).
+
+
+def _decode_payload(maps: Maps, tokens: Tensor | None, extras: Extras) -> Any:
     return maps.decode_payload(next_token_ids=tokens)
 
 
-def _eagle_payload(maps: Maps, tokens: Tensor, extras: Extras) -> Any:
+def _eagle_payload(maps: Maps, tokens: Tensor | None, extras: Extras) -> Any:
     p, index, hidden = extras
+    written = tokens is None
     return maps.eagle_payload(
-        bonus_tokens=tokens, topk_p=p, topk_index=index, hidden_states=hidden
+        bonus_tokens=tokens,
+        topk_p=None if written else p,
+        topk_index=None if written else index,
+        hidden_states=hidden,
     )
 
 
-def _ngram_payload(maps: Maps, tokens: Tensor, extras: Extras) -> Any:
-    accepted, lens = extras
+def _ngram_payload(maps: Maps, tokens: Tensor | None, extras: Extras) -> Any:
+    accepted, lens = extras if tokens is not None else (None, None)
     return maps.ngram_payload(
         bonus_tokens=tokens, accept_tokens=accepted, accept_lens=lens
     )
@@ -217,17 +277,66 @@ def map_relay(
     *,
     debug: bool,
     ranges: Ranges = no_ranges,
+    graph_written: bool = False,
 ) -> MapRelay:
     """The overlap relay of plain decoding (``spec=None``), EAGLE or n-gram
-    speculation: the one place the engine tells the modes' maps apart."""
+    speculation: the one place the engine tells the modes' maps apart.
+    ``graph_written``: allocate the buffers a decode step over static buffers writes
+    itself and hand them to the map (Note [Graph-written relay buffers])."""
+
+    def rows(*shape: int, dtype: torch.dtype = torch.int64) -> Tensor:
+        return torch.zeros((pool_size, *shape), dtype=dtype, device=device)
+
+    w: Written | None = None
     if spec is None:
-        decode = maps.decode(device, pool_size, debug=debug)
-        return MapRelay(decode, maps, _decode_payload, None, pool_size, ranges)
+        if graph_written:
+            w = Written(tokens=rows())
+        decode = maps.decode(
+            device,
+            pool_size,
+            output_tokens_buf=w.tokens if w is not None else None,
+            debug=debug,
+        )
+        return MapRelay(
+            decode, maps, _decode_payload, None, pool_size, ranges, written=w
+        )
     if spec.method == "ngram":
-        ngram = maps.ngram(device, pool_size, draft_token_num=spec.steps, debug=debug)
-        return MapRelay(ngram, maps, _ngram_payload, ngram, pool_size, ranges, ngram)
-    eagle = maps.eagle(device, pool_size, topk=spec.topk, debug=debug)
-    return MapRelay(eagle, maps, _eagle_payload, eagle, pool_size, ranges)
+        if graph_written:
+            w = Written(
+                tokens=rows(),
+                new_seq_lens=rows(),
+                accept_tokens=rows(spec.steps),
+                accept_lens=rows(dtype=torch.int32),
+            )
+        ngram = maps.ngram(
+            device,
+            pool_size,
+            draft_token_num=spec.steps,
+            output_tokens_buf=w.tokens if w is not None else None,
+            accept_tokens_buf=w.accept_tokens if w is not None else None,
+            accept_lens_buf=w.accept_lens if w is not None else None,
+            new_seq_lens_buf=w.new_seq_lens if w is not None else None,
+            debug=debug,
+        )
+        return MapRelay(ngram, maps, _ngram_payload, ngram, pool_size, ranges, ngram, w)
+    if graph_written:
+        w = Written(
+            tokens=rows(),
+            new_seq_lens=rows(),
+            topk_p=rows(spec.topk, dtype=torch.float32),
+            topk_index=rows(spec.topk),
+        )
+    eagle = maps.eagle(
+        device,
+        pool_size,
+        topk=spec.topk,
+        output_tokens_buf=w.tokens if w is not None else None,
+        topk_p_buf=w.topk_p if w is not None else None,
+        topk_index_buf=w.topk_index if w is not None else None,
+        new_seq_lens_buf=w.new_seq_lens if w is not None else None,
+        debug=debug,
+    )
+    return MapRelay(eagle, maps, _eagle_payload, eagle, pool_size, ranges, written=w)
 
 
 def _eagle_inputs(info: SpecInfo, rows: Extras) -> None:
@@ -246,6 +355,8 @@ class DirectRelay:
 
     #: Its seeds are plain writes.
     seeds_pending = False
+    #: It adopts no buffers: its step's stash writes its rows.
+    written: Written | None = None
 
     def __init__(
         self, pool_size: int, device: torch.device, ranges: Ranges, mode: str
@@ -274,7 +385,8 @@ class DirectRelay:
             batch.spec_info.bonus_tokens = batch.input_ids
             self._set_extras(batch.spec_info, tuple(e[slots] for e in self.extras))
 
-    def publish(self, slots: Tensor, new_seq_lens: Tensor) -> None:
+    def publish(self, slots: Tensor, new_seq_lens: Tensor | None) -> None:
+        assert new_seq_lens is not None, "only a relay with written buffers takes None"
         self.seq_lens[slots] = new_seq_lens
 
     def stash(self, slots: Tensor, tokens: Tensor, extras: Extras) -> None:
@@ -295,6 +407,12 @@ class DirectRelay:
         the seed, and nothing tracks a slot's owner."""
 
     scheduled = seeded = release = _nothing
+
+    def _adopts_nothing(self, *args: object) -> None:
+        """No step writes its rows itself (``written`` is ``None``)."""
+        raise AssertionError("the synchronous relay adopts no buffers")
+
+    graph_wrote = stash_written = _adopts_nothing
 
     def seed(
         self, slots: Tensor, tokens: Tensor, extras: Extras, seq_lens: Tensor

@@ -183,7 +183,7 @@ class ModelRunner:
             rows = zip(batch.reqs, ids.tolist())
             self.record += [(batch.step, req.spec.rid, token) for req, token in rows]
 
-    def _publish(self, batch: ForwardBatch, slots: Tensor, lens: Tensor) -> None:
+    def _publish(self, batch: ForwardBatch, slots: Tensor, lens: Tensor | None) -> None:
         with self.ranges(trace.PUBLISH, batch.step):
             self.relay.publish(slots, lens)
 
@@ -324,22 +324,31 @@ class ModelRunner:
         if graphs.resolve_inside:
             self._record(batch, static.tokens[:n])
         slots, lens = batch.req_pool_indices, batch.seq_lens
+        written = graphs.written is not None
+        if written:  # Note [Graph-written relay buffers] in relays.py
+            self.relay.graph_wrote(slots)
         if spec is None:
             tokens = graphs.next_tokens(size, n)
             new_seq_lens = lens + 1
             self._publish(batch, slots, new_seq_lens)
-            self._stash(batch, _Handoff(slots, tokens, (), new_seq_lens))
+            hand = _Handoff(slots, tokens, (), new_seq_lens)
             out.tokens = _to_host(tokens[:, None])
             out.counts = _to_host(torch.ones_like(tokens))
         else:
             result = graphs.verified(size, n)
             new_seq_lens = lens + result.accept_lens + 1
-            self._publish(batch, slots, new_seq_lens)  # Note [Two phases around ...]
+            # Note [Two phases around the publish] in graphs.py
+            self._publish(batch, slots, None if written else new_seq_lens)
             graphs.run_phase(size, 1)
             extras = graphs.extras(size, n)
-            self._stash(batch, _Handoff(slots, result.bonus, extras, new_seq_lens))
+            hand = _Handoff(slots, result.bonus, extras, new_seq_lens)
             out.tokens = _to_host(result.tokens)
             out.counts = _to_host(result.accept_lens + 1)
+        if written:
+            with self.ranges(trace.STASH, batch.step):
+                self.relay.stash_written(slots, hand.extras)
+        else:
+            self._stash(batch, hand)
         out.new_seq_lens = _to_host(new_seq_lens)
 
     def _verify(self, batch: ForwardBatch, spec: SpecConfig) -> VerifyResult:

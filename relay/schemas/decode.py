@@ -24,6 +24,7 @@ SCHEMA = Schema(
             source="next_token_ids",
             target="input_ids",
             guard=Guard.NON_NEGATIVE,
+            graph_written=True,
             doc="The token sampled for each request: the next forward's input token.",
         ),
     ],

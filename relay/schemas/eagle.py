@@ -23,6 +23,7 @@ SCHEMA = Schema(
             source="bonus_tokens",
             target="spec_info.bonus_tokens",
             guard=Guard.NON_NEGATIVE,
+            graph_written=True,
             doc="The bonus token: the target model's token after the accepted drafts.",
         ),
         Field(
@@ -31,6 +32,7 @@ SCHEMA = Schema(
             dtype=torch.float32,
             shape=("topk",),
             target="spec_info.topk_p",
+            graph_written=True,
             doc="Probabilities of the draft's first top-k candidates.",
         ),
         Field(
@@ -40,6 +42,7 @@ SCHEMA = Schema(
             shape=("topk",),
             target="spec_info.topk_index",
             guard=Guard.NON_NEGATIVE,
+            graph_written=True,
             doc="Token ids of the draft's first top-k candidates.",
         ),
         Field(
@@ -59,6 +62,7 @@ SCHEMA = Schema(
             target="seq_lens",
             host=HostCopy(mirror="seq_lens_cpu", sum="seq_lens_sum"),
             guard=Guard.POSITIVE,
+            graph_written=True,
             doc="Each request's sequence length after verification (accepted tokens included).",
         ),
     ],

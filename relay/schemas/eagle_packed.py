@@ -1,5 +1,7 @@
 """Relay of EAGLE speculative decoding, packed: one gather per dtype."""
 
+import attrs
+
 from relay.schema import Layout, Schema
 
 EAGLE = Schema.load("eagle.py")
@@ -17,4 +19,12 @@ SCHEMA = EAGLE.derive(
     pick ``eagle`` where the draft's kernels need them contiguous.
     """,
     layout=Layout.PACKED,
+    # A packed buffer is the map's own, so no graph may write the fields it packs;
+    # the lengths stay the map's to write too (an engine whose graphs write the
+    # relay's rows picks ``eagle``).
+    replace=[
+        attrs.evolve(EAGLE.field(f.name), graph_written=False)
+        for f in EAGLE.fields
+        if f.graph_written
+    ],
 )

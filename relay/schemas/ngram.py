@@ -37,6 +37,7 @@ SCHEMA = Schema(
             source="bonus_tokens",
             target="spec_info.bonus_tokens",
             guard=Guard.NON_NEGATIVE,
+            graph_written=True,
             doc="The bonus token: the target model's token after the accepted drafts.",
         ),
         Field(
@@ -48,6 +49,7 @@ SCHEMA = Schema(
             target_shape=TargetShape.FLAT,
             unwritten=Unwritten.ZEROS,
             guard=Guard.NON_NEGATIVE,
+            graph_written=True,
             doc="The drafts the target accepted, left-aligned, flattened to "
             "(n * draft_token_num,) as sglang hands them; only the first "
             "``accept_lens`` of a request's are meaningful.",
@@ -59,6 +61,7 @@ SCHEMA = Schema(
             target="spec_info.accept_lens",
             unwritten=Unwritten.ZEROS,
             guard=Guard.NON_NEGATIVE,
+            graph_written=True,
             doc="How many drafts the target accepted (0 in a row never verified).",
         ),
         Field(
@@ -70,6 +73,7 @@ SCHEMA = Schema(
             guard=Guard.POSITIVE,
             # add=0: the published length counts the token a row decodes now
             tails=Tails(rows="mix_running_indices", add=0),
+            graph_written=True,
             doc="Each request's sequence length after verification (accepted tokens "
             "included); a mixed batch's decode rows bind it late (resolve_tails).",
         ),

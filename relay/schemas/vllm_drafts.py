@@ -1,4 +1,5 @@
-"""Relay of vLLM V1's async hand-over: the sampled token and 0 to K drafts per request."""
+"""Relay of vLLM V1's async hand-over: the sampled token and 0 to K drafts per request,
+sampled as int64 and laid into int32 ``input_ids``."""
 
 import torch
 
@@ -38,7 +39,7 @@ SCHEMA = Schema(
             dtype=torch.int64,
             source="sampled_token_ids",
             target="input_ids",
-            resolve=Scatter(offsets="query_starts"),
+            resolve=Scatter(offsets="query_starts", cast=torch.int32),
             guard=Guard.NON_NEGATIVE,
             doc="The token step N sampled: the first input of the request's span.",
         ),
@@ -53,6 +54,7 @@ SCHEMA = Schema(
                 offsets="query_starts",
                 lengths="num_draft_tokens",
                 after="sampled_tokens",
+                cast=torch.int32,
             ),
             guard=Guard.NON_NEGATIVE,
             doc="The drafts proposed at step N; the scheduled ones follow the token.",

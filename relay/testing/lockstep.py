@@ -207,7 +207,9 @@ def _new_batch(
             if when is not None:  # every row laid in: the harness reads them all
                 set_path(batch, when, torch.ones(n, dtype=torch.bool))
         first = fields[0]
-        dtype = first.dtype if isinstance(first.dtype, torch.dtype) else torch.int64
+        laid = first.scatter.cast if first.scatter is not None else None
+        dtype = laid or first.dtype
+        dtype = dtype if isinstance(dtype, torch.dtype) else torch.int64
         set_path(batch, target, torch.full((sum(sizes),), -7, dtype=dtype))
         starts = [sum(sizes[:request]) for request in range(n)]
         assert first.scatter is not None
@@ -587,6 +589,7 @@ class _Driver:
         self._on(self.forward, run)
         self.model.graph_wrote(slots, values)
         for f in self.graph_fields:
+            self.unwritten.get(f.name, set()).difference_update(slots)  # as a write
             if f.lane is Lane.FORWARD:
                 self.fresh[f.name] |= set(slots)
             else:  # read only behind the next publish's fence

@@ -40,7 +40,7 @@ def _ops(name: str, shape: Shape) -> tuple[dict[str, tuple[str, ...]], ...]:
     """Data ops per method of a steady step: the baseline's, the generated map's."""
     pair = _pair(name)
     generated = {p.name: g for p, g in FOUND}[name]
-    work = Workload.random(shape, CPU, 0, spec=pair.spec)
+    work = Workload.random(shape, CPU, 0)
     both = sides.pair_sides(pair, generated, shape, CPU, work)
     for side in both:
         side.step()  # the first resolve reads the priming stash; count a steady step
@@ -131,12 +131,12 @@ def test_the_graphs_values_reach_the_batch() -> None:
     pair = _pair("sglang_eagle/graph")
     generated = {p.name: g for p, g in FOUND}[pair.name]
     shape = Shape(17, 4, 2, 8)
-    work = Workload.random(shape, CPU, 0, spec=True)
+    work = Workload.random(shape, CPU, 0)
     both = sides.pair_sides(pair, generated, shape, CPU, work)
     g = torch.Generator().manual_seed(1)
     for _ in range(3):
         bonus = work.values["bonus_tokens"]
-        work.renew(shape, g, spec=True)
+        work.renew(shape, g)
         for side in both:
             side.check_step()
             assert sides.same(side.batch.spec_info.bonus_tokens, bonus)
@@ -150,15 +150,15 @@ def test_the_faithful_steps_follow_the_draft_inputs_slots(name: str) -> None:
     pair = _pair(name)
     generated = {p.name: g for p, g in FOUND}[name]
     shape = Shape(17, 4, 2, 8)
-    work = Workload.random(shape, CPU, 0, spec=True)
+    work = Workload.random(shape, CPU, 0)
     for side in sides.pair_sides(pair, generated, shape, CPU, work):
         resolves = [(m, c) for m, c in side.calls if m.startswith("resolve_")]
         assert [m for m, _ in resolves] == ["resolve_future", "resolve_seq_lens_cpu"]
         side.batch.spec_info.future_indices = None
-        before = dict(sides.observed(side.batch, True))
+        before = dict(sides.observed(side.batch))
         for _, call in resolves:
             assert count_ops(call).data == ()
-        after = dict(sides.observed(side.batch, True))
+        after = dict(sides.observed(side.batch))
         assert all(after[key] is value for key, value in before.items())
         side.batch.spec_info = None
         for _, call in resolves:
@@ -212,7 +212,7 @@ def _generated_and_plain(
     each one step in, and the second map whose buffers the floor runs over (the bench
     shares the generated map's), so a write to the wrong rows cannot hide behind the
     other side's."""
-    work = Workload.random(shape, CPU, seed, spec=pair.spec)
+    work = Workload.random(shape, CPU, seed)
     side, other = (sides.pair_sides(pair, generated, shape, CPU, work)[1] for _ in "ab")
     schema = Schema.bundled(pair.schema)
     methods = [m for m, _ in side.calls]
@@ -222,6 +222,12 @@ def _generated_and_plain(
     side.step()
     plain.step()
     return work, side, plain, other
+
+
+def _bind(plain: Plain, work: Workload) -> None:
+    """Rebind the floor's values (``v_<name>``) after ``work.renew``."""
+    bound = [k for k in plain.namespace if k.startswith("v_")]
+    plain.namespace.update((k, work.values[k.removeprefix("v_")]) for k in bound)
 
 
 #: Both host sums (a Python sum up to 64 slots, numpy above) and no hidden state.
@@ -265,8 +271,8 @@ def test_the_floors_resolve_the_same_values(
         )
         g = torch.Generator().manual_seed(4)
         for step in range(3):
-            work.renew(shape, g, spec=pair.spec)
-            plain.bind(work.values)
+            work.renew(shape, g)
+            _bind(plain, work)
             side.check_step()
             for method, call in plain.calls:
                 if method == "graph_wrote" and other.graph is not None:
@@ -309,7 +315,7 @@ def test_a_step_the_floor_does_not_write_is_refused() -> None:
             )
         ],
     )
-    work = Workload.random(Shape(17, 4), CPU, 0, spec=False)
+    work = Workload.random(Shape(17, 4), CPU, 0)
     relay_map = DecodeBaseline(CPU, 17)  # refused before any buffer is looked for
     with pytest.raises(Unsupported, match="placeholder"):
         build_plain(schema, relay_map, Shape(17, 4), work, ["resolve_future", "stash"])
@@ -449,17 +455,17 @@ def test_host_time_per_method_sums_to_the_step(
 ) -> None:
     """The breakdown of a step's host time names each method of the step, in its
     order, for the generated map and its baseline; each part is a time, and the parts
-    lie inside the step they were measured in and make up most of it (the rest is the
-    loop's and the clocks' own cost)."""
+    lie inside the step they were measured in. How much of the step they make up
+    depends on how busy the machine is, so it is not asserted."""
     shape = TINY[pair.spec][0]
-    work = Workload.random(shape, CPU, 0, spec=pair.spec)
+    work = Workload.random(shape, CPU, 0)
     both = sides.pair_sides(pair, generated, shape, CPU, work)
     got = per_method([side.calls for side in both], CPU, repeat=3, inner=20)
     for side, parts in zip(both, got):
         assert list(parts) == [*(m for m, _ in side.calls), "step"]
         methods = sum(ns for m, ns in parts.items() if m != "step")
-        assert all(ns >= 0 for ns in parts.values())
-        assert 0.5 * parts["step"] <= methods <= parts["step"]
+        assert all(ns > 0 for ns in parts.values())
+        assert methods <= parts["step"]
 
 
 @pytest.mark.parametrize("batch", [4, 40])
@@ -476,8 +482,8 @@ def test_the_floors_check_refuses_a_bad_slot_before_any_row_changes(
         work, _, floor, other = _generated_and_plain(
             pair, generated, shape, check=check
         )
-        work.renew(shape, torch.Generator().manual_seed(1), spec=False)
-        floor.bind(work.values)  # new tokens: a row written is a row changed
+        work.renew(shape, torch.Generator().manual_seed(1))
+        _bind(floor, work)  # new tokens: a row written is a row changed
         buf = other.map.output_tokens_buf
         before = buf.clone()
         work.indices[-1] = 257  # one past the pool, after the good slots
@@ -507,7 +513,7 @@ def test_bench_flags_import_no_torch() -> None:
     [
         (
             ["--batch", "x"],
-            "error: argument --batch: expected comma-separated ints, got 'x'",
+            "error: argument --batch: expected non-negative ints, got 'x'",
         ),
         (["--pool", "0"], "--topk and --batch must be >= 1, --pool >= 2"),
         (["--topk", "0"], "--topk and --batch must be >= 1, --pool >= 2"),

@@ -63,5 +63,5 @@ def test_the_spans_run_prints_its_table_and_json(
     assert printed.count("  same") == 2
     figures = json.loads(out.read_text())["spans"]
     assert [r["batch"] for r in figures] == [1, 32]
-    assert all(r["same"] and r["us"]["generated"] > 0 for r in figures)
+    assert all(r["same"] and r["ns"]["generated"] > 0 for r in figures)
     assert all(0 < r["generated/floor"]["median"] for r in figures)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import re
@@ -13,7 +14,14 @@ from pathlib import Path
 import attrs
 import pytest
 
-from relay.cli.demo import ModeResult, bundled_schemas, main
+from relay.cli.demo import (
+    ModeResult,
+    add_arguments,
+    bundled_schemas,
+    config_from_args,
+    graphs_on,
+    main,
+)
 from relay.cli.machine import Load
 from relay.codegen import explicit_job, run_job
 from relay.engine import (
@@ -468,3 +476,33 @@ def test_one_rank_and_two_agree_except_where_an_abort_cut_a_request() -> None:
     assert row.ranks_agree and row.identical
     wrong = attrs.evolve(single, outputs={0: (5, 9), 1: (7, 8)})
     assert not ModeResult("decode", (ranked,), (ranked,), wrong).identical
+
+
+def test_graphs_flag_turns_static_decode_steps_either_way() -> None:
+    """``--graphs``/``--no-graphs`` choose the engine's static-buffer decode steps;
+    without either, CUDA runs them (its graphs) and the CPU does not."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    for flags, want in (([], False), (["--graphs"], True), (["--no-graphs"], False)):
+        assert config_from_args(parser.parse_args(flags)).graphs is want, flags
+    assert graphs_on(None, "cuda") and graphs_on(None, "cuda:1")
+    assert not graphs_on(False, "cuda") and graphs_on(True, "cpu")
+    assert not graphs_on(None, "cpu")
+
+
+def test_help_lists_the_graphs_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    """``relay demo --help`` names both spellings and the per-device default."""
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--graphs, --no-graphs" in out
+    assert "(default: on for CUDA, off on the CPU)" in out
+
+
+def test_demo_with_graphs_on_the_cpu(capsys: pytest.CaptureFixture[str]) -> None:
+    """``relay demo --graphs`` on the CPU runs the decode steps over static buffers,
+    says so, and the overlap loop's tokens are the synchronous loop's."""
+    assert main([*TINY_DEMO, "--mode", "eagle", "--repeat", "1", "--graphs"]) == 0
+    out = capsys.readouterr().out
+    assert "decode steps over static buffers" in out
+    assert "all outputs identical" in out

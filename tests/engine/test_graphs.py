@@ -4,6 +4,8 @@ state as the eager forward."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 import pytest
 import torch
@@ -21,10 +23,12 @@ from relay.engine.compare import first_output_difference
 from relay.engine.graphs import StaticInputs, buckets_for
 from relay.engine.maps import MapSource
 from relay.engine.model import KVCache, TargetModel
-from relay.engine.relays import DirectRelay, Relay, map_relay
+from relay.engine.relays import DirectRelay, MapRelay, Relay, map_relay
 from relay.engine.runner import ModelRunner
 from relay.engine.trace import no_ranges
 from relay.engine.workload import RequestSpec
+from relay.errors import RelayDebugError
+from relay.opcount import count_ops
 
 MODEL = ModelConfig(
     vocab_size=512, hidden=32, layers=2, heads=2, ffn=64, max_context=48
@@ -48,6 +52,14 @@ def test_buckets() -> None:
     assert buckets_for(9) == (1, 2, 4, 8, 9)
 
 
+def _map_relay(
+    spec: SpecConfig | None, *, graph_written: bool, debug: bool = False
+) -> MapRelay:
+    return map_relay(
+        MapSource().load(), spec, CPU, POOL, debug=debug, graph_written=graph_written
+    )
+
+
 def _decode_batch(slots: list[int], relay: Relay, step: int) -> ForwardBatch:
     reqs = [
         Request(
@@ -65,18 +77,30 @@ def _decode_batch(slots: list[int], relay: Relay, step: int) -> ForwardBatch:
 
 
 def _run_steps(
-    spec: SpecConfig | None, buckets: tuple[int, ...], *, maps: bool
+    spec: SpecConfig | None,
+    buckets: tuple[int, ...],
+    *,
+    maps: bool,
+    debug: bool = False,
+    relay: Relay | None = None,
 ) -> tuple[list[StepOutput], KVCache, ModelRunner]:
-    """A prefill of three prompts into slots 1 to 3, then four decode steps."""
+    """A prefill of three prompts into slots 1 to 3, then four decode steps; the map
+    relay adopts the buffers the static steps write, as the engine's does."""
     kv = KVCache(MODEL, POOL, CPU)
-    relay: Relay
-    if maps:
-        relay = map_relay(MapSource().load(), spec, CPU, POOL, debug=False)
-    else:
+    if relay is None and maps:
+        relay = _map_relay(spec, graph_written=bool(buckets), debug=debug)
+    elif relay is None:
         relay = DirectRelay(
             POOL, CPU, no_ranges, "decode" if spec is None else spec.method
         )
-    runner = ModelRunner(TargetModel(MODEL, CPU), kv, relay, spec=spec, buckets=buckets)
+    runner = ModelRunner(
+        TargetModel(MODEL, CPU),
+        kv,
+        relay,
+        spec=spec,
+        buckets=buckets,
+        resolve_in_graph=not debug,
+    )
     slots = [1, 2, 3]
     lens = [len(p) for p in PROMPTS]
     width = max(lens)
@@ -123,6 +147,115 @@ def test_a_padded_bucket_computes_what_the_eager_forward_does(
     torch.testing.assert_close(static_kv.k[:, 1:], eager_kv.k[:, 1:])
     torch.testing.assert_close(static_kv.v[:, 1:], eager_kv.v[:, 1:])
     assert torch.equal(static_kv.tokens[1:], eager_kv.tokens[1:])
+
+
+#: Per mode: the map's graph-written buffers, and the ``Written`` buffer each is.
+ADOPTED = {
+    "decode": {"output_tokens_buf": "tokens"},
+    "eagle": {
+        "output_tokens_buf": "tokens",
+        "topk_p_buf": "topk_p",
+        "topk_index_buf": "topk_index",
+        "new_seq_lens_buf": "new_seq_lens",
+    },
+    "ngram": {
+        "output_tokens_buf": "tokens",
+        "accept_tokens_buf": "accept_tokens",
+        "accept_lens_buf": "accept_lens",
+        "new_seq_lens_buf": "new_seq_lens",
+    },
+}
+ADOPTED["ngram_variable"] = ADOPTED["ngram"]
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_the_map_adopts_the_buffers_the_static_steps_write(mode: str) -> None:
+    """Each graph-written buffer of the map is the tensor the static steps write into
+    (the engine's, handed to the constructor), and holds the last step's rows: its
+    bonus (or sampled) tokens and its new lengths."""
+    spec = MODES[mode]
+    relay = _map_relay(spec, graph_written=True)
+    outs, _, runner = _run_steps(spec, (4,), maps=True, relay=relay)
+    written = relay.written
+    assert runner.graphs is not None and runner.graphs.written is written
+    assert written is not None
+    for buf, name in ADOPTED[mode].items():
+        adopted, theirs = getattr(relay.map, buf), getattr(written, name)
+        assert adopted is theirs and adopted.data_ptr() == theirs.data_ptr(), buf
+    last, slots = outs[-1], torch.tensor([1, 2, 3])
+    bonus = last.tokens.gather(1, last.counts[:, None] - 1).squeeze(1)
+    assert torch.equal(written.tokens[slots], bonus)
+    if spec is not None:
+        assert written.new_seq_lens is not None
+        assert torch.equal(written.new_seq_lens[slots], last.new_seq_lens)
+
+
+def _scatters(relay: MapRelay, monkeypatch: pytest.MonkeyPatch) -> dict[str, list[int]]:
+    """Per call of the map's ``stash`` and ``publish``, the ``index_copy_`` it dispatched."""
+    calls: dict[str, list[int]] = {"stash": [], "publish": []}
+    for name, seen in calls.items():
+        method = getattr(relay.map, name, None)
+        if method is None:  # plain decoding's map publishes nothing
+            continue
+
+        def counted(
+            *args: object, method: Any = method, seen: list[int] = seen
+        ) -> None:
+            ops = count_ops(lambda: method(*args))
+            seen.append(ops.data.count("index_copy_"))
+
+        monkeypatch.setattr(relay.map, name, counted)
+    return calls
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("adopted", [True, False], ids=["adopted", "own"])
+def test_a_static_step_scatters_nothing_the_forward_wrote(
+    mode: str, adopted: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A decode step over static buffers leaves the map no scatter of a field it wrote
+    itself: only EAGLE's hidden states are stashed. A map that keeps its own buffers
+    is stashed and published field by field, with the same tokens."""
+    spec = MODES[mode]
+    relay = _map_relay(spec, graph_written=adopted)
+    calls = _scatters(relay, monkeypatch)
+    outs, _, _ = _run_steps(spec, (4,), maps=True, relay=relay)
+    eager, _, _ = _run_steps(spec, (), maps=True)
+    for a, b in zip(eager, outs):
+        assert torch.equal(a.tokens, b.tokens)
+    # The first call of each is the prefill's, which passes values.
+    stashes, publishes = calls["stash"][1:], calls["publish"][1:]
+    assert len(stashes) == 4 and len(publishes) == (0 if spec is None else 4)
+    forward = {"decode": 1, "eagle": 4}.get(mode, 3)
+    if adopted:
+        assert stashes == [1 if mode == "eagle" else 0] * 4  # the hidden states
+        assert publishes == [0] * len(publishes)
+    else:
+        assert stashes == [forward] * 4
+        assert publishes == [1] * len(publishes)
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_debug_mode_checks_the_rows_the_static_steps_write(
+    mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Debug maps report nothing of static steps that declare their writes
+    (``graph_wrote``); a step that leaves the declaration out is reported at the next
+    read of its rows, as a read before the graph ran."""
+    spec = MODES[mode]
+    _run_steps(spec, (4,), maps=True, debug=True)
+    declared = MapRelay.graph_wrote
+    steps = []
+
+    def second_step_forgets(relay: MapRelay, slots: torch.Tensor) -> None:
+        steps.append(slots)
+        if len(steps) != 2:
+            declared(relay, slots)
+
+    monkeypatch.setattr(MapRelay, "graph_wrote", second_step_forgets)
+    with pytest.raises(RelayDebugError, match="no graph_wrote"):
+        _run_steps(spec, (4,), maps=True, debug=True)
+    assert len(steps) == 2  # reported at the read after the step that forgot
 
 
 def test_padded_rows_point_at_the_scratch_slot() -> None:

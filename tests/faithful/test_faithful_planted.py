@@ -288,8 +288,8 @@ def test_a_mixed_batch_reads_only_its_decode_tokens(planted: bool) -> None:
     if planted:
         with pytest.raises(
             RelayDebugError,
-            match=r"output_tokens: slot 3: resolve_future reads a row a captured graph "
-            r"writes, but it holds no value to take \(its value was already read\)",
+            match=r"output_tokens: slot 3: resolve_future reads a row that was not "
+            r"written since it was last consumed",
         ):
             _mixed_then_decode(
                 SglangEagleFutureMap("cpu", POOL, debug=True), planted=True

@@ -380,7 +380,11 @@ def test_the_worked_example_hands_over_what_the_v2_runner_does(k: int) -> None:
             model.set_drafts(rid, proposed[i].tolist(), width)
             made[rid] = width
         relay.post_update(
-            b, torch.tensor(last), torch.tensor(n_sampled), proposed, width
+            b,
+            torch.tensor(last, dtype=torch.int64),
+            torch.tensor(n_sampled),
+            proposed,
+            width,
         )
 
 
@@ -391,3 +395,58 @@ def test_the_docs_show_the_worked_example_as_it_runs() -> None:
     glue = source.split("# -- engine glue", 1)[1].split("# -- end of engine glue")[0]
     body = "\n".join(glue.splitlines()[1:]).strip("\n")
     assert f"```python\n{body}\n```" in (root / "docs" / "integrating.md").read_text()
+
+
+def _v1_and_v2(debug: bool) -> list[tuple[Any, Namespace]]:
+    """Each faithful map with request 'a' stashed in slot 2 and a batch handing it
+    over: its token at position 0, one draft after it."""
+    from relay.maps.vllm_v1_drafts import VllmV1DraftsFutureMap, VllmV1DraftsPayload
+    from relay.maps.vllm_v2_drafts import VllmV2DraftsFutureMap, VllmV2DraftsPayload
+
+    made = []
+    for cls, payload, offsets in (
+        (VllmV1DraftsFutureMap, VllmV1DraftsPayload, "token_positions"),
+        (VllmV2DraftsFutureMap, VllmV2DraftsPayload, "logits_starts"),
+    ):
+        relay = cls("cpu", 8, num_speculative_tokens=2, debug=debug)
+        relay.stash(
+            torch.tensor([2]),
+            payload(
+                sampled_token_ids=torch.tensor([7], dtype=torch.int32),
+                draft_token_ids=torch.tensor([[8, 9]]),
+                num_draft_tokens=torch.tensor([2]),
+            ),
+            owners=["a"],
+        )
+        batch = Namespace(
+            slots=torch.tensor([2]),
+            req_ids=["a"],
+            num_draft_tokens=torch.tensor([1]),
+            sampled_ready=torch.tensor([True]),
+            input_ids=torch.full((2,), -1, dtype=torch.int32),
+        )
+        setattr(batch, offsets, torch.tensor([0]))
+        made.append((relay, batch))
+    return made
+
+
+@pytest.mark.parametrize("read_twice", [False, True], ids=["never stashed", "read"])
+def test_a_slot_with_nothing_to_hand_over_is_named_as_such(read_twice: bool) -> None:
+    """Both runners' maps: a slot never stashed, or read already, is named as such,
+    not as a -1 left by an offset one off (relay's int poison is -1, vLLM's
+    placeholder too)."""
+    for relay, batch in _v1_and_v2(True):
+        if read_twice:
+            relay.resolve_future(batch)
+            assert batch.input_ids.tolist() == [7, 8]
+            batch.input_ids = torch.full((2,), -1, dtype=torch.int32)
+            cause = "was not written since it was last consumed"
+        else:
+            batch.slots = torch.tensor([5])
+            cause = "was never written"
+        with pytest.raises(RelayDebugError) as raised:
+            relay.resolve_future(batch)
+        message = str(raised.value)
+        assert re.search(r"slot [25]: resolve_future reads a row that ", message)
+        assert cause in message, message
+        assert "one off" not in message and "still holds" not in message

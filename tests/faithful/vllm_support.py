@@ -197,7 +197,8 @@ class V1Run:
             return
         rids = [order[i].rid for i in rows]
         slots = self.slots.indices(rids)
-        # vLLM's drafts come as int64 and are cast to input_ids' int32.
+        # V1's sampler hands int32 tokens, its drafter int64 drafts (an argmax): the
+        # map lays them into int32 input_ids as they are.
         block = torch.tensor([proposed[i] for i in rows], dtype=torch.int64)
         self.map.stash(
             slots,
@@ -205,7 +206,7 @@ class V1Run:
                 sampled_token_ids=torch.tensor(
                     [sampled[i] for i in rows], dtype=torch.int32
                 ),
-                draft_token_ids=block.reshape(len(rows), width).to(torch.int32),
+                draft_token_ids=block.reshape(len(rows), width),
                 num_draft_tokens=torch.full((len(rows),), width, dtype=torch.int32),
             ),
             owners=rids,
@@ -276,7 +277,7 @@ class V2Run:
             self.produced[rid] = self.width
             self.model.add_request(rid, len(prompt))
             # V2 zeroes a new request's drafts: a seed of zero drafts, token kept.
-            zeros = torch.zeros((1, self.width), dtype=torch.int32)
+            zeros = torch.zeros((1, self.width), dtype=torch.int64)
             full = torch.full((1,), self.width, dtype=torch.int32)
             self.map.seed(
                 torch.tensor([slot]),
@@ -364,10 +365,10 @@ class V2Run:
             self.model.set_drafts(r.rid, row, width)
             self.produced[r.rid] = width
             r.done = min(self.computed[r.rid], len(r.prompt))
-        # The state rows: columns past the step's count hold -1.
-        block = torch.full((len(order), self.width), -1, dtype=torch.int32)
+        # The state rows, int64 as V2 keeps them: columns past the count hold -1.
+        block = torch.full((len(order), self.width), -1, dtype=torch.int64)
         if width and order:
-            block[:, :width] = torch.tensor(proposed, dtype=torch.int32)
+            block[:, :width] = torch.tensor(proposed, dtype=torch.int64)
         counts = torch.full((len(order),), width, dtype=torch.int32)
         rest = [i for i in range(len(order)) if i not in sampled_rows]
         for rows, values in ((sampled_rows, tokens), (rest, None)):
@@ -379,7 +380,7 @@ class V2Run:
                 self.payload(
                     sampled_token_ids=None
                     if values is None
-                    else torch.tensor(values, dtype=torch.int32),
+                    else torch.tensor(values, dtype=torch.int64),
                     draft_token_ids=block[picked],
                     num_draft_tokens=counts[picked],
                 ),

@@ -140,3 +140,112 @@ def test_the_figures_read_the_demo_steps_json(tmp_path: Path) -> None:
     assert figures.returncode == 0, figures.stderr
     assert "- demo-decode decode: sync " in figures.stdout, figures.stdout
     assert "occupancy " in figures.stdout and "identical True" in figures.stdout
+
+
+#: What one device call allows (seconds), and what the script runs outside its budget:
+#: the figures (``timeout 30``) and a timed-out step's grace (``--kill-after=10``).
+DEVICE_CALL_S = 600
+OUTSIDE_BUDGET_S = 30 + 10
+
+
+def _limits() -> dict[str, int]:
+    text = SCRIPT.read_text()
+    table = re.search(r"^STEPS=\(\n(.*?)^\)", text, re.DOTALL | re.MULTILINE)
+    assert table is not None
+    rows = re.findall(r"^\s+([a-z-]+) (\d+)$", table.group(1), re.MULTILINE)
+    return {name: int(limit) for name, limit in rows}
+
+
+def _default_budget() -> int:
+    found = re.search(
+        r"^BUDGET=\$\{GPU_CHECK_BUDGET_S:-(\d+)\}$", SCRIPT.read_text(), re.MULTILINE
+    )
+    assert found is not None, "no BUDGET=${GPU_CHECK_BUDGET_S:-N} in gpu_check.sh"
+    return int(found.group(1))
+
+
+def test_a_default_run_fits_one_device_call() -> None:
+    """The steps' default limits add up to at most 540 s and to no more than the
+    default budget, so no step is cut short by the budget, and the budget with what
+    runs outside it stays under one 10-minute call."""
+    limits = _limits()
+    assert list(limits) == _steps()
+    assert sum(limits.values()) <= 540
+    assert sum(limits.values()) <= _default_budget()
+    assert _default_budget() + OUTSIDE_BUDGET_S < DEVICE_CALL_S
+    assert f"add up to {sum(limits.values())} s" in SCRIPT.read_text()
+
+
+def test_docs_give_each_step_its_limit_and_command() -> None:
+    """docs/gpu.md's table of steps lists the script's steps, in order, with their
+    limits, and says the whole check fits one call."""
+    page = (REPO / "docs" / "gpu.md").read_text()
+    rows = re.findall(r"^\| `([a-z-]+)` \| (\d+) s \|", page, re.MULTILINE)
+    assert {name: int(limit) for name, limit in rows} == _limits()
+    assert [name for name, _ in rows] == _steps()
+    assert f"add up to {sum(_limits().values())} s" in page
+    assert f"under {_default_budget()} s" in page
+
+
+def _check(tmp_path: Path, **env: str) -> tuple[int, str]:
+    """Run gpu_check.sh with ``env`` into a fresh results folder: its exit status and
+    its summary."""
+    results = tmp_path / "results"
+    run = subprocess.run(
+        ["bash", str(SCRIPT), str(results)],
+        check=False,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHON": sys.executable, **env},
+        timeout=120,
+    )
+    summary = results / "summary.txt"
+    return run.returncode, summary.read_text() if summary.is_file() else run.stderr
+
+
+@pytest.mark.skipif(
+    shutil.which("bash") is None or shutil.which("timeout") is None,
+    reason="needs bash and coreutils' timeout",
+)
+def test_the_runner_on_the_cpu(tmp_path: Path) -> None:
+    """The runner itself, with a step that needs no GPU: the step's line (PASS, or
+    SKIP without ruff) and an overall PASS; a spent budget reports the step not run
+    and fails; an unknown step is bad usage."""
+    code, summary = _check(tmp_path / "one", GPU_CHECK_STEPS="generate-check")
+    assert code == 0, summary
+    assert re.search(r"^(PASS|SKIP)  generate-check ", summary, re.MULTILINE), summary
+    assert "overall: PASS" in summary and "of a 540s budget" in summary
+    code, summary = _check(
+        tmp_path / "spent", GPU_CHECK_STEPS="generate-check", GPU_CHECK_BUDGET_S="2"
+    )
+    assert code == 1 and "not run: the run's budget of 2s is spent" in summary
+    assert "overall: FAIL (1 of 1 steps)" in summary
+    code, err = _check(tmp_path / "bad", GPU_CHECK_STEPS="warp-drive")
+    assert code == 2 and "no step 'warp-drive'" in err
+
+
+def test_the_sanitizers_workload_runs_on_the_cpu() -> None:
+    """The sanitizer steps run ``gpu_overlap.py --short`` (both modes, over the static
+    buffers); on the CPU it runs the same workload, outputs identical."""
+    text = SCRIPT.read_text()
+    assert (
+        "SHORT=(scripts/gpu_overlap.py --device cuda --short --modes decode eagle)"
+        in text
+    )
+    assert (
+        text.count('"$PY" "${SHORT[@]}"') == 2
+    )  # torch's sanitizer, compute-sanitizer
+    run = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "gpu_overlap.py"), "--short"]
+        + ["--device", "cpu", "--modes", "decode", "eagle"],
+        check=False,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    lines = run.stdout.splitlines()
+    assert lines[-1] == "PASS"
+    for mode in ("decode", "eagle"):
+        line = next(x for x in lines if x.startswith(f"{mode}: "))
+        assert "identical True" in line and "steps in buckets 0" not in line

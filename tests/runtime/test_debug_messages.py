@@ -268,6 +268,12 @@ def _guard_finite_summary() -> tuple[str, Callable[[], object]]:
     return want, lambda: runtime.guard_finite(torch.tensor([0.5, float("nan")]), "M.p")
 
 
+def _cast_summary() -> tuple[str, Callable[[], object]]:
+    want = text("cast_summary", what="M.tok", cast=torch.int32, target="batch.ids")
+    big = torch.tensor([1, 2**31], dtype=torch.int64)
+    return want, lambda: runtime.check_cast(big, torch.int32, "M.tok", "batch.ids")
+
+
 def _placeholder() -> tuple[str, Callable[[], object]]:
     want = text("placeholder", consumer="penalty", position=1, placeholder=-3, slot=3)
     return want, lambda: check_resolved(rows(7, -3), "penalty")
@@ -567,6 +573,7 @@ TRIGGERS: dict[str, Callable[[], tuple[str, Callable[[], object]]]] = {
     "guard_non_negative_summary": _guard_non_negative_summary,
     "guard_positive_summary": _guard_positive_summary,
     "guard_finite_summary": _guard_finite_summary,
+    "cast_summary": _cast_summary,
     "placeholder": _placeholder,
     "placeholder_summary": _placeholder_summary,
 }

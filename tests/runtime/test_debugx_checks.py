@@ -350,3 +350,25 @@ def test_a_stash_in_flight_that_lands_after_the_seed_is_reported() -> None:
         fwd.synchronize()
     assert len(errors) == 1
     assert f"N.tok: slot 3: stash on {FWD} and seed on host thread" in str(errors[0])
+
+
+def test_a_row_with_nothing_pending_names_the_request_that_reads_it() -> None:
+    """A read that names its requests says which one found nothing pending (never
+    written, or read already), so an engine finds the request, not only the slot."""
+    d = checks()
+    tok = torch.zeros(POOL, dtype=torch.int64)
+    d.wrote("stash", slots(2), ("tok",), owners=["req-2"])
+    with pytest.raises(
+        DebugCheckFailed,
+        match=r"N\.tok: slot 5: resolve_future reads a row that was never written: .*"
+        r" \(read for request 'req-3', position 1\)",
+    ):
+        d.read("resolve_future", slots(2, 5), {"tok": tok}, owners=["req-2", "req-3"])
+    d.wrote("stash", slots(5), ("tok",), owners=["req-3"])
+    d.read("resolve_future", slots(5), {"tok": tok}, owners=["req-3"])
+    with pytest.raises(
+        DebugCheckFailed,
+        match=r"slot 5: resolve_future reads a row that was not written since it was "
+        r"last consumed .* \(read for request 'req-3', position 0\)",
+    ):
+        d.read("resolve_future", slots(5), {"tok": tok}, owners=["req-3"])

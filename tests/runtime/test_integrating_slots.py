@@ -35,12 +35,12 @@ def test_the_guides_slot_table_calls_run() -> None:
         "req_id": "r0",
         "finished_req_ids": [],
         "req_ids": ["r0"],
-        "decode_req_ids": ["r0"],
+        "handed_req_ids": ["r0"],
         "done_step": 0,
         "lookup": Namespace(),
-        "batch": Namespace(input_ids=torch.zeros(3, dtype=torch.int64)),
+        "batch": Namespace(input_ids=torch.zeros(3, dtype=torch.int32)),
         "query_start_loc": torch.tensor([0], dtype=torch.int32),
-        "decode_rows": torch.tensor([0]),  # the handed-over rows' positions
+        "handed_rows": torch.tensor([0]),  # the handed-over rows' positions
         "scheduled_drafts": torch.tensor([1], dtype=torch.int32),
         "sampled": torch.tensor([5]),
         "drafts": torch.tensor([[6, 7]]),

@@ -156,7 +156,7 @@ def test_a_seeds_counts_bound_what_the_next_read_may_schedule() -> None:
         req_ids=[0],
         query_starts=torch.tensor([0], dtype=torch.int32),
         num_draft_tokens=torch.tensor([2], dtype=torch.int32),
-        input_ids=torch.full((3,), -1),
+        input_ids=torch.full((3,), -1, dtype=torch.int32),
     )
     with pytest.raises(RelayDebugError, match=r"slot 2.* 2 .*wrote 1"):
         relay.resolve_future(batch)

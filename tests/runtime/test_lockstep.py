@@ -237,6 +237,7 @@ def _every_option() -> Schema:
                     offsets="draft_starts",
                     when="bonus_ready",
                     rows=BatchRows(starts="draft_rows", index="draft_row_of"),
+                    cast=torch.int32,
                 ),
             ),
             Field(
@@ -250,6 +251,7 @@ def _every_option() -> Schema:
                     lengths="num_drafts",
                     after="bonus",
                     rest_checked=False,
+                    cast=torch.int32,
                 ),
                 graph_written=True,
             ),

@@ -146,7 +146,7 @@ def test_an_extra_draft_over_a_prefill_token_is_named_in_debug_mode() -> None:
         req_ids=None,
         query_starts=torch.tensor([0], dtype=torch.int32),
         num_draft_tokens=torch.tensor([2], dtype=torch.int32),
-        input_ids=torch.tensor([PAD, PAD, *prompt]),
+        input_ids=torch.tensor([PAD, PAD, *prompt], dtype=torch.int32),
     )
     with pytest.raises(RelayDebugError, match=r"position 2, which holds 501") as raised:
         relay.resolve_future(batch)
@@ -391,13 +391,16 @@ def _drafts(debug: bool) -> tuple[VllmDraftsFutureMap, Namespace]:
 
 @MODES
 def test_a_scatter_target_of_another_dtype_is_refused(debug: bool) -> None:
-    """int32 input_ids (vLLM's) with the int64 fields: relay's error, nothing written."""
+    """int64 input_ids where the map lays its int64 tokens in as int32 (vLLM's
+    input_ids, its ``Scatter(cast=torch.int32)``): relay's error, nothing written."""
     relay, batch = _drafts(debug)
+    batch.input_ids = torch.full((5,), PAD)
     with pytest.raises(RelayError, match=r"batch\.input_ids") as raised:
         relay.resolve_future(batch)
     message = str(raised.value)
     assert message.startswith("VllmDraftsFutureMap.")
     assert "torch.int32" in message and "torch.int64" in message
+    assert "Scatter(cast=...)" in message
     assert batch.input_ids.tolist() == [PAD] * 5
 
 

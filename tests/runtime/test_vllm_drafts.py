@@ -89,7 +89,7 @@ class VllmStyleEngine:
             1 + scheduled[r.rid] if r in running else len(r.prefill) for r in order
         ]
         starts = [sum(sizes[:i]) for i in range(len(order))]
-        input_ids = torch.full((sum(sizes),), PAD)
+        input_ids = torch.full((sum(sizes),), PAD, dtype=torch.int32)
         for r, at in zip(order, starts):
             if r in prefill:
                 input_ids[at : at + len(r.prefill)] = torch.tensor(r.prefill)
@@ -218,7 +218,7 @@ def _disagree(batch: Namespace) -> None:
         extra = torch.arange(batch.slots.numel(), dtype=torch.int32) * K
         batch.query_starts = batch.query_starts + extra
         batch.input_ids = torch.cat(
-            [batch.input_ids, torch.zeros(int(extra[-1]) + K, dtype=torch.int64)]
+            [batch.input_ids, torch.zeros(int(extra[-1]) + K, dtype=torch.int32)]
         )
 
 
@@ -289,7 +289,7 @@ def _two_requests(debug: bool) -> tuple[VllmDraftsFutureMap, Namespace]:
         req_ids=[9, 7],
         query_starts=torch.tensor([0, 2]),
         num_draft_tokens=torch.tensor([1, 2]),
-        input_ids=torch.full((5,), PAD),
+        input_ids=torch.full((5,), PAD, dtype=torch.int32),
     )
     return relay, batch
 
@@ -359,14 +359,14 @@ def test_a_long_batch_running_past_the_end_is_refused() -> None:
         req_ids=None,
         query_starts=torch.arange(20) * 2,
         num_draft_tokens=torch.ones(20, dtype=torch.int64),
-        input_ids=torch.full((39,), PAD),
+        input_ids=torch.full((39,), PAD, dtype=torch.int32),
     )
     with pytest.raises(
         RelayError, match=r"the request in row 19 \(slot 20\) puts its 1 value"
     ):
         relay.resolve_future(batch)
     assert batch.input_ids.tolist() == [PAD] * 39
-    batch.input_ids = torch.full((40,), PAD)
+    batch.input_ids = torch.full((40,), PAD, dtype=torch.int32)
     relay.resolve_future(batch)
     assert batch.input_ids.tolist()[:4] == [10, 1, 20, 1]
 
@@ -519,7 +519,7 @@ def test_a_slot_with_nothing_to_hand_over_is_not_called_an_offset_one_off(
     relay, batch = _two_requests(True)
     if read_twice:
         relay.resolve_future(batch)
-        batch.input_ids = torch.full((5,), PAD)
+        batch.input_ids = torch.full((5,), PAD, dtype=torch.int32)
         message = r"sampled_tokens: slot 4: resolve_future reads a row that was not"
     else:
         batch.slots = torch.tensor([5, 2])
