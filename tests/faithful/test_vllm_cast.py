@@ -38,6 +38,8 @@ def _v1(debug: bool, drafts: list[list[int]]) -> tuple[Any, Namespace]:
         slots=torch.tensor([2, 4]),
         req_ids=["b", "a"],
         token_positions=torch.tensor([0, 5], dtype=torch.int32),
+        query_start_loc=torch.tensor([0, 2, 5, 8], dtype=torch.int32),
+        token_rows=torch.tensor([0, 2], dtype=torch.int32),
         num_draft_tokens=torch.tensor([1, 2], dtype=torch.int32),
         input_ids=torch.tensor([-7, -1, 501, 502, 503, -7, -1, -1], dtype=torch.int32),
     )
@@ -101,6 +103,7 @@ def test_a_target_of_another_dtype_than_the_cast_is_refused(debug: bool) -> None
         req_ids=["r"],
         logits_starts=torch.tensor([0]),
         sampled_ready=torch.tensor([True]),
+        query_start_loc=torch.tensor([0, 2]),
         num_draft_tokens=torch.tensor([1]),
         input_ids=torch.full((2,), -1),
     )

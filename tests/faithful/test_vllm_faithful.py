@@ -423,6 +423,8 @@ def _v1_and_v2(debug: bool) -> list[tuple[Any, Namespace]]:
             req_ids=["a"],
             num_draft_tokens=torch.tensor([1]),
             sampled_ready=torch.tensor([True]),
+            query_start_loc=torch.tensor([0, 2]),  # one row: the request's
+            token_rows=torch.tensor([0]),
             input_ids=torch.full((2,), -1, dtype=torch.int32),
         )
         setattr(batch, offsets, torch.tensor([0]))
