@@ -21,7 +21,8 @@ Where the other silent relay bugs stand in the reference engine:
   scatter (its decode tokens are gathered row by row, a mixed batch's prefill chunk is a
   batch of its own), so it has no count or span to get wrong; the vLLM lockstep plants
   them (``tests/faithful/test_vllm_faithful.py``, ``tests/runtime/``).
-- Adopted buffers sharing storage: the engine's maps adopt no buffer of the engine's.
+- Adopted buffers sharing storage, or requiring grad: planted into the static-buffer
+  steps' adopted buffers in ``test_engine_planted_adoption.py``.
 - Tails reading column -1: the engine's n-gram tails rebuild lengths only, with no
   request-to-token table to read KV locations from.
 """
