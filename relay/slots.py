@@ -9,7 +9,7 @@ indices, and so the step-to-step row map), ``launched`` and ``processed`` as eac
 starts and its outputs are handled, ``finish`` when requests end, are aborted or are
 preempted: their slots return to the pool once no step in flight can write them
 (Note [Slots freed in stream order]). What to schedule and when a request ends stay
-the engine's: see docs/integrating.md, "An engine that indexes by last step's row".
+the engine's: see docs/integrating.md, "vLLM 0.33: both model runners".
 """
 
 from __future__ import annotations
