@@ -29,6 +29,7 @@ RESERVED = frozenset(
     {
         # module level
         "annotations",
+        "Final",
         "Protocol",
         "attrs",
         "torch",
