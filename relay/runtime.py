@@ -376,11 +376,7 @@ def write_rows(s: MapState, indices: torch.Tensor) -> tuple[int, ...] | None:
     int64 tensor of at least one slot, in the pool (Note [Slots on the host]). Else
     ``None``, and the write takes the checked path. The tests are ordered so the CPU's
     common case reads each property once; what failed is the checked path's to say."""
-    if (
-        type(indices) is not _TENSOR
-        or indices.dtype is not _INT64
-        or indices.ndim != 1
-    ):
+    if type(indices) is not _TENSOR or indices.dtype is not _INT64 or indices.ndim != 1:
         return None
     n = indices.numel()
     if s.host_check:
