@@ -80,12 +80,13 @@ def _fits(schema: Schema, f: Field, v: str) -> str:
     slot, on the map's device (``is_cpu`` on a CPU map: no ``torch.device`` made), not
     requiring grad."""
     i = schema.fields.index(f)
-    eager = not _lazy(f) and isinstance(f.dtype, torch.dtype)
-    want = dtype(f.dtype) if isinstance(f.dtype, torch.dtype) and eager else None
+    want = f"state.dtypes[{i}]"
+    if isinstance(f.dtype, torch.dtype) and not _lazy(f):
+        want = dtype(f.dtype)
     rows = f"index_shape + state.rows[{i}]" if f.shape else "index_shape"
     return (
         f"(type({v}) is torch.Tensor"
-        f" and {v}.dtype is {want or f'state.dtypes[{i}]'}"
+        f" and {v}.dtype is {want}"
         f" and {v}.shape == {rows}"
         f" and ({v}.is_cpu if state.cpu else {v}.device == state.device)"
         f" and not {v}.requires_grad)"
