@@ -33,6 +33,7 @@ SCHEMA = Schema(
     area gets a fresh draft input from ``make_staged_spec_input``.
     """,
     indices="spec_info.future_indices",
+    owners="reqs",
     optional_parents={
         "spec_info": IfNone.SKIP,
         "spec_info.future_indices": IfNone.SKIP,

@@ -30,6 +30,7 @@ SCHEMA = Schema(
     prefill off for n-gram), so no late-bound tails either.
     """,
     indices="spec_info.future_indices",
+    owners="reqs",
     optional_parents={
         "spec_info": IfNone.SKIP,
         "spec_info.future_indices": IfNone.SKIP,
