@@ -28,12 +28,14 @@ EXERCISED = {
         "staged",
         "staged_dsa_flag",
         "switched_off",
+        "owners_written",
     },
     "ngram": {
         "decode",
         "stream_ordered",
         "no_draft_input",
         "no_future_indices",
+        "owners_written",
     },
 }
 
