@@ -1,6 +1,7 @@
 """What sglang 0.5.23 decides per algorithm or per staged request, as the faithful maps
 declare it: extras a map is built not to relay, a staged request's fresh draft input,
-and n-gram's lack of a bonus token (so of a mixed batch)."""
+n-gram's lack of a bonus token (so of a mixed batch), and which batches name every
+row's request."""
 
 from __future__ import annotations
 
@@ -11,8 +12,21 @@ import torch
 from torch import Tensor
 
 from relay import RelayDebugError
-from relay.maps.sglang_eagle import SglangEagleFutureMap, SglangEaglePayload
-from relay.maps.sglang_ngram import SglangNgramFutureMap, SglangNgramPayload
+from relay.maps.sglang_decode import (
+    SglangDecodeBatch,
+    SglangDecodeFutureMap,
+    SglangDecodePayload,
+)
+from relay.maps.sglang_eagle import (
+    SglangEagleBatch,
+    SglangEagleFutureMap,
+    SglangEaglePayload,
+)
+from relay.maps.sglang_ngram import (
+    SglangNgramBatch,
+    SglangNgramFutureMap,
+    SglangNgramPayload,
+)
 from relay.testing.model import ModelError
 from relay.testing.sglang_reference import Req, SglangRelay
 
@@ -171,3 +185,20 @@ def test_ngram_relays_no_bonus_token_and_runs_no_mixed_batch() -> None:
         model.resolve_forward_inputs(mixed)
     with pytest.raises(ModelError, match="no mixed batch with n-gram"):
         model.resolve_mixed_spec_tails(mixed)
+
+
+def test_plain_decoding_reads_beam_rows_past_its_requests() -> None:
+    """Under beam search sglang's decode batch appends its beam members' slots after
+    the rows of its ``reqs`` (stashed apart, by the beam coordinator), so ``reqs``
+    names only the first rows: ``sglang_decode`` declares no owners and reads such a
+    batch with debug mode silent, where the speculative maps read ``reqs``."""
+    relay = SglangDecodeFutureMap("cpu", POOL, debug=True)
+    relay.stash(_slots(1), SglangDecodePayload(bonus_tokens=torch.tensor([7])))
+    relay.stash(_slots(4, 5), SglangDecodePayload(bonus_tokens=torch.tensor([8, 9])))
+    batch = SimpleNamespace(
+        req_pool_indices=_slots(1, 4, 5), reqs=[Req("beam")], input_ids=None
+    )
+    relay.resolve_future(batch)
+    assert batch.input_ids.tolist() == [7, 8, 9]
+    assert "reqs" not in SglangDecodeBatch.__dict__
+    assert "reqs" in SglangEagleBatch.__dict__ and "reqs" in SglangNgramBatch.__dict__
