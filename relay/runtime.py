@@ -25,7 +25,7 @@ import torch
 from relay.cpu_stream import host_order_place
 from relay.debug import DebugChecks, poison
 from relay.debug.messages import request_at, text
-from relay.debug.owners import Owners
+from relay.debug.owners import MemberRows, MemberTail, Owners
 from relay.device import CpuFence, Fence, HostMirror, new_fence
 from relay.errors import RelayError, SlotError
 from relay.schema import (
@@ -39,6 +39,7 @@ from relay.schema import (
     IfNone,
     Lane,
     Layout,
+    Members,
     Resolve,
     Scatter,
     ScheduleSlots,
@@ -69,6 +70,9 @@ __all__ = [
     "Lane",
     "Layout",
     "MapState",
+    "MemberRows",
+    "MemberTail",
+    "Members",
     "Owners",
     "Resolve",
     "Scatter",

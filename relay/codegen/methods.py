@@ -24,6 +24,7 @@ from relay.schema import (
     Field,
     IfNone,
     Lane,
+    Members,
     Resolve,
     Scatter,
     Schema,
@@ -480,8 +481,12 @@ def _slots_read(method: str) -> list[str]:
 
 
 def _owners(schema: Schema, lane: Lane = Lane.FORWARD) -> list[str]:
-    """``owners=`` of a resolve of ``lane``'s, where that lane names its requests."""
+    """``owners=`` of a resolve of ``lane``'s, where that lane names its requests; with
+    member rows, built of the batch's requests and tail (debug mode only: a schema
+    with member rows has no scatter, whose refusals read the owners in either mode)."""
     owners = schema.owners_of(lane)
+    if isinstance(owners, Members):
+        return [f"owners=_rt.MemberRows(batch.{owners.requests}, batch.{owners.tail})"]
     return [f"owners=batch.{owners}"] if owners else []
 
 
