@@ -600,8 +600,7 @@ def check_members(c: Collector, fields: list[Field]) -> None:
                 f"owners=Members(...) names member rows in debug mode only, but field "
                 f"{f.name!r} resolves by a Scatter(...), whose refusals name each "
                 "request with debug off too (the map would read the tail every step)",
-                "name the owners by a path (owners=\"req_ids\") on a map with a "
-                "scatter",
+                'name the owners by a path (owners="req_ids") on a map with a scatter',
                 at,
             )
         if isinstance(f.tails, Tails):
@@ -610,7 +609,7 @@ def check_members(c: Collector, fields: list[Field]) -> None:
                 "owners=Members(...) puts member rows after the batch's requests, but "
                 f"field {f.name!r} binds tails=Tails(...), whose decode rows are the "
                 "batch's last requests: those would be member rows",
-                "name the owners by a path (owners=\"reqs\") on a map with decode "
+                'name the owners by a path (owners="reqs") on a map with decode '
                 "tails; a batch with member rows binds none (sglang's beam rows ride "
                 "plain decode batches)",
                 at,

@@ -362,7 +362,9 @@ class Run:
         width = min(len(self.free), self.rng.randint(1, 3))
         if width == 0:
             return
-        picked = [self.free.pop(self.rng.randrange(len(self.free))) for _ in range(width)]
+        picked = [
+            self.free.pop(self.rng.randrange(len(self.free))) for _ in range(width)
+        ]
         self.members[leader] = picked
         self.history.append(f"beam {leader} spawns {picked}")
         self._select(leader)
