@@ -230,7 +230,9 @@ def _new_batch(
     return batch
 
 
-def owner_paths(owners: str | Members | None, ids: list[int]) -> list[tuple[str, Any]]:
+def owner_paths(
+    owners: str | Members | None, ids: list[int] | None
+) -> list[tuple[str, Any]]:
     """Where a batch names the requests ``ids``: the owners path, or a ``Members``'
     requests with no member rows after them (its tail ``None``)."""
     if isinstance(owners, Members):
