@@ -153,7 +153,7 @@ def _scheduler_batch(
     given: list[tuple[str, Any]] = [
         (p, UNSET) for p in (f.target, *_host_paths(f)) if p
     ]
-    given += [(slots, indices), *owner_paths(requests, owners)]
+    given += [(slots, indices), *_owner_paths(requests, owners)]
     for path, value in given:
         *parents, leaf = path.split(".")
         node = batch
@@ -225,12 +225,12 @@ def _new_batch(
     for f in schema.fields:  # a gated field: this batch's rows hold it
         if isinstance(f.gate, str):
             set_path(batch, f.gate, True)
-    for path, value in owner_paths(schema.owners, owners):
+    for path, value in _owner_paths(schema.owners, owners):
         set_path(batch, path, value)
     return batch
 
 
-def owner_paths(
+def _owner_paths(
     owners: str | Members | None, ids: list[int] | None
 ) -> list[tuple[str, Any]]:
     """Where a batch names the requests ``ids``: the owners path, or a ``Members``'
@@ -640,7 +640,7 @@ class _Driver:
                 # slot's), then the decode rows' (the tails are the last rows).
                 newcomers = [-1 - row for row in range(prefill)]
                 named = newcomers + self._owners(indices)
-                for path, value in owner_paths(self.schema.owners, named):
+                for path, value in _owner_paths(self.schema.owners, named):
                     set_path(batch, path, value)
             batches.append(batch)
         map_batch, model_batch = batches
