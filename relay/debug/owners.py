@@ -145,9 +145,9 @@ class Requests:
             if owners.leading + members.numel() != count:
                 raise RelayDebugError(
                     f"{where}: owners must name one request per row: {count} rows, "
-                    f"{owners.leading} requests and {members.numel()} member rows in "
-                    "the tail; list every row past the requests in the tail, and "
-                    "nothing else"
+                    f"but the requests name {owners.leading} and the tail "
+                    f"{members.numel()} member row(s) after them; list every row past "
+                    "the requests in the tail, and nothing else"
                 )
             return torch.cat((leading, members))
         if isinstance(owners, torch.Tensor):

@@ -231,7 +231,7 @@ def test_a_beam_tail_that_misses_rows_is_refused() -> None:
     with pytest.raises(
         RelayDebugError,
         match=r"SglangDecodeFutureMap.resolve_future: owners must name one request "
-        r"per row: 2 rows, 1 requests and 0 member rows in the tail",
+        r"per row: 2 rows, but the requests name 1 and the tail 0 member row\(s\)",
     ):
         relay.resolve_future(batch)
     _, tail = beam_rows([1], {1: [4]})
