@@ -1,10 +1,11 @@
 """Roles: every batch attribute path a schema names, with what the map does with it.
 
 One table per schema, in declaration order: the schema's slots and owners (each
-lane's, a ``Members``' requests and tail), its optional parents, then each field's target, scatter offsets, counts and
-row bounds, host copy and sum, and tails paths. Validation refuses, by one rule, a path in two
-roles that cannot share it, and a path inside another role's path (Note [One role
-per path]); the generator's views read the same table.
+lane's; a ``Members``' requests and tail), its optional parents, then each field's
+target, scatter offsets, counts and row bounds, host copy and sum, and tails paths.
+Validation refuses, by one rule, a path in two roles that cannot share it, and a path
+inside another role's path (Note [One role per path]); the generator's views read the
+same table.
 """
 
 from __future__ import annotations
