@@ -560,3 +560,38 @@ def test_a_retired_beam_group_rides_into_a_reused_slot(planted: bool) -> None:
         r"request 'b' \(position 1\), but stash wrote it for request 'r2'",
     ):
         _overshoot(checked, planted=True)
+
+
+def _filtered(
+    relay: SglangDecodeFutureMap | SglangRelay, *, planted: bool
+) -> SimpleNamespace:
+    """``r1`` (slot 1) and the beam leader ``b`` (slot 2, member in slot 4) decode;
+    the next batch is filtered. The plant: the filter reorders ``reqs`` but not
+    ``req_pool_indices``, so each request's row goes to the other."""
+    _stash(relay, [1, 2], [5, 6], ["r1", "b"])
+    _stash(relay, [2, 4], [6, 16], ["b", "b"])
+    rows, tail = beam_rows([1, 2], {2: [4]})
+    reqs = ["b", "r1"] if planted else ["r1", "b"]
+    batch = _decode_batch(rows, reqs, tail)
+    _decode(relay, batch)
+    return batch
+
+
+@pytest.mark.parametrize("planted", [False, True])
+def test_two_decode_requests_handed_each_others_rows(planted: bool) -> None:
+    """Debug off, each request decodes the other's token (sglang's gather by slot does
+    the same); the values are fresh, so only the request ids tell: debug mode names
+    both requests."""
+    want = _filtered(SglangRelay("decode"), planted=planted)
+    got = _filtered(SglangDecodeFutureMap("cpu", POOL), planted=planted)
+    assert torch.equal(got.input_ids, want.input_ids)
+    checked = SglangDecodeFutureMap("cpu", POOL, debug=True)
+    if not planted:
+        _filtered(checked, planted=False)
+        return
+    with pytest.raises(
+        RelayDebugError,
+        match=r"output_tokens: slot 1: resolve_future reads it for request 'b' "
+        r"\(position 0\), but stash wrote it for request 'r1'",
+    ):
+        _filtered(checked, planted=True)
