@@ -11,6 +11,7 @@ from relay.schema import (
     Lane,
     Schema,
     Tails,
+    TailsKv,
     TargetShape,
     Unwritten,
 )
@@ -71,11 +72,17 @@ SCHEMA = Schema(
             target="seq_lens",
             host=HostCopy(mirror="seq_lens_cpu", sum="seq_lens_sum"),
             guard=Guard.POSITIVE,
-            # add=0: the published length counts the token a row decodes now
-            tails=Tails(rows="mix_running_indices", add=0),
+            # add=0: the published length counts the token a row decodes now, whose
+            # KV goes at column ``length - 1`` of the slot's row
+            tails=Tails(
+                rows="mix_running_indices",
+                add=0,
+                kv=TailsKv(locations="out_cache_loc", table="req_to_token"),
+            ),
             graph_written=True,
             doc="Each request's sequence length after verification (accepted tokens "
-            "included); a mixed batch's decode rows bind it late (resolve_tails).",
+            "included); a mixed batch's decode rows bind it late, and their KV write "
+            "locations with it (resolve_tails).",
         ),
     ],
 )

@@ -57,18 +57,18 @@ def test_compiled_forwards_match_eager() -> None:
     hidden = torch.randn(3, CONFIG.hidden, generator=gen, dtype=CONFIG.dtype)
     first = torch.randint(0, CONFIG.vocab_size, (3, 2), generator=gen)
     steps, topk, width = 3, 2, int(seq_lens.max())
+    at = kv_c.req_to_token[slots, seq_lens - 1]
 
     calls: list[Callable[[Forwards], Any]] = [
         lambda f: f.prefill(prompts, prompt_lens, slots),
-        lambda f: f.decode(tokens, seq_lens, width, slots),
+        lambda f: f.decode(tokens, seq_lens, width, slots, at),
         lambda f: f.extend(hidden, tokens, topk),
         lambda f: attrs.astuple(
             f.draft_and_verify(tokens, hidden, first, steps, seq_lens, width, slots)
         ),
         lambda f: f.commit_and_extend(
             f.draft_and_verify(tokens, hidden, first, steps, seq_lens, width, slots),
-            seq_lens,
-            slots,
+            at,
             topk,
         ),
     ]
