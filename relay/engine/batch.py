@@ -150,6 +150,14 @@ class ForwardBatch:
     #: A mixed batch whose decode rows the forward binds late: their slots (all rows
     #: are tails); empty otherwise (Note [Late-bound tails] in relay/engine/runner.py).
     mix_running_indices: Tensor = attrs.field(factory=_empty)
+    #: Decode: (n,) where each row's new token's keys and values go, read from
+    #: ``req_to_token`` at the row's length, in the forward (bound by the map with the
+    #: lengths in a mixed batch whose lengths are bound late); empty until then (Note
+    #: [The request-to-token table] in relay/engine/model.py).
+    out_cache_loc: Tensor = attrs.field(factory=_empty)
+    #: Decode: the KV cache's request-to-token table (pool_size, max_context), set by
+    #: the forward before it resolves.
+    req_to_token: Tensor = attrs.field(factory=lambda: _empty().view(0, 0))
 
     @classmethod
     def idle(cls, device: torch.device) -> ForwardBatch:

@@ -282,6 +282,12 @@ class GraphRunner:
 
     # -- the phases ----------------------------------------------------------------
 
+    def _locations(self, s: StaticInputs) -> Tensor:
+        """Each row's KV write location, read from the request-to-token table at its
+        length (Note [The request-to-token table] in model.py); a padded row's is the
+        scratch slot's first."""
+        return self.forwards.req_to_token[s.slots, s.seq_lens - 1]
+
     def _phase_one(self, b: _Bucket) -> None:
         """The resolve (inside) and the decode or verify, into the bucket's outputs."""
         s, spec, fw = b.inputs, self.spec, self.forwards
@@ -292,7 +298,8 @@ class GraphRunner:
             s.adopt(s.batch, spec, s.size)
         w = self.written
         if spec is None:
-            _, b.next_tokens = fw.decode(s.tokens, s.seq_lens, self.width, s.slots)
+            at = self._locations(s)
+            _, b.next_tokens = fw.decode(s.tokens, s.seq_lens, self.width, s.slots, at)
             if w is not None:
                 w.tokens.index_copy_(0, s.slots, b.next_tokens)
             return
@@ -327,7 +334,7 @@ class GraphRunner:
         assert spec is not None and result is not None
         if spec.method == "eagle":
             b.extras = self.forwards.commit_and_extend(
-                result, s.seq_lens, s.slots, spec.topk
+                result, self._locations(s), spec.topk
             )
             w = self.written
             if w is not None:
@@ -335,7 +342,7 @@ class GraphRunner:
                 w.topk_p.index_copy_(0, s.slots, b.extras[0])
                 w.topk_index.index_copy_(0, s.slots, b.extras[1])
         else:
-            self.forwards.commit(result, s.seq_lens, s.slots)
+            self.forwards.commit(result, self._locations(s))
             # With ``written``, phase one wrote the drafts; their counts go with the
             # stash either way.
             b.extras = (result.tokens[:, : spec.steps], result.accept_lens.int())

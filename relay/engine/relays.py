@@ -89,7 +89,8 @@ class Relay(Protocol):
     next forward, ``release`` says the requests of slots ended (debug maps refuse stale
     reads), and ``seed`` seeds prebuilt requests' rows (Note [Seeding a prebuilt
     request]). ``resolve_tails``, first in a forward, sets a late-bound mixed batch's
-    lengths (Note [Late-bound tails] in runner.py). ``seeds_pending``: a seed is
+    lengths and KV write locations, read from ``batch.req_to_token`` (Note
+    [Late-bound tails] in runner.py). ``seeds_pending``: a seed is
     waiting for the next ``resolve_future`` to apply it. ``written``: the buffers a
     decode step over static buffers writes itself, or ``None``; such a step calls
     ``graph_wrote`` once it wrote them, ``publish`` with ``None`` lengths and
@@ -195,6 +196,7 @@ class MapRelay:
         n, device = len(batch), batch.req_pool_indices.device
         batch.seq_lens = torch.zeros(n, dtype=torch.int64, device=device)
         batch.seq_lens_cpu = torch.zeros(n, dtype=torch.int64)  # every row a tail
+        batch.out_cache_loc = torch.zeros(n, dtype=torch.int64, device=device)
         # The bundled ngram declares Tails(add=0): its published lengths count the
         # token a row decodes now.
         self._tails.resolve_tails(batch)
@@ -382,8 +384,12 @@ class DirectRelay:
             batch.seq_lens_cpu = batch.seq_lens.cpu()
             batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
 
-    #: Its tensors hold the finished step's lengths, at schedule time or in the forward.
-    resolve_tails = resolve_lengths
+    def resolve_tails(self, batch: ForwardBatch) -> None:
+        """Its tensors hold the finished step's lengths, at schedule time or in the
+        forward; the KV locations are read from the table at them."""
+        self.resolve_lengths(batch)
+        rows = batch.req_pool_indices
+        batch.out_cache_loc = batch.req_to_token[rows, batch.seq_lens - 1]
 
     def resolve_future(self, batch: ForwardBatch) -> None:
         slots = batch.req_pool_indices

@@ -37,8 +37,10 @@ __all__ = ["ModelRunner"]
 # scheduler takes host bounds instead (Scheduler.bound_tails: the attention width; a
 # batch with a row that could reach its output limit resolves first, as others do),
 # and the forward binds the lengths first thing, on its own stream, from the published
-# ones (the map's ``resolve_tails``, which reads them without consuming them), as
-# sglang binds its mixed batches' decode tails. Both loops decide from the same host
+# ones (the map's ``resolve_tails``, which reads them without consuming them), and
+# with them the rows' KV write locations from the request-to-token table (Note [The
+# request-to-token table] in model.py), as sglang binds its mixed batches' decode
+# tails. Both loops decide from the same host
 # values, so they build the same batches; the synchronous one reads its finished
 # step's lengths at the same point.
 
@@ -140,21 +142,22 @@ class ModelRunner:
         slot = torch.zeros(1, dtype=torch.int64, device=self.model.device)
         token, prompt_len, seq_lens = slot + 1, slot + 2, slot + 3
         fw, spec = self.forwards, self.spec
+        at = fw.req_to_token[slot, seq_lens - 1]
         for _ in range(2):
             hidden, _ = fw.prefill(token[:, None].expand(1, 2), prompt_len, slot)
             fw.prefill_chunk(token[:, None], prompt_len - 1, prompt_len - 1, slot, 2)
-            fw.decode(token, seq_lens, 3, slot)
+            fw.decode(token, seq_lens, 3, slot, at)
             if spec is not None and self.eagle:
                 _, first, draft_hidden = fw.extend(hidden, token, spec.topk)
                 result = fw.draft_and_verify(
                     token, draft_hidden, first, spec.steps, seq_lens, 3, slot
                 )
-                fw.commit_and_extend(result, seq_lens, slot, spec.topk)
+                fw.commit_and_extend(result, at, spec.topk)
             elif spec is not None:
                 none = PackedDrafts(slot.repeat(spec.steps), slot, slot, spec.steps)
                 variable = spec.variable_drafts
                 result = fw.ngram_verify(token, none, seq_lens, 3, slot, variable)
-                fw.commit(result, seq_lens, slot)
+                fw.commit(result, at)
         if self.graphs is not None:
             self.graphs.capture(self._stash_scratch)
 
@@ -194,6 +197,7 @@ class ModelRunner:
     def _resolve_future(self, batch: ForwardBatch) -> None:
         with self.ranges(trace.RESOLVE_FUTURE, batch.step):
             if batch.mix_running_indices.numel():
+                batch.req_to_token = self.forwards.req_to_token
                 self.relay.resolve_tails(batch)  # Note [Late-bound tails]
             self._lay_out_drafts(batch)
             self.relay.resolve_future(batch)
@@ -312,9 +316,13 @@ class ModelRunner:
             out.chunk = StepOutput()
             parts.append(self._run_chunk(chunk, out.chunk))
         slots, lens = batch.req_pool_indices, batch.seq_lens
+        if not batch.mix_running_indices.numel():  # else resolve_tails bound them
+            batch.out_cache_loc = self.forwards.req_to_token[slots, lens - 1]
         if spec is None:
-            fw = self.forwards
-            _, next_tokens = fw.decode(batch.input_ids, lens, batch.max_seq_len, slots)
+            fw, locations = self.forwards, batch.out_cache_loc
+            _, next_tokens = fw.decode(
+                batch.input_ids, lens, batch.max_seq_len, slots, locations
+            )
             rows = _Handoff(slots, next_tokens, (), lens + 1)
             host_tokens, counts = next_tokens[:, None], torch.ones_like(next_tokens)
         else:
@@ -399,8 +407,8 @@ class ModelRunner:
     def _commit(
         self, batch: ForwardBatch, result: VerifyResult, spec: SpecConfig
     ) -> Extras:
-        slots, lens = batch.req_pool_indices, batch.seq_lens
+        locations = batch.out_cache_loc
         if self.eagle:
-            return self.forwards.commit_and_extend(result, lens, slots, spec.topk)
-        self.forwards.commit(result, lens, slots)
+            return self.forwards.commit_and_extend(result, locations, spec.topk)
+        self.forwards.commit(result, locations)
         return result.tokens[:, : spec.steps], result.accept_lens.to(torch.int32)

@@ -13,6 +13,7 @@ from relay.schema import (
     Scatter,
     Schema,
     Tails,
+    TailsKv,
     Unwritten,
 )
 
@@ -22,11 +23,13 @@ SCHEMA = Schema(
 
     The drafts come from n-gram matches in each request's own context, with no draft
     model. A verify step stashes the drafts the target accepted (``accept_tokens``,
-    ``accept_lens``) and the bonus token; the next step gathers them into its draft
-    input (``spec_info``), appends them to the request's context and matches its
-    n-grams there. A row no verify step has written reads accept length 0, and a
-    batch without speculative state (``spec_info`` is None, as in prefill) is left
-    alone. The accepted lengths are published right after verification.
+    with their count ``accept_lens``) and the bonus token; the next step gathers the
+    bonus into its draft input (``spec_info``) and lays the accepted drafts into it
+    packed, each request's from the start and for the count its batch laid out,
+    then appends them to the request's context and matches its n-grams there. A row
+    no verify step has written reads zeros, and a batch without speculative state
+    (``spec_info`` is None, as in prefill) is left alone. The new lengths are
+    published right after verification.
     """,
     optional_parents={"spec_info": IfNone.SKIP},
     seeded=True,
@@ -66,11 +69,17 @@ SCHEMA = Schema(
             target="seq_lens",
             host=HostCopy(mirror="seq_lens_cpu", sum="seq_lens_sum"),
             guard=Guard.POSITIVE,
-            # add=0: the published length counts the token a row decodes now
-            tails=Tails(rows="mix_running_indices", add=0),
+            # add=0: the published length counts the token a row decodes now, whose
+            # KV goes at column ``length - 1`` of the slot's row
+            tails=Tails(
+                rows="mix_running_indices",
+                add=0,
+                kv=TailsKv(locations="out_cache_loc", table="req_to_token"),
+            ),
             graph_written=True,
             doc="Each request's sequence length after verification (accepted tokens "
-            "included); a mixed batch's decode rows bind it late (resolve_tails).",
+            "included); a mixed batch's decode rows bind it late, and their KV write "
+            "locations with it (resolve_tails).",
         ),
     ],
 )

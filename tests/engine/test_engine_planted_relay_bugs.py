@@ -23,8 +23,9 @@ Where the other silent relay bugs stand in the reference engine:
   them (``tests/faithful/test_vllm_faithful.py``, ``tests/runtime/``).
 - Adopted buffers sharing storage, or requiring grad: planted into the static-buffer
   steps' adopted buffers in ``test_engine_planted_adoption.py``.
-- Tails reading column -1: the engine's n-gram tails rebuild lengths only, with no
-  request-to-token table to read KV locations from.
+- Tails reading column -1, or past the row: planted into the n-gram mixed batches'
+  late-bound tails, which read their KV locations from the engine's request-to-token
+  table, in ``test_engine_planted_tails.py``.
 """
 
 from __future__ import annotations
