@@ -3,9 +3,10 @@ mode hands each request's accepted drafts to the next step by a counted scatter 
 packed target, laid out by the engine from each row's count (Note [Packed accepted
 drafts] in relay/engine/runner.py). Planted, one row's count in the laid-out batch is
 above its row's width, or -1, or one more than its batch laid out (within the width,
-so its span runs into the next request's); relay refuses the resolve before the
-target changes, naming the map, the field and the request, debug mode on and off, in
-every seeded schedule. Unplanted, every seeded schedule runs clean."""
+so its span runs into the next request's, or onto the next row); relay refuses the
+resolve before the target changes, naming the map, the field and the request, debug
+mode on and off (off also over the static buffers' in-place layout), in every seeded
+schedule. Unplanted, every seeded schedule runs clean."""
 
 from __future__ import annotations
 
