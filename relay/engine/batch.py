@@ -168,6 +168,15 @@ class ForwardBatch:
     def __len__(self) -> int:
         return len(self.reqs)
 
+    @property
+    def rids(self) -> list[int]:
+        """Each row's request id, by which relay's messages name it; -1 for a row past
+        the batch's requests (a static bucket's padded rows, Note [Padded rows] in
+        relay/engine/graphs.py)."""
+        rids = [req.spec.rid for req in self.reqs]
+        padded = self.req_pool_indices.numel() - len(rids)
+        return rids + [-1] * padded if padded > 0 else rids
+
     def select(self, kept: list[int]) -> None:
         """Keep rows ``kept`` only (after the fence)."""
         rows_cpu = torch.tensor(kept, dtype=torch.int64)

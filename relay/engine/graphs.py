@@ -145,6 +145,7 @@ class StaticInputs:
         """Copy ``batch``'s slots and lengths in, pad the rest (on the forward stream:
         the previous step's replay may still read these buffers)."""
         n = len(batch)
+        self.batch.reqs = batch.reqs  # the rows' requests, for relay's messages
         self.slots[:n].copy_(batch.req_pool_indices)
         self.slots[n:].zero_()
         self.seq_lens[:n].copy_(batch.seq_lens)

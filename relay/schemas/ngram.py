@@ -33,6 +33,7 @@ SCHEMA = Schema(
     """,
     optional_parents={"spec_info": IfNone.SKIP},
     seeded=True,
+    owners="rids",
     fields=[
         Field(
             "output_tokens",

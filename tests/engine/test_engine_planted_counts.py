@@ -21,9 +21,10 @@ from test_engine_bugs import BASE, TINY
 
 from relay import RelayError
 from relay.engine import EngineConfig, SpecConfig, run_workload
-from relay.engine.batch import SpecInfo, placeholders
+from relay.engine.batch import ForwardBatch, SpecInfo, placeholders
 from relay.engine.graphs import StaticInputs
 from relay.engine.model import KVCache
+from relay.engine.runner import ModelRunner
 
 STEPS = 3
 #: A vocabulary this small makes the outputs repeat, so the n-gram drafts are often
@@ -84,6 +85,7 @@ class Planted:
 
     info: SpecInfo
     row: int
+    rid: int
     laid_out: torch.Tensor
     bonus: torch.Tensor
 
@@ -94,6 +96,12 @@ def _plant(monkeypatch: pytest.MonkeyPatch, pick: Pick) -> list[Planted]:
     eager forward, and in one over a bucket's static buffers."""
     planted: list[Planted] = []
     shipped, shipped_static = SpecInfo.lay_out_drafts, StaticInputs.lay_out_drafts
+    shipped_runner = ModelRunner._lay_out_drafts
+    batches: list[ForwardBatch] = []  # the batch being laid out
+
+    def remembering(self: ModelRunner, batch: ForwardBatch) -> None:
+        batches[:] = [batch]
+        shipped_runner(self, batch)
 
     def laying_out(self: SpecInfo, counts: torch.Tensor, width: int) -> None:
         chosen = None if planted else pick(counts.tolist())
@@ -106,7 +114,8 @@ def _plant(monkeypatch: pytest.MonkeyPatch, pick: Pick) -> list[Planted]:
         shipped(self, laid_counts, width)
         self.accept_lens = read_counts
         laid_out = self.accept_tokens.clone()
-        planted.append(Planted(self, row, laid_out, self.bonus_tokens))
+        rid = batches[0].rids[row]
+        planted.append(Planted(self, row, rid, laid_out, self.bonus_tokens))
 
     def laying_out_static(self: StaticInputs, kv: KVCache, steps: int) -> None:
         shipped_static(self, kv, steps)
@@ -121,13 +130,13 @@ def _plant(monkeypatch: pytest.MonkeyPatch, pick: Pick) -> list[Planted]:
         end = self.accept_rows[-1:]
         self.accept_tokens.copy_(placeholders(self.accept_tokens.numel(), end))
         self.accept_lens[row] = read
-        info = self.batch.spec_info
-        planted.append(
-            Planted(info, row, info.accept_tokens.clone(), info.bonus_tokens)
-        )
+        info, rid = self.batch.spec_info, self.batch.rids[row]
+        laid_out = info.accept_tokens.clone()
+        planted.append(Planted(info, row, rid, laid_out, info.bonus_tokens))
 
     monkeypatch.setattr(SpecInfo, "lay_out_drafts", laying_out)
     monkeypatch.setattr(StaticInputs, "lay_out_drafts", laying_out_static)
+    monkeypatch.setattr(ModelRunner, "_lay_out_drafts", remembering)
     return planted
 
 
@@ -185,7 +194,7 @@ def test_a_planted_count_is_refused_before_the_target_changes(
     (where,) = planted
     text = str(refused)
     assert text.startswith("NgramFutureMap.accept_tokens: "), text
-    assert f"row {where.row} (slot " in text, text
+    assert f"request {where.rid} (row {where.row}, slot " in text, text
     assert any(m in text for m in messages), text
     assert torch.equal(where.info.accept_tokens, where.laid_out), "the target changed"
     assert where.info.bonus_tokens is where.bonus, "the resolve wrote another field"

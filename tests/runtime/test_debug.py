@@ -199,10 +199,11 @@ def test_a_resolve_under_a_skipped_optional_parent_consumes_nothing() -> None:
             accept_lens=torch.tensor([2, 1], dtype=torch.int32),
         ),
     )
-    prefill = Namespace(req_pool_indices=slots(3, 4), spec_info=None)
+    prefill = Namespace(req_pool_indices=slots(3, 4), spec_info=None, rids=[7, 8])
     relay.resolve_future(prefill)  # type: ignore[arg-type]
     assert prefill.spec_info is None
     b = batch(3, 4)
+    b.rids = [7, 8]
     # The packed layout of the accepted drafts: 2 then 1, placeholders where they go.
     info = b.spec_info
     info.accept_lens, info.accept_rows = torch.tensor([2, 1]), torch.tensor([0, 2, 3])
