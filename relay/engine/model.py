@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 __all__ = ["DraftHead", "Forwards", "KVCache", "ModelConfig", "TargetModel"]
-__all__ += ["VerifyResult"]
+__all__ += ["PackedDrafts", "VerifyResult"]
 
 
 # Note [A model with a predictable core]
@@ -197,6 +197,7 @@ class _Program(torch.nn.Module):
         self.draft_w = draft_w
         self.k_cache, self.v_cache, self.history = kv.k, kv.v, kv.tokens
         self.row_width = kv.k.shape[3]  # Note [The request-to-token table]
+        self.history_lens = kv.lengths
         self.heads = t.config.heads
         # Not empty: TorchScript infers the attribute's type, List[Tensor], from it.
         self.args: list[Tensor] = [self.embed]
@@ -213,6 +214,7 @@ class _Program(torch.nn.Module):
         tokens, prompt_lens, slots = self.args[0], self.args[1], self.args[2]
         m, length = tokens.shape[0], tokens.shape[1]
         self.history[slots, :length] = tokens
+        self.history_lens[slots] = prompt_lens
         x = self.embed[tokens] + self.pos_embed[:length]
         for i in range(self.wqkv.shape[0]):
             q, k, v = _qkv(x, self.wqkv[i], self.heads)  # (m, L, heads, head_dim)
@@ -265,6 +267,7 @@ class _Program(torch.nn.Module):
         rows = slots[:, None].expand(m, length)[valid]
         cols = positions[valid]
         self.history[rows, cols] = tokens[valid]
+        self.history_lens[slots] = starts + lens
         last_position = self.pos_embed.shape[0] - 1
         x = self.embed[tokens] + self.pos_embed[positions.clamp(max=last_position)]
         keys_at = torch.arange(max_end, device=tokens.device)
@@ -303,20 +306,25 @@ class _Program(torch.nn.Module):
     def ngram_verify(
         self, draft_num: int, max_seq_len: int, variable: int
     ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-        bonus, accept_tokens, accept_lens = self.args[0], self.args[1], self.args[2]
-        seq_lens, slots = self.args[3], self.args[4]
+        bonus, packed, starts = self.args[0], self.args[1], self.args[2]
+        accept_lens, seq_lens, slots = self.args[3], self.args[4], self.args[5]
         # The previous step's accepted drafts, then its bonus, join the context.
         n = bonus.shape[0]
         last = seq_lens - 1
         j = torch.arange(draft_num, device=bonus.device)
-        taken = j[None, :] < accept_lens.long()[:, None]
-        positions = last[:, None] - accept_lens.long()[:, None] + j[None, :]
-        # Drafts not taken write at ``last``, which the bonus overwrites next: no
-        # boolean mask, whose data-dependent shape a CUDA graph cannot capture.
-        positions = torch.where(taken, positions, last[:, None])
+        counts = accept_lens.long()[:, None]
+        taken = j[None, :] < counts
+        # Row i's drafts lie packed from starts[i]; a draft not taken reads position
+        # 0 and writes at ``last``, which the bonus overwrites next: no boolean mask,
+        # whose data-dependent shape a CUDA graph cannot capture.
+        accept_tokens = packed[torch.where(taken, starts[:, None] + j[None, :], 0)]
+        positions = torch.where(
+            taken, last[:, None] - counts + j[None, :], last[:, None]
+        )
         rows = slots[:, None].expand(n, draft_num)
         self.history[rows, positions] = accept_tokens
         self.history[slots, last] = bonus
+        self.history_lens[slots] = seq_lens
         drafts, found = self._ngram_drafts(slots, seq_lens, draft_num, max_seq_len)
         limit: Tensor | None = None
         if variable != 0:
@@ -480,6 +488,29 @@ class KVCache:
         self.req_to_token = torch.arange(
             pool_size * c.max_context, dtype=torch.int64, device=device
         ).view(pool_size, c.max_context)
+        #: (pool_size,) how many of each slot's context tokens ``tokens`` holds: a
+        #: prefill's prompt (or chunk end), an n-gram verify's length with its bonus.
+        self.lengths = torch.zeros(pool_size, dtype=torch.int64, device=device)
+
+    def accepted(self, seq_lens: Tensor, slots: Tensor) -> Tensor:
+        """N-gram speculation: how many drafts each row's previous verify accepted,
+        from its length now (``seq_lens``, the bonus included) and the context its
+        history holds (Note [Packed accepted drafts] in relay/engine/runner.py)."""
+        return seq_lens - self.lengths.index_select(0, slots) - 1
+
+
+@attrs.frozen
+class PackedDrafts:
+    """N-gram speculation: the previous verify's accepted drafts as the next verify
+    reads them, packed (Note [Packed accepted drafts] in relay/engine/runner.py)."""
+
+    #: (n * width,): row i's drafts from ``starts[i]``, ``lens[i]`` of them.
+    tokens: Tensor
+    #: (n,) int64 each row's start in ``tokens`` and its count, 0 to ``width``.
+    starts: Tensor
+    lens: Tensor
+    #: Drafts per verify.
+    width: int
 
 
 @attrs.frozen
@@ -638,21 +669,21 @@ class Forwards:
     def ngram_verify(
         self,
         bonus: Tensor,
-        accept_tokens: Tensor,
-        accept_lens: Tensor,
+        drafts: PackedDrafts,
         seq_lens: Tensor,
         max_seq_len: int,
         slots: Tensor,
         variable: bool = False,
     ) -> VerifyResult:
-        """N-gram speculation: append the previous step's ``accept_tokens[:accept_lens]``
-        and ``bonus`` to each slot's context, draft ``accept_tokens.shape[1]`` tokens
-        from its n-gram matches, and verify them as one branch (``draft_and_verify``).
-        ``variable``: each request verifies only the drafts its match found, 0 to
-        ``accept_tokens.shape[1]`` (none without a match), so draft counts vary."""
-        args = [bonus, accept_tokens, accept_lens, seq_lens, slots]
-        method, draft_num = self.program.ngram_verify, accept_tokens.shape[1]
-        sizes = (draft_num, max_seq_len, int(variable))
+        """N-gram speculation: append the previous step's accepted drafts (row i's
+        ``drafts.lens[i]`` of them, packed from ``drafts.starts[i]``) and ``bonus`` to
+        each slot's context, draft ``drafts.width`` tokens from its n-gram matches, and
+        verify them as one branch (``draft_and_verify``). ``variable``: each request
+        verifies only the drafts its match found, 0 to ``drafts.width`` (none without
+        a match), so draft counts vary."""
+        d = drafts
+        args = [bonus, d.tokens, d.starts, d.lens, seq_lens, slots]
+        method, sizes = self.program.ngram_verify, (d.width, max_seq_len, int(variable))
         return VerifyResult(*self._call(args, method, *sizes))
 
     def commit(self, result: VerifyResult, locations: Tensor) -> None:

@@ -74,9 +74,9 @@ class Written:
     #: EAGLE: (pool_size, topk) the draft's first top-k probabilities and token ids.
     topk_p: Tensor | None = None
     topk_index: Tensor | None = None
-    #: n-gram: (pool_size, steps) the accepted drafts and (pool_size,) int32 their count.
+    #: n-gram: (pool_size, steps) the accepted drafts (their counts travel with the
+    #: step's stash).
     accept_tokens: Tensor | None = None
-    accept_lens: Tensor | None = None
 
 
 class Relay(Protocol):
@@ -265,9 +265,13 @@ def _eagle_payload(maps: Maps, tokens: Tensor | None, extras: Extras) -> Any:
 
 
 def _ngram_payload(maps: Maps, tokens: Tensor | None, extras: Extras) -> Any:
-    accepted, lens = extras if tokens is not None else (None, None)
+    # The counts come with the stash whoever wrote the drafts (Note [Packed accepted
+    # drafts] in runner.py).
+    accepted, lens = extras
     return maps.ngram_payload(
-        bonus_tokens=tokens, accept_tokens=accepted, accept_lens=lens
+        bonus_tokens=tokens,
+        accept_tokens=None if tokens is None else accepted,
+        accept_lens=lens,
     )
 
 
@@ -308,7 +312,6 @@ def map_relay(
                 tokens=rows(),
                 new_seq_lens=rows(),
                 accept_tokens=rows(spec.steps),
-                accept_lens=rows(dtype=torch.int32),
             )
         ngram = maps.ngram(
             device,
@@ -316,7 +319,6 @@ def map_relay(
             draft_token_num=spec.steps,
             output_tokens_buf=w.tokens if w is not None else None,
             accept_tokens_buf=w.accept_tokens if w is not None else None,
-            accept_lens_buf=w.accept_lens if w is not None else None,
             new_seq_lens_buf=w.new_seq_lens if w is not None else None,
             debug=debug,
         )
@@ -346,7 +348,12 @@ def _eagle_inputs(info: SpecInfo, rows: Extras) -> None:
 
 
 def _ngram_inputs(info: SpecInfo, rows: Extras) -> None:
-    info.accept_tokens, info.accept_lens = rows
+    # Packed by the counts each verify stored, whatever the batch laid out: the
+    # overlap map lays them by the batch's (Note [Packed accepted drafts] in runner.py).
+    tokens, lens = rows
+    kept = torch.arange(tokens.shape[1], device=tokens.device) < lens[:, None]
+    laid = tokens[kept]
+    info.accept_tokens = torch.cat([laid, tokens.new_zeros(tokens.numel() - len(laid))])
 
 
 class DirectRelay:

@@ -15,7 +15,14 @@ from torch import Tensor
 from relay.engine import trace
 from relay.engine.batch import ForwardBatch, ForwardMode, Seeds, StepOutput
 from relay.engine.graphs import GraphRunner
-from relay.engine.model import DraftHead, Forwards, KVCache, TargetModel, VerifyResult
+from relay.engine.model import (
+    DraftHead,
+    Forwards,
+    KVCache,
+    PackedDrafts,
+    TargetModel,
+    VerifyResult,
+)
 from relay.engine.spec import SpecConfig
 from relay.engine.trace import Ranges, no_ranges
 
@@ -36,6 +43,21 @@ __all__ = ["ModelRunner"]
 # tails. Both loops decide from the same host
 # values, so they build the same batches; the synchronous one reads its finished
 # step's lengths at the same point.
+
+
+# Note [Packed accepted drafts]
+# An n-gram verify hands the next step its accepted drafts, 0 to ``steps`` per
+# request, and the next step appends them to each request's context. The map lays
+# them into one packed tensor (sglang's packed ``verified_id``): each request's from
+# its own start, only as many as it accepted, by a counted scatter whose counts,
+# starts and rows (``SpecInfo.accept_lens``, ``accept_starts``, ``accept_rows``) the
+# consumer lays out itself, on the device, first thing in the forward: a request's
+# count is its length now (the bonus included) less the context its history holds
+# (``KVCache.accepted``), and the starts are their running sum. Nothing is read back
+# to the host, so a mixed batch whose lengths the forward binds late lays them out
+# the same way. The map checks each count against its row's width and each span
+# against its row before it writes, and in debug mode against the count the verify
+# stashed (``accept_lens`` of the payload).
 
 
 def _to_host(t: Tensor) -> Tensor:
@@ -88,6 +110,7 @@ class ModelRunner:
         resolve_in_graph: bool = True,
     ) -> None:
         self.model = model
+        self.kv = kv
         self.relay = relay
         self.spec = spec
         self.eagle = spec is not None and spec.method == "eagle"
@@ -131,11 +154,9 @@ class ModelRunner:
                 )
                 fw.commit_and_extend(result, at, spec.topk)
             elif spec is not None:
-                accept, lens = self._first_extras(slot, slot)  # none accepted
+                none = PackedDrafts(slot.repeat(spec.steps), slot, slot, spec.steps)
                 variable = spec.variable_drafts
-                result = fw.ngram_verify(
-                    token, accept, lens, seq_lens, 3, slot, variable
-                )
+                result = fw.ngram_verify(token, none, seq_lens, 3, slot, variable)
                 fw.commit(result, at)
         if self.graphs is not None:
             self.graphs.capture(self._stash_scratch)
@@ -178,9 +199,18 @@ class ModelRunner:
             if batch.mix_running_indices.numel():
                 batch.req_to_token = self.forwards.req_to_token
                 self.relay.resolve_tails(batch)  # Note [Late-bound tails]
+            self._lay_out_drafts(batch)
             self.relay.resolve_future(batch)
         ids = batch.input_ids if self.spec is None else batch.spec_info.bonus_tokens
         self._record(batch, ids)
+
+    def _lay_out_drafts(self, batch: ForwardBatch) -> None:
+        """N-gram speculation: where the relay lays each row's accepted drafts (Note
+        [Packed accepted drafts])."""
+        spec = self.spec
+        if spec is not None and not self.eagle and batch.reqs:
+            counts = self.kv.accepted(batch.seq_lens, batch.req_pool_indices)
+            batch.spec_info.lay_out_drafts(counts, spec.steps)
 
     def _record(self, batch: ForwardBatch, ids: Tensor) -> None:
         if self.record is not None and batch.reqs:
@@ -321,9 +351,10 @@ class ModelRunner:
             self._resolve_future(batch)
             static.adopt(batch, spec, n)
         elif graphs.captures and self.relay.seeds_pending:
-            self.relay.resolve_future(
-                static.batch
-            )  # Note [The resolve inside the graph]
+            # Note [The resolve inside the graph]
+            if spec is not None and not self.eagle:
+                static.lay_out_drafts(self.kv, spec.steps)
+            self.relay.resolve_future(static.batch)
         width = 1 if spec is None else spec.steps + 1
         branches = spec.topk if spec is not None and self.eagle else 1
         self._start_kernels(n * width * branches)
@@ -363,12 +394,9 @@ class ModelRunner:
         info, slots = batch.spec_info, batch.req_pool_indices
         bonus, lens, width = info.bonus_tokens, batch.seq_lens, batch.max_seq_len
         if not self.eagle:
-            # The n-gram map hands accept_tokens flat, (n * steps,), as sglang does.
-            accept = info.accept_tokens.reshape(slots.shape[0], spec.steps)
-            fw = self.forwards
-            variable = spec.variable_drafts
-            return fw.ngram_verify(
-                bonus, accept, info.accept_lens, lens, width, slots, variable
+            drafts, variable = info.drafts(spec.steps), spec.variable_drafts
+            return self.forwards.ngram_verify(
+                bonus, drafts, lens, width, slots, variable
             )
         hidden, first = info.hidden_states, info.topk_index
         assert hidden is not None, "decode before any prefill stashed"

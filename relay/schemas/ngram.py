@@ -4,15 +4,16 @@ relay, call for call, is ``sglang_ngram``)."""
 import torch
 
 from relay.schema import (
+    BatchRows,
     Field,
     Guard,
     HostCopy,
     IfNone,
     Lane,
+    Scatter,
     Schema,
     Tails,
     TailsKv,
-    TargetShape,
     Unwritten,
 )
 
@@ -47,23 +48,17 @@ SCHEMA = Schema(
             dtype=torch.int64,
             shape=("draft_token_num",),
             target="spec_info.accept_tokens",
-            target_shape=TargetShape.FLAT,
+            resolve=Scatter(
+                offsets="spec_info.accept_starts",
+                lengths="spec_info.accept_lens",
+                rows=BatchRows(starts="spec_info.accept_rows"),
+            ),
             unwritten=Unwritten.ZEROS,
             guard=Guard.NON_NEGATIVE,
             graph_written=True,
-            doc="The drafts the target accepted, left-aligned, flattened to "
-            "(n * draft_token_num,) as sglang hands them; only the first "
-            "``accept_lens`` of a request's are meaningful.",
-        ),
-        Field(
-            "accept_lens",
-            lane=Lane.FORWARD,
-            dtype=torch.int32,
-            target="spec_info.accept_lens",
-            unwritten=Unwritten.ZEROS,
-            guard=Guard.NON_NEGATIVE,
-            graph_written=True,
-            doc="How many drafts the target accepted (0 in a row never verified).",
+            doc="The drafts the target accepted, left-aligned; each request's "
+            "first ``accept_lens`` are laid into the packed ``spec_info.accept_tokens`` "
+            "from its start offset (its row of ``spec_info.accept_rows``).",
         ),
         Field(
             "new_seq_lens",
