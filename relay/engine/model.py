@@ -196,8 +196,8 @@ class _Program(torch.nn.Module):
         self.wqkv, self.wo, self.w_up, self.w_down = t.wqkv, t.wo, t.w_up, t.w_down
         self.draft_w = draft_w
         self.k_cache, self.v_cache, self.history = kv.k, kv.v, kv.tokens
-        self.row_width = kv.k.shape[3]  # Note [The request-to-token table]
         self.history_lens = kv.lengths
+        self.row_width = kv.k.shape[3]  # Note [The request-to-token table]
         self.heads = t.config.heads
         # Not empty: TorchScript infers the attribute's type, List[Tensor], from it.
         self.args: list[Tensor] = [self.embed]
@@ -484,13 +484,13 @@ class KVCache:
         self.tokens = torch.zeros(
             (pool_size, c.max_context), dtype=torch.int64, device=device
         )
+        #: (pool_size,) how many of each slot's context tokens ``tokens`` holds: a
+        #: prefill's prompt (or chunk end), an n-gram verify's length with its bonus.
+        self.lengths = torch.zeros(pool_size, dtype=torch.int64, device=device)
         #: (pool_size, max_context) int64: each slot's positions' KV locations.
         self.req_to_token = torch.arange(
             pool_size * c.max_context, dtype=torch.int64, device=device
         ).view(pool_size, c.max_context)
-        #: (pool_size,) how many of each slot's context tokens ``tokens`` holds: a
-        #: prefill's prompt (or chunk end), an n-gram verify's length with its bonus.
-        self.lengths = torch.zeros(pool_size, dtype=torch.int64, device=device)
 
     def accepted(self, seq_lens: Tensor, slots: Tensor) -> Tensor:
         """N-gram speculation: how many drafts each row's previous verify accepted,

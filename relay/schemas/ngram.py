@@ -23,11 +23,13 @@ SCHEMA = Schema(
 
     The drafts come from n-gram matches in each request's own context, with no draft
     model. A verify step stashes the drafts the target accepted (``accept_tokens``,
-    ``accept_lens``) and the bonus token; the next step gathers them into its draft
-    input (``spec_info``), appends them to the request's context and matches its
-    n-grams there. A row no verify step has written reads accept length 0, and a
-    batch without speculative state (``spec_info`` is None, as in prefill) is left
-    alone. The accepted lengths are published right after verification.
+    with their count ``accept_lens``) and the bonus token; the next step gathers the
+    bonus into its draft input (``spec_info``) and lays the accepted drafts into it
+    packed, each request's from the start and for the count its batch laid out,
+    then appends them to the request's context and matches its n-grams there. A row
+    no verify step has written reads zeros, and a batch without speculative state
+    (``spec_info`` is None, as in prefill) is left alone. The new lengths are
+    published right after verification.
     """,
     optional_parents={"spec_info": IfNone.SKIP},
     seeded=True,

@@ -3,9 +3,10 @@ mode hands each request's accepted drafts to the next step by a counted scatter 
 packed target, laid out by the engine from each row's count (Note [Packed accepted
 drafts] in relay/engine/runner.py). Planted, one row's count in the laid-out batch is
 above its row's width, or -1, or one more than its batch laid out (within the width,
-so its span runs into the next request's); relay refuses the resolve before the
-target changes, naming the map, the field and the request, debug mode on and off, in
-every seeded schedule. Unplanted, every seeded schedule runs clean."""
+so its span runs into the next request's, or onto the next row); relay refuses the
+resolve before the target changes, naming the map, the field and the request, debug
+mode on and off (off also over the static buffers' in-place layout), in every seeded
+schedule. Unplanted, every seeded schedule runs clean."""
 
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ from test_engine_bugs import BASE, TINY
 
 from relay import RelayError
 from relay.engine import EngineConfig, SpecConfig, run_workload
-from relay.engine.batch import SpecInfo
+from relay.engine.batch import SpecInfo, placeholders
+from relay.engine.graphs import StaticInputs
+from relay.engine.model import KVCache
 
 STEPS = 3
 #: A vocabulary this small makes the outputs repeat, so the n-gram drafts are often
@@ -76,19 +79,21 @@ PLANTS: dict[str, tuple[Pick, tuple[str, ...]]] = {
 
 @attrs.define
 class Planted:
-    """Where the plant changed a count: the batch's draft input, its row, and the
-    packed target as it was laid out."""
+    """Where the plant changed a count: the batch's draft input, its row, the packed
+    target as it was laid out and the bonus tokens the draft input held then."""
 
     info: SpecInfo
     row: int
     laid_out: torch.Tensor
+    bonus: torch.Tensor
 
 
 def _plant(monkeypatch: pytest.MonkeyPatch, pick: Pick) -> list[Planted]:
     """The engine lays its batches' drafts out as shipped, but for one row of the
-    first batch ``pick`` chooses: laid out for one count, read with another."""
+    first batch ``pick`` chooses: laid out for one count, read with another. In an
+    eager forward, and in one over a bucket's static buffers."""
     planted: list[Planted] = []
-    shipped = SpecInfo.lay_out_drafts
+    shipped, shipped_static = SpecInfo.lay_out_drafts, StaticInputs.lay_out_drafts
 
     def laying_out(self: SpecInfo, counts: torch.Tensor, width: int) -> None:
         chosen = None if planted else pick(counts.tolist())
@@ -100,9 +105,29 @@ def _plant(monkeypatch: pytest.MonkeyPatch, pick: Pick) -> list[Planted]:
         laid_counts[row], read_counts[row] = laid, read
         shipped(self, laid_counts, width)
         self.accept_lens = read_counts
-        planted.append(Planted(self, row, self.accept_tokens.clone()))
+        laid_out = self.accept_tokens.clone()
+        planted.append(Planted(self, row, laid_out, self.bonus_tokens))
+
+    def laying_out_static(self: StaticInputs, kv: KVCache, steps: int) -> None:
+        shipped_static(self, kv, steps)
+        real = int(self.real.sum())
+        chosen = None if planted else pick(self.accept_lens[:real].tolist())
+        if chosen is None:
+            return
+        row, laid, read = chosen
+        laid_counts = self.accept_lens.clone()
+        laid_counts[row] = laid
+        torch.cumsum(laid_counts, 0, out=self.accept_rows[1:])
+        end = self.accept_rows[-1:]
+        self.accept_tokens.copy_(placeholders(self.accept_tokens.numel(), end))
+        self.accept_lens[row] = read
+        info = self.batch.spec_info
+        planted.append(
+            Planted(info, row, info.accept_tokens.clone(), info.bonus_tokens)
+        )
 
     monkeypatch.setattr(SpecInfo, "lay_out_drafts", laying_out)
+    monkeypatch.setattr(StaticInputs, "lay_out_drafts", laying_out_static)
     return planted
 
 
@@ -121,34 +146,41 @@ def _refusal(config: EngineConfig) -> RelayError:
     raise AssertionError("the run passed: the planted count went unreported")
 
 
-DEBUG = pytest.mark.parametrize("debug", [False, True], ids=["fast", "debug"])
+#: Debug mode off and on; off, also with the decode steps over static buffers, whose
+#: forward lays its bucket's drafts out in place and resolves into them.
+MODES = {
+    "fast": {"debug": False},
+    "debug": {"debug": True},
+    "fast/graphs": {"debug": False, "graphs": True},
+}
+EACH_MODE = pytest.mark.parametrize("mode", list(MODES))
 
 
-@DEBUG
+@EACH_MODE
 @pytest.mark.parametrize("seed", SEEDS, ids=seed_id)
-def test_the_engine_as_shipped_lays_its_counts_out_clean(
-    debug: bool, seed: int
-) -> None:
+def test_the_engine_as_shipped_lays_its_counts_out_clean(mode: str, seed: int) -> None:
     """No refusal and no report: every count the engine lays out is its row's, and
     drafts were handed over (acceptance well above the bonus token alone)."""
+    config = attrs.evolve(CONFIG, **MODES[mode])
     with replaying(seed):
-        result = run_workload(attrs.evolve(CONFIG, debug=debug))
+        result = run_workload(config)
     assert len(result.outputs) == CONFIG.workload.requests
     assert result.accept_length > 2.0, result.accept_length
+    assert not config.graphs or sum(result.bucket_steps.values()) > 0
 
 
 @pytest.mark.parametrize("plant", sorted(PLANTS))
-@DEBUG
+@EACH_MODE
 @pytest.mark.parametrize("seed", [None, *SEEDS], ids=seed_id)
 def test_a_planted_count_is_refused_before_the_target_changes(
-    monkeypatch: pytest.MonkeyPatch, plant: str, debug: bool, seed: int | None
+    monkeypatch: pytest.MonkeyPatch, plant: str, mode: str, seed: int | None
 ) -> None:
     """Refused at the resolve, naming the map, the field and the request whose count
     is wrong; the packed target still holds what the batch laid out."""
     pick, messages = PLANTS[plant]
     planted = _plant(monkeypatch, pick)
     with replaying(seed):
-        refused = _refusal(attrs.evolve(CONFIG, debug=debug))
+        refused = _refusal(attrs.evolve(CONFIG, **MODES[mode]))
     assert planted, "no batch had a row to plant into"
     (where,) = planted
     text = str(refused)
@@ -156,4 +188,4 @@ def test_a_planted_count_is_refused_before_the_target_changes(
     assert f"row {where.row} (slot " in text, text
     assert any(m in text for m in messages), text
     assert torch.equal(where.info.accept_tokens, where.laid_out), "the target changed"
-    assert where.info.bonus_tokens.numel() == 0, "the resolve wrote another field"
+    assert where.info.bonus_tokens is where.bonus, "the resolve wrote another field"
