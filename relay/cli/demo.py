@@ -841,8 +841,12 @@ class _Reporter:
             # Off a terminal nothing folds: a log or a pipe keeps one line per mode.
             self.console.width = max(self.console.width, 200)
         self.console.print(table)
+        # Notes are prose: wrapped at 80 columns (or a narrower terminal's width) even
+        # off a terminal, where the console is wide so that the table never folds.
         for note in _notes(rows, threads):
-            self.console.print(note, highlight=False, markup=False)
+            self.console.print(
+                note, highlight=False, markup=False, width=min(self.console.width, 80)
+            )
 
     def verdict(self, line: str) -> None:
         self.console.print(line, highlight=False, markup=False)

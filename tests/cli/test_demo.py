@@ -252,6 +252,19 @@ def test_a_mode_above_its_ideal_is_marked_and_explained_not_capped() -> None:
     assert "other processes used 0.1" in idle and "larger share" not in idle
 
 
+@pytest.mark.usefixtures("two_cores")
+def test_notes_fit_80_columns_off_a_terminal() -> None:
+    """Off a terminal the console is 160 wide so that the table never folds; the notes
+    under it are prose and still wrap at 80 columns, with nothing dropped."""
+    lines = _table(
+        [_row("decode", [1.0, 1.0], [1.2, 1.1], BUSY)], width=160, terminal=False
+    )
+    notes = lines[4:]
+    assert len(notes) > 1 and all(len(line) <= 80 for line in notes)
+    assert _notes(lines).startswith("! decode: overlap was slower than sync")
+    assert "other processes used 1.6 of this machine's 2 cores" in _notes(lines)
+
+
 def test_demo_prints_the_table(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

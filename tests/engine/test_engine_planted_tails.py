@@ -25,8 +25,8 @@ from test_matrix import Cell
 
 from relay import RelayError
 from relay.engine import EngineConfig, run_workload
-from relay.engine.compare import first_output_difference
 from relay.engine.batch import ForwardBatch
+from relay.engine.compare import first_output_difference
 from relay.engine.relays import MapRelay
 from relay.engine.runner import ModelRunner
 from relay.engine.scheduler import Scheduler
