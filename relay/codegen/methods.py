@@ -806,7 +806,9 @@ def resolve_tails(names: Names, schema: Schema, f: Field) -> list[str]:
     if tails.kv is not None:  # the columns checked first: runtime.tail_locations
         columns = plus(value, tails.add - 1)
         args = ["state", str(i), f"batch.{tails.kv.table}", "indices"]
-        locations = join("_rt.tail_locations(", [*args, columns, host])
+        locations = join(
+            "_rt.tail_locations(", [*args, columns, host, *_owners(schema)]
+        )
         bound.append((tails.kv.locations, "tail_locations", bind, locations))
     optional_mirror: list[str] = []
     if mirror is not None and not maybe:
