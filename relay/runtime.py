@@ -2185,6 +2185,7 @@ def stash_partial(
                 if table.fields[i].optional or s.buffers[i] is None
             },
             stale="kept_stale",
+            owners=owners,
         )
     _write(s, "stash_partial", fields, indices, values, owners)
 
@@ -2313,12 +2314,23 @@ def tail_locations(
     return table[indices, columns]
 
 
-def read_tails(s: MapState, i: int, indices: torch.Tensor) -> None:
+def read_tails(
+    s: MapState, i: int, indices: torch.Tensor, owners: Owners | None = None
+) -> None:
     """Debug mode: ``resolve_tails`` read rows ``indices`` of field ``i`` a second time.
     They must hold a value a reader may take, ordered after its publish; the read
-    neither consumes nor poisons them (a schedule-side resolve may take them later)."""
+    neither consumes nor poisons them (a schedule-side resolve may take them later).
+    ``owners`` name the batch's requests, one per batch row: the tails are its last
+    rows, so theirs are the last ones."""
     debug = s.debug
     assert debug is not None, "read_tails runs in debug mode only"
     name = s.table.fields[i].name
     debug.waited(None)
-    debug.peek("resolve_tails", indices, {name: s.buffers[i]}, stale="stale_tail")
+    tails = None
+    if owners is not None:
+        n = indices.numel()
+        rows = owners.reshape(-1) if isinstance(owners, torch.Tensor) else owners
+        tails = rows[len(rows) - n :] if len(rows) >= n else rows
+    debug.peek(
+        "resolve_tails", indices, {name: s.buffers[i]}, stale="stale_tail", owners=tails
+    )

@@ -126,6 +126,7 @@ def new_batch(indices: torch.Tensor, seq_lens: torch.Tensor) -> Batch:
         req_pool_indices=indices, req_pool_indices_cpu=indices.cpu(),
         input_ids=torch.zeros_like(indices), seq_lens=seq_lens.clone(),
         seq_lens_cpu=host, seq_lens_sum=int(host.sum()), spec_info=spec_info,
+        reqs=indices.cpu(),  # a request id per row (a map's owners, debug mode)
     )  # fmt: skip
 
 
@@ -212,8 +213,8 @@ class Side:
 
 
 def _keywords(method: Callable[..., Any], after: int = 1) -> list[str]:
-    """``method``'s parameters after its first ``after`` (the indices)."""
-    return list(inspect.signature(method).parameters)[after:]
+    """``method``'s parameters after its first ``after`` (the indices), but ``owners``."""
+    return [p for p in inspect.signature(method).parameters if p != "owners"][after:]
 
 
 def build_side(

@@ -790,7 +790,7 @@ def resolve_tails(names: Names, schema: Schema, f: Field) -> list[str]:
         *_stashed(names, schema, f),
         f"{value} = {_buf(names, schema, f)}.index_select(0, indices)",
         "if debug is not None:",  # a stale row is named before its value is used
-        f"    _rt.read_tails(state, {i}, indices)",
+        f"    _rt.read_tails({', '.join(['state', str(i), 'indices', *_owners(schema)])})",
     ]
     bind = "_rt.bind_tails"
     # An engine that may want no host copy (HostCopy(optional=True)) leaves the

@@ -724,11 +724,13 @@ class DebugChecks:
         *,
         carried: Mapping[str, bool] | None = None,
         stale: str,
+        owners: Owners | None = None,
     ) -> None:
         """``op`` relies on rows ``rows`` of the fields in ``buffers`` without consuming
         them (a second read, or rows a partial stash keeps): each must hold a value a
         reader may take, ordered after its write. Nothing is consumed or poisoned.
-        ``stale`` is the message key of a row that fails."""
+        ``stale`` is the message key of a row that fails; ``owners`` (one request id
+        per row) name the request a failing row was relied on for."""
         rows = self._slots(op, rows)
         if rows.numel() == 0:
             return
@@ -736,6 +738,9 @@ class DebugChecks:
         names = plan.names
         if not names:
             return
+        requests = None
+        if owners is not None:
+            requests = self._requests.ids(self._where(op), owners, rows.numel())
         block = self.state.block(plan, rows)
         tick, stream = self._tick()
         ok = self.state.readable(block, None if tick is None else tick.seen)
@@ -753,13 +758,20 @@ class DebugChecks:
                 else f"its write ({row.op} on {self.clocks.writer_name(row.writer)}) "
                 f"is not ordered before {op} on {stream}"
             )
-            return text(
-                stale,
-                owner=self.owner,
-                field=names[j],
-                slot=int(rows[i]),
-                op=op,
-                why=reason,
+            whose = ""
+            if requests is not None:
+                request = self._requests.name(int(requests[i]))
+                whose = f" (for request {request}, position {i})"
+            return (
+                text(
+                    stale,
+                    owner=self.owner,
+                    field=names[j],
+                    slot=int(rows[i]),
+                    op=op,
+                    why=reason,
+                )
+                + whose
             )
 
         fields_text = ", ".join(names)

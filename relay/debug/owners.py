@@ -1,9 +1,11 @@
 """Which request a row's value belongs to: request ids as debug mode records them.
 
 An engine says which request each row of a write or a read belongs to (``owners``): an
-integer tensor of request ids, or a sequence of ints or strings (vLLM's request ids are
-strings). The state table keeps one int64 per row, so strings are interned here, per
-map, and named back in messages.
+integer tensor of request ids, or a sequence of ints, strings (vLLM's request ids are
+strings) or request objects (sglang's batches hold their ``Req`` objects, ``reqs``). The
+state table keeps one int64 per row, so anything but an int is interned here, per map,
+and named back in messages. A request object that carries its id as ``rid`` (sglang's
+``Req``) is interned and named by that id, so the map holds no request object.
 """
 
 from __future__ import annotations
@@ -57,6 +59,9 @@ class Requests:
         return ids
 
     def _id(self, owner: Hashable) -> int:
+        rid = getattr(owner, "rid", None)
+        if rid is not None:
+            owner = rid
         if isinstance(owner, int) and not isinstance(owner, bool):
             return owner
         found = self._ids.get(owner)

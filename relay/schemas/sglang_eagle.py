@@ -30,9 +30,11 @@ SCHEMA = Schema(
     it, with that payload's dtype and row; the top-k pair and the hidden state only by
     a map built to relay them (``need_topk``, ``need_hidden_states``: the algorithm
     decides). A batch with no draft input is left alone. A request leaving a staging
-    area gets a fresh draft input from ``make_staged_spec_input``.
+    area gets a fresh draft input from ``make_staged_spec_input``. Debug mode names
+    each row's request from the batch's ``reqs`` (sglang's request objects, by ``rid``).
     """,
     indices="spec_info.future_indices",
+    owners="reqs",
     optional_parents={
         "spec_info": IfNone.SKIP,
         "spec_info.future_indices": IfNone.SKIP,

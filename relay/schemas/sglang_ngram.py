@@ -27,9 +27,11 @@ SCHEMA = Schema(
     alone. The accepted lengths are published right after verification, and the
     scheduler reads them behind the fence, on the device and on the host. With no
     bonus token to gather there is no mixed batch (sglang turns mixed chunked
-    prefill off for n-gram), so no late-bound tails either.
+    prefill off for n-gram), so no late-bound tails either. Debug mode names each
+    row's request from the batch's ``reqs`` (sglang's request objects, by ``rid``).
     """,
     indices="spec_info.future_indices",
+    owners="reqs",
     optional_parents={
         "spec_info": IfNone.SKIP,
         "spec_info.future_indices": IfNone.SKIP,

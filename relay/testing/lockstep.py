@@ -624,6 +624,11 @@ class _Driver:
                 set_path(batch, tails.kv.table, table)
             if tails.prefix is not None:
                 set_path(batch, tails.prefix, [int(x) - 1 for x in lengths])
+            if self.schema.owners is not None:
+                # One request per batch row: the prefill rows' new requests (no
+                # slot's), then the decode rows' (the tails are the last rows).
+                newcomers = [-1 - row for row in range(prefill)]
+                set_path(batch, self.schema.owners, newcomers + self._owners(indices))
             batches.append(batch)
         map_batch, model_batch = batches
         self.history.append(f"resolve_tails({slots})")

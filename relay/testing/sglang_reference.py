@@ -23,7 +23,7 @@ from torch import Tensor
 
 from relay.testing.model import ModelError
 
-__all__ = ["ALGORITHMS", "EXTRAS", "SglangRelay"]
+__all__ = ["ALGORITHMS", "EXTRAS", "Req", "SglangRelay"]
 
 #: The algorithms the model knows: plain decoding, EAGLE (with its extras), n-gram.
 ALGORITHMS = ("decode", "eagle", "ngram")
@@ -33,6 +33,17 @@ EXTRAS = ("topk_p", "topk_index", "hidden_states", "draft_probs", "dsa_topk_indi
 
 #: Extras written with a cast to the buffer's dtype; ``draft_probs`` is written as given.
 _CAST = {"topk_p", "topk_index", "hidden_states", "dsa_topk_indices"}
+
+
+class Req:
+    """A request as sglang's batches hold it (``batch.reqs``, one per row of its
+    slots): its id is ``rid``; its ``repr``, as sglang's, spells more than the id."""
+
+    def __init__(self, rid: str) -> None:
+        self.rid = rid
+
+    def __repr__(self) -> str:
+        return f"Req(rid={self.rid}, input_ids=[...], output_ids=[...])"
 
 
 class SglangRelay:

@@ -17,6 +17,9 @@ batch's host lengths left None); some EAGLE runs' algorithm relays no top-k or n
 hidden state although its payloads carry them; each draft input says whether its rows
 hold the sparse indices, as sglang sets it. Some EAGLE runs have overlap off: the map
 then only hands a mixed batch its running rows' last tokens (``stash_bonus_tokens``).
+Each batch holds its requests as sglang's do (``reqs``, one ``Req`` per row), which the
+EAGLE and n-gram maps read as their owners in debug mode; on half of those runs every
+write names its requests too (``owners=``), so each read is checked against them.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from relay.testing.sglang_reference import SglangRelay
+from relay.testing.sglang_reference import Req, SglangRelay
 
 POOL = 10
 MAX_LEN = 512
@@ -117,6 +120,13 @@ class Run:
             **switches,
         )
         self.free = list(range(1, POOL))
+        #: The request holding each slot (sglang's ``Req``), and how many were admitted.
+        self.reqs: dict[int, Req] = {}
+        self.admitted = 0
+        #: EAGLE and n-gram: whether this run's writes name their requests (a
+        #: generator of its own, so the run's other draws stay as they were).
+        named = random.Random(seed + 1_000_003).random() < 0.5
+        self.named = self.speculative and named
         #: Slots whose request has values written and not yet read (its next step).
         self.pending: set[int] = set()
         #: EAGLE: the extras this run carries from its first decode on, and whether
@@ -185,6 +195,7 @@ class Run:
         indices = torch.tensor(slots, dtype=torch.int64)
         batch = SimpleNamespace(
             req_pool_indices=indices,
+            reqs=[self.reqs[slot] for slot in slots],
             input_ids=None,
             seq_lens=None,
             seq_lens_cpu=None,
@@ -290,7 +301,7 @@ class Run:
             payload["bonus_tokens"] = bonus = self._ints(n, dtype=torch.int64)
             self.adopted["new_seq_lens_buf"][indices] = lens
             self.adopted["output_tokens_buf"][indices] = bonus
-            self.map.graph_wrote(indices)
+            self.map.graph_wrote(indices, **self._owners(slots))
             self.model.graph_writes(slots, lens, bonus)
         if self.speculative:
             if not graph:
@@ -299,15 +310,24 @@ class Run:
             if self.confidence:
                 confidence = self._floats(n, DIMS["draft_tokens"], dtype=torch.float32)
             self.model.publish(slots, lens, confidence)
-            keywords = {"confidence": confidence} if self.confidence else {}
+            keywords: dict[str, Any] = self._owners(slots)
+            if self.confidence:
+                keywords["confidence"] = confidence
             self.map.publish(indices, None if graph else lens, **keywords)
         self.model.stash(slots, payload)
         self._carried_dsa(slots, payload)
         if graph:
             payload = {**payload, "bonus_tokens": None}
-        self.map.stash(indices, self.payload(**payload))
+        self.map.stash(indices, self.payload(**payload), **self._owners(slots))
         self.history.append(f"write {slots} (extras: {carry}, graph: {graph})")
         self.seen["graph_wrote"] += graph
+
+    def _owners(self, slots: list[int]) -> dict[str, Any]:
+        """``owners=`` for a write of ``slots``, on runs whose writes name them."""
+        if not self.named:
+            return {}
+        self.seen["owners_written"] += bool(slots)
+        return {"owners": [self.reqs[slot] for slot in slots]}
 
     def _carried_dsa(self, slots: list[int], payload: dict[str, Tensor | None]) -> None:
         """sglang's flag for the draft input this stash makes: its indices or none."""
@@ -327,6 +347,8 @@ class Run:
         slots = [self.free.pop(self.rng.randrange(len(self.free))) for _ in range(k)]
         for slot in slots:
             self.lengths[slot] = self.rng.randint(1, 50)
+            self.admitted += 1
+            self.reqs[slot] = Req(f"req{self.admitted}")
         return slots
 
     def decode(self, staged: list[int] | None = None) -> None:
@@ -389,7 +411,9 @@ class Run:
         self.seen["staged"] += bool(slots)
         self.model.stash(slots, {"bonus_tokens": bonus})
         self.map.stash(
-            torch.tensor(slots, dtype=torch.int64), self.payload(bonus_tokens=bonus)
+            torch.tensor(slots, dtype=torch.int64),
+            self.payload(bonus_tokens=bonus),
+            **self._owners(slots),
         )
         self.decode(staged=slots)
 
@@ -409,7 +433,8 @@ class Run:
         self.seen["kept"] += bool(slots)
         self.model.stash(slots, payload)
         self._carried_dsa(slots, payload)
-        self.map.stash(torch.tensor(slots, dtype=torch.int64), self.payload(**payload))
+        indices = torch.tensor(slots, dtype=torch.int64)
+        self.map.stash(indices, self.payload(**payload), **self._owners(slots))
 
     def mixed(self) -> None:
         """A mixed batch: a prefill chunk of new requests with running decode rows
@@ -450,7 +475,8 @@ class Run:
         self.history.append(f"mixed, overlap off {prefill} + tails {running}")
         self.seen["stash_partial"] += bool(running)
         self.model.stash_bonus_tokens(running, bonus)
-        self.map.stash_partial(torch.tensor(running, dtype=torch.int64), bonus)
+        indices = torch.tensor(running, dtype=torch.int64)
+        self.map.stash_partial(indices, bonus, **self._owners(running))
         if running:
             self._mixed_tokens(running)
         self.pending.update(prefill)

@@ -28,12 +28,14 @@ EXERCISED = {
         "staged",
         "staged_dsa_flag",
         "switched_off",
+        "owners_written",
     },
     "ngram": {
         "decode",
         "stream_ordered",
         "no_draft_input",
         "no_future_indices",
+        "owners_written",
     },
 }
 
@@ -43,7 +45,8 @@ EXERCISED = {
 def test_faithful_map_agrees_with_the_sglang_model(algorithm: str, debug: bool) -> None:
     """40 runs of 60 steps: admissions, decodes (idle ones too), the captured graph's
     writes, partial stashes, re-stashes keeping extras, stream-ordered reads, mixed
-    batches' tails, batches without a draft input, ends and slot reuse."""
+    batches' tails, batches without a draft input, ends and slot reuse; every batch
+    holds its requests, and half the speculative runs name them at every write."""
     seen: Counter[str] = Counter()
     for seed in range(40):
         seen += run(algorithm, seed, 60, debug=debug).seen

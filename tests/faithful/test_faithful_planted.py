@@ -1,9 +1,11 @@
 """Planted bugs of an sglang-0.5.23-style loop driving the faithful maps: each hands
 the next step a wrong value with debug off (the sglang model says which), and debug
-mode names it, the field and the slot; the same loop without the plant runs clean."""
+mode names it, the field, the slot and the request (by the ``rid`` of the batch's
+``reqs``, as sglang's batches hold them); the same loop without the plant runs clean."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from types import SimpleNamespace
 
 import pytest
@@ -12,7 +14,8 @@ from torch import Tensor
 
 from relay import RelayDebugError
 from relay.maps.sglang_eagle import SglangEagleFutureMap, SglangEaglePayload
-from relay.testing.sglang_reference import SglangRelay
+from relay.maps.sglang_ngram import SglangNgramFutureMap, SglangNgramPayload
+from relay.testing.sglang_reference import Req, SglangRelay
 
 POOL = 6
 TABLE = torch.arange(POOL * 64).reshape(POOL, 64)
@@ -22,12 +25,22 @@ def _slots(*values: int) -> Tensor:
     return torch.tensor(values, dtype=torch.int64)
 
 
-def _batch(*slots: int) -> SimpleNamespace:
+def _reqs(*slots: int, rids: Sequence[str] = ()) -> list[Req]:
+    """The batch's requests: ``rids``, else ``req<slot>`` for each slot."""
+    return [Req(rid) for rid in rids] or [Req(f"req{slot}") for slot in slots]
+
+
+def _batch(*slots: int, rids: Sequence[str] = ()) -> SimpleNamespace:
     indices = _slots(*slots)
     info = SimpleNamespace(
         future_indices=indices, future_dsa_topk_indices_available=False
     )
-    return SimpleNamespace(req_pool_indices=indices, spec_info=info, req_to_token=TABLE)
+    return SimpleNamespace(
+        req_pool_indices=indices,
+        spec_info=info,
+        req_to_token=TABLE,
+        reqs=_reqs(*slots, rids=rids),
+    )
 
 
 def _payload(
@@ -66,7 +79,7 @@ def _graph_step(
 @pytest.mark.parametrize("planted", [False, True])
 def test_a_graph_written_row_read_before_the_graph_ran(planted: bool) -> None:
     """Debug off, the skipped replay hands the scheduler the adopted buffer's stale
-    zeros as lengths; debug on names the field and slot."""
+    zeros as lengths; debug on names the field, the slot and the request."""
     buffers = _adopted()
     quiet = SglangEagleFutureMap("cpu", POOL, **buffers)
     _graph_step(quiet, buffers, planted=planted)
@@ -79,7 +92,10 @@ def test_a_graph_written_row_read_before_the_graph_ran(planted: bool) -> None:
     if not planted:
         checked.resolve_seq_lens_cpu(_batch(1, 2))
         return
-    with pytest.raises(RelayDebugError, match=r"new_seq_lens: slot 1: .*graph"):
+    with pytest.raises(
+        RelayDebugError,
+        match=r"new_seq_lens: slot 1: .*graph.* \(read for request 'req1', position 0\)",
+    ):
         checked.resolve_seq_lens_cpu(_batch(1, 2))
 
 
@@ -104,22 +120,24 @@ def _staging(relay: SglangEagleFutureMap | SglangRelay, *, planted: bool) -> Non
         relay.stash([3], second)
         relay.stash_bonus_tokens([3], torch.tensor([6]))
         return
-    relay.stash(_slots(3), SglangEaglePayload(**first))
-    relay.resolve_future(_batch(3))
+    old, new = _reqs(rids=["old3"]), _reqs(rids=["new3"])
+    relay.stash(_slots(3), SglangEaglePayload(**first), owners=old)
+    relay.resolve_future(_batch(3, rids=["old3"]))
     relay.release(_slots(3))
-    relay.stash(_slots(3), SglangEaglePayload(**second))
-    relay.stash_partial(_slots(3), torch.tensor([6]))
+    relay.stash(_slots(3), SglangEaglePayload(**second), owners=new)
+    # The running batch's requests, at hand where sglang stashes their last tokens.
+    relay.stash_partial(_slots(3), torch.tensor([6]), owners=new)
 
 
 @pytest.mark.parametrize("planted", [False, True])
 def test_a_partial_stash_that_drops_a_kept_field(planted: bool) -> None:
     """Debug off, the new request's draft reads the previous owner's top-k (as sglang
-    would); debug on reports the kept row at the partial stash."""
+    would); debug on reports the kept row at the partial stash, naming the request."""
     model = SglangRelay("eagle")
     _staging(model, planted=planted)
     quiet = SglangEagleFutureMap("cpu", POOL)
     _staging(quiet, planted=planted)
-    got, want = _batch(3), _batch(3)
+    got, want = _batch(3, rids=["new3"]), _batch(3, rids=["new3"])
     quiet.resolve_future(got)
     model.resolve_spec_extras(want)
     assert torch.equal(got.spec_info.topk_p, want.spec_info.topk_p)
@@ -129,9 +147,13 @@ def test_a_partial_stash_that_drops_a_kept_field(planted: bool) -> None:
     checked = SglangEagleFutureMap("cpu", POOL, debug=True)
     if not planted:
         _staging(checked, planted=False)
-        checked.resolve_future(_batch(3))
+        checked.resolve_future(_batch(3, rids=["new3"]))
         return
-    with pytest.raises(RelayDebugError, match=r"topk_p: slot 3: stash_partial keeps"):
+    with pytest.raises(
+        RelayDebugError,
+        match=r"topk_p: slot 3: stash_partial keeps .* "
+        r"\(for request 'new3', position 0\)",
+    ):
         _staging(checked, planted=True)
 
 
@@ -159,7 +181,8 @@ def _mixed(relay: SglangEagleFutureMap, *, planted: bool) -> SimpleNamespace:
 @pytest.mark.parametrize("planted", [False, True])
 def test_a_stale_tail(planted: bool) -> None:
     """Debug off, the tail binds the old length (9, so position 9 of the table, not
-    11); debug on names the field and slot at resolve_tails."""
+    11); debug on names the field, the slot and the tail's request at resolve_tails
+    (the batch's last request: the tails are its last rows)."""
     quiet = _mixed(SglangEagleFutureMap("cpu", POOL), planted=planted)
     length = 9 if planted else 11
     assert quiet.seq_lens.tolist() == [3, length + 1]
@@ -170,7 +193,9 @@ def test_a_stale_tail(planted: bool) -> None:
         _mixed(checked, planted=False)
         return
     with pytest.raises(
-        RelayDebugError, match=r"new_seq_lens: slot 2: resolve_tails binds"
+        RelayDebugError,
+        match=r"new_seq_lens: slot 2: resolve_tails binds .* "
+        r"\(for request 'req2', position 0\)",
     ):
         _mixed(checked, planted=True)
 
@@ -181,12 +206,12 @@ def _reused(relay: SglangEagleFutureMap, *, flag: bool) -> SimpleNamespace:
     the draft input's flag from "the buffer exists", not from what the step stashed."""
     dsa = torch.ones(1, 2, dtype=torch.int32)
     relay.stash(_slots(3), SglangEaglePayload(**_extras(4), dsa_topk_indices=dsa))
-    first = _batch(3)
+    first = _batch(3, rids=["old3"])
     first.spec_info.future_dsa_topk_indices_available = True
     relay.resolve_future(first)
     relay.release(_slots(3))
     relay.stash(_slots(3), SglangEaglePayload(**_extras(5)))
-    batch = _batch(3)
+    batch = _batch(3, rids=["new3"])
     batch.spec_info.future_dsa_topk_indices_available = flag
     relay.resolve_future(batch)
     return batch
@@ -205,7 +230,7 @@ def test_a_reused_slot_read_through_a_flag_set_for_the_buffer(planted: bool) -> 
     """As sglang sets it, the flag is unset for the new request and the map hands None
     (debug mode silent); set because the buffer exists, debug off hands the previous
     request's indices (the -1 poison aside), and debug on names the field, the slot
-    and the release."""
+    and the new request."""
     quiet = _reused(SglangEagleFutureMap("cpu", POOL), flag=planted)
     if not planted:
         assert quiet.spec_info.dsa_topk_indices is None
@@ -215,7 +240,7 @@ def test_a_reused_slot_read_through_a_flag_set_for_the_buffer(planted: bool) -> 
     with pytest.raises(
         RelayDebugError,
         match=r"dsa_topk_indices: slot 3: resolve_future reads a row that was not "
-        r"written since it was last consumed",
+        r"written since it was last consumed .*\(read for request 'new3', position 0\)",
     ):
         _reused(SglangEagleFutureMap("cpu", POOL, debug=True), flag=True)
 
@@ -235,7 +260,8 @@ def _probs_step(relay: SglangEagleFutureMap, *, topk: bool) -> SimpleNamespace:
 def test_draft_probs_stashed_without_topk(planted: bool) -> None:
     """sglang reads the draft probabilities only beside top-k: stashed alone, the map
     hands None and debug mode is silent. The plant: a run with top-k whose loop drops
-    a reused slot's new probabilities; debug mode names the field and the slot."""
+    a reused slot's new probabilities; debug mode names the field, the slot and the
+    new request."""
     alone = _probs_step(SglangEagleFutureMap("cpu", POOL, debug=True), topk=False)
     assert alone.spec_info.draft_probs is None
     model = SglangRelay("eagle", req_to_token=TABLE, confidence=False)
@@ -252,14 +278,14 @@ def test_draft_probs_stashed_without_topk(planted: bool) -> None:
     probs = None if planted else torch.ones(1, 5)
     relay.stash(_slots(3), SglangEaglePayload(**_extras(5), draft_probs=probs))
     if not planted:
-        relay.resolve_future(_batch(3))
+        relay.resolve_future(_batch(3, rids=["new3"]))
         return
     with pytest.raises(
         RelayDebugError,
         match=r"draft_probs: slot 3: resolve_future reads a row that was not "
-        r"written since it was last consumed",
+        r"written since it was last consumed .*\(read for request 'new3', position 0\)",
     ):
-        relay.resolve_future(_batch(3))
+        relay.resolve_future(_batch(3, rids=["new3"]))
 
 
 def _mixed_then_decode(
@@ -284,12 +310,13 @@ def test_a_mixed_batch_reads_only_its_decode_tokens(planted: bool) -> None:
     """The mixed batch is handed the token and no extra, and the kept top-k reaches the
     next decode with debug mode silent; a full read there would consume top-k, which
     debug mode then reports at the partial stash. Planted, debug mode names the bonus
-    token and the slot."""
+    token, the slot and the request."""
     if planted:
         with pytest.raises(
             RelayDebugError,
             match=r"output_tokens: slot 3: resolve_future reads a row that was not "
-            r"written since it was last consumed",
+            r"written since it was last consumed .*"
+            r"\(read for request 'req3', position 0\)",
         ):
             _mixed_then_decode(
                 SglangEagleFutureMap("cpu", POOL, debug=True), planted=True
@@ -306,3 +333,74 @@ def test_a_mixed_batch_reads_only_its_decode_tokens(planted: bool) -> None:
     full.resolve_future(_batch(3))
     with pytest.raises(RelayDebugError, match=r"topk_p: slot 3: stash_partial keeps"):
         full.stash_partial(_slots(3), torch.tensor([5]))
+
+
+def _swapped(relay: SglangEagleFutureMap, *, planted: bool) -> SimpleNamespace:
+    """Requests ``req1`` and ``req2`` verify in slots 1 and 2, each stash naming its
+    requests; the next batch filters its requests. The plant: the filter reorders
+    ``reqs`` but not the draft input's ``future_indices``, so each request's row
+    goes to the other: fresh values, each the wrong one."""
+    relay.stash(_slots(1, 2), _payload(2), owners=_reqs(1, 2))
+    batch = _batch(1, 2)
+    if planted:
+        batch.reqs = _reqs(rids=["req2", "req1"])
+    relay.resolve_future(batch)
+    return batch
+
+
+@pytest.mark.parametrize("planted", [False, True])
+def test_two_requests_handed_each_others_rows(planted: bool) -> None:
+    """Debug off, each request drafts from the other's bonus token (sglang's gather
+    by slot does the same); each value is fresh, so only the request ids tell: debug
+    mode names both requests."""
+    quiet = _swapped(SglangEagleFutureMap("cpu", POOL), planted=planted)
+    assert quiet.spec_info.bonus_tokens.tolist() == [10, 11]
+    checked = SglangEagleFutureMap("cpu", POOL, debug=True)
+    if not planted:
+        _swapped(checked, planted=False)
+        return
+    with pytest.raises(
+        RelayDebugError,
+        match=r"output_tokens: slot 1: resolve_future reads it for request 'req2' "
+        r"\(position 0\), but stash wrote it for request 'req1'",
+    ):
+        _swapped(checked, planted=True)
+
+
+def _ngram_steps(relay: SglangNgramFutureMap, *, planted: bool) -> SimpleNamespace:
+    """Slot 2's request verifies, and its next step reads the accepted drafts; that
+    step verifies again and the one after reads. The plant: the second verify's stash
+    is lost (the engine skipped ``stash`` for a step)."""
+    payload = SglangNgramPayload(
+        accept_tokens=torch.tensor([[7, 8, 9]]), accept_lens=torch.tensor([2])
+    )
+    relay.stash(_slots(2), payload)
+    relay.resolve_future(_batch(2))
+    if not planted:
+        again = SglangNgramPayload(
+            accept_tokens=torch.tensor([[4, 5, 6]]), accept_lens=torch.tensor([1])
+        )
+        relay.stash(_slots(2), again)
+    batch = _batch(2)
+    relay.resolve_future(batch)
+    return batch
+
+
+@pytest.mark.parametrize("planted", [False, True])
+def test_an_ngram_step_read_without_its_stash(planted: bool) -> None:
+    """Debug off, the request reads the drafts it already consumed (sglang's gather
+    hands the same); debug mode names the field, the slot and the request."""
+    quiet = _ngram_steps(SglangNgramFutureMap("cpu", POOL), planted=planted)
+    lens = quiet.spec_info.accept_lens.tolist()
+    assert lens == ([2] if planted else [1])
+    checked = SglangNgramFutureMap("cpu", POOL, debug=True)
+    if not planted:
+        _ngram_steps(checked, planted=False)
+        return
+    with pytest.raises(
+        RelayDebugError,
+        match=r"accept_tokens: slot 2: resolve_future reads a row that "
+        r"was not written since it was last consumed .*"
+        r"\(read for request 'req2', position 0\)",
+    ):
+        _ngram_steps(checked, planted=True)

@@ -1,6 +1,7 @@
 """What sglang 0.5.23 decides per algorithm or per staged request, as the faithful maps
 declare it: extras a map is built not to relay, a staged request's fresh draft input,
-and n-gram's lack of a bonus token (so of a mixed batch)."""
+n-gram's lack of a bonus token (so of a mixed batch), and which batches name every
+row's request."""
 
 from __future__ import annotations
 
@@ -11,10 +12,23 @@ import torch
 from torch import Tensor
 
 from relay import RelayDebugError
-from relay.maps.sglang_eagle import SglangEagleFutureMap, SglangEaglePayload
-from relay.maps.sglang_ngram import SglangNgramFutureMap, SglangNgramPayload
+from relay.maps.sglang_decode import (
+    SglangDecodeBatch,
+    SglangDecodeFutureMap,
+    SglangDecodePayload,
+)
+from relay.maps.sglang_eagle import (
+    SglangEagleBatch,
+    SglangEagleFutureMap,
+    SglangEaglePayload,
+)
+from relay.maps.sglang_ngram import (
+    SglangNgramBatch,
+    SglangNgramFutureMap,
+    SglangNgramPayload,
+)
 from relay.testing.model import ModelError
-from relay.testing.sglang_reference import SglangRelay
+from relay.testing.sglang_reference import Req, SglangRelay
 
 POOL = 6
 
@@ -68,7 +82,8 @@ def test_a_map_relays_only_the_extras_its_algorithm_needs(
     payload = _everything(4)
     relay.stash(_slots(2), SglangEaglePayload(**payload))
     model.stash([2], payload)
-    got, want = SimpleNamespace(spec_info=_info(2)), SimpleNamespace(spec_info=_info(2))
+    got = SimpleNamespace(spec_info=_info(2), reqs=[Req("a")])
+    want = SimpleNamespace(spec_info=_info(2), reqs=[Req("a")])
     relay.resolve_future(got)
     model.resolve_spec_extras(want)
     for name in ("topk_p", "topk_index", "hidden_states", "draft_probs"):
@@ -96,22 +111,24 @@ def test_a_switch_takes_a_bool() -> None:
 
 
 def _staged(relay: SglangEagleFutureMap, *, dsa_in_prefill: bool) -> SimpleNamespace:
-    """Slot 3's first request stashes and reads its sparse indices, then ends. A new
-    request in slot 3 is prefilled (its payload carrying the indices or not), waits
-    in the staging area, and leaves it: its last token stashed alone, a fresh draft
-    input from ``make_staged_spec_input``, then the decode's read."""
-    relay.stash(_slots(3), SglangEaglePayload(**_everything(4)))
-    relay.resolve_future(SimpleNamespace(spec_info=_info(3, dsa=True)))
+    """Slot 3's first request (``r1``) stashes and reads its sparse indices, then ends.
+    A new request in slot 3 (``r2``) is prefilled (its payload carrying the indices or
+    not), waits in the staging area, and leaves it: its last token stashed alone, a
+    fresh draft input from ``make_staged_spec_input``, then the decode's read."""
+    first, second = [Req("r1")], [Req("r2")]
+    relay.stash(_slots(3), SglangEaglePayload(**_everything(4)), owners=first)
+    relay.resolve_future(SimpleNamespace(spec_info=_info(3, dsa=True), reqs=first))
     relay.release(_slots(3))
     prefill = _everything(5)
     if not dsa_in_prefill:
         del prefill["dsa_topk_indices"]
-    relay.stash(_slots(3), SglangEaglePayload(**prefill))
-    relay.stash(_slots(3), SglangEaglePayload(bonus_tokens=torch.tensor([6])))
+    relay.stash(_slots(3), SglangEaglePayload(**prefill), owners=second)
+    last = SglangEaglePayload(bonus_tokens=torch.tensor([6]))
+    relay.stash(_slots(3), last, owners=second)
     handle = SimpleNamespace(**vars(_info()))
     handle.future_indices = None
     relay.make_staged_spec_input(_slots(3), handle)
-    batch = SimpleNamespace(spec_info=handle)
+    batch = SimpleNamespace(spec_info=handle, reqs=second)
     relay.resolve_future(batch)
     return batch
 
@@ -136,15 +153,17 @@ def test_a_staged_draft_input_says_the_buffer_exists() -> None:
 
 
 def test_a_staged_request_whose_prefill_held_no_sparse_indices() -> None:
-    """sglang's fresh input flags the indices because the buffer exists, so a staged
-    request whose prefill carried none is handed the slot's earlier request's rows:
-    debug off the map does the same; debug mode names the field and the slot."""
+    """sglang's fresh input flags the indices because the buffer exists. sglang never
+    stages such a request (one worker setting decides both that the buffer exists and
+    that every prefill carries the indices; docs/sglang.md), so this is an engine that
+    dropped them: it is handed the slot's earlier request's rows, debug off as in
+    sglang, and debug mode names the field, the slot and the request."""
     quiet = _staged(SglangEagleFutureMap("cpu", POOL), dsa_in_prefill=False)
     assert quiet.spec_info.dsa_topk_indices.tolist() == [[1, 1]]
     with pytest.raises(
         RelayDebugError,
         match=r"dsa_topk_indices: slot 3: resolve_future reads a row that was not "
-        r"written since it was last consumed",
+        r"written since it was last consumed .*\(read for request 'r2', position 0\)",
     ):
         _staged(SglangEagleFutureMap("cpu", POOL, debug=True), dsa_in_prefill=False)
 
@@ -166,3 +185,20 @@ def test_ngram_relays_no_bonus_token_and_runs_no_mixed_batch() -> None:
         model.resolve_forward_inputs(mixed)
     with pytest.raises(ModelError, match="no mixed batch with n-gram"):
         model.resolve_mixed_spec_tails(mixed)
+
+
+def test_plain_decoding_reads_beam_rows_past_its_requests() -> None:
+    """Under beam search sglang's decode batch appends its beam members' slots after
+    the rows of its ``reqs`` (stashed apart, by the beam coordinator), so ``reqs``
+    names only the first rows: ``sglang_decode`` declares no owners and reads such a
+    batch with debug mode silent, where the speculative maps read ``reqs``."""
+    relay = SglangDecodeFutureMap("cpu", POOL, debug=True)
+    relay.stash(_slots(1), SglangDecodePayload(bonus_tokens=torch.tensor([7])))
+    relay.stash(_slots(4, 5), SglangDecodePayload(bonus_tokens=torch.tensor([8, 9])))
+    batch = SimpleNamespace(
+        req_pool_indices=_slots(1, 4, 5), reqs=[Req("beam")], input_ids=None
+    )
+    relay.resolve_future(batch)
+    assert batch.input_ids.tolist() == [7, 8, 9]
+    assert "reqs" not in SglangDecodeBatch.__dict__
+    assert "reqs" in SglangEagleBatch.__dict__ and "reqs" in SglangNgramBatch.__dict__
