@@ -348,12 +348,19 @@ def _eagle_inputs(info: SpecInfo, rows: Extras) -> None:
 
 
 def _ngram_inputs(info: SpecInfo, rows: Extras) -> None:
-    # Packed by the counts each verify stored, whatever the batch laid out: the
-    # overlap map lays them by the batch's (Note [Packed accepted drafts] in runner.py).
+    # Packed by the counts each verify stored, whatever the batch laid out (the
+    # overlap map lays them by the batch's: Note [Packed accepted drafts] in
+    # runner.py); drafts past a count go to one spare position, so no mask's size is
+    # read back.
     tokens, lens = rows
-    kept = torch.arange(tokens.shape[1], device=tokens.device) < lens[:, None]
-    laid = tokens[kept]
-    info.accept_tokens = torch.cat([laid, tokens.new_zeros(tokens.numel() - len(laid))])
+    n, width = tokens.shape
+    columns = torch.arange(width, device=tokens.device)
+    counts = lens.long()
+    starts = torch.cumsum(counts, 0) - counts
+    at = torch.where(columns < counts[:, None], starts[:, None] + columns, n * width)
+    packed = tokens.new_zeros(n * width + 1)
+    packed[at.flatten()] = tokens.flatten()
+    info.accept_tokens = packed[: n * width]
 
 
 class DirectRelay:
