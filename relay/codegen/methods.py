@@ -25,6 +25,7 @@ from relay.schema import (
     Field,
     IfNone,
     Lane,
+    Members,
     Resolve,
     Scatter,
     Schema,
@@ -277,11 +278,12 @@ def _scatter_read(
     flat = ".flatten()" if f.shape else ""
     assert f.scatter is not None
     offsets = f.scatter.offsets
-    args = ["state", str(i), f"batch.{offsets}", "indices", target]
+    args = ["state", str(i), _through(offsets, target), "indices", target]
+    bounds = _bounds(f.scatter, target)
     plan = [
         *_stashed(names, schema, f),
         f"{rows} = {_buf(names, schema, f)}.index_select(0, indices){flat}{_cast(f)}",
-        join(f"{at} = _rt.scatter_at(", [*args, *_owners(schema), *_bounds(f.scatter)]),
+        join(f"{at} = _rt.scatter_at(", [*args, *_owners(schema), *bounds]),
     ]
     return plan, [
         f"{target}.index_copy_(0, {at}, {rows})",
@@ -342,7 +344,7 @@ def _span_read(
     positions = [str(schema.fields.index(g)) for g in span]
     locals_ = [names.value[g.name] for g in span]
     counts = [
-        f"batch.{s.lengths or s.when}" if s.lengths or s.when else "None"
+        _through(s.lengths or s.when or "", target) if s.lengths or s.when else "None"
         for s in scatters
     ]
     at = names.placeholder[span[-1].name][0]
@@ -354,12 +356,12 @@ def _span_read(
         "state",
         tup(positions),
         tup(locals_),
-        f"batch.{scatters[0].offsets}",
+        _through(scatters[0].offsets, target),
         "indices",
         target,
         tup(counts),
         *_owners(schema),
-        *_bounds(scatters[0]),
+        *_bounds(scatters[0], target),
     ]
     plan = [
         *(line for g in span for line in _stashed(names, schema, g)),
@@ -374,14 +376,28 @@ def _span_read(
     ]
 
 
-def _bounds(scatter: Scatter) -> list[str]:
+def _bounds(scatter: Scatter, target: str) -> list[str]:
     """``rows=`` of a scatter whose span is bounded by its batch rows: the rows'
     starts and each request's row (``None``: request ``i`` is row ``i``)."""
     rows = scatter.rows
     if rows is None:
         return []
-    index = f"batch.{rows.index}" if rows.index is not None else "None"
-    return [f"rows=(batch.{rows.starts}, {index})"]
+    index = _through(rows.index, target) if rows.index is not None else "None"
+    return [f"rows=({_through(rows.starts, target)}, {index})"]
+
+
+def _through(path: str, target: str) -> str:
+    """``batch.<path>``, or ``path`` itself where it goes through the parent that
+    ``target`` is spelled through: a resolve binds that parent to a local (under an
+    optional parent, once it is known to be set, so mypy knows it too)."""
+    first = path.split(".")[0]
+    if (
+        "." in path
+        and not target.startswith("batch.")
+        and target.split(".")[0] == first
+    ):
+        return path
+    return f"batch.{path}"
 
 
 def _packed_read(names: Names, f: Field, target: str) -> str:
@@ -501,8 +517,12 @@ def _slots_read(method: str) -> list[str]:
 
 
 def _owners(schema: Schema, lane: Lane = Lane.FORWARD) -> list[str]:
-    """``owners=`` of a resolve of ``lane``'s, where that lane names its requests."""
+    """``owners=`` of a resolve of ``lane``'s, where that lane names its requests; with
+    member rows, built of the batch's requests and tail (debug mode only: a schema
+    with member rows has no scatter, whose refusals read the owners in either mode)."""
     owners = schema.owners_of(lane)
+    if isinstance(owners, Members):
+        return [f"owners=_rt.MemberRows(batch.{owners.requests}, batch.{owners.tail})"]
     return [f"owners=batch.{owners}"] if owners else []
 
 
@@ -816,7 +836,9 @@ def resolve_tails(names: Names, schema: Schema, f: Field) -> list[str]:
     if tails.kv is not None:  # the columns checked first: runtime.tail_locations
         columns = plus(value, tails.add - 1)
         args = ["state", str(i), f"batch.{tails.kv.table}", "indices"]
-        locations = join("_rt.tail_locations(", [*args, columns, host])
+        locations = join(
+            "_rt.tail_locations(", [*args, columns, host, *_owners(schema)]
+        )
         bound.append((tails.kv.locations, "tail_locations", bind, locations))
     optional_mirror: list[str] = []
     if mirror is not None and not maybe:

@@ -12,10 +12,11 @@ import attrs
 import torch
 from torch import Tensor
 
+from relay.engine.model import PackedDrafts
 from relay.engine.workload import RequestSpec
 
 __all__ = ["ForwardBatch", "ForwardMode", "Request", "RequestState", "Seeds"]
-__all__ += ["SpecInfo", "StepOutput"]
+__all__ += ["SpecInfo", "StepOutput", "placeholders"]
 
 
 class RequestState(enum.Enum):
@@ -69,6 +70,12 @@ def _empty(dtype: torch.dtype = torch.int64) -> Tensor:
     return torch.empty(0, dtype=dtype)
 
 
+def placeholders(size: int, end: Tensor) -> Tensor:
+    """(size,) int64: -1 before ``end`` (a one-element tensor), 0 from it on."""
+    positions = torch.arange(size, device=end.device)
+    return torch.where(positions < end, -1, 0)
+
+
 @attrs.define(eq=False)
 class SpecInfo:
     """Speculative-decoding inputs of a batch, filled by the relay on the forward stream."""
@@ -78,10 +85,32 @@ class SpecInfo:
     hidden_states: Tensor | None = None
     #: (n,) the bonus token of the previous verify: the draft's first input token.
     bonus_tokens: Tensor = attrs.field(factory=_empty)
-    #: N-gram speculation: the previous verify's accepted drafts (n, draft_token_num)
-    #: and their counts (n,), appended to each request's context before matching.
+    #: N-gram speculation: the previous verify's accepted drafts, appended to each
+    #: request's context before matching, packed (Note [Packed accepted drafts] in
+    #: relay/engine/runner.py): (n * draft_token_num,), row i's ``accept_lens[i]``
+    #: from ``accept_starts[i]``; ``accept_rows`` is (n + 1,), every row's start and
+    #: then the end of the last.
     accept_tokens: Tensor = attrs.field(factory=_empty)
-    accept_lens: Tensor = attrs.field(factory=lambda: _empty(torch.int32))
+    accept_lens: Tensor = attrs.field(factory=_empty)
+    accept_starts: Tensor = attrs.field(factory=_empty)
+    accept_rows: Tensor = attrs.field(factory=_empty)
+
+    def lay_out_drafts(self, counts: Tensor, width: int) -> None:
+        """Each row's count of accepted drafts: the packed layout the relay lays them
+        into, on the counts' device (no host read), and its target: placeholders (-1)
+        where the drafts go, zeros past them (Note [Scatter destinations] in
+        relay/runtime.py)."""
+        n = counts.shape[0]
+        rows = counts.new_zeros(n + 1)
+        torch.cumsum(counts, 0, out=rows[1:])
+        self.accept_lens, self.accept_rows, self.accept_starts = counts, rows, rows[:n]
+        self.accept_tokens = placeholders(n * width, rows[n:])
+
+    def drafts(self, width: int) -> PackedDrafts:
+        """The accepted drafts as the n-gram verify reads them."""
+        return PackedDrafts(
+            self.accept_tokens, self.accept_starts, self.accept_lens, width
+        )
 
 
 @attrs.define(eq=False)
@@ -121,6 +150,14 @@ class ForwardBatch:
     #: A mixed batch whose decode rows the forward binds late: their slots (all rows
     #: are tails); empty otherwise (Note [Late-bound tails] in relay/engine/runner.py).
     mix_running_indices: Tensor = attrs.field(factory=_empty)
+    #: Decode: (n,) where each row's new token's keys and values go, read from
+    #: ``req_to_token`` at the row's length, in the forward (bound by the map with the
+    #: lengths in a mixed batch whose lengths are bound late); empty until then (Note
+    #: [The request-to-token table] in relay/engine/model.py).
+    out_cache_loc: Tensor = attrs.field(factory=_empty)
+    #: Decode: the KV cache's request-to-token table (pool_size, max_context), set by
+    #: the forward before it resolves.
+    req_to_token: Tensor = attrs.field(factory=lambda: _empty().view(0, 0))
 
     @classmethod
     def idle(cls, device: torch.device) -> ForwardBatch:
@@ -130,6 +167,15 @@ class ForwardBatch:
 
     def __len__(self) -> int:
         return len(self.reqs)
+
+    @property
+    def rids(self) -> list[int]:
+        """Each row's request id, by which relay's messages name it; -1 for a row past
+        the batch's requests (a static bucket's padded rows, Note [Padded rows] in
+        relay/engine/graphs.py)."""
+        rids = [req.spec.rid for req in self.reqs]
+        padded = self.req_pool_indices.numel() - len(rids)
+        return rids + [-1] * padded if padded > 0 else rids
 
     def select(self, kept: list[int]) -> None:
         """Keep rows ``kept`` only (after the fence)."""

@@ -21,8 +21,15 @@ import attrs
 import torch
 from torch import Tensor
 
-from relay.engine.batch import ForwardBatch, ForwardMode
-from relay.engine.model import Forwards, KVCache, ModelConfig, TargetModel, VerifyResult
+from relay.engine.batch import ForwardBatch, ForwardMode, SpecInfo, placeholders
+from relay.engine.model import (
+    Forwards,
+    KVCache,
+    ModelConfig,
+    PackedDrafts,
+    TargetModel,
+    VerifyResult,
+)
 from relay.engine.relays import Extras, Relay, Written
 from relay.engine.spec import SpecConfig
 
@@ -84,9 +91,14 @@ class StaticInputs:
     topk_p: Tensor
     topk_index: Tensor
     hidden: Tensor
-    #: n-gram: (size, steps) the previous step's accepted drafts and (size,) their count.
+    #: n-gram: the previous step's accepted drafts, packed (size * steps,), and
+    #: (size,) their count, (size,) each row's start, (size + 1,) every row's start and
+    #: the end of the last (Note [Packed accepted drafts] in runner.py); the static
+    #: batch's ``spec_info`` holds these very tensors.
     accept_tokens: Tensor
     accept_lens: Tensor
+    accept_starts: Tensor
+    accept_rows: Tensor
     #: The batch a resolve inside the graph reads (its slots and lengths are the
     #: buffers above) and writes.
     batch: ForwardBatch
@@ -110,6 +122,9 @@ class StaticInputs:
         batch = ForwardBatch(
             ForwardMode.DECODE, [], slots, zeros(0), seq_lens, torch.ones(size).long()
         )
+        info, rows = batch.spec_info, zeros(size + 1)
+        info.accept_tokens, info.accept_lens = zeros(size * steps), zeros(size)
+        info.accept_rows, info.accept_starts = rows, rows[:size]
         return cls(
             size=size,
             slots=slots,
@@ -119,8 +134,10 @@ class StaticInputs:
             topk_p=zeros(size, topk, dtype=torch.float32),
             topk_index=zeros(size, topk),
             hidden=zeros(size, model.hidden, dtype=model.dtype),
-            accept_tokens=zeros(size, steps),
-            accept_lens=zeros(size, dtype=torch.int32),
+            accept_tokens=info.accept_tokens,
+            accept_lens=info.accept_lens,
+            accept_starts=info.accept_starts,
+            accept_rows=info.accept_rows,
             batch=batch,
         )
 
@@ -128,6 +145,7 @@ class StaticInputs:
         """Copy ``batch``'s slots and lengths in, pad the rest (on the forward stream:
         the previous step's replay may still read these buffers)."""
         n = len(batch)
+        self.batch.reqs = batch.reqs  # the rows' requests, for relay's messages
         self.slots[:n].copy_(batch.req_pool_indices)
         self.slots[n:].zero_()
         self.seq_lens[:n].copy_(batch.seq_lens)
@@ -152,11 +170,9 @@ class StaticInputs:
             ]
         else:
             info = batch.spec_info
-            pairs = [
-                (self.tokens, info.bonus_tokens),
-                (self.accept_tokens, info.accept_tokens.reshape(rows, spec.steps)),
-                (self.accept_lens, info.accept_lens),
-            ]
+            pairs = [(self.tokens, info.bonus_tokens)]
+            if rows < self.size:  # the static batch's drafts are these buffers
+                self._adopt_drafts(info, rows, spec.steps)
         for static, value in pairs:
             if rows == self.size:
                 real = self.real.view(-1, *([1] * (static.dim() - 1)))
@@ -164,6 +180,25 @@ class StaticInputs:
             else:
                 static[:rows].copy_(value)
                 static[rows:].zero_()
+
+    def lay_out_drafts(self, kv: KVCache, steps: int) -> None:
+        """N-gram speculation: ``SpecInfo.lay_out_drafts`` of the static batch, in
+        place, its padded rows counting 0 (Note [Padded rows])."""
+        counts = kv.accepted(self.seq_lens, self.slots)
+        self.accept_lens.copy_(torch.where(self.real, counts, 0))
+        torch.cumsum(self.accept_lens, 0, out=self.accept_rows[1:])
+        self.accept_tokens.copy_(placeholders(self.size * steps, self.accept_rows[-1:]))
+
+    def _adopt_drafts(self, info: SpecInfo, rows: int, steps: int) -> None:
+        """The packed drafts an eager resolve laid for ``rows`` real rows, the padded
+        rows after them counting 0."""
+        laid = rows * steps
+        self.accept_tokens[:laid].copy_(info.accept_tokens)
+        self.accept_tokens[laid:].zero_()
+        self.accept_lens[:rows].copy_(info.accept_lens)
+        self.accept_lens[rows:].zero_()
+        self.accept_rows[: rows + 1].copy_(info.accept_rows)
+        self.accept_rows[rows + 1 :].copy_(info.accept_rows[rows:])
 
 
 def _write_verified(
@@ -174,9 +209,8 @@ def _write_verified(
     assert w.new_seq_lens is not None
     w.tokens.index_copy_(0, slots, result.bonus)
     w.new_seq_lens.index_copy_(0, slots, seq_lens + result.accept_lens + 1)
-    if w.accept_tokens is not None and w.accept_lens is not None:
+    if w.accept_tokens is not None:
         w.accept_tokens.index_copy_(0, slots, result.tokens[:, :steps])
-        w.accept_lens.index_copy_(0, slots, result.accept_lens.int())
 
 
 @attrs.define(eq=False)
@@ -213,6 +247,7 @@ class GraphRunner:
     ) -> None:
         self.spec = spec
         self.relay = relay
+        self.kv = kv
         self.resolve_inside = resolve_inside
         #: The relay's buffers each phase writes its rows into, or ``None``.
         self.written = relay.written
@@ -248,15 +283,24 @@ class GraphRunner:
 
     # -- the phases ----------------------------------------------------------------
 
+    def _locations(self, s: StaticInputs) -> Tensor:
+        """Each row's KV write location, read from the request-to-token table at its
+        length (Note [The request-to-token table] in model.py); a padded row's is the
+        scratch slot's first."""
+        return self.forwards.req_to_token[s.slots, s.seq_lens - 1]
+
     def _phase_one(self, b: _Bucket) -> None:
         """The resolve (inside) and the decode or verify, into the bucket's outputs."""
         s, spec, fw = b.inputs, self.spec, self.forwards
         if self.resolve_inside:
+            if spec is not None and spec.method == "ngram":
+                s.lay_out_drafts(self.kv, spec.steps)
             self.relay.resolve_future(s.batch)
             s.adopt(s.batch, spec, s.size)
         w = self.written
         if spec is None:
-            _, b.next_tokens = fw.decode(s.tokens, s.seq_lens, self.width, s.slots)
+            at = self._locations(s)
+            _, b.next_tokens = fw.decode(s.tokens, s.seq_lens, self.width, s.slots, at)
             if w is not None:
                 w.tokens.index_copy_(0, s.slots, b.next_tokens)
             return
@@ -271,10 +315,12 @@ class GraphRunner:
                 s.slots,
             )
         else:
+            drafts = PackedDrafts(
+                s.accept_tokens, s.accept_starts, s.accept_lens, spec.steps
+            )
             b.verified = fw.ngram_verify(
                 s.tokens,
-                s.accept_tokens,
-                s.accept_lens,
+                drafts,
                 s.seq_lens,
                 self.width,
                 s.slots,
@@ -289,7 +335,7 @@ class GraphRunner:
         assert spec is not None and result is not None
         if spec.method == "eagle":
             b.extras = self.forwards.commit_and_extend(
-                result, s.seq_lens, s.slots, spec.topk
+                result, self._locations(s), spec.topk
             )
             w = self.written
             if w is not None:
@@ -297,9 +343,10 @@ class GraphRunner:
                 w.topk_p.index_copy_(0, s.slots, b.extras[0])
                 w.topk_index.index_copy_(0, s.slots, b.extras[1])
         else:
-            self.forwards.commit(result, s.seq_lens, s.slots)
-            if self.written is None:  # else phase one wrote them
-                b.extras = (result.tokens[:, : spec.steps], result.accept_lens.int())
+            self.forwards.commit(result, self._locations(s))
+            # With ``written``, phase one wrote the drafts; their counts go with the
+            # stash either way.
+            b.extras = (result.tokens[:, : spec.steps], result.accept_lens.int())
 
     def _phases(self) -> list[Callable[[_Bucket], None]]:
         if self.spec is None:

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 __all__ = ["DraftHead", "Forwards", "KVCache", "ModelConfig", "TargetModel"]
-__all__ += ["VerifyResult"]
+__all__ += ["PackedDrafts", "VerifyResult"]
 
 
 # Note [A model with a predictable core]
@@ -196,6 +196,8 @@ class _Program(torch.nn.Module):
         self.wqkv, self.wo, self.w_up, self.w_down = t.wqkv, t.wo, t.w_up, t.w_down
         self.draft_w = draft_w
         self.k_cache, self.v_cache, self.history = kv.k, kv.v, kv.tokens
+        self.history_lens = kv.lengths
+        self.row_width = kv.k.shape[3]  # Note [The request-to-token table]
         self.heads = t.config.heads
         # Not empty: TorchScript infers the attribute's type, List[Tensor], from it.
         self.args: list[Tensor] = [self.embed]
@@ -212,6 +214,7 @@ class _Program(torch.nn.Module):
         tokens, prompt_lens, slots = self.args[0], self.args[1], self.args[2]
         m, length = tokens.shape[0], tokens.shape[1]
         self.history[slots, :length] = tokens
+        self.history_lens[slots] = prompt_lens
         x = self.embed[tokens] + self.pos_embed[:length]
         for i in range(self.wqkv.shape[0]):
             q, k, v = _qkv(x, self.wqkv[i], self.heads)  # (m, L, heads, head_dim)
@@ -225,9 +228,16 @@ class _Program(torch.nn.Module):
         hidden = x[torch.arange(m, device=x.device), prompt_lens - 1]
         return hidden, self._greedy(hidden)
 
+    def _cell(self, locations: Tensor) -> tuple[Tensor, Tensor]:
+        """The slot row and position of each KV location (Note [The request-to-token
+        table])."""
+        rows = torch.div(locations, self.row_width, rounding_mode="floor")
+        return rows, locations - rows * self.row_width
+
     @torch.jit.export
     def decode(self, max_seq_len: int) -> tuple[Tensor, Tensor]:
         tokens, seq_lens, slots = self.args[0], self.args[1], self.args[2]
+        rows, columns = self._cell(self.args[3])
         positions = seq_lens - 1
         x = self.embed.index_select(0, tokens)
         x = x + self.pos_embed.index_select(0, positions)
@@ -235,8 +245,8 @@ class _Program(torch.nn.Module):
         mask = valid[:, None, None, :]  # (n, 1, 1, L)
         for i in range(self.wqkv.shape[0]):
             q, k, v = _qkv(x, self.wqkv[i], self.heads)  # (n, heads, head_dim)
-            self.k_cache[i, slots, :, positions] = k
-            self.v_cache[i, slots, :, positions] = v
+            self.k_cache[i, rows, :, columns] = k
+            self.v_cache[i, rows, :, columns] = v
             # (n, heads, L, hd); index_select of a sliced view: a few times faster
             # than advanced indexing.
             keys = self.k_cache[i, :, :, :max_seq_len].index_select(0, slots)
@@ -257,6 +267,7 @@ class _Program(torch.nn.Module):
         rows = slots[:, None].expand(m, length)[valid]
         cols = positions[valid]
         self.history[rows, cols] = tokens[valid]
+        self.history_lens[slots] = starts + lens
         last_position = self.pos_embed.shape[0] - 1
         x = self.embed[tokens] + self.pos_embed[positions.clamp(max=last_position)]
         keys_at = torch.arange(max_end, device=tokens.device)
@@ -295,20 +306,25 @@ class _Program(torch.nn.Module):
     def ngram_verify(
         self, draft_num: int, max_seq_len: int, variable: int
     ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-        bonus, accept_tokens, accept_lens = self.args[0], self.args[1], self.args[2]
-        seq_lens, slots = self.args[3], self.args[4]
+        bonus, packed, starts = self.args[0], self.args[1], self.args[2]
+        accept_lens, seq_lens, slots = self.args[3], self.args[4], self.args[5]
         # The previous step's accepted drafts, then its bonus, join the context.
         n = bonus.shape[0]
         last = seq_lens - 1
         j = torch.arange(draft_num, device=bonus.device)
-        taken = j[None, :] < accept_lens.long()[:, None]
-        positions = last[:, None] - accept_lens.long()[:, None] + j[None, :]
-        # Drafts not taken write at ``last``, which the bonus overwrites next: no
-        # boolean mask, whose data-dependent shape a CUDA graph cannot capture.
-        positions = torch.where(taken, positions, last[:, None])
+        counts = accept_lens.long()[:, None]
+        taken = j[None, :] < counts
+        # Row i's drafts lie packed from starts[i]; a draft not taken reads position
+        # 0 and writes at ``last``, which the bonus overwrites next: no boolean mask,
+        # whose data-dependent shape a CUDA graph cannot capture.
+        accept_tokens = packed[torch.where(taken, starts[:, None] + j[None, :], 0)]
+        positions = torch.where(
+            taken, last[:, None] - counts + j[None, :], last[:, None]
+        )
         rows = slots[:, None].expand(n, draft_num)
         self.history[rows, positions] = accept_tokens
         self.history[slots, last] = bonus
+        self.history_lens[slots] = seq_lens
         drafts, found = self._ngram_drafts(slots, seq_lens, draft_num, max_seq_len)
         limit: Tensor | None = None
         if variable != 0:
@@ -401,23 +417,22 @@ class _Program(torch.nn.Module):
 
     @torch.jit.export
     def commit_and_extend(self, topk: int) -> tuple[Tensor, Tensor, Tensor]:
-        branch_k, branch_v, seq_lens = self.args[0], self.args[1], self.args[2]
-        slots, hidden, bonus = self.args[3], self.args[4], self.args[5]
+        branch_k, branch_v, locations = self.args[0], self.args[1], self.args[2]
+        hidden, bonus = self.args[3], self.args[4]
         # Commit: all ``steps + 1`` positions of the chosen branch; those past the
         # accepted ones are beyond the new length, masked and later overwritten.
-        self._commit(branch_k, branch_v, seq_lens, slots)
+        self._commit(branch_k, branch_v, locations)
         return self._extend(hidden, bonus, topk)
 
     @torch.jit.export
     def commit(self) -> None:
-        self._commit(self.args[0], self.args[1], self.args[2], self.args[3])
+        self._commit(self.args[0], self.args[1], self.args[2])
 
-    def _commit(
-        self, branch_k: Tensor, branch_v: Tensor, seq_lens: Tensor, slots: Tensor
-    ) -> None:
-        offsets = torch.arange(branch_k.shape[3], device=seq_lens.device)
-        positions = (seq_lens - 1)[:, None] + offsets
-        rows = slots[:, None]
+    def _commit(self, branch_k: Tensor, branch_v: Tensor, locations: Tensor) -> None:
+        # A branch's tokens follow its first one in the slot's row (Note [The
+        # request-to-token table]).
+        offsets = torch.arange(branch_k.shape[3], device=locations.device)
+        rows, positions = self._cell(locations[:, None] + offsets)
         for i in range(branch_k.shape[0]):
             # Advanced indices split by a slice: the indexed dims come first.
             self.k_cache[i, rows, :, positions] = branch_k[i].transpose(1, 2)
@@ -436,11 +451,27 @@ class _Program(torch.nn.Module):
         return topk_p, topk_index, h
 
 
+# Note [The request-to-token table]
+# A request owns its slot's rows of the cache for its whole life, so the table that
+# maps (slot, position) to a KV location is the cache's own layout: location
+# ``slot * max_context + position``, the flat index of that position in one layer's
+# (pool_size, max_context) rows. A decode forward writes each row's new token's keys
+# and values at the batch's ``out_cache_loc`` and a verify's further tokens at the
+# locations after it, the next positions of the same row; the forward reads the slot
+# and position back from the location, never from the row's slot or length. The
+# locations are read from the table at the row's length (``seq_lens - 1``): by the
+# forward, or, in a mixed batch whose lengths are bound late, by the map's
+# ``resolve_tails`` from the published lengths (Note [Late-bound tails] in
+# relay/engine/runner.py). A wrong location writes another position's or another
+# slot's cache, and the outputs change.
+
+
 class KVCache:
     """Keys and values of every layer, ``(layers, pool_size, heads, max_context,
-    head_dim)``: a request owns its slot's rows for its whole life, so there is no
-    block table; row 0 is the scratch slot. Positions at or beyond a request's length
-    hold stale values that attention masks out."""
+    head_dim)``, and the request-to-token table of their locations: a request owns
+    its slot's rows for its whole life (Note [The request-to-token table]); row 0 is
+    the scratch slot. Positions at or beyond a request's length hold stale values
+    that attention masks out."""
 
     def __init__(
         self, config: ModelConfig, pool_size: int, device: torch.device
@@ -453,6 +484,33 @@ class KVCache:
         self.tokens = torch.zeros(
             (pool_size, c.max_context), dtype=torch.int64, device=device
         )
+        #: (pool_size,) how many of each slot's context tokens ``tokens`` holds: a
+        #: prefill's prompt (or chunk end), an n-gram verify's length with its bonus.
+        self.lengths = torch.zeros(pool_size, dtype=torch.int64, device=device)
+        #: (pool_size, max_context) int64: each slot's positions' KV locations.
+        self.req_to_token = torch.arange(
+            pool_size * c.max_context, dtype=torch.int64, device=device
+        ).view(pool_size, c.max_context)
+
+    def accepted(self, seq_lens: Tensor, slots: Tensor) -> Tensor:
+        """N-gram speculation: how many drafts each row's previous verify accepted,
+        from its length now (``seq_lens``, the bonus included) and the context its
+        history holds (Note [Packed accepted drafts] in relay/engine/runner.py)."""
+        return seq_lens - self.lengths.index_select(0, slots) - 1
+
+
+@attrs.frozen
+class PackedDrafts:
+    """N-gram speculation: the previous verify's accepted drafts as the next verify
+    reads them, packed (Note [Packed accepted drafts] in relay/engine/runner.py)."""
+
+    #: (n * width,): row i's drafts from ``starts[i]``, ``lens[i]`` of them.
+    tokens: Tensor
+    #: (n,) int64 each row's start in ``tokens`` and its count, 0 to ``width``.
+    starts: Tensor
+    lens: Tensor
+    #: Drafts per verify.
+    width: int
 
 
 @attrs.frozen
@@ -538,6 +596,8 @@ class Forwards:
         compiled: bool = True,
     ) -> None:
         self.draft = draft
+        #: The KV cache's request-to-token table (Note [The request-to-token table]).
+        self.req_to_token = kv.req_to_token
         draft_w = draft.w if draft is not None else target.embed.new_empty(0)
         program = _Program(target, kv, draft_w)
         self.program = _script(program) if compiled else program
@@ -573,12 +633,18 @@ class Forwards:
         return self._call(args, self.program.prefill_chunk, max_end)
 
     def decode(
-        self, tokens: Tensor, seq_lens: Tensor, max_seq_len: int, slots: Tensor
+        self,
+        tokens: Tensor,
+        seq_lens: Tensor,
+        max_seq_len: int,
+        slots: Tensor,
+        locations: Tensor,
     ) -> tuple[Tensor, Tensor]:
-        """One token per request at position ``seq_lens - 1``: hidden (n, hidden) and
-        next (n,); ``max_seq_len``, the host maximum of ``seq_lens``, is the attention
-        width."""
-        args = [tokens, seq_lens, slots]
+        """One token per request at position ``seq_lens - 1``, its keys and values
+        written at ``locations`` (n,) (Note [The request-to-token table]): hidden (n,
+        hidden) and next (n,); ``max_seq_len``, the host maximum of ``seq_lens``, is
+        the attention width."""
+        args = [tokens, seq_lens, slots, locations]
         return self._call(args, self.program.decode, max_seq_len)
 
     def draft_and_verify(
@@ -603,35 +669,37 @@ class Forwards:
     def ngram_verify(
         self,
         bonus: Tensor,
-        accept_tokens: Tensor,
-        accept_lens: Tensor,
+        drafts: PackedDrafts,
         seq_lens: Tensor,
         max_seq_len: int,
         slots: Tensor,
         variable: bool = False,
     ) -> VerifyResult:
-        """N-gram speculation: append the previous step's ``accept_tokens[:accept_lens]``
-        and ``bonus`` to each slot's context, draft ``accept_tokens.shape[1]`` tokens
-        from its n-gram matches, and verify them as one branch (``draft_and_verify``).
-        ``variable``: each request verifies only the drafts its match found, 0 to
-        ``accept_tokens.shape[1]`` (none without a match), so draft counts vary."""
-        args = [bonus, accept_tokens, accept_lens, seq_lens, slots]
-        method, draft_num = self.program.ngram_verify, accept_tokens.shape[1]
-        sizes = (draft_num, max_seq_len, int(variable))
+        """N-gram speculation: append the previous step's accepted drafts (row i's
+        ``drafts.lens[i]`` of them, packed from ``drafts.starts[i]``) and ``bonus`` to
+        each slot's context, draft ``drafts.width`` tokens from its n-gram matches, and
+        verify them as one branch (``draft_and_verify``). ``variable``: each request
+        verifies only the drafts its match found, 0 to ``drafts.width`` (none without
+        a match), so draft counts vary."""
+        d = drafts
+        args = [bonus, d.tokens, d.starts, d.lens, seq_lens, slots]
+        method, sizes = self.program.ngram_verify, (d.width, max_seq_len, int(variable))
         return VerifyResult(*self._call(args, method, *sizes))
 
-    def commit(self, result: VerifyResult, seq_lens: Tensor, slots: Tensor) -> None:
+    def commit(self, result: VerifyResult, locations: Tensor) -> None:
         """Write the chosen branches to the cache (``commit_and_extend`` without the draft)."""
-        args = [result.branch_k, result.branch_v, seq_lens, slots]
+        args = [result.branch_k, result.branch_v, locations]
         self._call(args, self.program.commit)
 
     def commit_and_extend(
-        self, result: VerifyResult, seq_lens: Tensor, slots: Tensor, topk: int
+        self, result: VerifyResult, locations: Tensor, topk: int
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """Write the chosen branches to the cache, then draft the next step's top-k:
-        ``(topk_p, topk_index, draft_hidden)`` after each bonus token."""
+        """Write the chosen branches to the cache, each row's first token at
+        ``locations`` (n,) and the rest after it (Note [The request-to-token table]),
+        then draft the next step's top-k: ``(topk_p, topk_index, draft_hidden)`` after
+        each bonus token."""
         r = result
-        args = [r.branch_k, r.branch_v, seq_lens, slots, r.hidden, r.bonus]
+        args = [r.branch_k, r.branch_v, locations, r.hidden, r.bonus]
         return self._call(args, self.program.commit_and_extend, topk)
 
     def extend(

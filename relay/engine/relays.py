@@ -74,9 +74,9 @@ class Written:
     #: EAGLE: (pool_size, topk) the draft's first top-k probabilities and token ids.
     topk_p: Tensor | None = None
     topk_index: Tensor | None = None
-    #: n-gram: (pool_size, steps) the accepted drafts and (pool_size,) int32 their count.
+    #: n-gram: (pool_size, steps) the accepted drafts (their counts travel with the
+    #: step's stash).
     accept_tokens: Tensor | None = None
-    accept_lens: Tensor | None = None
 
 
 class Relay(Protocol):
@@ -89,7 +89,8 @@ class Relay(Protocol):
     next forward, ``release`` says the requests of slots ended (debug maps refuse stale
     reads), and ``seed`` seeds prebuilt requests' rows (Note [Seeding a prebuilt
     request]). ``resolve_tails``, first in a forward, sets a late-bound mixed batch's
-    lengths (Note [Late-bound tails] in runner.py). ``seeds_pending``: a seed is
+    lengths and KV write locations, read from ``batch.req_to_token`` (Note
+    [Late-bound tails] in runner.py). ``seeds_pending``: a seed is
     waiting for the next ``resolve_future`` to apply it. ``written``: the buffers a
     decode step over static buffers writes itself, or ``None``; such a step calls
     ``graph_wrote`` once it wrote them, ``publish`` with ``None`` lengths and
@@ -195,6 +196,7 @@ class MapRelay:
         n, device = len(batch), batch.req_pool_indices.device
         batch.seq_lens = torch.zeros(n, dtype=torch.int64, device=device)
         batch.seq_lens_cpu = torch.zeros(n, dtype=torch.int64)  # every row a tail
+        batch.out_cache_loc = torch.zeros(n, dtype=torch.int64, device=device)
         # The bundled ngram declares Tails(add=0): its published lengths count the
         # token a row decodes now.
         self._tails.resolve_tails(batch)
@@ -263,9 +265,13 @@ def _eagle_payload(maps: Maps, tokens: Tensor | None, extras: Extras) -> Any:
 
 
 def _ngram_payload(maps: Maps, tokens: Tensor | None, extras: Extras) -> Any:
-    accepted, lens = extras if tokens is not None else (None, None)
+    # The counts come with the stash whoever wrote the drafts (Note [Packed accepted
+    # drafts] in runner.py).
+    accepted, lens = extras
     return maps.ngram_payload(
-        bonus_tokens=tokens, accept_tokens=accepted, accept_lens=lens
+        bonus_tokens=tokens,
+        accept_tokens=None if tokens is None else accepted,
+        accept_lens=lens,
     )
 
 
@@ -306,7 +312,6 @@ def map_relay(
                 tokens=rows(),
                 new_seq_lens=rows(),
                 accept_tokens=rows(spec.steps),
-                accept_lens=rows(dtype=torch.int32),
             )
         ngram = maps.ngram(
             device,
@@ -314,7 +319,6 @@ def map_relay(
             draft_token_num=spec.steps,
             output_tokens_buf=w.tokens if w is not None else None,
             accept_tokens_buf=w.accept_tokens if w is not None else None,
-            accept_lens_buf=w.accept_lens if w is not None else None,
             new_seq_lens_buf=w.new_seq_lens if w is not None else None,
             debug=debug,
         )
@@ -344,7 +348,19 @@ def _eagle_inputs(info: SpecInfo, rows: Extras) -> None:
 
 
 def _ngram_inputs(info: SpecInfo, rows: Extras) -> None:
-    info.accept_tokens, info.accept_lens = rows
+    # Packed by the counts each verify stored, whatever the batch laid out (the
+    # overlap map lays them by the batch's: Note [Packed accepted drafts] in
+    # runner.py); drafts past a count go to one spare position, so no mask's size is
+    # read back.
+    tokens, lens = rows
+    n, width = tokens.shape
+    columns = torch.arange(width, device=tokens.device)
+    counts = lens.long()
+    starts = torch.cumsum(counts, 0) - counts
+    at = torch.where(columns < counts[:, None], starts[:, None] + columns, n * width)
+    packed = tokens.new_zeros(n * width + 1)
+    packed[at.flatten()] = tokens.flatten()
+    info.accept_tokens = packed[: n * width]
 
 
 class DirectRelay:
@@ -375,8 +391,12 @@ class DirectRelay:
             batch.seq_lens_cpu = batch.seq_lens.cpu()
             batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
 
-    #: Its tensors hold the finished step's lengths, at schedule time or in the forward.
-    resolve_tails = resolve_lengths
+    def resolve_tails(self, batch: ForwardBatch) -> None:
+        """Its tensors hold the finished step's lengths, at schedule time or in the
+        forward; the KV locations are read from the table at them."""
+        self.resolve_lengths(batch)
+        rows = batch.req_pool_indices
+        batch.out_cache_loc = batch.req_to_token[rows, batch.seq_lens - 1]
 
     def resolve_future(self, batch: ForwardBatch) -> None:
         slots = batch.req_pool_indices

@@ -15,7 +15,14 @@ from torch import Tensor
 from relay.engine import trace
 from relay.engine.batch import ForwardBatch, ForwardMode, Seeds, StepOutput
 from relay.engine.graphs import GraphRunner
-from relay.engine.model import DraftHead, Forwards, KVCache, TargetModel, VerifyResult
+from relay.engine.model import (
+    DraftHead,
+    Forwards,
+    KVCache,
+    PackedDrafts,
+    TargetModel,
+    VerifyResult,
+)
 from relay.engine.spec import SpecConfig
 from relay.engine.trace import Ranges, no_ranges
 
@@ -30,10 +37,27 @@ __all__ = ["ModelRunner"]
 # scheduler takes host bounds instead (Scheduler.bound_tails: the attention width; a
 # batch with a row that could reach its output limit resolves first, as others do),
 # and the forward binds the lengths first thing, on its own stream, from the published
-# ones (the map's ``resolve_tails``, which reads them without consuming them), as
-# sglang binds its mixed batches' decode tails. Both loops decide from the same host
+# ones (the map's ``resolve_tails``, which reads them without consuming them), and
+# with them the rows' KV write locations from the request-to-token table (Note [The
+# request-to-token table] in model.py), as sglang binds its mixed batches' decode
+# tails. Both loops decide from the same host
 # values, so they build the same batches; the synchronous one reads its finished
 # step's lengths at the same point.
+
+
+# Note [Packed accepted drafts]
+# An n-gram verify hands the next step its accepted drafts, 0 to ``steps`` per
+# request, and the next step appends them to each request's context. The map lays
+# them into one packed tensor (sglang's packed ``verified_id``): each request's from
+# its own start, only as many as it accepted, by a counted scatter whose counts,
+# starts and rows (``SpecInfo.accept_lens``, ``accept_starts``, ``accept_rows``) the
+# consumer lays out itself, on the device, first thing in the forward: a request's
+# count is its length now (the bonus included) less the context its history holds
+# (``KVCache.accepted``), and the starts are their running sum. Nothing is read back
+# to the host, so a mixed batch whose lengths the forward binds late lays them out
+# the same way. The map checks each count against its row's width and each span
+# against its row before it writes, and in debug mode against the count the verify
+# stashed (``accept_lens`` of the payload).
 
 
 def _to_host(t: Tensor) -> Tensor:
@@ -86,6 +110,7 @@ class ModelRunner:
         resolve_in_graph: bool = True,
     ) -> None:
         self.model = model
+        self.kv = kv
         self.relay = relay
         self.spec = spec
         self.eagle = spec is not None and spec.method == "eagle"
@@ -117,23 +142,22 @@ class ModelRunner:
         slot = torch.zeros(1, dtype=torch.int64, device=self.model.device)
         token, prompt_len, seq_lens = slot + 1, slot + 2, slot + 3
         fw, spec = self.forwards, self.spec
+        at = fw.req_to_token[slot, seq_lens - 1]
         for _ in range(2):
             hidden, _ = fw.prefill(token[:, None].expand(1, 2), prompt_len, slot)
             fw.prefill_chunk(token[:, None], prompt_len - 1, prompt_len - 1, slot, 2)
-            fw.decode(token, seq_lens, 3, slot)
+            fw.decode(token, seq_lens, 3, slot, at)
             if spec is not None and self.eagle:
                 _, first, draft_hidden = fw.extend(hidden, token, spec.topk)
                 result = fw.draft_and_verify(
                     token, draft_hidden, first, spec.steps, seq_lens, 3, slot
                 )
-                fw.commit_and_extend(result, seq_lens, slot, spec.topk)
+                fw.commit_and_extend(result, at, spec.topk)
             elif spec is not None:
-                accept, lens = self._first_extras(slot, slot)  # none accepted
+                none = PackedDrafts(slot.repeat(spec.steps), slot, slot, spec.steps)
                 variable = spec.variable_drafts
-                result = fw.ngram_verify(
-                    token, accept, lens, seq_lens, 3, slot, variable
-                )
-                fw.commit(result, seq_lens, slot)
+                result = fw.ngram_verify(token, none, seq_lens, 3, slot, variable)
+                fw.commit(result, at)
         if self.graphs is not None:
             self.graphs.capture(self._stash_scratch)
 
@@ -173,10 +197,20 @@ class ModelRunner:
     def _resolve_future(self, batch: ForwardBatch) -> None:
         with self.ranges(trace.RESOLVE_FUTURE, batch.step):
             if batch.mix_running_indices.numel():
+                batch.req_to_token = self.forwards.req_to_token
                 self.relay.resolve_tails(batch)  # Note [Late-bound tails]
+            self._lay_out_drafts(batch)
             self.relay.resolve_future(batch)
         ids = batch.input_ids if self.spec is None else batch.spec_info.bonus_tokens
         self._record(batch, ids)
+
+    def _lay_out_drafts(self, batch: ForwardBatch) -> None:
+        """N-gram speculation: where the relay lays each row's accepted drafts (Note
+        [Packed accepted drafts])."""
+        spec = self.spec
+        if spec is not None and not self.eagle and batch.reqs:
+            counts = self.kv.accepted(batch.seq_lens, batch.req_pool_indices)
+            batch.spec_info.lay_out_drafts(counts, spec.steps)
 
     def _record(self, batch: ForwardBatch, ids: Tensor) -> None:
         if self.record is not None and batch.reqs:
@@ -282,9 +316,13 @@ class ModelRunner:
             out.chunk = StepOutput()
             parts.append(self._run_chunk(chunk, out.chunk))
         slots, lens = batch.req_pool_indices, batch.seq_lens
+        if not batch.mix_running_indices.numel():  # else resolve_tails bound them
+            batch.out_cache_loc = self.forwards.req_to_token[slots, lens - 1]
         if spec is None:
-            fw = self.forwards
-            _, next_tokens = fw.decode(batch.input_ids, lens, batch.max_seq_len, slots)
+            fw, locations = self.forwards, batch.out_cache_loc
+            _, next_tokens = fw.decode(
+                batch.input_ids, lens, batch.max_seq_len, slots, locations
+            )
             rows = _Handoff(slots, next_tokens, (), lens + 1)
             host_tokens, counts = next_tokens[:, None], torch.ones_like(next_tokens)
         else:
@@ -313,9 +351,10 @@ class ModelRunner:
             self._resolve_future(batch)
             static.adopt(batch, spec, n)
         elif graphs.captures and self.relay.seeds_pending:
-            self.relay.resolve_future(
-                static.batch
-            )  # Note [The resolve inside the graph]
+            # Note [The resolve inside the graph]
+            if spec is not None and not self.eagle:
+                static.lay_out_drafts(self.kv, spec.steps)
+            self.relay.resolve_future(static.batch)
         width = 1 if spec is None else spec.steps + 1
         branches = spec.topk if spec is not None and self.eagle else 1
         self._start_kernels(n * width * branches)
@@ -355,12 +394,9 @@ class ModelRunner:
         info, slots = batch.spec_info, batch.req_pool_indices
         bonus, lens, width = info.bonus_tokens, batch.seq_lens, batch.max_seq_len
         if not self.eagle:
-            # The n-gram map hands accept_tokens flat, (n * steps,), as sglang does.
-            accept = info.accept_tokens.reshape(slots.shape[0], spec.steps)
-            fw = self.forwards
-            variable = spec.variable_drafts
-            return fw.ngram_verify(
-                bonus, accept, info.accept_lens, lens, width, slots, variable
+            drafts, variable = info.drafts(spec.steps), spec.variable_drafts
+            return self.forwards.ngram_verify(
+                bonus, drafts, lens, width, slots, variable
             )
         hidden, first = info.hidden_states, info.topk_index
         assert hidden is not None, "decode before any prefill stashed"
@@ -371,8 +407,8 @@ class ModelRunner:
     def _commit(
         self, batch: ForwardBatch, result: VerifyResult, spec: SpecConfig
     ) -> Extras:
-        slots, lens = batch.req_pool_indices, batch.seq_lens
+        locations = batch.out_cache_loc
         if self.eagle:
-            return self.forwards.commit_and_extend(result, lens, slots, spec.topk)
-        self.forwards.commit(result, lens, slots)
+            return self.forwards.commit_and_extend(result, locations, spec.topk)
+        self.forwards.commit(result, locations)
         return result.tokens[:, : spec.steps], result.accept_lens.to(torch.int32)

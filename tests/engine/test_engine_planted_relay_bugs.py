@@ -17,14 +17,14 @@ Where the other silent relay bugs stand in the reference engine:
   thread in ``test_engine_seed_order.py``.
 - An attribute in two roles is refused when a map is generated: no engine run reaches
   it (``tests/generator/``).
-- Counts, and spans running onto another row: the engine hands nothing over by a
-  scatter (its decode tokens are gathered row by row, a mixed batch's prefill chunk is a
-  batch of its own), so it has no count or span to get wrong; the vLLM lockstep plants
-  them (``tests/faithful/test_vllm_faithful.py``, ``tests/runtime/``).
+- Counts outside the row, and spans running into another request's or onto the next
+  row: planted into the n-gram mode's packed hand-over of its accepted drafts (a
+  counted scatter) in ``test_engine_planted_counts.py``.
 - Adopted buffers sharing storage, or requiring grad: planted into the static-buffer
   steps' adopted buffers in ``test_engine_planted_adoption.py``.
-- Tails reading column -1: the engine's n-gram tails rebuild lengths only, with no
-  request-to-token table to read KV locations from.
+- Tails reading column -1, or past the row: planted into the n-gram mixed batches'
+  late-bound tails, which read their KV locations from the engine's request-to-token
+  table, in ``test_engine_planted_tails.py``.
 """
 
 from __future__ import annotations

@@ -161,7 +161,6 @@ ADOPTED = {
     "ngram": {
         "output_tokens_buf": "tokens",
         "accept_tokens_buf": "accept_tokens",
-        "accept_lens_buf": "accept_lens",
         "new_seq_lens_buf": "new_seq_lens",
     },
 }
@@ -226,7 +225,7 @@ def test_a_static_step_scatters_nothing_the_forward_wrote(
     # The first call of each is the prefill's, which passes values.
     stashes, publishes = calls["stash"][1:], calls["publish"][1:]
     assert len(stashes) == 4 and len(publishes) == (0 if spec is None else 4)
-    forward = {"decode": 1, "eagle": 4}.get(mode, 3)
+    forward = {"decode": 1, "eagle": 4}.get(mode, 2)
     if adopted:
         assert stashes == [1 if mode == "eagle" else 0] * 4  # the hidden states
         assert publishes == [0] * len(publishes)

@@ -57,18 +57,18 @@ def test_compiled_forwards_match_eager() -> None:
     hidden = torch.randn(3, CONFIG.hidden, generator=gen, dtype=CONFIG.dtype)
     first = torch.randint(0, CONFIG.vocab_size, (3, 2), generator=gen)
     steps, topk, width = 3, 2, int(seq_lens.max())
+    at = kv_c.req_to_token[slots, seq_lens - 1]
 
     calls: list[Callable[[Forwards], Any]] = [
         lambda f: f.prefill(prompts, prompt_lens, slots),
-        lambda f: f.decode(tokens, seq_lens, width, slots),
+        lambda f: f.decode(tokens, seq_lens, width, slots, at),
         lambda f: f.extend(hidden, tokens, topk),
         lambda f: attrs.astuple(
             f.draft_and_verify(tokens, hidden, first, steps, seq_lens, width, slots)
         ),
         lambda f: f.commit_and_extend(
             f.draft_and_verify(tokens, hidden, first, steps, seq_lens, width, slots),
-            seq_lens,
-            slots,
+            at,
             topk,
         ),
     ]
@@ -76,6 +76,35 @@ def test_compiled_forwards_match_eager() -> None:
         _same(call(compiled), call(eager))
         _same((kv_c.k, kv_c.v), (kv_e.k, kv_e.v))  # the same cache writes
     assert compiled.program.args == []  # a call's tensors are not kept
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "eager"])
+def test_decode_rows_write_their_kv_where_the_locations_say(compiled: bool) -> None:
+    """The table is the cache's layout, and decode and commit write a row's new keys
+    and values at the location they are given (the rest of a verify's after it), not
+    at the row's own slot and length: a wrong location writes another row's cache."""
+    forwards, kv = _forwards(compiled=compiled)
+    width = CONFIG.max_context
+    assert kv.req_to_token.shape == (POOL, width)
+    assert kv.req_to_token[3, 5] == 3 * width + 5
+    tokens, seq_lens, slots = (
+        torch.tensor([9, 4]),
+        torch.tensor([6, 3]),
+        torch.tensor([2, 4]),
+    )
+    elsewhere = kv.req_to_token[torch.tensor([5, 1]), torch.tensor([10, 20])]
+    before = kv.k.clone()
+    forwards.decode(tokens, seq_lens, 6, slots, elsewhere)
+    changed = (kv.k != before).any(-1).any(-2).any(0)  # (pool, max_context)
+    assert changed.nonzero().tolist() == [[1, 20], [5, 10]]
+    hidden = torch.randn(2, CONFIG.hidden, dtype=CONFIG.dtype)
+    first = torch.tensor([[1, 2], [3, 4]])
+    result = forwards.draft_and_verify(tokens, hidden, first, 3, seq_lens, 6, slots)
+    before = kv.v.clone()
+    forwards.commit(result, elsewhere)
+    changed = (kv.v != before).any(-1).any(-2).any(0)
+    want = [[1, 20 + j] for j in range(4)] + [[5, 10 + j] for j in range(4)]
+    assert changed.nonzero().tolist() == want
 
 
 def test_forwards_run_eagerly_where_torchscript_fails(

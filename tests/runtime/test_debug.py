@@ -199,14 +199,19 @@ def test_a_resolve_under_a_skipped_optional_parent_consumes_nothing() -> None:
             accept_lens=torch.tensor([2, 1], dtype=torch.int32),
         ),
     )
-    prefill = Namespace(req_pool_indices=slots(3, 4), spec_info=None)
+    prefill = Namespace(req_pool_indices=slots(3, 4), spec_info=None, rids=[7, 8])
     relay.resolve_future(prefill)  # type: ignore[arg-type]
     assert prefill.spec_info is None
     b = batch(3, 4)
+    b.rids = [7, 8]
+    # The packed layout of the accepted drafts: 2 then 1, placeholders where they go.
+    info = b.spec_info
+    info.accept_lens, info.accept_rows = torch.tensor([2, 1]), torch.tensor([0, 2, 3])
+    info.accept_starts = info.accept_rows[:2]
+    info.accept_tokens = torch.tensor([-1, -1, -1, 0])
     relay.resolve_future(b)  # type: ignore[arg-type]
     assert b.spec_info.bonus_tokens.tolist() == [11, 12]
-    assert b.spec_info.accept_tokens.tolist() == [1, 2, 3, 4]
-    assert b.spec_info.accept_lens.tolist() == [2, 1]
+    assert b.spec_info.accept_tokens.tolist() == [1, 2, 3, 0]
 
 
 def test_placeholder_positions_holding_real_tokens_are_not_reads() -> None:

@@ -142,18 +142,17 @@ def test_the_generated_gate_takes_what_the_checked_path_takes(stem: str) -> None
 
 @pytest.mark.parametrize("op", ["stash", "publish", "seed"])
 def test_a_cast_that_would_wrap_is_refused_on_every_path(op: str) -> None:
-    """int64 values into an int32 field (ngram's accept lengths; a schedule field of
-    one's own) would wrap: refused, named, nothing written, by the gate's and the
-    checked path alike."""
+    """int64 values into an int32 field (a forward field's, a schedule field's) would
+    wrap: refused, named, nothing written, by the gate's and the checked path alike."""
     from relay.testing import load_map_class
 
-    schema, cls = _bundled("ngram")
-    if op == "publish":
-        schema = Schema(
-            name="NarrowFutureMap",
-            fields=[Field("n", lane=Lane.SCHEDULE, dtype=torch.int32, target="n")],
-        )
-        cls = load_map_class(schema)
+    lane = Lane.SCHEDULE if op == "publish" else Lane.FORWARD
+    schema = Schema(
+        name="NarrowFutureMap",
+        seeded=op == "seed",
+        fields=[Field("narrow", lane=lane, dtype=torch.int32, target="narrow")],
+    )
+    cls = load_map_class(schema)
     for checked in (False, True):
         relay = _new(schema, cls)
         wide = torch.tensor([1, 1 << 40])
@@ -163,7 +162,7 @@ def test_a_cast_that_would_wrap_is_refused_on_every_path(op: str) -> None:
             )
         else:
             forward = [f for f in schema.fields if f.lane is Lane.FORWARD]
-            args = (slots(1, 2), _payload(cls, forward, 2, accept_lens=wide))
+            args = (slots(1, 2), _payload(cls, forward, 2, narrow=wide))
         call = getattr(runtime, op) if checked else getattr(relay, op)
         first = relay._state if checked else None
         before = buffer_copies(relay)
