@@ -226,6 +226,7 @@ class MapState:
         "rows",
         "seeds",
         "slots",
+        "spans",
         "table",
         "unread",
     )
@@ -257,6 +258,9 @@ class MapState:
         self.on: list[bool] = [True] * len(table.fields)
         #: A scattered field's row positions after its start (``arange(width)``).
         self.columns: dict[int, torch.Tensor] = {}
+        #: Each counted scatter's plan of what its fields fix (``SpanPlan``), by its
+        #: fields; remade when a buffer is adopted (a row's width may change).
+        self.spans: dict[tuple[int, ...], SpanPlan] = {}
         #: Debug mode's checker; ``None`` with debug off.
         self.debug: DebugChecks | None = (
             _debug_checks(table, device, pool_size) if debug else None
@@ -288,6 +292,7 @@ class MapState:
         self.buffers[i] = buf
         self.dtypes[i] = buf.dtype
         self.rows[i] = tuple(buf.shape[1:])
+        self.spans.clear()
         return buf
 
 
@@ -698,6 +703,33 @@ def _per_request(
 HOST_POSITIONS_IN_PYTHON_MAX = 48
 
 
+class SpanPlan:
+    """What a counted scatter's fields fix, made once per map (``MapState.spans``): per
+    field its ``Scatter``, row width, whether it takes its width whatever it lays
+    (``when``), the dtype it lays in, and its row's columns (``arange(width)``)."""
+
+    __slots__ = ("columns", "fixed", "laid", "mixed", "offsets", "scatters", "widths")
+
+    def __init__(self, s: MapState, fields: tuple[int, ...]) -> None:
+        self.scatters = [s.table.fields[i].scatter for i in fields]
+        self.widths = [math.prod(s.rows[i]) for i in fields]
+        self.fixed = [sc is not None and sc.when is not None for sc in self.scatters]
+        self.laid = [_laid(s, i) for i in fields]
+        #: Whether the fields lay different dtypes (no target takes them all).
+        self.mixed = any(laid is not self.laid[0] for laid in self.laid)
+        first = self.scatters[0]
+        self.offsets = first.offsets if first is not None else None
+        self.columns = [_columns(s, i, w) for i, w in zip(fields, self.widths)]
+
+
+def _columns(s: MapState, i: int, width: int) -> torch.Tensor:
+    """Field ``i``'s row positions after its start, made once."""
+    columns = s.columns.get(i)
+    if columns is None:
+        columns = s.columns[i] = torch.arange(width, device=s.device)
+    return columns
+
+
 def span_at(
     s: MapState,
     fields: tuple[int, ...],
@@ -715,40 +747,47 @@ def span_at(
     ``None``) after the fields before it (Note [Counted scatters]), inside its batch
     row where ``rows`` bounds them (Note [Row-bounded scatters]). Every count and span
     is checked here, naming the request: a refused call writes nothing."""
-    table = s.table
+    plan = s.spans.get(fields)
+    if plan is None:
+        plan = s.spans[fields] = SpanPlan(s, fields)
     n = indices.numel()
     size = _target(s, fields[0], target)
-    for i in fields[1:]:
-        if _laid(s, i) is not target.dtype:
-            _target(s, i, target)  # refused, naming the field
+    if plan.mixed:
+        for i in fields[1:]:
+            if _laid(s, i) is not target.dtype:
+                _target(s, i, target)  # refused, naming the field
     home = s.device
-    scatters = [table.fields[i].scatter for i in fields]
-    starts = _per_request(
-        s, fields[0], scatters[0].offsets if scatters[0] else None, offsets, n, home
-    )
+    starts = _per_request(s, fields[0], plan.offsets, offsets, n, home)
+    widths, fixed = plan.widths, plan.fixed
     counts: list[torch.Tensor | None] = []
-    widths: list[int] = []
-    #: Per field: its span's room is its row's width whatever it lays (``when``).
-    fixed: list[bool] = []
-    for i, scatter, value in zip(fields, scatters, lengths):
-        width = math.prod(s.rows[i])
-        widths.append(width)
-        when = scatter.when if scatter else None
-        fixed.append(when is not None)
-        if value is None:
-            counts.append(None)
-        elif when is not None:  # 0 or the whole row
+    # Each field's room in the span: its count, or ``None``, its width (a ``when``
+    # field takes its width whatever it lays); the counted ones, and the rest's sum.
+    room: list[torch.Tensor | None] = []
+    counted: list[torch.Tensor] = []
+    counted_widths: list[int] = []
+    taken = 0
+    for i, scatter, width, whole, value in zip(
+        fields, plan.scatters, widths, fixed, lengths
+    ):
+        count: torch.Tensor | None = None
+        if value is not None and scatter is not None and scatter.when is not None:
             if isinstance(value, torch.Tensor) and value.dtype is torch.bool:
-                value = value.long()
-            flag = _per_request(s, i, when, value, n, home)
-            counts.append((flag != 0).long() * width)
-        else:
+                value = value.long()  # 0 or the whole row
+            flag = _per_request(s, i, scatter.when, value, n, home)
+            count = (flag != 0).long() * width
+        elif value is not None:
             path = scatter.lengths if scatter else None
-            counts.append(_per_request(s, i, path, value, n, home))
+            count = _per_request(s, i, path, value, n, home)
+        counts.append(count)
+        if whole or count is None:
+            room.append(None)
+            taken += width
+        else:
+            room.append(count)
+            counted.append(count)
+            counted_widths.append(width)
     debug = s.debug
     host = target.is_cpu
-    # A ``when`` field's room in the span is its width, whatever it lays.
-    room = [None if whole else c for whole, c in zip(fixed, counts)]
     bounds = None if rows is None else _bounds(s, fields[0], rows, n, home)
     if debug is not None:
         _debug_span(s, debug, fields, indices, starts, widths, room, size, owners)
@@ -760,41 +799,27 @@ def span_at(
         for i, count in zip(fields, counts):
             if count is not None:  # Note [Counted scatters]: a row laid 0 is unread
                 s.unread[i] = count == 0
-    else:
-        planned = (starts, widths, room)
-        _checked_span(s, fields, indices, planned, size, host, bounds, owners)
-    return _span_places(s, fields, blocks, starts, widths, counts, host, fixed)
-
-
-def _checked_span(
-    s: MapState,
-    fields: tuple[int, ...],
-    indices: torch.Tensor,
-    places: tuple[torch.Tensor, list[int], list[torch.Tensor | None]],
-    size: int,
-    host: bool,
-    bounds: tuple[torch.Tensor, torch.Tensor | None] | None,
-    owners: Owners | None = None,
-) -> None:
-    """Debug off, a span's checks (Note [Scatter destinations]): on the host every
-    count and span, read as lists; elsewhere device-side asserts. ``places``: the
-    starts, and each field's width and room (its count, or ``None``: its width)."""
-    starts, widths, room = places
-    if host:
-        taken = 0
-        counted: list[torch.Tensor] = []
-        counted_widths: list[int] = []
-        for count, width in zip(room, widths):
-            if count is None:
-                taken += width
-            else:
-                counted.append(count)
-                counted_widths.append(width)
+    elif host:  # every count and span read on the host (Note [Scatter destinations])
         if not _spans_ok(starts, counted, counted_widths, taken, size, bounds):
             _name_span(s, fields, indices, starts, widths, room, size, owners)
             if bounds is not None:
                 _rows_fit(s, fields, indices, starts, widths, room, bounds, owners)
-        return
+    else:
+        _assert_span(s, fields, starts, widths, room, bounds)
+    return _span_places(plan, blocks, starts, counts, host)
+
+
+def _assert_span(
+    s: MapState,
+    fields: tuple[int, ...],
+    starts: torch.Tensor,
+    widths: list[int],
+    room: list[torch.Tensor | None],
+    bounds: tuple[torch.Tensor, torch.Tensor | None] | None,
+) -> None:
+    """Debug off, off the CPU, a span's checks as device-side asserts (Note [Scatter
+    destinations]): no host read. ``room``: each field's count, or ``None``: its
+    width."""
     span: torch.Tensor | int = 0
     for i, width, count in zip(fields, widths, room):
         if count is not None:
@@ -1200,26 +1225,24 @@ def assert_rows(
 
 
 def _span_places(
-    s: MapState,
-    fields: tuple[int, ...],
+    plan: SpanPlan,
     rows: tuple[torch.Tensor, ...],
     starts: torch.Tensor,
-    widths: list[int],
     counts: list[torch.Tensor | None],
     host: bool,
-    fixed: list[bool],
 ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor | None]]:
     """Each field's target positions and values, in span order: on the host only the
     counted ones; elsewhere all of a counted field's, with the mask of those kept. A
     ``fixed`` field takes its row's width of the span whatever it lays."""
-    n = starts.numel()
     positions: list[torch.Tensor] = []
     values: list[torch.Tensor] = []
     masks: list[torch.Tensor | None] = []
     first = starts
     before: int = 0
     counted: torch.Tensor | None = None
-    for i, block, width, count, whole in zip(fields, rows, widths, counts, fixed):
+    for block, width, count, whole, columns in zip(
+        rows, plan.widths, counts, plan.fixed, plan.columns
+    ):
         if positions:  # after the fields before it in the span
             first = first + (before if counted is None else counted)
         before, counted = width, None if whole else count
@@ -1228,12 +1251,9 @@ def _span_places(
             values.append(block if block.ndim == 1 else block.flatten())
             masks.append(None)
             continue
-        columns = s.columns.get(i)
-        if columns is None:
-            columns = s.columns[i] = torch.arange(width, device=starts.device)
         at = first.unsqueeze(1) + columns
         if block.ndim != 2:
-            block = block.reshape(n, width)
+            block = block.reshape(len(starts), width)
         if count is None:
             at, block, keep = at.flatten(), block.flatten(), None
         elif host:
