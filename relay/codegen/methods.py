@@ -79,18 +79,22 @@ def _fits(schema: Schema, f: Field, v: str) -> str:
     saves): a tensor of its dtype (an eager buffer's is the declared one; a lazy one's
     is the state's, ``None`` before it exists, which nothing fits), one buffer row per
     slot, on the map's device (``is_cpu`` on a CPU map: no ``torch.device`` made), not
-    requiring grad."""
+    requiring grad (untested where the dtype tested is an integer one: torch lets no
+    integer tensor require grad)."""
     i = schema.fields.index(f)
     want = f"state.dtypes[{i}]"
+    grad = f" and not {v}.requires_grad"
     if isinstance(f.dtype, torch.dtype) and not _lazy(f):
         want = dtype(f.dtype)
+        if not (f.dtype.is_floating_point or f.dtype.is_complex):
+            grad = ""
     rows = f"index_shape + state.rows[{i}]" if f.shape else "index_shape"
     return (
         f"(type({v}) is torch.Tensor"
         f" and {v}.dtype is {want}"
         f" and {v}.shape == {rows}"
         f" and ({v}.is_cpu if state.cpu else {v}.device == state.device)"
-        f" and not {v}.requires_grad)"
+        f"{grad})"
     )
 
 
