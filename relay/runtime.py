@@ -380,14 +380,18 @@ _TENSOR = torch.Tensor
 # relay does, and a host check would be a sync: there only debug mode checks slots.
 
 
-def write_rows(s: MapState, indices: torch.Tensor) -> tuple[int, ...] | None:
-    """``(n,)`` when a write may index with ``indices`` as they are: debug off, a 1-D
-    int64 tensor of at least one slot, in the pool (Note [Slots on the host]). Else
-    ``None``, and the write takes the checked path. The tests are ordered so the CPU's
-    common case reads each property once; what failed is the checked path's to say."""
-    if type(indices) is not _TENSOR or indices.dtype is not _INT64 or indices.ndim != 1:
+def write_rows(s: MapState, indices: torch.Tensor) -> torch.Size | None:
+    """``(n,)`` (their shape) when a write may index with ``indices`` as they are: debug
+    off, a 1-D int64 tensor of at least one slot, in the pool (Note [Slots on the
+    host]). Else ``None``, and the write takes the checked path. The tests are ordered
+    so the CPU's common case reads each property once; what failed is the checked
+    path's to say."""
+    if type(indices) is not _TENSOR or indices.dtype is not _INT64:
         return None
-    n = indices.numel()
+    shape = indices.shape  # one read for the rank and the count
+    if len(shape) != 1:
+        return None
+    n = shape[0]
     if s.host_check:
         if not indices.is_cpu or n == 0:
             return None  # the checked path refuses slots on another device, or none
@@ -398,10 +402,10 @@ def write_rows(s: MapState, indices: torch.Tensor) -> tuple[int, ...] | None:
             low, high = torch.aminmax(indices)
             if cast(int, low.tolist()) < 0 or cast(int, high.tolist()) >= s.pool_size:
                 return None
-        return (n,)
+        return shape
     if s.debug is not None or n == 0 or indices.device != s.device:
         return None
-    return (n,)
+    return shape
 
 
 #: Up to this many slots, the host check reads them as a list; above, one ``aminmax``.
