@@ -685,10 +685,15 @@ def _per_request(
 ) -> torch.Tensor:
     """``value`` (``batch.<path>`` of field ``i``) as int64 if it holds one integer per
     request, on the target's device; refused before anything is written otherwise."""
-    if type(value) is torch.Tensor and value.shape == (n,) and value.device == device:
-        if value.dtype is _INT64:
+    if (
+        type(value) is torch.Tensor
+        and value.shape == (n,)
+        and (value.is_cpu if s.cpu else value.device == device)
+    ):
+        dtype = value.dtype
+        if dtype is _INT64:
             return value
-        if value.dtype is torch.int32:
+        if dtype is torch.int32:
             return value.long()
     got = (
         f"a {value.dtype} tensor of shape {tuple(value.shape)} on {value.device}"
