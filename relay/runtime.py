@@ -95,7 +95,6 @@ __all__ = [
     "check_cast",
     "check_dim",
     "check_rows",
-    "gather_optional",
     "graph_wrote",
     "guard_finite",
     "guard_non_negative",
@@ -1437,17 +1436,6 @@ def write_optional(
     if buf is not None:
         buf.index_copy_(0, indices, value)
     return True
-
-
-def gather_optional(
-    buf: torch.Tensor | None, carried: bool, indices: torch.Tensor, flat: bool = False
-) -> torch.Tensor | None:
-    """An optional field's rows (``flat``: flattened), or ``None`` where the latest
-    write left it out."""
-    if not carried or buf is None:
-        return None
-    rows = buf.index_select(0, indices)
-    return rows.flatten() if flat else rows
 
 
 # --- the checked path ----------------------------------------------------------------------

@@ -127,9 +127,13 @@ def _write(names: Names, schema: Schema, f: Field, v: str) -> list[str]:
         given = f"{given} and {_on(schema, f)}"
     if f.optional and f.kept:  # left out, the rows and the flag stay
         flag = _carried(schema, f)
-        if _lazy(f):  # the helper narrows the buffer's type
-            write = f"{flag} = _rt.write_optional({buf}, indices, {v})"
-            return [f"if {given}:", f"    {write}"]
+        if _lazy(f):  # the gate let the value through: its buffer exists
+            return [
+                f"if {given}:",
+                f"    if {buf} is not None:",  # narrows the buffer's type
+                f"        {buf}.index_copy_(0, indices, {v})",
+                f"    {flag} = True",
+            ]
         return [
             f"if {given}:",
             f"    {buf}.index_copy_(0, indices, {v})",
@@ -245,12 +249,21 @@ def _gather_read(
         flag = _carried(schema, f)
         if gate is not None:  # the batch says whether its rows hold the field
             flag = f"{flag} and {gate}"
-        flat = ", flat=True" if _flat(f) else ""
-        return [
-            f"{target} = _rt.gather_optional({_buf(names, schema, f)}, {flag}, indices{flat})"
-        ]
+        return [f"{target} = {_gather_optional(names, schema, f, flag, _flat(f))}"]
     gather = f"{_buf(names, schema, f)}.index_select(0, indices){_flat(f)}"
     return [*_stashed(names, schema, f), f"{target} = {gather}"]
+
+
+def _gather_optional(
+    names: Names, schema: Schema, f: Field, flag: str, flat: str = ""
+) -> str:
+    """Optional field ``f``'s rows at ``indices`` where ``flag`` (the latest write carried
+    it) holds and its buffer exists, else ``None``: spelled out, no call per field."""
+    buf = _buf(names, schema, f)
+    if _lazy(f):  # the test narrows the buffer's type for the gather
+        flag = f"({flag})" if " or " in flag else flag
+        flag = f"{flag} and {buf} is not None"
+    return f"{buf}.index_select(0, indices){flat} if {flag} else None"
 
 
 def _placeholder_read(names: Names, schema: Schema, f: Field, target: str) -> list[str]:
@@ -433,9 +446,7 @@ def _packed_block(
         local = names.value[f.name]
         if f.optional:
             flag = _carried(schema, f)
-            lines.append(
-                f"{local} = _rt.gather_optional({_buf(names, schema, f)}, {flag}, indices)"
-            )
+            lines.append(f"{local} = {_gather_optional(names, schema, f, flag)}")
         else:
             lines.append(f"{local} = {_buf(names, schema, f)}.index_select(0, indices)")
     split = [
