@@ -25,7 +25,7 @@ import torch
 from relay.cpu_stream import host_order_place
 from relay.debug import DebugChecks, poison
 from relay.debug.messages import request_at, text
-from relay.debug.owners import Owners
+from relay.debug.owners import MemberRows, MemberTail, Owners
 from relay.device import CpuFence, Fence, HostMirror, new_fence
 from relay.errors import RelayError, SlotError
 from relay.schema import (
@@ -39,6 +39,7 @@ from relay.schema import (
     IfNone,
     Lane,
     Layout,
+    Members,
     Resolve,
     Scatter,
     ScheduleSlots,
@@ -69,6 +70,9 @@ __all__ = [
     "Lane",
     "Layout",
     "MapState",
+    "MemberRows",
+    "MemberTail",
+    "Members",
     "Owners",
     "Resolve",
     "Scatter",
@@ -2256,11 +2260,13 @@ def tail_locations(
     indices: torch.Tensor,
     columns: torch.Tensor,
     host: torch.Tensor | None,
+    owners: Owners | None = None,
 ) -> torch.Tensor:
     """``table[indices, columns]``: each decode row's KV location, from field ``i``'s
     ``Tails.kv.table``; a column outside the row or a slot past the table's rows is
-    refused first, naming the row (Note [Tails]). ``host`` is the field's host copy of
-    the lengths, where it was made."""
+    refused first, naming the row (Note [Tails]), and its request where ``owners``
+    name the batch's (one per batch row; the tails are the last rows). ``host`` is
+    the field's host copy of the lengths, where it was made."""
     tails = s.table.fields[i].tails
     assert tails is not None and tails.kv is not None, "a field with tails_kv"
     what = f"{s.table.what(i)}: batch.{tails.kv.table}"
@@ -2290,8 +2296,9 @@ def tail_locations(
         for j, column in enumerate(taken):
             slot = slots[j] if slots is not None else int(indices[j])
             if not 0 <= column < width:
+                row = f"decode row {j} (slot {slot}{_tail_owner(owners, j, taken)})"
                 raise RelayError(
-                    f"{what}: decode row {j} (slot {slot}) would read column {column} "
+                    f"{what}: {row} would read column {column} "
                     f"of its {width} (a published length of {column - shift}, plus "
                     f"{tails.add}, minus 1): a length that points before the row or "
                     "past the table. Publish a length within the row (or add to it "
@@ -2312,6 +2319,16 @@ def tail_locations(
             (indices < rows).all(), f"{what}: a slot is past the table's {rows} rows"
         )
     return table[indices, columns]
+
+
+def _tail_owner(owners: Owners | None, j: int, tails: Sequence[object]) -> str:
+    """``", request <id>"`` for decode row ``j`` of ``tails``, the batch's last rows,
+    where ``owners`` name the batch's requests (and hold a row for it); else ``""``."""
+    if owners is None:
+        return ""
+    rows = owners.reshape(-1).tolist() if isinstance(owners, torch.Tensor) else owners
+    at = len(rows) - len(tails) + j
+    return f", request {rows[at]!r}" if 0 <= at < len(rows) else ""
 
 
 def read_tails(

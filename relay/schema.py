@@ -45,6 +45,7 @@ __all__ = [
     "IfNone",
     "Lane",
     "Layout",
+    "Members",
     "Resolve",
     "Scatter",
     "ScheduleSlots",
@@ -392,6 +393,33 @@ class ScheduleSlots:
 
 
 @attrs.frozen
+class Members:
+    """``Schema(owners=Members(...))``: a batch whose rows past its requests are member
+    rows of those requests, listed by a tail object (sglang's beam search appends each
+    beam group's member slots to a decode batch after the rows of its ``reqs``, and
+    lists them in ``batch.beam_tail``). Debug mode names a leading row's request from
+    ``requests`` and a member row's by its leader there; with debug off neither is
+    read. A member row belongs to its leader's request: a write of it names that
+    request (``owners=``)."""
+
+    #: Batch attribute naming the leading rows' requests, one per row (``"reqs"``).
+    requests: str
+    #: Batch attribute of the member rows' tail, ``None`` on a batch without one: an
+    #: object whose ``entries`` each give a leading row (``leader_idx``) and its
+    #: member rows ``[start, end)`` counted from the first row past the requests, in
+    #: row order, as sglang's ``BeamTail`` does (``"beam_tail"``).
+    tail: str
+    declared_at: SourceLocation = attrs.field(
+        factory=_declaration_site, kw_only=True, eq=False, repr=False
+    )
+
+    @property
+    def paths(self) -> tuple[str, str]:
+        """The batch attributes it names: the requests, then the tail."""
+        return (self.requests, self.tail)
+
+
+@attrs.frozen
 class Field:
     """One relay field: a device buffer of ``pool_size`` rows and how it is handed over.
 
@@ -537,8 +565,9 @@ class Schema:
     #: ``resolve_future`` so they land after any forward still in flight.
     seeded: bool = False
     #: Batch attribute naming each row's request (ids), for debug mode: a value read by
-    #: another request than the one whose forward stashed it is reported.
-    owners: str | None = None
+    #: another request than the one whose forward stashed it is reported. A
+    #: ``Members(...)`` where rows past the batch's requests are member rows of them.
+    owners: str | Members | None = None
     #: Where the schedule lane's resolves read their slots and requests, when the
     #: scheduler's object names them its own way: a ``ScheduleSlots(...)``.
     schedule: ScheduleSlots | None = None
@@ -606,8 +635,8 @@ class Schema:
         own = self.schedule.indices if lane is Lane.SCHEDULE and self.schedule else None
         return own if own is not None else self.indices
 
-    def owners_of(self, lane: Lane) -> str | None:
-        """The batch attribute ``lane``'s resolves read their requests from, if any."""
+    def owners_of(self, lane: Lane) -> str | Members | None:
+        """Where ``lane``'s resolves read their requests from, if anywhere."""
         own = self.schedule.owners if lane is Lane.SCHEDULE and self.schedule else None
         return own if own is not None else self.owners
 
@@ -634,7 +663,7 @@ class Schema:
         layout: Layout | None = None,
         optional_parents: dict[str, IfNone] | None = None,
         seeded: bool | None = None,
-        owners: str | None = None,
+        owners: str | Members | None = None,
         schedule: ScheduleSlots | None = None,
         staged: Staged | None = None,
     ) -> Schema:

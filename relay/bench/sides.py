@@ -127,6 +127,7 @@ def new_batch(indices: torch.Tensor, seq_lens: torch.Tensor) -> Batch:
         input_ids=torch.zeros_like(indices), seq_lens=seq_lens.clone(),
         seq_lens_cpu=host, seq_lens_sum=int(host.sum()), spec_info=spec_info,
         reqs=indices.cpu(),  # a request id per row (a map's owners, debug mode)
+        beam_tail=None,  # no member rows past them (sglang_decode's owners)
     )  # fmt: skip
 
 

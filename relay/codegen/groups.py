@@ -1,6 +1,6 @@
 """The grouped declarations' rules: a scatter's offsets, counts and span, a host copy,
-a mixed batch's tails, the schedule lane's own slots, a map's switches and its staged
-draft inputs (Note [Grouped declarations] in
+a mixed batch's tails, the schedule lane's own slots, owners with member rows, a map's
+switches and its staged draft inputs (Note [Grouped declarations] in
 relay/schema.py). A group's options cannot contradict each other; what is checked here
 is each value (a path, an int) and how the group fits the field or schema declaring it.
 """
@@ -24,6 +24,7 @@ from relay.schema import (
     FromPayload,
     HostCopy,
     Lane,
+    Members,
     Resolve,
     Scatter,
     ScheduleSlots,
@@ -39,6 +40,7 @@ from relay.schema import (
 __all__ = [
     "check_counted_scatters",
     "check_groups",
+    "check_members",
     "check_scatter",
     "check_schedule_slots",
     "check_staged",
@@ -568,6 +570,49 @@ def check_schedule_slots(c: Collector, fields: list[Field]) -> None:
                 "its value to the scheduler's own object, so the placeholders would "
                 "stay where they were written",
                 "resolve the field with Resolve.GATHER, or remove schedule=...",
+            )
+
+
+# --- owners with member rows (Note [Member rows] in relay/debug/owners.py) ---------------
+
+
+def check_members(c: Collector, fields: list[Field]) -> None:
+    """``Schema(owners=Members(...))``: the batch's requests and the tail of member rows
+    after them, each a path, on a batch whose last rows are no mixed batch's tails."""
+    members = c.schema.owners
+    if not isinstance(members, Members):
+        return
+    at = members.declared_at
+    for option, path in (("requests", members.requests), ("tail", members.tail)):
+        spelled = f"Members({option}=...)"
+        if not valid_path(path):
+            c.add(
+                None,
+                f"{spelled} must be a dotted attribute path of the batch such as "
+                f"{EXAMPLE[spelled]!r} (got {got(path)})",
+                f'write {option}="{EXAMPLE[spelled]}"',
+                at,
+            )
+    for f in fields:
+        if isinstance(f.resolve, Scatter):
+            c.add(
+                None,
+                f"owners=Members(...) names member rows in debug mode only, but field "
+                f"{f.name!r} resolves by a Scatter(...), whose refusals name each "
+                "request with debug off too (the map would read the tail every step)",
+                'name the owners by a path (owners="req_ids") on a map with a scatter',
+                at,
+            )
+        if isinstance(f.tails, Tails):
+            c.add(
+                None,
+                "owners=Members(...) puts member rows after the batch's requests, but "
+                f"field {f.name!r} binds tails=Tails(...), whose decode rows are the "
+                "batch's last requests: those would be member rows",
+                'name the owners by a path (owners="reqs") on a map with decode '
+                "tails; a batch with member rows binds none (sglang's beam rows ride "
+                "plain decode batches)",
+                at,
             )
 
 

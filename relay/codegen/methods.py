@@ -24,6 +24,7 @@ from relay.schema import (
     Field,
     IfNone,
     Lane,
+    Members,
     Resolve,
     Scatter,
     Schema,
@@ -495,8 +496,12 @@ def _slots_read(method: str) -> list[str]:
 
 
 def _owners(schema: Schema, lane: Lane = Lane.FORWARD) -> list[str]:
-    """``owners=`` of a resolve of ``lane``'s, where that lane names its requests."""
+    """``owners=`` of a resolve of ``lane``'s, where that lane names its requests; with
+    member rows, built of the batch's requests and tail (debug mode only: a schema
+    with member rows has no scatter, whose refusals read the owners in either mode)."""
     owners = schema.owners_of(lane)
+    if isinstance(owners, Members):
+        return [f"owners=_rt.MemberRows(batch.{owners.requests}, batch.{owners.tail})"]
     return [f"owners=batch.{owners}"] if owners else []
 
 
@@ -806,7 +811,9 @@ def resolve_tails(names: Names, schema: Schema, f: Field) -> list[str]:
     if tails.kv is not None:  # the columns checked first: runtime.tail_locations
         columns = plus(value, tails.add - 1)
         args = ["state", str(i), f"batch.{tails.kv.table}", "indices"]
-        locations = join("_rt.tail_locations(", [*args, columns, host])
+        locations = join(
+            "_rt.tail_locations(", [*args, columns, host, *_owners(schema)]
+        )
         bound.append((tails.kv.locations, "tail_locations", bind, locations))
     optional_mirror: list[str] = []
     if mirror is not None and not maybe:

@@ -19,7 +19,16 @@ import attrs
 import torch
 
 from relay.codegen.literals import doc_text, dtype, shape_literal, string_literal
-from relay.schema import BatchRows, Dim, Field, Lane, Schema, Switch, resolve_method
+from relay.schema import (
+    BatchRows,
+    Dim,
+    Field,
+    Lane,
+    Members,
+    Schema,
+    Switch,
+    resolve_method,
+)
 
 #: Every fixed name a generated module binds or uses: module imports and aliases,
 #: method names and parameters, ``self`` attributes and locals. A field, source, dim or schema name equal to one of these (as Python sees
@@ -251,9 +260,11 @@ def bound_names(schema: Schema) -> frozenset[str]:
     if schema.lanes_apart:  # Note [Slots per lane] in relay/schema.py
         names.add(schedule_protocol(schema))
     lanes = schema.schedule
-    for owners in (schema.owners, *((lanes.indices, lanes.owners) if lanes else ())):
-        if isinstance(owners, str):
-            names.update(_path_names(schema, owners))
+    owners = schema.owners
+    paths = owners.paths if isinstance(owners, Members) else (owners,)
+    for path in (*paths, *((lanes.indices, lanes.owners) if lanes else ())):
+        if isinstance(path, str):
+            names.update(_path_names(schema, path))
     for f in schema.fields:
         names.update({buffer(f), host_mirror(f), f.payload_name})
         names.add(value_local(f))
@@ -358,9 +369,10 @@ def names_of(schema: Schema) -> Names:
     """The names of the module generated from validated ``schema``."""
     fields = schema.fields
     lanes = schema.schedule
+    owners = schema.owners
     paths = [
         schema.indices,
-        schema.owners,
+        *(owners.paths if isinstance(owners, Members) else (owners,)),
         *(p for f in fields for p in field_paths(f)),
     ]
     paths += [lanes.indices, lanes.owners] if lanes is not None else []

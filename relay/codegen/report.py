@@ -99,6 +99,8 @@ EXAMPLE = {
     "owners": "rids",
     "ScheduleSlots(indices=...)": "req_pool_indices",
     "ScheduleSlots(owners=...)": "rids",
+    "Members(requests=...)": "reqs",
+    "Members(tail=...)": "beam_tail",
     "Scatter(offsets=...)": "query_start_loc",
     "Scatter(lengths=...)": "num_draft_tokens",
     "Scatter(when=...)": "sampled_ready",

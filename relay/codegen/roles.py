@@ -1,10 +1,11 @@
 """Roles: every batch attribute path a schema names, with what the map does with it.
 
 One table per schema, in declaration order: the schema's slots and owners (each
-lane's), its optional parents, then each field's target, scatter offsets, counts and
-row bounds, host copy and sum, and tails paths. Validation refuses, by one rule, a path in two
-roles that cannot share it, and a path inside another role's path (Note [One role
-per path]); the generator's views read the same table.
+lane's; a ``Members``' requests and tail), its optional parents, then each field's
+target, scatter offsets, counts and row bounds, host copy and sum, and tails paths.
+Validation refuses, by one rule, a path in two roles that cannot share it, and a path
+inside another role's path (Note [One role per path]); the generator's views read the
+same table.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from relay.schema import (
     Field,
     HostCopy,
     Lane,
+    Members,
     Scatter,
     ScheduleSlots,
     Schema,
@@ -35,6 +37,7 @@ class Kind(enum.Enum):
 
     SLOTS = "read as slots"
     OWNERS = "read as request ids"
+    MEMBERS = "read as a tail of member rows"
     OFFSETS = "read as start offsets"
     ROW_STARTS = "read as every batch row's start"
     ROWS = "read as batch row numbers"
@@ -83,7 +86,13 @@ def role_table(schema: Schema) -> list[Role]:
 def _roles(schema: Schema) -> Iterator[Role]:
     site = schema.declared_at
     yield Role(schema.indices, "indices", Kind.SLOTS, None, site, skippable=True)
-    yield Role(schema.owners or "", "owners", Kind.OWNERS, None, site)
+    owners = schema.owners
+    if isinstance(owners, Members):
+        m = owners.declared_at
+        yield Role(_str(owners.requests), "Members(requests=...)", Kind.OWNERS, None, m)
+        yield Role(_str(owners.tail), "Members(tail=...)", Kind.MEMBERS, None, m)
+    else:
+        yield Role(_str(owners), "owners", Kind.OWNERS, None, site)
     lanes = schema.schedule
     if isinstance(lanes, ScheduleSlots):
         at = lanes.declared_at

@@ -33,6 +33,7 @@ from relay.schema import (
     IfNone,
     Lane,
     Layout,
+    Members,
     Resolve,
     Scatter,
     ScheduleSlots,
@@ -55,7 +56,8 @@ def validate(schema: Schema, display: Callable[[str], str]) -> list[SchemaIssue]
             f"schema name must be a Python identifier (got {got(schema.name)})",
             'name the schema like a class, e.g. name="DecodeFutureMap"',
         )
-    for option, path in (("indices", schema.indices), ("owners", schema.owners)):
+    owners = None if isinstance(schema.owners, Members) else schema.owners
+    for option, path in (("indices", schema.indices), ("owners", owners)):
         if (path is not None or option == "indices") and not valid_path(path):
             c.add(
                 None,
@@ -92,6 +94,7 @@ def validate(schema: Schema, display: Callable[[str], str]) -> list[SchemaIssue]
     groups.check_counted_scatters(c, fields)
     _check_partial_and_tails(c, fields)
     groups.check_schedule_slots(c, fields)
+    groups.check_members(c, fields)
     groups.check_switches(c, fields)
     groups.check_staged(c, fields)
     table = role_table(schema)

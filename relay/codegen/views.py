@@ -23,6 +23,7 @@ from relay.schema import (
     Field,
     FromPayload,
     Lane,
+    Members,
     Resolve,
     Schema,
     resolve_method,
@@ -587,7 +588,10 @@ def _protocol_set(
     reader = Lane.FORWARD if lane is None else lane
     add(schema.slots_of(reader), "torch.Tensor", False)
     owners = schema.owners_of(reader)
-    if owners:
+    if isinstance(owners, Members):
+        add(owners.requests, "_rt.Owners", False)
+        add(owners.tail, "_rt.MemberTail | None", False)
+    elif owners:
         add(owners, "_rt.Owners", False)
     for f in schema.fields:
         # The schedule batch has what the schedule resolves read and write; the forward

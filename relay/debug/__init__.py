@@ -36,8 +36,9 @@ table]):
 - ``release``: ``release``.
 
 Keyword arguments the map passes where its schema says so: ``owners=`` (one request id
-per row) to ``wrote``/``seeded`` and ``read``, where the batch says which request each
-row belongs to; ``distinct=True`` to a placeholder ``read``, whose slots no
+per row, or a ``MemberRows`` of the batch's requests and the member rows after them:
+Note [Member rows] in ``owners.py``) to ``wrote``/``seeded`` and ``read``, where the
+batch says which request each row belongs to; ``distinct=True`` to a placeholder ``read``, whose slots no
 ``check_slots`` saw. The constructor takes ``initial_zeros`` (fields whose never-written
 rows read as zeros) and ``seeds`` (fields a ``seed`` writes).
 

@@ -602,7 +602,7 @@ class DebugChecks:
 
         def problem(first: int) -> str:
             j, i = divmod(first, rows.numel())
-            reading = Reading(op, stream, i, placeholders, requests)
+            reading = Reading(op, stream, i, placeholders, requests, owners)
             row = self.state.row(block, j, i)
             return self._read_problem(reading, names[j], int(rows[i]), row)
 
@@ -695,7 +695,9 @@ class DebugChecks:
                 return text(
                     "wrong_owner",
                     position=reading.position,
-                    request=self._requests.name(request),
+                    reader=self._requests.whose(
+                        reading.owners, reading.position, request
+                    ),
                     writer_op=row.op,
                     writer_request=self._requests.name(row.owner),
                     **where,
@@ -712,8 +714,10 @@ class DebugChecks:
         """Which request read the row, where the read names its requests."""
         if reading.requests is None:
             return ""
-        request = self._requests.name(int(reading.requests[reading.position]))
-        return f" (read for request {request}, position {reading.position})"
+        position = reading.position
+        request = int(reading.requests[position])
+        whose = self._requests.whose(reading.owners, position, request)
+        return f" (read for {whose}, position {position})"
 
     @_atomic
     def peek(
@@ -760,8 +764,8 @@ class DebugChecks:
             )
             whose = ""
             if requests is not None:
-                request = self._requests.name(int(requests[i]))
-                whose = f" (for request {request}, position {i})"
+                request = self._requests.whose(owners, i, int(requests[i]))
+                whose = f" (for {request}, position {i})"
             return (
                 text(
                     stale,
@@ -821,6 +825,8 @@ class Reading(NamedTuple):
     position: int
     placeholders: bool
     requests: torch.Tensor | None
+    #: What the call passed as its owners, to tell a member row (Note [Member rows]).
+    owners: Owners | None = None
 
 
 def _device_message(text: str, limit: int = 250) -> str:

@@ -19,7 +19,7 @@ from typing import Final
 
 import torch
 
-from relay.debug.owners import Owners
+from relay.debug.owners import MemberRows, Owners
 
 __all__ = ["MESSAGES", "request_at", "text"]
 
@@ -121,7 +121,7 @@ MESSAGES: Final[Mapping[str, str]] = MappingProxyType(
         ),
         # -- reads: owners ----------------------------------------------------------------
         "wrong_owner": (
-            "{owner}.{field}: slot {slot}: {op} reads it for request {request} (position "
+            "{owner}.{field}: slot {slot}: {op} reads it for {reader} (position "
             "{position}), but {writer_op} wrote it for request {writer_request}: the "
             "value is fresh but belongs to another request. Likely the batch's slots "
             "were reordered without their requests (two pending requests' slots "
@@ -275,6 +275,8 @@ def request_at(row: int, slot: int, owners: Owners | None = None) -> str:
         named = owners.reshape(-1)[row].item()
     else:
         named = owners[row]
+    if isinstance(owners, MemberRows) and row >= owners.leading:
+        return f"a member row of request {named!r} (row {row}, slot {slot})"
     return f"request {named!r} (row {row}, slot {slot})"
 
 

@@ -2,7 +2,7 @@
 
 import torch
 
-from relay.schema import Field, Guard, Lane, Schema
+from relay.schema import Field, Guard, Lane, Members, Schema
 
 SCHEMA = Schema(
     name="SglangDecodeFutureMap",
@@ -13,8 +13,12 @@ SCHEMA = Schema(
     batch's request-pool slots. Nothing else is relayed: every request grows by one
     token per step, so the host computes the next lengths itself, and sglang's
     lengths buffer, which plain decoding writes and never reads, is left out. Not
-    seeded: sglang hands a prebuilt request's first token to ``stash`` itself.
+    seeded: sglang hands a prebuilt request's first token to ``stash`` itself. Debug
+    mode names each row's request from the batch's ``reqs`` (sglang's request objects,
+    by ``rid``); under beam search a decode batch carries its beam members' slots
+    after those rows, listed by ``beam_tail``, and each is named by its leader.
     """,
+    owners=Members("reqs", tail="beam_tail"),
     fields=[
         Field(
             "output_tokens",

@@ -41,6 +41,7 @@ from relay.schema import (
     FromPayload,
     Guard,
     Lane,
+    Members,
     Resolve,
     Schema,
     Switch,
@@ -152,7 +153,7 @@ def _scheduler_batch(
     given: list[tuple[str, Any]] = [
         (p, UNSET) for p in (f.target, *_host_paths(f)) if p
     ]
-    given += [(slots, indices), *([(requests, owners)] if requests else [])]
+    given += [(slots, indices), *_owner_paths(requests, owners)]
     for path, value in given:
         *parents, leaf = path.split(".")
         node = batch
@@ -224,9 +225,19 @@ def _new_batch(
     for f in schema.fields:  # a gated field: this batch's rows hold it
         if isinstance(f.gate, str):
             set_path(batch, f.gate, True)
-    if schema.owners is not None:
-        set_path(batch, schema.owners, owners)
+    for path, value in _owner_paths(schema.owners, owners):
+        set_path(batch, path, value)
     return batch
+
+
+def _owner_paths(
+    owners: str | Members | None, ids: list[int] | None
+) -> list[tuple[str, Any]]:
+    """Where a batch names the requests ``ids``: the owners path, or a ``Members``'
+    requests with no member rows after them (its tail ``None``)."""
+    if isinstance(owners, Members):
+        return [(owners.requests, ids), (owners.tail, None)]
+    return [(owners, ids)] if owners is not None else []
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -628,7 +639,9 @@ class _Driver:
                 # One request per batch row: the prefill rows' new requests (no
                 # slot's), then the decode rows' (the tails are the last rows).
                 newcomers = [-1 - row for row in range(prefill)]
-                set_path(batch, self.schema.owners, newcomers + self._owners(indices))
+                named = newcomers + self._owners(indices)
+                for path, value in _owner_paths(self.schema.owners, named):
+                    set_path(batch, path, value)
             batches.append(batch)
         map_batch, model_batch = batches
         self.history.append(f"resolve_tails({slots})")

@@ -14,16 +14,24 @@ the harness never asks for one, so asking is a harness bug.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
 from relay.testing.model import ModelError
 
-__all__ = ["ALGORITHMS", "EXTRAS", "Req", "SglangRelay"]
+__all__ = [
+    "ALGORITHMS",
+    "EXTRAS",
+    "BeamTail",
+    "BeamTailEntry",
+    "Req",
+    "SglangRelay",
+    "beam_rows",
+]
 
 #: The algorithms the model knows: plain decoding, EAGLE (with its extras), n-gram.
 ALGORITHMS = ("decode", "eagle", "ngram")
@@ -44,6 +52,44 @@ class Req:
 
     def __repr__(self) -> str:
         return f"Req(rid={self.rid}, input_ids=[...], output_ids=[...])"
+
+
+class BeamTailEntry(NamedTuple):
+    """One beam group's member rows in a decode batch (sglang's ``BeamTailEntry``):
+    the leader's position in the batch's ``reqs``, and its member rows ``[start,
+    end)`` counted from the first row past ``reqs``."""
+
+    group: object
+    leader_idx: int
+    start: int
+    end: int
+
+
+class BeamTail:
+    """The member rows a beam-search decode batch carries after the rows of its
+    ``reqs`` (sglang's ``BeamTail``, the batch's ``beam_tail``)."""
+
+    def __init__(self, num_base_rows: int, entries: list[BeamTailEntry]) -> None:
+        self.num_base_rows = num_base_rows
+        self.entries = entries
+
+
+def beam_rows(
+    slots: Sequence[int], members: Mapping[int, Sequence[int]]
+) -> tuple[list[int], BeamTail | None]:
+    """A decode batch's slots as sglang's ``append_beam_tail`` lays them out: the
+    rows of its requests (``slots``), then the member slots of each beam leader among
+    them (``members``: leader slot -> its member slots), in row order; and the tail
+    listing them (``None`` where no leader has members)."""
+    rows = list(slots)
+    entries = []
+    for i, slot in enumerate(slots):
+        tail = members.get(slot, ())
+        if tail:
+            start = len(rows) - len(slots)
+            entries.append(BeamTailEntry(slot, i, start, start + len(tail)))
+            rows += tail
+    return rows, BeamTail(len(slots), entries) if entries else None
 
 
 class SglangRelay:

@@ -6,8 +6,8 @@ its forward writes the new token's keys and values (Note [The request-to-token t
 in relay/engine/model.py). Planted, the step before each late-bound batch publishes,
 for the rows that batch binds, a length of 0 (column -1: the row's last column, in
 Python's indexing) or one past the row's width; relay refuses the batch's
-``resolve_tails`` before the batch changes, naming the map, the field, the table and
-the slot, in every seeded schedule, debug mode on and off. Unplanted, every seeded
+``resolve_tails`` before the batch changes, naming the map, the field, the table, the
+slot and its request, in every seeded schedule, debug mode on and off. Unplanted, every seeded
 schedule runs clean and the batches bind their tails."""
 
 from __future__ import annotations
@@ -48,17 +48,19 @@ PLANTS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 
 
 @functools.cache
-def _late_batches() -> dict[int, tuple[int, ...]]:
-    """The steps whose mixed batch binds its tails late, and the slots it binds: from
+def _late_batches() -> dict[int, dict[int, int]]:
+    """The steps whose mixed batch binds its tails late, and the slots it binds, each
+    with its request's id: from
     the synchronous loop, which builds the very batches the overlap loop builds (Note
     [One schedule for both modes] in relay/engine/scheduler.py), in every schedule."""
-    late: dict[int, tuple[int, ...]] = {}
+    late: dict[int, dict[int, int]] = {}
     shipped = Scheduler.bound_tails
 
     def recording(self: Scheduler, batch: ForwardBatch) -> bool:
         bound = shipped(self, batch)
-        if bound:
-            late[batch.step] = tuple(batch.mix_running_indices.tolist())
+        if bound:  # every row of the batch a tail
+            slots = batch.mix_running_indices.tolist()
+            late[batch.step] = dict(zip(slots, batch.rids, strict=True))
         return bound
 
     with pytest.MonkeyPatch.context() as patch:
@@ -120,7 +122,7 @@ def _plant(monkeypatch: pytest.MonkeyPatch, plant: str) -> None:
     ) -> None:
         tails = late.get(batch.step + 1)
         if tails is not None and lens is not None:
-            hit = torch.isin(slots, torch.tensor(tails, device=slots.device))
+            hit = torch.isin(slots, torch.tensor(list(tails), device=slots.device))
             lens = torch.where(hit, wrong(lens), lens)
         shipped(self, batch, slots, lens)
 
@@ -164,9 +166,9 @@ def test_tails_outside_their_row_are_refused(
     monkeypatch: pytest.MonkeyPatch, plant: str, debug: bool, seed: int | None
 ) -> None:
     """Refused at the first late-bound batch, before it changes, naming the map, the
-    field, the table and a slot that batch binds, whatever the schedule. In debug mode
-    a length of 0 is refused earlier, by the field's guard (``Guard.POSITIVE``) at the
-    publish, before the buffer or any batch changes."""
+    field, the table, a slot that batch binds and its request, whatever the schedule.
+    In debug mode a length of 0 is refused earlier, by the field's guard
+    (``Guard.POSITIVE``) at the publish, before the buffer or any batch changes."""
     binds = _watch_tails(monkeypatch)
     _plant(monkeypatch, plant)
     with replaying(seed):
@@ -181,13 +183,13 @@ def test_tails_outside_their_row_are_refused(
     assert isinstance(error, RelayError), repr(error)
     found = re.match(
         r"NgramFutureMap\.new_seq_lens: batch\.req_to_token: decode row \d+ \(slot "
-        r"(\d+)\) would read column (-?\d+) of its (\d+) ",
+        r"(\d+), request (\d+)\) would read column (-?\d+) of its (\d+) ",
         message,
     )
     assert found is not None, message
-    slot, column, width = map(int, found.groups())
-    first = min(_late_batches())
-    assert slot in _late_batches()[first], message
+    slot, rid, column, width = map(int, found.groups())
+    first = _late_batches()[min(_late_batches())]
+    assert first.get(slot) == rid, message  # a row of the first late-bound batch
     assert width == WIDTH
     assert column == -1 if plant == "column -1" else column >= WIDTH, message
     assert "Nothing was written" in message

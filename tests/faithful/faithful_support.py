@@ -18,8 +18,14 @@ hidden state although its payloads carry them; each draft input says whether its
 hold the sparse indices, as sglang sets it. Some EAGLE runs have overlap off: the map
 then only hands a mixed batch its running rows' last tokens (``stash_bonus_tokens``).
 Each batch holds its requests as sglang's do (``reqs``, one ``Req`` per row), which the
-EAGLE and n-gram maps read as their owners in debug mode; on half of those runs every
-write names its requests too (``owners=``), so each read is checked against them.
+maps read as their owners in debug mode; on half the runs every write names its
+requests too (``owners=``), so each read is checked against them. Most plain decoding
+runs admit beam-search requests, as sglang runs them under overlap: a leader's prefill
+spawns its member slots and stashes the group's selected tokens into all of them; each
+decode batch holding the leader carries the members' slots after the rows of its
+``reqs``, listed by ``beam_tail``; its stash covers the ``reqs`` rows, then the group's
+selection overwrites every row of the group (writes naming the leader for each); the
+group's end releases its member slots with the leader's.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from relay.testing.sglang_reference import Req, SglangRelay
+from relay.testing.sglang_reference import Req, SglangRelay, beam_rows
 
 POOL = 10
 MAX_LEN = 512
@@ -125,8 +131,11 @@ class Run:
         self.admitted = 0
         #: EAGLE and n-gram: whether this run's writes name their requests (a
         #: generator of its own, so the run's other draws stay as they were).
-        named = random.Random(seed + 1_000_003).random() < 0.5
-        self.named = self.speculative and named
+        self.named = random.Random(seed + 1_000_003).random() < 0.5
+        #: Plain decoding: whether this run admits beam-search requests, and each
+        #: leader's member slots (sglang's ``group.member_rows``).
+        self.beam = algorithm == "decode" and self.rng.random() < 0.75
+        self.members: dict[int, list[int]] = {}
         #: Slots whose request has values written and not yet read (its next step).
         self.pending: set[int] = set()
         #: EAGLE: the extras this run carries from its first decode on, and whether
@@ -196,6 +205,7 @@ class Run:
         batch = SimpleNamespace(
             req_pool_indices=indices,
             reqs=[self.reqs[slot] for slot in slots],
+            beam_tail=None,
             input_ids=None,
             seq_lens=None,
             seq_lens_cpu=None,
@@ -341,6 +351,33 @@ class Run:
         if self.overlap:  # overlap off, the forward hands its values over directly
             self._write(slots, carry=self.decoded)
         self.pending.update(slots)
+        for slot in slots if self.beam else ():
+            if self.rng.random() < 0.5:
+                self._spawn(slot)
+
+    def _spawn(self, leader: int) -> None:
+        """A beam leader's prefill selection: its member slots are allocated and the
+        group's selected tokens stashed into all its rows (sglang's
+        ``select_leader_prefill``), overwriting the leader's sampled token."""
+        width = min(len(self.free), self.rng.randint(1, 3))
+        if width == 0:
+            return
+        picked = [
+            self.free.pop(self.rng.randrange(len(self.free))) for _ in range(width)
+        ]
+        self.members[leader] = picked
+        self.history.append(f"beam {leader} spawns {picked}")
+        self._select(leader)
+
+    def _select(self, leader: int) -> None:
+        """The group's selected tokens into every row of it (leader first), each
+        row named by the leader (``_stash_next_tokens(group.all_rows, ...)``)."""
+        rows = [leader, *self.members[leader]]
+        tokens = self._ints(len(rows), dtype=torch.int64)
+        self.model.stash(rows, {"bonus_tokens": tokens})
+        owners = {"owners": [self.reqs[leader]] * len(rows)} if self.named else {}
+        indices = torch.tensor(rows, dtype=torch.int64)
+        self.map.stash(indices, self.payload(bonus_tokens=tokens), **owners)
 
     def _admitted(self, most: int) -> list[int]:
         k = min(len(self.free), most)
@@ -373,7 +410,12 @@ class Run:
                 self.seen["resolve_confidence_cpu"] += bool(slots)
                 want.confidence_cpu = self.model.resolve_confidence_cpu(want)
                 self.compare("resolve_confidence_cpu", got, want, ["confidence_cpu"])
-        got, want = self._pair(slots) if staged is None else self._staged_pair(slots)
+        if staged is not None:
+            got, want = self._staged_pair(slots)
+        elif self.beam:
+            got, want = self._beam_pair(slots)
+        else:
+            got, want = self._pair(slots)
         if self.speculative and "dsa_topk_indices" in self.model.rows and slots:
             gated = not got.spec_info.future_dsa_topk_indices_available
             self.seen["dsa_gated_off"] += gated
@@ -386,7 +428,23 @@ class Run:
         self.compare("resolve_future", got, want, self._forward_paths())
         self.decoded = True
         self._write(slots, carry=True)
+        for leader in slots:
+            if leader in self.members:  # select_and_relay_decode
+                self._select(leader)
         self.pending.update(slots)
+
+    def _beam_pair(self, slots: list[int]) -> tuple[SimpleNamespace, SimpleNamespace]:
+        """A decode batch of ``slots`` with its beam members' slots after them, as
+        sglang's ``append_beam_tail`` builds it (``reqs`` still one per leading row)."""
+        got, want = self._pair(slots)
+        rows, tail = beam_rows(slots, self.members)
+        for batch in (got, want):
+            batch.req_pool_indices = torch.tensor(rows, dtype=torch.int64)
+            batch.beam_tail = tail
+        self.seen["beam_tail"] += tail is not None
+        if tail is not None:
+            self.history.append(f"  beam tail {rows[len(slots) :]}")
+        return got, want
 
     def _forward_paths(self) -> list[str]:
         if self.algorithm == "decode":
@@ -535,6 +593,10 @@ class Run:
         self.map.release(torch.tensor(slots, dtype=torch.int64))
         self.pending.difference_update(slots)
         self.free.extend(slots)
+        for leader in slots:  # the group ends: its member slots are freed
+            members = self.members.pop(leader, [])
+            self.map.release(torch.tensor(members, dtype=torch.int64))
+            self.free.extend(members)
 
     def step(self) -> None:
         getattr(self, self.rng.choice(self.kinds))()

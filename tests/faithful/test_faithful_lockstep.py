@@ -10,7 +10,7 @@ from faithful_support import run
 
 #: What each algorithm's runs must have compared, beyond plain decode steps.
 EXERCISED = {
-    "decode": {"decode"},
+    "decode": {"decode", "beam_tail", "owners_written"},
     "eagle": {
         "decode",
         "graph_wrote",
@@ -45,8 +45,9 @@ EXERCISED = {
 def test_faithful_map_agrees_with_the_sglang_model(algorithm: str, debug: bool) -> None:
     """40 runs of 60 steps: admissions, decodes (idle ones too), the captured graph's
     writes, partial stashes, re-stashes keeping extras, stream-ordered reads, mixed
-    batches' tails, batches without a draft input, ends and slot reuse; every batch
-    holds its requests, and half the speculative runs name them at every write."""
+    batches' tails, batches without a draft input, ends and slot reuse, beam-search
+    decode batches carrying their members' slots past their requests; every batch
+    holds its requests, and half the runs name them at every write."""
     seen: Counter[str] = Counter()
     for seed in range(40):
         seen += run(algorithm, seed, 60, debug=debug).seen

@@ -1,7 +1,8 @@
 """Planted bugs of an sglang-0.5.23-style loop driving the faithful maps: each hands
 the next step a wrong value with debug off (the sglang model says which), and debug
 mode names it, the field, the slot and the request (by the ``rid`` of the batch's
-``reqs``, as sglang's batches hold them); the same loop without the plant runs clean."""
+``reqs``, as sglang's batches hold them; a beam member's slot past them as a member row
+of its leader's request); the same loop without the plant runs clean."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ import torch
 from torch import Tensor
 
 from relay import RelayDebugError
+from relay.maps.sglang_decode import SglangDecodeFutureMap, SglangDecodePayload
 from relay.maps.sglang_eagle import SglangEagleFutureMap, SglangEaglePayload
 from relay.maps.sglang_ngram import SglangNgramFutureMap, SglangNgramPayload
-from relay.testing.sglang_reference import Req, SglangRelay
+from relay.testing.sglang_reference import BeamTail, Req, SglangRelay, beam_rows
 
 POOL = 6
 TABLE = torch.arange(POOL * 64).reshape(POOL, 64)
@@ -404,3 +406,192 @@ def test_an_ngram_step_read_without_its_stash(planted: bool) -> None:
         r"\(read for request 'req2', position 0\)",
     ):
         _ngram_steps(checked, planted=True)
+
+
+# -- plain decoding, beam search included (sglang_decode) ---------------------------------
+def _decode_batch(
+    slots: Sequence[int], reqs: Sequence[str], tail: BeamTail | None = None
+) -> SimpleNamespace:
+    """A decode batch as sglang builds it: ``reqs`` one per leading row, then any
+    beam members' slots (``tail``)."""
+    return SimpleNamespace(
+        req_pool_indices=_slots(*slots),
+        reqs=[Req(rid) for rid in reqs],
+        beam_tail=tail,
+        input_ids=None,
+    )
+
+
+def _decode(relay: SglangDecodeFutureMap | SglangRelay, batch: SimpleNamespace) -> None:
+    if isinstance(relay, SglangRelay):
+        relay.resolve_forward_inputs(batch)
+    else:
+        relay.resolve_future(batch)
+
+
+def _stash(
+    relay: SglangDecodeFutureMap | SglangRelay,
+    slots: Sequence[int],
+    tokens: Sequence[int],
+    rids: Sequence[str],
+) -> None:
+    """A stash of ``tokens`` into ``slots``, naming ``rids`` (the map's debug mode)."""
+    if isinstance(relay, SglangRelay):
+        relay.stash(list(slots), {"bonus_tokens": torch.tensor(tokens)})
+        return
+    payload = SglangDecodePayload(bonus_tokens=torch.tensor(tokens))
+    relay.stash(_slots(*slots), payload, owners=[Req(rid) for rid in rids])
+
+
+def _lost_stash(
+    relay: SglangDecodeFutureMap | SglangRelay, *, planted: bool
+) -> SimpleNamespace:
+    """``r1`` (slot 1) and ``r2`` (slot 2) decode twice. The plant: the first decode's
+    stash skips slot 2 (its sampled token dropped before the relay)."""
+    _stash(relay, [1, 2], [5, 6], ["r1", "r2"])
+    _decode(relay, _decode_batch([1, 2], ["r1", "r2"]))
+    if planted:
+        _stash(relay, [1], [7], ["r1"])
+    else:
+        _stash(relay, [1, 2], [7, 8], ["r1", "r2"])
+    batch = _decode_batch([1, 2], ["r1", "r2"])
+    _decode(relay, batch)
+    return batch
+
+
+@pytest.mark.parametrize("planted", [False, True])
+def test_a_decode_step_read_without_its_token(planted: bool) -> None:
+    """Debug off, ``r2`` decodes its previous token again (sglang's gather does the
+    same); debug mode names the field, the slot and the request."""
+    want = _lost_stash(SglangRelay("decode"), planted=planted)
+    got = _lost_stash(SglangDecodeFutureMap("cpu", POOL), planted=planted)
+    assert torch.equal(got.input_ids, want.input_ids)
+    assert got.input_ids.tolist() == ([7, 6] if planted else [7, 8])
+    checked = SglangDecodeFutureMap("cpu", POOL, debug=True)
+    if not planted:
+        _lost_stash(checked, planted=False)
+        return
+    with pytest.raises(
+        RelayDebugError,
+        match=r"output_tokens: slot 2: resolve_future reads a row that was not written "
+        r"since it was last consumed .*\(read for request 'r2', position 1\)",
+    ):
+        _lost_stash(checked, planted=True)
+
+
+def _beam_steps(
+    relay: SglangDecodeFutureMap | SglangRelay, *, planted: bool
+) -> SimpleNamespace:
+    """``r1`` (slot 1) decodes beside the beam leader ``b`` (slot 2, members in slots
+    4 and 5): each batch carries the members after its ``reqs``, its stash covers the
+    ``reqs`` rows, and the group's selection overwrites the group's rows. The plant:
+    the selection of the first decode is not relayed (the coordinator's hook returned
+    early), so the members' rows hold nothing new."""
+    rows, tail = beam_rows([1, 2], {2: [4, 5]})
+    _stash(relay, [1, 2], [5, 6], ["r1", "b"])
+    _stash(relay, [2, 4, 5], [6, 16, 26], ["b", "b", "b"])  # the leader's prefill
+    _decode(relay, _decode_batch(rows, ["r1", "b"], tail))
+    _stash(relay, [1, 2], [7, 8], ["r1", "b"])
+    if not planted:
+        _stash(relay, [2, 4, 5], [9, 19, 29], ["b", "b", "b"])
+    batch = _decode_batch(rows, ["r1", "b"], tail)
+    _decode(relay, batch)
+    return batch
+
+
+@pytest.mark.parametrize("planted", [False, True])
+def test_a_beam_selection_not_relayed(planted: bool) -> None:
+    """Debug off, the members decode their previous tokens again and the leader its
+    sampled one, not the selection's; debug mode names the field, the member's slot,
+    and the row as a member of the leader's request."""
+    want = _beam_steps(SglangRelay("decode"), planted=planted)
+    got = _beam_steps(SglangDecodeFutureMap("cpu", POOL), planted=planted)
+    assert torch.equal(got.input_ids, want.input_ids)
+    assert got.input_ids.tolist() == ([7, 8, 16, 26] if planted else [7, 9, 19, 29])
+    checked = SglangDecodeFutureMap("cpu", POOL, debug=True)
+    if not planted:
+        _beam_steps(checked, planted=False)
+        return
+    with pytest.raises(
+        RelayDebugError,
+        match=r"output_tokens: slot 4: resolve_future reads a row that was not written "
+        r"since it was last consumed .*"
+        r"\(read for a member row of request 'b', position 2\)",
+    ):
+        _beam_steps(checked, planted=True)
+
+
+def _overshoot(
+    relay: SglangDecodeFutureMap | SglangRelay, *, planted: bool
+) -> SimpleNamespace:
+    """The beam leader ``b`` (slot 1, member in slot 3) finishes: the group's member
+    slot is released and freed, and ``r2`` is admitted into slot 3 (its prefill
+    stashes its first token). Under overlap the finished leader rides one more
+    decode. The plant: that batch's tail still lists the retired group's member."""
+    _stash(relay, [1, 3], [6, 16], ["b", "b"])
+    rows, tail = beam_rows([1], {1: [3]})
+    _decode(relay, _decode_batch(rows, ["b"], tail))
+    _stash(relay, [1, 3], [7, 17], ["b", "b"])
+    if isinstance(relay, SglangDecodeFutureMap):
+        relay.release(_slots(3))  # the group ends; its member slot is freed
+    _stash(relay, [3], [40], ["r2"])
+    rows, tail = beam_rows([1], {1: [3]} if planted else {})
+    batch = _decode_batch(rows, ["b"], tail)
+    _decode(relay, batch)
+    return batch
+
+
+@pytest.mark.parametrize("planted", [False, True])
+def test_a_retired_beam_group_rides_into_a_reused_slot(planted: bool) -> None:
+    """Debug off, the overshoot step decodes ``r2``'s first token as the old member's
+    (and its forward would write the member's KV into ``r2``'s row); debug mode names
+    the slot, the reader as a member row of ``b`` and the writer ``r2``."""
+    want = _overshoot(SglangRelay("decode"), planted=planted)
+    got = _overshoot(SglangDecodeFutureMap("cpu", POOL), planted=planted)
+    assert torch.equal(got.input_ids, want.input_ids)
+    assert got.input_ids.tolist() == ([7, 40] if planted else [7])
+    checked = SglangDecodeFutureMap("cpu", POOL, debug=True)
+    if not planted:
+        _overshoot(checked, planted=False)
+        return
+    with pytest.raises(
+        RelayDebugError,
+        match=r"output_tokens: slot 3: resolve_future reads it for a member row of "
+        r"request 'b' \(position 1\), but stash wrote it for request 'r2'",
+    ):
+        _overshoot(checked, planted=True)
+
+
+def _filtered(
+    relay: SglangDecodeFutureMap | SglangRelay, *, planted: bool
+) -> SimpleNamespace:
+    """``r1`` (slot 1) and the beam leader ``b`` (slot 2, member in slot 4) decode;
+    the next batch is filtered. The plant: the filter reorders ``reqs`` but not
+    ``req_pool_indices``, so each request's row goes to the other."""
+    _stash(relay, [1, 2], [5, 6], ["r1", "b"])
+    _stash(relay, [2, 4], [6, 16], ["b", "b"])
+    rows, tail = beam_rows([1, 2], {2: [4]})
+    reqs = ["b", "r1"] if planted else ["r1", "b"]
+    batch = _decode_batch(rows, reqs, tail)
+    _decode(relay, batch)
+    return batch
+
+
+@pytest.mark.parametrize("planted", [False, True])
+def test_two_decode_requests_handed_each_others_rows(planted: bool) -> None:
+    """Debug off, each request decodes the other's token (sglang's gather by slot does
+    the same); the values are fresh, so only the request ids tell: debug mode names
+    both requests."""
+    want = _filtered(SglangRelay("decode"), planted=planted)
+    got = _filtered(SglangDecodeFutureMap("cpu", POOL), planted=planted)
+    assert torch.equal(got.input_ids, want.input_ids)
+    checked = SglangDecodeFutureMap("cpu", POOL, debug=True)
+    if not planted:
+        _filtered(checked, planted=False)
+        return
+    with pytest.raises(
+        RelayDebugError,
+        match=r"output_tokens: slot 1: resolve_future reads it for request 'b' "
+        r"\(position 0\), but stash wrote it for request 'r1'",
+    ):
+        _filtered(checked, planted=True)

@@ -1,7 +1,7 @@
 """What sglang 0.5.23 decides per algorithm or per staged request, as the faithful maps
 declare it: extras a map is built not to relay, a staged request's fresh draft input,
-n-gram's lack of a bonus token (so of a mixed batch), and which batches name every
-row's request."""
+n-gram's lack of a bonus token (so of a mixed batch), and how batches name every
+row's request (a beam member's by its leader)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from relay.maps.sglang_ngram import (
     SglangNgramPayload,
 )
 from relay.testing.model import ModelError
-from relay.testing.sglang_reference import Req, SglangRelay
+from relay.testing.sglang_reference import Req, SglangRelay, beam_rows
 
 POOL = 6
 
@@ -187,18 +187,69 @@ def test_ngram_relays_no_bonus_token_and_runs_no_mixed_batch() -> None:
         model.resolve_mixed_spec_tails(mixed)
 
 
-def test_plain_decoding_reads_beam_rows_past_its_requests() -> None:
+def test_plain_decoding_names_beam_rows_by_their_leader() -> None:
     """Under beam search sglang's decode batch appends its beam members' slots after
-    the rows of its ``reqs`` (stashed apart, by the beam coordinator), so ``reqs``
-    names only the first rows: ``sglang_decode`` declares no owners and reads such a
-    batch with debug mode silent, where the speculative maps read ``reqs``."""
+    the rows of its ``reqs`` (stashed apart, by the beam coordinator) and lists them in
+    ``beam_tail``: ``sglang_decode`` declares both, reads such a batch with debug mode
+    silent, and takes a member row's request to be its leader's."""
     relay = SglangDecodeFutureMap("cpu", POOL, debug=True)
-    relay.stash(_slots(1), SglangDecodePayload(bonus_tokens=torch.tensor([7])))
-    relay.stash(_slots(4, 5), SglangDecodePayload(bonus_tokens=torch.tensor([8, 9])))
+    relay.stash(
+        _slots(1, 2),
+        SglangDecodePayload(bonus_tokens=torch.tensor([6, 7])),
+        owners=[Req("r1"), Req("beam")],
+    )
+    relay.stash(
+        _slots(2, 4, 5),
+        SglangDecodePayload(bonus_tokens=torch.tensor([7, 8, 9])),
+        owners=[Req("beam")] * 3,
+    )
+    rows, tail = beam_rows([1, 2], {2: [4, 5]})
+    assert rows == [1, 2, 4, 5]
     batch = SimpleNamespace(
-        req_pool_indices=_slots(1, 4, 5), reqs=[Req("beam")], input_ids=None
+        req_pool_indices=_slots(*rows),
+        reqs=[Req("r1"), Req("beam")],
+        beam_tail=tail,
+        input_ids=None,
     )
     relay.resolve_future(batch)
-    assert batch.input_ids.tolist() == [7, 8, 9]
-    assert "reqs" not in SglangDecodeBatch.__dict__
-    assert "reqs" in SglangEagleBatch.__dict__ and "reqs" in SglangNgramBatch.__dict__
+    assert batch.input_ids.tolist() == [6, 7, 8, 9]
+    assert "reqs" in SglangDecodeBatch.__dict__
+    assert "beam_tail" in SglangDecodeBatch.__dict__
+    assert "beam_tail" not in SglangEagleBatch.__dict__
+    assert "beam_tail" not in SglangNgramBatch.__dict__
+
+
+def test_a_beam_tail_that_misses_rows_is_refused() -> None:
+    """Rows past the batch's requests that the tail does not list, or a tail whose
+    entries do not follow the rows, are refused by name in debug mode; a map whose
+    owners are a plain path keeps one request per row (sglang's speculative maps)."""
+    relay = SglangDecodeFutureMap("cpu", POOL, debug=True)
+    relay.stash(_slots(1, 4), SglangDecodePayload(bonus_tokens=torch.tensor([6, 8])))
+    batch = SimpleNamespace(
+        req_pool_indices=_slots(1, 4), reqs=[Req("r1")], beam_tail=None, input_ids=None
+    )
+    with pytest.raises(
+        RelayDebugError,
+        match=r"SglangDecodeFutureMap.resolve_future: owners must name one request "
+        r"per row: 2 rows, but the requests name 1 and the tail 0 member row\(s\)",
+    ):
+        relay.resolve_future(batch)
+    _, tail = beam_rows([1], {1: [4]})
+    assert tail is not None
+    tail.entries = [tail.entries[0]._replace(start=1, end=2)]
+    batch.beam_tail = tail
+    with pytest.raises(
+        RelayDebugError,
+        match=r"SglangDecodeFutureMap.resolve_future: the member tail's entry 0 "
+        r"\(leader_idx=0, start=1, end=2\) does not follow its rows",
+    ):
+        relay.resolve_future(batch)
+    eagle = SglangEagleFutureMap("cpu", POOL, debug=True)
+    eagle.stash(_slots(1, 4), SglangEaglePayload(bonus_tokens=torch.tensor([6, 8])))
+    info = SimpleNamespace(
+        future_indices=_slots(1, 4), future_dsa_topk_indices_available=False
+    )
+    with pytest.raises(
+        RelayDebugError, match=r"owners must name one request per row: 2 rows, 1 owners"
+    ):
+        eagle.resolve_future(SimpleNamespace(spec_info=info, reqs=[Req("r1")]))

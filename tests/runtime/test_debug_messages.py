@@ -352,7 +352,7 @@ def _wrong_owner() -> tuple[str, Callable[[], object]]:
         field="tok",
         slot=2,
         op="resolve_future",
-        request="'req-b'",
+        reader="request 'req-b'",
         position=0,
         writer_op="stash",
         writer_request="'req-a'",

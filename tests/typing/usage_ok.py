@@ -6,6 +6,7 @@ Checked by ``tests/typing/test_typing.py``; never imported by pytest.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
@@ -19,6 +20,7 @@ from relay.maps.eagle import EagleBatch, EagleFutureMap, EaglePayload
 from relay.maps.eagle_confidence import EagleConfidenceFutureMap, EagleConfidencePayload
 from relay.maps.eagle_dsa import EagleDsaFutureMap, EagleDsaPayload
 from relay.maps.eagle_multilayer import EagleMultiLayerFutureMap, EagleMultiLayerPayload
+from relay.maps.sglang_decode import SglangDecodeFutureMap, SglangDecodePayload
 from relay.maps.sglang_eagle import SglangEagleFutureMap
 from relay.maps.vllm_drafts import (
     VllmDraftsBatch,
@@ -228,3 +230,42 @@ def staged(slots: torch.Tensor) -> StagedDraftInput:
     handle = StagedDraftInput()
     relay.make_staged_spec_input(slots, handle)
     return handle
+
+
+class BeamTailEntry(NamedTuple):
+    """sglang's entry of a beam group's member rows in a decode batch's tail."""
+
+    group: object
+    leader_idx: int
+    start: int
+    end: int
+
+
+@dataclass
+class BeamTail:
+    """sglang's ``BeamTail``: read as the map's ``_rt.MemberTail`` as it is."""
+
+    num_base_rows: int
+    entries: list[BeamTailEntry]
+
+
+@dataclass
+class Req:
+    rid: str
+
+
+@dataclass
+class BeamBatch:
+    """An sglang-like decode batch: its requests, then its beam members' slots."""
+
+    req_pool_indices: torch.Tensor
+    reqs: list[Req]
+    beam_tail: BeamTail | None = None
+    input_ids: torch.Tensor = field(default_factory=_empty)
+
+
+def beam_step(batch: BeamBatch, tokens: torch.Tensor) -> torch.Tensor:
+    relay = SglangDecodeFutureMap("cpu", 9, debug=True)
+    relay.stash(batch.req_pool_indices, SglangDecodePayload(bonus_tokens=tokens))
+    relay.resolve_future(batch)
+    return batch.input_ids
