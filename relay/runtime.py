@@ -95,14 +95,13 @@ __all__ = [
     "check_cast",
     "check_dim",
     "check_rows",
-    "fits",
-    "fits_optional",
     "gather_optional",
     "graph_wrote",
     "guard_finite",
     "guard_non_negative",
     "guard_positive",
     "host_sum",
+    "int_sum",
     "lazy_buffer",
     "never_stashed",
     "parent_is_none",
@@ -220,6 +219,7 @@ class MapState:
         "device",
         "dtypes",
         "fence",
+        "host_check",
         "on",
         "pool_size",
         "produced",
@@ -238,6 +238,9 @@ class MapState:
         self.device = torch.empty(0, device=device).device
         #: Whether the map lives on the CPU (the common case's gate reads it).
         self.cpu = self.device.type == "cpu"
+        #: Debug off on the CPU: the common case checks a write's slots on the host
+        #: (Note [Slots on the host]); one test of the gate's.
+        self.host_check = self.cpu and not debug
         self.pool_size = pool_size
         #: The pool's slots, for the host check of a write's slots on the CPU.
         self.slots = slot_set(pool_size)
@@ -377,15 +380,10 @@ def write_rows(s: MapState, indices: torch.Tensor) -> tuple[int, ...] | None:
     int64 tensor of at least one slot, in the pool (Note [Slots on the host]). Else
     ``None``, and the write takes the checked path. The tests are ordered so the CPU's
     common case reads each property once; what failed is the checked path's to say."""
-    if (
-        s.debug is not None
-        or type(indices) is not _TENSOR
-        or indices.dtype is not _INT64
-        or indices.ndim != 1
-    ):
+    if type(indices) is not _TENSOR or indices.dtype is not _INT64 or indices.ndim != 1:
         return None
     n = indices.numel()
-    if s.cpu:
+    if s.host_check:
         if not indices.is_cpu or n == 0:
             return None  # the checked path refuses slots on another device, or none
         if n <= HOST_SLOTS_IN_PYTHON_MAX:
@@ -396,7 +394,7 @@ def write_rows(s: MapState, indices: torch.Tensor) -> tuple[int, ...] | None:
             if cast(int, low.tolist()) < 0 or cast(int, high.tolist()) >= s.pool_size:
                 return None
         return (n,)
-    if n == 0 or indices.device != s.device:
+    if s.debug is not None or n == 0 or indices.device != s.device:
         return None
     return (n,)
 
@@ -1412,35 +1410,6 @@ def write_optional(
     return True
 
 
-def fits(s: MapState, i: int, value: object, index_shape: tuple[int, ...]) -> bool:
-    """The gate's test of field ``i``'s value: a tensor of its buffer's dtype, on the
-    map's device, one buffer row per slot, not requiring grad (a lazy field with no
-    buffer yet fits nothing: the checked path makes it). The whole shape is compared
-    at once: slicing a ``torch.Size`` costs more than the rest of the test; on a CPU
-    map ``is_cpu`` says the device without making a ``torch.device``."""
-    return (
-        type(value) is _TENSOR
-        and value.dtype is s.dtypes[i]
-        and value.shape == index_shape + s.rows[i]
-        and (value.is_cpu if s.cpu else value.device == s.device)
-        and not value.requires_grad
-    )
-
-
-def fits_optional(
-    s: MapState, i: int, value: object, index_shape: tuple[int, ...]
-) -> bool:
-    """``fits`` for an optional field, whose value may be left out (``None``); spelled
-    out, not calling ``fits``: a call per field is what the gate saves."""
-    return value is None or (
-        type(value) is _TENSOR
-        and value.dtype is s.dtypes[i]
-        and value.shape == index_shape + s.rows[i]
-        and (value.is_cpu if s.cpu else value.device == s.device)
-        and not value.requires_grad
-    )
-
-
 def gather_optional(
     buf: torch.Tensor | None, carried: bool, indices: torch.Tensor, flat: bool = False
 ) -> torch.Tensor | None:
@@ -1972,6 +1941,12 @@ def host_sum(values: torch.Tensor) -> int:
     """The sum of a host tensor as an ``int`` (a float sum is truncated)."""
     if values.dtype not in _EXACT_SUM:
         return int(values.sum())
+    return int_sum(values)
+
+
+def int_sum(values: torch.Tensor) -> int:
+    """``host_sum`` of a host tensor of integers or bools, whose field declares so: no
+    dtype to test."""
     if values.numel() <= HOST_SUM_IN_PYTHON_MAX:
         return sum(values.tolist())
     return int(values.numpy().sum())

@@ -36,6 +36,7 @@ __all__ = [
 # module-level binding that is not a class minted from the schema.
 TEMPLATE_BINDS: dict[str, str] = {
     "annotations": "from __future__ import annotations",
+    "Final": "from typing import Final",
     "Protocol": "from typing import Protocol",
     "attrs": "import attrs",
     "torch": "import torch",

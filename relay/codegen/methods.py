@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import attrs
+import torch
 
 from relay.codegen.layout import PackedGroup
 from relay.codegen.literals import dtype, join, plus, string_literal
@@ -73,18 +74,38 @@ def _carried(schema: Schema, f: Field) -> str:
     return f"state.carried[{schema.fields.index(f)}]"
 
 
-def _test(schema: Schema, f: Field, v: str) -> str:
-    """The gate's test of ``f``'s value ``v`` (``_rt.fits``): a tensor of its buffer's
-    dtype and row shape, one row per slot, on the map's device, not requiring grad; an
-    optional field's may be left out (tested here: no call for a value left out); a
-    lazy field's buffer must exist."""
+def _fits(schema: Schema, f: Field, v: str) -> str:
+    """Whether ``v`` fits ``f``'s buffer, spelled out (a call per value is what the gate
+    saves): a tensor of its dtype (an eager buffer's is the declared one; a lazy one's
+    is the state's, ``None`` before it exists, which nothing fits), one buffer row per
+    slot, on the map's device (``is_cpu`` on a CPU map: no ``torch.device`` made), not
+    requiring grad."""
     i = schema.fields.index(f)
-    test = f"_rt.fits(state, {i}, {v}, index_shape)"
+    want = f"state.dtypes[{i}]"
+    if isinstance(f.dtype, torch.dtype) and not _lazy(f):
+        want = dtype(f.dtype)
+    rows = f"index_shape + state.rows[{i}]" if f.shape else "index_shape"
+    return (
+        f"(type({v}) is torch.Tensor"
+        f" and {v}.dtype is {want}"
+        f" and {v}.shape == {rows}"
+        f" and ({v}.is_cpu if state.cpu else {v}.device == state.device)"
+        f" and not {v}.requires_grad)"
+    )
+
+
+def _test(schema: Schema, f: Field, v: str) -> str:
+    """The gate's test of ``f``'s value ``v`` (``_fits``); an optional field's may be
+    left out (tested here: no test of a value left out); a lazy field's buffer must
+    exist."""
+    i = schema.fields.index(f)
+    test = _fits(schema, f, v)
+    # A value given is tested first: one ``is None`` test (the write's) where it is.
     if isinstance(f.gate, Switch):  # a field this map does not relay takes anything
-        return f"({v} is None or {test} or not {_on(schema, f)})"
+        return f"({test} or {v} is None or not {_on(schema, f)})"
     if f.optional or f.graph_written:  # Note [Left to others] in runtime.py
-        return f"({v} is None or {test})"
-    if _lazy(f):  # true once ``fits`` is; it narrows the buffer's type for the write
+        return f"({test} or {v} is None)"
+    if _lazy(f):  # true once the test is; it narrows the buffer's type for the write
         return f"{test} and state.buffers[{i}] is not None"
     return test
 
@@ -718,7 +739,11 @@ def _host(names: Names, f: Field, source: str) -> list[str]:
         stmts = [f"{local} = {copy}"]
         if mirror is not None:
             stmts.append(f"batch.{mirror} = {local}")
-        stmts.append(f"batch.{total} = _rt.host_sum({local})")
+        exact = isinstance(f.dtype, torch.dtype) and not (
+            f.dtype.is_floating_point or f.dtype.is_complex
+        )  # the mirror's dtype is the buffer's: declared, no test of it needed
+        add = "_rt.int_sum" if exact and not _lazy(f) else "_rt.host_sum"
+        stmts.append(f"batch.{total} = {add}({local})")
     if not optional:
         return stmts
     nones = [f"batch.{p} = None" for p in (mirror, total) if p is not None]

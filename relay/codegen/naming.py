@@ -38,6 +38,7 @@ RESERVED = frozenset(
     {
         # module level
         "annotations",
+        "Final",
         "Protocol",
         "attrs",
         "torch",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import re
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,19 @@ def test_one_class_and_one_attribute_test_for_debug_mode(stem: str) -> None:
         tests += source.count("_rt.write_rows(self._state")
         tests += source.count("debug = self._state.debug")
         assert tests <= 1, f"{cls.__name__}.{name}"
+
+
+@pytest.mark.parametrize("stem", BUNDLED)
+def test_a_value_given_meets_one_none_test(stem: str) -> None:
+    """A write's gate tests a value that may be left out for ``None`` after its other
+    tests, so a value given meets one ``is None`` test, the write's; and it spells
+    those tests out (no call per value)."""
+    _schema, cls = _bundled(stem)
+    for name in [n for n in ("stash", "publish") if n in vars(cls)]:
+        source = inspect.getsource(vars(cls)[name])
+        assert "_rt.fits" not in source, f"{cls.__name__}.{name}"
+        first = re.findall(r"\(\s*\w+ is None\s+or\b", source)
+        assert not first, f"{cls.__name__}.{name} tests None first: {first}"
 
 
 @pytest.mark.parametrize("stem", BUNDLED)
