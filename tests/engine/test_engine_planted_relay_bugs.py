@@ -15,8 +15,10 @@ Where the other silent relay bugs stand in the reference engine:
   ``test_engine_seed_order.py``; a finish freed at once for every kind of end in
   ``test_engine_slot_frees.py``, and the engine's own release issued on the scheduler's
   thread in ``test_engine_seed_order.py``.
-- An attribute in two roles is refused when a map is generated: no engine run reaches
-  it (``tests/generator/``).
+- An attribute in two roles is refused when a map is generated, so no engine run
+  reaches it: planted into the engine's own n-gram schema (the slots, the requests, the
+  tail rows or the KV table given as KV locations or draft counts) in
+  ``test_engine_planted_roles.py``.
 - Counts outside the row, and spans running into another request's or onto the next
   row: planted into the n-gram mode's packed hand-over of its accepted drafts (a
   counted scatter) in ``test_engine_planted_counts.py``.

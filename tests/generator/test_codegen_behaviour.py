@@ -5,6 +5,7 @@ comparison with a golden file."""
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import sys
 from collections.abc import Callable
@@ -21,6 +22,7 @@ from relay.errors import RelayError
 from relay.schema import (
     FROM_PAYLOAD,
     Alloc,
+    BatchRows,
     Field,
     Guard,
     HostCopy,
@@ -300,3 +302,64 @@ def test_rows_scattered_at_per_request_offsets(tmp_path: Path) -> None:
         schema, module.FlatFutureMap, operations=500, dims={"width": 2}
     )
     assert done >= 500
+
+
+def _reads_through_batch(text: str, parent: str) -> list[str]:
+    """Every ``batch.<parent>.<attribute>`` the generated code (not its doc strings)
+    spells out."""
+    return [
+        f"batch.{parent}.{node.attr}"
+        for node in ast.walk(ast.parse(text))
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Attribute)
+        and node.value.attr == parent
+        and isinstance(node.value.value, ast.Name)
+        and node.value.value.id == "batch"
+    ]
+
+
+def test_a_scatter_under_a_skipped_parent_reads_its_layout_there(
+    tmp_path: Path,
+) -> None:
+    """A counted, row-bounded scatter whose target, offsets, counts and rows are under
+    an optional parent reads them through the local the resolve checked is set (so
+    `mypy --strict` knows it is), and lays the rows in; a batch without the parent is
+    left alone."""
+    schema = Schema(
+        name="UnderFutureMap",
+        optional_parents={"spec_info": IfNone.SKIP},
+        fields=[
+            Field(
+                "drafts",
+                lane=Lane.FORWARD,
+                dtype=torch.int64,
+                shape=(2,),
+                target="spec_info.packed",
+                resolve=Scatter(
+                    offsets="spec_info.starts",
+                    lengths="spec_info.counts",
+                    rows=BatchRows(starts="spec_info.rows"),
+                ),
+            ),
+        ],
+    )
+    text = render(schema, source="schemas/under.py", command="relay generate")
+    assert _reads_through_batch(text, "spec_info") == []
+    module = _module(text, tmp_path, "under_map")
+    relay = module.UnderFutureMap("cpu", 4)
+    rows = torch.tensor([[10, 11], [20, 21]])
+    counts = torch.tensor([1, 2])
+    relay.stash(torch.tensor([1, 2]), module.UnderPayload(drafts=rows, counts=counts))
+    info = SimpleNamespace(
+        packed=torch.zeros(4, dtype=torch.int64),
+        starts=torch.tensor([0, 1]),
+        counts=counts,
+        rows=torch.tensor([0, 1, 3]),
+    )
+    relay.resolve_future(
+        SimpleNamespace(req_pool_indices=torch.tensor([1, 2]), spec_info=info)
+    )
+    assert info.packed.tolist() == [10, 20, 21, 0]
+    relay.resolve_future(
+        SimpleNamespace(req_pool_indices=torch.tensor([1]), spec_info=None)
+    )
