@@ -291,6 +291,7 @@ class MapState:
         self.buffers[i] = buf
         self.dtypes[i] = buf.dtype
         self.rows[i] = tuple(buf.shape[1:])
+        self.columns.pop(i, None)  # its row's width may have changed: made again
         self.spans.clear()
         return buf
 
