@@ -237,8 +237,12 @@ class _Program(torch.nn.Module):
     @torch.jit.export
     def decode(self, max_seq_len: int) -> tuple[Tensor, Tensor]:
         tokens, seq_lens, slots = self.args[0], self.args[1], self.args[2]
-        rows, columns = self._cell(self.args[3])
         positions = seq_lens - 1
+        locations = self.args[3]
+        if locations.numel() == 0:
+            rows, columns = slots, positions
+        else:
+            rows, columns = self._cell(locations)
         x = self.embed.index_select(0, tokens)
         x = x + self.pos_embed.index_select(0, positions)
         valid = torch.arange(max_seq_len, device=x.device) < seq_lens[:, None]
@@ -463,7 +467,11 @@ class _Program(torch.nn.Module):
 # forward, or, in a mixed batch whose lengths are bound late, by the map's
 # ``resolve_tails`` from the published lengths (Note [Late-bound tails] in
 # relay/engine/runner.py). A wrong location writes another position's or another
-# slot's cache, and the outputs change.
+# slot's cache, and the outputs change. One exception: a plain decode whose lengths
+# the forward has itself passes no locations (an empty tensor), and writes at its
+# rows' slots and lengths, which is where the table points by construction; the
+# table's gather and the round trip back would be five small ops on the overlap
+# loop's critical path every step (about a tenth of the tiny model's step on a CPU).
 
 
 class KVCache:
@@ -641,9 +649,10 @@ class Forwards:
         locations: Tensor,
     ) -> tuple[Tensor, Tensor]:
         """One token per request at position ``seq_lens - 1``, its keys and values
-        written at ``locations`` (n,) (Note [The request-to-token table]): hidden (n,
-        hidden) and next (n,); ``max_seq_len``, the host maximum of ``seq_lens``, is
-        the attention width."""
+        written at ``locations`` (n,), or at that position of each slot's row when
+        ``locations`` is empty (Note [The request-to-token table]): hidden (n, hidden)
+        and next (n,); ``max_seq_len``, the host maximum of ``seq_lens``, is the
+        attention width."""
         args = [tokens, seq_lens, slots, locations]
         return self._call(args, self.program.decode, max_seq_len)
 

@@ -316,7 +316,9 @@ class ModelRunner:
             out.chunk = StepOutput()
             parts.append(self._run_chunk(chunk, out.chunk))
         slots, lens = batch.req_pool_indices, batch.seq_lens
-        if not batch.mix_running_indices.numel():  # else resolve_tails bound them
+        # A mixed batch's locations resolve_tails bound; a plain decode passes none
+        # (Note [The request-to-token table] in model.py).
+        if spec is not None and not batch.mix_running_indices.numel():
             batch.out_cache_loc = self.forwards.req_to_token[slots, lens - 1]
         if spec is None:
             fw, locations = self.forwards, batch.out_cache_loc

@@ -82,7 +82,8 @@ def test_compiled_forwards_match_eager() -> None:
 def test_decode_rows_write_their_kv_where_the_locations_say(compiled: bool) -> None:
     """The table is the cache's layout, and decode and commit write a row's new keys
     and values at the location they are given (the rest of a verify's after it), not
-    at the row's own slot and length: a wrong location writes another row's cache."""
+    at the row's own slot and length: a wrong location writes another row's cache.
+    A decode given no locations writes at each slot's row at its length."""
     forwards, kv = _forwards(compiled=compiled)
     width = CONFIG.max_context
     assert kv.req_to_token.shape == (POOL, width)
@@ -97,6 +98,11 @@ def test_decode_rows_write_their_kv_where_the_locations_say(compiled: bool) -> N
     forwards.decode(tokens, seq_lens, 6, slots, elsewhere)
     changed = (kv.k != before).any(-1).any(-2).any(0)  # (pool, max_context)
     assert changed.nonzero().tolist() == [[1, 20], [5, 10]]
+    # No locations (a plain decode's own lengths): each slot's row at its length.
+    before = kv.k.clone()
+    forwards.decode(tokens, seq_lens, 6, slots, torch.empty(0, dtype=torch.int64))
+    changed = (kv.k != before).any(-1).any(-2).any(0)
+    assert changed.nonzero().tolist() == [[2, 5], [4, 2]]
     hidden = torch.randn(2, CONFIG.hidden, dtype=CONFIG.dtype)
     first = torch.tensor([[1, 2], [3, 4]])
     result = forwards.draft_and_verify(tokens, hidden, first, 3, seq_lens, 6, slots)
