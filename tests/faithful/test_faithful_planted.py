@@ -6,7 +6,7 @@ of its leader's request); the same loop without the plant runs clean."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import SimpleNamespace
 
 import pytest
@@ -443,6 +443,29 @@ def _stash(
     relay.stash(_slots(*slots), payload, owners=[Req(rid) for rid in rids])
 
 
+#: A plain-decoding schedule run on a relay (sglang's or relay's), planted or not.
+DecodeSteps = Callable[..., SimpleNamespace]
+
+
+def _decode_plant(
+    steps: DecodeSteps, planted: bool, tokens: list[int] | None, match: str
+) -> None:
+    """Debug off, relay's map hands ``steps``' batches the tokens sglang's relay hands
+    (``tokens``, where given); debug on, the unplanted run is clean and the planted one
+    is reported as ``match`` says."""
+    want = steps(SglangRelay("decode"), planted=planted)
+    got = steps(SglangDecodeFutureMap("cpu", POOL), planted=planted)
+    assert torch.equal(got.input_ids, want.input_ids)
+    if tokens is not None:
+        assert got.input_ids.tolist() == tokens
+    checked = SglangDecodeFutureMap("cpu", POOL, debug=True)
+    if not planted:
+        steps(checked, planted=False)
+        return
+    with pytest.raises(RelayDebugError, match=match):
+        steps(checked, planted=True)
+
+
 def _lost_stash(
     relay: SglangDecodeFutureMap | SglangRelay, *, planted: bool
 ) -> SimpleNamespace:
@@ -463,20 +486,13 @@ def _lost_stash(
 def test_a_decode_step_read_without_its_token(planted: bool) -> None:
     """Debug off, ``r2`` decodes its previous token again (sglang's gather does the
     same); debug mode names the field, the slot and the request."""
-    want = _lost_stash(SglangRelay("decode"), planted=planted)
-    got = _lost_stash(SglangDecodeFutureMap("cpu", POOL), planted=planted)
-    assert torch.equal(got.input_ids, want.input_ids)
-    assert got.input_ids.tolist() == ([7, 6] if planted else [7, 8])
-    checked = SglangDecodeFutureMap("cpu", POOL, debug=True)
-    if not planted:
-        _lost_stash(checked, planted=False)
-        return
-    with pytest.raises(
-        RelayDebugError,
-        match=r"output_tokens: slot 2: resolve_future reads a row that was not written "
+    _decode_plant(
+        _lost_stash,
+        planted,
+        ([7, 6] if planted else [7, 8]),
+        r"output_tokens: slot 2: resolve_future reads a row that was not written "
         r"since it was last consumed .*\(read for request 'r2', position 1\)",
-    ):
-        _lost_stash(checked, planted=True)
+    )
 
 
 def _beam_steps(
@@ -504,21 +520,14 @@ def test_a_beam_selection_not_relayed(planted: bool) -> None:
     """Debug off, the members decode their previous tokens again and the leader its
     sampled one, not the selection's; debug mode names the field, the member's slot,
     and the row as a member of the leader's request."""
-    want = _beam_steps(SglangRelay("decode"), planted=planted)
-    got = _beam_steps(SglangDecodeFutureMap("cpu", POOL), planted=planted)
-    assert torch.equal(got.input_ids, want.input_ids)
-    assert got.input_ids.tolist() == ([7, 8, 16, 26] if planted else [7, 9, 19, 29])
-    checked = SglangDecodeFutureMap("cpu", POOL, debug=True)
-    if not planted:
-        _beam_steps(checked, planted=False)
-        return
-    with pytest.raises(
-        RelayDebugError,
-        match=r"output_tokens: slot 4: resolve_future reads a row that was not written "
+    _decode_plant(
+        _beam_steps,
+        planted,
+        ([7, 8, 16, 26] if planted else [7, 9, 19, 29]),
+        r"output_tokens: slot 4: resolve_future reads a row that was not written "
         r"since it was last consumed .*"
         r"\(read for a member row of request 'b', position 2\)",
-    ):
-        _beam_steps(checked, planted=True)
+    )
 
 
 def _overshoot(
@@ -546,20 +555,13 @@ def test_a_retired_beam_group_rides_into_a_reused_slot(planted: bool) -> None:
     """Debug off, the overshoot step decodes ``r2``'s first token as the old member's
     (and its forward would write the member's KV into ``r2``'s row); debug mode names
     the slot, the reader as a member row of ``b`` and the writer ``r2``."""
-    want = _overshoot(SglangRelay("decode"), planted=planted)
-    got = _overshoot(SglangDecodeFutureMap("cpu", POOL), planted=planted)
-    assert torch.equal(got.input_ids, want.input_ids)
-    assert got.input_ids.tolist() == ([7, 40] if planted else [7])
-    checked = SglangDecodeFutureMap("cpu", POOL, debug=True)
-    if not planted:
-        _overshoot(checked, planted=False)
-        return
-    with pytest.raises(
-        RelayDebugError,
-        match=r"output_tokens: slot 3: resolve_future reads it for a member row of "
+    _decode_plant(
+        _overshoot,
+        planted,
+        ([7, 40] if planted else [7]),
+        r"output_tokens: slot 3: resolve_future reads it for a member row of "
         r"request 'b' \(position 1\), but stash wrote it for request 'r2'",
-    ):
-        _overshoot(checked, planted=True)
+    )
 
 
 def _filtered(
@@ -582,16 +584,10 @@ def test_two_decode_requests_handed_each_others_rows(planted: bool) -> None:
     """Debug off, each request decodes the other's token (sglang's gather by slot does
     the same); the values are fresh, so only the request ids tell: debug mode names
     both requests."""
-    want = _filtered(SglangRelay("decode"), planted=planted)
-    got = _filtered(SglangDecodeFutureMap("cpu", POOL), planted=planted)
-    assert torch.equal(got.input_ids, want.input_ids)
-    checked = SglangDecodeFutureMap("cpu", POOL, debug=True)
-    if not planted:
-        _filtered(checked, planted=False)
-        return
-    with pytest.raises(
-        RelayDebugError,
-        match=r"output_tokens: slot 1: resolve_future reads it for request 'b' "
+    _decode_plant(
+        _filtered,
+        planted,
+        None,
+        r"output_tokens: slot 1: resolve_future reads it for request 'b' "
         r"\(position 0\), but stash wrote it for request 'r1'",
-    ):
-        _filtered(checked, planted=True)
+    )
