@@ -365,6 +365,7 @@ def _debug_checks(table: Table, device: torch.device, pool_size: int) -> DebugCh
 # --- the common case's gate --------------------------------------------------------------
 
 _INT64 = torch.int64  # module constants: reading torch.int64 costs an attribute lookup
+_INT32 = torch.int32
 _TENSOR = torch.Tensor
 
 
@@ -534,8 +535,8 @@ def _target(s: MapState, i: int, target: object) -> int:
 # An engine's values and its target may differ in dtype on purpose: vLLM samples
 # int64 tokens and its input_ids are int32. ``Scatter(cast=...)`` declares the target's
 # dtype: the buffer keeps the field's own, and a resolve casts each gathered row as
-# it is laid in (``.to(...)`` in the generated body), as vLLM casts its drafts before
-# its own scatter. Validation takes only casts that keep every value's kind: an
+# it is laid in (``.int()`` in the generated body, or ``.to(...)``), as vLLM casts its
+# drafts before its own scatter. Validation takes only casts that keep every value's kind: an
 # integer field into an integer target, a floating one into a wider floating one. An
 # integer target narrower than the field cannot hold every value, so debug mode
 # checks each stashed value that a resolve may lay in (a counted row's real ones) on
@@ -673,7 +674,10 @@ def scattered(s: MapState, i: int, target: torch.Tensor) -> None:
 # its row's width of the span either way. On the CPU the values are picked with a mask;
 # elsewhere a mask would read the counts back to the host, a sync that stalls the
 # overlap, so each covered position takes the value of the one entry that covers it
-# (``scatter_kept``), with no host read.
+# (``scatter_kept``), with no host read. Debug off on the CPU, a lean plan (one counted
+# field, alone or after one value per request: ``SpanPlan.lean``) reads each tensor
+# once and all its counts and spans in one ``_spans_ok``; anything it does not take
+# goes the general way, which refuses it, naming it.
 
 #: What ``span_at`` hands ``scatter_span``: each field's positions, values, and the
 #: mask of the entries it keeps (``None``: all, already picked on the host).
@@ -717,7 +721,10 @@ class SpanPlan:
     field its ``Scatter``, row width, whether it takes its width whatever it lays
     (``when``), the dtype it lays in, and its row's columns (``arange(width)``)."""
 
-    __slots__ = ("columns", "fixed", "laid", "mixed", "offsets", "scatters", "widths")
+    __slots__ = (
+        "columns", "fixed", "laid", "lean", "mixed", "offsets", "scatters", "unmasked",
+        "widths",
+    )  # fmt: skip
 
     def __init__(self, s: MapState, fields: tuple[int, ...]) -> None:
         self.scatters = [s.table.fields[i].scatter for i in fields]
@@ -729,6 +736,27 @@ class SpanPlan:
         first = self.scatters[0]
         self.offsets = first.offsets if first is not None else None
         self.columns = [_columns(s, i, w) for i, w in zip(fields, self.widths)]
+        #: Whether ``span_at`` takes its lean path: debug off on the CPU, one counted
+        #: field of one dtype and flat rows, alone or after one value per request
+        #: (vLLM's sampled token, then its drafts), every buffer made.
+        last = self.scatters[-1]
+        self.lean = (
+            s.host_check
+            and not self.mixed
+            and len(fields) <= 2
+            and last is not None
+            and last.lengths is not None
+            and last.when is None
+            and all(s.buffers[i] is not None for i in fields)
+            and len(s.rows[fields[-1]]) == 1
+            and all(s.rows[i] == () for i in fields[:-1])
+            and all(
+                sc is None or (sc.lengths is None and sc.when is None)
+                for sc in self.scatters[:-1]
+            )
+        )
+        #: The lean path's masks: none (the kept values are picked on the host).
+        self.unmasked: list[torch.Tensor | None] = [None] * len(fields)
 
 
 def _columns(s: MapState, i: int, width: int) -> torch.Tensor:
@@ -760,6 +788,29 @@ def span_at(
     if plan is None:
         plan = s.spans[fields] = SpanPlan(s, fields)
     n = indices.numel()
+    last = lengths[-1]  # the counted field's counts
+    if (  # the common case of a lean plan (``SpanPlan.lean``): each tensor read once
+        plan.lean
+        and type(target) is _TENSOR
+        and type(offsets) is _TENSOR
+        and type(last) is _TENSOR
+        and target.is_cpu
+        and offsets.is_cpu
+        and last.is_cpu
+        and target.dtype is plan.laid[0]
+        and len(flat := target.shape) == 1
+        and offsets.shape == last.shape == (n,)
+    ):
+        at_dtype, count_dtype = offsets.dtype, last.dtype
+        if (at_dtype is _INT64 or at_dtype is _INT32) and (
+            count_dtype is _INT64 or count_dtype is _INT32
+        ):
+            starts = offsets if at_dtype is _INT64 else offsets.long()
+            kept = last if count_dtype is _INT64 else last.long()
+            span = _lean_span(s, plan, fields[0], blocks, starts, kept, n, flat, rows)
+            if span is not None:
+                return span
+    size = _target(s, fields[0], target)
     size = _target(s, fields[0], target)
     if plan.mixed:
         for i in fields[1:]:
@@ -816,6 +867,33 @@ def span_at(
     else:
         _assert_span(s, fields, starts, widths, room, bounds)
     return _span_places(plan, blocks, starts, counts, host)
+
+
+def _lean_span(
+    s: MapState,
+    plan: SpanPlan,
+    head: int,
+    blocks: tuple[torch.Tensor, ...],
+    starts: torch.Tensor,
+    count: torch.Tensor,
+    n: int,
+    flat: torch.Size,
+    rows: Bounds | None,
+) -> Span | None:
+    """``span_at``'s lean path once its tensors were found what it takes: ``None`` where
+    ``_spans_ok`` finds a count or a span wrong, for ``span_at`` to refuse, naming it,
+    or to plan requests out of start order (Note [Scatter destinations]); else the
+    same ops as ``_span_places``."""
+    bounds = None if rows is None else _bounds(s, head, rows, n, s.device)
+    fixed = len(blocks) - 1  # the value before the counted ones, if any
+    if not _spans_ok(starts, [count], plan.widths[-1:], fixed, flat[0], bounds):
+        return None
+    columns = plan.columns[-1]
+    at = (starts + 1 if fixed else starts).unsqueeze(1) + columns
+    keep = columns < count.unsqueeze(1)
+    if fixed:
+        return [starts, at[keep]], [blocks[0], blocks[1][keep]], plan.unmasked
+    return [at[keep]], [blocks[0][keep]], plan.unmasked
 
 
 def _assert_span(

@@ -41,6 +41,21 @@ def dtype(value: torch.dtype) -> str:
     return str(value)
 
 
+#: The casts torch spells as a method of their own: ``x.int()`` is ``x.to(torch.int32)``
+#: (the same op) with less argument parsing per call.
+_CAST_METHODS = {
+    torch.int32: "int", torch.int64: "long", torch.int16: "short", torch.int8: "char",
+    torch.uint8: "byte", torch.bool: "bool", torch.float16: "half",
+    torch.bfloat16: "bfloat16", torch.float32: "float", torch.float64: "double",
+}  # fmt: skip
+
+
+def cast_to(value: torch.dtype) -> str:
+    """A cast to ``value`` spelled as source: ``.int()``, else ``.to(torch.<dtype>)``."""
+    method = _CAST_METHODS.get(value)
+    return f".{method}()" if method else f".to({dtype(value)})"
+
+
 def shape_literal(dims: tuple[str, ...]) -> str:
     """A tuple literal from spelled dims: ``("pool_size", "topk")`` -> ``(pool_size, topk)``."""
     if len(dims) == 1:

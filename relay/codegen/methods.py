@@ -17,7 +17,7 @@ import attrs
 import torch
 
 from relay.codegen.layout import PackedGroup
-from relay.codegen.literals import dtype, join, plus, string_literal
+from relay.codegen.literals import cast_to, dtype, join, plus, string_literal
 from relay.codegen.naming import Names
 from relay.schema import (
     Alloc,
@@ -311,7 +311,7 @@ def _cast(f: Field) -> str:
     """The cast of a scatter's gathered rows to its target's dtype, where it declares
     one (Note [Casting scatters] in runtime.py)."""
     cast = f.scatter.cast if f.scatter is not None else None
-    return "" if cast is None else f".to({dtype(cast)})"
+    return "" if cast is None else cast_to(cast)
 
 
 def _scattered(

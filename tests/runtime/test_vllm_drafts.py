@@ -307,6 +307,12 @@ def test_a_request_reads_its_token_then_its_scheduled_drafts(debug: bool) -> Non
     [
         (torch.tensor([1.0, 2.0]), [0, 2], r"got a torch\.float32 tensor"),
         (torch.tensor([1]), [0, 2], r"must hold one integer per request \(2"),
+        (
+            torch.tensor([[1], [2]]),
+            [0, 2],
+            r"got a torch\.int64 tensor of shape \(2, 1\)",
+        ),
+        (torch.tensor([1, 2], dtype=torch.int16), [0, 2], r"got a torch\.int16 tensor"),
         ([1, 2], [0, 2], r"got a list"),
         (
             torch.tensor([1, 3]),
@@ -325,7 +331,7 @@ def test_a_request_reads_its_token_then_its_scheduled_drafts(debug: bool) -> Non
             ),
         ),
     ],
-    ids=["floats", "one short", "a list", "running past the end", "negative offset"],
+    ids=["floats", "one short", "a column", "int16", "a list", "past the end", "-1"],
 )
 def test_bad_counts_are_refused_before_anything_is_written(
     counts: object, starts: list[int], message: str
