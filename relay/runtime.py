@@ -722,8 +722,8 @@ class SpanPlan:
     (``when``), the dtype it lays in, and its row's columns (``arange(width)``)."""
 
     __slots__ = (
-        "columns", "fixed", "laid", "lean", "mixed", "offsets", "scatters", "unmasked",
-        "widths",
+        "columns", "fixed", "head", "laid", "lean", "mixed", "offsets", "scatters",
+        "tail", "tail_columns", "unmasked", "widths",
     )  # fmt: skip
 
     def __init__(self, s: MapState, fields: tuple[int, ...]) -> None:
@@ -755,7 +755,12 @@ class SpanPlan:
                 for sc in self.scatters[:-1]
             )
         )
-        #: The lean path's masks: none (the kept values are picked on the host).
+        #: The lean path's: the values before the counted ones (0 or 1), the counted
+        #: field's width (as ``_spans_ok`` takes it) and columns, and no masks (the
+        #: kept values are picked on the host).
+        self.head = len(fields) - 1
+        self.tail = self.widths[-1:]
+        self.tail_columns = self.columns[-1]
         self.unmasked: list[torch.Tensor | None] = [None] * len(fields)
 
 
@@ -807,10 +812,21 @@ def span_at(
         ):
             starts = offsets if at_dtype is _INT64 else offsets.long()
             kept = last if count_dtype is _INT64 else last.long()
-            span = _lean_span(s, plan, fields[0], blocks, starts, kept, n, flat, rows)
-            if span is not None:
-                return span
-    size = _target(s, fields[0], target)
+            head = plan.head  # the value before the counted ones, if any
+            bounds = None if rows is None else _bounds(s, fields[0], rows, n, s.device)
+            if _spans_ok(starts, [kept], plan.tail, head, flat[0], bounds):
+                columns = plan.tail_columns  # the same ops as _span_places
+                at = (starts + 1 if head else starts).unsqueeze(1) + columns
+                keep = columns < kept.unsqueeze(1)
+                if head:
+                    return (
+                        [starts, at[keep]],
+                        [blocks[0], blocks[1][keep]],
+                        plan.unmasked,
+                    )
+                return [at[keep]], [blocks[0][keep]], plan.unmasked
+            # A count or span found wrong: refused below, naming it (or requests out
+            # of start order, planned below).
     size = _target(s, fields[0], target)
     if plan.mixed:
         for i in fields[1:]:
@@ -867,33 +883,6 @@ def span_at(
     else:
         _assert_span(s, fields, starts, widths, room, bounds)
     return _span_places(plan, blocks, starts, counts, host)
-
-
-def _lean_span(
-    s: MapState,
-    plan: SpanPlan,
-    head: int,
-    blocks: tuple[torch.Tensor, ...],
-    starts: torch.Tensor,
-    count: torch.Tensor,
-    n: int,
-    flat: torch.Size,
-    rows: Bounds | None,
-) -> Span | None:
-    """``span_at``'s lean path once its tensors were found what it takes: ``None`` where
-    ``_spans_ok`` finds a count or a span wrong, for ``span_at`` to refuse, naming it,
-    or to plan requests out of start order (Note [Scatter destinations]); else the
-    same ops as ``_span_places``."""
-    bounds = None if rows is None else _bounds(s, head, rows, n, s.device)
-    fixed = len(blocks) - 1  # the value before the counted ones, if any
-    if not _spans_ok(starts, [count], plan.widths[-1:], fixed, flat[0], bounds):
-        return None
-    columns = plan.columns[-1]
-    at = (starts + 1 if fixed else starts).unsqueeze(1) + columns
-    keep = columns < count.unsqueeze(1)
-    if fixed:
-        return [starts, at[keep]], [blocks[0], blocks[1][keep]], plan.unmasked
-    return [at[keep]], [blocks[0][keep]], plan.unmasked
 
 
 def _assert_span(
