@@ -248,7 +248,9 @@ def _gather(names: Names, schema: Schema, f: Field) -> str:
     if not _flat(f):
         return rows
     flat = f"state.flat[{schema.fields.index(f)}]"
-    return f"({flat}.index_select(0, indices) if {flat} is not None else {rows}.flatten())"
+    return (
+        f"({flat}.index_select(0, indices) if {flat} is not None else {rows}.flatten())"
+    )
 
 
 def _gather_read(
