@@ -219,6 +219,7 @@ class MapState:
         "dtypes",
         "fence",
         "flat",
+        "floating",
         "host_check",
         "on",
         "pool_size",
@@ -251,6 +252,9 @@ class MapState:
         #: a lazy one is allocated: no value fits then).
         self.dtypes: list[torch.dtype | None] = [None] * len(table.fields)
         self.rows: list[tuple[int, ...]] = [()] * len(table.fields)
+        #: Each buffer: whether its dtype is one a tensor may require grad in (a value of
+        #: an integer one never does: the gate reads no ``requires_grad`` then).
+        self.floating: list[bool] = [False] * len(table.fields)
         #: Each buffer whose rows hold one element, as one dimension (a flat target's
         #: gather reads it: Note [One-element rows]); ``None`` for the others.
         self.flat: list[torch.Tensor | None] = [None] * len(table.fields)
@@ -295,6 +299,7 @@ class MapState:
         self.buffers[i] = buf
         self.dtypes[i] = buf.dtype
         self.rows[i] = tuple(buf.shape[1:])
+        self.floating[i] = buf.dtype.is_floating_point or buf.dtype.is_complex
         one = buf.dim() > 1 and math.prod(self.rows[i]) == 1
         self.flat[i] = buf.view(-1) if one else None
         self.columns.pop(i, None)  # its row's width may have changed: made again

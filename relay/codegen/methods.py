@@ -80,14 +80,15 @@ def _fits(schema: Schema, f: Field, v: str) -> str:
     is the state's, ``None`` before it exists, which nothing fits), one buffer row per
     slot, on the map's device (``is_cpu`` on a CPU map: no ``torch.device`` made), not
     requiring grad (untested where the dtype tested is an integer one: torch lets no
-    integer tensor require grad)."""
+    integer tensor require grad; a lazy buffer's dtype is known once it exists)."""
     i = schema.fields.index(f)
     want = f"state.dtypes[{i}]"
-    grad = f" and not {v}.requires_grad"
-    if isinstance(f.dtype, torch.dtype) and not _lazy(f):
-        want = dtype(f.dtype)
-        if not (f.dtype.is_floating_point or f.dtype.is_complex):
-            grad = ""
+    grad = f" and not (state.floating[{i}] and {v}.requires_grad)"  # from the payload
+    if isinstance(f.dtype, torch.dtype):
+        floating = f.dtype.is_floating_point or f.dtype.is_complex
+        grad = f" and not {v}.requires_grad" if floating else ""
+        if not _lazy(f):
+            want = dtype(f.dtype)
     rows = f"index_shape + state.rows[{i}]" if f.shape else "index_shape"
     return (
         f"(type({v}) is torch.Tensor"
