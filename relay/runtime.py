@@ -218,6 +218,8 @@ class MapState:
         "device",
         "dtypes",
         "fence",
+        "flat",
+        "floating",
         "host_check",
         "on",
         "pool_size",
@@ -250,6 +252,12 @@ class MapState:
         #: a lazy one is allocated: no value fits then).
         self.dtypes: list[torch.dtype | None] = [None] * len(table.fields)
         self.rows: list[tuple[int, ...]] = [()] * len(table.fields)
+        #: Each buffer: whether its dtype is one a tensor may require grad in (a value of
+        #: an integer one never does: the gate reads no ``requires_grad`` then).
+        self.floating: list[bool] = [False] * len(table.fields)
+        #: Each buffer whose rows hold one element, as one dimension (a flat target's
+        #: gather reads it: Note [One-element rows]); ``None`` for the others.
+        self.flat: list[torch.Tensor | None] = [None] * len(table.fields)
         #: Each optional field: whether the latest write carried it.
         self.carried: list[bool] = [False] * len(table.fields)
         #: Each field: whether this map relays it (``False`` for a field whose
@@ -291,9 +299,20 @@ class MapState:
         self.buffers[i] = buf
         self.dtypes[i] = buf.dtype
         self.rows[i] = tuple(buf.shape[1:])
+        self.floating[i] = buf.dtype.is_floating_point or buf.dtype.is_complex
+        one = buf.dim() > 1 and math.prod(self.rows[i]) == 1
+        self.flat[i] = buf.view(-1) if one else None
         self.columns.pop(i, None)  # its row's width may have changed: made again
         self.spans.clear()
         return buf
+
+
+# Note [One-element rows]
+# A flat target takes a field's rows flattened. Where a row holds one element (one
+# draft per request), those are the buffer's own elements at the slots: one gather
+# from the buffer's one-dimensional view hands them, where a gather of rows and a
+# ``flatten`` view cost about three times as much on the CPU. The view is made when the
+# buffer is (``MapState.adopt``), so an adopted buffer gets its own.
 
 
 def check_dim(table: Table, name: str, value: int) -> int:
@@ -367,6 +386,10 @@ def _debug_checks(table: Table, device: torch.device, pool_size: int) -> DebugCh
 _INT64 = torch.int64  # module constants: reading torch.int64 costs an attribute lookup
 _INT32 = torch.int32
 _TENSOR = torch.Tensor
+_AMINMAX = torch.aminmax
+#: A 0-dim integer tensor's value: ``tolist`` reads it without an op (typed once here
+#: rather than cast per call).
+_INT = cast(Callable[[torch.Tensor], int], torch.Tensor.tolist)
 
 
 # Note [Slots on the host]
@@ -400,8 +423,8 @@ def write_rows(s: MapState, indices: torch.Tensor) -> torch.Size | None:
             if not s.slots.issuperset(indices.tolist()):  # tolist: no op dispatched
                 return None  # the checked path refuses the bad slot, naming it
         else:  # host_slots_ok's aminmax, inlined on the hot path
-            low, high = torch.aminmax(indices)
-            if cast(int, low.tolist()) < 0 or cast(int, high.tolist()) >= s.pool_size:
+            low, high = _AMINMAX(indices)
+            if _INT(low) < 0 or _INT(high) >= s.pool_size:
                 return None
         return shape
     if s.debug is not None or n == 0 or indices.device != s.device:

@@ -59,8 +59,8 @@ class PublishReady:
             self.copy_done.record(self.copy_stream)
             self.copy_done.synchronize()
             batch.seq_lens_cpu = self.pinned[batch.req_pool_indices_cpu]
-        else:
-            batch.seq_lens_cpu = rows.cpu()
+        else:  # on the CPU .cpu() is rows itself: both lengths would move as one
+            batch.seq_lens_cpu = rows.clone() if self.cpu else rows.cpu()
         batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
 
 

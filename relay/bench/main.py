@@ -270,15 +270,9 @@ def _spans(args: argparse.Namespace, device: Any) -> int:
         "without them"
     )
     head = ("batch", "generated us", "floor us", "bare us", "gen/floor", "gen/bare")
-    rows = [
-        (
-            str(r["batch"]),
-            *(_us(ns) for ns in r["ns"].values()),
-            *(_quartiles(r[f"generated/{k}"]) for k in ("floor", "bare")),
-            "same" if r["same"] else "DIFFER",
-        )
-        for r in results
-    ]
+    rows = [(str(r["batch"]), *(_us(ns) for ns in r["ns"].values()),
+             *(_quartiles(r[f"generated/{k}"]) for k in ("floor", "bare")),
+             "same" if r["same"] else "DIFFER") for r in results]  # fmt: skip
     print("\n".join(_table([(*head, "values"), *rows], left=0)))
     _write_json(args.json, {"spans": results})
     return EXIT_OK if all(r["same"] for r in results) else EXIT_FAILED
@@ -326,9 +320,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         torch.set_num_threads(saved)
     print(render(meta, results))
-    failures = [
-        f"{r['name']} {r['label']}: {r['error']}" for r in results if r["error"]
-    ]
+    failures = [f"{r['name']} {r['label']}: {r['error']}" for r in results if r["error"]]  # fmt: skip
     failures += [p for r in results for p in r["problems"]]
     print("\n" + ("\n".join(failures) if failures else
                   "values: generated == baseline == floors in every configuration"))  # fmt: skip

@@ -120,6 +120,17 @@ class _Builder:
                 lines.append(f"b_{f.name}.index_fill_(0, idx, 0)")  # omitted: cleared
         return lines
 
+    def gather(self, f: Field) -> str:
+        """``f``'s rows as the map hands them: a flat target's rows of one element
+        from the buffer's flat view (Note [One-element rows] in relay/runtime.py)."""
+        rows, buf = f"b_{f.name}.index_select(0, idx)", self.ns[f"b_{f.name}"]
+        if f.target_shape is not TargetShape.FLAT:
+            return rows
+        if math.prod(buf.shape[1:]) != 1:
+            return rows + ".flatten()"
+        self.ns[f"f_{f.name}"] = buf.view(-1)
+        return f"f_{f.name}.index_select(0, idx)"
+
     def resolve_future(self) -> list[str]:
         reads = [f for f in self.schema.fields if f.lane is Lane.FORWARD and f.target]
         lines, spelled = [], {}
@@ -139,7 +150,6 @@ class _Builder:
             late.append(f"{names}, = g_{key}.split_with_sizes(w_{key}, 1)")
         members = {m.field.name for g in groups for m in g.members}
         for f in reads:
-            flat = ".flatten()" if f.target_shape is TargetShape.FLAT else ""
             if f.name in members:
                 view = {0: ".squeeze(1)", 1: ""}.get(
                     len(f.shape), f".unflatten(1, b_{f.name}.shape[1:])"
@@ -147,12 +157,12 @@ class _Builder:
                 late.append(f"{spelled[f.name]} = r_{f.name}{view}")
             elif f.name not in self.carried:
                 late.append(f"{spelled[f.name]} = None")
-            elif groups:
+            elif groups:  # a packed map flattens after its gathers, as it is made
+                flat = ".flatten()" if f.target_shape is TargetShape.FLAT else ""
                 lines.append(f"r_{f.name} = b_{f.name}.index_select(0, idx){flat}")
                 late.append(f"{spelled[f.name]} = r_{f.name}")
             else:
-                gather = f"b_{f.name}.index_select(0, idx){flat}"
-                lines.append(f"{spelled[f.name]} = {gather}")
+                lines.append(f"{spelled[f.name]} = {self.gather(f)}")
         return lines + late
 
     def resolve_schedule(self, f: Field) -> list[str]:
@@ -160,8 +170,7 @@ class _Builder:
             host = f.host
             nones = [f.target, *((host.mirror, host.sum) if host else ())]
             return ["wait()", *(f"batch.{p} = None" for p in nones if p)]
-        flat = ".flatten()" if f.target_shape is TargetShape.FLAT else ""
-        lines = ["wait()", f"r = b_{f.name}.index_select(0, idx){flat}"]
+        lines = ["wait()", f"r = {self.gather(f)}"]
         if f.target is not None:
             lines.append(f"batch.{f.target} = r")
         host_mirror, host_sum = (f.host.mirror, f.host.sum) if f.host else (None, None)

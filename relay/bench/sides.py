@@ -179,18 +179,26 @@ class Workload:
             "new_seq_lens": (self.seq_lens.cpu() + grown).to(device),
         }
         for handed, nones in self._handed:
-            handed.update((n, None if n in nones else self.values[n]) for n in handed)
+            names = [n for n in handed if n[0] != "_"]  # not the call's own names
+            handed.update((n, None if n in nones else self.values[n]) for n in names)
 
-    def kwargs(
-        self, names: Sequence[str], owner: str, nones: Collection[str] = ()
-    ) -> dict[str, torch.Tensor | None]:
-        """A dict of ``names``' values (``nones``: None) that ``renew`` keeps current."""
+    def call(
+        self, fn: Callable[..., Any], names: Sequence[str], owner: str,
+        nones: Collection[str] = (), lead: Any = None, make: Any = None,
+    ) -> Callable[[], None]:  # fmt: skip
+        """``fn(lead, n=n, ...)`` over ``names``' values (``nones``: None; ``make``: the
+        payload built of them), which ``renew`` keeps current; the keywords spelled out as
+        an engine spells them (a dict unpacked per call would time the driver)."""
         missing = ", ".join(n for n in names if n not in self.values)
         if missing:
             raise LookupError(f"{owner} takes {missing}: not in the workload")
-        handed = {n: None if n in nones else self.values[n] for n in names}
+        handed: dict[str, Any] = {n: self.values[n] for n in names}
+        handed.update(dict.fromkeys(handed.keys() & set(nones)))
         self._handed.append((handed, frozenset(nones)))
-        return handed
+        words = ", ".join(f"{n}={n}" for n in names)
+        args = ["_i"] * (lead is not None) + [f"_make({words})" if make else words]
+        handed.update(_fn=fn, _make=make, _i=lead)
+        return eval(f"lambda: _fn({', '.join(filter(None, args))})", handed)  # type: ignore[no-any-return]
 
 
 @attrs.define
@@ -233,26 +241,18 @@ def build_side(
     calls.append(("resolve_future", functools.partial(m.resolve_future, batch)))
     if graph and payload_cls is not None:
         calls.append(("graph_wrote", functools.partial(m.graph_wrote, indices)))
-    elif graph:  # the dicts ``work.kwargs`` hands are kept current: read per call
-        wrote, values = m.graph_wrote, work.kwargs(_keywords(m.graph_wrote, 0), owner)
-        calls.append(("graph_wrote", lambda: wrote(**values)))
+    elif graph:
+        keys = _keywords(m.graph_wrote, 0)
+        calls.append(("graph_wrote", work.call(m.graph_wrote, keys, owner)))
     if hasattr(m, "publish"):
-        publish = m.publish
-        published = work.kwargs(_keywords(publish), f"{owner}.publish", nones)
-        calls.append(("publish", lambda: publish(indices, **published)))
-    stash, make = m.stash, payload_cls
-    if make is not None:
-        names = [f.name for f in attrs.fields(make)]
-        fields = work.kwargs(names, make.__name__, nones)
-        calls.append(("stash", lambda: stash(indices, make(**fields))))
-    else:
-        keywords = work.kwargs(_keywords(stash), f"{owner}.stash")
-        calls.append(("stash", lambda: stash(indices, **keywords)))
-    resolves = [
-        n
-        for n in sorted(dir(type(m)))
-        if n.startswith("resolve_") and n not in ("resolve_future", *LEFT_OUT)
-    ]
+        keys, named = _keywords(m.publish), f"{owner}.publish"
+        calls.append(("publish", work.call(m.publish, keys, named, nones, indices)))
+    make = payload_cls  # None: a baseline's stash takes the values as keywords
+    keys = [f.name for f in attrs.fields(make)] if make else _keywords(m.stash)
+    named = make.__name__ if make else f"{owner}.stash"
+    calls.append(("stash", work.call(m.stash, keys, named, nones, indices, make)))
+    names, skip = sorted(dir(type(m))), ("resolve_future", *LEFT_OUT)
+    resolves = [n for n in names if n.startswith("resolve_") and n not in skip]
     calls += [(r, functools.partial(getattr(m, r), batch)) for r in resolves]
     if not resolves:
         calls.append((SEQ_LENS_PLUS_ONE, functools.partial(advance_seq_lens, batch)))

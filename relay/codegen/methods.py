@@ -80,14 +80,15 @@ def _fits(schema: Schema, f: Field, v: str) -> str:
     is the state's, ``None`` before it exists, which nothing fits), one buffer row per
     slot, on the map's device (``is_cpu`` on a CPU map: no ``torch.device`` made), not
     requiring grad (untested where the dtype tested is an integer one: torch lets no
-    integer tensor require grad)."""
+    integer tensor require grad; a lazy buffer's dtype is known once it exists)."""
     i = schema.fields.index(f)
     want = f"state.dtypes[{i}]"
-    grad = f" and not {v}.requires_grad"
-    if isinstance(f.dtype, torch.dtype) and not _lazy(f):
-        want = dtype(f.dtype)
-        if not (f.dtype.is_floating_point or f.dtype.is_complex):
-            grad = ""
+    grad = f" and not (state.floating[{i}] and {v}.requires_grad)"  # from the payload
+    if isinstance(f.dtype, torch.dtype):
+        floating = f.dtype.is_floating_point or f.dtype.is_complex
+        grad = f" and not {v}.requires_grad" if floating else ""
+        if not _lazy(f):
+            want = dtype(f.dtype)
     rows = f"index_shape + state.rows[{i}]" if f.shape else "index_shape"
     return (
         f"(type({v}) is torch.Tensor"
@@ -240,6 +241,19 @@ def _flat(f: Field) -> str:
     return ".flatten()" if f.target_shape is TargetShape.FLAT else ""
 
 
+def _gather(names: Names, schema: Schema, f: Field) -> str:
+    """``f``'s rows at ``indices`` as its target takes them (not for packed fields); a
+    flat target's rows of one element from the buffer's flat view, where the map has
+    one (Note [One-element rows] in relay/runtime.py)."""
+    rows = f"{_buf(names, schema, f)}.index_select(0, indices)"
+    if not _flat(f):
+        return rows
+    flat = f"state.flat[{schema.fields.index(f)}]"
+    return (
+        f"({flat}.index_select(0, indices) if {flat} is not None else {rows}.flatten())"
+    )
+
+
 def _gather_read(
     names: Names, schema: Schema, f: Field, target: str, gate: str | None = None
 ) -> list[str]:
@@ -249,21 +263,22 @@ def _gather_read(
         flag = _carried(schema, f)
         if gate is not None:  # the batch says whether its rows hold the field
             flag = f"{flag} and {gate}"
-        return [f"{target} = {_gather_optional(names, schema, f, flag, _flat(f))}"]
-    gather = f"{_buf(names, schema, f)}.index_select(0, indices){_flat(f)}"
-    return [*_stashed(names, schema, f), f"{target} = {gather}"]
+        return [f"{target} = {_gather_optional(names, schema, f, flag, True)}"]
+    return [*_stashed(names, schema, f), f"{target} = {_gather(names, schema, f)}"]
 
 
 def _gather_optional(
-    names: Names, schema: Schema, f: Field, flag: str, flat: str = ""
+    names: Names, schema: Schema, f: Field, flag: str, as_target: bool = False
 ) -> str:
-    """Optional field ``f``'s rows at ``indices`` where ``flag`` (the latest write carried
-    it) holds and its buffer exists, else ``None``: spelled out, no call per field."""
+    """Optional field ``f``'s rows at ``indices`` (``as_target``: as its target takes
+    them) where ``flag`` (the latest write carried it) holds and its buffer exists,
+    else ``None``: spelled out, no call per field."""
     buf = _buf(names, schema, f)
     if _lazy(f):  # the test narrows the buffer's type for the gather
         flag = f"({flag})" if " or " in flag else flag
         flag = f"{flag} and {buf} is not None"
-    return f"{buf}.index_select(0, indices){flat} if {flag} else None"
+    rows = _gather(names, schema, f) if as_target else f"{buf}.index_select(0, indices)"
+    return f"{rows} if {flag} else None"
 
 
 def _placeholder_read(names: Names, schema: Schema, f: Field, target: str) -> list[str]:
@@ -784,8 +799,7 @@ def resolve_schedule(names: Names, schema: Schema, f: Field) -> list[str]:
     lines.append("debug = state.debug")
     lines += ["if debug is not None:", f'    debug.waited("{method}")']
     lines += _slots_read(method)
-    gather = f"{_buf(names, schema, f)}.index_select(0, indices){_flat(f)}"
-    read = [*_stashed(names, schema, f), f"{value} = {gather}"]
+    read = [*_stashed(names, schema, f), f"{value} = {_gather(names, schema, f)}"]
     if f.target is not None:
         read.append(f"batch.{f.target} = {value}")
     read += _host(names, f, value)

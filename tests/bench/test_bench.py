@@ -52,19 +52,21 @@ def _baseline_ops(name: str, shape: Shape) -> dict[str, tuple[str, ...]]:
 
 
 def test_eagle_baseline_dispatches_domain_totals() -> None:
-    """EAGLE with hidden states at B >= 2: 12 ops a step, as DOMAIN.md counts sglang's."""
+    """EAGLE with hidden states at B >= 2: 12 ops a step, as DOMAIN.md counts sglang's, and
+    on the CPU the host copy's ``clone`` (``.cpu()`` there hands the rows themselves, and
+    an engine advancing both lengths in place would count twice)."""
     ops = _baseline_ops("eagle", Shape(257, 32, 8, 4096))
     assert ops == {
         "resolve_future": ("index",) * 4,
         "publish": ("index_put_",),
         "stash": ("index_put_",) * 4,
-        "resolve_seq_lens_cpu": ("index", "sum", "_local_scalar_dense"),
+        "resolve_seq_lens_cpu": ("index", "clone", "sum", "_local_scalar_dense"),
     }
 
 
 def test_decode_baselines_dispatch_domain_totals() -> None:
     """Plain decoding: 3 ops a step (gather, indexed write, host seq_lens + 1); the
-    design that relays seq_lens too, 12."""
+    design that relays seq_lens too, 12 and the CPU's host copy."""
     assert _baseline_ops("decode", Shape(257, 32)) == {
         "resolve_future": ("index",),
         "stash": ("index_put_",),
@@ -73,7 +75,7 @@ def test_decode_baselines_dispatch_domain_totals() -> None:
     ops = _baseline_ops("decode_seq_lens", Shape(257, 32))
     assert ops["invalidate"] == ("neg",)
     assert ops["publish"] == ops["stash"] == ("index_put_",)
-    assert sum(len(v) for v in ops.values()) == 12
+    assert sum(len(v) for v in ops.values()) == 13
 
 
 #: sglang 0.5.23's EAGLE step with top-k and hidden state, as its map dispatches it.
@@ -81,7 +83,7 @@ SGLANG_EAGLE_OPS = {
     "resolve_future": ("index",) * 4,
     "publish": ("index_put_",),
     "stash": ("index_put_",) * 4,
-    "resolve_seq_lens_cpu": ("index", "sum", "_local_scalar_dense"),
+    "resolve_seq_lens_cpu": ("index", "clone", "sum", "_local_scalar_dense"),
 }
 
 
@@ -89,7 +91,8 @@ def test_sglang_baselines_dispatch_what_sglang_dispatches() -> None:
     """sglang 0.5.23's maps, op by op: EAGLE 12 ops a step (the confidence and the
     mixed batch's tails are not called in a decode step), 10 when a captured graph
     wrote the lengths and bonus tokens (no scatter for them); n-gram 8; plain
-    decoding 3, the very baseline of ``decode``."""
+    decoding 3, the very baseline of ``decode``. A map relaying lengths adds the host
+    copy's ``clone`` on the CPU."""
     shape = Shape(257, 4, 4, 64)
     assert _baseline_ops("sglang_eagle", shape) == SGLANG_EAGLE_OPS
     assert _baseline_ops("sglang_eagle/graph", shape) == {
@@ -102,7 +105,7 @@ def test_sglang_baselines_dispatch_what_sglang_dispatches() -> None:
         "resolve_future": ("index", "index"),
         "publish": ("index_put_",),
         "stash": ("index_put_", "index_put_"),
-        "resolve_seq_lens_cpu": ("index", "sum", "_local_scalar_dense"),
+        "resolve_seq_lens_cpu": ("index", "clone", "sum", "_local_scalar_dense"),
     }
     assert _baseline_ops("sglang_decode", Shape(257, 4)) == _baseline_ops(
         "decode", Shape(257, 4)

@@ -167,6 +167,11 @@ FAST_CASES: dict[str, tuple[int, Callable[[], EaglePayload]]] = {
         2,
         lambda: _eagle(2, topk_p=torch.ones(2, TOPK, requires_grad=True)),
     ),
+    # The hidden state's dtype is the payload's: its buffer's is known once it exists.
+    "payload-dtype field requires grad": (
+        2,
+        lambda: _eagle(2, hidden_states=torch.ones(2, 4, requires_grad=True)),
+    ),
 }
 
 
