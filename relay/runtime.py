@@ -559,12 +559,12 @@ def _target(s: MapState, i: int, target: object) -> int:
 # int64 tokens and its input_ids are int32. ``Scatter(cast=...)`` declares the target's
 # dtype: the buffer keeps the field's own, and a resolve casts each gathered row as
 # it is laid in (``.int()`` in the generated body, or ``.to(...)``), as vLLM casts its
-# drafts before its own scatter. Validation takes only casts that keep every value's kind: an
-# integer field into an integer target, a floating one into a wider floating one. An
-# integer target narrower than the field cannot hold every value, so debug mode
-# checks each stashed value that a resolve may lay in (a counted row's real ones) on
-# the device, with no host sync (``check_cast``); with debug off a value out of range
-# wraps, as torch's cast does.
+# drafts before its own scatter. Validation takes only casts that keep every value's
+# kind: an integer field into an integer target, a floating one into a wider floating
+# one. An integer target narrower than the field cannot hold every value, so debug
+# mode checks each stashed value that a resolve may lay in (a counted row's real ones)
+# on the device, with no host sync (``check_cast``); with debug off a value out of
+# range wraps, as torch's cast does.
 
 
 def _narrowed(f: Field) -> torch.dtype | None:
