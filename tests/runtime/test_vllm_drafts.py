@@ -302,6 +302,18 @@ def test_a_request_reads_its_token_then_its_scheduled_drafts(debug: bool) -> Non
     assert batch.input_ids.tolist() == [20, 21, 10, 11, 12]
 
 
+@pytest.mark.parametrize("debug", [False, True], ids=["debug-off", "debug-on"])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+def test_spans_out_of_start_order_are_laid_in(debug: bool, dtype: torch.dtype) -> None:
+    """Starts need not rise with the rows: spans apart in any order are laid in (debug
+    off on the CPU, past the common case's one check, by the general plan)."""
+    relay, batch = _two_requests(debug)
+    batch.query_starts = torch.tensor([3, 0], dtype=dtype)
+    batch.num_draft_tokens = batch.num_draft_tokens.to(dtype)
+    relay.resolve_future(batch)
+    assert batch.input_ids.tolist() == [10, 11, 12, 20, 21]
+
+
 @pytest.mark.parametrize(
     ("counts", "starts", "message"),
     [
