@@ -21,6 +21,7 @@ from relay.codegen.loader import load_schema
 from relay.codegen.render import render
 from relay.codegen.validate import validate
 from relay.errors import RelayError
+from relay.opcount import count_ops
 from relay.schema import (
     FROM_PAYLOAD,
     Alloc,
@@ -307,6 +308,26 @@ def test_hostile_strings_reach_the_module_faithfully(text: str, tmp_path: Path) 
     )
     assert len(header) == 4, "nothing can end a header comment early"
     assert ("\n" + rendered).count("\n#") == 4 + 3, "the table's three comments only"
+
+
+def test_each_cast_is_the_op_its_spelling_says() -> None:
+    """A cast spelled as the dtype's own method (``.int()``) makes the same op and
+    values as ``.to(dtype)``; a dtype without one is spelled ``.to(...)``."""
+    values = torch.tensor([-2, 0, 3])
+    for dtype in (torch.int32, torch.int16, torch.bool, torch.float32, torch.bfloat16):
+        method = literals.cast_to(dtype)
+        assert method.startswith(".") and method.endswith("()") and ".to(" not in method
+
+        def spelled(method: str = method) -> torch.Tensor:
+            cast: torch.Tensor = getattr(values, method[1:-2])()
+            return cast
+
+        def to(dtype: torch.dtype = dtype) -> torch.Tensor:
+            return values.to(dtype)
+
+        assert torch.equal(spelled(), to()) and spelled().dtype is dtype
+        assert count_ops(spelled) == count_ops(to)
+    assert literals.cast_to(torch.complex64) == ".to(torch.complex64)"
 
 
 def test_lone_surrogates_in_docs_are_refused_with_the_owner() -> None:
