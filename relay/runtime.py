@@ -848,8 +848,28 @@ def span_at(
                         plan.unmasked,
                     )
                 return [at[keep]], [blocks[0][keep]], plan.unmasked
-            # A count or span found wrong: refused below, naming it (or requests out
-            # of start order, planned below).
+            # A count or span found wrong: refused by the general plan, naming it (or
+            # requests out of start order, planned there).
+    return _span_plan(
+        s, plan, fields, blocks, offsets, indices, target, lengths, n, owners, rows
+    )
+
+
+def _span_plan(
+    s: MapState,
+    plan: SpanPlan,
+    fields: tuple[int, ...],
+    blocks: tuple[torch.Tensor, ...],
+    offsets: object,
+    indices: torch.Tensor,
+    target: torch.Tensor,
+    lengths: tuple[object, ...],
+    n: int,
+    owners: Owners | None,
+    rows: Bounds | None,
+) -> Span:
+    """``span_at`` of any plan, in either mode, on any device: each count read per
+    field, then checked as the mode and device say (Note [Scatter destinations])."""
     size = _target(s, fields[0], target)
     if plan.mixed:
         for i in fields[1:]:
