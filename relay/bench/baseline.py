@@ -144,9 +144,7 @@ class DecodeSeqLensBaseline(DecodeBaseline, _SeqLens):
 class EagleBaseline(_SeqLens):
     """EAGLE, sglang today: bonus token, top-k and hidden state; lengths published."""
 
-    def __init__(
-        self, device: torch.device | str, pool_size: int, *, topk: int
-    ) -> None:
+    def __init__(self, device: torch.device | str, pool_size: int, *, topk: int) -> None:  # fmt: skip
         super().__init__(device, pool_size)
         self.output_tokens_buf = _pool(self.device, pool_size, dtype=torch.int64)
         self.topk_p_buf = _pool(self.device, pool_size, topk, dtype=torch.float32)
@@ -220,9 +218,7 @@ class SglangEagleBaseline(_Sglang, _SeqLens):
         self.published_bonus: torch.Tensor | None = None
         self.published_seq_lens: torch.Tensor | None = None
 
-    def graph_wrote(
-        self, *, bonus_tokens: torch.Tensor, new_seq_lens: torch.Tensor
-    ) -> None:
+    def graph_wrote(self, *, bonus_tokens: torch.Tensor, new_seq_lens: torch.Tensor) -> None:  # fmt: skip
         self.published_bonus, self.published_seq_lens = bonus_tokens, new_seq_lens
 
     def stash(

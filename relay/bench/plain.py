@@ -234,6 +234,9 @@ def build_plain(
     for m, (_, body) in enumerate(bodies):
         source += [f"def m{m}():", *(f"    {line}" for line in body)]
     text = "\n".join(source) + "\n"
-    exec(compile(text, "<relay bench floor>", "exec"), b.ns)  # noqa: S102
+    step = "def step(): " + "; ".join(
+        f"m{m}()" for m in range(len(bodies))
+    )  # as a map's
+    exec(compile(f"{text}{step}\n", "<relay bench floor>", "exec"), b.ns)  # noqa: S102
     calls = tuple((name, b.ns[f"m{m}"]) for m, (name, _) in enumerate(bodies))
-    return Plain(None, b.batch, calls, None, text, b.ns)
+    return Plain(None, b.batch, calls, None, b.ns["step"], text, b.ns)

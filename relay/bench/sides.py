@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import importlib
 import inspect
 import types
@@ -144,7 +143,7 @@ class Workload:
     indices: torch.Tensor
     seq_lens: torch.Tensor
     values: dict[str, torch.Tensor | None] = attrs.field(factory=dict)
-    _handed: list[tuple[dict[str, Any], frozenset[str]]] = attrs.field(factory=list)
+    _handed: list[tuple[dict[str, Any], list[str], frozenset[str]]] = attrs.field(factory=list)  # fmt: skip
 
     @staticmethod
     def random(shape: Shape, device: torch.device, seed: int) -> Workload:
@@ -178,27 +177,21 @@ class Workload:
             "accept_lens": ints(k + 1, b).to(torch.int32),
             "new_seq_lens": (self.seq_lens.cpu() + grown).to(device),
         }
-        for handed, nones in self._handed:
-            names = [n for n in handed if n[0] != "_"]  # not the call's own names
-            handed.update((n, None if n in nones else self.values[n]) for n in names)
+        for ns, names, nones in self._handed:
+            ns.update((n, None if n in nones else self.values[n]) for n in names)
 
-    def call(
-        self, fn: Callable[..., Any], names: Sequence[str], owner: str,
-        nones: Collection[str] = (), lead: Any = None, make: Any = None,
-    ) -> Callable[[], None]:  # fmt: skip
-        """``fn(lead, n=n, ...)`` over ``names``' values (``nones``: None; ``make``: the
-        payload built of them), which ``renew`` keeps current; the keywords spelled out as
-        an engine spells them (a dict unpacked per call would time the driver)."""
+    def bind(
+        self, ns: dict[str, Any], names: Sequence[str], owner: str,
+        nones: Collection[str] = (),
+    ) -> str:  # fmt: skip
+        """``names``' values (``nones``: None) into ``ns``, which ``renew`` keeps
+        current; their keywords spelled out, as an engine spells a call."""
         missing = ", ".join(n for n in names if n not in self.values)
         if missing:
             raise LookupError(f"{owner} takes {missing}: not in the workload")
-        handed: dict[str, Any] = {n: self.values[n] for n in names}
-        handed.update(dict.fromkeys(handed.keys() & set(nones)))
-        self._handed.append((handed, frozenset(nones)))
-        words = ", ".join(f"{n}={n}" for n in names)
-        args = ["_i"] * (lead is not None) + [f"_make({words})" if make else words]
-        handed.update(_fn=fn, _make=make, _i=lead)
-        return eval(f"lambda: _fn({', '.join(filter(None, args))})", handed)  # type: ignore[no-any-return]
+        self._handed.append((ns, list(names), frozenset(nones)))
+        ns.update((n, None if n in nones else self.values[n]) for n in names)
+        return ", ".join(f"{n}={n}" for n in names)
 
 
 @attrs.define
@@ -209,8 +202,11 @@ class Side:
     batch: Batch
     calls: tuple[tuple[str, Callable[[], None]], ...]
     graph: Callable[[], None] | None = None
+    run: Callable[[], None] | None = None  # the calls in one function: no frame each
 
     def step(self) -> None:
+        if self.run is not None:
+            return self.run()
         for _, call in self.calls:
             call()
 
@@ -235,28 +231,33 @@ def build_side(
     graph = pair.graph_fields()
     batch = new_batch(indices, work.seq_lens)
     nones = [f.payload_name for f in graph] if payload_cls is not None else []
-    calls: list[tuple[str, Callable[[], None]]] = []
+    ns: dict[str, Any] = {"batch": batch, "_i": indices, "_make": payload_cls, "_advance": advance_seq_lens}  # fmt: skip
+    calls = []  # (method, the call as an engine writes it)
     if hasattr(m, "invalidate"):
-        calls.append(("invalidate", functools.partial(m.invalidate, batch, indices)))
-    calls.append(("resolve_future", functools.partial(m.resolve_future, batch)))
+        calls.append(("invalidate", "_invalidate(batch, _i)"))
+    calls.append(("resolve_future", "_resolve_future(batch)"))
     if graph and payload_cls is not None:
-        calls.append(("graph_wrote", functools.partial(m.graph_wrote, indices)))
+        calls.append(("graph_wrote", "_graph_wrote(_i)"))
     elif graph:
-        keys = _keywords(m.graph_wrote, 0)
-        calls.append(("graph_wrote", work.call(m.graph_wrote, keys, owner)))
+        words = work.bind(ns, _keywords(m.graph_wrote, 0), owner)
+        calls.append(("graph_wrote", f"_graph_wrote({words})"))
     if hasattr(m, "publish"):
-        keys, named = _keywords(m.publish), f"{owner}.publish"
-        calls.append(("publish", work.call(m.publish, keys, named, nones, indices)))
+        words = work.bind(ns, _keywords(m.publish), f"{owner}.publish", nones)
+        calls.append(("publish", f"_publish(_i, {words})"))
     make = payload_cls  # None: a baseline's stash takes the values as keywords
     keys = [f.name for f in attrs.fields(make)] if make else _keywords(m.stash)
-    named = make.__name__ if make else f"{owner}.stash"
-    calls.append(("stash", work.call(m.stash, keys, named, nones, indices, make)))
+    words = work.bind(ns, keys, make.__name__ if make else f"{owner}.stash", nones)
+    calls.append(("stash", f"_stash(_i, _make({words}))" if make else f"_stash(_i, {words})"))  # fmt: skip
     names, skip = sorted(dir(type(m))), ("resolve_future", *LEFT_OUT)
-    resolves = [n for n in names if n.startswith("resolve_") and n not in skip]
-    calls += [(r, functools.partial(getattr(m, r), batch)) for r in resolves]
-    if not resolves:
-        calls.append((SEQ_LENS_PLUS_ONE, functools.partial(advance_seq_lens, batch)))
-    side = Side(m, batch, tuple(calls))
+    calls += [(n, f"_{n}(batch)") for n in names if n.startswith("resolve_") and n not in skip]  # fmt: skip
+    if calls[-1][0] == "stash":  # no resolve: the scheduler's own seq_lens + 1
+        calls.append((SEQ_LENS_PLUS_ONE, "_advance(batch)"))
+    ns.update((f"_{n}", getattr(m, n)) for n, _ in calls if n != SEQ_LENS_PLUS_ONE)
+    source = [f"def _m{k}(): {call}" for k, (_, call) in enumerate(calls)]
+    source.append(f"def _step(): {'; '.join(call for _, call in calls)}")
+    exec(compile("\n".join(source), f"<relay bench: {owner}'s step>", "exec"), ns)  # noqa: S102
+    methods = tuple((n, ns[f"_m{k}"]) for k, (n, _) in enumerate(calls))
+    side = Side(m, batch, methods, run=ns["_step"])
     if graph:  # the graph writes the map's buffers, then the priming stash follows
         targets = [(getattr(m, f"{f.name}_buf"), f.payload_name) for f in graph]
 
@@ -266,8 +267,8 @@ def build_side(
 
         side.graph = write
         write()
-        dict(calls)["graph_wrote"]()
-    dict(calls)["stash"]()
+        dict(methods)["graph_wrote"]()
+    dict(methods)["stash"]()
     return side
 
 
