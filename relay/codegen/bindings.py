@@ -42,6 +42,8 @@ TEMPLATE_BINDS: dict[str, str] = {
     "torch": "import torch",
     "_rt": "from relay import runtime as _rt",
     "_TABLE": "_TABLE = _rt.Table(...)",
+    "_TENSOR": "_TENSOR = torch.Tensor",  # Note [Gate constants], and a dtype's
+    "_INT64": "_INT64 = torch.int64",
     "__all__": "__all__ = [...]",
 }
 
@@ -78,6 +80,8 @@ def _taken(name: str) -> str | None:
     """How the generated module already binds ``name``, if it does."""
     if name in TEMPLATE_BINDS:
         return f"a name the generated module binds itself ({TEMPLATE_BINDS[name]})"
+    if name in naming.GATE_NAMES:
+        return "a name the generated module binds itself (a dtype a gate tests)"
     if name in _BUILTINS:
         return "a Python builtin the generated module would shadow"
     return None

@@ -41,6 +41,34 @@ def dtype(value: torch.dtype) -> str:
     return str(value)
 
 
+# Note [Gate constants]
+# A gate tests each value's type and dtype on every write, and a resolve its slots'
+# dtype: spelled ``torch.int64`` that is two lookups (the module, then its attribute),
+# a module-level name one. So a generated module binds the few it tests
+# (``_TENSOR = torch.Tensor``, ``_INT64 = torch.int64``) under its imports.
+
+#: The name a generated module binds ``torch.Tensor`` to (Note [Gate constants]).
+TENSOR = "_TENSOR"
+
+
+def gate_dtype(value: torch.dtype) -> str:
+    """The module-level name a gate tests ``value`` by: ``_INT64``."""
+    return "_" + str(value).removeprefix("torch.").upper()
+
+
+def gate_constants(lines: Sequence[str]) -> tuple[tuple[str, str], ...]:
+    """The constants ``lines`` read, each with its value as source, in a fixed order."""
+    words = set(re.findall(r"\b_[A-Z][A-Z0-9]*\b", "\n".join(lines)))
+    known = {TENSOR: "torch.Tensor", **{gate_dtype(d): dtype(d) for d in GATE_DTYPES}}
+    return tuple((name, known[name]) for name in sorted(words & known.keys()))
+
+
+#: The dtypes a gate may test: every one a field may declare.
+GATE_DTYPES = tuple(
+    dict.fromkeys(d for d in vars(torch).values() if isinstance(d, torch.dtype))
+)
+
+
 #: The casts torch spells as a method of their own: ``x.int()`` is ``x.to(torch.int32)``
 #: (the same op) with less argument parsing per call.
 _CAST_METHODS = {

@@ -17,7 +17,14 @@ import attrs
 import torch
 
 from relay.codegen.layout import PackedGroup
-from relay.codegen.literals import cast_to, dtype, join, plus, string_literal
+from relay.codegen.literals import (
+    TENSOR,
+    cast_to,
+    gate_dtype,
+    join,
+    plus,
+    string_literal,
+)
 from relay.codegen.naming import Names
 from relay.schema import (
     Alloc,
@@ -88,10 +95,10 @@ def _fits(schema: Schema, f: Field, v: str) -> str:
         floating = f.dtype.is_floating_point or f.dtype.is_complex
         grad = f" and not {v}.requires_grad" if floating else ""
         if not _lazy(f):
-            want = dtype(f.dtype)
+            want = gate_dtype(f.dtype)
     rows = f"index_shape + state.rows[{i}]" if f.shape else "index_shape"
     return (
-        f"(type({v}) is torch.Tensor"
+        f"(type({v}) is {TENSOR}"
         f" and {v}.dtype is {want}"
         f" and {v}.shape == {rows}"
         f" and ({v}.is_cpu if state.cpu else {v}.device == state.device)"
@@ -541,7 +548,7 @@ def _slots_read(method: str) -> list[str]:
     Meta slots are refused there too: ``index_select`` takes them without a word and
     hands back uninitialised rows (an attribute read, no op)."""
     return [
-        "if debug is not None or indices.dtype is not torch.int64 or indices.is_meta:",
+        "if debug is not None or indices.dtype is not _INT64 or indices.is_meta:",
         f'    indices = _rt.read_slots(state, "{method}", indices)',
     ]
 

@@ -18,6 +18,7 @@ import unicodedata
 import attrs
 import torch
 
+from relay.codegen import literals
 from relay.codegen.literals import doc_text, dtype, shape_literal, string_literal
 from relay.schema import (
     BatchRows,
@@ -44,6 +45,8 @@ RESERVED = frozenset(
         "torch",
         "_rt",
         "_TABLE",
+        literals.TENSOR,  # and the dtypes' constants: see identifier_problem
+        "_INT64",
         "__all__",
         # methods
         "__init__",
@@ -135,7 +138,12 @@ def identifier_problem(name: object, *, reserved: bool = True) -> str | None:
         return "starts with '__', which Python mangles inside the generated classes"
     if reserved and seen in RESERVED:
         return "is a name the generated module binds itself"
+    if reserved and seen in GATE_NAMES:  # bound only where a gate tests that dtype
+        return "is a name the generated module binds itself (Note [Gate constants])"
     return None
+
+
+GATE_NAMES = frozenset(map(literals.gate_dtype, literals.GATE_DTYPES))
 
 
 def prefix(schema: Schema) -> str:
@@ -257,6 +265,7 @@ def bound_names(schema: Schema) -> frozenset[str]:
     class, method, attribute, parameter and local names minted from the schema."""
     names = set(RESERVED)
     names.update({schema.name, payload_class(schema), batch_protocol(schema)})
+    names.update(literals.gate_dtype(f.dtype) for f in schema.fields if isinstance(f.dtype, torch.dtype))  # fmt: skip
     names.update(_path_names(schema, schema.indices))
     if schema.lanes_apart:  # Note [Slots per lane] in relay/schema.py
         names.add(schedule_protocol(schema))

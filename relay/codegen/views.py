@@ -101,6 +101,8 @@ class MapView:
     init_params: str
     init: tuple[Statement, ...]
     methods: tuple[Method, ...]
+    #: Names the module binds under its imports (Note [Gate constants]).
+    constants: tuple[tuple[str, str], ...] = ()
 
 
 def _join(opener: str, args: Sequence[str], closer: str = ")") -> str:
@@ -734,5 +736,6 @@ def map_view(schema: Schema, *, source: str) -> MapView:
             ]
         ),
         init=tuple(_init(names, schema, packed)),
-        methods=tuple(_methods(names, schema, bodies)),
+        methods=(made := tuple(_methods(names, schema, bodies))),
+        constants=literals.gate_constants([line for m in made for line in m.body]),
     )

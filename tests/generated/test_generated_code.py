@@ -219,6 +219,7 @@ def test_every_reserved_name_is_emitted_by_the_template() -> None:
         ("match", "keyword"),
         ("_rt", "binds itself"),
         ("index_shape", "binds itself"),
+        ("_FLOAT32", "binds itself"),  # a dtype a gate tests (Note [Gate constants])
         ("2x", "identifier"),
     ],
 )
@@ -307,7 +308,9 @@ def test_hostile_strings_reach_the_module_faithfully(text: str, tmp_path: Path) 
         itertools.takewhile(lambda s: s.startswith("#"), rendered.splitlines())
     )
     assert len(header) == 4, "nothing can end a header comment early"
-    assert ("\n" + rendered).count("\n#") == 4 + 3, "the table's three comments only"
+    assert ("\n" + rendered).count("\n#") == 4 + 4, (
+        "the constants' and the table's comments only"
+    )
 
 
 def test_each_cast_is_the_op_its_spelling_says() -> None:
