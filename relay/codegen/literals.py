@@ -51,6 +51,12 @@ def dtype(value: torch.dtype) -> str:
 TENSOR = "_TENSOR"
 
 
+#: The dtypes a gate may test: every one a field may declare.
+GATE_DTYPES = tuple(
+    dict.fromkeys(d for d in vars(torch).values() if isinstance(d, torch.dtype))
+)
+
+
 def gate_dtype(value: torch.dtype) -> str:
     """The module-level name a gate tests ``value`` by: ``_INT64``."""
     return "_" + str(value).removeprefix("torch.").upper()
@@ -61,12 +67,6 @@ def gate_constants(lines: Sequence[str]) -> tuple[tuple[str, str], ...]:
     words = set(re.findall(r"\b_[A-Z][A-Z0-9]*\b", "\n".join(lines)))
     known = {TENSOR: "torch.Tensor", **{gate_dtype(d): dtype(d) for d in GATE_DTYPES}}
     return tuple((name, known[name]) for name in sorted(words & known.keys()))
-
-
-#: The dtypes a gate may test: every one a field may declare.
-GATE_DTYPES = tuple(
-    dict.fromkeys(d for d in vars(torch).values() if isinstance(d, torch.dtype))
-)
 
 
 #: The casts torch spells as a method of their own: ``x.int()`` is ``x.to(torch.int32)``
