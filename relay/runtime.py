@@ -226,6 +226,7 @@ class MapState:
         "produced",
         "rows",
         "seeds",
+        "shapes",
         "slots",
         "spans",
         "table",
@@ -252,6 +253,8 @@ class MapState:
         #: a lazy one is allocated: no value fits then).
         self.dtypes: list[torch.dtype | None] = [None] * len(table.fields)
         self.rows: list[tuple[int, ...]] = [()] * len(table.fields)
+        #: Each buffer's value shape by a write's slots' shape (Note [Value shapes]).
+        self.shapes: list[ValueShapes] = [ValueShapes(()) for _ in table.fields]
         #: Each buffer: whether its dtype is one a tensor may require grad in (a value of
         #: an integer one never does: the gate reads no ``requires_grad`` then).
         self.floating: list[bool] = [False] * len(table.fields)
@@ -299,12 +302,35 @@ class MapState:
         self.buffers[i] = buf
         self.dtypes[i] = buf.dtype
         self.rows[i] = tuple(buf.shape[1:])
+        self.shapes[i] = ValueShapes(self.rows[i])
         self.floating[i] = buf.dtype.is_floating_point or buf.dtype.is_complex
         one = buf.dim() > 1 and math.prod(self.rows[i]) == 1
         self.flat[i] = buf.view(-1) if one else None
         self.columns.pop(i, None)  # its row's width may have changed: made again
         self.spans.clear()
         return buf
+
+
+class ValueShapes(dict[torch.Size, torch.Size]):
+    """A buffer's value shape by a write's slots' shape (Note [Value shapes])."""
+
+    __slots__ = ("rows",)
+
+    def __init__(self, rows: tuple[int, ...]) -> None:
+        super().__init__()
+        self.rows = rows
+
+    def __missing__(self, index_shape: torch.Size) -> torch.Size:
+        shape = self[index_shape] = torch.Size((*index_shape, *self.rows))
+        return shape
+
+
+# Note [Value shapes]
+# A write's value for a field with rows has the shape ``(n, *rows)`` for ``n`` slots.
+# ``torch.Size`` concatenation costs about three dict reads, so the gate reads that
+# shape from a dict keyed by the slots' shape, made the first time a count is written
+# (as many entries as counts written, at most the largest batch's). ``adopt`` makes it
+# anew: an adopted buffer's rows may differ.
 
 
 # Note [One-element rows]

@@ -96,7 +96,7 @@ def _fits(schema: Schema, f: Field, v: str) -> str:
         grad = f" and not {v}.requires_grad" if floating else ""
         if not _lazy(f):
             want = gate_dtype(f.dtype)
-    rows = f"index_shape + state.rows[{i}]" if f.shape else "index_shape"
+    rows = f"state.shapes[{i}][index_shape]" if f.shape else "index_shape"
     return (
         f"(type({v}) is {TENSOR}"
         f" and {v}.dtype is {want}"
@@ -514,10 +514,12 @@ def _none(parent: str, how: IfNone, method: str) -> list[str]:
     ]
 
 
-def _prologue(schema: Schema, method: str, lane: Lane) -> tuple[list[str], str | None]:
+def _prologue(
+    schema: Schema, method: str, lane: Lane, count: bool = False
+) -> tuple[list[str], str | None]:
     """The slots of ``lane``'s resolves (Note [Slots per lane] in relay/schema.py), the
-    zero-slots return; and the optional parent the slots path goes through, bound (its
-    ``None`` case already handled)."""
+    zero-slots return (``count``: their number kept, for a host sum); and the optional
+    parent the slots path goes through, bound (its ``None`` case already handled)."""
     parents = dict(schema.optional_parents)
     slots = schema.slots_of(lane)
     first, _, rest = slots.partition(".")
@@ -538,7 +540,10 @@ def _prologue(schema: Schema, method: str, lane: Lane) -> tuple[list[str], str |
             "if indices is None:",
             f"    raise _rt.parent_is_none(_TABLE, {args})",
         ]
-    lines += ["if indices.numel() == 0:", "    return"]
+    if count:
+        lines += ["count = indices.numel()", "if count == 0:", "    return"]
+    else:
+        lines += ["if indices.numel() == 0:", "    return"]
     return lines, bound
 
 
@@ -762,6 +767,25 @@ def _future_reports(
     return ["if debug is not None:", *_indent(reports)] if reports else []
 
 
+def _exact_sum(f: Field) -> bool:
+    """Whether ``f``'s host sum adds integers of its declared dtype: its host copy's
+    dtype is the buffer's, so the sum tests none."""
+    dtype = f.dtype
+    return (
+        isinstance(dtype, torch.dtype)
+        and not (dtype.is_floating_point or dtype.is_complex)
+        and not _lazy(f)
+    )
+
+
+def _counted_sum(f: Field) -> bool:
+    """Whether ``f``'s host sum adds one integer per slot (``_exact_sum``, rows of one
+    value): the resolve sums up to ``HOST_SUM_IN_PYTHON_MAX`` of them in Python,
+    choosing by the slots' count, which it has read already."""
+    host = f.host
+    return host is not None and host.sum is not None and _exact_sum(f) and not f.shape
+
+
 def _host(names: Names, f: Field, source: str) -> list[str]:
     """The host mirror and host sum of a schedule field, copied from ``source``."""
     mirror, total = (f.host.mirror, f.host.sum) if f.host else (None, None)
@@ -776,11 +800,12 @@ def _host(names: Names, f: Field, source: str) -> list[str]:
         stmts = [f"{local} = {copy}"]
         if mirror is not None:
             stmts.append(f"batch.{mirror} = {local}")
-        exact = isinstance(f.dtype, torch.dtype) and not (
-            f.dtype.is_floating_point or f.dtype.is_complex
-        )  # the mirror's dtype is the buffer's: declared, no test of it needed
-        add = "_rt.int_sum" if exact and not _lazy(f) else "_rt.host_sum"
-        stmts.append(f"batch.{total} = {add}({local})")
+        if _counted_sum(f):
+            small = "count <= _rt.HOST_SUM_IN_PYTHON_MAX"
+            add = f"sum({local}.tolist()) if {small} else _rt.int_sum({local})"
+        else:
+            add = f"_rt.{'int_sum' if _exact_sum(f) else 'host_sum'}({local})"
+        stmts.append(f"batch.{total} = {add}")
     if not optional:
         return stmts
     nones = [f"batch.{p} = None" for p in (mirror, total) if p is not None]
@@ -792,7 +817,7 @@ def resolve_schedule(names: Names, schema: Schema, f: Field) -> list[str]:
     the field allows it), then the field's read."""
     method = resolve_method(f)
     value = names.value[f.name]
-    lines, _bound = _prologue(schema, method, Lane.SCHEDULE)
+    lines, _bound = _prologue(schema, method, Lane.SCHEDULE, _counted_sum(f))
     lines[:0] = ["state = self._state"]
     if f.host is not None and f.host.stream_ordered:
         lines += [

@@ -68,6 +68,7 @@ RESERVED = frozenset(
         "payload",
         "batch",
         "index_shape",
+        "count",
         "owners",
         "host",
         "host_copy",

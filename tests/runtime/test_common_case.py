@@ -302,6 +302,29 @@ def test_lazy_field_checked_against_its_buffer_after_allocation() -> None:
     assert relay.hidden_states_buf[3].tolist() == [2.0] * 4
 
 
+def test_the_gates_value_shape_follows_the_count_and_an_adopted_buffer() -> None:
+    """The gate reads a value's shape by the slots' count (Note [Value shapes]): each
+    count its own, and a buffer adopted with another row width makes them anew."""
+    relay = EagleFutureMap("cpu", POOL, topk=TOPK)
+    state, topk_p = relay._state, 1
+    for n in (2, 3, 2):
+        relay.stash(slots(*range(1, n + 1)), eagle_payload(n, TOPK))
+    assert dict(state.shapes[topk_p]) == {(2,): (2, TOPK), (3,): (3, TOPK)}
+    with pytest.raises(
+        RelayError, match=r"^EagleFutureMap\.topk_p: got a tensor of shape"
+    ):
+        relay.stash(
+            slots(1, 2),
+            attrs.evolve(eagle_payload(2, TOPK), topk_p=torch.ones(2, 3, 1)),
+        )
+    fresh = runtime.MapState(state.table, torch.device("cpu"), POOL, False)
+    fresh.adopt(topk_p, torch.zeros(POOL, TOPK))
+    assert fresh.shapes[topk_p][torch.Size([2])] == (2, TOPK)
+    fresh.adopt(topk_p, torch.zeros(POOL, TOPK + 1, 2))
+    assert dict(fresh.shapes[topk_p]) == {}
+    assert fresh.shapes[topk_p][torch.Size([2])] == (2, TOPK + 1, 2)
+
+
 def test_zero_slots_leave_a_lazy_buffer_unallocated() -> None:
     """A stash with no slots writes nothing and allocates nothing."""
     relay = EagleFutureMap("cpu", POOL, topk=TOPK)

@@ -21,6 +21,7 @@ from relay.maps.eagle_draft_probs import (
 from relay.maps.eagle_dsa import EagleDsaFutureMap, EagleDsaPayload
 from relay.maps.eagle_multilayer import EagleMultiLayerFutureMap
 from relay.maps.eagle_packed import EaglePackedFutureMap
+from relay.runtime import HOST_SUM_IN_PYTHON_MAX
 from relay.schema import Alloc, Field, Guard, HostCopy, Lane, Resolve, Schema
 
 POOL = 9
@@ -346,6 +347,20 @@ def test_resolve_seq_lens_cpu_fills_device_host_and_sum() -> None:
     assert type(batch.seq_lens_sum) is int and batch.seq_lens_sum == 90
     relay.publish(slots(6, 3), torch.tensor([61, 31]))
     assert batch.seq_lens_cpu.tolist() == [60, 30], "nor the buffer"
+
+
+@pytest.mark.parametrize("n", [HOST_SUM_IN_PYTHON_MAX, HOST_SUM_IN_PYTHON_MAX + 1])
+def test_the_host_sum_is_exact_on_either_side_of_its_python_count(n: int) -> None:
+    """The generated resolve sums up to HOST_SUM_IN_PYTHON_MAX slots in Python and more
+    with numpy, choosing by the slots' count: the same int either way."""
+    relay = DecodeSeqLensFutureMap("cpu", 2 * n)
+    lens = torch.arange(1, n + 1, dtype=torch.int64) * (1 << 40)  # beyond an int32
+    indices = torch.arange(1, n + 1)
+    relay.publish(indices, lens)
+    batch = Batch(req_pool_indices=indices.flip(0))
+    relay.resolve_seq_lens_cpu(batch)
+    assert type(batch.seq_lens_sum) is int
+    assert batch.seq_lens_sum == sum(lens.tolist())
 
 
 def test_publish_accepts_keywords_and_casts_to_int64() -> None:
