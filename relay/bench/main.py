@@ -127,11 +127,10 @@ def measure(
     base, side = sides.pair_sides(pair, gen, shape, device, work)
     schema, methods = Schema.bundled(pair.schema), [m for m, _ in side.calls]
     try:
-        floors = [
+        floors, missing = [
             plain.build_plain(schema, side.map, shape, work, methods, graph=pair.graph, check=check)
             for check in (True, False)
-        ]  # fmt: skip
-        missing = None
+        ], None  # fmt: skip
     except plain.Unsupported as why:
         floors, missing = [], str(why)
     driven: list[Any] = [base, side, *floors]
@@ -183,8 +182,7 @@ def _meta(device: Any, args: argparse.Namespace) -> dict[str, Any]:
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()}",
         "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "torch": torch.__version__, "python": platform.python_version(),
-        "torch_threads": torch.get_num_threads(),
-        "repeat": args.repeat,
+        "torch_threads": torch.get_num_threads(), "repeat": args.repeat,
     }  # fmt: skip
 
 
@@ -241,10 +239,9 @@ def render(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
     names = dict.fromkeys(r["name"] for r in done)
     for r in [next(r for r in done if r["name"] == n) for n in names]:
         base, gen = r["methods"]["baseline"], r["methods"]["generated"]
-        sizes = r["bytes"]
         out += [
             f"\n{r['name']}, baseline: {r['baseline']}",
-            f"  buffers at {r['label']}: baseline {sizes['baseline']:,} bytes, generated {sizes['generated']:,}",
+            f"  buffers at {r['label']}: baseline {r['bytes']['baseline']:,} bytes, generated {r['bytes']['generated']:,}",
             "  data ops per method, baseline | generated",
             *(f"  {m}: {' | '.join(', '.join(side[m]['ops']) or '(none)' if m in side else '-' for side in (base, gen))}" for m in dict.fromkeys([*base, *gen])),
         ]  # fmt: skip
