@@ -327,10 +327,10 @@ class ValueShapes(dict[torch.Size, torch.Size]):
 
 # Note [Value shapes]
 # A write's value for a field with rows has the shape ``(n, *rows)`` for ``n`` slots.
-# ``torch.Size`` concatenation costs about three dict reads, so the gate reads that
-# shape from a dict keyed by the slots' shape, made the first time a count is written
-# (as many entries as counts written, at most the largest batch's). ``adopt`` makes it
-# anew: an adopted buffer's rows may differ.
+# Concatenating ``torch.Size``s costs about four times a dict read (145 ns against 35
+# on the CPU), so the gate reads that shape from a dict keyed by the slots' shape, made
+# the first time a count is written (an entry per count written, so at most the largest
+# batch's). ``adopt`` makes it anew: an adopted buffer's rows may differ.
 
 
 # Note [One-element rows]
