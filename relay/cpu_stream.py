@@ -16,7 +16,6 @@ import queue
 import random
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol
@@ -37,9 +36,21 @@ __all__ = [
     "use_cpu_stream",
 ]
 
-_local = threading.local()
+
+class _ThreadState(threading.local):
+    """Per thread: its CPU stream and its place in a seeded schedule. Defaults on the
+    class: a missing attribute of a ``threading.local`` costs a caught exception
+    (about 300 ns), which every CPU record would pay."""
+
+    stream: ThreadStream | None = None
+    turn: _Turn | None = None
+
+
+_local = _ThreadState()
 #: Streams whose queued work a host wait must consider (Note [Host order of CPU records]).
-_live_streams: weakref.WeakSet[ThreadStream] = weakref.WeakSet()
+#: A plain set: a stream's worker holds it until ``close``, which removes it, and a
+#: set's emptiness is a C test where a ``WeakSet``'s is a Python ``__len__`` per wait.
+_live_streams: set[ThreadStream] = set()
 #: Global submission numbers, across streams: the host order of tasks.
 _submission_order = itertools.count(1)
 _submission_lock = threading.Lock()
@@ -80,8 +91,7 @@ observer: StreamObserver | None = None
 
 def current_cpu_stream() -> ThreadStream | None:
     """The stream the calling thread's work belongs to, or ``None`` (synchronous)."""
-    stream: ThreadStream | None = getattr(_local, "stream", None)
-    return stream
+    return _local.stream
 
 
 @contextmanager
@@ -311,7 +321,7 @@ _schedule: SeededSchedule | None = None
 
 def _turn() -> _Turn | None:
     """The calling thread's place in the seeded schedule in force, if it has one."""
-    turn: _Turn | None = getattr(_local, "turn", None)
+    turn = _local.turn
     if turn is None or turn.schedule is not _schedule:
         return None
     return turn
@@ -368,7 +378,7 @@ def seeded_schedule(seed: int) -> Iterator[SeededSchedule]:
     schedule = SeededSchedule(seed)
     host = schedule._admit(f"host thread {threading.current_thread().name!r}")
     schedule._holder = host
-    previous = getattr(_local, "turn", None)
+    previous = _local.turn
     _local.turn = host
     _schedule = schedule
     try:

@@ -439,27 +439,29 @@ def write_rows(s: MapState, indices: torch.Tensor) -> torch.Size | None:
     if type(indices) is not _TENSOR or indices.dtype is not _INT64:
         return None
     shape = indices.shape  # one read for the rank and the count
-    if len(shape) != 1:
-        return None
-    n = shape[0]
     if s.host_check:
-        if not indices.is_cpu or n == 0:
+        if shape in _LISTED:  # 1-D, 1 to HOST_SLOTS_IN_PYTHON_MAX slots: one lookup
+            # tolist: no op dispatched; a bad slot is the checked path's to name
+            if indices.is_cpu and s.slots.issuperset(indices.tolist()):
+                return shape
+            return None
+        if len(shape) != 1 or not shape[0] or not indices.is_cpu:
             return None  # the checked path refuses slots on another device, or none
-        if n <= HOST_SLOTS_IN_PYTHON_MAX:
-            if not s.slots.issuperset(indices.tolist()):  # tolist: no op dispatched
-                return None  # the checked path refuses the bad slot, naming it
-        else:  # host_slots_ok's aminmax, inlined on the hot path
-            low, high = _AMINMAX(indices)
-            if _INT(low) < 0 or _INT(high) >= s.pool_size:
-                return None
+        low, high = _AMINMAX(indices)  # host_slots_ok's aminmax, inlined
+        if _INT(low) < 0 or _INT(high) >= s.pool_size:
+            return None
         return shape
-    if s.debug is not None or n == 0 or indices.device != s.device:
+    if s.debug is not None or len(shape) != 1 or not shape[0]:
+        return None
+    if indices.device != s.device:
         return None
     return shape
 
 
 #: Up to this many slots, the host check reads them as a list; above, one ``aminmax``.
 HOST_SLOTS_IN_PYTHON_MAX = 32
+#: The slots' shapes the host check reads as a list: 1-D, 1 to the most above.
+_LISTED = frozenset(torch.Size((n,)) for n in range(1, HOST_SLOTS_IN_PYTHON_MAX + 1))
 #: Pools up to this many slots are tested against a set of them (4 MiB at most, one
 #: per pool size); larger ones by ``min`` and ``max``.
 SLOT_SET_MAX = 1 << 16

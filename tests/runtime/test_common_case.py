@@ -4,6 +4,7 @@ refuses it before any write, and the bare fence orders as the chained one."""
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 from collections.abc import Callable
@@ -98,6 +99,22 @@ def test_a_slot_outside_the_pool_in_a_long_batch_writes_nothing(n: int) -> None:
     with pytest.raises(SlotError, match=rf"slot 64 at position {n - 1}"):
         relay.stash(indices, DecodePayload(next_token_ids=torch.arange(n)))
     assert not relay.output_tokens_buf.any()
+
+
+@pytest.mark.parametrize(
+    ("shape", "taken"),
+    [((1,), True), ((32,), True), ((33,), True), ((0,), False), ((1, 1), False)],
+    ids=["one", "listed-most", "aminmax-least", "none", "two-dim"],
+)
+def test_the_gate_takes_one_dim_slots_on_either_side_of_the_list(
+    shape: tuple[int, ...], taken: bool
+) -> None:
+    """The gate passes 1-D slots as they are, read as a list up to 32 and by aminmax
+    above; none, or a 2-D tensor of one slot, go to the checked path."""
+    relay = DecodeFutureMap("cpu", 64)
+    indices = (torch.arange(math.prod(shape)) + 1).reshape(shape)
+    got = runtime.write_rows(relay._state, indices)
+    assert got == (indices.shape if taken else None)
 
 
 def test_int32_slots_are_cast_on_every_write() -> None:

@@ -86,6 +86,21 @@ def test_use_cpu_stream_sets_and_restores_the_current_stream() -> None:
         assert current_cpu_stream() is None
 
 
+def test_a_thread_of_its_own_has_no_stream_and_sees_no_other_threads() -> None:
+    """A thread that never set a stream (a scheduler's, a test's) has none, while the
+    host's block and a worker each see their own."""
+    seen: list[object] = []
+    with thread_streams("fwd") as (stream,), use_cpu_stream(stream):
+        helper = threading.Thread(target=lambda: seen.append(current_cpu_stream()))
+        helper.start()
+        helper.join()
+        stream.submit(lambda: seen.append(current_cpu_stream()))
+        stream.synchronize()
+        seen.append(current_cpu_stream())
+    assert seen == [None, stream, stream]
+    assert current_cpu_stream() is None
+
+
 def test_host_wait_blocks_until_a_mid_task_record_not_the_task_end() -> None:
     """A host wait issued after submitting a task returns at that task's record, not before
     it and not at the task's end."""
