@@ -9,8 +9,8 @@ import torch
 
 from relay.cpu_stream import CpuEvent, current_cpu_stream
 
-__all__ = ["DecodeBaseline", "DecodeSeqLensBaseline", "EagleBaseline"]
-__all__ += ["NgramBaseline", "PublishReady", "SglangEagleBaseline"]
+__all__ = ["DecodeBaseline", "DecodeSeqLensBaseline", "EagleBaseline", "NgramBaseline"]
+__all__ += ["EagleConfidenceBaseline", "PublishReady", "SglangEagleBaseline"]
 
 
 class PublishReady:
@@ -40,12 +40,15 @@ class PublishReady:
         self.event.record(*(() if self.cpu else (stream,)))
         self.stream = stream
 
-    def resolve(self, buf: torch.Tensor, batch: Any, indices: torch.Tensor) -> None:
-        """Rows ``indices`` of ``buf`` after the newest publish, to the host, summed."""
+    def wait(self) -> None:
         if self.event is not None and self.host_wait:
             self.event.synchronize()
         elif self.event is not None:
             self.module.current_stream().wait_event(self.event)
+
+    def resolve(self, buf: torch.Tensor, batch: Any, indices: torch.Tensor) -> None:
+        """Rows ``indices`` of ``buf`` after the newest publish, to the host, summed."""
+        self.wait()
         batch.seq_lens = rows = buf[indices]
         if self.cuda:
             if self.copy_stream is None:
@@ -151,15 +154,8 @@ class EagleBaseline(_SeqLens):
         self.topk_index_buf = _pool(self.device, pool_size, topk, dtype=torch.int64)
         self.hidden_states_buf: torch.Tensor | None = None
 
-    def stash(
-        self,
-        indices: torch.Tensor,
-        *,
-        bonus_tokens: torch.Tensor,
-        topk_p: torch.Tensor,
-        topk_index: torch.Tensor,
-        hidden_states: torch.Tensor | None = None,
-    ) -> None:
+    def stash(self, indices: torch.Tensor, *, bonus_tokens: torch.Tensor, topk_p: torch.Tensor,
+              topk_index: torch.Tensor, hidden_states: torch.Tensor | None = None) -> None:  # fmt: skip
         if indices.numel() == 0:
             return
         self.output_tokens_buf[indices] = bonus_tokens.to(torch.int64)
@@ -179,6 +175,27 @@ class EagleBaseline(_SeqLens):
             spec_info.hidden_states = self.hidden_states_buf[indices]
 
 
+class EagleConfidenceBaseline(EagleBaseline):
+    """EAGLE with a confidence per draft token published beside the lengths, gathered
+    by the scheduler and copied to the host."""
+
+    def __init__(self, device: torch.device | str, pool_size: int, *, topk: int, draft_tokens: int) -> None:  # fmt: skip
+        super().__init__(device, pool_size, topk=topk)
+        self.draft_confidence_buf = _pool(self.device, pool_size, draft_tokens, dtype=torch.float32)  # fmt: skip
+
+    def publish(self, indices: torch.Tensor, new_seq_lens: torch.Tensor, draft_confidence: torch.Tensor | None = None) -> None:  # fmt: skip
+        if indices.numel() != 0 and draft_confidence is not None:
+            self.draft_confidence_buf[indices] = draft_confidence.to(torch.float32)
+        super().publish(indices, new_seq_lens)
+
+    def resolve_draft_confidence_cpu(self, batch: Any) -> None:
+        indices = self.slots(batch)
+        if indices is not None:
+            self._ready.wait()
+            batch.spec_info.draft_confidence = rows = self.draft_confidence_buf[indices]
+            batch.draft_confidence_cpu = rows.clone() if self._ready.cpu else rows.cpu()
+
+
 def _write_extra(
     buf: torch.Tensor | None, pool_size: int, indices: torch.Tensor, value: Any
 ) -> torch.Tensor | None:
@@ -196,14 +213,7 @@ class SglangEagleBaseline(_Sglang, _SeqLens):
     """EAGLE as sglang 0.5.23 relays it, by ``future_indices``. Buffers a captured graph
     wrote (``graph_wrote``) are not scattered again by ``publish`` and ``stash``."""
 
-    def __init__(
-        self,
-        device: torch.device | str,
-        pool_size: int,
-        *,
-        output_tokens_buf: torch.Tensor | None = None,
-        new_seq_lens_buf: torch.Tensor | None = None,
-    ) -> None:
+    def __init__(self, device: torch.device | str, pool_size: int, *, output_tokens_buf: torch.Tensor | None = None, new_seq_lens_buf: torch.Tensor | None = None) -> None:  # fmt: skip
         super().__init__(device, pool_size)
         own = torch.empty(pool_size, dtype=torch.int64, device=self.device)
         self.output_tokens_buf = own if output_tokens_buf is None else output_tokens_buf
@@ -221,17 +231,9 @@ class SglangEagleBaseline(_Sglang, _SeqLens):
     def graph_wrote(self, *, bonus_tokens: torch.Tensor, new_seq_lens: torch.Tensor) -> None:  # fmt: skip
         self.published_bonus, self.published_seq_lens = bonus_tokens, new_seq_lens
 
-    def stash(
-        self,
-        indices: torch.Tensor,
-        *,
-        bonus_tokens: torch.Tensor,
-        topk_p: torch.Tensor | None = None,
-        topk_index: torch.Tensor | None = None,
-        hidden_states: torch.Tensor | None = None,
-        draft_probs: torch.Tensor | None = None,
-        dsa_topk_indices: torch.Tensor | None = None,
-    ) -> None:
+    def stash(self, indices: torch.Tensor, *, bonus_tokens: torch.Tensor, topk_p: torch.Tensor | None = None,
+              topk_index: torch.Tensor | None = None, hidden_states: torch.Tensor | None = None,
+              draft_probs: torch.Tensor | None = None, dsa_topk_indices: torch.Tensor | None = None) -> None:  # fmt: skip
         if indices.numel() == 0:
             return
         if bonus_tokens is self.published_bonus:
@@ -245,12 +247,7 @@ class SglangEagleBaseline(_Sglang, _SeqLens):
         self.draft_probs_buf = _write_extra(self.draft_probs_buf, pool, indices, draft_probs)  # fmt: skip
         self.dsa_topk_indices_buf = _write_extra(self.dsa_topk_indices_buf, pool, indices, dsa_topk_indices)  # fmt: skip
 
-    def publish(
-        self,
-        indices: torch.Tensor,
-        new_seq_lens: torch.Tensor,
-        confidence: torch.Tensor | None = None,
-    ) -> None:
+    def publish(self, indices: torch.Tensor, new_seq_lens: torch.Tensor, confidence: torch.Tensor | None = None) -> None:  # fmt: skip
         if indices.numel() == 0:
             return
         if new_seq_lens is self.published_seq_lens:

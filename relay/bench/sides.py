@@ -74,6 +74,7 @@ PAIRS: tuple[Pair, ...] = (
     Pair("eagle_draft_probs", hand.EagleBaseline, _EAGLE + "; draft_probs: none given", spec=True),
     Pair("eagle_dsa", hand.EagleBaseline, _EAGLE + "; DSA top-k: none given", spec=True),
     Pair("eagle_multilayer", hand.EagleBaseline, _EAGLE.replace(", hidden", ""), spec=True, hidden=False),
+    Pair("eagle_confidence", hand.EagleConfidenceBaseline, _EAGLE + "; K confidences relayed, to the host", spec=True),
     Pair("sglang_decode", hand.DecodeBaseline, "sglang 0.5.23: " + _TOKENS, spec=False),
     Pair("sglang_eagle", hand.SglangEagleBaseline, _SGLANG + _EAGLE, spec=True),
     Pair("sglang_eagle", hand.SglangEagleBaseline,
@@ -109,8 +110,8 @@ def discover(
 
 
 #: What a resolve hands the next forward through the batch's draft input.
-SPEC_READS: tuple[str, ...] = ("topk_p", "topk_index", "hidden_states")
-SPEC_READS += ("draft_probs", "dsa_topk_indices", "accept_tokens", "accept_lens")
+SPEC_READS: tuple[str, ...] = ("topk_p", "topk_index", "hidden_states", "draft_probs")
+SPEC_READS += ("dsa_topk_indices", "draft_confidence", "accept_tokens", "accept_lens")
 
 
 #: A scheduler batch: every attribute the maps read and write in a decode step.
@@ -172,6 +173,7 @@ class Workload:
             "bonus_tokens": tokens,
             "topk_p": torch.rand((b, k), generator=g).to(device),
             "topk_index": ints(150_000, b, k),
+            "draft_confidence": torch.rand((b, k), generator=g).to(device),
             "hidden_states": hidden.to(device) if shape.hidden else None,
             # Extras no bundled step relays: the maps that declare them get None.
             **dict.fromkeys(("draft_probs", "dsa_topk_indices", "confidence")),
@@ -292,7 +294,7 @@ def pair_sides(
 
 def _new(cls: Any, pair: Pair, shape: Shape, device: torch.device, **kw: Any) -> Any:
     """``cls`` at ``shape``, given its eager dims and the buffers the graph writes."""
-    dims: dict[str, Any] = {"topk": shape.topk, "hidden": shape.hidden}
+    dims = {"topk": shape.topk, "draft_tokens": shape.topk, "hidden": shape.hidden}
     params = inspect.signature(cls).parameters.items()
     kw.update((n, dims[n]) for n, p in params if p.kind is p.KEYWORD_ONLY and n in dims)
     for f in pair.graph_fields():
@@ -317,6 +319,7 @@ def observed(batch: Batch) -> Iterator[tuple[str, object]]:
     yield "seq_lens", batch.seq_lens
     yield "seq_lens_cpu", batch.seq_lens_cpu
     yield "seq_lens_sum", batch.seq_lens_sum
+    yield "draft_confidence_cpu", getattr(batch, "draft_confidence_cpu", None)
 
 
 def same(a: object, b: object) -> bool:

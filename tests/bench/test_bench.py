@@ -71,6 +71,17 @@ def test_eagle_baseline_dispatches_domain_totals() -> None:
     }
 
 
+def test_the_confidence_baseline_adds_its_write_gather_and_host_copy() -> None:
+    """EAGLE with a confidence per draft token: the EAGLE step, and the confidence
+    written beside the lengths, gathered by the scheduler and cloned to the host."""
+    eagle = _baseline_ops("eagle", Shape(257, 32, 8, 4096))
+    assert _baseline_ops("eagle_confidence", Shape(257, 32, 8, 4096)) == {
+        **eagle,
+        "publish": ("index_put_", "index_put_"),
+        "resolve_draft_confidence_cpu": ("index", "clone"),
+    }
+
+
 def test_decode_baselines_dispatch_domain_totals() -> None:
     """Plain decoding: 3 ops a step (gather, indexed write, host seq_lens + 1); the
     design that relays seq_lens too, 12 and the CPU's host copy."""
