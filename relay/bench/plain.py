@@ -95,20 +95,16 @@ class _Builder:
         policy = policy_for(self.device)
         event = policy.new_event()
         self.ns["record"] = event.record  # on the current stream, as policy.record
-        cpu = type(policy) is CpuPolicy  # whose wait is the event's synchronize
-        self.ns["wait"] = (
-            event.synchronize if cpu else functools.partial(policy.wait, event)
-        )
+        wait = functools.partial(policy.wait, event)  # the CPU's: the event's sync
+        self.ns["wait"] = event.synchronize if type(policy) is CpuPolicy else wait
 
     def writes(self, fields: Sequence[Field], check: bool) -> list[str]:
         lines = []  # relay's host check of the slots (S: the pool's, runtime.slot_set)
         if check and self.device.type == "cpu" and self.shape.batch <= SLOTS_LISTED:
             lines.append("if not S.issuperset(idx.tolist()): raise IndexError(idx)")
         elif check and self.device.type == "cpu":
-            lines.append("lo, hi = idx.aminmax()")
-            lines.append(
-                "if lo.tolist() < 0 or hi.tolist() >= P: raise IndexError(idx)"
-            )
+            out = "if lo.tolist() < 0 or hi.tolist() >= P: raise IndexError(idx)"
+            lines += ["lo, hi = idx.aminmax()", out]
         for f in fields:
             if f"b_{f.name}" not in self.ns:
                 continue  # a lazy field never carried: the map writes nothing either
@@ -151,9 +147,8 @@ class _Builder:
         members = {m.field.name for g in groups for m in g.members}
         for f in reads:
             if f.name in members:
-                view = {0: ".squeeze(1)", 1: ""}.get(
-                    len(f.shape), f".unflatten(1, b_{f.name}.shape[1:])"
-                )
+                unflatten = f".unflatten(1, b_{f.name}.shape[1:])"
+                view = {0: ".squeeze(1)", 1: ""}.get(len(f.shape), unflatten)
                 late.append(f"{spelled[f.name]} = r_{f.name}{view}")
             elif f.name not in self.carried:
                 late.append(f"{spelled[f.name]} = None")
@@ -195,16 +190,8 @@ class _Builder:
         return lines
 
 
-def build_plain(
-    schema: Schema,
-    relay_map: Any,
-    shape: Shape,
-    work: Any,
-    methods: Sequence[str],
-    *,
-    graph: bool = False,
-    check: bool = True,
-) -> Plain:
+def build_plain(schema: Schema, relay_map: Any, shape: Shape, work: Any, methods: Sequence[str],
+                *, graph: bool = False, check: bool = True) -> Plain:  # fmt: skip
     """The floor of ``relay_map`` (one stash in): a function per name of ``methods``."""
     b = _Builder(schema, relay_map, shape, work, graph)
     fields = schema.fields
@@ -234,9 +221,7 @@ def build_plain(
     for m, (_, body) in enumerate(bodies):
         source += [f"def m{m}():", *(f"    {line}" for line in body)]
     text = "\n".join(source) + "\n"
-    step = "def step(): " + "; ".join(
-        f"m{m}()" for m in range(len(bodies))
-    )  # as a map's
+    step = "def step(): " + "; ".join(f"m{m}()" for m in range(len(bodies)))  # a map's
     exec(compile(f"{text}{step}\n", "<relay bench floor>", "exec"), b.ns)  # noqa: S102
     calls = tuple((name, b.ns[f"m{m}"]) for m, (name, _) in enumerate(bodies))
     return Plain(None, b.batch, calls, None, b.ns["step"], text, b.ns)

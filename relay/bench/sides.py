@@ -277,15 +277,8 @@ def build_side(
     return side
 
 
-def pair_sides(
-    pair: Pair,
-    generated: Generated,
-    shape: Shape,
-    device: torch.device,
-    work: Workload,
-    *,
-    debug: bool = False,
-) -> tuple[Side, Side]:
+def pair_sides(pair: Pair, generated: Generated, shape: Shape, device: torch.device,
+               work: Workload, *, debug: bool = False) -> tuple[Side, Side]:  # fmt: skip
     """The baseline's side and the generated map's (``debug``: in debug mode)."""
     base = build_side(_new(pair.baseline, pair, shape, device), work, None, pair)
     relay_map = _new(generated.map_cls, pair, shape, device, debug=debug)
@@ -316,9 +309,8 @@ def observed(batch: Batch) -> Iterator[tuple[str, object]]:
     yield "next tokens", tokens
     for name in SPEC_READS:
         yield f"spec_info.{name}", getattr(spec, name)
-    yield "seq_lens", batch.seq_lens
-    yield "seq_lens_cpu", batch.seq_lens_cpu
-    yield "seq_lens_sum", batch.seq_lens_sum
+    for name in ("seq_lens", "seq_lens_cpu", "seq_lens_sum"):
+        yield name, getattr(batch, name)
     yield "draft_confidence_cpu", getattr(batch, "draft_confidence_cpu", None)
 
 
@@ -335,16 +327,8 @@ def differences(want: Batch, got: Batch) -> list[tuple[str, object, object]]:
     return [(key, a, b) for (key, a), (_, b) in both if not same(a, b)]
 
 
-def compare_values(
-    pair: Pair,
-    generated: Generated,
-    shape: Shape,
-    device: torch.device,
-    *,
-    steps: int,
-    seed: int = 0,
-    debug: bool = False,
-) -> list[str]:
+def compare_values(pair: Pair, generated: Generated, shape: Shape, device: torch.device,
+                   *, steps: int, seed: int = 0, debug: bool = False) -> list[str]:  # fmt: skip
     """What the next forward and the scheduler read that differs, over fresh steps."""
     work = Workload.random(shape, device, seed)
     work.values["hidden_states"] = None  # before any side takes it: the priming stash

@@ -87,14 +87,8 @@ def balanced_orders(count: int, repeat: int) -> Iterator[list[int]]:
         yield rows[r % len(rows)]
 
 
-def time_interleaved(
-    fns: Sequence[Callable[[], None]],
-    timer: Timer,
-    *,
-    repeat: int,
-    warmup: int,
-    target_ns: int,
-) -> list[list[float]]:
+def time_interleaved(fns: Sequence[Callable[[], None]], timer: Timer, *, repeat: int,
+                     warmup: int, target_ns: int) -> list[list[float]]:  # fmt: skip
     """Per-call ns of each function, one sample of about ``target_ns`` per repeat."""
     for fn in fns:
         for _ in range(warmup):
@@ -120,13 +114,8 @@ def _no_gc() -> Iterator[None]:
             gc.enable()
 
 
-def per_method(
-    sides: Sequence[Sequence[tuple[str, Callable[[], None]]]],
-    device: torch.device,
-    *,
-    repeat: int,
-    inner: int,
-) -> list[dict[str, float]]:
+def per_method(sides: Sequence[Sequence[tuple[str, Callable[[], None]]]], device: torch.device,
+               *, repeat: int, inner: int) -> list[dict[str, float]]:  # fmt: skip
     """Per side, the host ns per step of each method, ``device sync`` off the CPU and
     ``step``, each the quietest sample's (docs/bench.md, host time per method)."""
     sync, clock = torch.get_device_module(device.type).synchronize, time.perf_counter_ns
