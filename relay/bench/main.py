@@ -17,11 +17,11 @@ from typing import Any
 
 from relay.cli.status import Exit
 
-__all__ = ["add_arguments", "flags_problem", "run"]
+__all__ = ["SPAN_MAPS", "add_arguments", "flags_problem", "run"]
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = Exit.OK, Exit.FAILED, Exit.USAGE
 
-#: Each flag's default, and under ``--quick``; ``--spans`` batches: ``SPAN_BATCHES``.
+#: Each flag's default, and under ``--quick``; ``--spans``' batches and maps below.
 DEFAULTS: dict[str, tuple[Any, Any]] = {
     "pool": ((257, 4097), (257,)),
     "batch": ((1, 32, 256), (1, 32)),
@@ -31,6 +31,7 @@ DEFAULTS: dict[str, tuple[Any, Any]] = {
     "sample_ms": (0.25, 0.1),
 }
 SPAN_BATCHES = (1, 8, 64, 256)
+SPAN_MAPS = ("vllm_drafts", "ngram", "vllm_v1_drafts", "vllm_v2_drafts")
 CHECK_STEPS = 3
 SIDES = ("baseline", "generated", "floor", "bare")
 HEADER = """\
@@ -67,7 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--seed", type=int, default=0, help="seed of the workloads")
     add("--json", type=Path, metavar="PATH", help="also write every figure to PATH")
     add("-q", "--quiet", action="store_true", help="no progress on stderr")
-    add("--spans", action="store_true", help="time vllm_drafts' counted scatter")
+    add("--spans", action="store_true", help="time the counted scatters (--schema)")
 
 
 def _usage(message: str) -> int:
@@ -79,6 +80,8 @@ def flags_problem(args: argparse.Namespace) -> str | None:
     """Fills in the flags not given; what is wrong with them, seen without torch."""
     if args.spans and args.batch is None:
         args.batch = SPAN_BATCHES
+    if args.spans and not set(args.schema or ()) <= set(SPAN_MAPS):
+        return f"--spans times {', '.join(SPAN_MAPS)} (--schema)"
     for name, (default, quick) in DEFAULTS.items():
         if getattr(args, name) is None:
             setattr(args, name, quick if args.quick else default)
@@ -114,9 +117,7 @@ def _configs(args: argparse.Namespace) -> list[Any] | str:
     return configs  # not empty: flags_problem saw a shape that fits
 
 
-def measure(
-    pair: Any, gen: Any, shape: Any, device: Any, args: argparse.Namespace
-) -> dict[str, Any]:
+def measure(pair: Any, gen: Any, shape: Any, device: Any, args: argparse.Namespace) -> dict[str, Any]:  # fmt: skip
     """One configuration: values checked, ops counted, the sides timed."""
     from relay.bench import plain, sides, timing
     from relay.opcount import count_ops
@@ -188,13 +189,9 @@ def _meta(device: Any, args: argparse.Namespace) -> dict[str, Any]:
 
 def _table(rows: Sequence[tuple[str, ...]], left: int = 2) -> list[str]:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return [
-        "  ".join(
-            c.ljust(w) if i < left else c.rjust(w)
-            for i, (c, w) in enumerate(zip(row, widths))
-        ).rstrip()
-        for row in rows
-    ]
+    pads = [str.ljust if i < left else str.rjust for i in range(len(widths))]
+    cells = (zip(pads, row, widths) for row in rows)
+    return ["  ".join(pad(c, w) for pad, c, w in line).rstrip() for line in cells]
 
 
 def _us(ns: float) -> str:
@@ -257,20 +254,18 @@ def _spans(args: argparse.Namespace, device: Any) -> int:
     from relay.bench import spans, timing
 
     results = []
-    for batch in args.batch:
-        steps, same = spans.sides(batch, device, args.seed)
+    for name, batch in itertools.product(args.schema or SPAN_MAPS, args.batch):
+        steps, same = spans.sides(batch, device, args.seed, name)
         figures = timing.figures(steps, device, args)
-        results.append({"batch": batch, "same": same, **figures})
-    print(
-        f"vllm_drafts (P={spans.POOL}, K={spans.DRAFTS}): stash + resolve_future per "
-        "step; floor: the same torch calls and relay's host checks on the CPU, bare: "
-        "without them"
-    )
-    head = ("batch", "generated us", "floor us", "bare us", "gen/floor", "gen/bare")
-    rows = [(str(r["batch"]), *(_us(ns) for ns in r["ns"].values()),
+        results.append({"map": name, "batch": batch, "same": same, **figures})
+    print(f"counted scatters (P={spans.POOL}, K={spans.DRAFTS}): stash + resolve_future"
+          " per step; floor: the same torch calls and relay's host checks on the CPU,"
+          " bare: without them")  # fmt: skip
+    head = ("map", "batch", "generated us", "floor us", "bare us", "gen/floor", "gen/bare")  # fmt: skip
+    rows = [(r["map"], str(r["batch"]), *(_us(ns) for ns in r["ns"].values()),
              *(_quartiles(r[f"generated/{k}"]) for k in ("floor", "bare")),
              "same" if r["same"] else "DIFFER") for r in results]  # fmt: skip
-    print("\n".join(_table([(*head, "values"), *rows], left=0)))
+    print("\n".join(_table([(*head, "values"), *rows], left=1)))
     _write_json(args.json, {"spans": results})
     return EXIT_OK if all(r["same"] for r in results) else EXIT_FAILED
 

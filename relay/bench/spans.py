@@ -1,58 +1,90 @@
-"""``relay bench --spans``: ``vllm_drafts``' counted scatter (Note [Counted scatters]
-in relay/runtime.py) against its floors, the same torch calls with relay's CPU host
-checks or bare. Offsets and counts are int32, as vLLM's ``query_start_loc`` is."""
+"""``relay bench --spans``: the bundled maps' counted scatters (Note [Counted scatters]
+in relay/runtime.py) against their floors, the same torch calls with relay's CPU host
+checks or bare; each map's step, workload and floor read off its schema. Offsets,
+counts and row starts are int32, as vLLM's ``query_start_loc`` is."""
 
 from __future__ import annotations
 
+import functools
+import importlib
 import types
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from relay import runtime
+from relay.schema import Field, Lane, Schema
 
-__all__ = ["SpanWork", "plain_step", "relay_step", "sides", "workload"]
+__all__ = ["SpanWork", "handed", "plain_step", "relay_step", "sides", "workload"]
 
 DRAFTS = 3
 POOL = 513
 
-
-#: A step's slots, sampled tokens, drafts made and kept (``counts``) at ``starts``.
+#: A map's step read off its schema: ``forward`` fields (stashed), scatter fields in
+#: span order (``head``: 0 or 1 value before the counted ones), their ``first`` and
+#: ``counted`` scatters; slots, values, counts stashed (``made``) and laid (``counts``)
+#: at ``starts``, row starts and each request's row, flags (``ready``), ``size``.
 SpanWork = types.SimpleNamespace
 
 
-def workload(batch: int, device: torch.device, seed: int = 0) -> SpanWork:
-    g = torch.Generator().manual_seed(seed)
+def workload(batch: int, device: torch.device, seed: int = 0, name: str = "vllm_drafts") -> SpanWork:  # fmt: skip
+    """Random stashes; spans packed in row order, each after 0 to 2 positions of its
+    row that it leaves alone where its rows are bounded (a prompt's tail)."""
+    schema, g = Schema.bundled(name), torch.Generator().manual_seed(seed)
+    forward = [
+        f for f in schema.fields if isinstance(f, Field) and f.lane is Lane.FORWARD
+    ]
+    scattered = [f for f in forward if f.scatter is not None]
+    first: Any = scattered[0].scatter
     slots = torch.randperm(POOL - 1, generator=g)[:batch] + 1
     made = torch.randint(0, DRAFTS + 1, (batch,), generator=g)
     counts = torch.minimum(made, torch.randint(0, DRAFTS + 1, (batch,), generator=g))
-    sizes = counts + 1
-    starts = torch.cumsum(sizes, 0) - sizes
-    sampled = torch.randint(0, 32_000, (batch,), generator=g).to(device)
-    drafts = torch.randint(0, 32_000, (batch, DRAFTS), generator=g).to(device)
+    values = {
+        f.payload_name: torch.randint(0, 32_000, (batch, *[DRAFTS] * len(f.shape)), generator=g, dtype=cast(torch.dtype, f.dtype)).to(device)
+        for f in forward
+    }  # fmt: skip
+    pads = torch.randint(0, 1 if first.rows is None else 3, (batch,), generator=g)
+    sizes = pads + counts + len(scattered) - 1
+    ends, int32 = (
+        torch.cumsum(sizes, 0),
+        dict[str, Any](device=device, dtype=torch.int32),
+    )
     return SpanWork(
-        slots=slots.to(device), sampled=sampled, drafts=drafts, made=made.to(device),
-        starts=starts.to(device, torch.int32), counts=counts.to(device, torch.int32),
-        size=int(sizes.sum()),
+        name=name, schema=schema, forward=forward, scattered=scattered,
+        head=len(scattered) - 1, first=first, counted=scattered[-1].scatter,
+        slots=slots.to(device), values=values, made=made.to(device),
+        starts=(ends - sizes + pads).to(**int32), counts=counts.to(**int32),
+        rows=torch.cat([torch.zeros(1, dtype=torch.int64), ends]).to(**int32),
+        row_index=torch.arange(batch).to(**int32),
+        ready=(torch.randint(0, 2, (batch,), generator=g) > 0).to(device),
+        size=int(sizes.sum()), dtype=first.cast or scattered[0].dtype,
     )  # fmt: skip
 
 
-def relay_step(
-    work: SpanWork, device: torch.device
-) -> tuple[Callable[[], None], Any, Any]:
-    from relay.maps.vllm_drafts import VllmDraftsFutureMap, VllmDraftsPayload
-
-    relay = VllmDraftsFutureMap(device, POOL, num_speculative_tokens=DRAFTS)
-    payload = VllmDraftsPayload(
-        sampled_token_ids=work.sampled, draft_token_ids=work.drafts,
-        num_draft_tokens=work.made,
-    )  # fmt: skip
-    batch = types.SimpleNamespace(
-        slots=work.slots, req_ids=None, query_starts=work.starts,
-        num_draft_tokens=work.counts,
-        input_ids=torch.full((work.size,), -1, dtype=torch.int32, device=device),
-    )  # fmt: skip
+def relay_step(work: SpanWork, device: torch.device) -> tuple[Callable[[], None], Any, Any]:  # fmt: skip
+    """The generated map's step (``stash``, ``resolve_future``) on ``work``; the map and
+    the batch it hands on to (at the schema's paths)."""
+    module = importlib.import_module(f"relay.maps.{work.name}")
+    cls, first, counted = work.schema.name, work.first, work.counted
+    relay = getattr(module, cls)(device, POOL, **{work.scattered[-1].shape[0]: DRAFTS})
+    made = {counted.lengths.split(".")[-1]: work.made}  # the payload's counts
+    payload = getattr(module, cls.replace("FutureMap", "Payload"))(**work.values, **made)  # fmt: skip
+    rows = first.rows or types.SimpleNamespace(starts=None, index=None)
+    paths = {
+        work.schema.indices: work.slots, work.schema.owners: None,
+        first.offsets: work.starts, counted.lengths: work.counts,
+        rows.starts: work.rows, rows.index: work.row_index, first.when: work.ready,
+        work.scattered[0].target: torch.full((work.size,), -1, dtype=work.dtype, device=device),
+    }  # fmt: skip
+    paths.pop(None, None)  # what the map does not read
+    batch = types.SimpleNamespace()
+    for path, value in paths.items():
+        *parents, leaf = path.split(".")
+        place = batch
+        for parent in parents:
+            place = place.__dict__.setdefault(parent, types.SimpleNamespace())
+        setattr(place, leaf, value)
 
     def step() -> None:
         relay.stash(work.slots, payload)
@@ -61,48 +93,63 @@ def relay_step(
     return step, relay, batch
 
 
-def plain_step(
-    work: SpanWork, relay: Any, device: torch.device, check: bool = True
-) -> tuple[Callable[[], None], torch.Tensor]:
-    """A floor over ``relay``'s buffers, and the ``input_ids`` it fills."""
-    sampled_buf: torch.Tensor = relay.sampled_tokens_buf
-    drafts_buf: torch.Tensor = relay.draft_tokens_buf
-    idx, sampled, drafts = work.slots, work.sampled, work.drafts
-    starts32, counts32 = work.starts, work.counts
-    cols = torch.arange(DRAFTS, device=device)
-    input_ids = torch.full((work.size,), -1, dtype=torch.int32, device=device)
+def handed(work: SpanWork, batch: Any) -> list[torch.Tensor]:
+    """What a step hands on: the scatter target, then the fields gathered whole."""
+    gathered = [f.target for f in work.forward if f.scatter is None]
+    paths = [work.scattered[0].target, *gathered]
+    return [functools.reduce(getattr, path.split("."), batch) for path in paths]
+
+
+def plain_step(work: SpanWork, relay: Any, device: torch.device, check: bool = True) -> tuple[Callable[[], None], list[torch.Tensor]]:  # fmt: skip
+    """A floor over ``relay``'s buffers: its step's data ops, in order, with relay's
+    host checks of the slots and the spans where ``check``, on the CPU; and what it
+    hands on, as ``handed`` lists it (a step fills it)."""
+    idx, n, head, size = work.slots, len(work.slots), work.head, work.size
+    buf = {f.name: getattr(relay, f"{f.name}_buf") for f in work.forward}
+    stashes = [(buf[f.name], work.values[f.payload_name]) for f in work.forward]
+    reads = [(buf[f.name], f.scatter.cast) for f in work.scattered]
+    gathers = [buf[f.name] for f in work.forward if f.scatter is None]
+    starts32, counts32, ready = work.starts, work.counts, work.ready
+    when, rows = work.first.when is not None, work.first.rows
+    bounds = rows and (work.rows, rows.index and work.row_index)
+    cols, one = torch.arange(DRAFTS, device=device), torch.arange(1, device=device)
+    got = [torch.full((size,), -1, dtype=work.dtype, device=device), *[torch.empty(0)] * len(gathers)]  # fmt: skip
     check = check and device.type == "cpu"
-    size = input_ids.numel()
 
     def step() -> None:  # relay's own host checks: the slots, then the spans
         if check and not runtime.host_slots_ok(idx, POOL):
             raise IndexError(idx)
-        sampled_buf.index_copy_(0, idx, sampled)
-        drafts_buf.index_copy_(0, idx, drafts)
-        a = sampled_buf.index_select(0, idx).int()  # int64 tokens, int32 input_ids
-        b = drafts_buf.index_select(0, idx).int()
+        for rows_of, value in stashes:
+            rows_of.index_copy_(0, idx, value)
+        blocks = [b.index_select(0, idx) if to is None else b.index_select(0, idx).to(to) for b, to in reads]  # fmt: skip
         starts = starts32.long()
+        taken = (ready.long() != 0).long() * 1 if when else None  # 0 or the row (1)
         counts = counts32.long()
-        if check and not runtime._spans_ok(starts, [counts], [DRAFTS], 1, size):
+        if check and not runtime._spans_ok(starts, [counts], [DRAFTS], head, size, bounds):  # fmt: skip
             raise IndexError(starts)
-        at = (starts + 1).unsqueeze(1) + cols
+        laid = [(starts, blocks[0])] if head and taken is None else []
+        if taken is not None:  # a head laid where flagged: the general plan's masks
+            at_head, block = starts.unsqueeze(1) + one, blocks[0].reshape(n, 1)
+            kept = one < taken.unsqueeze(1)
+            laid.append((at_head[kept], block[kept]))
+        at = (starts + 1 if head else starts).unsqueeze(1) + cols
         keep = cols < counts.unsqueeze(1)
-        at_kept, b_kept = at[keep], b[keep]
-        input_ids.index_copy_(0, starts, a)
-        input_ids.index_copy_(0, at_kept, b_kept)
+        laid.append((at[keep], blocks[-1][keep]))
+        for i, gathered in enumerate(gathers, 1):
+            got[i] = gathered.index_select(0, idx)
+        for positions, values in laid:
+            got[0].index_copy_(0, positions, values)
 
-    return step, input_ids
+    return step, got
 
 
-def sides(
-    batch: int, device: torch.device, seed: int
-) -> tuple[dict[str, Callable[[], None]], bool]:
-    """The generated step and its floors, one step in; whether they lay in the same."""
-    work = workload(batch, device, seed)
+def sides(batch: int, device: torch.device, seed: int, name: str = "vllm_drafts") -> tuple[dict[str, Callable[[], None]], bool]:  # fmt: skip
+    """The generated step and its floors, one step in; whether they hand on the same."""
+    work = workload(batch, device, seed, name)
     generated, relay, relay_batch = relay_step(work, device)
     floors = [plain_step(work, relay, device, check) for check in (True, False)]
     steps = {"generated": generated, "floor": floors[0][0], "bare": floors[1][0]}
     for step in steps.values():
         step()
-    same = all(torch.equal(relay_batch.input_ids, ids) for _, ids in floors)
-    return steps, same
+    want = handed(work, relay_batch)
+    return steps, all(all(map(torch.equal, want, got)) for _, got in floors)
