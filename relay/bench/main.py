@@ -258,9 +258,8 @@ def _spans(args: argparse.Namespace, device: Any) -> int:
         steps, same = spans.sides(batch, device, args.seed, name)
         figures = timing.figures(steps, device, args)
         results.append({"map": name, "batch": batch, "same": same, **figures})
-    print(f"counted scatters (P={spans.POOL}, K={spans.DRAFTS}): stash + resolve_future"
-          " per step; floor: the same torch calls and relay's host checks on the CPU,"
-          " bare: without them")  # fmt: skip
+    print(f"counted scatters (P={spans.POOL}, K={spans.DRAFTS}): stash + resolve_future per step; "
+          "floor: the same torch calls and relay's host checks on the CPU, bare: without them")  # fmt: skip
     head = ("map", "batch", "generated us", "floor us", "bare us", "gen/floor", "gen/bare")  # fmt: skip
     rows = [(r["map"], str(r["batch"]), *(_us(ns) for ns in r["ns"].values()),
              *(_quartiles(r[f"generated/{k}"]) for k in ("floor", "bare")),

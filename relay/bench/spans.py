@@ -29,12 +29,9 @@ SpanWork = types.SimpleNamespace
 
 
 def workload(batch: int, device: torch.device, seed: int = 0, name: str = "vllm_drafts") -> SpanWork:  # fmt: skip
-    """Random stashes; spans packed in row order, each after 0 to 2 positions of its
-    row that it leaves alone where its rows are bounded (a prompt's tail)."""
+    """Random stashes; spans packed in row order, 0-2 positions into a bounded row."""
     schema, g = Schema.bundled(name), torch.Generator().manual_seed(seed)
-    forward = [
-        f for f in schema.fields if isinstance(f, Field) and f.lane is Lane.FORWARD
-    ]
+    forward = [f for f in schema.fields if isinstance(f, Field) and f.lane is Lane.FORWARD]  # fmt: skip
     scattered = [f for f in forward if f.scatter is not None]
     first: Any = scattered[0].scatter
     slots = torch.randperm(POOL - 1, generator=g)[:batch] + 1
@@ -46,10 +43,8 @@ def workload(batch: int, device: torch.device, seed: int = 0, name: str = "vllm_
     }  # fmt: skip
     pads = torch.randint(0, 1 if first.rows is None else 3, (batch,), generator=g)
     sizes = pads + counts + len(scattered) - 1
-    ends, int32 = (
-        torch.cumsum(sizes, 0),
-        dict[str, Any](device=device, dtype=torch.int32),
-    )
+    ends = torch.cumsum(sizes, 0)
+    int32: dict[str, Any] = {"device": device, "dtype": torch.int32}
     return SpanWork(
         name=name, schema=schema, forward=forward, scattered=scattered,
         head=len(scattered) - 1, first=first, counted=scattered[-1].scatter,
@@ -100,47 +95,53 @@ def handed(work: SpanWork, batch: Any) -> list[torch.Tensor]:
     return [functools.reduce(getattr, path.split("."), batch) for path in paths]
 
 
+#: A cast as the generated code spells it: the dtype's own method where it has one.
+_CASTS = {torch.int32: ".int()", torch.int64: ".long()", torch.float32: ".float()"}
+
+
 def plain_step(work: SpanWork, relay: Any, device: torch.device, check: bool = True) -> tuple[Callable[[], None], list[torch.Tensor]]:  # fmt: skip
-    """A floor over ``relay``'s buffers: its step's data ops, in order, with relay's
-    host checks of the slots and the spans where ``check``, on the CPU; and what it
-    hands on, as ``handed`` lists it (a step fills it)."""
-    idx, n, head, size = work.slots, len(work.slots), work.head, work.size
+    """A floor over ``relay``'s buffers: its step's data ops in order, relay's host checks
+    of slots and spans where ``check`` (CPU), one straight-line function as a step is
+    written by hand; and what it hands on, as ``handed`` lists it (a step fills it)."""
     buf = {f.name: getattr(relay, f"{f.name}_buf") for f in work.forward}
-    stashes = [(buf[f.name], work.values[f.payload_name]) for f in work.forward]
-    reads = [(buf[f.name], f.scatter.cast) for f in work.scattered]
     gathers = [buf[f.name] for f in work.forward if f.scatter is None]
-    starts32, counts32, ready = work.starts, work.counts, work.ready
-    when, rows = work.first.when is not None, work.first.rows
-    bounds = rows and (work.rows, rows.index and work.row_index)
-    cols, one = torch.arange(DRAFTS, device=device), torch.arange(1, device=device)
-    got = [torch.full((size,), -1, dtype=work.dtype, device=device), *[torch.empty(0)] * len(gathers)]  # fmt: skip
+    rows, when, head = work.first.rows, work.first.when is not None, work.head
+    got = [torch.full((work.size,), -1, dtype=work.dtype, device=device), *[torch.empty(0)] * len(gathers)]  # fmt: skip
+    ns: dict[str, Any] = {
+        "idx": work.slots, "s32": work.starts, "c32": work.counts, "ready": work.ready,
+        "slots_ok": runtime.host_slots_ok, "spans_ok": runtime._spans_ok, "got": got,
+        "out": got[0], "P": POOL, "K": DRAFTS, "n": len(work.slots), "size": work.size,
+        "bounds": rows and (work.rows, rows.index and work.row_index),
+        "cols": torch.arange(DRAFTS, device=device), "one": torch.arange(1, device=device),
+    }  # fmt: skip
     check = check and device.type == "cpu"
-
-    def step() -> None:  # relay's own host checks: the slots, then the spans
-        if check and not runtime.host_slots_ok(idx, POOL):
-            raise IndexError(idx)
-        for rows_of, value in stashes:
-            rows_of.index_copy_(0, idx, value)
-        blocks = [b.index_select(0, idx) if to is None else b.index_select(0, idx).to(to) for b, to in reads]  # fmt: skip
-        starts = starts32.long()
-        taken = (ready.long() != 0).long() * 1 if when else None  # 0 or the row (1)
-        counts = counts32.long()
-        if check and not runtime._spans_ok(starts, [counts], [DRAFTS], head, size, bounds):  # fmt: skip
-            raise IndexError(starts)
-        laid = [(starts, blocks[0])] if head and taken is None else []
-        if taken is not None:  # a head laid where flagged: the general plan's masks
-            at_head, block = starts.unsqueeze(1) + one, blocks[0].reshape(n, 1)
-            kept = one < taken.unsqueeze(1)
-            laid.append((at_head[kept], block[kept]))
-        at = (starts + 1 if head else starts).unsqueeze(1) + cols
-        keep = cols < counts.unsqueeze(1)
-        laid.append((at[keep], blocks[-1][keep]))
-        for i, gathered in enumerate(gathers, 1):
-            got[i] = gathered.index_select(0, idx)
-        for positions, values in laid:
-            got[0].index_copy_(0, positions, values)
-
-    return step, got
+    body = ["if not slots_ok(idx, P): raise IndexError(idx)"] if check else []
+    for k, f in enumerate(work.forward):  # the stash
+        ns[f"b{k}"], ns[f"v{k}"] = buf[f.name], work.values[f.payload_name]
+        body.append(f"b{k}.index_copy_(0, idx, v{k})")
+    for k, f in enumerate(work.scattered):  # the scattered rows, cast as they are laid
+        ns[f"r{k}"], to = buf[f.name], f.scatter.cast if f.scatter else None
+        body.append(f"a{k} = r{k}.index_select(0, idx){_CASTS[to] if to else ''}")
+    body.append("starts = s32.long()")
+    if when:  # 0 or the row (1) per request: the general plan's flag
+        body.append("taken = (ready.long() != 0).long() * 1")
+    body.append("counts = c32.long()")
+    if check:
+        body.append(f"if not spans_ok(starts, [counts], [K], {head}, size, bounds): raise IndexError(starts)")  # fmt: skip
+    writes = ["out.index_copy_(0, starts, a0)"] if head and not when else []
+    if when:  # a head laid where flagged: the general plan's masks
+        body += ["ah = starts.unsqueeze(1) + one", "bk = a0.reshape(n, 1)"]
+        body += ["kept = one < taken.unsqueeze(1)", "p0, w0 = ah[kept], bk[kept]"]
+        writes.append("out.index_copy_(0, p0, w0)")
+    last = f"a{len(work.scattered) - 1}"
+    body.append(f"at = {'(starts + 1)' if head else 'starts'}.unsqueeze(1) + cols")
+    body += ["keep = cols < counts.unsqueeze(1)", f"p1, w1 = at[keep], {last}[keep]"]
+    ns.update((f"g{i}", gathered) for i, gathered in enumerate(gathers, 1))
+    body += [f"got[{i}] = g{i}.index_select(0, idx)" for i in range(1, len(got))]
+    body += [*writes, "out.index_copy_(0, p1, w1)"]
+    source = "def step():\n" + "".join(f"    {line}\n" for line in body)
+    exec(compile(source, f"<relay bench --spans floor: {work.name}>", "exec"), ns)  # noqa: S102
+    return ns["step"], got
 
 
 def sides(batch: int, device: torch.device, seed: int, name: str = "vllm_drafts") -> tuple[dict[str, Callable[[], None]], bool]:  # fmt: skip
